@@ -1,0 +1,13 @@
+#pragma once
+// CpuDevice: the Device implemented with OpenBLAS (cblas_sgemm, threaded by OpenBLAS with the
+// count set by SetCpuThreads) and plain loops for everything else, which GCC vectorizes.
+// Memory comes from a CachingAllocator over 64-byte aligned blocks. Singleton: use CpuDevice().
+// Thread-safety: see Device.
+#include "ml/device.h"
+
+namespace copse::ml::internal {
+
+/// Creates the CPU device (called once by CpuDevice()).
+Device* MakeCpuDevice();
+
+}  // namespace copse::ml::internal

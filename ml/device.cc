@@ -1,0 +1,58 @@
+#include "ml/device.h"
+
+#include <cblas.h>
+
+#include <atomic>
+
+#include "ml/cpu_device.h"
+
+#if COPSE_HAVE_CUDA
+#include "ml/cuda/cuda_device.h"
+#endif
+
+namespace copse::ml {
+namespace {
+std::atomic<int> cpu_threads{0};
+}  // namespace
+
+Device* CpuDevice() { return internal::MakeCpuDevice(); }
+
+Result<Device*> CudaDevice(int ordinal) {
+#if COPSE_HAVE_CUDA
+  return cuda::GetCudaDevice(ordinal);
+#else
+  return Status::Unavailable("cuda:" + std::to_string(ordinal) +
+                             ": copse was built without CUDA support");
+#endif
+}
+
+int CudaDeviceCount() {
+#if COPSE_HAVE_CUDA
+  return cuda::CudaDeviceCount();
+#else
+  return 0;
+#endif
+}
+
+Result<Device*> DeviceByName(const std::string& name) {
+  if (name == "cpu") return CpuDevice();
+  if (name == "cuda" || name == "gpu") return CudaDevice(0);
+  if (name.rfind("cuda:", 0) == 0) {
+    const std::string rest = name.substr(5);
+    if (!rest.empty() && rest.find_first_not_of("0123456789") == std::string::npos)
+      return CudaDevice(std::stoi(rest));
+  }
+  return Status::InvalidArgument("device '" + name + "': expected cpu, cuda or cuda:N");
+}
+
+void SetCpuThreads(int threads) {
+  if (threads < 1) threads = 1;
+  if (cpu_threads.exchange(threads) != threads) openblas_set_num_threads(threads);
+}
+
+int CpuThreads() {
+  const int t = cpu_threads.load();
+  return t > 0 ? t : openblas_get_num_threads();
+}
+
+}  // namespace copse::ml

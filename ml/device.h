@@ -1,0 +1,130 @@
+#pragma once
+// Device: the one interface behind which every numerical kernel of copse::ml lives. A Device
+// owns memory allocation on its hardware and implements a fixed set of float32 kernels on raw
+// device pointers (row-major, contiguous). Tensors, layers, losses and optimizers are written
+// once against this interface; CpuDevice (OpenBLAS + plain loops) is always present, the CUDA
+// device (cuBLAS + own kernels, in ml/cuda/) only when the toolkit was found at build time.
+//
+// Ownership: devices are process-wide singletons that outlive every tensor; callers never
+// delete them. Memory returned by Allocate belongs to the caller until Free; freed blocks are
+// cached per size and reused (no allocation in a steady-state training loop).
+// Thread-safety: Allocate/Free are thread-safe. Kernels may run concurrently on disjoint
+// memory; on CUDA they are issued on one stream per device and ordered.
+// Determinism: every kernel gives bit-identical results for identical inputs on the same
+// device and thread count; random kernels depend only on (seed, element index).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace copse::ml {
+
+enum class DeviceType { kCpu, kCuda };
+
+/// Geometry of a 2-D convolution or pooling window over an NCHW batch.
+struct ConvGeom {
+  int batch = 0, channels = 0, height = 0, width = 0;
+  int kernel_h = 0, kernel_w = 0, stride = 1, pad = 0;
+  int out_h() const { return (height + 2 * pad - kernel_h) / stride + 1; }
+  int out_w() const { return (width + 2 * pad - kernel_w) / stride + 1; }
+};
+
+enum class Activation { kNone, kRelu, kGelu };
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceType type() const = 0;
+  /// "cpu" or "cuda:0".
+  virtual std::string name() const = 0;
+
+  // ---- memory ----------------------------------------------------------------------------
+  virtual void* Allocate(size_t bytes) = 0;
+  virtual void Free(void* ptr, size_t bytes) = 0;
+  virtual void CopyFromHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual void CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
+  /// Waits until every kernel issued so far has finished (no-op on the CPU).
+  virtual void Synchronize() {}
+
+  // ---- dense algebra ---------------------------------------------------------------------
+  /// C[m,n] = alpha * op(A) * op(B) + beta * C, row-major; op(X) = X^T when trans_x.
+  virtual void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                    const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                    int ldc) = 0;
+  /// y[r,c] = act(x[r,c] + bias[c]) (x may alias y; bias may be null).
+  virtual void BiasActivation(const float* x, const float* bias, int rows, int cols,
+                              Activation act, float* y) = 0;
+  /// dx = dy * act'(.) where `saved` is the activation's output for ReLU and its input for
+  /// GELU. dx may alias dy.
+  virtual void ActivationBackward(Activation act, const float* saved, const float* dy,
+                                  size_t n, float* dx) = 0;
+  /// out[c] = beta * out[c] + sum_r x[r,c].
+  virtual void ColumnSum(const float* x, int rows, int cols, float beta, float* out) = 0;
+  /// out[a, b, i] = x[b, a, i] for x of shape [B, A, inner] (swaps the two outer axes).
+  virtual void SwapOuterAxes(const float* x, int b, int a, int inner, float* out) = 0;
+  virtual void Fill(float* x, size_t n, float value) = 0;
+  /// y = alpha * x + y.
+  virtual void Axpy(float alpha, const float* x, size_t n, float* y) = 0;
+  /// out = a * b elementwise.
+  virtual void Multiply(const float* a, const float* b, size_t n, float* out) = 0;
+
+  // ---- softmax and loss ------------------------------------------------------------------
+  virtual void Softmax(const float* x, int rows, int cols, float* y) = 0;
+  /// Softmax cross-entropy with integer labels (host pointer). Returns the SUM of per-row
+  /// losses; writes dlogits = (softmax - onehot) * grad_scale when dlogits is not null.
+  virtual double SoftmaxCrossEntropy(const float* logits, const int32_t* host_labels, int rows,
+                                     int cols, float grad_scale, float* dlogits) = 0;
+
+  // ---- convolution and pooling -----------------------------------------------------------
+  /// col[(c*kh+i)*kw+j, (b*oh+y)*ow+x] = input pixel under that kernel tap (0 in the padding).
+  virtual void Im2Col(const float* x, const ConvGeom& g, float* col) = 0;
+  /// The adjoint of Im2Col: dx = sum of col taps (dx is overwritten).
+  virtual void Col2Im(const float* col, const ConvGeom& g, float* dx) = 0;
+  /// Max-pooling forward (window kernel_h x kernel_w, stride, no padding).
+  virtual void MaxPoolForward(const float* x, const ConvGeom& g, float* y) = 0;
+  /// dx (overwritten) gets dy routed to the first maximum of each window of x.
+  virtual void MaxPoolBackward(const float* x, const float* dy, const ConvGeom& g,
+                               float* dx) = 0;
+
+  // ---- normalization and dropout ---------------------------------------------------------
+  /// Per-row layer norm over `cols`: y = (x - mean) * rstd * gamma + beta.
+  virtual void LayerNormForward(const float* x, const float* gamma, const float* beta,
+                                int rows, int cols, float eps, float* y, float* mean,
+                                float* rstd) = 0;
+  /// dx overwritten; dgamma and dbeta accumulated (+=).
+  virtual void LayerNormBackward(const float* dy, const float* x, const float* gamma,
+                                 const float* mean, const float* rstd, int rows, int cols,
+                                 float* dx, float* dgamma, float* dbeta) = 0;
+  /// y[i] = x[i] * keep(i) / (1 - p) where keep(i) = PhiloxUniform(seed, 0, i) >= p.
+  /// Backward is the same call applied to dy.
+  virtual void Dropout(const float* x, size_t n, float p, uint64_t seed, float* y) = 0;
+
+  // ---- optimizers ------------------------------------------------------------------------
+  /// PyTorch SGD: g' = g + wd*p; buf = first ? g' : momentum*buf + (1-dampening)*g';
+  /// p -= lr * (nesterov ? g' + momentum*buf : buf) (buf unused when momentum == 0).
+  virtual void SgdStep(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
+                       float dampening, float weight_decay, bool nesterov, bool first) = 0;
+  /// PyTorch Adam (L2 weight decay folded into g), step counts from 1.
+  virtual void AdamStep(float* p, const float* g, float* m, float* v, size_t n, float lr,
+                        float beta1, float beta2, float eps, float weight_decay, int64_t step) = 0;
+};
+
+/// The process-wide CPU device.
+Device* CpuDevice();
+
+/// The CUDA device `ordinal`; Unavailable when copse was built without CUDA or no such GPU.
+Result<Device*> CudaDevice(int ordinal = 0);
+
+/// Number of usable GPUs (0 without CUDA support or hardware).
+int CudaDeviceCount();
+
+/// Parses "cpu", "cuda" or "cuda:N".
+Result<Device*> DeviceByName(const std::string& name);
+
+/// Threads the CPU backend (OpenBLAS) uses; set once before training, not per op.
+void SetCpuThreads(int threads);
+int CpuThreads();
+
+}  // namespace copse::ml

@@ -1,0 +1,311 @@
+#include "ml/layers.h"
+
+#include <cmath>
+
+#include "ml/ops.h"
+#include "ml/philox.h"
+
+namespace copse::ml {
+namespace {
+
+const char* ActName(Activation act) {
+  switch (act) {
+    case Activation::kRelu: return "ReLU";
+    case Activation::kGelu: return "GELU";
+    default: return "";
+  }
+}
+
+std::string WithAct(std::string s, Activation act) {
+  if (act != Activation::kNone) s += std::string("+") + ActName(act);
+  return s;
+}
+
+int I(int64_t v) { return static_cast<int>(v); }
+
+Status BadInput(const std::string& layer, const std::string& expected, const Tensor& x) {
+  return Status::InvalidArgument(layer + ": expected input " + expected + ", got " +
+                                 (x.defined() ? ShapeToString(x.shape()) : "undefined"));
+}
+
+}  // namespace
+
+// ---- Layer -----------------------------------------------------------------------------------
+
+void Layer::To(Device* device) {
+  for (Parameter& p : params_) {
+    if (p.value.device() != device) p.value = p.value.To(device);
+    if (p.grad.device() != device) p.grad = p.grad.To(device);
+  }
+  device_ = device;
+}
+
+void Layer::ZeroGrad() {
+  for (Parameter& p : params_) p.grad.Fill(0.0f);
+}
+
+Parameter& Layer::AddParameter(const std::string& name, const Shape& shape) {
+  params_.push_back(Parameter{name, Tensor::Zeros(shape, device_), Tensor::Zeros(shape, device_)});
+  return params_.back();
+}
+
+void Layer::UniformInit(const Tensor& t, uint64_t seed, uint64_t stream, float bound) const {
+  const uint64_t layer_seed = MixSeed(seed, static_cast<uint64_t>(index_));
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = (2.0f * PhiloxUniform(layer_seed, stream, i) - 1.0f) * bound;
+  t.device()->CopyFromHost(t.data(), v.data(), v.size() * sizeof(float));
+}
+
+// ---- Linear ----------------------------------------------------------------------------------
+
+Linear::Linear(int in_features, int out_features, Activation act, bool bias)
+    : in_(in_features), out_(out_features), act_(act), bias_(bias) {
+  AddParameter("weight", {out_, in_});
+  if (bias_) AddParameter("bias", {out_});
+}
+
+std::string Linear::Describe() const {
+  return WithAct("Linear(" + std::to_string(in_) + ", " + std::to_string(out_) + ")", act_);
+}
+
+void Linear::InitParameters(uint64_t seed) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_));
+  UniformInit(params_[0].value, seed, 0, bound);
+  if (bias_) UniformInit(params_[1].value, seed, 1, bound);
+}
+
+Result<Tensor> Linear::Forward(const Tensor& x, const ForwardContext&, LayerStash* stash) {
+  if (x.ndim() != 2 || x.dim(1) != in_) return BadInput(Describe(), "[N, " + std::to_string(in_) + "]", x);
+  Device* dev = device_;
+  const int n = I(x.dim(0));
+  Tensor z = Tensor::Empty({n, out_}, dev);
+  dev->Gemm(false, true, n, out_, in_, 1.0f, x.data(), in_, params_[0].value.data(), in_, 0.0f,
+            z.data(), out_);
+  const float* b = bias_ ? params_[1].value.data() : nullptr;
+  Tensor y = z;
+  if (act_ == Activation::kGelu) {  // GELU's backward needs its input: keep z, write y apart
+    if (b) dev->BiasActivation(z.data(), b, n, out_, Activation::kNone, z.data());
+    y = Tensor::Empty({n, out_}, dev);
+    dev->BiasActivation(z.data(), nullptr, n, out_, act_, y.data());
+  } else if (b || act_ != Activation::kNone) {
+    dev->BiasActivation(z.data(), b, n, out_, act_, z.data());
+  }
+  if (stash) {
+    stash->tensors = {x, act_ == Activation::kNone ? Tensor() : z};
+  }
+  return y;
+}
+
+Result<Tensor> Linear::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                                     bool accumulate) {
+  if (stash.tensors.size() != 2) return Status::FailedPrecondition(Describe() + ": empty stash");
+  const Tensor& x = stash.tensors[0];
+  const int n = I(x.dim(0));
+  if (dy.ndim() != 2 || dy.dim(0) != n || dy.dim(1) != out_)
+    return BadInput(Describe() + " backward", ShapeToString({n, out_}), dy);
+  Device* dev = device_;
+  Tensor dz = dy;
+  if (act_ != Activation::kNone) {
+    dz = Tensor::Empty(dy.shape(), dev);
+    dev->ActivationBackward(act_, stash.tensors[1].data(), dy.data(),
+                            static_cast<size_t>(dy.numel()), dz.data());
+  }
+  const float beta = accumulate ? 1.0f : 0.0f;
+  dev->Gemm(true, false, out_, in_, n, 1.0f, dz.data(), out_, x.data(), in_, beta,
+            params_[0].grad.data(), in_);
+  if (bias_) dev->ColumnSum(dz.data(), n, out_, beta, params_[1].grad.data());
+  if (!need_dx) return Tensor();
+  Tensor dx = Tensor::Empty({n, in_}, dev);
+  dev->Gemm(false, false, n, in_, out_, 1.0f, dz.data(), out_, params_[0].value.data(), in_, 0.0f,
+            dx.data(), in_);
+  return dx;
+}
+
+// ---- Activation ------------------------------------------------------------------------------
+
+std::string ActivationLayer::Describe() const { return ActName(act_); }
+
+Result<Tensor> ActivationLayer::Forward(const Tensor& x, const ForwardContext&,
+                                        LayerStash* stash) {
+  if (!x.defined()) return BadInput(Describe(), "a tensor", x);
+  Tensor y = act_ == Activation::kRelu ? Relu(x) : act_ == Activation::kGelu ? Gelu(x) : x;
+  if (stash) stash->tensors = {act_ == Activation::kRelu ? y : x};
+  return y;
+}
+
+Result<Tensor> ActivationLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                                     bool accumulate) {
+  if (stash.tensors.size() != 1) return Status::FailedPrecondition(Describe() + ": empty stash");
+  if (dy.numel() != stash.tensors[0].numel()) return BadInput(Describe() + " backward", ShapeToString(stash.tensors[0].shape()), dy);
+  if (!need_dx) return Tensor();
+  return ActivationGrad(act_, stash.tensors[0], dy).Reshape(stash.tensors[0].shape());
+}
+
+// ---- Conv2d ----------------------------------------------------------------------------------
+
+Conv2dLayer::Conv2dLayer(int in_channels, int out_channels, int kernel, int stride, int pad,
+                         Activation act)
+    : in_c_(in_channels), out_c_(out_channels), kernel_(kernel), stride_(stride), pad_(pad),
+      act_(act) {
+  AddParameter("weight", {out_c_, in_c_, kernel_, kernel_});
+  AddParameter("bias", {out_c_});
+}
+
+std::string Conv2dLayer::Describe() const {
+  return WithAct("Conv2d(" + std::to_string(in_c_) + ", " + std::to_string(out_c_) + ", k=" +
+                     std::to_string(kernel_) + ", s=" + std::to_string(stride_) + ", p=" +
+                     std::to_string(pad_) + ")",
+                 act_);
+}
+
+void Conv2dLayer::InitParameters(uint64_t seed) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_c_ * kernel_ * kernel_));
+  UniformInit(params_[0].value, seed, 0, bound);
+  UniformInit(params_[1].value, seed, 1, bound);
+}
+
+Result<Tensor> Conv2dLayer::Forward(const Tensor& x, const ForwardContext&, LayerStash* stash) {
+  if (x.ndim() != 4 || x.dim(1) != in_c_ || x.dim(2) + 2 * pad_ < kernel_ ||
+      x.dim(3) + 2 * pad_ < kernel_)
+    return BadInput(Describe(), "[N, " + std::to_string(in_c_) + ", H, W]", x);
+  Tensor y = Conv2d(x, params_[0].value, params_[1].value, stride_, pad_);
+  if (act_ != Activation::kNone) {
+    Tensor z = y;
+    if (act_ == Activation::kGelu) y = Tensor::Empty(z.shape(), device_);
+    device_->BiasActivation(z.data(), nullptr, 1, I(z.numel()), act_, y.data());
+    if (stash) stash->tensors = {x, act_ == Activation::kRelu ? y : z};
+  } else if (stash) {
+    stash->tensors = {x, Tensor()};
+  }
+  return y;
+}
+
+Result<Tensor> Conv2dLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                                     bool accumulate) {
+  if (stash.tensors.size() != 2) return Status::FailedPrecondition(Describe() + ": empty stash");
+  const Tensor& x = stash.tensors[0];
+  Tensor dz = dy;
+  if (act_ != Activation::kNone) {
+    if (dy.numel() != stash.tensors[1].numel()) return BadInput(Describe() + " backward", ShapeToString(stash.tensors[1].shape()), dy);
+    dz = ActivationGrad(act_, stash.tensors[1], dy).Reshape(stash.tensors[1].shape());
+  }
+  const int oh = (I(x.dim(2)) + 2 * pad_ - kernel_) / stride_ + 1;
+  const int ow = (I(x.dim(3)) + 2 * pad_ - kernel_) / stride_ + 1;
+  if (dz.numel() != x.dim(0) * out_c_ * oh * ow)
+    return BadInput(Describe() + " backward", ShapeToString({x.dim(0), out_c_, oh, ow}), dy);
+  dz = dz.Reshape({x.dim(0), out_c_, oh, ow});
+  Conv2dGrads g = Conv2dBackward(x, params_[0].value, dz, stride_, pad_, need_dx, true);
+  if (accumulate) {
+    device_->Axpy(1.0f, g.dw.data(), static_cast<size_t>(g.dw.numel()), params_[0].grad.data());
+    device_->Axpy(1.0f, g.db.data(), static_cast<size_t>(g.db.numel()), params_[1].grad.data());
+  } else {
+    params_[0].grad.CopyFrom(g.dw);
+    params_[1].grad.CopyFrom(g.db);
+  }
+  return g.dx;
+}
+
+// ---- MaxPool2d -------------------------------------------------------------------------------
+
+std::string MaxPool2dLayer::Describe() const {
+  return "MaxPool2d(" + std::to_string(kernel_) + ", s=" + std::to_string(stride_) + ")";
+}
+
+Result<Tensor> MaxPool2dLayer::Forward(const Tensor& x, const ForwardContext&, LayerStash* stash) {
+  if (x.ndim() != 4 || x.dim(2) < kernel_ || x.dim(3) < kernel_)
+    return BadInput(Describe(), "[N, C, H, W] with H, W >= " + std::to_string(kernel_), x);
+  if (stash) stash->tensors = {x};
+  return MaxPool2d(x, kernel_, stride_);
+}
+
+Result<Tensor> MaxPool2dLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                                     bool accumulate) {
+  if (stash.tensors.size() != 1) return Status::FailedPrecondition(Describe() + ": empty stash");
+  const Tensor& x = stash.tensors[0];
+  const int64_t expect = x.dim(0) * x.dim(1) * ((x.dim(2) - kernel_) / stride_ + 1) *
+                         ((x.dim(3) - kernel_) / stride_ + 1);
+  if (dy.numel() != expect) return BadInput(Describe() + " backward", std::to_string(expect) + " elements", dy);
+  if (!need_dx) return Tensor();
+  return MaxPool2dBackward(x, dy, kernel_, stride_);
+}
+
+// ---- Flatten ---------------------------------------------------------------------------------
+
+Result<Tensor> Flatten::Forward(const Tensor& x, const ForwardContext&, LayerStash* stash) {
+  if (x.ndim() < 1) return BadInput("Flatten", "[N, ...]", x);
+  if (stash) stash->shape = x.shape();
+  const int64_t n = x.dim(0);
+  return x.Reshape({n, n == 0 ? 0 : x.numel() / n});
+}
+
+Result<Tensor> Flatten::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                                     bool accumulate) {
+  if (dy.numel() != NumElements(stash.shape)) return BadInput("Flatten backward", ShapeToString(stash.shape), dy);
+  if (!need_dx) return Tensor();
+  return dy.Reshape(stash.shape);
+}
+
+// ---- LayerNorm -------------------------------------------------------------------------------
+
+LayerNormLayer::LayerNormLayer(int features, float eps) : features_(features), eps_(eps) {
+  AddParameter("weight", {features_});
+  AddParameter("bias", {features_});
+  params_[0].value.Fill(1.0f);
+}
+
+std::string LayerNormLayer::Describe() const {
+  return "LayerNorm(" + std::to_string(features_) + ")";
+}
+
+void LayerNormLayer::InitParameters(uint64_t) {
+  params_[0].value.Fill(1.0f);
+  params_[1].value.Fill(0.0f);
+}
+
+Result<Tensor> LayerNormLayer::Forward(const Tensor& x, const ForwardContext&, LayerStash* stash) {
+  if (x.ndim() < 1 || x.dim(-1) != features_) return BadInput(Describe(), "[..., " + std::to_string(features_) + "]", x);
+  LayerNormResult r = LayerNorm(x, params_[0].value, params_[1].value, eps_);
+  if (stash) stash->tensors = {x, r.mean, r.rstd};
+  return r.y;
+}
+
+Result<Tensor> LayerNormLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                                     bool accumulate) {
+  if (stash.tensors.size() != 3) return Status::FailedPrecondition(Describe() + ": empty stash");
+  const Tensor& x = stash.tensors[0];
+  if (dy.numel() != x.numel()) return BadInput(Describe() + " backward", ShapeToString(x.shape()), dy);
+  const int cols = features_, rows = I(x.numel() / features_);
+  Tensor dx = Tensor::Empty(x.shape(), device_);
+  if (!accumulate) ZeroGrad();
+  device_->LayerNormBackward(dy.data(), x.data(), params_[0].value.data(), stash.tensors[1].data(),
+                             stash.tensors[2].data(), rows, cols, dx.data(),
+                             params_[0].grad.data(), params_[1].grad.data());
+  if (!need_dx) return Tensor();
+  return dx;
+}
+
+// ---- Dropout ---------------------------------------------------------------------------------
+
+std::string DropoutLayer::Describe() const { return "Dropout(" + std::to_string(p_) + ")"; }
+
+Result<Tensor> DropoutLayer::Forward(const Tensor& x, const ForwardContext& ctx,
+                                     LayerStash* stash) {
+  if (!x.defined()) return BadInput(Describe(), "a tensor", x);
+  if (!ctx.training || p_ == 0.0f) {
+    if (stash) stash->seed = 0, stash->shape = {};
+    return x;
+  }
+  const uint64_t seed = MixSeed(ctx.seed, static_cast<uint64_t>(index_), 0xD0D0);
+  if (stash) stash->seed = seed, stash->shape = {1};  // shape {1}: a mask was applied
+  return Dropout(x, p_, seed);
+}
+
+Result<Tensor> DropoutLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                                     bool accumulate) {
+  if (!need_dx) return Tensor();
+  if (stash.shape.empty()) return dy;
+  return Dropout(dy, p_, stash.seed);
+}
+
+}  // namespace copse::ml

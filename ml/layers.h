@@ -1,0 +1,178 @@
+#pragma once
+// Layers with explicit forward and backward passes. A Layer owns its parameters (value and
+// accumulated gradient, on one device) but keeps NO per-call state: what Backward needs is
+// returned by Forward in a LayerStash that the caller keeps. That is what lets a pipeline stage
+// run the forward passes of several micro-batches before their backward passes (GPipe, 1F1B),
+// and lets the stash travel as a channel between vertices.
+//
+// Backward ACCUMULATES into the parameter gradients (PyTorch semantics; ZeroGrad clears), so
+// micro-batch gradients sum up naturally.
+// Initialization follows PyTorch's defaults (kaiming_uniform(a=sqrt(5)) weights, i.e.
+// U(±1/sqrt(fan_in)), and U(±1/sqrt(fan_in)) biases) drawn from a Philox stream derived from
+// (seed, global layer index): a layer gets the same values wherever its stage runs.
+// Thread-safety: a layer may run Forward concurrently on distinct inputs; Backward and
+// parameter updates need exclusive access.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ml/tensor.h"
+
+namespace copse::ml {
+
+/// A trainable tensor and its gradient (same shape and device).
+struct Parameter {
+  std::string name;  // "weight", "bias" (Sequential prefixes the global layer index)
+  Tensor value;
+  Tensor grad;
+};
+
+/// What one layer's Forward keeps for its Backward, for one micro-batch.
+struct LayerStash {
+  std::vector<Tensor> tensors;
+  Shape shape;        // input shape, for layers that only reshape
+  uint64_t seed = 0;  // dropout: the mask is regenerated, not stored
+};
+
+/// Per-call settings of a forward pass.
+struct ForwardContext {
+  bool training = true;
+  /// Randomness of this (step, micro-batch), e.g. MixSeed(seed, step, micro_batch); each
+  /// layer mixes in its global index.
+  uint64_t seed = 0;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  /// "Linear(784, 1024)+ReLU".
+  virtual std::string Describe() const = 0;
+  /// y = layer(x). When `stash` is not null, fills it for Backward.
+  virtual Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx,
+                                 LayerStash* stash) = 0;
+  /// Adds this micro-batch's parameter gradients (or overwrites them when !accumulate, which
+  /// saves zeroing them first) and returns dL/dx (undefined when !need_dx).
+  virtual Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                                  bool accumulate = true) = 0;
+  /// Re-initializes the parameters from the stream of (seed, index()).
+  virtual void InitParameters(uint64_t seed) {}
+
+  std::vector<Parameter>& parameters() { return params_; }
+  const std::vector<Parameter>& parameters() const { return params_; }
+  /// Position in the whole model (kept by Sequential::Slice).
+  int index() const { return index_; }
+  void set_index(int index) { index_ = index; }
+  Device* device() const { return device_; }
+  /// Moves parameters (and gradients) to `device`.
+  void To(Device* device);
+  void ZeroGrad();
+
+ protected:
+  Parameter& AddParameter(const std::string& name, const Shape& shape);
+  /// Fills `t` with U(-bound, bound) from stream `stream` of this layer's seed.
+  void UniformInit(const Tensor& t, uint64_t seed, uint64_t stream, float bound) const;
+
+  std::vector<Parameter> params_;
+  int index_ = 0;
+  Device* device_ = CpuDevice();
+};
+
+/// y = act(x W^T + b), W [out, in] as in torch.nn.Linear; act fused into the same pass.
+class Linear final : public Layer {
+ public:
+  Linear(int in_features, int out_features, Activation act = Activation::kNone,
+         bool bias = true);
+  std::string Describe() const override;
+  Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                          bool accumulate = true) override;
+  void InitParameters(uint64_t seed) override;
+
+ private:
+  int in_, out_;
+  Activation act_;
+  bool bias_;
+};
+
+/// Elementwise ReLU or GELU as a layer of its own.
+class ActivationLayer final : public Layer {
+ public:
+  explicit ActivationLayer(Activation act) : act_(act) {}
+  std::string Describe() const override;
+  Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                          bool accumulate = true) override;
+
+ private:
+  Activation act_;
+};
+
+/// 2-D convolution over NCHW with square kernels, as torch.nn.Conv2d (+ optional fused act).
+class Conv2dLayer final : public Layer {
+ public:
+  Conv2dLayer(int in_channels, int out_channels, int kernel, int stride = 1, int pad = 0,
+              Activation act = Activation::kNone);
+  std::string Describe() const override;
+  Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                          bool accumulate = true) override;
+  void InitParameters(uint64_t seed) override;
+
+ private:
+  int in_c_, out_c_, kernel_, stride_, pad_;
+  Activation act_;
+};
+
+class MaxPool2dLayer final : public Layer {
+ public:
+  MaxPool2dLayer(int kernel, int stride) : kernel_(kernel), stride_(stride) {}
+  std::string Describe() const override;
+  Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                          bool accumulate = true) override;
+
+ private:
+  int kernel_, stride_;
+};
+
+/// [N, ...] -> [N, prod(...)].
+class Flatten final : public Layer {
+ public:
+  std::string Describe() const override { return "Flatten"; }
+  Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                          bool accumulate = true) override;
+};
+
+/// Layer norm over the last dimension with affine gamma (init 1) and beta (init 0).
+class LayerNormLayer final : public Layer {
+ public:
+  explicit LayerNormLayer(int features, float eps = 1e-5f);
+  std::string Describe() const override;
+  Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                          bool accumulate = true) override;
+  void InitParameters(uint64_t seed) override;
+
+ private:
+  int features_;
+  float eps_;
+};
+
+/// Inverted dropout; identity when !ctx.training. The mask of element i is a function of
+/// (MixSeed(ctx.seed, index()), i) only.
+class DropoutLayer final : public Layer {
+ public:
+  explicit DropoutLayer(float p) : p_(p) {}
+  std::string Describe() const override;
+  Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
+                          bool accumulate = true) override;
+
+ private:
+  float p_;
+};
+
+}  // namespace copse::ml

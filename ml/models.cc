@@ -1,0 +1,59 @@
+#include "ml/models.h"
+
+#include <sstream>
+
+namespace copse::ml {
+namespace {
+
+Sequential Mlp(const std::vector<int>& widths) {
+  Sequential m;
+  m.Add(std::make_shared<Flatten>());
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    const bool last = i + 2 == widths.size();
+    m.Add(std::make_shared<Linear>(widths[i], widths[i + 1],
+                                   last ? Activation::kNone : Activation::kRelu));
+  }
+  return m;
+}
+
+Sequential Cnn() {
+  Sequential m;
+  m.Add(std::make_shared<Conv2dLayer>(1, 16, 3, 1, 1, Activation::kRelu));
+  m.Add(std::make_shared<MaxPool2dLayer>(2, 2));
+  m.Add(std::make_shared<Conv2dLayer>(16, 32, 3, 1, 1, Activation::kRelu));
+  m.Add(std::make_shared<MaxPool2dLayer>(2, 2));
+  m.Add(std::make_shared<Flatten>());
+  m.Add(std::make_shared<Linear>(32 * 7 * 7, 128, Activation::kRelu));
+  m.Add(std::make_shared<Linear>(128, 10));
+  return m;
+}
+
+}  // namespace
+
+Result<Sequential> BuildModel(const std::string& name, uint64_t seed) {
+  Sequential m;
+  if (name == "mlp") {
+    m = Mlp({784, 1024, 1024, 10});
+  } else if (name == "cnn") {
+    m = Cnn();
+  } else if (name.rfind("mlp:", 0) == 0) {
+    std::vector<int> widths;
+    std::stringstream ss(name.substr(4));
+    std::string part;
+    while (std::getline(ss, part, '-')) {
+      if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos ||
+          part.size() > 7 || std::stoi(part) == 0)
+        return Status::InvalidArgument("model '" + name + "': widths must be positive integers");
+      widths.push_back(std::stoi(part));
+    }
+    if (widths.size() < 2)
+      return Status::InvalidArgument("model '" + name + "': needs at least two widths");
+    m = Mlp(widths);
+  } else {
+    return Status::InvalidArgument("model '" + name + "': expected mlp, cnn or mlp:A-B-...");
+  }
+  m.InitParameters(seed);
+  return m;
+}
+
+}  // namespace copse::ml

@@ -1,0 +1,18 @@
+#pragma once
+// The model zoo of copse: the architectures `copse train` and the graph generators know by
+// name, built as Sequential models with parameters initialized from a seed.
+//   "mlp"        Flatten -> Linear(784,1024)+ReLU -> Linear(1024,1024)+ReLU -> Linear(1024,10)
+//   "cnn"        Conv(1,16,3,p1)+ReLU -> MaxPool2 -> Conv(16,32,3,p1)+ReLU -> MaxPool2 -> Flatten
+//                -> Linear(1568,128)+ReLU -> Linear(128,10)
+//   "mlp:A-B-..-Z"  an MLP with those layer widths (ReLU between), e.g. "mlp:784-64-10"
+// Inputs are [N, 1, 28, 28] images; outputs are [N, 10] logits.
+#include <string>
+
+#include "ml/sequential.h"
+
+namespace copse::ml {
+
+/// Builds and initializes the named model on the CPU.
+Result<Sequential> BuildModel(const std::string& name, uint64_t seed);
+
+}  // namespace copse::ml

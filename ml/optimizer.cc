@@ -1,0 +1,116 @@
+#include "ml/optimizer.h"
+
+#include <map>
+
+namespace copse::ml {
+namespace {
+
+Tensor StepTensor(int64_t steps) {
+  return Tensor::FromVector({1}, {static_cast<float>(steps)});
+}
+
+Result<std::map<std::string, const Tensor*>> Index(const NamedTensors& state) {
+  std::map<std::string, const Tensor*> out;
+  for (const auto& [name, t] : state) out[name] = &t;
+  if (!out.count("step") || out["step"]->numel() != 1)
+    return Status::InvalidArgument("optimizer state lacks 'step'");
+  return out;
+}
+
+Status LoadInto(const std::map<std::string, const Tensor*>& index, const std::string& name,
+                const Tensor& like, Tensor* dst) {
+  auto it = index.find(name);
+  if (it == index.end()) return Status::InvalidArgument("optimizer state lacks '" + name + "'");
+  if (it->second->shape() != like.shape())
+    return Status::InvalidArgument("optimizer state '" + name + "' has shape " +
+                                   ShapeToString(it->second->shape()) + ", expected " +
+                                   ShapeToString(like.shape()));
+  *dst = it->second->To(like.device());
+  return Status::OK();
+}
+
+}  // namespace
+
+Sgd::Sgd(std::vector<Parameter*> params, const SgdOptions& options)
+    : Optimizer(std::move(params), options.lr), options_(options) {}
+
+void Sgd::Step() {
+  const bool first = momentum_.empty();
+  if (first && options_.momentum != 0.0f) {
+    for (Parameter* p : params_) momentum_.push_back(Tensor::Empty(p->value.shape(), p->value.device()));
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter* p = params_[i];
+    p->value.device()->SgdStep(p->value.data(), p->grad.data(),
+                               momentum_.empty() ? nullptr : momentum_[i].data(),
+                               static_cast<size_t>(p->value.numel()), lr_, options_.momentum,
+                               options_.dampening, options_.weight_decay, options_.nesterov,
+                               first);
+  }
+  ++steps_;
+}
+
+NamedTensors Sgd::ExportState() const {
+  NamedTensors out;
+  out.emplace_back("step", StepTensor(steps_));
+  for (size_t i = 0; i < momentum_.size(); ++i)
+    out.emplace_back("momentum." + std::to_string(i), momentum_[i].To(CpuDevice()));
+  return out;
+}
+
+Status Sgd::ImportState(const NamedTensors& state) {
+  COPSE_ASSIGN_OR_RETURN(auto index, Index(state));
+  std::vector<Tensor> momentum;
+  if (index.count("momentum.0")) {
+    momentum.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i)
+      COPSE_RETURN_NOT_OK(LoadInto(index, "momentum." + std::to_string(i), params_[i]->value,
+                                   &momentum[i]));
+  }
+  momentum_ = std::move(momentum);
+  steps_ = static_cast<int64_t>(index["step"]->ToVector()[0]);
+  return Status::OK();
+}
+
+Adam::Adam(std::vector<Parameter*> params, const AdamOptions& options)
+    : Optimizer(std::move(params), options.lr), options_(options) {
+  for (Parameter* p : params_) {
+    m_.push_back(Tensor::Zeros(p->value.shape(), p->value.device()));
+    v_.push_back(Tensor::Zeros(p->value.shape(), p->value.device()));
+  }
+}
+
+void Adam::Step() {
+  ++steps_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter* p = params_[i];
+    p->value.device()->AdamStep(p->value.data(), p->grad.data(), m_[i].data(), v_[i].data(),
+                                static_cast<size_t>(p->value.numel()), lr_, options_.beta1,
+                                options_.beta2, options_.eps, options_.weight_decay, steps_);
+  }
+}
+
+NamedTensors Adam::ExportState() const {
+  NamedTensors out;
+  out.emplace_back("step", StepTensor(steps_));
+  for (size_t i = 0; i < m_.size(); ++i) {
+    out.emplace_back("exp_avg." + std::to_string(i), m_[i].To(CpuDevice()));
+    out.emplace_back("exp_avg_sq." + std::to_string(i), v_[i].To(CpuDevice()));
+  }
+  return out;
+}
+
+Status Adam::ImportState(const NamedTensors& state) {
+  COPSE_ASSIGN_OR_RETURN(auto index, Index(state));
+  std::vector<Tensor> m(params_.size()), v(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    COPSE_RETURN_NOT_OK(LoadInto(index, "exp_avg." + std::to_string(i), params_[i]->value, &m[i]));
+    COPSE_RETURN_NOT_OK(LoadInto(index, "exp_avg_sq." + std::to_string(i), params_[i]->value, &v[i]));
+  }
+  m_ = std::move(m);
+  v_ = std::move(v);
+  steps_ = static_cast<int64_t>(index["step"]->ToVector()[0]);
+  return Status::OK();
+}
+
+}  // namespace copse::ml

@@ -1,0 +1,74 @@
+#pragma once
+// Optimizers with PyTorch's update rules (torch.optim.SGD and torch.optim.Adam, 1.13), so that
+// a copse run and a PyTorch run with the same settings follow the same trajectory.
+// An optimizer is bound to a fixed list of parameters (in order) and owns per-parameter state
+// on their device; ExportState/ImportState carry that state through checkpoints and channels.
+// Thread-safety: none; one optimizer per parameter set, stepped by one thread.
+#include <memory>
+#include <vector>
+
+#include "ml/layers.h"
+
+namespace copse::ml {
+
+struct SgdOptions {
+  float lr = 0.01f;
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+struct AdamOptions {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  /// Updates every bound parameter from its gradient (gradients are left as they are).
+  virtual void Step() = 0;
+  /// Steps taken so far.
+  int64_t steps() const { return steps_; }
+  void set_lr(float lr) { lr_ = lr; }
+  float lr() const { return lr_; }
+  /// Host copies of the state tensors ("momentum.<i>", …) and "step" as a 1-element tensor.
+  virtual NamedTensors ExportState() const = 0;
+  virtual Status ImportState(const NamedTensors& state) = 0;
+
+ protected:
+  Optimizer(std::vector<Parameter*> params, float lr) : params_(std::move(params)), lr_(lr) {}
+  std::vector<Parameter*> params_;
+  float lr_;
+  int64_t steps_ = 0;
+};
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(std::vector<Parameter*> params, const SgdOptions& options);
+  void Step() override;
+  NamedTensors ExportState() const override;
+  Status ImportState(const NamedTensors& state) override;
+
+ private:
+  SgdOptions options_;
+  std::vector<Tensor> momentum_;  // empty until the first step, as in PyTorch
+};
+
+class Adam final : public Optimizer {
+ public:
+  Adam(std::vector<Parameter*> params, const AdamOptions& options);
+  void Step() override;
+  NamedTensors ExportState() const override;
+  Status ImportState(const NamedTensors& state) override;
+
+ private:
+  AdamOptions options_;
+  std::vector<Tensor> m_, v_;
+};
+
+}  // namespace copse::ml

@@ -1,0 +1,153 @@
+#include "ml/sequential.h"
+
+#include <map>
+
+namespace copse::ml {
+
+void Sequential::Add(std::shared_ptr<Layer> layer) {
+  layer->set_index(layers_.empty() ? 0 : layers_.back()->index() + 1);
+  if (layer->device() != device_) layer->To(device_);
+  layers_.push_back(std::move(layer));
+}
+
+Sequential Sequential::Slice(size_t begin, size_t end) const {
+  if (begin > end || end > layers_.size())
+    throw std::out_of_range("Sequential::Slice(" + std::to_string(begin) + ", " +
+                            std::to_string(end) + ") of " + std::to_string(layers_.size()));
+  Sequential s;
+  s.device_ = device_;
+  s.layers_.assign(layers_.begin() + static_cast<ptrdiff_t>(begin),
+                   layers_.begin() + static_cast<ptrdiff_t>(end));
+  return s;
+}
+
+void Sequential::InitParameters(uint64_t seed) {
+  for (auto& l : layers_) l->InitParameters(seed);
+}
+
+void Sequential::To(Device* device) {
+  for (auto& l : layers_) l->To(device);
+  device_ = device;
+}
+
+Result<Tensor> Sequential::Forward(const Tensor& x, const ForwardContext& ctx,
+                                   Stash* stash) const {
+  if (stash) stash->layers.assign(layers_.size(), LayerStash{});
+  Tensor h = x;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    auto r = layers_[i]->Forward(h, ctx, stash ? &stash->layers[i] : nullptr);
+    if (!r.ok())
+      return r.status().WithContext("layer " + std::to_string(layers_[i]->index()));
+    h = std::move(r).value();
+  }
+  return h;
+}
+
+Result<Tensor> Sequential::Predict(const Tensor& x) const {
+  ForwardContext ctx;
+  ctx.training = false;
+  return Forward(x, ctx, nullptr);
+}
+
+Result<Tensor> Sequential::Backward(const Tensor& dy, const Stash& stash, bool need_input_grad,
+                                    bool accumulate) const {
+  if (stash.layers.size() != layers_.size())
+    return Status::FailedPrecondition("Sequential::Backward: stash of " +
+                                      std::to_string(stash.layers.size()) + " layers for " +
+                                      std::to_string(layers_.size()));
+  // Without an input gradient, layers before the first one with parameters need no dx either
+  // (for an MLP that skips the largest product of the first Linear).
+  size_t first_trainable = layers_.size();
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (!layers_[i]->parameters().empty()) {
+      first_trainable = i;
+      break;
+    }
+  Tensor g = dy;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    const bool need_dx = need_input_grad || i > first_trainable;
+    if (!need_dx && layers_[i]->parameters().empty()) break;
+    auto r = layers_[i]->Backward(g, stash.layers[i], need_dx, accumulate);
+    if (!r.ok())
+      return r.status().WithContext("layer " + std::to_string(layers_[i]->index()));
+    g = std::move(r).value();
+  }
+  return g;
+}
+
+std::vector<Parameter*> Sequential::Parameters() const {
+  std::vector<Parameter*> out;
+  for (auto& l : layers_)
+    for (Parameter& p : l->parameters()) out.push_back(&p);
+  return out;
+}
+
+std::vector<std::string> Sequential::ParameterNames() const {
+  std::vector<std::string> out;
+  for (auto& l : layers_)
+    for (const Parameter& p : l->parameters())
+      out.push_back(std::to_string(l->index()) + "." + p.name);
+  return out;
+}
+
+int64_t Sequential::NumParameters() const {
+  int64_t n = 0;
+  for (Parameter* p : Parameters()) n += p->value.numel();
+  return n;
+}
+
+void Sequential::ZeroGrad() const {
+  for (auto& l : layers_) l->ZeroGrad();
+}
+
+static NamedTensors Export(const Sequential& m, bool host, bool grads) {
+  NamedTensors out;
+  const auto names = m.ParameterNames();
+  const auto params = m.Parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& t = grads ? params[i]->grad : params[i]->value;
+    out.emplace_back(names[i], t.To(host ? CpuDevice() : t.device()));
+  }
+  return out;
+}
+
+NamedTensors Sequential::ExportParameters(bool host) const { return Export(*this, host, false); }
+NamedTensors Sequential::ExportGradients(bool host) const { return Export(*this, host, true); }
+
+static Status Import(const Sequential& m, const NamedTensors& in, bool grads) {
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : in) by_name[name] = &t;
+  const auto names = m.ParameterNames();
+  const auto params = m.Parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = by_name.find(names[i]);
+    if (it == by_name.end())
+      return Status::InvalidArgument("parameter set lacks '" + names[i] + "'");
+    Tensor& dst = grads ? params[i]->grad : params[i]->value;
+    if (it->second->shape() != dst.shape())
+      return Status::InvalidArgument("parameter '" + names[i] + "' has shape " +
+                                     ShapeToString(it->second->shape()) + ", expected " +
+                                     ShapeToString(dst.shape()));
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    (grads ? params[i]->grad : params[i]->value).CopyFrom(*by_name[names[i]]);
+  return Status::OK();
+}
+
+Status Sequential::ImportParameters(const NamedTensors& params) const {
+  return Import(*this, params, false);
+}
+Status Sequential::ImportGradients(const NamedTensors& grads) const {
+  return Import(*this, grads, true);
+}
+
+std::string Sequential::Describe() const {
+  std::string s;
+  for (auto& l : layers_) {
+    if (!s.empty()) s += " -> ";
+    s += l->Describe();
+  }
+  return s;
+}
+
+}  // namespace copse::ml

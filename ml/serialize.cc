@@ -1,0 +1,134 @@
+#include "ml/serialize.h"
+
+#include <xxhash.h>
+
+#include <cstdio>
+#include <cstring>
+
+namespace copse::ml {
+namespace {
+
+constexpr char kMagic[8] = {'C', 'O', 'P', 'S', 'E', 'T', 'N', 'S'};
+constexpr uint32_t kVersion = 1;
+constexpr uint8_t kFloat32 = 0;
+constexpr int kMaxDims = 8;
+
+template <typename T>
+void Put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string_view b) : b_(b) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (b_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(v, b_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool Bytes(size_t n, std::string_view* out) {
+    if (b_.size() - pos_ < n) return false;
+    *out = b_.substr(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  size_t remaining() const { return b_.size() - pos_; }
+  size_t pos() const { return pos_; }
+
+ private:
+  std::string_view b_;
+  size_t pos_ = 0;
+};
+
+Status Loss(const std::string& what) { return Status::DataLoss("tensor bytes: " + what); }
+
+}  // namespace
+
+uint64_t Checksum(std::string_view bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
+
+std::string SerializeTensors(const NamedTensors& tensors) {
+  size_t total = sizeof(kMagic) + 8 + 8;
+  for (const auto& [name, t] : tensors) total += 8 + name.size() + 8 * t.ndim() + t.bytes();
+  std::string out;
+  out.reserve(total);
+  out.append(kMagic, sizeof(kMagic));
+  Put<uint32_t>(out, kVersion);
+  Put<uint32_t>(out, static_cast<uint32_t>(tensors.size()));
+  for (const auto& [name, t] : tensors) {
+    Put<uint32_t>(out, static_cast<uint32_t>(name.size()));
+    out.append(name);
+    Put<uint8_t>(out, kFloat32);
+    Put<uint8_t>(out, static_cast<uint8_t>(t.ndim()));
+    Put<uint16_t>(out, 0);
+    for (int64_t d : t.shape()) Put<int64_t>(out, d);
+    const size_t at = out.size();
+    out.resize(at + t.bytes());
+    if (t.bytes() > 0) t.device()->CopyToHost(out.data() + at, t.data(), t.bytes());
+  }
+  Put<uint64_t>(out, Checksum(out));
+  return out;
+}
+
+Result<NamedTensors> DeserializeTensors(std::string_view bytes, Device* device) {
+  if (bytes.size() < sizeof(kMagic) + 8 + 8)
+    return Loss("truncated: " + std::to_string(bytes.size()) + " bytes is shorter than a header");
+  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
+    return Loss("bad magic (not a copse tensor encoding)");
+  const std::string_view body = bytes.substr(0, bytes.size() - 8);
+  uint64_t stored;
+  std::memcpy(&stored, bytes.data() + body.size(), 8);
+  if (Checksum(body) != stored) return Loss("checksum mismatch (corrupted or truncated)");
+  Reader r(body.substr(sizeof(kMagic)));
+  uint32_t version = 0, count = 0;
+  r.Get(&version);
+  r.Get(&count);
+  if (version != kVersion) return Loss("unsupported version " + std::to_string(version));
+  NamedTensors out;
+  for (uint32_t i = 0; i < count; ++i) {
+    const std::string where = "tensor " + std::to_string(i) + ": ";
+    uint32_t name_len;
+    std::string_view name;
+    uint8_t dtype, ndim;
+    uint16_t reserved;
+    if (!r.Get(&name_len) || !r.Bytes(name_len, &name) || !r.Get(&dtype) || !r.Get(&ndim) ||
+        !r.Get(&reserved))
+      return Loss(where + "truncated header");
+    if (dtype != kFloat32) return Loss(where + "unknown dtype " + std::to_string(dtype));
+    if (ndim > kMaxDims) return Loss(where + "too many dimensions (" + std::to_string(ndim) + ")");
+    Shape shape(ndim);
+    uint64_t numel = 1;
+    for (auto& d : shape) {
+      if (!r.Get(&d)) return Loss(where + "truncated shape");
+      if (d < 0) return Loss(where + "negative dimension");
+      numel *= static_cast<uint64_t>(d);
+      if (numel > r.remaining() / sizeof(float)) return Loss(where + "shape larger than the data");
+    }
+    std::string_view data;
+    if (!r.Bytes(numel * sizeof(float), &data)) return Loss(where + "truncated data");
+    Tensor t = Tensor::Empty(shape, device);
+    if (numel > 0) device->CopyFromHost(t.data(), data.data(), data.size());
+    out.emplace_back(std::string(name), std::move(t));
+  }
+  if (r.remaining() != 0) return Loss(std::to_string(r.remaining()) + " trailing bytes");
+  return out;
+}
+
+std::string SerializeTensor(const Tensor& tensor) { return SerializeTensors({{"", tensor}}); }
+
+Result<Tensor> DeserializeTensor(std::string_view bytes, Device* device) {
+  COPSE_ASSIGN_OR_RETURN(NamedTensors all, DeserializeTensors(bytes, device));
+  if (all.size() != 1)
+    return Status::DataLoss("tensor bytes: expected one tensor, found " + std::to_string(all.size()));
+  return std::move(all[0].second);
+}
+
+std::string Digest(const NamedTensors& tensors) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx",
+                static_cast<unsigned long long>(Checksum(SerializeTensors(tensors))));
+  return buf;
+}
+
+}  // namespace copse::ml

@@ -1,0 +1,33 @@
+#pragma once
+// Byte encoding of tensors and named tensor sets (parameters, gradients, optimizer state,
+// activation stashes) for channels and checkpoints. Format, little-endian:
+//   "COPSETNS" | u32 version=1 | u32 count |
+//   count x ( u32 name_len | name | u8 dtype (0 = float32) | u8 ndim | u16 0 | i64 dims[ndim]
+//             | float32 data[prod(dims)] ) |
+//   u64 XXH64(seed 0) of every byte before it.
+// Decoding verifies the checksum first; any damage (truncation, flipped bits, bad header)
+// yields Status::DataLoss naming what is wrong, never a crash or a partial result.
+// Stateless; thread-safe.
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ml/tensor.h"
+
+namespace copse::ml {
+
+/// Encodes (copies device tensors to the host first).
+std::string SerializeTensors(const NamedTensors& tensors);
+/// Decodes onto `device`.
+Result<NamedTensors> DeserializeTensors(std::string_view bytes, Device* device = CpuDevice());
+
+/// A single unnamed tensor, same format with count 1.
+std::string SerializeTensor(const Tensor& tensor);
+Result<Tensor> DeserializeTensor(std::string_view bytes, Device* device = CpuDevice());
+
+/// XXH64 of `bytes` (seed 0).
+uint64_t Checksum(std::string_view bytes);
+/// 16 hex digits of the checksum of SerializeTensors(tensors): equal iff bit-identical.
+std::string Digest(const NamedTensors& tensors);
+
+}  // namespace copse::ml

@@ -1,0 +1,97 @@
+#pragma once
+// Tensor: a dense, contiguous, row-major float32 array with a shape, living on one Device.
+// A Tensor is a cheap handle: copies share the same storage (like torch.Tensor); Clone() makes
+// a deep copy. Reshape() and Rows() return views of the same storage. Storage is freed (back to
+// its device's cache) when the last handle goes away.
+// Thread-safety: handles may be copied across threads; concurrent writes to the same storage
+// need external synchronization, like any array.
+//
+//   Tensor x = Tensor::FromVector({2, 3}, {1, 2, 3, 4, 5, 6});
+//   Tensor g = x.To(*CudaDevice());   // device copy
+//   std::vector<float> back = g.ToVector();
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ml/device.h"
+
+namespace copse::ml {
+
+using Shape = std::vector<int64_t>;
+
+/// Product of the dimensions (1 for a scalar shape {}).
+int64_t NumElements(const Shape& shape);
+/// "[128, 784]".
+std::string ShapeToString(const Shape& shape);
+
+/// Device memory with its owner; returns itself to the device on destruction.
+class Storage {
+ public:
+  Storage(Device* device, size_t bytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device* device() const { return device_; }
+
+ private:
+  Device* device_;
+  size_t bytes_;
+  void* data_;
+};
+
+class Tensor {
+ public:
+  /// An undefined tensor (defined() == false).
+  Tensor() = default;
+
+  /// Uninitialized contents.
+  static Tensor Empty(const Shape& shape, Device* device = CpuDevice());
+  static Tensor Zeros(const Shape& shape, Device* device = CpuDevice());
+  static Tensor Full(const Shape& shape, float value, Device* device = CpuDevice());
+  /// `values.size()` must equal NumElements(shape).
+  static Tensor FromVector(const Shape& shape, const std::vector<float>& values,
+                           Device* device = CpuDevice());
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t dim(int i) const { return shape_[i < 0 ? i + ndim() : i]; }
+  int64_t numel() const { return NumElements(shape_); }
+  size_t bytes() const { return static_cast<size_t>(numel()) * sizeof(float); }
+  Device* device() const { return storage_ ? storage_->device() : nullptr; }
+  bool is_cpu() const { return device() != nullptr && device()->type() == DeviceType::kCpu; }
+
+  /// Device pointer to the first element (a host pointer on the CPU).
+  float* data() const {
+    return storage_ ? static_cast<float*>(storage_->data()) + offset_ : nullptr;
+  }
+
+  /// A copy of the contents on the host.
+  std::vector<float> ToVector() const;
+  /// A deep copy on `device` (a deep copy even when already there).
+  Tensor To(Device* device) const;
+  Tensor Clone() const { return To(device()); }
+  /// Copies `src` (same number of elements, any device) into this tensor's storage.
+  void CopyFrom(const Tensor& src) const;
+  void Fill(float value) const;
+  /// A view with another shape and the same number of elements.
+  Tensor Reshape(const Shape& shape) const;
+  /// A view of rows [begin, end) along the first dimension.
+  Tensor Rows(int64_t begin, int64_t end) const;
+  /// True when shapes are equal and every element is bitwise equal.
+  bool BitwiseEquals(const Tensor& other) const;
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  int64_t offset_ = 0;  // in elements
+  Shape shape_;
+};
+
+/// Named tensors in a fixed order: a parameter set, its gradients, an optimizer's state.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+}  // namespace copse::ml

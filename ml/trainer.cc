@@ -1,0 +1,150 @@
+#include "ml/trainer.h"
+
+#include <chrono>
+#include <memory>
+
+#include "common/logging.h"
+#include "ml/loss.h"
+#include "ml/models.h"
+#include "ml/optimizer.h"
+#include "ml/philox.h"
+#include "ml/sequential.h"
+#include "ml/serialize.h"
+
+namespace copse::ml {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+Status Validate(const TrainOptions& o) {
+  if (o.epochs < 1) return Status::InvalidArgument("--epochs must be >= 1");
+  if (o.batch < 1) return Status::InvalidArgument("--batch must be >= 1");
+  if (!(o.lr > 0)) return Status::InvalidArgument("--lr must be > 0");
+  if (o.momentum < 0 || o.momentum >= 1) return Status::InvalidArgument("--momentum must be in [0, 1)");
+  if (o.threads < 1) return Status::InvalidArgument("--threads must be >= 1");
+  if (o.optimizer != "sgd" && o.optimizer != "adam")
+    return Status::InvalidArgument("--optimizer must be sgd or adam");
+  if (o.limit == 0) return Status::InvalidArgument("--limit must be > 0");
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<double> Evaluate(const Sequential& model, const Dataset& data, int64_t batch) {
+  if (data.size() == 0) return 0.0;
+  int64_t correct = 0;
+  for (int64_t b = 0; b < data.size(); b += batch) {
+    const Batch x = data.Range(b, std::min(data.size(), b + batch), model.device());
+    COPSE_ASSIGN_OR_RETURN(Tensor logits, model.Predict(x.images));
+    correct += CountCorrect(logits, x.labels);
+  }
+  return static_cast<double>(correct) / static_cast<double>(data.size());
+}
+
+Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progress,
+                          int64_t progress_every) {
+  COPSE_RETURN_NOT_OK(Validate(o));
+  auto log = Logger("ml");
+  SetCpuThreads(o.threads);
+  COPSE_ASSIGN_OR_RETURN(Device * device, DeviceByName(o.device));
+
+  DatasetOptions train_opts, test_opts;
+  train_opts.limit = o.limit;
+  test_opts.limit = o.test_limit;
+  COPSE_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(o.data_dir, Split::kTrain, train_opts));
+  Dataset test;
+  if (o.evaluate) {
+    COPSE_ASSIGN_OR_RETURN(test, LoadFashionMnist(o.data_dir, Split::kTest, test_opts));
+  }
+
+  COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModel(o.model, o.seed));
+  model.To(device);
+  std::unique_ptr<Optimizer> opt;
+  if (o.optimizer == "adam") {
+    AdamOptions a;
+    a.lr = o.lr;
+    a.weight_decay = o.weight_decay;
+    opt = std::make_unique<Adam>(model.Parameters(), a);
+  } else {
+    SgdOptions s;
+    s.lr = o.lr;
+    s.momentum = o.momentum;
+    s.weight_decay = o.weight_decay;
+    opt = std::make_unique<Sgd>(model.Parameters(), s);
+  }
+  log->info("train model={} ({} parameters) device={} threads={} images={} batch={}",
+            o.model, model.NumParameters(), device->name(), o.threads, train.size(), o.batch);
+
+  TrainReport report;
+  report.train_images = train.size();
+  report.parameters = model.NumParameters();
+  report.model_description = model.Describe();
+  Stash stash;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    const std::vector<int64_t> order = EpochOrder(train.size(), o.seed, epoch);
+    const auto batches = MakeBatches(order, o.batch);
+    const auto start = Clock::now();
+    double loss_sum = 0;
+    int64_t seen = 0, step = 0;
+    for (const auto& idx : batches) {
+      ++step;
+      const Batch b = train.Gather(idx, device);
+      ForwardContext ctx;
+      ctx.training = true;
+      ctx.seed = MixSeed(o.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(step));
+      COPSE_ASSIGN_OR_RETURN(Tensor logits, model.Forward(b.images, ctx, &stash));
+      COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels));
+      COPSE_RETURN_NOT_OK(
+          model.Backward(loss.grad, stash, /*need_input_grad=*/false, /*accumulate=*/false)
+              .status());
+      opt->Step();
+      loss_sum += loss.loss * static_cast<double>(b.size());
+      seen += b.size();
+      if (progress && progress_every > 0 && step % progress_every == 0 &&
+          step != static_cast<int64_t>(batches.size())) {
+        TrainProgress p;
+        p.epoch = epoch;
+        p.step = step;
+        p.steps_per_epoch = static_cast<int64_t>(batches.size());
+        p.loss = loss_sum / static_cast<double>(seen);
+        p.images_per_s = static_cast<double>(seen) / Seconds(start, Clock::now());
+        progress(p);
+      }
+    }
+    device->Synchronize();
+    EpochReport er;
+    er.epoch = epoch;
+    er.seconds = Seconds(start, Clock::now());
+    er.loss = seen ? loss_sum / static_cast<double>(seen) : 0.0;
+    er.images_per_s = static_cast<double>(seen) / er.seconds;
+    report.train_seconds += er.seconds;
+    if (o.evaluate) {
+      COPSE_ASSIGN_OR_RETURN(er.test_accuracy, Evaluate(model, test));
+    }
+    log->info("epoch={} loss={:.4f} test_accuracy={:.4f} images_per_s={:.0f}", epoch, er.loss,
+              er.test_accuracy, er.images_per_s);
+    report.epochs.push_back(er);
+    if (progress) {
+      TrainProgress p;
+      p.epoch = epoch;
+      p.step = step;
+      p.steps_per_epoch = step;
+      p.loss = er.loss;
+      p.images_per_s = er.images_per_s;
+      p.epoch_done = &report.epochs.back();
+      progress(p);
+    }
+  }
+  report.final_loss = report.epochs.back().loss;
+  report.test_accuracy = report.epochs.back().test_accuracy;
+  report.images_per_s = static_cast<double>(report.train_images) * o.epochs / report.train_seconds;
+  report.final_parameters = model.ExportParameters(/*host=*/true);
+  report.parameter_digest = Digest(report.final_parameters);
+  return report;
+}
+
+}  // namespace copse::ml
