@@ -1,0 +1,15 @@
+#pragma once
+// Each `copse` verb lives in its own file and adds itself to the CLI11 app through one of
+// these functions. Callbacks set the process exit code through ExitCode().
+#include <CLI/CLI.hpp>
+
+namespace copse::cli {
+
+void AddValidateCommand(CLI::App& app);
+void AddProgramsCommand(CLI::App& app);
+
+/// The exit code a command's callback sets: 0 success, 1 the job or the input failed,
+/// 2 usage error (CLI11 itself exits 2 on bad flags... see main.cc).
+int& ExitCode();
+
+}  // namespace copse::cli

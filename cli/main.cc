@@ -1,0 +1,33 @@
+// The `copse` command: one binary for the job manager, the daemons and every client verb.
+#include <iostream>
+
+#include "cli/commands.h"
+#include "common/logging.h"
+
+namespace copse::cli {
+int& ExitCode() {
+  static int code = 0;
+  return code;
+}
+}  // namespace copse::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"copse: a Dryad-style DAG job scheduler for ML workloads"};
+  app.require_subcommand(1);
+  std::string log_level;
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off (default: $COPSE_LOG or warn)");
+  app.parse_complete_callback([&] {
+    if (!log_level.empty() && !copse::SetLogLevel(log_level)) {
+      throw CLI::ValidationError("--log-level", "unknown level \"" + log_level + "\"");
+    }
+  });
+  copse::cli::AddValidateCommand(app);
+  copse::cli::AddProgramsCommand(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;  // usage errors exit 2 (INTERFACE.md)
+  }
+  return copse::cli::ExitCode();
+}

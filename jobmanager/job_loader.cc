@@ -1,0 +1,39 @@
+#include "jobmanager/job_loader.h"
+
+namespace copse::jm {
+
+JobLoad LoadJobJson(const Json& doc, std::string source, const ProgramCatalog& catalog) {
+  JobLoad load;
+  load.source = std::move(source);
+  auto spec = std::make_shared<JobSpec>(ParseJobSpec(doc, catalog, load.diags));
+  // Cross-reference checks still run after local errors, so one pass reports everything that
+  // can be known; the graph is only kept when the whole file is clean.
+  size_t parse_errors = load.diags.size();
+  auto graph = JobGraph::Build(std::move(spec), load.diags);
+  if (parse_errors == 0) load.graph = std::move(graph);
+  return load;
+}
+
+JobLoad LoadJobText(std::string_view text, std::string source, const ProgramCatalog& catalog) {
+  auto doc = ParseJson(text, source);
+  if (!doc.ok()) {
+    JobLoad load;
+    load.source = std::move(source);
+    load.diags.Error("", doc.status().message());
+    return load;
+  }
+  return LoadJobJson(*doc, std::move(source), catalog);
+}
+
+JobLoad LoadJobFile(const std::string& path, const ProgramCatalog& catalog) {
+  auto text = ReadFile(path);
+  if (!text.ok()) {
+    JobLoad load;
+    load.source = path;
+    load.diags.Error("", text.status().message());
+    return load;
+  }
+  return LoadJobText(*text, path, catalog);
+}
+
+}  // namespace copse::jm

@@ -1,0 +1,123 @@
+#pragma once
+// JobSpec: a job file as the user wrote it, parsed and type-checked but not yet expanded into
+// vertices (see job_graph.h for that). Every element remembers its JSON pointer so later
+// checks can name the place. Plain data; thread-compatible.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/json_util.h"
+
+namespace copse::jm {
+
+/// How data moves along an edge. `kOrder` carries no data: it only sequences two vertices.
+enum class ChannelKind : uint8_t { kFile, kMemory, kStream, kShm, kNccl, kOrder };
+/// How the replicas of two stages are joined by an edge.
+enum class EdgePattern : uint8_t { kPointwise, kAllToAll, kBroadcast, kGather };
+
+std::string_view ChannelKindName(ChannelKind kind);
+std::optional<ChannelKind> ParseChannelKind(std::string_view name);
+std::string_view EdgePatternName(EdgePattern pattern);
+std::optional<EdgePattern> ParseEdgePattern(std::string_view name);
+/// Live channels need producer and consumer running at once, so their ends form a gang.
+inline bool IsLive(ChannelKind k) {
+  return k == ChannelKind::kStream || k == ChannelKind::kShm || k == ChannelKind::kNccl;
+}
+/// Channels that carry data (every kind but `order`).
+inline bool CarriesData(ChannelKind k) { return k != ChannelKind::kOrder; }
+
+struct Resources {
+  double cpus = 1;
+  int gpus = 0;
+  int64_t memory_mb = 0;
+};
+
+struct StageSpec {
+  std::string pointer;  // "/stages/3"
+  std::string name;
+  std::string program;
+  int replicas = 1;
+  Json params = Json::object();
+  Resources resources;
+  int max_attempts = 4;
+  double timeout_s = 0;  // 0: no timeout
+  std::string affinity;  // "" when none
+};
+
+/// "stage" (every replica) or "stage[i]" (one vertex).
+struct EndpointRef {
+  std::string stage;
+  std::optional<int> replica;
+  std::string ToString() const;
+};
+
+/// Parses "name" or "name[3]"; nullopt when malformed.
+std::optional<EndpointRef> ParseEndpointRef(std::string_view text);
+
+struct EdgeSpec {
+  std::string pointer;
+  EndpointRef from;
+  EndpointRef to;
+  std::optional<EdgePattern> pattern;  // nullopt: pointwise when replica counts are equal
+  ChannelKind channel = ChannelKind::kFile;
+  std::optional<int> from_port;
+  std::optional<int> to_port;
+};
+
+struct OutputSpec {
+  std::string pointer;
+  EndpointRef from;
+  int port = 0;
+  std::string path;
+};
+
+enum class FaultKind : uint8_t {
+  kKillDaemonOf,    // SIGKILL the daemon that runs (or ran) a vertex
+  kKillDaemon,      // SIGKILL a daemon by name
+  kFail,            // make given attempts of a vertex fail
+  kDelay,           // make a vertex slow
+  kCorruptOutputOf, // damage a vertex's stored output
+  kDropOutputOf,    // delete a vertex's stored output
+};
+std::string_view FaultKindName(FaultKind kind);
+
+struct FaultTrigger {
+  std::optional<int64_t> completed;  // after N vertex completions in the job
+  std::optional<int64_t> after_ms;   // since the job started
+};
+
+struct FaultSpec {
+  std::string pointer;
+  FaultKind kind = FaultKind::kFail;
+  std::optional<EndpointRef> vertex;  // every kind but kKillDaemon
+  std::string daemon;                 // kKillDaemon
+  std::vector<int> attempts;          // kFail: 1-based attempt numbers
+  int64_t ms = 0;                     // kDelay
+  FaultTrigger when;
+};
+
+struct JobDefaults {
+  ChannelKind channel = ChannelKind::kFile;
+  int max_attempts = 4;
+  double timeout_s = 0;
+};
+
+struct JobSpec {
+  int version = 1;
+  std::string name;
+  JobDefaults defaults;
+  std::vector<StageSpec> stages;
+  std::vector<EdgeSpec> edges;
+  std::vector<OutputSpec> outputs;
+  std::vector<FaultSpec> faults;
+  Json source;  // the document as submitted, for journaling and resubmission
+
+  /// Index of the stage called `name`, or -1.
+  int FindStage(std::string_view name) const;
+};
+
+}  // namespace copse::jm

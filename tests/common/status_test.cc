@@ -1,0 +1,49 @@
+#include <doctest/doctest.h>
+
+#include "common/json_util.h"
+#include "common/status.h"
+#include "common/text_util.h"
+
+namespace copse {
+namespace {
+
+Result<int> Half(int x) {
+  if (x % 2) return Status::InvalidArgument("odd: " + std::to_string(x));
+  return x / 2;
+}
+
+Result<int> Quarter(int x) {
+  COPSE_ASSIGN_OR_RETURN(int h, Half(x));
+  return Half(h);
+}
+
+TEST_CASE("Status.OkAndErrorsCarryCodeAndMessage") {
+  CHECK(Status::OK().ok());
+  Status s = Status::NotFound("no such vertex").WithContext("job 3");
+  CHECK_FALSE(s.ok());
+  CHECK(s.code() == StatusCode::kNotFound);
+  CHECK(s.ToString() == "NotFound: job 3: no such vertex");
+}
+
+TEST_CASE("Result.AssignOrReturnPropagatesTheFirstError") {
+  CHECK(Quarter(8).value() == 2);
+  auto r = Quarter(6);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message() == "odd: 3");
+}
+
+TEST_CASE("TextUtil.DidYouMeanFindsCloseWordsOnly") {
+  CHECK(DidYouMean("replcas", {"replicas", "program", "params"}) == "replicas");
+  CHECK(DidYouMean("zzzzzz", {"replicas", "program"}).empty());
+  CHECK(EditDistance("kitten", "sitting") == 3);
+}
+
+TEST_CASE("Json.ParseErrorNamesLineAndColumn") {
+  auto r = ParseJson("{\n  \"a\": 1,\n  \"b\": ]\n}", "job.json");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message().rfind("job.json:3:8: malformed JSON", 0) == 0);
+  CHECK(PointerAppend("/stages", "a/b~c") == "/stages/a~1b~0c");
+}
+
+}  // namespace
+}  // namespace copse

@@ -1,0 +1,123 @@
+// The built-in programs, run directly against in-memory channels.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "channels/memory_queue.h"
+#include "vertex/program_registry.h"
+#include "vertex/programs/checksum.h"
+
+namespace copse::vertex {
+namespace {
+
+using chan::Buffer;
+using chan::MessageLog;
+
+/// Runs `program` with `inputs` (one vector of messages per port) and `n_out` outputs.
+struct Run {
+  Status status;
+  std::vector<std::shared_ptr<MessageLog>> outputs;
+  std::string Output(size_t port) const {
+    std::string s;
+    for (const auto& m : outputs[port]->messages) s += m.view();
+    return s;
+  }
+};
+
+Run RunProgram(const std::string& program, Json params, std::vector<std::vector<std::string>> inputs, size_t n_out,
+               std::string name = "v[0]") {
+  auto prog = ProgramRegistry::Default().Create(program);
+  REQUIRE(prog.ok());
+  std::vector<std::unique_ptr<chan::ChannelReader>> readers;
+  std::vector<std::unique_ptr<chan::ChannelWriter>> writers;
+  Run run;
+  VertexContext ctx;
+  ctx.name = name;
+  ctx.params = &params;
+  auto scratch = std::filesystem::temp_directory_path() / ("copse-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(scratch);
+  ctx.scratch_dir = scratch;
+  ctx.job_dir = scratch;
+  for (auto& msgs : inputs) {
+    auto log = std::make_shared<MessageLog>();
+    for (auto& m : msgs) log->messages.push_back(Buffer(m));
+    log->closed = true;
+    readers.push_back(std::make_unique<chan::MessageLogReader>(log));
+    ctx.inputs.push_back(readers.back().get());
+  }
+  for (size_t i = 0; i < n_out; ++i) {
+    run.outputs.push_back(std::make_shared<MessageLog>());
+    writers.push_back(std::make_unique<chan::MessageLogWriter>(run.outputs.back()));
+    ctx.outputs.push_back(writers.back().get());
+  }
+  run.status = (*prog)->Run(ctx);
+  std::filesystem::remove_all(scratch);
+  return run;
+}
+
+TEST_CASE("Programs.ChecksumDigestsNameParamsAndEveryInputByte") {
+  Json params = {{"k", 1}};
+  auto run = RunProgram("checksum", params, {{"ab", "c"}, {}}, 2);
+  REQUIRE(run.status.ok());
+  ChecksumHasher h("v[0]", params.dump());
+  h.AddMessage("ab");
+  h.AddMessage("c");
+  h.EndPort();
+  h.EndPort();
+  CHECK(run.Output(0) == DigestLine(h.Digest()));
+  CHECK(run.Output(1) == run.Output(0));
+  // Message boundaries matter: "a","bc" is a different stream from "ab","c".
+  auto other = RunProgram("checksum", params, {{"a", "bc"}, {}}, 1);
+  CHECK(other.Output(0) != run.Output(0));
+  auto extra = RunProgram("checksum", {{"bytes", 3000000}}, {}, 1);
+  CHECK(extra.Output(0).size() == 17 + 3000000);
+}
+
+TEST_CASE("Programs.WordCountTrioCountsWords") {
+  auto dir = std::filesystem::temp_directory_path() / "copse-wc-test";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "in.txt") << "a b a\nc a\n\nb\n";
+  auto read = RunProgram("text.read_lines", {{"path", (dir / "in.txt").string()}}, {}, 2);
+  REQUIRE(read.status.ok());
+  std::vector<std::string> shard0, shard1;
+  for (auto& m : read.outputs[0]->messages) shard0.emplace_back(m.view());
+  for (auto& m : read.outputs[1]->messages) shard1.emplace_back(m.view());
+  auto count = RunProgram("text.count_words", {}, {shard0, shard1}, 1);
+  REQUIRE(count.status.ok());
+  CHECK(count.Output(0) == "a\t3\nb\t2\nc\t1\n");
+  auto merge = RunProgram("text.merge_counts", {}, {{count.Output(0)}, {"a\t2\nz\t1\n"}}, 1);
+  REQUIRE(merge.status.ok());
+  CHECK(merge.Output(0) == "a\t5\nb\t2\nc\t1\nz\t1\n");
+  auto bad = RunProgram("text.merge_counts", {}, {{"nonsense\n"}}, 1);
+  CHECK(bad.status.code() == StatusCode::kInvalidArgument);
+  auto missing = RunProgram("text.read_lines", {{"path", "/no/such/file"}}, {}, 1);
+  CHECK(missing.status.code() == StatusCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Programs.ExecRunsAChildWithInputsAndOutputs") {
+  auto run = RunProgram("exec", {{"argv", {"tr", "a-z", "A-Z"}}, {"stdin", true}}, {{"hello ", "world"}}, 1);
+  REQUIRE_MESSAGE(run.status.ok(), run.status.ToString());
+  CHECK(run.Output(0) == "HELLO WORLD");
+  auto files = RunProgram("exec", {{"argv", {"sh", "-c", "cat {input0} {input1} > $COPSE_OUTPUT_0; echo $COPSE_REPLICA"}},
+                                   {"stdout", false}},
+                          {{"x"}, {"y"}}, 1);
+  REQUIRE_MESSAGE(files.status.ok(), files.status.ToString());
+  CHECK(files.Output(0) == "xy");
+  auto fail = RunProgram("exec", {{"argv", {"sh", "-c", "echo boom >&2; exit 3"}}}, {}, 0);
+  CHECK_FALSE(fail.status.ok());
+  CHECK(fail.status.message().find("exited with status 3") != std::string::npos);
+  CHECK(fail.status.message().find("boom") != std::string::npos);
+}
+
+TEST_CASE("Programs.RegistryRejectsUnknownAndDuplicateNames") {
+  ProgramRegistry r;
+  RegisterBuiltinPrograms(r);
+  CHECK(r.Contains("checksum"));
+  CHECK(r.Register("noop", nullptr).code() == StatusCode::kAlreadyExists);
+  CHECK(r.Create("nope").status().code() == StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace copse::vertex

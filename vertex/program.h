@@ -1,0 +1,75 @@
+#pragma once
+// The vertex program API: what a user implements to run code as a vertex.
+//
+//   class Upper : public copse::vertex::VertexProgram {
+//    public:
+//     copse::Status Run(copse::vertex::VertexContext& ctx) override {
+//       while (true) {
+//         COPSE_ASSIGN_OR_RETURN(auto msg, ctx.input(0).Next());
+//         if (!msg) break;
+//         COPSE_RETURN_NOT_OK(ctx.output(0).Write(Transform(*msg)));
+//       }
+//       return ctx.CloseOutputs();
+//     }
+//   };
+//   registry.Register("my.upper", [] { return std::make_unique<Upper>(); });
+//
+// A program must be deterministic given (params, inputs, replica): recovery re-runs it and
+// expects the same bytes. Returning an error or throwing fails the attempt (the host catches
+// exceptions); it never takes the daemon down. Outputs not closed by the program are closed
+// by the host after a successful Run.
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <spdlog/logger.h>
+
+#include "channels/channel.h"
+#include "common/json_util.h"
+
+namespace copse::vertex {
+
+/// Everything one execution (one version) of a vertex may use. Owned by the host; valid for
+/// the duration of Run.
+class VertexContext {
+ public:
+  std::string name;         // "count[1]"
+  int replica = 0;
+  uint32_t version = 0;     // execution number; outputs carry it
+  const Json* params = nullptr;
+  std::vector<chan::ChannelReader*> inputs;   // by input port
+  std::vector<chan::ChannelWriter*> outputs;  // by output port
+  const std::atomic<bool>* cancel_flag = nullptr;
+  std::shared_ptr<spdlog::logger> logger;
+  std::filesystem::path scratch_dir;          // private, empty directory; removed afterwards
+  std::filesystem::path job_dir;              // the submitted job file's directory
+  unsigned threads = 1;                       // cpus granted to this vertex
+
+  chan::ChannelReader& input(size_t port) { return *inputs.at(port); }
+  chan::ChannelWriter& output(size_t port) { return *outputs.at(port); }
+  size_t num_inputs() const { return inputs.size(); }
+  size_t num_outputs() const { return outputs.size(); }
+  bool cancelled() const { return cancel_flag && cancel_flag->load(std::memory_order_relaxed); }
+  /// params[key] or `fallback` when absent.
+  template <typename T>
+  T param(const char* key, T fallback) const {
+    if (!params || !params->contains(key)) return fallback;
+    return (*params)[key].get<T>();
+  }
+  /// `path` as given when absolute, else relative to the job file's directory.
+  std::filesystem::path ResolvePath(const std::string& path) const;
+  /// Closes every output (end of stream).
+  Status CloseOutputs();
+  /// Writes `message` to every output.
+  Status WriteAll(const chan::Buffer& message);
+};
+
+class VertexProgram {
+ public:
+  virtual ~VertexProgram() = default;
+  virtual Status Run(VertexContext& ctx) = 0;
+};
+
+}  // namespace copse::vertex

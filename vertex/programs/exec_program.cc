@@ -1,0 +1,160 @@
+// `exec`: runs params.argv as a child process, for user programs in any language.
+//
+// Contract (docs/job-format.md): every input port k is materialized as the file
+// $COPSE_INPUT_k; the child writes output port k to the file $COPSE_OUTPUT_k. With
+// "stdout": true (the default when the vertex has outputs) the child's standard output becomes
+// output 0 instead of the file. With "stdin": true input 0 is fed to its standard input.
+// "{input0}", "{output1}", "{scratch}" … in argv are replaced by those paths. A non-zero exit
+// status fails the attempt with the tail of standard error. Cancellation kills the child.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "common/text_util.h"
+#include "vertex/program_registry.h"
+
+namespace copse::vertex {
+namespace {
+
+constexpr size_t kChunk = 1 << 20;
+
+Status WriteInputFile(VertexContext& ctx, size_t port, const std::filesystem::path& path) {
+  std::ofstream out(path, std::ios::binary);
+  if (!out) return Status::IOError("cannot create " + path.string());
+  while (true) {
+    COPSE_ASSIGN_OR_RETURN(auto msg, ctx.input(port).Next());
+    if (!msg) break;
+    out.write(msg->data(), static_cast<std::streamsize>(msg->size()));
+  }
+  out.close();
+  if (!out) return Status::IOError("error writing " + path.string());
+  return Status::OK();
+}
+
+Status StreamFileToOutput(const std::filesystem::path& path, chan::ChannelWriter& out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::OK();  // the child wrote nothing to this port
+  std::string buf(kChunk, '\0');
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    std::streamsize n = in.gcount();
+    if (n > 0) COPSE_RETURN_NOT_OK(out.Write(chan::Buffer(buf.substr(0, static_cast<size_t>(n)))));
+  }
+  return Status::OK();
+}
+
+std::string TailOf(const std::filesystem::path& path, size_t max) {
+  std::ifstream in(path, std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return s.size() > max ? "…" + s.substr(s.size() - max) : s;
+}
+
+class ExecProgram final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    if (!ctx.params || !ctx.params->contains("argv") || !(*ctx.params)["argv"].is_array() ||
+        (*ctx.params)["argv"].empty()) {
+      return Status::InvalidArgument(ctx.name + ": params.argv (a non-empty array of strings) is required");
+    }
+    bool use_stdout = ctx.param<bool>("stdout", ctx.num_outputs() > 0);
+    bool use_stdin = ctx.param<bool>("stdin", false);
+    const auto& dir = ctx.scratch_dir;
+    std::vector<std::pair<std::string, std::string>> vars;  // placeholder -> path
+    std::vector<std::string> env;
+    for (size_t k = 0; k < ctx.num_inputs(); ++k) {
+      auto path = dir / ("input-" + std::to_string(k));
+      COPSE_RETURN_NOT_OK(WriteInputFile(ctx, k, path));
+      vars.emplace_back("{input" + std::to_string(k) + "}", path.string());
+      env.push_back("COPSE_INPUT_" + std::to_string(k) + "=" + path.string());
+    }
+    for (size_t k = 0; k < ctx.num_outputs(); ++k) {
+      auto path = dir / ("output-" + std::to_string(k));
+      vars.emplace_back("{output" + std::to_string(k) + "}", path.string());
+      env.push_back("COPSE_OUTPUT_" + std::to_string(k) + "=" + path.string());
+    }
+    vars.emplace_back("{scratch}", dir.string());
+    env.push_back("COPSE_NUM_INPUTS=" + std::to_string(ctx.num_inputs()));
+    env.push_back("COPSE_NUM_OUTPUTS=" + std::to_string(ctx.num_outputs()));
+    env.push_back("COPSE_VERTEX=" + ctx.name);
+    env.push_back("COPSE_REPLICA=" + std::to_string(ctx.replica));
+    env.push_back("COPSE_VERSION=" + std::to_string(ctx.version));
+
+    std::vector<std::string> argv;
+    for (const auto& a : (*ctx.params)["argv"]) {
+      if (!a.is_string()) return Status::InvalidArgument(ctx.name + ": params.argv must hold only strings");
+      std::string s = a.get<std::string>();
+      for (const auto& [from, to] : vars) s = ReplaceAll(std::move(s), from, to);
+      argv.push_back(std::move(s));
+    }
+    auto stdout_path = dir / "stdout";
+    auto stderr_path = dir / "stderr";
+    auto stdin_path = use_stdin && ctx.num_inputs() > 0 ? dir / "input-0" : std::filesystem::path("/dev/null");
+
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    std::vector<std::string> full_env;
+    for (char** e = environ; *e; ++e) full_env.emplace_back(*e);
+    for (auto& e : env) full_env.push_back(e);
+    std::vector<char*> cenv;
+    for (auto& e : full_env) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+    std::string out_s = stdout_path.string(), err_s = stderr_path.string(), in_s = stdin_path.string();
+    std::string cwd = ctx.job_dir.empty() ? dir.string() : ctx.job_dir.string();
+
+    pid_t pid = fork();
+    if (pid < 0) return Status::Internal(ctx.name + ": fork failed: " + std::strerror(errno));
+    if (pid == 0) {
+      // Child: only async-signal-safe calls until exec.
+      setpgid(0, 0);
+      int in_fd = open(in_s.c_str(), O_RDONLY);
+      int out_fd = open(out_s.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int err_fd = open(err_s.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (in_fd < 0 || out_fd < 0 || err_fd < 0) _exit(126);
+      dup2(in_fd, 0);
+      dup2(out_fd, 1);
+      dup2(err_fd, 2);
+      if (chdir(cwd.c_str()) != 0) _exit(126);
+      execvpe(cargv[0], cargv.data(), cenv.data());
+      const char msg[] = "exec failed: cannot run the program named by argv[0]\n";
+      (void)!write(2, msg, sizeof(msg) - 1);
+      _exit(127);
+    }
+    int status = 0;
+    while (true) {
+      pid_t r = waitpid(pid, &status, WNOHANG);
+      if (r == pid) break;
+      if (r < 0 && errno != EINTR) return Status::Internal(ctx.name + ": waitpid failed");
+      if (ctx.cancelled()) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        return Status::Cancelled(ctx.name + " cancelled");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::string how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                          : "was killed by signal " + std::to_string(WTERMSIG(status));
+      return Status::Internal(ctx.name + ": " + argv[0] + " " + how + "; stderr: " + TailOf(stderr_path, 2000));
+    }
+    for (size_t k = 0; k < ctx.num_outputs(); ++k) {
+      auto path = (k == 0 && use_stdout) ? stdout_path : dir / ("output-" + std::to_string(k));
+      COPSE_RETURN_NOT_OK(StreamFileToOutput(path, ctx.output(k)));
+    }
+    return ctx.CloseOutputs();
+  }
+};
+
+}  // namespace
+
+void RegisterExecProgram(ProgramRegistry& registry) {
+  (void)registry.Register("exec", [] { return std::make_unique<ExecProgram>(); });
+}
+
+}  // namespace copse::vertex

@@ -1,0 +1,144 @@
+// Word count: text.read_lines -> text.count_words -> text.merge_counts.
+//
+// text.read_lines   params.path: a text file (relative paths resolve against the job's
+//                   directory). Each line goes to output hash(line) % outputs, batched into
+//                   messages of about 64 KiB, so any number of counters may follow.
+// text.count_words  counts whitespace-separated words over every input; writes "word\tcount\n"
+//                   lines sorted by word to every output.
+// text.merge_counts sums "word\tcount" lines over every input; writes them sorted by word.
+#include <charconv>
+#include <fstream>
+#include <map>
+
+#include <xxhash.h>
+
+#include "vertex/program_registry.h"
+
+namespace copse::vertex {
+namespace {
+
+constexpr size_t kBatchBytes = 64 * 1024;
+
+class ReadLines final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    if (!ctx.params || !ctx.params->contains("path") || !(*ctx.params)["path"].is_string()) {
+      return Status::InvalidArgument(ctx.name + ": params.path (a string) is required");
+    }
+    auto path = ctx.ResolvePath((*ctx.params)["path"].get<std::string>());
+    std::ifstream in(path);
+    if (!in) return Status::NotFound(ctx.name + ": cannot open " + path.string());
+    size_t n = ctx.num_outputs();
+    std::vector<std::string> batches(n);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (n == 0) continue;
+      size_t out = XXH3_64bits(line.data(), line.size()) % n;
+      batches[out] += line;
+      batches[out] += '\n';
+      if (batches[out].size() >= kBatchBytes) {
+        COPSE_RETURN_NOT_OK(ctx.output(out).Write(chan::Buffer(std::move(batches[out]))));
+        batches[out].clear();
+      }
+      if (ctx.cancelled()) return Status::Cancelled(ctx.name + " cancelled");
+    }
+    if (in.bad()) return Status::IOError(ctx.name + ": error reading " + path.string());
+    for (size_t i = 0; i < n; ++i) {
+      if (!batches[i].empty()) COPSE_RETURN_NOT_OK(ctx.output(i).Write(chan::Buffer(std::move(batches[i]))));
+    }
+    return ctx.CloseOutputs();
+  }
+};
+
+using Counts = std::map<std::string, int64_t, std::less<>>;
+
+Status WriteCounts(VertexContext& ctx, const Counts& counts) {
+  std::string batch;
+  for (const auto& [word, count] : counts) {
+    batch += word;
+    batch += '\t';
+    batch += std::to_string(count);
+    batch += '\n';
+    if (batch.size() >= kBatchBytes) {
+      COPSE_RETURN_NOT_OK(ctx.WriteAll(chan::Buffer(std::move(batch))));
+      batch.clear();
+    }
+  }
+  if (!batch.empty()) COPSE_RETURN_NOT_OK(ctx.WriteAll(chan::Buffer(std::move(batch))));
+  return ctx.CloseOutputs();
+}
+
+/// Calls fn(message) for every message of every input, in port order.
+template <typename Fn>
+Status ForEachInput(VertexContext& ctx, Fn&& fn) {
+  for (size_t port = 0; port < ctx.num_inputs(); ++port) {
+    while (true) {
+      COPSE_ASSIGN_OR_RETURN(auto msg, ctx.input(port).Next());
+      if (!msg) break;
+      COPSE_RETURN_NOT_OK(fn(port, msg->view()));
+    }
+  }
+  return Status::OK();
+}
+
+bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+class CountWords final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    Counts counts;
+    COPSE_RETURN_NOT_OK(ForEachInput(ctx, [&](size_t, std::string_view text) {
+      size_t i = 0;
+      while (i < text.size()) {
+        while (i < text.size() && IsSpace(text[i])) ++i;
+        size_t start = i;
+        while (i < text.size() && !IsSpace(text[i])) ++i;
+        if (i > start) {
+          auto word = text.substr(start, i - start);
+          auto it = counts.find(word);
+          if (it == counts.end()) counts.emplace(std::string(word), 1);
+          else ++it->second;
+        }
+      }
+      return Status::OK();
+    }));
+    return WriteCounts(ctx, counts);
+  }
+};
+
+class MergeCounts final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    Counts counts;
+    COPSE_RETURN_NOT_OK(ForEachInput(ctx, [&](size_t port, std::string_view text) {
+      size_t pos = 0;
+      while (pos < text.size()) {
+        size_t end = text.find('\n', pos);
+        if (end == std::string_view::npos) end = text.size();
+        auto line = text.substr(pos, end - pos);
+        pos = end + 1;
+        if (line.empty()) continue;
+        size_t tab = line.rfind('\t');
+        int64_t n = 0;
+        if (tab == std::string_view::npos ||
+            std::from_chars(line.data() + tab + 1, line.data() + line.size(), n).ec != std::errc()) {
+          return Status::InvalidArgument(ctx.name + ": input " + std::to_string(port) +
+                                         " has a line that is not \"word<TAB>count\": " + std::string(line.substr(0, 80)));
+        }
+        counts[std::string(line.substr(0, tab))] += n;
+      }
+      return Status::OK();
+    }));
+    return WriteCounts(ctx, counts);
+  }
+};
+
+}  // namespace
+
+void RegisterTextPrograms(ProgramRegistry& registry) {
+  (void)registry.Register("text.read_lines", [] { return std::make_unique<ReadLines>(); });
+  (void)registry.Register("text.count_words", [] { return std::make_unique<CountWords>(); });
+  (void)registry.Register("text.merge_counts", [] { return std::make_unique<MergeCounts>(); });
+}
+
+}  // namespace copse::vertex
