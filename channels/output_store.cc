@@ -1,0 +1,616 @@
+#include "channels/output_store.h"
+
+#include <fcntl.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+
+#include "channels/record_format.h"
+#include "common/logging.h"
+
+namespace copse::chan {
+
+namespace fs = std::filesystem;
+using internal::Checksum;
+using internal::kRecordHeaderBytes;
+
+namespace {
+
+constexpr size_t kFileBufferBytes = 1 << 20;
+constexpr size_t kDirectWriteBytes = 256 << 10;  // messages at least this big skip the buffer
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+Status WriteFully(int fd, const char* p, size_t n, const std::string& what) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Status::IOError(Errno("writing " + what));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::OK();
+}
+
+Status WriteVFully(int fd, iovec* iov, int count, const std::string& what) {
+  while (count > 0) {
+    ssize_t w = ::writev(fd, iov, count);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Status::IOError(Errno("writing " + what));
+    }
+    auto left = static_cast<size_t>(w);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return Status::OK();
+}
+
+Result<uint64_t> GetUnsigned(const Json& j, const char* name, uint64_t max) {
+  auto it = j.find(name);
+  if (it == j.end()) return Status::InvalidArgument(std::string("output key: missing /") + name);
+  if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<int64_t>() >= 0)) {
+    return Status::InvalidArgument(std::string("output key: /") + name + " must be an unsigned integer, not " +
+                                   JsonTypeName(*it));
+  }
+  auto v = it->get<uint64_t>();
+  if (v > max) return Status::InvalidArgument(std::string("output key: /") + name + " is out of range");
+  return v;
+}
+
+}  // namespace
+
+// ---- OutputKey -------------------------------------------------------------------------------
+
+std::string OutputKey::ToString() const {
+  return "job" + std::to_string(job) + "/v" + std::to_string(vertex) + ".v" + std::to_string(version) + "/p" +
+         std::to_string(port);
+}
+
+Json OutputKey::ToJson() const { return Json{{"job", job}, {"vertex", vertex}, {"version", version}, {"port", port}}; }
+
+Result<OutputKey> OutputKey::FromJson(const Json& j) {
+  if (!j.is_object()) return Status::InvalidArgument("output key must be an object, not " + JsonTypeName(j));
+  constexpr uint64_t k32 = std::numeric_limits<uint32_t>::max();
+  OutputKey k;
+  COPSE_ASSIGN_OR_RETURN(k.job, GetUnsigned(j, "job", std::numeric_limits<uint64_t>::max()));
+  COPSE_ASSIGN_OR_RETURN(uint64_t vertex, GetUnsigned(j, "vertex", k32));
+  COPSE_ASSIGN_OR_RETURN(uint64_t version, GetUnsigned(j, "version", k32));
+  COPSE_ASSIGN_OR_RETURN(uint64_t port, GetUnsigned(j, "port", k32));
+  k.vertex = static_cast<uint32_t>(vertex);
+  k.version = static_cast<uint32_t>(version);
+  k.port = static_cast<uint32_t>(port);
+  return k;
+}
+
+// ---- entries ---------------------------------------------------------------------------------
+
+struct OutputStore::Entry {
+  OutputInfo info;
+  std::shared_ptr<const StoredMessages> memory;  // in-memory outputs
+  fs::path file;                                 // file outputs with at least one message
+  bool damaged = false;
+};
+
+// ---- the file writer (file outputs, and memory outputs once spilled) -------------------------
+
+/// Appends records to a temp file, created at the first message; Finish() renames it.
+class FileSink {
+ public:
+  FileSink(OutputStore* store, OutputKey key) : store_(store), key_(key) {}
+  ~FileSink() { Abort(); }
+
+  Status Append(const Buffer& m, uint64_t checksum) {
+    if (m.size() > std::numeric_limits<uint32_t>::max()) {
+      return Status::InvalidArgument("message of " + std::to_string(m.size()) + " bytes exceeds the 4 GiB limit");
+    }
+    if (fd_ < 0) COPSE_RETURN_NOT_OK(OpenFile());
+    char header[kRecordHeaderBytes];
+    internal::EncodeRecordHeader(header, static_cast<uint32_t>(m.size()), checksum);
+    if (m.size() >= kDirectWriteBytes) {
+      COPSE_RETURN_NOT_OK(Flush());
+      iovec iov[2] = {{header, sizeof header}, {const_cast<char*>(m.data()), m.size()}};
+      COPSE_RETURN_NOT_OK(WriteVFully(fd_, iov, 2, tmp_.string()));
+    } else {
+      if (buf_.size() + sizeof header + m.size() > kFileBufferBytes) COPSE_RETURN_NOT_OK(Flush());
+      buf_.append(header, sizeof header);
+      buf_.append(m.view());
+    }
+    bytes_ += m.size();
+    ++messages_;
+    return Status::OK();
+  }
+
+  /// Flushes and closes the file; the caller publishes `final_path()` (empty: no messages).
+  Status Finish() {
+    if (fd_ < 0) return Status::OK();
+    COPSE_RETURN_NOT_OK(Flush());
+    int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) return Status::IOError(Errno("closing " + tmp_.string()));
+    std::error_code ec;
+    fs::rename(tmp_, final_, ec);
+    if (ec) return Status::IOError("renaming " + tmp_.string() + ": " + ec.message());
+    tmp_.clear();
+    return Status::OK();
+  }
+
+  /// Deletes the temp file of an unfinished output.
+  void Abort() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    if (!tmp_.empty()) {
+      std::error_code ec;
+      fs::remove(tmp_, ec);
+      tmp_.clear();
+    }
+  }
+
+  const fs::path& final_path() const { return final_; }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t messages() const { return messages_; }
+
+ private:
+  Status OpenFile();
+  Status Flush() {
+    if (buf_.empty()) return Status::OK();
+    Status st = WriteFully(fd_, buf_.data(), buf_.size(), tmp_.string());
+    buf_.clear();
+    return st;
+  }
+
+  OutputStore* store_;
+  OutputKey key_;
+  int fd_ = -1;
+  fs::path tmp_, final_;
+  std::string buf_;
+  uint64_t bytes_ = 0, messages_ = 0;
+
+};
+
+Status FileSink::OpenFile() {
+  COPSE_ASSIGN_OR_RETURN(final_, store_->NewFilePath(key_));
+  tmp_ = final_;
+  tmp_ += ".tmp";
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    tmp_.clear();
+    return Status::IOError(Errno("creating " + final_.string() + ".tmp"));
+  }
+  buf_.reserve(kFileBufferBytes);
+  buf_.append(internal::kFileMagic, sizeof internal::kFileMagic);
+  return Status::OK();
+}
+
+class OutputStore::FileWriter final : public ChannelWriter {
+ public:
+  FileWriter(OutputStore* store, OutputKey key) : store_(store), key_(key), sink_(store, key) {}
+  Status Write(Buffer message) override {
+    if (closed_) return Status::FailedPrecondition("write after close on " + key_.ToString());
+    return sink_.Append(message, Checksum(message.view()));
+  }
+  Status Close() override {
+    if (closed_) return Status::FailedPrecondition("output " + key_.ToString() + " closed twice");
+    closed_ = true;
+    COPSE_RETURN_NOT_OK(sink_.Finish());
+    auto e = std::make_shared<Entry>();
+    e->info = OutputInfo{sink_.bytes(), sink_.messages(), StorageKind::kFile, false};
+    e->file = sink_.final_path();
+    Status st = store_->Publish(key_, e);
+    if (!st.ok() && !e->file.empty()) {
+      std::error_code ec;
+      fs::remove(e->file, ec);
+    }
+    return st;
+  }
+
+ private:
+  OutputStore* store_;
+  OutputKey key_;
+  FileSink sink_;
+  bool closed_ = false;
+};
+
+// ---- the memory writer -----------------------------------------------------------------------
+
+class OutputStore::MemoryWriter final : public ChannelWriter {
+ public:
+  MemoryWriter(OutputStore* store, OutputKey key)
+      : store_(store), key_(key), stored_(std::make_shared<StoredMessages>()) {}
+  ~MemoryWriter() override { store_->Release(reserved_); }
+
+  Status Write(Buffer message) override {
+    if (closed_) return Status::FailedPrecondition("write after close on " + key_.ToString());
+    uint64_t checksum = Checksum(message.view());
+    if (!sink_ && store_->TryReserve(message.size())) {
+      reserved_ += message.size();
+      stored_->bytes += message.size();
+      stored_->messages.push_back(std::move(message));
+      stored_->checksums.push_back(checksum);
+      return Status::OK();
+    }
+    if (!sink_) COPSE_RETURN_NOT_OK(Spill());
+    return sink_->Append(message, checksum);
+  }
+
+  Status Close() override {
+    if (closed_) return Status::FailedPrecondition("output " + key_.ToString() + " closed twice");
+    closed_ = true;
+    auto e = std::make_shared<Entry>();
+    if (sink_) {
+      COPSE_RETURN_NOT_OK(sink_->Finish());
+      e->info = OutputInfo{sink_->bytes(), sink_->messages(), StorageKind::kMemory, false};
+      e->file = sink_->final_path();
+    } else {
+      e->info = OutputInfo{stored_->bytes, stored_->messages.size(), StorageKind::kMemory, true};
+      e->memory = std::move(stored_);
+    }
+    Status st = store_->Publish(key_, e);
+    if (st.ok()) {
+      reserved_ = 0;  // the entry owns the reservation now
+    } else if (!e->file.empty()) {
+      std::error_code ec;
+      fs::remove(e->file, ec);
+    }
+    return st;
+  }
+
+ private:
+  /// Moves what is held so far into a file and continues there.
+  Status Spill() {
+    Logger("chan")->debug("memory output {} spills to disk after {} bytes (budget {} bytes, {} held)",
+                          key_.ToString(), stored_->bytes, store_->memory_budget_bytes(), store_->memory_bytes());
+    sink_ = std::make_unique<FileSink>(store_, key_);
+    for (size_t i = 0; i < stored_->messages.size(); ++i) {
+      COPSE_RETURN_NOT_OK(sink_->Append(stored_->messages[i], stored_->checksums[i]));
+    }
+    stored_ = std::make_shared<StoredMessages>();
+    store_->Release(reserved_);
+    reserved_ = 0;
+    return Status::OK();
+  }
+
+  OutputStore* store_;
+  OutputKey key_;
+  std::shared_ptr<StoredMessages> stored_;
+  std::unique_ptr<FileSink> sink_;  // set once spilled
+  uint64_t reserved_ = 0;
+  bool closed_ = false;
+};
+
+// ---- readers ---------------------------------------------------------------------------------
+
+namespace {
+
+class MemoryReader final : public ChannelReader {
+ public:
+  MemoryReader(std::shared_ptr<const StoredMessages> stored, std::string what, bool verify)
+      : stored_(std::move(stored)), what_(std::move(what)), verify_(verify) {}
+  Result<std::optional<Buffer>> Next() override {
+    if (next_ >= stored_->messages.size()) return std::optional<Buffer>();
+    const Buffer& m = stored_->messages[next_];
+    if (verify_ && Checksum(m.view()) != stored_->checksums[next_]) {
+      return Status::DataLoss("output " + what_ + ": message " + std::to_string(next_) +
+                              " failed its checksum (memory)");
+    }
+    ++next_;
+    return std::optional<Buffer>(m);
+  }
+
+ private:
+  std::shared_ptr<const StoredMessages> stored_;
+  std::string what_;
+  bool verify_;
+  size_t next_ = 0;
+};
+
+class EmptyReader final : public ChannelReader {
+ public:
+  Result<std::optional<Buffer>> Next() override { return std::optional<Buffer>(); }
+};
+
+class FileReader final : public ChannelReader {
+ public:
+  explicit FileReader(std::unique_ptr<FileRecordReader> r) : r_(std::move(r)) {}
+  Result<std::optional<Buffer>> Next() override {
+    COPSE_ASSIGN_OR_RETURN(auto rec, r_->Next());
+    if (!rec) return std::optional<Buffer>();
+    return std::optional<Buffer>(std::move(rec->bytes));
+  }
+
+ private:
+  std::unique_ptr<FileRecordReader> r_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<FileRecordReader>> FileRecordReader::Open(const fs::path& file, std::string what, bool verify) {
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return Status::DataLoss("output " + what + ": cannot open " + file.string() + ": " + std::strerror(errno));
+  }
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  std::unique_ptr<FileRecordReader> r(new FileRecordReader(fd, std::move(what), verify));
+  COPSE_RETURN_NOT_OK(r->Fill(sizeof internal::kFileMagic));
+  if (r->end_ - r->begin_ < sizeof internal::kFileMagic ||
+      std::memcmp(r->buf_.data() + r->begin_, internal::kFileMagic, sizeof internal::kFileMagic) != 0) {
+    return Status::DataLoss("output " + r->what_ + ": " + file.string() + " is not a copse output file");
+  }
+  r->begin_ += sizeof internal::kFileMagic;
+  return r;
+}
+
+FileRecordReader::FileRecordReader(int fd, std::string what, bool verify)
+    : fd_(fd), what_(std::move(what)), verify_(verify), buf_(kFileBufferBytes) {}
+
+FileRecordReader::~FileRecordReader() { ::close(fd_); }
+
+/// Makes at least `need` bytes available in buf_[begin_, end_) unless the file ends first.
+Status FileRecordReader::Fill(size_t need) {
+  if (end_ - begin_ >= need || eof_) return Status::OK();
+  std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
+  end_ -= begin_;
+  begin_ = 0;
+  while (end_ < need && !eof_) {
+    ssize_t n = ::read(fd_, buf_.data() + end_, buf_.size() - end_);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::DataLoss("output " + what_ + ": " + Errno("reading"));
+    }
+    if (n == 0) eof_ = true;
+    end_ += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+Result<std::optional<Record>> FileRecordReader::Next() {
+  COPSE_RETURN_NOT_OK(Fill(kRecordHeaderBytes));
+  if (end_ == begin_) return std::optional<Record>();
+  auto truncated = [&] {
+    return Status::DataLoss("output " + what_ + ": file is truncated in message " + std::to_string(index_));
+  };
+  if (end_ - begin_ < kRecordHeaderBytes) return truncated();
+  const uint32_t len = internal::GetU32(buf_.data() + begin_);
+  Record rec;
+  rec.checksum = internal::GetU64(buf_.data() + begin_ + 4);
+  begin_ += kRecordHeaderBytes;
+  std::string bytes;
+  if (len <= buf_.size() / 4) {
+    COPSE_RETURN_NOT_OK(Fill(len));
+    if (end_ - begin_ < len) return truncated();
+    bytes.assign(buf_.data() + begin_, len);
+    begin_ += len;
+  } else {
+    // Large message: take what is buffered, read the rest straight into its storage.
+    bytes = internal::UninitializedString(len);
+    size_t have = std::min<size_t>(end_ - begin_, len);
+    std::memcpy(bytes.data(), buf_.data() + begin_, have);
+    begin_ += have;
+    while (have < len) {
+      ssize_t n = ::read(fd_, bytes.data() + have, len - have);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Status::DataLoss("output " + what_ + ": " + Errno("reading"));
+      }
+      if (n == 0) return truncated();
+      have += static_cast<size_t>(n);
+    }
+  }
+  if (verify_ && Checksum(bytes) != rec.checksum) {
+    return Status::DataLoss("output " + what_ + ": message " + std::to_string(index_) + " failed its checksum (file)");
+  }
+  ++index_;
+  rec.bytes = Buffer(std::move(bytes));
+  return std::optional<Record>(std::move(rec));
+}
+
+// ---- the store -------------------------------------------------------------------------------
+
+OutputStore::OutputStore(fs::path dir, uint64_t budget) : dir_(std::move(dir)), memory_budget_(budget) {}
+
+OutputStore::~OutputStore() = default;
+
+Result<std::unique_ptr<OutputStore>> OutputStore::Make(fs::path dir, uint64_t memory_budget_bytes) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::IOError("cannot create output directory " + dir.string() + ": " + ec.message());
+  // Outputs of an earlier process are unknown to this one (its job manager marked them lost).
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    auto name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("job", 0) == 0 && name.size() > 3 &&
+        name.find_first_not_of("0123456789", 3) == std::string::npos) {
+      fs::remove_all(e.path(), ec);
+    }
+  }
+  return std::unique_ptr<OutputStore>(new OutputStore(std::move(dir), memory_budget_bytes));
+}
+
+bool OutputStore::TryReserve(uint64_t bytes) {
+  uint64_t cur = memory_bytes_.load(std::memory_order_relaxed);
+  do {
+    if (cur + bytes > memory_budget_) return false;
+  } while (!memory_bytes_.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+void OutputStore::Release(uint64_t bytes) {
+  if (bytes) memory_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+fs::path OutputStore::JobDir(uint64_t job) const { return dir_ / ("job" + std::to_string(job)); }
+
+Result<fs::path> OutputStore::NewFilePath(const OutputKey& key) {
+  fs::path d = JobDir(key.job);
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  if (ec) return Status::IOError("cannot create " + d.string() + ": " + ec.message());
+  // A store-wide counter in the name: a dropped output's file is deleted outside the lock, so a
+  // rewrite of the same key must not reuse its name.
+  return d / ("v" + std::to_string(key.vertex) + "." + std::to_string(key.version) + ".p" + std::to_string(key.port) +
+              "." + std::to_string(next_file_id_.fetch_add(1)) + ".out");
+}
+
+Result<std::unique_ptr<ChannelWriter>> OutputStore::CreateWriter(const OutputKey& key, StorageKind kind) {
+  if (Contains(key)) return Status::AlreadyExists("output " + key.ToString() + " already exists");
+  if (kind == StorageKind::kMemory) return std::unique_ptr<ChannelWriter>(new MemoryWriter(this, key));
+  return std::unique_ptr<ChannelWriter>(new FileWriter(this, key));
+}
+
+Status OutputStore::Publish(const OutputKey& key, std::shared_ptr<const Entry> entry) {
+  std::lock_guard lock(mu_);
+  auto [it, inserted] = entries_.emplace(key, std::move(entry));
+  if (!inserted) return Status::AlreadyExists("output " + key.ToString() + " already exists");
+  return Status::OK();
+}
+
+Result<OutputStore::Stored> OutputStore::Lookup(const OutputKey& key) const {
+  std::shared_ptr<const Entry> e;
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return Status::NotFound("output " + key.ToString() + " is not stored here");
+    e = it->second;
+  }
+  return Stored{key, e->info, e->memory, e->file, e->damaged};
+}
+
+Result<std::unique_ptr<ChannelReader>> OutputStore::OpenReader(const OutputKey& key) {
+  COPSE_ASSIGN_OR_RETURN(Stored s, Lookup(key));
+  if (s.damaged) return Status::DataLoss("output " + key.ToString() + " is damaged");
+  if (s.memory) {
+    return std::unique_ptr<ChannelReader>(new MemoryReader(std::move(s.memory), key.ToString(), verify_memory_reads_));
+  }
+  if (s.file.empty()) return std::unique_ptr<ChannelReader>(new EmptyReader());
+  COPSE_ASSIGN_OR_RETURN(auto r, FileRecordReader::Open(s.file, key.ToString(), true));
+  return std::unique_ptr<ChannelReader>(new FileReader(std::move(r)));
+}
+
+Result<uint64_t> OutputStore::Size(const OutputKey& key) const {
+  COPSE_ASSIGN_OR_RETURN(OutputInfo info, Info(key));
+  return info.bytes;
+}
+
+Result<OutputInfo> OutputStore::Info(const OutputKey& key) const {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return Status::NotFound("output " + key.ToString() + " is not stored here");
+  return it->second->info;
+}
+
+bool OutputStore::Contains(const OutputKey& key) const {
+  std::lock_guard lock(mu_);
+  return entries_.count(key) > 0;
+}
+
+std::vector<OutputKey> OutputStore::List(std::optional<uint64_t> job) const {
+  std::lock_guard lock(mu_);
+  std::vector<OutputKey> out;
+  auto it = job ? entries_.lower_bound(OutputKey{*job, 0, 0, 0}) : entries_.begin();
+  for (; it != entries_.end() && (!job || it->first.job == *job); ++it) out.push_back(it->first);
+  return out;
+}
+
+std::shared_ptr<const OutputStore::Entry> OutputStore::Unlink(const OutputKey& key) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return nullptr;
+  auto e = std::move(it->second);
+  entries_.erase(it);
+  return e;
+}
+
+void OutputStore::Forget(const std::shared_ptr<const Entry>& e) {
+  if (!e) return;
+  if (e->memory) Release(e->memory->bytes);
+  if (!e->file.empty()) {
+    std::error_code ec;
+    fs::remove(e->file, ec);
+  }
+}
+
+void OutputStore::Drop(const OutputKey& key) { Forget(Unlink(key)); }
+
+void OutputStore::DropJob(uint64_t job) {
+  std::vector<std::shared_ptr<const Entry>> dropped;
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.lower_bound(OutputKey{job, 0, 0, 0});
+    while (it != entries_.end() && it->first.job == job) {
+      dropped.push_back(std::move(it->second));
+      it = entries_.erase(it);
+    }
+  }
+  for (const auto& e : dropped) Forget(e);
+  std::error_code ec;
+  fs::remove(JobDir(job), ec);  // only when empty: a writer of the job may still be running
+}
+
+Status OutputStore::Remove(const OutputKey& key) {
+  auto e = Unlink(key);
+  if (!e) return Status::NotFound("output " + key.ToString() + " is not stored here");
+  Forget(e);
+  Logger("chan")->info("fault injection: removed output {}", key.ToString());
+  return Status::OK();
+}
+
+Status OutputStore::Corrupt(const OutputKey& key) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return Status::NotFound("output " + key.ToString() + " is not stored here");
+  const Entry& old = *it->second;
+  auto e = std::make_shared<Entry>(old);
+  bool flipped = false;
+  if (old.memory) {
+    // Buffers are immutable and shared with readers: replace one by a damaged copy, keeping
+    // the original checksum, in a new message list (open readers keep the old one).
+    auto msgs = std::make_shared<StoredMessages>(*old.memory);
+    for (auto& m : msgs->messages) {
+      if (m.empty()) continue;
+      std::string bytes(m.view());
+      bytes[bytes.size() / 2] = static_cast<char>(~bytes[bytes.size() / 2]);
+      m = Buffer(std::move(bytes));
+      flipped = true;
+      break;
+    }
+    e->memory = std::move(msgs);
+  } else if (!old.file.empty() && old.info.bytes > 0) {
+    // Flip a byte of the first message with bytes: walk the record headers.
+    int fd = ::open(old.file.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return Status::IOError(Errno("opening " + old.file.string()));
+    off_t off = sizeof internal::kFileMagic;
+    for (;;) {
+      char h[kRecordHeaderBytes];
+      if (::pread(fd, h, sizeof h, off) != static_cast<ssize_t>(sizeof h)) break;
+      uint32_t len = internal::GetU32(h);
+      if (len > 0) {
+        char c;
+        off_t at = off + static_cast<off_t>(kRecordHeaderBytes + len / 2);
+        if (::pread(fd, &c, 1, at) == 1) {
+          c = static_cast<char>(~c);
+          flipped = ::pwrite(fd, &c, 1, at) == 1;
+        }
+        break;
+      }
+      off += static_cast<off_t>(kRecordHeaderBytes);
+    }
+    ::close(fd);
+  }
+  if (!flipped) e->damaged = true;  // nothing to flip: mark it
+  it->second = std::move(e);
+  Logger("chan")->info("fault injection: corrupted output {}", key.ToString());
+  return Status::OK();
+}
+
+}  // namespace copse::chan

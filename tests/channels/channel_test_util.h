@@ -1,0 +1,69 @@
+#pragma once
+// Helpers shared by the channel tests: scratch directories, message patterns, drain loops.
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "channels/channel.h"
+
+namespace copse::chan::testing {
+
+/// A fresh directory under the system temp dir, removed with the object.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> n{0};
+    path_ = std::filesystem::temp_directory_path() /
+            ("copse-chan-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Message i of a deterministic pattern: `size` bytes derived from (seed, i).
+inline std::string Pattern(size_t size, uint64_t seed, uint64_t i) {
+  std::string s(size, '\0');
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + i + 1;
+  for (size_t k = 0; k < size; ++k) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    s[k] = static_cast<char>(x);
+  }
+  return s;
+}
+
+/// Reads to the end; fails the test on an error.
+inline std::vector<std::string> Drain(ChannelReader& r) {
+  std::vector<std::string> out;
+  for (;;) {
+    auto m = r.Next();
+    REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+    if (!m->has_value()) return out;
+    out.emplace_back((*m)->view());
+  }
+}
+
+/// Reads until an error or the end; returns the status (OK at the end).
+inline Status DrainStatus(ChannelReader& r) {
+  for (;;) {
+    auto m = r.Next();
+    if (!m.ok()) return m.status();
+    if (!m->has_value()) return Status::OK();
+  }
+}
+
+}  // namespace copse::chan::testing

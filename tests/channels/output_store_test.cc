@@ -1,0 +1,285 @@
+// The daemon's output store: complete-or-nothing outputs, exact message boundaries, zero-copy
+// memory reads, checksums, spilling and garbage collection.
+#include "channels/output_store.h"
+
+#include <doctest/doctest.h>
+
+#include <thread>
+
+#include "tests/channels/channel_test_util.h"
+
+namespace copse::chan {
+namespace {
+
+using testing::Drain;
+using testing::DrainStatus;
+using testing::Pattern;
+using testing::TempDir;
+
+std::unique_ptr<OutputStore> MakeStore(const TempDir& dir, uint64_t budget = 1ull << 30) {
+  auto s = OutputStore::Make(dir.path() / "outputs", budget);
+  REQUIRE_MESSAGE(s.ok(), s.status().ToString());
+  return std::move(s).value();
+}
+
+std::vector<std::string> Messages() {
+  // Empty messages, tiny ones, one spanning the file buffer, one larger than it.
+  std::vector<std::string> m = {"", "a", "", "hello world", Pattern(1000, 1, 0)};
+  m.push_back(Pattern((1 << 20) - 5, 2, 0));
+  m.push_back(Pattern(3 << 20, 3, 0));
+  for (int i = 0; i < 300; ++i) m.push_back(Pattern(static_cast<size_t>(i * 7), 4, i));
+  m.push_back("");
+  return m;
+}
+
+void WriteAll(OutputStore& store, const OutputKey& key, StorageKind kind, const std::vector<std::string>& msgs) {
+  auto w = store.CreateWriter(key, kind);
+  REQUIRE_MESSAGE(w.ok(), w.status().ToString());
+  for (const auto& m : msgs) REQUIRE((*w)->Write(Buffer(m)).ok());
+  Status st = (*w)->Close();
+  REQUIRE_MESSAGE(st.ok(), st.ToString());
+}
+
+std::vector<std::string> ReadAll(OutputStore& store, const OutputKey& key) {
+  auto r = store.OpenReader(key);
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  return Drain(**r);
+}
+
+size_t CountFiles(const std::filesystem::path& dir) {
+  size_t n = 0;
+  if (!std::filesystem::exists(dir)) return 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) n += e.is_regular_file();
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("OutputKey.ToStringAndJson" * doctest::timeout(5)) {
+  OutputKey k{3, 12, 2, 0};
+  CHECK(k.ToString() == "job3/v12.v2/p0");
+  auto back = OutputKey::FromJson(k.ToJson());
+  REQUIRE(back.ok());
+  CHECK(*back == k);
+  auto bad = OutputKey::FromJson(Json{{"job", 1}, {"vertex", -1}, {"version", 0}, {"port", 0}});
+  CHECK(bad.status().code() == StatusCode::kInvalidArgument);
+  CHECK(bad.status().message().find("/vertex") != std::string::npos);
+  CHECK(!OutputKey::FromJson(Json{{"job", 1}}).ok());
+  CHECK(!OutputKey::FromJson(Json::array()).ok());
+}
+
+TEST_CASE("OutputStore.RoundTripKeepsMessageBoundaries" * doctest::timeout(20)) {
+  TempDir dir;
+  auto store = MakeStore(dir);
+  auto msgs = Messages();
+  for (auto kind : {StorageKind::kFile, StorageKind::kMemory}) {
+    OutputKey key{1, 2, 0, kind == StorageKind::kFile ? 0u : 1u};
+    WriteAll(*store, key, kind, msgs);
+    CHECK(store->Contains(key));
+    CHECK(ReadAll(*store, key) == msgs);
+    CHECK(ReadAll(*store, key) == msgs);  // readable again
+    uint64_t bytes = 0;
+    for (const auto& m : msgs) bytes += m.size();
+    CHECK(*store->Size(key) == bytes);
+    CHECK(store->Info(key)->messages == msgs.size());
+  }
+}
+
+TEST_CASE("OutputStore.EmptyOutputsNeedNoFile" * doctest::timeout(5)) {
+  TempDir dir;
+  auto store = MakeStore(dir);
+  for (uint32_t v = 0; v < 100; ++v) WriteAll(*store, {7, v, 0, 0}, StorageKind::kFile, {});
+  WriteAll(*store, {7, 100, 0, 0}, StorageKind::kMemory, {});
+  CHECK(CountFiles(dir.path() / "outputs") == 0);
+  CHECK(ReadAll(*store, {7, 5, 0, 0}).empty());
+  CHECK(ReadAll(*store, {7, 100, 0, 0}).empty());
+  CHECK(*store->Size({7, 5, 0, 0}) == 0);
+  CHECK(store->List(7).size() == 101);
+}
+
+TEST_CASE("OutputStore.MemoryReadsShareBuffers" * doctest::timeout(5)) {
+  TempDir dir;
+  auto store = MakeStore(dir);
+  Buffer a(std::string(1000, 'x')), b(std::string("second"));
+  OutputKey key{1, 1, 1, 0};
+  auto w = store->CreateWriter(key, StorageKind::kMemory);
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Write(a).ok());
+  REQUIRE((*w)->Write(b).ok());
+  REQUIRE((*w)->Close().ok());
+  CHECK(store->memory_bytes() == 1006);
+  auto r = store->OpenReader(key);
+  REQUIRE(r.ok());
+  auto m1 = (*r)->Next();
+  auto m2 = (*r)->Next();
+  REQUIRE((m1.ok() && m2.ok() && m1->has_value() && m2->has_value()));
+  CHECK((*m1)->data() == a.data());  // the very same storage: no copy
+  CHECK((*m2)->data() == b.data());
+  CHECK(!(*r)->Next()->has_value());
+  store->Drop(key);
+  CHECK(store->memory_bytes() == 0);
+}
+
+TEST_CASE("OutputStore.IncompleteWritersAreInvisible" * doctest::timeout(5)) {
+  TempDir dir;
+  auto store = MakeStore(dir);
+  for (auto kind : {StorageKind::kFile, StorageKind::kMemory}) {
+    OutputKey key{2, 1, 0, kind == StorageKind::kFile ? 0u : 1u};
+    {
+      auto w = store->CreateWriter(key, kind);
+      REQUIRE(w.ok());
+      REQUIRE((*w)->Write(Buffer(std::string(5000, 'q'))).ok());
+      CHECK(!store->Contains(key));
+      CHECK(store->OpenReader(key).status().code() == StatusCode::kNotFound);
+      CHECK(store->Size(key).status().code() == StatusCode::kNotFound);
+    }  // destroyed without Close: discarded
+    CHECK(!store->Contains(key));
+    CHECK(store->OpenReader(key).status().code() == StatusCode::kNotFound);
+  }
+  CHECK(CountFiles(dir.path() / "outputs") == 0);  // the temp file is gone too
+  CHECK(store->memory_bytes() == 0);
+}
+
+TEST_CASE("OutputStore.DuplicateKeyIsRefused" * doctest::timeout(5)) {
+  TempDir dir;
+  auto store = MakeStore(dir);
+  OutputKey key{2, 2, 0, 0};
+  auto early = store->CreateWriter(key, StorageKind::kFile);
+  REQUIRE(early.ok());
+  WriteAll(*store, key, StorageKind::kFile, {"one"});
+  CHECK(store->CreateWriter(key, StorageKind::kMemory).status().code() == StatusCode::kAlreadyExists);
+  REQUIRE((*early)->Write(Buffer(std::string("two"))).ok());
+  CHECK((*early)->Close().code() == StatusCode::kAlreadyExists);  // the first to close wins
+  CHECK(ReadAll(*store, key) == std::vector<std::string>{"one"});
+  CHECK(CountFiles(dir.path() / "outputs") == 1);
+}
+
+TEST_CASE("OutputStore.CorruptionIsDataLoss" * doctest::timeout(10)) {
+  TempDir dir;
+  auto store = MakeStore(dir);
+  auto msgs = Messages();
+  for (auto kind : {StorageKind::kFile, StorageKind::kMemory}) {
+    OutputKey key{3, 1, 0, kind == StorageKind::kFile ? 0u : 1u};
+    WriteAll(*store, key, kind, msgs);
+    REQUIRE(store->Corrupt(key).ok());
+    auto r = store->OpenReader(key);
+    Status st = r.ok() ? DrainStatus(**r) : r.status();
+    CHECK(st.code() == StatusCode::kDataLoss);
+    CHECK(st.message().find(key.ToString()) != std::string::npos);
+  }
+  // An output without bytes is marked damaged.
+  OutputKey empty{3, 2, 0, 0};
+  WriteAll(*store, empty, StorageKind::kMemory, {});
+  REQUIRE(store->Corrupt(empty).ok());
+  CHECK(store->OpenReader(empty).status().code() == StatusCode::kDataLoss);
+  CHECK(store->Corrupt({9, 9, 9, 9}).code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("OutputStore.RemovedOutputIsLost" * doctest::timeout(5)) {
+  TempDir dir;
+  auto store = MakeStore(dir);
+  OutputKey key{4, 1, 0, 0};
+  WriteAll(*store, key, StorageKind::kFile, {"x", "y"});
+  auto open = store->OpenReader(key);  // a reader opened before the removal keeps working
+  REQUIRE(open.ok());
+  REQUIRE(store->Remove(key).ok());
+  CHECK(store->OpenReader(key).status().code() == StatusCode::kNotFound);
+  CHECK(Drain(**open) == std::vector<std::string>{"x", "y"});
+  CHECK(store->Remove(key).code() == StatusCode::kNotFound);
+  CHECK(CountFiles(dir.path() / "outputs") == 0);
+}
+
+TEST_CASE("OutputStore.TruncatedFileIsDataLoss" * doctest::timeout(5)) {
+  TempDir dir;
+  auto store = MakeStore(dir);
+  OutputKey key{4, 2, 0, 0};
+  WriteAll(*store, key, StorageKind::kFile, {Pattern(10000, 1, 1)});
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path())) {
+    if (e.is_regular_file()) std::filesystem::resize_file(e.path(), 5000);
+  }
+  auto r = store->OpenReader(key);
+  REQUIRE(r.ok());
+  CHECK(DrainStatus(**r).code() == StatusCode::kDataLoss);
+}
+
+TEST_CASE("OutputStore.SpillOverBudgetReadsBack" * doctest::timeout(10)) {
+  TempDir dir;
+  auto store = MakeStore(dir, 1 << 20);  // 1 MiB
+  std::vector<std::string> small = {Pattern(300 << 10, 1, 0), Pattern(300 << 10, 1, 1)};
+  std::vector<std::string> big;
+  for (int i = 0; i < 10; ++i) big.push_back(Pattern(200 << 10, 2, i));
+  WriteAll(*store, {5, 0, 0, 0}, StorageKind::kMemory, small);
+  CHECK(store->Info({5, 0, 0, 0})->in_memory);
+  WriteAll(*store, {5, 1, 0, 0}, StorageKind::kMemory, big);  // does not fit: spills
+  auto info = store->Info({5, 1, 0, 0});
+  CHECK(!info->in_memory);
+  CHECK(info->requested == StorageKind::kMemory);
+  CHECK(store->memory_bytes() == (600u << 10));
+  CHECK(store->memory_bytes() <= store->memory_budget_bytes());
+  CHECK(ReadAll(*store, {5, 0, 0, 0}) == small);
+  CHECK(ReadAll(*store, {5, 1, 0, 0}) == big);
+  CHECK(CountFiles(dir.path() / "outputs") == 1);
+  store->Drop({5, 0, 0, 0});
+  CHECK(store->memory_bytes() == 0);
+}
+
+TEST_CASE("OutputStore.DropJobDeletesFiles" * doctest::timeout(5)) {
+  TempDir dir;
+  auto store = MakeStore(dir);
+  for (uint32_t v = 0; v < 5; ++v) WriteAll(*store, {6, v, 0, 0}, StorageKind::kFile, {"data", Pattern(100, v, 0)});
+  WriteAll(*store, {6, 9, 0, 0}, StorageKind::kMemory, {"mem"});
+  WriteAll(*store, {8, 0, 0, 0}, StorageKind::kFile, {"other job"});
+  CHECK(CountFiles(dir.path() / "outputs" / "job6") == 5);
+  store->DropJob(6);
+  CHECK(!std::filesystem::exists(dir.path() / "outputs" / "job6"));
+  CHECK(store->List(6).empty());
+  CHECK(store->memory_bytes() == 0);
+  CHECK(ReadAll(*store, {8, 0, 0, 0}) == std::vector<std::string>{"other job"});
+}
+
+TEST_CASE("OutputStore.ConcurrentWritersAndReaders" * doctest::timeout(20)) {
+  TempDir dir;
+  auto store = MakeStore(dir, 4 << 20);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint32_t i = 0; i < 50; ++i) {
+        OutputKey key{9, static_cast<uint32_t>(t), i, 0};
+        std::vector<std::string> msgs = {Pattern(50000, t, i), Pattern(10, t, i + 1000)};
+        auto w = store->CreateWriter(key, i % 2 ? StorageKind::kMemory : StorageKind::kFile);
+        if (!w.ok()) { ++failures; continue; }
+        for (auto& m : msgs) (void)(*w)->Write(Buffer(m));
+        if (!(*w)->Close().ok()) ++failures;
+        auto r = store->OpenReader(key);
+        if (!r.ok()) { ++failures; continue; }
+        std::vector<std::string> got;
+        for (;;) {
+          auto m = (*r)->Next();
+          if (!m.ok() || !m->has_value()) break;
+          got.emplace_back((*m)->view());
+        }
+        if (got != msgs) ++failures;
+        if (i % 3 == 0) store->Drop(key);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failures == 0);
+  store->DropJob(9);
+  CHECK(store->memory_bytes() == 0);
+}
+
+TEST_CASE("OutputStore.MakeClearsOutputsOfAnEarlierProcess" * doctest::timeout(5)) {
+  TempDir dir;
+  {
+    auto store = MakeStore(dir);
+    WriteAll(*store, {1, 0, 0, 0}, StorageKind::kFile, {"x"});
+  }
+  std::filesystem::create_directories(dir.path() / "outputs" / "keepme");
+  auto store = MakeStore(dir);
+  CHECK(CountFiles(dir.path() / "outputs") == 0);
+  CHECK(std::filesystem::exists(dir.path() / "outputs" / "keepme"));
+}
+
+}  // namespace copse::chan
