@@ -3,7 +3,13 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -16,6 +22,101 @@ namespace {
 
 constexpr float kInvSqrt2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
+
+// A persistent pool for the loops that are not BLAS calls (im2col, pooling, activations):
+// workers sleep on a condition variable between calls, so no per-op thread start and no
+// spinning that would steal the core from OpenBLAS. Work is split into contiguous ranges, each
+// output element computed by exactly one thread in a fixed order: results do not depend on the
+// thread count.
+class ThreadPool {
+ public:
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  /// Calls fn(begin, end) over a partition of [0, n) into at most CpuThreads() parts of at
+  /// least `grain` items; returns when all parts are done.
+  void For(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+    const int64_t parts = std::max<int64_t>(
+        1, std::min<int64_t>(CpuThreads(), grain > 0 ? n / grain : n));
+    if (parts <= 1 || n <= 1) {
+      if (n > 0) fn(0, n);
+      return;
+    }
+    std::unique_lock<std::mutex> call(call_mu_);  // one parallel region at a time
+    EnsureWorkers(static_cast<int>(parts - 1));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fn_ = &fn;
+      n_ = n;
+      parts_ = parts;
+      pending_ = static_cast<int>(parts - 1);
+      ++generation_;
+    }
+    cv_.notify_all();
+    fn(0, n / parts);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+
+ private:
+  void EnsureWorkers(int count) {
+    while (static_cast<int>(workers_.size()) < count) {
+      const int id = static_cast<int>(workers_.size()) + 1;
+      workers_.emplace_back([this, id] { Loop(id); });
+    }
+  }
+
+  void Loop(int id) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      if (id >= parts_) continue;
+      const auto* fn = fn_;
+      const int64_t begin = n_ * id / parts_, end = n_ * (id + 1) / parts_;
+      lock.unlock();
+      (*fn)(begin, end);
+      lock.lock();
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  std::mutex call_mu_, mu_;
+  std::condition_variable cv_, done_cv_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0, parts_ = 0;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+ThreadPool& Pool() {
+  static ThreadPool* pool = new ThreadPool();  // leaked on purpose: lives as long as the device
+  return *pool;
+}
+
+constexpr int64_t kGrain = 1 << 15;
+
+}  // namespace
+
+bool SplitGemm() {
+  static const bool split = [] {
+    const char* v = std::getenv("COPSE_ML_GEMM");
+    return !(v && std::string(v) == "openblas");
+  }();
+  return split;
+}
+
+namespace {  // elements per part below which splitting does not pay
 
 class CpuDeviceImpl final : public Device {
  public:
@@ -51,15 +152,53 @@ class CpuDeviceImpl final : public Device {
         for (int j = 0; j < n; ++j) c[static_cast<size_t>(i) * ldc + j] *= beta;
       return;
     }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (!SplitGemm() || CpuThreads() < 2 || int64_t{m} * n * k < (int64_t{1} << 22)) {
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                  trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                  ldc);
+      return;
+    }
+    // Split C into column or row blocks, one single-threaded sgemm per pool thread: every
+    // element of C still comes from one full-K product, and no BLAS thread spins between calls.
+    const bool split_rows = m >= n;
+    const int64_t extent = split_rows ? m : n;
+    Pool().For((extent + 15) / 16, 1, [&](int64_t b0, int64_t b1) {
+      const int lo = static_cast<int>(b0 * 16), hi = static_cast<int>(std::min<int64_t>(b1 * 16, extent));
+      if (hi <= lo) return;
+      if (split_rows) {
+        const float* ap = trans_a ? a + lo : a + static_cast<size_t>(lo) * lda;
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                    trans_b ? CblasTrans : CblasNoTrans, hi - lo, n, k, alpha, ap, lda, b, ldb,
+                    beta, c + static_cast<size_t>(lo) * ldc, ldc);
+      } else {
+        const float* bp = trans_b ? b + static_cast<size_t>(lo) * ldb : b + lo;
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                    trans_b ? CblasTrans : CblasNoTrans, m, hi - lo, k, alpha, a, lda, bp, ldb,
+                    beta, c + lo, ldc);
+      }
+    });
   }
 
   void BiasActivation(const float* x, const float* bias, int rows, int cols, Activation act,
                       float* y) override {
+    if (rows == 1 && cols > kGrain) {  // a flat elementwise call: split the row
+      Pool().For(cols, kGrain, [&](int64_t b, int64_t e) {
+        BiasActivationRows(x + b, bias ? bias + b : nullptr, 1, static_cast<int>(e - b), act,
+                           y + b, cols);
+      });
+      return;
+    }
+    Pool().For(rows, std::max<int64_t>(1, kGrain / std::max(cols, 1)), [&](int64_t b, int64_t e) {
+      BiasActivationRows(x + b * cols, bias, static_cast<int>(e - b), cols, act, y + b * cols,
+                         cols);
+    });
+  }
+
+  static void BiasActivationRows(const float* x, const float* bias, int rows, int cols,
+                                 Activation act, float* y, int ld) {
     for (int r = 0; r < rows; ++r) {
-      const float* xr = x + static_cast<size_t>(r) * cols;
-      float* yr = y + static_cast<size_t>(r) * cols;
+      const float* xr = x + static_cast<size_t>(r) * ld;
+      float* yr = y + static_cast<size_t>(r) * ld;
       switch (act) {
         case Activation::kNone:
           if (bias) {
@@ -87,6 +226,13 @@ class CpuDeviceImpl final : public Device {
 
   void ActivationBackward(Activation act, const float* saved, const float* dy, size_t n,
                           float* dx) override {
+    Pool().For(static_cast<int64_t>(n), kGrain, [&](int64_t b, int64_t e) {
+      ActivationBackwardRange(act, saved + b, dy + b, static_cast<size_t>(e - b), dx + b);
+    });
+  }
+
+  static void ActivationBackwardRange(Activation act, const float* saved, const float* dy,
+                                      size_t n, float* dx) {
     switch (act) {
       case Activation::kNone:
         if (dx != dy) std::memcpy(dx, dy, n * sizeof(float));
@@ -118,10 +264,12 @@ class CpuDeviceImpl final : public Device {
   }
 
   void SwapOuterAxes(const float* x, int b, int a, int inner, float* out) override {
-    for (int i = 0; i < b; ++i)
+    Pool().For(b, std::max<int64_t>(1, kGrain / (int64_t{a} * inner)), [&](int64_t ib, int64_t ie) {
+    for (int64_t i = ib; i < ie; ++i)
       for (int j = 0; j < a; ++j)
         std::memcpy(out + (static_cast<size_t>(j) * b + i) * inner,
                     x + (static_cast<size_t>(i) * a + j) * inner, sizeof(float) * inner);
+    });
   }
 
   void Fill(float* x, size_t n, float value) override { std::fill(x, x + n, value); }
@@ -169,40 +317,56 @@ class CpuDeviceImpl final : public Device {
   void Im2Col(const float* x, const ConvGeom& g, float* col) override {
     const int oh = g.out_h(), ow = g.out_w();
     const size_t ncols = static_cast<size_t>(g.batch) * oh * ow;
-    for (int c = 0; c < g.channels; ++c)
-      for (int i = 0; i < g.kernel_h; ++i)
-        for (int j = 0; j < g.kernel_w; ++j) {
-          float* row = col + ((static_cast<size_t>(c) * g.kernel_h + i) * g.kernel_w + j) * ncols;
-          for (int b = 0; b < g.batch; ++b) {
-            const float* plane = x + (static_cast<size_t>(b) * g.channels + c) * g.height * g.width;
-            for (int y = 0; y < oh; ++y) {
-              float* out = row + (static_cast<size_t>(b) * oh + y) * ow;
-              const int iy = y * g.stride - g.pad + i;
-              if (iy < 0 || iy >= g.height) {
-                std::fill(out, out + ow, 0.0f);
-                continue;
-              }
-              const float* src = plane + static_cast<size_t>(iy) * g.width;
-              for (int xo = 0; xo < ow; ++xo) {
-                const int ix = xo * g.stride - g.pad + j;
-                out[xo] = (ix >= 0 && ix < g.width) ? src[ix] : 0.0f;
-              }
+    const int64_t taps = int64_t{g.channels} * g.kernel_h * g.kernel_w;
+    Pool().For(taps * g.batch, std::max<int64_t>(1, kGrain / (int64_t{oh} * ow)),
+               [&](int64_t tb, int64_t te) {
+      for (int64_t t = tb; t < te; ++t) {
+        const int64_t tap = t / g.batch;
+        const int b = static_cast<int>(t % g.batch);
+        const int c = static_cast<int>(tap / (g.kernel_h * g.kernel_w));
+        const int i = static_cast<int>(tap / g.kernel_w % g.kernel_h);
+        const int j = static_cast<int>(tap % g.kernel_w);
+        float* row = col + static_cast<size_t>(tap) * ncols;
+        const float* plane = x + (static_cast<size_t>(b) * g.channels + c) * g.height * g.width;
+        for (int y = 0; y < oh; ++y) {
+          float* out = row + (static_cast<size_t>(b) * oh + y) * ow;
+          const int iy = y * g.stride - g.pad + i;
+          if (iy < 0 || iy >= g.height) {
+            std::fill(out, out + ow, 0.0f);
+            continue;
+          }
+          const float* src = plane + static_cast<size_t>(iy) * g.width;
+          if (g.stride == 1) {
+            const int x0 = std::max(0, g.pad - j), x1 = std::min(ow, g.width + g.pad - j);
+            for (int xo = 0; xo < x0; ++xo) out[xo] = 0.0f;
+            for (int xo = x0; xo < x1; ++xo) out[xo] = src[xo - g.pad + j];
+            for (int xo = std::max(x0, x1); xo < ow; ++xo) out[xo] = 0.0f;
+          } else {
+            for (int xo = 0; xo < ow; ++xo) {
+              const int ix = xo * g.stride - g.pad + j;
+              out[xo] = (ix >= 0 && ix < g.width) ? src[ix] : 0.0f;
             }
           }
         }
+      }
+    });
   }
 
   void Col2Im(const float* col, const ConvGeom& g, float* dx) override {
     const int oh = g.out_h(), ow = g.out_w();
     const size_t ncols = static_cast<size_t>(g.batch) * oh * ow;
-    std::fill(dx, dx + static_cast<size_t>(g.batch) * g.channels * g.height * g.width, 0.0f);
-    for (int c = 0; c < g.channels; ++c)
-      for (int i = 0; i < g.kernel_h; ++i)
-        for (int j = 0; j < g.kernel_w; ++j) {
-          const float* row =
-              col + ((static_cast<size_t>(c) * g.kernel_h + i) * g.kernel_w + j) * ncols;
-          for (int b = 0; b < g.batch; ++b) {
-            float* plane = dx + (static_cast<size_t>(b) * g.channels + c) * g.height * g.width;
+    const size_t plane_size = static_cast<size_t>(g.height) * g.width;
+    // One (image, channel) plane of dx per item; taps are added in a fixed order.
+    Pool().For(int64_t{g.batch} * g.channels, std::max<int64_t>(1, kGrain / static_cast<int64_t>(plane_size)),
+               [&](int64_t pb, int64_t pe) {
+      for (int64_t p = pb; p < pe; ++p) {
+        const int b = static_cast<int>(p / g.channels), c = static_cast<int>(p % g.channels);
+        float* plane = dx + (static_cast<size_t>(b) * g.channels + c) * plane_size;
+        std::fill(plane, plane + plane_size, 0.0f);
+        for (int i = 0; i < g.kernel_h; ++i)
+          for (int j = 0; j < g.kernel_w; ++j) {
+            const float* row =
+                col + ((static_cast<size_t>(c) * g.kernel_h + i) * g.kernel_w + j) * ncols;
             for (int y = 0; y < oh; ++y) {
               const int iy = y * g.stride - g.pad + i;
               if (iy < 0 || iy >= g.height) continue;
@@ -214,51 +378,93 @@ class CpuDeviceImpl final : public Device {
               }
             }
           }
-        }
+      }
+    });
   }
 
   void MaxPoolForward(const float* x, const ConvGeom& g, float* y) override {
     const int oh = g.out_h(), ow = g.out_w();
-    const size_t planes = static_cast<size_t>(g.batch) * g.channels;
-    for (size_t p = 0; p < planes; ++p) {
-      const float* in = x + p * g.height * g.width;
-      float* out = y + p * oh * ow;
-      for (int oy = 0; oy < oh; ++oy)
-        for (int ox = 0; ox < ow; ++ox) {
-          float best = -INFINITY;
-          for (int i = 0; i < g.kernel_h; ++i)
-            for (int j = 0; j < g.kernel_w; ++j) {
-              const float v = in[(oy * g.stride + i) * g.width + ox * g.stride + j];
-              if (v > best || std::isnan(v)) best = v;
-            }
-          out[oy * ow + ox] = best;
+    const int64_t planes = int64_t{g.batch} * g.channels;
+    Pool().For(planes, std::max<int64_t>(1, kGrain / (int64_t{g.height} * g.width)),
+               [&](int64_t pb, int64_t pe) {
+      for (int64_t p = pb; p < pe; ++p) {
+        const float* in = x + p * g.height * g.width;
+        float* out = y + p * oh * ow;
+        if (g.kernel_h == 2 && g.kernel_w == 2 && g.stride == 2) {  // the common case, inlined
+          for (int oy = 0; oy < oh; ++oy) {
+            const float* r0 = in + (2 * oy) * g.width;
+            const float* r1 = r0 + g.width;
+            for (int ox = 0; ox < ow; ++ox)
+              out[oy * ow + ox] = r0[2 * ox + Arg2x2(r0 + 2 * ox, r1 + 2 * ox, g.width)];
+          }
+          continue;
         }
-    }
+        for (int oy = 0; oy < oh; ++oy)
+          for (int ox = 0; ox < ow; ++ox) {
+            const float* w = in + (oy * g.stride) * g.width + ox * g.stride;
+            out[oy * ow + ox] = w[ArgMaxWindow(w, g)];
+          }
+      }
+    });
+  }
+
+  /// ArgMaxWindow for a 2x2 window given its two rows (same first-maximum and NaN rules).
+  static inline int Arg2x2(const float* r0, const float* r1, int width) {
+    int arg = 0;
+    float best = r0[0];
+    if (best != best) return 0;
+    if (r0[1] > best || r0[1] != r0[1]) { best = r0[1]; arg = 1; if (best != best) return arg; }
+    if (r1[0] > best || r1[0] != r1[0]) { best = r1[0]; arg = width; if (best != best) return arg; }
+    if (r1[1] > best || r1[1] != r1[1]) arg = width + 1;
+    return arg;
+  }
+
+  /// Offset (in `w`'s plane) of the first maximum of the window at `w`; NaN wins (propagates).
+  static int ArgMaxWindow(const float* w, const ConvGeom& g) {
+    int arg = 0;
+    float best = w[0];
+    if (std::isnan(best)) return 0;
+    for (int i = 0; i < g.kernel_h; ++i)
+      for (int j = 0; j < g.kernel_w; ++j) {
+        const int off = i * g.width + j;
+        const float v = w[off];
+        if (v > best) {
+          best = v;
+          arg = off;
+        } else if (std::isnan(v)) {
+          return off;
+        }
+      }
+    return arg;
   }
 
   void MaxPoolBackward(const float* x, const float* dy, const ConvGeom& g, float* dx) override {
     const int oh = g.out_h(), ow = g.out_w();
-    const size_t planes = static_cast<size_t>(g.batch) * g.channels;
-    std::fill(dx, dx + planes * g.height * g.width, 0.0f);
-    for (size_t p = 0; p < planes; ++p) {
-      const float* in = x + p * g.height * g.width;
-      float* din = dx + p * g.height * g.width;
-      const float* d = dy + p * oh * ow;
-      for (int oy = 0; oy < oh; ++oy)
-        for (int ox = 0; ox < ow; ++ox) {
-          float best = -INFINITY;
-          int arg = (oy * g.stride) * g.width + ox * g.stride;
-          for (int i = 0; i < g.kernel_h; ++i)
-            for (int j = 0; j < g.kernel_w; ++j) {
-              const int idx = (oy * g.stride + i) * g.width + ox * g.stride + j;
-              if (in[idx] > best || std::isnan(in[idx])) {
-                best = in[idx];
-                arg = idx;
-              }
-            }
-          din[arg] += d[oy * ow + ox];
+    const int64_t planes = int64_t{g.batch} * g.channels;
+    const size_t plane_size = static_cast<size_t>(g.height) * g.width;
+    Pool().For(planes, std::max<int64_t>(1, kGrain / static_cast<int64_t>(plane_size)),
+               [&](int64_t pb, int64_t pe) {
+      for (int64_t p = pb; p < pe; ++p) {
+        const float* in = x + p * plane_size;
+        float* din = dx + p * plane_size;
+        const float* d = dy + p * oh * ow;
+        std::fill(din, din + plane_size, 0.0f);
+        if (g.kernel_h == 2 && g.kernel_w == 2 && g.stride == 2) {
+          for (int oy = 0; oy < oh; ++oy) {
+            const int base = (2 * oy) * g.width;
+            for (int ox = 0; ox < ow; ++ox)
+              din[base + 2 * ox + Arg2x2(in + base + 2 * ox, in + base + g.width + 2 * ox, g.width)] +=
+                  d[oy * ow + ox];
+          }
+          continue;
         }
-    }
+        for (int oy = 0; oy < oh; ++oy)
+          for (int ox = 0; ox < ow; ++ox) {
+            const int base = (oy * g.stride) * g.width + ox * g.stride;
+            din[base + ArgMaxWindow(in + base, g)] += d[oy * ow + ox];
+          }
+      }
+    });
   }
 
   void LayerNormForward(const float* x, const float* gamma, const float* beta, int rows,
@@ -305,23 +511,44 @@ class CpuDeviceImpl final : public Device {
 
   void Dropout(const float* x, size_t n, float p, uint64_t seed, float* y) override {
     const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-    for (size_t i = 0; i < n; i += 4) {
-      const Philox4 r = Philox4x32(seed, i >> 2, 0);
-      for (size_t k = 0; k < 4 && i + k < n; ++k)
-        y[i + k] = UniformFromBits(r.v[k]) >= p ? x[i + k] * scale : 0.0f;
-    }
+    // Parallel over blocks of 4 elements (one Philox call each).
+    Pool().For(static_cast<int64_t>((n + 3) / 4), kGrain / 4, [&](int64_t bb, int64_t be) {
+      for (size_t i = static_cast<size_t>(bb) * 4; i < static_cast<size_t>(be) * 4 && i < n; i += 4) {
+        const Philox4 r = Philox4x32(seed, i >> 2, 0);
+        for (size_t k = 0; k < 4 && i + k < n; ++k)
+          y[i + k] = UniformFromBits(r.v[k]) >= p ? x[i + k] * scale : 0.0f;
+      }
+    });
   }
 
   void SgdStep(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
                float dampening, float weight_decay, bool nesterov, bool first) override {
-    for (size_t i = 0; i < n; ++i) {
-      float d = g[i];
-      if (weight_decay != 0.0f) d += weight_decay * p[i];
-      if (momentum != 0.0f) {
-        buf[i] = first ? d : momentum * buf[i] + (1.0f - dampening) * d;
-        d = nesterov ? d + momentum * buf[i] : buf[i];
-      }
-      p[i] -= lr * d;
+    Pool().For(static_cast<int64_t>(n), kGrain, [=](int64_t b, int64_t e) {
+      SgdRange(p + b, g + b, buf ? buf + b : nullptr, static_cast<size_t>(e - b), lr, momentum,
+               dampening, weight_decay, nesterov, first);
+    });
+  }
+
+  // Branches hoisted out of the loops and restrict pointers, so that GCC vectorizes each case.
+  static void SgdRange(float* __restrict p, const float* __restrict g, float* __restrict buf,
+                       size_t n, float lr, float momentum, float dampening, float wd,
+                       bool nesterov, bool first) {
+    if (momentum == 0.0f) {
+      for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+      return;
+    }
+    const float keep = 1.0f - dampening;
+    if (first) {
+      for (size_t i = 0; i < n; ++i) buf[i] = g[i] + wd * p[i];
+    } else if (wd == 0.0f) {
+      for (size_t i = 0; i < n; ++i) buf[i] = momentum * buf[i] + keep * g[i];
+    } else {
+      for (size_t i = 0; i < n; ++i) buf[i] = momentum * buf[i] + keep * (g[i] + wd * p[i]);
+    }
+    if (nesterov) {
+      for (size_t i = 0; i < n; ++i) p[i] -= lr * ((g[i] + wd * p[i]) + momentum * buf[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) p[i] -= lr * buf[i];
     }
   }
 
@@ -331,7 +558,8 @@ class CpuDeviceImpl final : public Device {
     const float bc2 = 1.0f - std::pow(beta2, static_cast<float>(step));
     const float step_size = lr / bc1;
     const float bc2_sqrt = std::sqrt(bc2);
-    for (size_t i = 0; i < n; ++i) {
+    Pool().For(static_cast<int64_t>(n), kGrain, [&](int64_t b, int64_t e) {
+    for (size_t i = static_cast<size_t>(b); i < static_cast<size_t>(e); ++i) {
       float d = g[i];
       if (weight_decay != 0.0f) d += weight_decay * p[i];
       m[i] = beta1 * m[i] + (1.0f - beta1) * d;
@@ -339,6 +567,7 @@ class CpuDeviceImpl final : public Device {
       const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
       p[i] -= step_size * m[i] / denom;
     }
+    });
   }
 
  private:

@@ -10,4 +10,9 @@ namespace copse::ml::internal {
 /// Creates the CPU device (called once by CpuDevice()).
 Device* MakeCpuDevice();
 
+/// True when large products are split across copse's own pool (one single-threaded sgemm
+/// per thread, OpenBLAS itself kept at 1 thread); false with COPSE_ML_GEMM=openblas, which
+/// leaves threading to OpenBLAS.
+bool SplitGemm();
+
 }  // namespace copse::ml::internal

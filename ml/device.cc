@@ -2,7 +2,9 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <atomic>
+#include <thread>
 
 #include "ml/cpu_device.h"
 
@@ -47,12 +49,15 @@ Result<Device*> DeviceByName(const std::string& name) {
 
 void SetCpuThreads(int threads) {
   if (threads < 1) threads = 1;
-  if (cpu_threads.exchange(threads) != threads) openblas_set_num_threads(threads);
+  if (cpu_threads.exchange(threads) != threads)
+    openblas_set_num_threads(internal::SplitGemm() ? 1 : threads);
 }
 
 int CpuThreads() {
   const int t = cpu_threads.load();
-  return t > 0 ? t : openblas_get_num_threads();
+  if (t > 0) return t;
+  SetCpuThreads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  return cpu_threads.load();
 }
 
 }  // namespace copse::ml

@@ -1,0 +1,121 @@
+// ml_train_bench: training throughput (images/s) of copse::ml's reference trainer for the MLP
+// (784-1024-1024-10) and the CNN of ml/models.h, next to PyTorch CPU on the same machine when
+// python3-torch is installed (scripts/torch_bench.py, run with OMP_WAIT_POLICY=passive, its best
+// setting here). Both sides: batch 128, SGD lr 0.05 momentum 0.9, the same Fashion-MNIST images,
+// the median of --runs runs. A benchmark: it prints figures and never fails on them.
+//
+//   ml_train_bench [--threads 2] [--runs 5] [--model mlp|cnn|all] [--no-torch]
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ml/trainer.h"
+
+namespace {
+
+using copse::ml::Train;
+using copse::ml::TrainOptions;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string Python() {
+  if (const char* p = std::getenv("COPSE_PYTHON")) return p;
+  // Debian's python3-torch lives in the system interpreter, which a pyenv shim may hide.
+  if (access("/usr/bin/python3", X_OK) == 0) return "/usr/bin/python3";
+  return "python3";
+}
+
+/// Median images/s of PyTorch, or a negative value when torch is unavailable.
+double TorchMedian(const std::string& model, int threads, int64_t images, int runs,
+                   const std::string& data_dir) {
+  const std::string cmd = "OMP_WAIT_POLICY=passive " + Python() + " " + COPSE_SOURCE_DIR +
+                          "/scripts/torch_bench.py --model " + model + " --threads " +
+                          std::to_string(threads) + " --images " + std::to_string(images) +
+                          " --runs " + std::to_string(runs) + " --data-dir '" + data_dir +
+                          "' 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  if (pclose(p) != 0) return -1;
+  try {
+    return nlohmann::json::parse(out).at("median").get<double>();
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, runs = 5;
+  std::string which = "all", data_dir = copse::ml::kFashionMnistDir;
+  bool torch = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--threads") threads = std::stoi(next());
+    else if (a == "--runs") runs = std::stoi(next());
+    else if (a == "--model") which = next();
+    else if (a == "--data-dir") data_dir = next();
+    else if (a == "--no-torch") torch = false;
+    else {
+      std::fprintf(stderr, "usage: %s [--threads N] [--runs N] [--model mlp|cnn|all] "
+                           "[--data-dir DIR] [--no-torch]\n", argv[0]);
+      return 2;
+    }
+  }
+  std::printf("ml_train_bench: batch 128, SGD lr 0.05 momentum 0.9, %d threads, median of %d runs\n",
+              threads, runs);
+  std::printf("%-5s %8s %14s %14s %7s\n", "model", "images", "copse img/s", "torch img/s", "ratio");
+  for (const std::string model : {"mlp", "cnn"}) {
+    if (which != "all" && which != model) continue;
+    TrainOptions o;
+    o.model = model;
+    o.threads = threads;
+    o.data_dir = data_dir;
+    o.limit = model == "mlp" ? 12800 : 6400;
+    o.evaluate = false;
+    std::vector<double> rates;
+    for (int r = 0; r < runs; ++r) {
+      o.seed = static_cast<uint64_t>(r + 1);
+      auto report = Train(o);
+      if (!report.ok()) {
+        std::fprintf(stderr, "%s: %s\n", model.c_str(), report.status().ToString().c_str());
+        return 1;
+      }
+      rates.push_back(report->images_per_s);
+    }
+    const double ours = Median(rates);
+    const double theirs = torch ? TorchMedian(model, threads, o.limit, runs, data_dir) : -1;
+    if (theirs > 0) {
+      std::printf("%-5s %8lld %14.0f %14.0f %7.2f\n", model.c_str(),
+                  static_cast<long long>(o.limit), ours, theirs, ours / theirs);
+    } else {
+      std::printf("%-5s %8lld %14.0f %14s %7s\n", model.c_str(), static_cast<long long>(o.limit),
+                  ours, "n/a", "");
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}

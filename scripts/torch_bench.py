@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""PyTorch CPU training throughput for the models of bench/ml_train_bench.cc (same layers,
+SGD lr 0.05 momentum 0.9, batch 128). Prints one JSON line per model:
+  {"model": "mlp", "threads": 2, "images_per_s": [run1, run2, ...], "median": M, "torch": "1.13"}
+Exits 3 when torch is not importable, so callers can skip the comparison.
+
+  OMP_WAIT_POLICY=passive /usr/bin/python3 scripts/torch_bench.py --model mlp --threads 2
+"""
+import argparse
+import gzip
+import json
+import os
+import statistics
+import sys
+import time
+
+try:
+    import torch
+    import torch.nn as nn
+except ImportError:
+    print("torch unavailable", file=sys.stderr)
+    sys.exit(3)
+
+
+def build(model):
+    if model == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024),
+                             nn.ReLU(), nn.Linear(1024, 10))
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def load(data_dir, limit):
+    path = os.path.join(data_dir, "train-images-idx3-ubyte.gz")
+    lpath = os.path.join(data_dir, "train-labels-idx1-ubyte.gz")
+    if os.path.exists(path) and os.path.exists(lpath):
+        with gzip.open(path) as f:
+            raw = f.read()
+        with gzip.open(lpath) as f:
+            lab = f.read()
+        n = min(limit, (len(raw) - 16) // 784)
+        x = torch.frombuffer(bytearray(raw[16:16 + n * 784]), dtype=torch.uint8)
+        x = x.float().div_(255).reshape(n, 1, 28, 28)
+        y = torch.frombuffer(bytearray(lab[8:8 + n]), dtype=torch.uint8).long()
+        return x, y
+    g = torch.Generator().manual_seed(0)
+    return torch.rand(limit, 1, 28, 28, generator=g), torch.randint(0, 10, (limit,), generator=g)
+
+
+def run_once(model_name, x, y, batch):
+    torch.manual_seed(1)
+    model = build(model_name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    perm = torch.randperm(x.shape[0])
+    def step(idx):
+        opt.zero_grad()
+        loss = loss_fn(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+    for b in range(0, min(4 * batch, x.shape[0]), batch):  # warm-up: allocations, thread pool
+        step(perm[b:b + batch])
+    start = time.perf_counter()
+    for b in range(0, x.shape[0], batch):
+        step(perm[b:b + batch])
+    return x.shape[0] / (time.perf_counter() - start)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--images", type=int, default=12800)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    x, y = load(args.data_dir, args.images)
+    rates = [run_once(args.model, x, y, args.batch) for _ in range(args.runs)]
+    print(json.dumps({"model": args.model, "threads": args.threads, "images_per_s": rates,
+                      "median": statistics.median(rates), "torch": torch.__version__,
+                      "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}))
+
+
+if __name__ == "__main__":
+    main()
