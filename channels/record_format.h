@@ -38,6 +38,18 @@ inline void EncodeRecordHeader(char* p, uint32_t length, uint64_t checksum) {
   PutU64(p + 4, checksum);
 }
 
+// Data frames (wire::FrameType::kData) start with a tag byte:
+//   'M'  whole messages: records as above, until the end of the frame
+//   'P'  the first piece of a message too large for one frame: u64 total length, u64 xxh3,
+//        then bytes up to the end of the frame
+//   'C'  the next piece of that message: bytes up to the end of the frame
+constexpr char kTagMessages = 'M';
+constexpr char kTagFirstPiece = 'P';
+constexpr char kTagContinuation = 'C';
+constexpr size_t kBatchBytes = 1 << 20;    // a frame of small messages is sent once this full
+constexpr size_t kBatchRecords = 256;      // ... or holding this many
+constexpr size_t kMaxPieceBytes = 64 << 20;  // larger messages travel in pieces
+
 /// A std::string of `n` bytes whose contents the caller overwrites at once.
 inline std::string UninitializedString(size_t n) {
   std::string s;

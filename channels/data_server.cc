@@ -1,0 +1,293 @@
+#include "channels/data_server.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "channels/record_format.h"
+#include "channels/socket.h"
+#include "common/auth.h"
+#include "common/logging.h"
+
+namespace copse::chan {
+
+using internal::BufferedSocket;
+using internal::Socket;
+using wire::FrameType;
+
+namespace {
+
+constexpr uint32_t kMaxRequestBytes = 64 << 10;
+
+Json EndBody(const Status& st) {
+  return Json{{"ok", false}, {"code", std::string(StatusCodeName(st.code()))}, {"message", st.message()}};
+}
+
+/// Builds data frames out of records and writes them with one sendmsg each, pointing into the
+/// stored Buffers (no copy of message bytes in user space).
+class FrameSender {
+ public:
+  explicit FrameSender(Socket& s) : sock_(s) {}
+
+  Status Add(const Buffer& m, uint64_t checksum) {
+    if (m.size() > internal::kMaxPieceBytes) {
+      COPSE_RETURN_NOT_OK(Flush());
+      return SendPieces(m, checksum);
+    }
+    auto& h = headers_[records_.size()];
+    internal::EncodeRecordHeader(h.data(), static_cast<uint32_t>(m.size()), checksum);
+    records_.push_back(m);
+    body_bytes_ += internal::kRecordHeaderBytes + m.size();
+    if (body_bytes_ >= internal::kBatchBytes || records_.size() == internal::kBatchRecords) return Flush();
+    return Status::OK();
+  }
+
+  Status Flush() {
+    if (records_.empty()) return Status::OK();
+    iov_.clear();
+    auto head = wire::EncodeHeader(FrameType::kData, static_cast<uint32_t>(1 + body_bytes_));
+    std::memcpy(frame_head_.data(), head.data(), head.size());
+    frame_head_[wire::kHeaderBytes] = internal::kTagMessages;
+    iov_.push_back({frame_head_.data(), frame_head_.size()});
+    for (size_t i = 0; i < records_.size(); ++i) {
+      iov_.push_back({headers_[i].data(), internal::kRecordHeaderBytes});
+      if (!records_[i].empty()) iov_.push_back({const_cast<char*>(records_[i].data()), records_[i].size()});
+    }
+    Status st = sock_.WriteV(iov_.data(), iov_.size());
+    records_.clear();
+    body_bytes_ = 0;
+    return st;
+  }
+
+ private:
+  Status SendPieces(const Buffer& m, uint64_t checksum) {
+    size_t off = 0;
+    while (off < m.size()) {
+      size_t piece = std::min(internal::kMaxPieceBytes, m.size() - off);
+      char head[wire::kHeaderBytes + 1 + 16];
+      size_t head_len = wire::kHeaderBytes + 1;
+      if (off == 0) {
+        internal::PutU64(head + head_len, m.size());
+        internal::PutU64(head + head_len + 8, checksum);
+        head_len += 16;
+      }
+      auto h = wire::EncodeHeader(FrameType::kData, static_cast<uint32_t>(head_len - wire::kHeaderBytes + piece));
+      std::memcpy(head, h.data(), h.size());
+      head[wire::kHeaderBytes] = off == 0 ? internal::kTagFirstPiece : internal::kTagContinuation;
+      iovec iov[2] = {{head, head_len}, {const_cast<char*>(m.data() + off), piece}};
+      COPSE_RETURN_NOT_OK(sock_.WriteV(iov, 2));
+      off += piece;
+    }
+    return Status::OK();
+  }
+
+  Socket& sock_;
+  std::array<char, wire::kHeaderBytes + 1> frame_head_{};
+  std::array<std::array<char, internal::kRecordHeaderBytes>, internal::kBatchRecords> headers_{};
+  std::vector<Buffer> records_;
+  std::vector<iovec> iov_;
+  size_t body_bytes_ = 0;
+};
+
+}  // namespace
+
+struct DataServer::Impl {
+  struct Conn {
+    Socket sock;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
+  OutputStore& store;
+  std::string secret;
+  DataServerOptions options;
+  Socket listener;
+  uint16_t port = 0;
+  int wake_fd = -1;
+  std::thread acceptor;
+  std::mutex mu;
+  std::list<Conn> conns;  // guarded by mu
+  std::atomic<bool> stopping{false};
+  std::atomic<uint64_t> accepted{0};
+  std::atomic<uint64_t> fetches{0};
+
+  Impl(OutputStore& s, std::string sec, DataServerOptions o) : store(s), secret(std::move(sec)), options(o) {}
+
+  void AcceptLoop();
+  void ReapLocked();
+  void Serve(Socket& sock);
+  /// Authenticates a new connection; false when it must be closed.
+  bool Handshake(BufferedSocket& in, const std::string& peer);
+  /// Streams one output; false when the connection is no longer usable.
+  bool Fetch(Socket& sock, const OutputKey& key);
+};
+
+void DataServer::Impl::AcceptLoop() {
+  for (;;) {
+    pollfd fds[2] = {{listener.fd(), POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    int n = ::poll(fds, 2, 1000);
+    if (stopping) return;
+    std::lock_guard lock(mu);
+    ReapLocked();
+    if (n <= 0 || !(fds[0].revents & POLLIN)) continue;
+    int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    ++accepted;
+    Conn& c = conns.emplace_back();
+    c.sock = Socket(fd);
+    c.thread = std::thread([this, &c] {
+      Serve(c.sock);
+      c.sock.Shutdown();  // closed (after join) by the reaper or Stop
+      c.done = true;
+    });
+  }
+}
+
+void DataServer::Impl::ReapLocked() {
+  for (auto it = conns.begin(); it != conns.end();) {
+    if (it->done) {
+      it->thread.join();
+      it = conns.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool DataServer::Impl::Handshake(BufferedSocket& in, const std::string& peer) {
+  Socket& s = in.socket();
+  std::string nonce = auth::NewNonce();
+  if (!internal::WriteJson(s, Json{{"op", "hello"}, {"nonce", nonce}, {"version", wire::kProtocolVersion}}).ok()) {
+    return false;
+  }
+  auto refuse = [&](const std::string& why) {
+    Logger("chan")->warn("data server: refused {}: {}", peer, why);
+    (void)internal::WriteJson(s, Json{{"op", "error"}, {"message", why}});
+    return false;
+  };
+  auto msg = internal::ReadJson(in, kMaxRequestBytes, options.handshake_timeout_ms, options.handshake_timeout_ms);
+  if (!msg.ok()) return refuse("bad handshake: " + msg.status().message());
+  const Json& j = *msg;
+  if (j.value("op", "") != "auth") return refuse("expected {\"op\":\"auth\"} first");
+  std::string role = j.value("role", "");
+  if (role != "peer" && role != "client") return refuse("role must be \"peer\" or \"client\", not \"" + role + "\"");
+  auto mac = j.find("mac");
+  if (mac == j.end() || !mac->is_string() ||
+      !auth::ConstantTimeEquals(mac->get<std::string>(), auth::Mac(secret, nonce))) {
+    return refuse("authentication failed: wrong secret");
+  }
+  return internal::WriteJson(s, Json{{"op", "welcome"}}).ok();
+}
+
+void DataServer::Impl::Serve(Socket& sock) {
+  BufferedSocket in(Socket(::dup(sock.fd())), 64 << 10);  // own read buffer; `sock` stays owned by Conn
+  std::string peer = "connection " + std::to_string(accepted.load());
+  if (!Handshake(in, peer)) return;
+  Socket& out = in.socket();
+  while (!stopping) {
+    auto req = internal::ReadJson(in, kMaxRequestBytes, -1, options.frame_timeout_ms);
+    if (!req.ok()) {
+      if (req.status().code() == StatusCode::kInvalidArgument) {
+        Logger("chan")->warn("data server: {}: {}", peer, req.status().message());
+        (void)internal::WriteJson(out, Json{{"op", "error"}, {"message", req.status().message()}});
+      }
+      return;  // closed, reset or garbage
+    }
+    std::string op = req->value("op", "");
+    if (op == "fetch") {
+      auto key = OutputKey::FromJson(req->value("key", Json()));
+      if (!key.ok()) {
+        (void)internal::WriteJson(out, Json{{"op", "error"}, {"message", key.status().message()}});
+        return;
+      }
+      if (!Fetch(out, *key)) return;
+    } else if (op == "ping") {
+      if (!internal::WriteJson(out, Json{{"op", "pong"}}).ok()) return;
+    } else {
+      (void)internal::WriteJson(out, Json{{"op", "error"}, {"message", "unknown op \"" + op + "\""}});
+      return;
+    }
+  }
+}
+
+bool DataServer::Impl::Fetch(Socket& sock, const OutputKey& key) {
+  ++fetches;
+  auto end = [&](const Json& body) { return internal::WriteFrame(sock, FrameType::kEnd, body.dump()).ok(); };
+  auto stored = store.Lookup(key);
+  if (!stored.ok()) return end(EndBody(stored.status()));
+  if (stored->damaged) return end(EndBody(Status::DataLoss("output " + key.ToString() + " is damaged")));
+  FrameSender sender(sock);
+  uint64_t messages = 0, bytes = 0;
+  if (stored->memory) {
+    const StoredMessages& m = *stored->memory;
+    for (size_t i = 0; i < m.messages.size(); ++i) {
+      if (!sender.Add(m.messages[i], m.checksums[i]).ok()) return false;
+    }
+    messages = m.messages.size();
+    bytes = m.bytes;
+  } else if (!stored->file.empty()) {
+    auto reader = FileRecordReader::Open(stored->file, key.ToString(), /*verify=*/false);
+    if (!reader.ok()) return end(EndBody(reader.status()));
+    for (;;) {
+      auto rec = (*reader)->Next();
+      if (!rec.ok()) {
+        if (!sender.Flush().ok()) return false;
+        return end(EndBody(rec.status()));
+      }
+      if (!rec->has_value()) break;
+      if (!sender.Add((*rec)->bytes, (*rec)->checksum).ok()) return false;
+      ++messages;
+      bytes += (*rec)->bytes.size();
+    }
+  }
+  if (!sender.Flush().ok()) return false;
+  return end(Json{{"ok", true}, {"messages", messages}, {"bytes", bytes}});
+}
+
+DataServer::DataServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<DataServer>> DataServer::Start(OutputStore& store, const std::string& host, uint16_t port,
+                                                      std::string secret, DataServerOptions options) {
+  auto impl = std::make_unique<Impl>(store, std::move(secret), options);
+  COPSE_ASSIGN_OR_RETURN(impl->listener, Socket::Listen(host, port));
+  impl->port = impl->listener.LocalPort();
+  impl->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (impl->wake_fd < 0) return Status::Internal("eventfd failed");
+  Impl* p = impl.get();
+  impl->acceptor = std::thread([p] { p->AcceptLoop(); });
+  Logger("chan")->info("data server listening on {}:{}", host, impl->port);
+  return std::unique_ptr<DataServer>(new DataServer(std::move(impl)));
+}
+
+uint16_t DataServer::port() const { return impl_->port; }
+uint64_t DataServer::connections_accepted() const { return impl_->accepted; }
+uint64_t DataServer::fetches() const { return impl_->fetches; }
+
+void DataServer::Stop() {
+  if (!impl_ || impl_->stopping.exchange(true)) return;
+  uint64_t one = 1;
+  (void)::write(impl_->wake_fd, &one, sizeof one);
+  if (impl_->acceptor.joinable()) impl_->acceptor.join();
+  impl_->listener.Close();
+  std::lock_guard lock(impl_->mu);
+  for (auto& c : impl_->conns) c.sock.Shutdown();
+  for (auto& c : impl_->conns) c.thread.join();
+  impl_->conns.clear();
+  ::close(impl_->wake_fd);
+}
+
+DataServer::~DataServer() { Stop(); }
+
+}  // namespace copse::chan

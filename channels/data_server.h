@@ -1,0 +1,60 @@
+#pragma once
+// DataServer: serves a daemon's OutputStore to other daemons and to clients over TCP.
+//
+// Protocol (common/wire.h frames, one request at a time per connection, connections reused):
+//   server -> {"op":"hello","nonce":N,"version":1}
+//   client -> {"op":"auth","role":"peer"|"client","mac":HMAC(secret,N)}
+//   server -> {"op":"welcome"}, or {"op":"error","message":…} and closes
+//   then, repeatedly:
+//   client -> {"op":"fetch","key":{"job":…,"vertex":…,"version":…,"port":…}}
+//   server -> kData frames (record_format.h: batches of whole messages, or pieces of a large
+//             one; every message carries its xxh3), then one kEnd frame whose body is
+//             {"ok":true,"messages":N,"bytes":B} or {"ok":false,"code":"NotFound","message":…}
+//   client -> {"op":"ping"}  server -> {"op":"pong"}
+// A peer that sends garbage, a wrong version, an oversized frame, an unknown op or a bad MAC
+// gets {"op":"error","message":…} (when the connection still allows it) and is disconnected.
+//
+// Threads: one acceptor thread and one thread per connection (blocking I/O; a slow or hostile
+// peer only ever blocks its own thread). The handshake must finish within
+// `handshake_timeout_ms`; an idle authenticated connection may stay open (the fetching side
+// pools it). Stop() closes every connection and joins every thread.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "channels/output_store.h"
+#include "common/status.h"
+
+namespace copse::chan {
+
+struct DataServerOptions {
+  int handshake_timeout_ms = 10'000;
+  int frame_timeout_ms = 30'000;  // for the rest of a frame once its first byte arrived
+};
+
+class DataServer {
+ public:
+  /// Listens on host:port (port 0 = any free port). `store` must outlive the server.
+  static Result<std::unique_ptr<DataServer>> Start(OutputStore& store, const std::string& host, uint16_t port,
+                                                   std::string secret, DataServerOptions options = {});
+  ~DataServer();
+  DataServer(const DataServer&) = delete;
+  DataServer& operator=(const DataServer&) = delete;
+
+  uint16_t port() const;
+  /// Closes the listener and every connection; idempotent (also run by the destructor).
+  void Stop();
+
+  /// Connections accepted since Start (pooling keeps this far below the number of fetches).
+  uint64_t connections_accepted() const;
+  /// Fetch requests served (complete or not).
+  uint64_t fetches() const;
+
+ private:
+  struct Impl;
+  explicit DataServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace copse::chan

@@ -1,0 +1,294 @@
+#include "channels/remote_reader.h"
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "channels/record_format.h"
+#include "channels/socket.h"
+#include "common/auth.h"
+#include "common/logging.h"
+
+namespace copse::chan {
+
+using internal::BufferedSocket;
+using internal::Socket;
+using wire::FrameType;
+
+namespace {
+
+constexpr size_t kMaxIdlePerPeer = 16;
+constexpr uint32_t kMaxEndBytes = 1 << 20;
+
+struct Conn {
+  Conn(Socket s, std::string k) : in(std::move(s)), pool_key(std::move(k)) {}
+  BufferedSocket in;
+  std::string pool_key;
+};
+
+StatusCode CodeFromName(const std::string& name) {
+  for (auto c : {StatusCode::kNotFound, StatusCode::kDataLoss, StatusCode::kInvalidArgument, StatusCode::kUnavailable,
+                 StatusCode::kPermissionDenied, StatusCode::kIOError, StatusCode::kInternal, StatusCode::kCancelled}) {
+    if (StatusCodeName(c) == name) return c;
+  }
+  return StatusCode::kUnavailable;
+}
+
+class Pool {
+ public:
+  static Pool& Get() {
+    static Pool* pool = new Pool();  // never destroyed: readers may outlive static destruction
+    return *pool;
+  }
+
+  std::unique_ptr<Conn> TakeIdle(const std::string& key) {
+    std::lock_guard lock(mu_);
+    auto it = idle_.find(key);
+    if (it == idle_.end() || it->second.empty()) return nullptr;
+    auto c = std::move(it->second.back());
+    it->second.pop_back();
+    ++stats_.connections_reused;
+    --stats_.idle;
+    return c;
+  }
+
+  void Put(std::unique_ptr<Conn> c) {
+    if (c->in.buffered() != 0) return;  // out of step with the peer: never reuse
+    std::lock_guard lock(mu_);
+    auto& v = idle_[c->pool_key];
+    if (v.size() >= kMaxIdlePerPeer) return;
+    v.push_back(std::move(c));
+    ++stats_.idle;
+  }
+
+  void CountOpened() {
+    std::lock_guard lock(mu_);
+    ++stats_.connections_opened;
+  }
+
+  RemotePoolStats Stats() {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
+
+  void CloseIdle() {
+    std::lock_guard lock(mu_);
+    idle_.clear();
+    stats_.idle = 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::vector<std::unique_ptr<Conn>>> idle_;
+  RemotePoolStats stats_;
+};
+
+std::string PeerName(const std::string& host, uint16_t port) { return host + ":" + std::to_string(port); }
+
+Result<std::unique_ptr<Conn>> Dial(const std::string& host, uint16_t port, const std::string& secret,
+                                   const std::string& pool_key, const RemoteReaderOptions& o) {
+  std::string peer = PeerName(host, port);
+  COPSE_ASSIGN_OR_RETURN(Socket s, Socket::Connect(host, port, o.connect_timeout_ms));
+  auto c = std::make_unique<Conn>(std::move(s), pool_key);
+  auto hello = internal::ReadJson(c->in, kMaxEndBytes, o.connect_timeout_ms, o.connect_timeout_ms);
+  if (!hello.ok()) return Status::Unavailable("handshake with " + peer + ": " + hello.status().message());
+  if (hello->value("op", "") != "hello" || !hello->contains("nonce") || !(*hello)["nonce"].is_string()) {
+    return Status::Unavailable("handshake with " + peer + ": expected hello, got " + hello->dump());
+  }
+  Json auth = {{"op", "auth"}, {"role", "peer"}, {"mac", auth::Mac(secret, (*hello)["nonce"].get<std::string>())}};
+  COPSE_RETURN_NOT_OK(internal::WriteJson(c->in.socket(), auth).WithContext("handshake with " + peer));
+  auto reply = internal::ReadJson(c->in, kMaxEndBytes, o.connect_timeout_ms, o.connect_timeout_ms);
+  if (!reply.ok()) return Status::Unavailable("handshake with " + peer + ": " + reply.status().message());
+  if (reply->value("op", "") != "welcome") {
+    return Status::PermissionDenied(peer + " refused the connection: " + reply->value("message", reply->dump()));
+  }
+  Pool::Get().CountOpened();
+  return c;
+}
+
+class RemoteReader final : public ChannelReader {
+ public:
+  RemoteReader(std::unique_ptr<Conn> conn, OutputKey key, std::string peer, wire::FrameHeader first, int timeout_ms)
+      : conn_(std::move(conn)), key_(key), peer_(std::move(peer)), timeout_ms_(timeout_ms), pending_(first),
+        has_pending_(true) {}
+
+  /// Reads the kEnd body of a stream whose first frame was kEnd: the error, or OK (empty output).
+  Status FinishEmpty() { return ReadEnd(pending_); }
+  bool done() const { return done_; }
+
+  Result<std::optional<Buffer>> Next() override {
+    if (!failed_.ok()) return failed_;
+    if (done_) return std::optional<Buffer>();
+    auto r = NextImpl();
+    if (!r.ok()) {
+      conn_.reset();  // out of step with the peer: close, never pool
+      failed_ = r.status();
+    }
+    return r;
+  }
+
+ private:
+  std::string What() const { return "output " + key_.ToString() + " from " + peer_; }
+
+  Status Lost(const Status& st) { return Status::Unavailable("fetching " + What() + ": " + st.message()); }
+
+  Status Read(char* p, size_t n) {
+    Status st = conn_->in.ReadFull(p, n, timeout_ms_);
+    return st.ok() ? st : Lost(st);
+  }
+
+  /// The kEnd frame: checks the peer's verdict and counts, then pools the connection.
+  Status ReadEnd(const wire::FrameHeader& h) {
+    if (h.length > kMaxEndBytes) return Lost(Status::InvalidArgument("oversized end frame"));
+    std::string body(h.length, '\0');
+    COPSE_RETURN_NOT_OK(Read(body.data(), body.size()));
+    Json j = Json::parse(body, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return Lost(Status::InvalidArgument("malformed end frame"));
+    done_ = true;
+    Pool::Get().Put(std::move(conn_));  // a complete exchange: the connection is reusable
+    if (!j.value("ok", false)) {
+      return Status(CodeFromName(j.value("code", "")), peer_ + ": " + j.value("message", "fetch failed"));
+    }
+    if (j.value("messages", uint64_t{0}) != messages_ || j.value("bytes", uint64_t{0}) != bytes_) {
+      return Status::DataLoss("fetching " + What() + ": received " + std::to_string(messages_) +
+                              " messages, the peer sent " + j.value("messages", Json()).dump());
+    }
+    return Status::OK();
+  }
+
+  Result<std::optional<Buffer>> Emit(std::string bytes, uint64_t checksum) {
+    if (internal::Checksum(bytes) != checksum) {
+      return Status::DataLoss("fetching " + What() + ": message " + std::to_string(messages_) +
+                              " failed its checksum");
+    }
+    ++messages_;
+    bytes_ += bytes.size();
+    return std::optional<Buffer>(Buffer(std::move(bytes)));
+  }
+
+  Result<std::optional<Buffer>> NextImpl() {
+    for (;;) {
+      if (frame_left_ == 0) {
+        wire::FrameHeader h;
+        if (has_pending_) {
+          h = pending_;
+          has_pending_ = false;
+        } else {
+          auto hr = internal::ReadHeader(conn_->in, wire::kMaxDataBytes, timeout_ms_, timeout_ms_);
+          if (!hr.ok()) return Lost(hr.status());
+          h = *hr;
+        }
+        if (h.type == FrameType::kEnd) {
+          if (piece_filled_ < piece_.size()) return Lost(Status::InvalidArgument("stream ended inside a message"));
+          COPSE_RETURN_NOT_OK(ReadEnd(h));
+          return std::optional<Buffer>();
+        }
+        if (h.type != FrameType::kData || h.length < 1) {
+          if (h.type == FrameType::kJson && h.length <= kMaxEndBytes) {
+            std::string body(h.length, '\0');
+            COPSE_RETURN_NOT_OK(Read(body.data(), body.size()));
+            return Lost(Status::InvalidArgument("peer error: " + body));
+          }
+          return Lost(Status::InvalidArgument("unexpected frame in a data stream"));
+        }
+        COPSE_RETURN_NOT_OK(Read(&tag_, 1));
+        frame_left_ = h.length - 1;
+        if (tag_ == internal::kTagFirstPiece) {
+          char ph[16];
+          if (frame_left_ < 16 || piece_filled_ < piece_.size()) return Lost(Status::InvalidArgument("bad piece"));
+          COPSE_RETURN_NOT_OK(Read(ph, 16));
+          frame_left_ -= 16;
+          piece_ = internal::UninitializedString(internal::GetU64(ph));
+          piece_checksum_ = internal::GetU64(ph + 8);
+          piece_filled_ = 0;
+        } else if (tag_ == internal::kTagContinuation) {
+          if (piece_filled_ >= piece_.size()) return Lost(Status::InvalidArgument("unexpected continuation"));
+        } else if (tag_ != internal::kTagMessages) {
+          return Lost(Status::InvalidArgument("unknown data frame tag"));
+        }
+        if (frame_left_ == 0 && tag_ == internal::kTagMessages) continue;
+      }
+      if (tag_ == internal::kTagMessages) {
+        char rh[internal::kRecordHeaderBytes];
+        if (frame_left_ < sizeof rh) return Lost(Status::InvalidArgument("record header crosses a frame"));
+        COPSE_RETURN_NOT_OK(Read(rh, sizeof rh));
+        uint32_t len = internal::GetU32(rh);
+        frame_left_ -= sizeof rh;
+        if (len > frame_left_) return Lost(Status::InvalidArgument("record crosses a frame"));
+        std::string bytes = internal::UninitializedString(len);
+        COPSE_RETURN_NOT_OK(Read(bytes.data(), len));
+        frame_left_ -= len;
+        return Emit(std::move(bytes), internal::GetU64(rh + 4));
+      }
+      // A piece of a large message.
+      size_t n = std::min<size_t>(frame_left_, piece_.size() - piece_filled_);
+      if (n != frame_left_) return Lost(Status::InvalidArgument("piece overruns its message"));
+      COPSE_RETURN_NOT_OK(Read(piece_.data() + piece_filled_, n));
+      piece_filled_ += n;
+      frame_left_ = 0;
+      if (piece_filled_ == piece_.size()) {
+        piece_filled_ = 0;
+        return Emit(std::exchange(piece_, std::string()), piece_checksum_);
+      }
+    }
+  }
+
+  std::unique_ptr<Conn> conn_;
+  OutputKey key_;
+  std::string peer_;
+  int timeout_ms_;
+  wire::FrameHeader pending_;
+  bool has_pending_;
+  bool done_ = false;
+  Status failed_;
+  char tag_ = 0;
+  uint64_t frame_left_ = 0;
+  std::string piece_;
+  uint64_t piece_checksum_ = 0;
+  size_t piece_filled_ = 0;
+  uint64_t messages_ = 0, bytes_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host, uint16_t port, const OutputKey& key,
+                                                        const std::string& secret) {
+  return OpenRemoteReader(host, port, key, secret, RemoteReaderOptions{});
+}
+
+Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host, uint16_t port, const OutputKey& key,
+                                                        const std::string& secret, const RemoteReaderOptions& o) {
+  const std::string peer = PeerName(host, port);
+  const std::string pool_key = peer + "\n" + auth::Mac(secret, "copse-pool");  // the secret itself is not kept
+  const std::string request = Json{{"op", "fetch"}, {"key", key.ToJson()}}.dump();
+  for (int attempt = 0;; ++attempt) {
+    // A pooled connection may have been closed by the peer while idle: that shows on first use,
+    // before any byte of the answer, and is retried once on a fresh connection.
+    std::unique_ptr<Conn> conn = attempt == 0 ? Pool::Get().TakeIdle(pool_key) : nullptr;
+    bool reused = conn != nullptr;
+    if (!conn) {
+      COPSE_ASSIGN_OR_RETURN(conn, Dial(host, port, secret, pool_key, o));
+    }
+    Status st = internal::WriteFrame(conn->in.socket(), FrameType::kJson, request);
+    Result<wire::FrameHeader> first = st.ok() ? internal::ReadHeader(conn->in, wire::kMaxDataBytes, o.read_timeout_ms,
+                                                                     o.read_timeout_ms)
+                                              : Result<wire::FrameHeader>(st);
+    if (!first.ok()) {
+      if (reused && first.status().code() == StatusCode::kUnavailable) continue;
+      return Status::Unavailable("fetching output " + key.ToString() + " from " + peer + ": " +
+                                 first.status().message());
+    }
+    auto reader = std::make_unique<RemoteReader>(std::move(conn), key, peer, *first, o.read_timeout_ms);
+    if (first->type == FrameType::kEnd) {
+      // Nothing to stream: an empty output, or the peer's refusal (NotFound, DataLoss).
+      Status end = reader->FinishEmpty();
+      if (!end.ok()) return end;
+    }
+    return std::unique_ptr<ChannelReader>(std::move(reader));
+  }
+}
+
+RemotePoolStats GetRemotePoolStats() { return Pool::Get().Stats(); }
+void CloseIdleRemoteConnections() { Pool::Get().CloseIdle(); }
+
+}  // namespace copse::chan

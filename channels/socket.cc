@@ -1,0 +1,227 @@
+#include "channels/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+namespace copse::chan::internal {
+namespace {
+
+std::string Peer(const std::string& host, uint16_t port) { return host + ":" + std::to_string(port); }
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+}
+
+/// Waits until fd is readable/writable; Timeout after timeout_ms.
+Status Wait(int fd, short events, int timeout_ms) {
+  pollfd p{fd, events, 0};
+  for (;;) {
+    int n = ::poll(&p, 1, timeout_ms);
+    if (n > 0) return Status::OK();
+    if (n == 0) return Status::Timeout("no data from peer within " + std::to_string(timeout_ms) + " ms");
+    if (errno != EINTR) return Status::Unavailable(std::string("poll: ") + std::strerror(errno));
+  }
+}
+
+}  // namespace
+
+Socket& Socket::operator=(Socket&& o) noexcept {
+  if (this != &o) {
+    Close();
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void Socket::Close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void Socket::Shutdown() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+uint16_t Socket::LocalPort() const {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return 0;
+  if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+}
+
+Result<Socket> Socket::Connect(const std::string& host, uint16_t port, int timeout_ms) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string service = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0) {
+    return Status::Unavailable("cannot resolve " + Peer(host, port) + ": " + ::gai_strerror(rc));
+  }
+  std::string last = "no address";
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
+    if (!s.valid()) continue;
+    int rc = ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      Status w = Wait(s.fd(), POLLOUT, timeout_ms);
+      int err = 0;
+      socklen_t len = sizeof err;
+      if (!w.ok()) {
+        last = "connect timed out";
+        continue;
+      }
+      ::getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
+      rc = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (rc != 0) {
+      last = std::strerror(errno);
+      continue;
+    }
+    int flags = ::fcntl(s.fd(), F_GETFL);
+    ::fcntl(s.fd(), F_SETFL, flags & ~O_NONBLOCK);
+    SetNoDelay(s.fd());
+    ::freeaddrinfo(res);
+    return s;
+  }
+  ::freeaddrinfo(res);
+  return Status::Unavailable("cannot connect to " + Peer(host, port) + ": " + last);
+}
+
+Result<Socket> Socket::Listen(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  std::string service = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res); rc != 0) {
+    return Status::InvalidArgument("cannot resolve listen address " + Peer(host, port) + ": " + ::gai_strerror(rc));
+  }
+  std::string last = "no address";
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    Socket s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!s.valid()) continue;
+    int one = 1;
+    ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(s.fd(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(s.fd(), 512) != 0) {
+      last = std::strerror(errno);
+      continue;
+    }
+    ::freeaddrinfo(res);
+    return s;
+  }
+  ::freeaddrinfo(res);
+  return Status::Unavailable("cannot listen on " + Peer(host, port) + ": " + last);
+}
+
+Result<size_t> Socket::ReadSome(char* p, size_t n, int timeout_ms) {
+  for (;;) {
+    ssize_t r = ::recv(fd_, p, n, MSG_DONTWAIT);
+    if (r > 0) return static_cast<size_t>(r);
+    if (r == 0) return Status::Unavailable("peer closed the connection");
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      return Status::Unavailable(std::string("connection lost: ") + std::strerror(errno));
+    }
+    COPSE_RETURN_NOT_OK(Wait(fd_, POLLIN, timeout_ms));
+  }
+}
+
+Status Socket::WriteAll(const char* p, size_t n) {
+  iovec iov{const_cast<char*>(p), n};
+  return WriteV(&iov, 1);
+}
+
+Status Socket::WriteV(iovec* iov, size_t count) {
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = std::min<size_t>(count, IOV_MAX);
+    ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Status::Unavailable(std::string("connection lost: ") + std::strerror(errno));
+    }
+    auto left = static_cast<size_t>(w);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return Status::OK();
+}
+
+Status BufferedSocket::ReadFull(char* p, size_t n, int timeout_ms) {
+  size_t have = std::min(n, end_ - begin_);
+  std::memcpy(p, buf_.data() + begin_, have);
+  begin_ += have;
+  if (begin_ == end_) begin_ = end_ = 0;
+  while (have < n) {
+    size_t want = n - have;
+    if (want >= buf_.size() / 2) {
+      COPSE_ASSIGN_OR_RETURN(size_t got, sock_.ReadSome(p + have, want, timeout_ms));
+      have += got;
+    } else {
+      COPSE_ASSIGN_OR_RETURN(size_t got, sock_.ReadSome(buf_.data(), buf_.size(), timeout_ms));
+      size_t take = std::min(got, want);
+      std::memcpy(p + have, buf_.data(), take);
+      have += take;
+      begin_ = take;
+      end_ = got;
+      if (begin_ == end_) begin_ = end_ = 0;
+    }
+  }
+  return Status::OK();
+}
+
+Status WriteFrame(Socket& s, wire::FrameType type, std::string_view body) {
+  auto h = wire::EncodeHeader(type, static_cast<uint32_t>(body.size()));
+  iovec iov[2] = {{h.data(), h.size()}, {const_cast<char*>(body.data()), body.size()}};
+  return s.WriteV(iov, body.empty() ? 1 : 2);
+}
+
+Result<wire::FrameHeader> ReadHeader(BufferedSocket& s, uint32_t max_body, int first_byte_timeout_ms,
+                                     int timeout_ms) {
+  char h[wire::kHeaderBytes];
+  COPSE_RETURN_NOT_OK(s.ReadFull(h, 1, first_byte_timeout_ms));
+  COPSE_RETURN_NOT_OK(s.ReadFull(h + 1, sizeof h - 1, timeout_ms));
+  return wire::DecodeHeader(h, max_body);
+}
+
+Result<std::string> ReadBody(BufferedSocket& s, const wire::FrameHeader& h, int timeout_ms) {
+  std::string body(h.length, '\0');
+  COPSE_RETURN_NOT_OK(s.ReadFull(body.data(), body.size(), timeout_ms));
+  return body;
+}
+
+Result<Json> ReadJson(BufferedSocket& s, uint32_t max_body, int first_byte_timeout_ms, int timeout_ms) {
+  COPSE_ASSIGN_OR_RETURN(auto h, ReadHeader(s, max_body, first_byte_timeout_ms, timeout_ms));
+  COPSE_ASSIGN_OR_RETURN(std::string body, ReadBody(s, h, timeout_ms));
+  if (h.type != wire::FrameType::kJson) return Status::InvalidArgument("expected a JSON frame");
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument("frame body is not a JSON object");
+  return j;
+}
+
+}  // namespace copse::chan::internal

@@ -1,0 +1,376 @@
+// Fetching outputs between daemons: the data server, the remote reader and its connection pool,
+// and a server's behaviour towards bad or dying peers. Loopback (127.0.0.1) only.
+#include "channels/data_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "channels/record_format.h"
+#include "channels/remote_reader.h"
+#include "channels/socket.h"
+#include "common/auth.h"
+#include "common/wire.h"
+#include "tests/channels/channel_test_util.h"
+
+namespace copse::chan {
+namespace {
+
+using testing::Drain;
+using testing::DrainStatus;
+using testing::Pattern;
+using testing::TempDir;
+using Clock = std::chrono::steady_clock;
+
+const std::string kSecret = "0123456789abcdef0123456789abcdef-test";
+const std::string kHost = "127.0.0.1";
+
+struct Daemon {
+  TempDir dir;
+  std::unique_ptr<OutputStore> store;
+  std::unique_ptr<DataServer> server;
+
+  explicit Daemon(uint64_t budget = 1ull << 30) {
+    auto s = OutputStore::Make(dir.path() / "outputs", budget);
+    REQUIRE(s.ok());
+    store = std::move(s).value();
+    auto srv = DataServer::Start(*store, kHost, 0, kSecret, {2000, 2000});
+    REQUIRE_MESSAGE(srv.ok(), srv.status().ToString());
+    server = std::move(srv).value();
+  }
+
+  void Put(const OutputKey& key, StorageKind kind, const std::vector<std::string>& msgs) {
+    auto w = store->CreateWriter(key, kind);
+    REQUIRE(w.ok());
+    for (const auto& m : msgs) REQUIRE((*w)->Write(Buffer(m)).ok());
+    REQUIRE((*w)->Close().ok());
+  }
+};
+
+RemoteReaderOptions Quick() { return RemoteReaderOptions{2000, 2000}; }
+
+std::vector<std::string> Fetch(const Daemon& d, const OutputKey& key) {
+  auto r = OpenRemoteReader(kHost, d.server->port(), key, kSecret, Quick());
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  return Drain(**r);
+}
+
+Status FetchStatus(uint16_t port, const OutputKey& key, const std::string& secret = kSecret) {
+  auto r = OpenRemoteReader(kHost, port, key, secret, Quick());
+  if (!r.ok()) return r.status();
+  return DrainStatus(**r);
+}
+
+/// A raw TCP connection for speaking (bad) protocol by hand.
+struct Raw {
+  internal::BufferedSocket s;
+  explicit Raw(uint16_t port) : s(Connect(port)) {}
+  static internal::Socket Connect(uint16_t port) {
+    auto s = internal::Socket::Connect(kHost, port, 2000);
+    REQUIRE(s.ok());
+    return std::move(s).value();
+  }
+  Json ReadJson() {
+    auto j = internal::ReadJson(s, 1 << 20, 3000, 3000);
+    REQUIRE_MESSAGE(j.ok(), j.status().ToString());
+    return *j;
+  }
+  void Send(std::string_view bytes) { REQUIRE(s.socket().WriteAll(bytes.data(), bytes.size()).ok()); }
+  void Authenticate() {
+    Json hello = ReadJson();
+    REQUIRE(hello["op"] == "hello");
+    Json auth = {{"op", "auth"}, {"role", "peer"}, {"mac", auth::Mac(kSecret, hello["nonce"].get<std::string>())}};
+    Send(wire::EncodeFrame(wire::FrameType::kJson, auth.dump()));
+    REQUIRE(ReadJson()["op"] == "welcome");
+  }
+  /// True when the server closed the connection (within 3 s).
+  bool Closed() {
+    char c;
+    for (;;) {
+      auto r = s.socket().ReadSome(&c, 1, 3000);
+      if (!r.ok()) return r.status().code() == StatusCode::kUnavailable;
+    }
+  }
+};
+
+std::vector<std::string> MixedMessages() {
+  std::vector<std::string> m = {"", "x"};
+  for (int i = 0; i < 2000; ++i) m.push_back(Pattern(static_cast<size_t>(i % 97), 5, i));
+  for (int i = 0; i < 6; ++i) m.push_back(Pattern((1 << 20) + 3 * i, 6, i));
+  m.push_back("");
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("RemoteFetch.RoundTripBothKinds" * doctest::timeout(20)) {
+  Daemon d;
+  auto msgs = MixedMessages();
+  d.Put({1, 0, 0, 0}, StorageKind::kMemory, msgs);
+  d.Put({1, 1, 0, 0}, StorageKind::kFile, msgs);
+  d.Put({1, 2, 0, 0}, StorageKind::kFile, {});
+  d.Put({1, 3, 0, 0}, StorageKind::kMemory, {});
+  CHECK(Fetch(d, {1, 0, 0, 0}) == msgs);
+  CHECK(Fetch(d, {1, 1, 0, 0}) == msgs);
+  CHECK(Fetch(d, {1, 2, 0, 0}).empty());
+  CHECK(Fetch(d, {1, 3, 0, 0}).empty());
+  CHECK(FetchStatus(d.server->port(), {1, 9, 0, 0}).code() == StatusCode::kNotFound);
+  CHECK(Fetch(d, {1, 0, 0, 0}) == msgs);  // the connection is still good after a refusal
+}
+
+TEST_CASE("RemoteFetch.MessageLargerThanAFrame" * doctest::timeout(20)) {
+  Daemon d;
+  std::vector<std::string> msgs = {"head", std::string(internal::kMaxPieceBytes * 2 + 12345, 'z'), "tail"};
+  msgs[1][7] = 'a';
+  msgs[1][internal::kMaxPieceBytes + 1] = 'b';
+  d.Put({2, 0, 0, 0}, StorageKind::kMemory, msgs);
+  CHECK(Fetch(d, {2, 0, 0, 0}) == msgs);
+}
+
+TEST_CASE("RemoteFetch.CorruptedOutputIsDataLoss" * doctest::timeout(10)) {
+  Daemon d;
+  auto msgs = MixedMessages();
+  d.Put({3, 0, 0, 0}, StorageKind::kMemory, msgs);
+  d.Put({3, 1, 0, 0}, StorageKind::kFile, msgs);
+  d.Put({3, 2, 0, 0}, StorageKind::kFile, {});
+  for (uint32_t v = 0; v < 3; ++v) {
+    REQUIRE(d.store->Corrupt({3, v, 0, 0}).ok());
+    CHECK(FetchStatus(d.server->port(), {3, v, 0, 0}).code() == StatusCode::kDataLoss);
+  }
+  REQUIRE(d.store->Remove({3, 0, 0, 0}).ok());
+  CHECK(FetchStatus(d.server->port(), {3, 0, 0, 0}).code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("RemoteFetch.PooledConnectionsAreReused" * doctest::timeout(20)) {
+  Daemon d;
+  for (uint32_t v = 0; v < 10; ++v) d.Put({4, v, 0, 0}, StorageKind::kMemory, {Pattern(100, v, 0)});
+  auto before = GetRemotePoolStats();
+  auto t0 = Clock::now();
+  for (int i = 0; i < 1000; ++i) {
+    auto got = Fetch(d, {4, static_cast<uint32_t>(i % 10), 0, 0});
+    REQUIRE(got.size() == 1);
+  }
+  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  MESSAGE("1000 small fetches in " << s << " s");
+  CHECK(d.server->connections_accepted() <= 2);
+  CHECK(d.server->fetches() == 1000);
+  CHECK(GetRemotePoolStats().connections_reused - before.connections_reused >= 998);
+  CHECK(s < 10);
+
+  // A reader abandoned mid-stream does not leave a half-read connection in the pool.
+  std::vector<std::string> big;
+  for (int i = 0; i < 64; ++i) big.push_back(Pattern(64 << 10, 7, i));
+  d.Put({4, 100, 0, 0}, StorageKind::kMemory, big);
+  for (int i = 0; i < 5; ++i) {
+    auto r = OpenRemoteReader(kHost, d.server->port(), {4, 100, 0, 0}, kSecret, Quick());
+    REQUIRE(r.ok());
+    REQUIRE((*r)->Next().ok());
+  }
+  CHECK(Fetch(d, {4, 3, 0, 0}).size() == 1);
+  CHECK(Fetch(d, {4, 100, 0, 0}) == big);
+}
+
+TEST_CASE("RemoteFetch.ManyThreads" * doctest::timeout(20)) {
+  Daemon d;
+  auto msgs = MixedMessages();
+  d.Put({5, 0, 0, 0}, StorageKind::kMemory, msgs);
+  d.Put({5, 1, 0, 0}, StorageKind::kFile, msgs);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 5; ++i) {
+        auto r = OpenRemoteReader(kHost, d.server->port(), {5, static_cast<uint32_t>((t + i) % 2), 0, 0}, kSecret,
+                                  Quick());
+        if (!r.ok()) { ++bad; continue; }
+        std::vector<std::string> got;
+        for (;;) {
+          auto m = (*r)->Next();
+          if (!m.ok()) { ++bad; break; }
+          if (!m->has_value()) break;
+          got.emplace_back((*m)->view());
+        }
+        if (got != msgs) ++bad;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(bad == 0);
+  CHECK(d.server->connections_accepted() <= 8);
+}
+
+TEST_CASE("RemoteFetch.StalePooledConnectionIsReplaced" * doctest::timeout(20)) {
+  Daemon d;
+  d.Put({6, 0, 0, 0}, StorageKind::kMemory, {"a", "b"});
+  uint16_t port = d.server->port();
+  CHECK(Fetch(d, {6, 0, 0, 0}).size() == 2);  // leaves an idle pooled connection
+  d.server->Stop();
+  CHECK(FetchStatus(port, {6, 0, 0, 0}).code() == StatusCode::kUnavailable);
+  auto srv = DataServer::Start(*d.store, kHost, port, kSecret);
+  REQUIRE_MESSAGE(srv.ok(), srv.status().ToString());
+  d.server = std::move(srv).value();
+  CHECK(Fetch(d, {6, 0, 0, 0}).size() == 2);
+}
+
+TEST_CASE("DataServer.BadMacIsRefused" * doctest::timeout(10)) {
+  Daemon d;
+  d.Put({7, 0, 0, 0}, StorageKind::kMemory, {"secret data"});
+  Status st = FetchStatus(d.server->port(), {7, 0, 0, 0}, "the-wrong-secret-the-wrong-secret");
+  CHECK(st.code() == StatusCode::kPermissionDenied);
+  CHECK(st.message().find("authentication failed") != std::string::npos);
+  // A raw client with a wrong role or MAC is told why and disconnected.
+  Raw raw(d.server->port());
+  Json hello = raw.ReadJson();
+  raw.Send(wire::EncodeFrame(wire::FrameType::kJson, Json{{"op", "auth"}, {"role", "peer"}, {"mac", "00"}}.dump()));
+  Json reply = raw.ReadJson();
+  CHECK(reply["op"] == "error");
+  CHECK(raw.Closed());
+  CHECK(Fetch(d, {7, 0, 0, 0}).size() == 1);
+}
+
+TEST_CASE("DataServer.GarbageIsRefusedAndOthersAreServed" * doctest::timeout(20)) {
+  Daemon d;
+  d.Put({8, 0, 0, 0}, StorageKind::kMemory, {"ok"});
+  const uint16_t port = d.server->port();
+  auto expect_error_and_close = [&](Raw& raw, const std::string& what) {
+    Json reply = raw.ReadJson();
+    CHECK_MESSAGE(reply["op"] == "error", what);
+    MESSAGE(what << ": " << reply.dump());
+    CHECK_MESSAGE(raw.Closed(), what);
+  };
+  {  // garbage instead of the handshake
+    Raw raw(port);
+    raw.ReadJson();
+    raw.Send(std::string(100, '\x7f'));
+    expect_error_and_close(raw, "garbage");
+  }
+  {  // after authenticating: wrong magic
+    Raw raw(port);
+    raw.Authenticate();
+    raw.Send("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    expect_error_and_close(raw, "wrong magic");
+  }
+  {  // wrong protocol version
+    Raw raw(port);
+    raw.Authenticate();
+    std::string f = wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"ping"})");
+    f[4] = 9;
+    raw.Send(f);
+    expect_error_and_close(raw, "wrong version");
+  }
+  {  // oversized frame (a 4 GB request)
+    Raw raw(port);
+    raw.Authenticate();
+    auto h = wire::EncodeHeader(wire::FrameType::kJson, 0xfffffff0u);
+    raw.Send(std::string_view(h.data(), h.size()));
+    expect_error_and_close(raw, "oversized");
+  }
+  {  // valid frames, nonsense content
+    Raw raw(port);
+    raw.Authenticate();
+    raw.Send(wire::EncodeFrame(wire::FrameType::kJson, "[1,2"));
+    expect_error_and_close(raw, "bad json");
+  }
+  {
+    Raw raw(port);
+    raw.Authenticate();
+    raw.Send(wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"fetch","key":{"job":"x"}})"));
+    expect_error_and_close(raw, "bad key");
+  }
+  {  // ping works on an authenticated raw connection
+    Raw raw(port);
+    raw.Authenticate();
+    raw.Send(wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"ping"})"));
+    CHECK(raw.ReadJson()["op"] == "pong");
+  }
+  // A client that connects and says nothing holds only its own thread, for the handshake timeout.
+  Raw silent(port);
+  CHECK(Fetch(d, {8, 0, 0, 0}) == std::vector<std::string>{"ok"});
+  silent.ReadJson();
+  CHECK(silent.Closed());  // handshake timeout (2 s in these tests)
+  CHECK(Fetch(d, {8, 0, 0, 0}) == std::vector<std::string>{"ok"});
+}
+
+TEST_CASE("RemoteFetch.UnreachablePeerIsUnavailable" * doctest::timeout(10)) {
+  uint16_t port;
+  {
+    Daemon d;
+    port = d.server->port();
+  }
+  CHECK(FetchStatus(port, {1, 0, 0, 0}).code() == StatusCode::kUnavailable);
+}
+
+namespace {
+
+/// A producer daemon in a child process with a 96 MiB output; returns its pid and port.
+std::pair<pid_t, uint16_t> StartChildDaemon(const TempDir& dir) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    auto store = OutputStore::Make(dir.path() / "child", 1ull << 30);
+    if (!store.ok()) ::_exit(1);
+    auto w = (*store)->CreateWriter({9, 0, 0, 0}, StorageKind::kMemory);
+    for (int i = 0; i < 96; ++i) (void)(*w)->Write(Buffer(Pattern(1 << 20, 9, i)));
+    (void)(*w)->Close();
+    auto srv = DataServer::Start(**store, kHost, 0, kSecret);
+    if (!srv.ok()) ::_exit(1);
+    uint16_t port = (*srv)->port();
+    (void)!::write(fds[1], &port, sizeof port);
+    for (;;) ::pause();
+  }
+  ::close(fds[1]);
+  uint16_t port = 0;
+  REQUIRE(::read(fds[0], &port, sizeof port) == static_cast<ssize_t>(sizeof port));
+  ::close(fds[0]);
+  return {pid, port};
+}
+
+}  // namespace
+
+TEST_CASE("RemoteFetch.PeerKilledMidStreamIsUnavailable" * doctest::timeout(20)) {
+  TempDir dir;
+  auto [pid, port] = StartChildDaemon(dir);
+  auto r = OpenRemoteReader(kHost, port, {9, 0, 0, 0}, kSecret, Quick());
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  for (int i = 0; i < 3; ++i) {
+    auto m = (*r)->Next();
+    REQUIRE(m.ok());
+    CHECK((*m)->view() == Pattern(1 << 20, 9, i));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  auto t0 = Clock::now();
+  Status st = DrainStatus(**r);
+  CHECK(st.code() == StatusCode::kUnavailable);
+  MESSAGE(st.ToString());
+  CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 5);
+  CHECK(FetchStatus(port, {9, 0, 0, 0}).code() == StatusCode::kUnavailable);
+}
+
+TEST_CASE("RemoteFetch.StalledPeerTimesOut" * doctest::timeout(20)) {
+  TempDir dir;
+  auto [pid, port] = StartChildDaemon(dir);
+  RemoteReaderOptions o{2000, 500};
+  auto r = OpenRemoteReader(kHost, port, {9, 0, 0, 0}, kSecret, o);
+  REQUIRE(r.ok());
+  REQUIRE((*r)->Next().ok());
+  ::kill(pid, SIGSTOP);
+  Status st = DrainStatus(**r);
+  CHECK(st.code() == StatusCode::kUnavailable);
+  MESSAGE(st.ToString());
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+}  // namespace copse::chan
