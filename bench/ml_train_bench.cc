@@ -5,6 +5,8 @@
 // the median of --runs runs. A benchmark: it prints figures and never fails on them.
 //
 //   ml_train_bench [--threads 2] [--runs 5] [--model mlp|cnn|all] [--no-torch]
+//   ml_train_bench --accuracy-epochs 3 [--seeds 3] [--model mlp]   (test accuracy per epoch,
+//                                                                    copse and PyTorch, per seed)
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,6 +67,7 @@ int main(int argc, char** argv) {
   int threads = 2, runs = 5;
   std::string which = "all", data_dir = copse::ml::kFashionMnistDir;
   bool torch = true;
+  int accuracy_epochs = 0, seeds = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -79,11 +82,62 @@ int main(int argc, char** argv) {
     else if (a == "--model") which = next();
     else if (a == "--data-dir") data_dir = next();
     else if (a == "--no-torch") torch = false;
+    else if (a == "--accuracy-epochs") accuracy_epochs = std::stoi(next());
+    else if (a == "--seeds") seeds = std::stoi(next());
     else {
       std::fprintf(stderr, "usage: %s [--threads N] [--runs N] [--model mlp|cnn|all] "
                            "[--data-dir DIR] [--no-torch]\n", argv[0]);
       return 2;
     }
+  }
+  if (accuracy_epochs > 0) {
+    const std::string model = which == "all" ? "mlp" : which;
+    std::printf("test accuracy per epoch, %s, batch 128, SGD lr 0.05 momentum 0.9, full data\n",
+                model.c_str());
+    for (int seed = 1; seed <= seeds; ++seed) {
+      TrainOptions o;
+      o.model = model;
+      o.threads = threads;
+      o.data_dir = data_dir;
+      o.epochs = accuracy_epochs;
+      o.seed = static_cast<uint64_t>(seed);
+      auto report = Train(o);
+      if (!report.ok()) {
+        std::fprintf(stderr, "%s\n", report.status().ToString().c_str());
+        return 1;
+      }
+      std::printf("copse seed %d:", seed);
+      for (const auto& e : report->epochs) std::printf(" %.2f", 100 * e.test_accuracy);
+      std::printf("   (%.0f img/s)\n", report->images_per_s);
+      std::fflush(stdout);
+      if (torch) {
+        const std::string cmd = "OMP_WAIT_POLICY=passive " + Python() + " " + COPSE_SOURCE_DIR +
+                                "/scripts/torch_bench.py --model " + model + " --threads " +
+                                std::to_string(threads) + " --accuracy-epochs " +
+                                std::to_string(accuracy_epochs) + " --seed " +
+                                std::to_string(seed) + " --data-dir '" + data_dir + "' 2>/dev/null";
+        FILE* p = popen(cmd.c_str(), "r");
+        std::string out;
+        std::array<char, 4096> buf;
+        while (p != nullptr) {
+          const size_t n = fread(buf.data(), 1, buf.size(), p);
+          if (n == 0) break;
+          out.append(buf.data(), n);
+        }
+        if (p != nullptr && pclose(p) == 0) {
+          try {
+            std::printf("torch seed %d:", seed);
+            for (double a : nlohmann::json::parse(out).at("test_accuracy"))
+              std::printf(" %.2f", 100 * a);
+            std::printf("\n");
+          } catch (const std::exception&) {
+            std::printf(" n/a\n");
+          }
+        }
+        std::fflush(stdout);
+      }
+    }
+    return 0;
   }
   std::printf("ml_train_bench: batch 128, SGD lr 0.05 momentum 0.9, %d threads, median of %d runs\n",
               threads, runs);

@@ -67,6 +67,34 @@ def run_once(model_name, x, y, batch):
     return x.shape[0] / (time.perf_counter() - start)
 
 
+def accuracy(model_name, data_dir, epochs, seed, batch):
+    """Test accuracy after each epoch, the reference for copse's accuracy figures."""
+    torch.manual_seed(seed)
+    x, y = load(data_dir, 60000)
+    tpath = os.path.join(data_dir, "t10k-images-idx3-ubyte.gz")
+    with gzip.open(tpath) as f:
+        raw = f.read()
+    with gzip.open(os.path.join(data_dir, "t10k-labels-idx1-ubyte.gz")) as f:
+        lab = f.read()
+    tx = torch.frombuffer(bytearray(raw[16:]), dtype=torch.uint8).float().div_(255)
+    tx = tx.reshape(-1, 1, 28, 28)
+    ty = torch.frombuffer(bytearray(lab[8:]), dtype=torch.uint8).long()
+    model = build(model_name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    out = []
+    for _ in range(epochs):
+        perm = torch.randperm(x.shape[0])
+        for b in range(0, x.shape[0], batch):
+            idx = perm[b:b + batch]
+            opt.zero_grad()
+            loss_fn(model(x[idx]), y[idx]).backward()
+            opt.step()
+        with torch.no_grad():
+            out.append((model(tx).argmax(1) == ty).float().mean().item())
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
@@ -75,8 +103,16 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--accuracy-epochs", type=int, default=0,
+                    help="instead of timing, train this many full epochs and print test accuracy")
+    ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.accuracy_epochs:
+        acc = accuracy(args.model, args.data_dir, args.accuracy_epochs, args.seed, args.batch)
+        print(json.dumps({"model": args.model, "seed": args.seed, "test_accuracy": acc,
+                          "torch": torch.__version__}))
+        return
     x, y = load(args.data_dir, args.images)
     rates = [run_once(args.model, x, y, args.batch) for _ in range(args.runs)]
     print(json.dumps({"model": args.model, "threads": args.threads, "images_per_s": rates,

@@ -1,0 +1,43 @@
+#include <doctest/doctest.h>
+
+#include "ml/serialize.h"
+#include "tests/ml/test_util.h"
+
+using namespace copse::ml;
+using copse::ml::testing::RandomTensor;
+
+TEST_CASE("Serialize.RoundTripsTensorsBitExactly") {
+  NamedTensors in{{"0.weight", RandomTensor({3, 4}, 1)},
+                  {"scalar", Tensor::FromVector({}, {2.5f})},
+                  {"empty", Tensor::Zeros({0, 5})}};
+  const std::string bytes = SerializeTensors(in);
+  auto out = DeserializeTensors(bytes);
+  REQUIRE(out.ok());
+  REQUIRE(out->size() == 3);
+  for (size_t i = 0; i < in.size(); ++i) {
+    CHECK((*out)[i].first == in[i].first);
+    CHECK((*out)[i].second.BitwiseEquals(in[i].second));
+  }
+  auto one = DeserializeTensor(SerializeTensor(in[0].second));
+  REQUIRE(one.ok());
+  CHECK(one->BitwiseEquals(in[0].second));
+  CHECK(Digest(in) == Digest(*out));
+}
+
+TEST_CASE("Serialize.CorruptionIsDataLossNeverACrash") {
+  const std::string good = SerializeTensors({{"w", RandomTensor({2, 3}, 2)}});
+  // Every single-byte flip and every truncation is detected.
+  for (size_t i = 0; i < good.size(); ++i) {
+    std::string bad = good;
+    bad[i] = static_cast<char>(bad[i] ^ 0x5A);
+    auto r = DeserializeTensors(bad);
+    CHECK(r.status().code() == copse::StatusCode::kDataLoss);
+    auto t = DeserializeTensors(std::string_view(good).substr(0, i));
+    CHECK(t.status().code() == copse::StatusCode::kDataLoss);
+  }
+  CHECK(DeserializeTensors(good + "x").status().code() == copse::StatusCode::kDataLoss);
+  CHECK(DeserializeTensors("").status().message().find("truncated") != std::string::npos);
+  // Two tensors where one is expected.
+  const std::string two = SerializeTensors({{"a", Tensor::Zeros({1})}, {"b", Tensor::Zeros({1})}});
+  CHECK(DeserializeTensor(two).status().code() == copse::StatusCode::kDataLoss);
+}
