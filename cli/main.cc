@@ -23,6 +23,10 @@ int main(int argc, char** argv) {
   });
   copse::cli::AddValidateCommand(app);
   copse::cli::AddProgramsCommand(app);
+  copse::cli::AddJmCommand(app);
+  copse::cli::AddDaemonCommand(app);
+  copse::cli::AddClientCommands(app);
+  copse::cli::AddRunCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -18,7 +18,7 @@ jobs="${COPSE_JOBS:-$(nproc)}"
 packages=(
   build-essential cmake ninja-build pkg-config git rsync
   libasio-dev nlohmann-json3-dev libspdlog-dev libzmq3-dev cppzmq-dev doctest-dev
-  libopenblas-dev libcli11-dev libxxhash-dev zlib1g-dev dataset-fashion-mnist python3 python3-jsonschema
+  libopenblas-dev libcli11-dev libxxhash-dev zlib1g-dev libssl-dev dataset-fashion-mnist python3 python3-jsonschema
 )
 
 install_missing() {
@@ -52,7 +52,9 @@ case "$cmd" in
   example)
     install_missing
     configure_and_build
-    "$build/cli/copse" validate "$src/examples/wordcount/wordcount.json"
+    out="${COPSE_OUTPUT_DIR:-$build/example-output}"
+    "$build/cli/copse" run "$src/examples/wordcount/wordcount.json" --daemons 2 --output "$out"
+    echo "copse: outputs in $out"
     ;;
   test)
     install_missing

@@ -1,0 +1,144 @@
+// Client verbs of a running job manager: submit, status, cancel, daemons, logs.
+#include <unistd.h>
+
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/jm_client.h"
+#include "cli/job_watch.h"
+#include "cli/status_view.h"
+
+namespace copse::cli {
+namespace {
+
+/// Connects or prints why not and sets exit code 1.
+std::unique_ptr<net::BlockingClient> ConnectOrReport(const JmAddressOptions& opts) {
+  auto client = ConnectToJm(opts);
+  if (!client.ok()) {
+    std::cerr << "copse: " << client.status().message() << "\n";
+    ExitCode() = 1;
+    return nullptr;
+  }
+  return std::move(*client);
+}
+
+int Report(const Status& st) {
+  std::cerr << "copse: " << st.message() << "\n";
+  return 1;
+}
+
+}  // namespace
+
+void AddClientCommands(CLI::App& app) {
+  {
+    auto* cmd = app.add_subcommand("submit", "Submit a job file to the job manager");
+    struct Opts {
+      JmAddressOptions jm;
+      std::string file, output_dir, format = "text";
+      bool wait = false;
+    };
+    auto o = std::make_shared<Opts>();
+    AddJmAddressFlags(cmd, o->jm);
+    cmd->add_option("FILE", o->file, "job file")->required();
+    cmd->add_flag("--wait", o->wait, "wait for the job to finish; exit 0 only when it completed");
+    cmd->add_option("--output", o->output_dir, "with --wait: copy the declared outputs here");
+    cmd->add_option("-o,--format", o->format, "text or json")->check(CLI::IsMember({"text", "json"}));
+    cmd->callback([o] {
+      auto client = ConnectOrReport(o->jm);
+      if (!client) return;
+      auto job = SubmitJobFile(*client, o->file);
+      if (!job.ok()) return void(ExitCode() = Report(job.status()));
+      if (!o->wait) {
+        std::cout << (o->format == "json" ? Json({{"job", *job}}).dump() : "submitted job " + std::to_string(*job)) << "\n";
+        return;
+      }
+      auto status = WatchJob(*client, *job, o->format == "text" && isatty(2));
+      if (!status.ok()) return void(ExitCode() = Report(status.status()));
+      if (status->at("state") == "completed" && !o->output_dir.empty()) {
+        auto secret = LoadClientSecret(o->jm);
+        auto outputs = secret.ok() ? FetchOutputs(*client, *job, o->output_dir, *secret) : Result<Json>(secret.status());
+        if (!outputs.ok()) return void(ExitCode() = Report(outputs.status()));
+        (*status)["outputs"] = *outputs;
+      }
+      std::cout << (o->format == "json" ? status->dump(2) + "\n" : RenderJobStatus(*status, false));
+      ExitCode() = status->at("state") == "completed" ? 0 : 1;
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand("status", "Show jobs, or one job's progress");
+    struct Opts {
+      JmAddressOptions jm;
+      uint64_t job = 0;
+      bool watch = false;
+      std::string format = "text";
+    };
+    auto o = std::make_shared<Opts>();
+    AddJmAddressFlags(cmd, o->jm);
+    cmd->add_option("JOB", o->job, "job id");
+    cmd->add_flag("-w,--watch", o->watch, "follow the job until it finishes");
+    cmd->add_option("-o,--format", o->format, "text or json")->check(CLI::IsMember({"text", "json"}));
+    cmd->callback([o] {
+      auto client = ConnectOrReport(o->jm);
+      if (!client) return;
+      if (o->job == 0) {
+        auto reply = client->Call({{"op", "status"}});
+        if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
+        std::cout << (o->format == "json" ? (*reply)["jobs"].dump(2) + "\n" : RenderJobsTable((*reply)["jobs"]));
+        return;
+      }
+      Result<Json> status = o->watch ? WatchJob(*client, o->job, o->format == "text" && isatty(2))
+                                     : [&]() -> Result<Json> {
+                                         COPSE_ASSIGN_OR_RETURN(Json r, client->Call({{"op", "status"}, {"job", o->job}}));
+                                         return r["job"];
+                                       }();
+      if (!status.ok()) return void(ExitCode() = Report(status.status()));
+      std::cout << (o->format == "json" ? status->dump(2) + "\n" : RenderJobStatus(*status, false));
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand("cancel", "Cancel a running job");
+    auto jm = std::make_shared<JmAddressOptions>();
+    auto job = std::make_shared<uint64_t>(0);
+    AddJmAddressFlags(cmd, *jm);
+    cmd->add_option("JOB", *job, "job id")->required();
+    cmd->callback([jm, job] {
+      auto client = ConnectOrReport(*jm);
+      if (!client) return;
+      auto reply = client->Call({{"op", "cancel"}, {"job", *job}});
+      if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
+      std::cout << "cancelled job " << *job << "\n";
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand("daemons", "List the daemons the job manager knows");
+    auto jm = std::make_shared<JmAddressOptions>();
+    auto format = std::make_shared<std::string>("text");
+    AddJmAddressFlags(cmd, *jm);
+    cmd->add_option("-o,--format", *format, "text or json")->check(CLI::IsMember({"text", "json"}));
+    cmd->callback([jm, format] {
+      auto client = ConnectOrReport(*jm);
+      if (!client) return;
+      auto reply = client->Call({{"op", "daemons"}});
+      if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
+      std::cout << (*format == "json" ? (*reply)["daemons"].dump(2) + "\n" : RenderDaemonsTable((*reply)["daemons"]));
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand("logs", "Show a job's event log, or one vertex's");
+    auto jm = std::make_shared<JmAddressOptions>();
+    auto job = std::make_shared<uint64_t>(0);
+    auto vertex = std::make_shared<std::string>();
+    AddJmAddressFlags(cmd, *jm);
+    cmd->add_option("JOB", *job, "job id")->required();
+    cmd->add_option("VERTEX", *vertex, "only this vertex, e.g. count[1]");
+    cmd->callback([jm, job, vertex] {
+      auto client = ConnectOrReport(*jm);
+      if (!client) return;
+      auto reply = client->Call({{"op", "logs"}, {"job", *job}, {"vertex", *vertex}});
+      if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
+      for (const auto& line : (*reply)["lines"]) std::cout << line.get<std::string>() << "\n";
+    });
+  }
+}
+
+}  // namespace copse::cli

@@ -1,0 +1,46 @@
+#include "cli/jm_client.h"
+
+#include <cstdlib>
+
+#include "common/auth.h"
+#include "common/json_util.h"
+
+namespace copse::cli {
+
+std::filesystem::path DefaultStateDir() {
+  if (const char* env = std::getenv("COPSE_STATE_DIR")) return env;
+  const char* home = std::getenv("HOME");
+  return std::filesystem::path(home ? home : "/tmp") / ".local/state/copse/jm";
+}
+
+void AddJmAddressFlags(CLI::App* cmd, JmAddressOptions& opts) {
+  cmd->add_option("--jm", opts.jm, "job manager HOST:PORT (default: $COPSE_JM, else the state directory's jm.addr)");
+  cmd->add_option("--state-dir", opts.state_dir, "the job manager's state directory (default: $COPSE_STATE_DIR or ~/.local/state/copse/jm)");
+}
+
+Result<std::string> LoadClientSecret(const JmAddressOptions& opts) {
+  if (const char* file = std::getenv("COPSE_TOKEN_FILE")) return auth::ReadSecret(file);
+  auto dir = opts.state_dir.empty() ? DefaultStateDir() : std::filesystem::path(opts.state_dir);
+  auto secret = auth::ReadSecret(dir / auth::kSecretFileName);
+  if (!secret.ok()) return secret.status().WithContext("set COPSE_TOKEN_FILE or --state-dir to the job manager's");
+  return secret;
+}
+
+Result<std::unique_ptr<net::BlockingClient>> ConnectToJm(const JmAddressOptions& opts) {
+  std::string address = opts.jm;
+  if (address.empty()) {
+    if (const char* env = std::getenv("COPSE_JM")) address = env;
+  }
+  if (address.empty()) {
+    auto dir = opts.state_dir.empty() ? DefaultStateDir() : std::filesystem::path(opts.state_dir);
+    auto text = ReadFile((dir / "jm.addr").string());
+    if (!text.ok()) return Status::NotFound("no job manager address: pass --jm HOST:PORT, set COPSE_JM, or start `copse jm` with --state-dir " + dir.string());
+    address = *text;
+    while (!address.empty() && (address.back() == '\n' || address.back() == ' ')) address.pop_back();
+  }
+  COPSE_ASSIGN_OR_RETURN(auto hp, net::ParseHostPort(address, "--jm"));
+  COPSE_ASSIGN_OR_RETURN(std::string secret, LoadClientSecret(opts));
+  return net::BlockingClient::Connect(hp.first, hp.second, secret, "client");
+}
+
+}  // namespace copse::cli

@@ -1,0 +1,28 @@
+#pragma once
+// How client verbs find and talk to the job manager: address from --jm, $COPSE_JM or the
+// state directory's jm.addr; secret from $COPSE_TOKEN_FILE or the state directory's secret.
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "common/framed_connection.h"
+
+namespace copse::cli {
+
+struct JmAddressOptions {
+  std::string jm;         // HOST:PORT
+  std::string state_dir;  // the job manager's state directory
+};
+
+/// Default state directory of `copse jm`: $COPSE_STATE_DIR or ~/.local/state/copse/jm.
+std::filesystem::path DefaultStateDir();
+/// Adds --jm and --state-dir to a client subcommand.
+void AddJmAddressFlags(CLI::App* cmd, JmAddressOptions& opts);
+/// Connects and authenticates as a client.
+Result<std::unique_ptr<net::BlockingClient>> ConnectToJm(const JmAddressOptions& opts);
+/// The secret a client or daemon presents.
+Result<std::string> LoadClientSecret(const JmAddressOptions& opts);
+
+}  // namespace copse::cli

@@ -1,0 +1,27 @@
+#pragma once
+// Shared by `submit --wait`, `status -w` and `run`: following a job until it finishes, and
+// copying its declared outputs to a directory.
+#include <atomic>
+#include <filesystem>
+#include <string>
+
+#include "common/framed_connection.h"
+#include "common/json_util.h"
+
+namespace copse::cli {
+
+/// Polls the job's status every `interval` until it is no longer running. With `live`, redraws
+/// the progress display on the terminal in place. Stops early (returning the last status) when
+/// `*interrupted` becomes true.
+Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, bool live, const std::atomic<bool>* interrupted = nullptr,
+                      std::chrono::milliseconds interval = std::chrono::milliseconds(100));
+
+/// Copies each declared output of a completed job into `dir`; returns [{path, bytes}].
+Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,
+                          const std::string& secret);
+
+/// Reads a job file and sends it; returns the job id. Local validation errors are returned as
+/// InvalidArgument listing every diagnostic.
+Result<uint64_t> SubmitJobFile(net::BlockingClient& client, const std::string& file);
+
+}  // namespace copse::cli

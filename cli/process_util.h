@@ -1,0 +1,29 @@
+#pragma once
+// Process helpers for the CLI: stopping servers on SIGINT/SIGTERM, and starting/stopping the
+// child processes of `copse run` by their ids.
+#include <functional>
+#include <map>
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+#include "common/status.h"
+
+namespace copse::cli {
+
+/// Blocks SIGINT and SIGTERM in this thread (and threads it starts later) and calls `stop`
+/// from a dedicated thread when one arrives. Call before starting worker threads.
+void StopOnSignals(std::function<void()> stop);
+
+/// Starts this copse binary with `args` as a child that dies with its parent.
+/// `log_file` receives its stdout and stderr.
+Result<pid_t> SpawnSelf(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+                        const std::string& log_file);
+
+/// SIGTERM, then SIGKILL after `grace_ms`; reaps the children.
+void StopChildren(const std::vector<pid_t>& pids, int grace_ms);
+
+/// True when the child has exited (reaps it).
+bool ChildExited(pid_t pid);
+
+}  // namespace copse::cli

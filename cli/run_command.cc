@@ -1,0 +1,171 @@
+// `copse run FILE`: the embedded default. Starts a job manager and N daemons as real processes
+// on loopback (the same code paths as a cluster), submits the job, shows live progress,
+// writes the declared outputs, tears everything down, and exits with the job's result.
+#include <signal.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/jm_client.h"
+#include "cli/job_watch.h"
+#include "cli/process_util.h"
+#include "cli/program_catalog.h"
+#include "cli/status_view.h"
+#include "common/auth.h"
+#include "jobmanager/job_loader.h"
+
+namespace copse::cli {
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+struct RunOpts {
+  std::string file;
+  int daemons = 2;
+  int cpus = 2;
+  std::string output_dir = "copse-output";
+  std::string format = "text";
+  std::string keep_dir;
+  int heartbeat_timeout_ms = 1000;
+};
+
+/// The local cluster's processes and files; torn down on destruction.
+class LocalCluster {
+ public:
+  ~LocalCluster() {
+    StopChildren(pids_, 2000);
+    std::error_code ec;
+    if (remove_dir_) std::filesystem::remove_all(dir_, ec);
+  }
+
+  Status Start(const RunOpts& o) {
+    if (o.keep_dir.empty()) {
+      char tmpl[] = "/tmp/copse-run-XXXXXX";
+      if (!mkdtemp(tmpl)) return Status::IOError("cannot create a temporary directory");
+      dir_ = tmpl;
+      remove_dir_ = true;
+    } else {
+      dir_ = std::filesystem::absolute(o.keep_dir);
+      std::filesystem::create_directories(dir_);
+    }
+    auto state = dir_ / "jm";
+    COPSE_ASSIGN_OR_RETURN(pid_t jm, SpawnSelf({"jm", "--listen", "127.0.0.1:0", "--state-dir", state.string(),
+                                                "--heartbeat-timeout-ms", std::to_string(o.heartbeat_timeout_ms)},
+                                               {}, (dir_ / "jm.log").string()));
+    pids_.push_back(jm);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!std::filesystem::exists(state / "jm.addr")) {
+      if (ChildExited(jm) || std::chrono::steady_clock::now() > deadline) {
+        return Status::Unavailable("the job manager did not start; see " + (dir_ / "jm.log").string());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    address_.state_dir = state.string();
+    COPSE_ASSIGN_OR_RETURN(auto text, ReadFile((state / "jm.addr").string()));
+    address_.jm = text.substr(0, text.find('\n'));
+    for (int i = 0; i < o.daemons; ++i) {
+      std::string name = "d" + std::to_string(i);
+      COPSE_ASSIGN_OR_RETURN(pid_t d, SpawnSelf({"daemon", "--jm", address_.jm, "--name", name, "--cpus", std::to_string(o.cpus),
+                                                 "--work-dir", (dir_ / name).string(), "--label", "host=local"},
+                                                {{"COPSE_TOKEN_FILE", (state / auth::kSecretFileName).string()}},
+                                                (dir_ / (name + ".log")).string()));
+      pids_.push_back(d);
+    }
+    COPSE_ASSIGN_OR_RETURN(client_, ConnectToJm(address_));
+    while (true) {
+      COPSE_ASSIGN_OR_RETURN(Json reply, client_->Call({{"op", "daemons"}}));
+      if (static_cast<int>(reply["daemons"].size()) >= o.daemons) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Status::Unavailable("only " + std::to_string(reply["daemons"].size()) + " of " + std::to_string(o.daemons) +
+                                   " daemons registered; see the logs in " + dir_.string());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return Status::OK();
+  }
+
+  net::BlockingClient& client() { return *client_; }
+  const JmAddressOptions& address() const { return address_; }
+
+ private:
+  std::filesystem::path dir_;
+  bool remove_dir_ = false;
+  std::vector<pid_t> pids_;
+  JmAddressOptions address_;
+  std::unique_ptr<net::BlockingClient> client_;
+};
+
+int RunJob(const RunOpts& o) {
+  bool json = o.format == "json";
+  jm::JobLoad load = jm::LoadJobFile(o.file, Catalog());
+  if (!load.ok()) {
+    if (json) {
+      std::cout << Json({{"state", "invalid"}, {"errors", load.diags.ToJson()}}).dump(2) << "\n";
+    } else {
+      std::cerr << load.status().message() << "\n";
+    }
+    return 1;
+  }
+  signal(SIGINT, [](int) { g_interrupted = true; });
+  signal(SIGTERM, [](int) { g_interrupted = true; });
+  LocalCluster cluster;
+  Status st = cluster.Start(o);
+  if (!st.ok()) {
+    std::cerr << "copse run: " << st.message() << "\n";
+    return 1;
+  }
+  auto job = SubmitJobFile(cluster.client(), o.file);
+  if (!job.ok()) {
+    std::cerr << "copse run: " << job.status().message() << "\n";
+    return 1;
+  }
+  auto status = WatchJob(cluster.client(), *job, !json && isatty(2), &g_interrupted);
+  if (!status.ok()) {
+    std::cerr << "copse run: " << status.status().message() << "\n";
+    return 1;
+  }
+  if (g_interrupted && status->at("state") == "running") {
+    (void)cluster.client().Call({{"op", "cancel"}, {"job", *job}});
+    std::cerr << "copse run: interrupted; job cancelled\n";
+    return 1;
+  }
+  Json summary = *status;
+  if (summary["state"] == "completed") {
+    auto secret = LoadClientSecret(cluster.address());
+    auto outputs = secret.ok() ? FetchOutputs(cluster.client(), *job, o.output_dir, *secret) : Result<Json>(secret.status());
+    if (!outputs.ok()) {
+      std::cerr << "copse run: job completed but its outputs could not be copied: " << outputs.status().message() << "\n";
+      return 1;
+    }
+    summary["outputs"] = *outputs;
+  }
+  if (json) {
+    std::cout << summary.dump(2) << "\n";
+  } else {
+    if (!isatty(2)) std::cerr << RenderJobStatus(summary, false);
+    for (const auto& out : summary.value("outputs", Json::array())) {
+      std::cerr << "  output " << out["path"].get<std::string>() << " (" << out["bytes"].get<uint64_t>() << " bytes)\n";
+    }
+  }
+  return summary["state"] == "completed" ? 0 : 1;
+}
+
+}  // namespace
+
+void AddRunCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("run", "Run a job on an embedded local cluster (a job manager and N daemons)");
+  auto o = std::make_shared<RunOpts>();
+  cmd->add_option("FILE", o->file, "job file")->required();
+  cmd->add_option("--daemons", o->daemons, "local daemons to start (named d0 … d<N-1>)")->check(CLI::Range(1, 256));
+  cmd->add_option("--cpus", o->cpus, "vertex slots per daemon")->check(CLI::Range(1, 4096));
+  cmd->add_option("--output", o->output_dir, "directory for the declared outputs");
+  cmd->add_option("-o,--format", o->format, "text or json (the final job summary as one JSON value)")
+      ->check(CLI::IsMember({"text", "json"}));
+  cmd->add_option("--keep", o->keep_dir, "keep the cluster's state, logs and outputs in this directory");
+  cmd->add_option("--heartbeat-timeout-ms", o->heartbeat_timeout_ms, "a daemon silent this long is lost")->check(CLI::Range(50, 600000));
+  cmd->callback([o] { ExitCode() = RunJob(*o); });
+}
+
+}  // namespace copse::cli

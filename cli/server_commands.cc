@@ -1,0 +1,129 @@
+// `copse jm` and `copse daemon`: the long-running processes.
+#include <iostream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/jm_client.h"
+#include "cli/process_util.h"
+#include "cli/program_catalog.h"
+#include "common/auth.h"
+#include "common/framed_connection.h"
+#include "jobmanager/jm_server.h"
+#include "vertex/daemon.h"
+
+namespace copse::cli {
+
+void AddJmCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("jm", "Run a job manager");
+  struct Opts {
+    std::string listen = "127.0.0.1:7077";
+    std::string state_dir;
+    int heartbeat_timeout_ms = 1000;
+  };
+  auto opts = std::make_shared<Opts>();
+  cmd->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any; the address goes to STATE_DIR/jm.addr)");
+  cmd->add_option("--state-dir", opts->state_dir, "where the secret and the address file live")->default_str(DefaultStateDir().string());
+  cmd->add_option("--heartbeat-timeout-ms", opts->heartbeat_timeout_ms, "a daemon silent this long is lost")->check(CLI::Range(50, 600000));
+  cmd->callback([opts] {
+    auto hp = net::ParseHostPort(opts->listen, "--listen");
+    if (!hp.ok()) {
+      std::cerr << hp.status().message() << "\n";
+      ExitCode() = 2;
+      return;
+    }
+    jm::JmServerOptions o;
+    o.host = hp->first;
+    o.port = hp->second;
+    o.state_dir = opts->state_dir.empty() ? DefaultStateDir() : std::filesystem::path(opts->state_dir);
+    o.catalog = Catalog();
+    o.heartbeat_timeout = std::chrono::milliseconds(opts->heartbeat_timeout_ms);
+    auto server = jm::JmServer::Start(std::move(o));
+    if (!server.ok()) {
+      std::cerr << "copse jm: " << server.status().message() << "\n";
+      ExitCode() = 1;
+      return;
+    }
+    jm::JmServer* s = server->get();
+    StopOnSignals([s] { s->Stop(); });
+    s->Run();
+  });
+}
+
+void AddDaemonCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("daemon", "Run a daemon that executes vertices");
+  struct Opts {
+    JmAddressOptions jm;
+    std::string name;
+    int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    int gpus = 0;
+    int64_t memory_mb = 0;
+    std::vector<std::string> labels;
+    std::string work_dir;
+    std::string data_host = "127.0.0.1";
+    uint64_t memory_budget_mb = 2048;
+  };
+  auto opts = std::make_shared<Opts>();
+  AddJmAddressFlags(cmd, opts->jm);
+  cmd->add_option("--name", opts->name, "unique daemon name")->required();
+  cmd->add_option("--cpus", opts->cpus, "vertex slots")->check(CLI::Range(1, 4096));
+  cmd->add_option("--gpus", opts->gpus, "GPUs this daemon offers")->check(CLI::Range(0, 1024));
+  cmd->add_option("--memory-mb", opts->memory_mb, "memory this daemon offers");
+  cmd->add_option("--label", opts->labels, "KEY=VALUE, e.g. host=a1 or rack=r3 (repeatable)");
+  cmd->add_option("--work-dir", opts->work_dir, "where outputs and scratch space live")->required();
+  cmd->add_option("--data-host", opts->data_host, "address other daemons reach this one's outputs at");
+  cmd->add_option("--memory-budget-mb", opts->memory_budget_mb, "memory outputs beyond this spill to disk");
+  cmd->callback([opts] {
+    vertex::DaemonOptions o;
+    o.name = opts->name;
+    o.cpus = opts->cpus;
+    o.gpus = opts->gpus;
+    o.memory_mb = opts->memory_mb;
+    o.work_dir = opts->work_dir;
+    o.data_host = opts->data_host;
+    o.memory_budget_bytes = opts->memory_budget_mb << 20;
+    o.programs = &Programs();
+    for (const auto& l : opts->labels) {
+      auto eq = l.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        std::cerr << "--label: expected KEY=VALUE, got \"" << l << "\"\n";
+        ExitCode() = 2;
+        return;
+      }
+      o.labels[l.substr(0, eq)] = l.substr(eq + 1);
+    }
+    std::string address = opts->jm.jm;
+    if (address.empty()) {
+      if (const char* env = std::getenv("COPSE_JM")) address = env;
+    }
+    auto hp = net::ParseHostPort(address.empty() ? "127.0.0.1:7077" : address, "--jm");
+    auto secret = LoadClientSecret(opts->jm);
+    if (!hp.ok() || !secret.ok()) {
+      std::cerr << "copse daemon: " << (hp.ok() ? secret.status() : hp.status()).message() << "\n";
+      ExitCode() = hp.ok() ? 1 : 2;
+      return;
+    }
+    o.jm_host = hp->first;
+    o.jm_port = hp->second;
+    o.secret = *secret;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);  // workers inherit the mask; the signal thread stops us
+    auto daemon = vertex::Daemon::Start(std::move(o));
+    if (!daemon.ok()) {
+      std::cerr << "copse daemon: " << daemon.status().message() << "\n";
+      ExitCode() = 1;
+      return;
+    }
+    vertex::Daemon* d = daemon->get();
+    StopOnSignals([d] { d->Stop(); });
+    Status st = d->Run();
+    if (!st.ok()) {
+      std::cerr << "copse daemon " << opts->name << ": " << st.message() << "\n";
+      ExitCode() = 1;
+    }
+  });
+}
+
+}  // namespace copse::cli

@@ -1,0 +1,90 @@
+#include "cli/status_view.h"
+
+#include <cstdio>
+
+namespace copse::cli {
+namespace {
+
+std::string Bar(size_t done, size_t running, size_t total, size_t width, bool color) {
+  if (total == 0) return std::string(width, ' ');
+  size_t d = done * width / total;
+  size_t r = std::min(width - d, (running * width + total - 1) / total);
+  std::string s;
+  if (color) s += "\033[32m";
+  s += std::string(d, '#');
+  if (color) s += "\033[33m";
+  s += std::string(r, '>');
+  if (color) s += "\033[0m";
+  s += std::string(width - d - r, '.');
+  return s;
+}
+
+std::string Fmt(const char* fmt, double a) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, a);
+  return buf;
+}
+
+}  // namespace
+
+std::string RenderJobStatus(const Json& job, bool color) {
+  std::string out = "job " + std::to_string(job["id"].get<uint64_t>()) + " \"" + job["name"].get<std::string>() + "\": " +
+                    job["state"].get<std::string>() + ", " + Fmt("%.2f", job["elapsed_s"].get<double>()) + " s, " +
+                    std::to_string(job["vertices"]["completed"].get<size_t>()) + "/" +
+                    std::to_string(job["vertices"]["total"].get<size_t>()) + " vertices done\n";
+  size_t name_width = 5;
+  for (const auto& s : job["stages"]) name_width = std::max(name_width, s["name"].get<std::string>().size());
+  for (const auto& s : job["stages"]) {
+    std::string name = s["name"].get<std::string>();
+    size_t total = s["total"], done = s["completed"], running = s["running"], failed = s["failed_attempts"];
+    out += "  " + name + std::string(name_width - name.size(), ' ') + " [" + Bar(done, running, total, 30, color) + "] " +
+           std::to_string(done) + "/" + std::to_string(total) + " done";
+    if (running) out += ", " + std::to_string(running) + " running";
+    if (failed) out += ", " + std::to_string(failed) + " failed attempts";
+    out += "\n";
+  }
+  if (job.contains("failure")) out += "  failure: " + job["failure"].get<std::string>() + "\n";
+  for (const auto& w : job["waiting"]) {
+    out += "  " + w["vertex"].get<std::string>() + ": " + w["reason"].get<std::string>() + "\n";
+  }
+  for (const auto& f : job["faults"]) {
+    out += "  fault: " + f["fault"].get<std::string>();
+    if (f.contains("vertex")) out += " " + f["vertex"].get<std::string>();
+    if (f.contains("daemon")) out += " on " + f["daemon"].get<std::string>();
+    out += Fmt(" at %.0f ms\n", f["at_ms"].get<double>());
+  }
+  for (const auto& r : job["recoveries"]) {
+    out += "  recovery: " + r["vertex"].get<std::string>() + " version " + std::to_string(r["failed_version"].get<uint32_t>()) +
+           " " + r["reason"].get<std::string>() + " -> re-run: " + r["detail"].get<std::string>() + "\n";
+  }
+  return out;
+}
+
+std::string RenderJobsTable(const Json& jobs) {
+  std::string out = "  ID  STATE      DONE/TOTAL  ELAPSED  NAME\n";
+  for (const auto& j : jobs) {
+    char line[256];
+    std::snprintf(line, sizeof(line), "%4llu  %-9s  %5zu/%-5zu  %6.1fs  %s\n",
+                  static_cast<unsigned long long>(j["id"].get<uint64_t>()), j["state"].get<std::string>().c_str(),
+                  j["completed"].get<size_t>(), j["total"].get<size_t>(), j["elapsed_s"].get<double>(),
+                  j["name"].get<std::string>().c_str());
+    out += line;
+  }
+  return out;
+}
+
+std::string RenderDaemonsTable(const Json& daemons) {
+  std::string out = "NAME          ALIVE  CPUS  FREE  GPUS  RUNNING  DATA                  LABELS\n";
+  for (const auto& d : daemons) {
+    std::string labels;
+    for (auto& [k, v] : d["labels"].items()) labels += (labels.empty() ? "" : ",") + k + "=" + v.get<std::string>();
+    char line[512];
+    std::snprintf(line, sizeof(line), "%-12s  %-5s  %4.0f  %4.0f  %4d  %7zu  %-20s  %s\n", d["name"].get<std::string>().c_str(),
+                  d["alive"].get<bool>() ? "yes" : "no", d["cpus"].get<double>(), d["free_cpus"].get<double>(),
+                  d["gpus"].get<int>(), d["running"].get<size_t>(), d["data"].get<std::string>().c_str(), labels.c_str());
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace copse::cli

@@ -1,0 +1,16 @@
+#pragma once
+// Rendering a job's status for people: per stage a progress bar of done / running / failed,
+// elapsed time, the failure, why vertices wait, injected faults and recoveries.
+#include <string>
+
+#include "common/json_util.h"
+
+namespace copse::cli {
+
+/// Multi-line text of one job's status (the "job" object the job manager returns).
+std::string RenderJobStatus(const Json& job, bool color);
+/// The jobs table.
+std::string RenderJobsTable(const Json& jobs);
+std::string RenderDaemonsTable(const Json& daemons);
+
+}  // namespace copse::cli

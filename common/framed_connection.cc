@@ -1,0 +1,181 @@
+#include "common/framed_connection.h"
+
+#include <charconv>
+
+#include "common/auth.h"
+#include "common/logging.h"
+
+namespace copse::net {
+
+Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text, const std::string& what) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return Status::InvalidArgument(what + ": expected HOST:PORT, got \"" + text + "\"");
+  }
+  unsigned port = 0;
+  const char* first = text.data() + colon + 1;
+  const char* last = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(first, last, port);
+  if (ec != std::errc() || ptr != last || port > 65535) {
+    return Status::InvalidArgument(what + ": \"" + text.substr(colon + 1) + "\" is not a port number (0-65535)");
+  }
+  std::string host = text.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return std::make_pair(host, static_cast<uint16_t>(port));
+}
+
+FramedConnection::FramedConnection(asio::ip::tcp::socket socket, uint32_t max_frame_bytes)
+    : socket_(std::move(socket)), max_frame_bytes_(max_frame_bytes) {
+  std::error_code ec;
+  auto ep = socket_.remote_endpoint(ec);
+  peer_ = ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
+  socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+}
+
+FramedConnection::~FramedConnection() = default;
+
+void FramedConnection::Start(MessageHandler on_message, CloseHandler on_close) {
+  on_message_ = std::move(on_message);
+  on_close_ = std::move(on_close);
+  ReadHeader();
+}
+
+void FramedConnection::ReadHeader() {
+  auto self = shared_from_this();
+  asio::async_read(socket_, asio::buffer(header_, sizeof(header_)), [self](std::error_code ec, size_t) {
+    if (ec) return self->Close(Status::Unavailable(ec == asio::error::eof ? "peer closed the connection" : ec.message()));
+    auto h = wire::DecodeHeader(self->header_, self->max_frame_bytes_);
+    if (!h.ok()) return self->SendErrorAndClose(h.status().message());
+    if (h->type != wire::FrameType::kJson) return self->SendErrorAndClose("expected a JSON control frame");
+    self->ReadBody(h->length);
+  });
+}
+
+void FramedConnection::ReadBody(uint32_t length) {
+  body_.resize(length);
+  auto self = shared_from_this();
+  asio::async_read(socket_, asio::buffer(body_), [self](std::error_code ec, size_t) {
+    if (ec) return self->Close(Status::Unavailable(ec.message()));
+    auto parsed = ParseJson(self->body_, "message from " + self->peer_);
+    if (!parsed.ok() || !parsed->is_object() || !parsed->contains("op") || !(*parsed)["op"].is_string()) {
+      return self->SendErrorAndClose(parsed.ok() ? "expected a JSON object with a string \"op\""
+                                                 : parsed.status().message());
+    }
+    if (!self->open_) return;
+    self->on_message_(std::move(*parsed));
+    if (self->open_ && !self->close_after_write_) self->ReadHeader();
+  });
+}
+
+void FramedConnection::Send(const Json& message) { SendRaw(wire::EncodeFrame(wire::FrameType::kJson, message.dump())); }
+
+void FramedConnection::SendRaw(std::string frame) {
+  if (!open_) return;
+  bool idle = out_.empty();
+  out_.push_back(std::move(frame));
+  if (idle) WriteNext();
+}
+
+void FramedConnection::WriteNext() {
+  auto self = shared_from_this();
+  asio::async_write(socket_, asio::buffer(out_.front()), [self](std::error_code ec, size_t) {
+    if (ec) return self->Close(Status::Unavailable(ec.message()));
+    self->out_.pop_front();
+    if (!self->out_.empty()) {
+      self->WriteNext();
+    } else if (self->close_after_write_) {
+      self->Close(Status::Cancelled("closed after error"));
+    }
+  });
+}
+
+void FramedConnection::SendErrorAndClose(const std::string& message) {
+  if (!open_) return;
+  Logger("net")->warn("disconnecting {}: {}", peer_, message);
+  Send({{"op", "error"}, {"message", message}});
+  close_after_write_ = true;
+  if (out_.empty()) Close(Status::InvalidArgument(message));
+  // The close handler reports the protocol error, not the later socket shutdown.
+  if (on_close_) {
+    auto handler = std::move(on_close_);
+    on_close_ = nullptr;
+    handler(Status::InvalidArgument(message));
+  }
+}
+
+void FramedConnection::Close(const Status& why) {
+  if (!open_) return;
+  open_ = false;
+  std::error_code ec;
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+  socket_.close(ec);
+  if (on_close_) {
+    auto handler = std::move(on_close_);
+    on_close_ = nullptr;
+    handler(why);
+  }
+  on_message_ = nullptr;
+}
+
+Result<std::unique_ptr<BlockingClient>> BlockingClient::Connect(const std::string& host, uint16_t port,
+                                                                const std::string& secret, const std::string& role,
+                                                                std::chrono::milliseconds timeout) {
+  std::unique_ptr<BlockingClient> c(new BlockingClient());
+  std::error_code ec;
+  auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
+  if (ec) return Status::InvalidArgument("\"" + host + "\" is not an IP address");
+  c->socket_.connect(asio::ip::tcp::endpoint(address, port), ec);
+  if (ec) return Status::Unavailable("cannot connect to " + host + ":" + std::to_string(port) + ": " + ec.message());
+  c->socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+  COPSE_ASSIGN_OR_RETURN(Json hello, c->Receive(timeout));
+  if (hello.value("op", "") != "hello" || !hello.contains("nonce")) {
+    return Status::Unavailable(host + ":" + std::to_string(port) + " did not greet like a copse server");
+  }
+  COPSE_RETURN_NOT_OK(
+      c->Send({{"op", "auth"}, {"role", role}, {"mac", auth::Mac(secret, hello["nonce"].get<std::string>())}}));
+  auto welcome = c->Receive(timeout);
+  if (!welcome.ok()) return welcome.status().WithContext("authentication with " + host + ":" + std::to_string(port));
+  return c;
+}
+
+Status BlockingClient::Send(const Json& message) {
+  std::string frame = wire::EncodeFrame(wire::FrameType::kJson, message.dump());
+  std::error_code ec;
+  asio::write(socket_, asio::buffer(frame), ec);
+  if (ec) return Status::Unavailable("send failed: " + ec.message());
+  return Status::OK();
+}
+
+Status BlockingClient::ReadExact(char* data, size_t n, std::chrono::milliseconds timeout) {
+  std::error_code result = asio::error::would_block;
+  asio::async_read(socket_, asio::buffer(data, n), [&](std::error_code ec, size_t) { result = ec; });
+  io_.restart();
+  io_.run_for(timeout);
+  if (result == asio::error::would_block) {
+    std::error_code ignored;
+    socket_.cancel(ignored);
+    io_.restart();
+    io_.run();
+    return Status::Timeout("no reply within " + std::to_string(timeout.count()) + " ms");
+  }
+  if (result) return Status::Unavailable(result == asio::error::eof ? "server closed the connection" : result.message());
+  return Status::OK();
+}
+
+Result<Json> BlockingClient::Receive(std::chrono::milliseconds timeout) {
+  char header[wire::kHeaderBytes];
+  COPSE_RETURN_NOT_OK(ReadExact(header, sizeof(header), timeout));
+  COPSE_ASSIGN_OR_RETURN(auto h, wire::DecodeHeader(header, wire::kMaxControlBytes));
+  std::string body(h.length, '\0');
+  COPSE_RETURN_NOT_OK(ReadExact(body.data(), body.size(), timeout));
+  COPSE_ASSIGN_OR_RETURN(Json msg, ParseJson(body, "reply"));
+  if (msg.value("op", "") == "error") return Status::FailedPrecondition(msg.value("message", "error"));
+  return msg;
+}
+
+Result<Json> BlockingClient::Call(const Json& request, std::chrono::milliseconds timeout) {
+  COPSE_RETURN_NOT_OK(Send(request));
+  return Receive(timeout);
+}
+
+}  // namespace copse::net

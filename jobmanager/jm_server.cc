@@ -1,0 +1,277 @@
+#include "jobmanager/jm_server.h"
+
+#include <fstream>
+#include <map>
+
+#include <asio.hpp>
+
+#include "common/auth.h"
+#include "common/framed_connection.h"
+#include "common/logging.h"
+#include "jobmanager/job_loader.h"
+#include "jobmanager/scheduler.h"
+
+namespace copse::jm {
+namespace {
+
+std::shared_ptr<spdlog::logger> JmLog() {
+  static auto log = Logger("jm");
+  return log;
+}
+
+JobId JobIdFrom(const Json& msg) {
+  auto it = msg.find("job");
+  if (it == msg.end() || !it->is_number_unsigned()) return JobId::Invalid();
+  return JobId(it->get<uint64_t>());
+}
+
+}  // namespace
+
+class JmServer::Impl : public DaemonSink {
+ public:
+  explicit Impl(JmServerOptions options)
+      : options_(std::move(options)), acceptor_(io_), tick_timer_(io_), scheduler_(*this, clock_) {}
+
+  Status Listen() {
+    COPSE_ASSIGN_OR_RETURN(secret_, auth::LoadOrCreateSecret(options_.state_dir));
+    std::error_code ec;
+    auto address = asio::ip::make_address(options_.host, ec);
+    if (ec) return Status::InvalidArgument("--listen: \"" + options_.host + "\" is not an IP address");
+    asio::ip::tcp::endpoint ep(address, options_.port);
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec) acceptor_.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return Status::Unavailable("cannot listen on " + options_.host + ":" + std::to_string(options_.port) + ": " + ec.message());
+    // Publish the address atomically so a waiting `copse run` never reads half a file.
+    auto addr_file = options_.state_dir / "jm.addr";
+    auto tmp = options_.state_dir / "jm.addr.tmp";
+    std::ofstream(tmp) << options_.host << ":" << port() << "\n";
+    std::filesystem::rename(tmp, addr_file, ec);
+    if (ec) return Status::IOError("cannot write " + addr_file.string());
+    JmLog()->info("listening on {}:{}", options_.host, port());
+    Accept();
+    ScheduleTick();
+    return Status::OK();
+  }
+
+  uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  void Run() { io_.run(); }
+  void Stop() {
+    asio::post(io_, [this] {
+      std::error_code ec;
+      acceptor_.close(ec);
+      tick_timer_.cancel();
+      for (auto& [conn, peer] : peers_) conn->Close(Status::Cancelled("job manager stopping"));
+      io_.stop();
+    });
+  }
+
+  void SendToDaemon(DaemonId daemon, const Json& message) override {
+    auto it = daemon_conns_.find(daemon);
+    if (it != daemon_conns_.end()) it->second->Send(message);
+  }
+
+ private:
+  struct Peer {
+    std::string nonce;
+    bool authenticated = false;
+    std::string role;
+    DaemonId daemon;
+    std::chrono::steady_clock::time_point last_seen;
+  };
+
+  void Accept() {
+    acceptor_.async_accept([this](std::error_code ec, asio::ip::tcp::socket socket) {
+      if (ec) {
+        if (ec != asio::error::operation_aborted) Accept();
+        return;
+      }
+      auto conn = std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxControlBytes);
+      Peer& peer = peers_[conn];
+      peer.nonce = auth::NewNonce();
+      peer.last_seen = std::chrono::steady_clock::now();
+      std::weak_ptr<net::FramedConnection> weak = conn;
+      conn->Start([this, weak](Json msg) { if (auto c = weak.lock()) OnMessage(c, std::move(msg)); },
+                  [this, weak](const Status& why) { if (auto c = weak.lock()) OnClose(c, why); });
+      conn->Send({{"op", "hello"}, {"nonce", peer.nonce}, {"version", wire::kProtocolVersion}});
+      Accept();
+    });
+  }
+
+  void OnClose(const std::shared_ptr<net::FramedConnection>& conn, const Status& why) {
+    auto it = peers_.find(conn);
+    if (it == peers_.end()) return;
+    if (it->second.daemon.valid()) {
+      daemon_conns_.erase(it->second.daemon);
+      scheduler_.DaemonLost(it->second.daemon, "connection closed: " + why.message());
+      RequestFlush();
+    }
+    peers_.erase(it);
+  }
+
+  void OnMessage(const std::shared_ptr<net::FramedConnection>& conn, Json msg) {
+    auto it = peers_.find(conn);
+    if (it == peers_.end()) return;
+    Peer& peer = it->second;
+    peer.last_seen = std::chrono::steady_clock::now();
+    const std::string op = msg["op"].get<std::string>();
+    if (!peer.authenticated) {
+      std::string role = msg.value("role", "");
+      bool ok = op == "auth" && msg.contains("mac") && msg["mac"].is_string() &&
+                (role == "daemon" || role == "client") &&
+                auth::ConstantTimeEquals(msg["mac"].get<std::string>(), auth::Mac(secret_, peer.nonce));
+      if (!ok) {
+        JmLog()->warn("refused unauthenticated peer {}", conn->peer());
+        return conn->SendErrorAndClose("authentication failed: answer the hello nonce with the job manager's secret");
+      }
+      peer.authenticated = true;
+      peer.role = role;
+      conn->Send({{"op", "welcome"}});
+      return;
+    }
+    try {
+      if (peer.role == "daemon") {
+        HandleDaemon(conn, peer, op, msg);
+      } else {
+        HandleClient(conn, op, msg);
+      }
+    } catch (const Json::exception& e) {
+      // A well-framed message with members of the wrong type: the peer is broken, not us.
+      conn->SendErrorAndClose("malformed \"" + op + "\" message: " + e.what());
+    }
+    RequestFlush();
+  }
+
+  void HandleDaemon(const std::shared_ptr<net::FramedConnection>& conn, Peer& peer, const std::string& op, const Json& msg) {
+    if (op == "heartbeat") return;
+    if (op == "register") {
+      if (peer.daemon.valid()) return conn->SendErrorAndClose("already registered");
+      DaemonSpec spec;
+      spec.name = msg.at("name").get<std::string>();
+      spec.cpus = msg.value("cpus", 1.0);
+      spec.gpus = msg.value("gpus", 0);
+      spec.memory_mb = msg.value("memory_mb", int64_t{0});
+      spec.data_host = msg.at("data_host").get<std::string>();
+      spec.data_port = msg.at("data_port").get<uint16_t>();
+      if (msg.contains("labels")) spec.labels = msg["labels"].get<std::map<std::string, std::string>>();
+      auto id = scheduler_.AddDaemon(std::move(spec));
+      if (!id.ok()) return conn->SendErrorAndClose(id.status().message());
+      peer.daemon = *id;
+      daemon_conns_[*id] = conn;
+      // Reply before the first tasks (AddDaemon may already have placed some in the outbox).
+      conn->Send({{"op", "registered"}, {"daemon", id->value()}});
+      return;
+    }
+    if (!peer.daemon.valid()) return conn->SendErrorAndClose("register first");
+    if (op == "report") {
+      for (const auto& a : msg.at("attempts")) {
+        AttemptReport r;
+        r.job = JobId(a.at("job").get<uint64_t>());
+        r.vertex = VertexId(a.at("vertex").get<uint32_t>());
+        r.version = a.at("version").get<uint32_t>();
+        r.ok = a.at("ok").get<bool>();
+        r.error = a.value("error", "");
+        r.failure = ParseFailureClass(a.value("class", "program_error")).value_or(FailureClass::kProgramError);
+        r.lost_input_port = a.value("lost_input", -1);
+        r.output_bytes = a.value("output_bytes", std::vector<uint64_t>{});
+        r.duration_ms = a.value("duration_ms", 0.0);
+        scheduler_.OnAttemptFinished(r);
+      }
+      return;
+    }
+    conn->SendErrorAndClose("unknown daemon message \"" + op + "\"");
+  }
+
+  void HandleClient(const std::shared_ptr<net::FramedConnection>& conn, const std::string& op, const Json& msg) {
+    if (op == "submit") {
+      const Json& doc = msg.at("job");
+      std::string source = msg.value("source", std::string("<submitted>"));
+      JobLoad load = LoadJobJson(doc, source, options_.catalog);
+      if (!load.ok()) {
+        return conn->Send({{"op", "error"}, {"message", load.status().message()}, {"errors", load.diags.ToJson()}});
+      }
+      JobId id = scheduler_.Submit(load.graph, msg.value("job_dir", std::string()));
+      return conn->Send({{"op", "submitted"}, {"job", id.value()}});
+    }
+    if (op == "status") {
+      JobId job = JobIdFrom(msg);
+      if (!job.valid()) return conn->Send({{"op", "jobs"}, {"jobs", scheduler_.JobsTable()}});
+      Json status = scheduler_.JobStatus(job);
+      if (status.is_null()) return conn->Send({{"op", "error"}, {"message", "no job " + job.ToString()}});
+      return conn->Send({{"op", "job"}, {"job", status}});
+    }
+    if (op == "cancel") {
+      Status st = scheduler_.Cancel(JobIdFrom(msg));
+      if (!st.ok()) return conn->Send({{"op", "error"}, {"message", st.message()}});
+      return conn->Send({{"op", "cancelled"}});
+    }
+    if (op == "daemons") return conn->Send({{"op", "daemons"}, {"daemons", scheduler_.DaemonsTable()}});
+    if (op == "logs") {
+      Json lines = scheduler_.Logs(JobIdFrom(msg), msg.value("vertex", std::string()));
+      if (lines.is_null()) return conn->Send({{"op", "error"}, {"message", "no such job"}});
+      return conn->Send({{"op", "logs"}, {"lines", lines}});
+    }
+    if (op == "outputs") {
+      auto locations = scheduler_.OutputLocations(JobIdFrom(msg));
+      if (!locations.ok()) return conn->Send({{"op", "error"}, {"message", locations.status().message()}});
+      return conn->Send({{"op", "outputs"}, {"outputs", *locations}});
+    }
+    conn->SendErrorAndClose("unknown client message \"" + op + "\"");
+  }
+
+  /// Coalesces the scheduler's outgoing batches: one flush after every message that is
+  /// already waiting has been handled.
+  void RequestFlush() {
+    if (flush_pending_) return;
+    flush_pending_ = true;
+    asio::post(io_, [this] {
+      flush_pending_ = false;
+      scheduler_.Flush();
+    });
+  }
+
+  void ScheduleTick() {
+    tick_timer_.expires_after(options_.tick);
+    tick_timer_.async_wait([this](std::error_code ec) {
+      if (ec) return;
+      auto now = std::chrono::steady_clock::now();
+      std::vector<std::shared_ptr<net::FramedConnection>> silent;
+      for (auto& [conn, peer] : peers_) {
+        if (now - peer.last_seen > options_.heartbeat_timeout && (peer.daemon.valid() || !peer.authenticated)) {
+          silent.push_back(conn);
+        }
+      }
+      for (auto& conn : silent) conn->Close(Status::Timeout("no heartbeat"));
+      scheduler_.Tick();
+      RequestFlush();
+      ScheduleTick();
+    });
+  }
+
+  JmServerOptions options_;
+  asio::io_context io_;
+  asio::ip::tcp::acceptor acceptor_;
+  asio::steady_timer tick_timer_;
+  SteadyClock clock_;
+  Scheduler scheduler_;
+  std::string secret_;
+  std::map<std::shared_ptr<net::FramedConnection>, Peer> peers_;
+  std::map<DaemonId, std::shared_ptr<net::FramedConnection>> daemon_conns_;
+  bool flush_pending_ = false;
+};
+
+JmServer::JmServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+JmServer::~JmServer() = default;
+
+Result<std::unique_ptr<JmServer>> JmServer::Start(JmServerOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  COPSE_RETURN_NOT_OK(impl->Listen());
+  return std::unique_ptr<JmServer>(new JmServer(std::move(impl)));
+}
+
+uint16_t JmServer::port() const { return impl_->port(); }
+void JmServer::Run() { impl_->Run(); }
+void JmServer::Stop() { impl_->Stop(); }
+
+}  // namespace copse::jm

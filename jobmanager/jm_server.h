@@ -1,0 +1,42 @@
+#pragma once
+// JmServer: the `copse jm` process's network face. One io thread runs the Asio event loop and
+// the Scheduler together, so the scheduler needs no locks. Every connection first proves it
+// holds the secret (common/auth.h); then a daemon registers and heartbeats, a client submits,
+// queries and cancels. A peer that speaks garbage, another protocol version or oversized
+// frames gets an error and is disconnected; nothing a peer sends can stop the loop.
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "jobmanager/job_parser.h"
+
+namespace copse::jm {
+
+struct JmServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;  // 0: any free port; the chosen address is written to state_dir/jm.addr
+  std::filesystem::path state_dir;
+  ProgramCatalog catalog = ProgramCatalog::AcceptAny();
+  std::chrono::milliseconds heartbeat_timeout{1000};  // a daemon silent this long is lost
+  std::chrono::milliseconds tick{50};
+};
+
+class JmServer {
+ public:
+  static Result<std::unique_ptr<JmServer>> Start(JmServerOptions options);
+  ~JmServer();
+  uint16_t port() const;
+  /// Runs the event loop until Stop() (from any thread or a signal handler's flag).
+  void Run();
+  void Stop();
+
+ private:
+  class Impl;
+  explicit JmServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace copse::jm

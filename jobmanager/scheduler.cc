@@ -1,0 +1,686 @@
+#include "jobmanager/scheduler.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+
+namespace copse::jm {
+namespace {
+
+constexpr size_t kMaxLogLines = 20000;
+constexpr size_t kMaxBlockedScan = 64;  // ready vertices tried per job per pass when slots are short
+
+std::shared_ptr<spdlog::logger> SchedLog() {
+  static auto log = Logger("sched");
+  return log;
+}
+
+}  // namespace
+
+std::string_view VertexStateName(VertexState s) {
+  switch (s) {
+    case VertexState::kWaiting: return "waiting";
+    case VertexState::kReady: return "ready";
+    case VertexState::kRunning: return "running";
+    case VertexState::kCompleted: return "completed";
+  }
+  return "?";
+}
+
+std::string_view JobStateName(JobState s) {
+  switch (s) {
+    case JobState::kRunning: return "running";
+    case JobState::kCompleted: return "completed";
+    case JobState::kFailed: return "failed";
+    case JobState::kCancelled: return "cancelled";
+  }
+  return "?";
+}
+
+std::string_view FailureClassName(FailureClass c) {
+  switch (c) {
+    case FailureClass::kProgramError: return "program_error";
+    case FailureClass::kDaemonLost: return "daemon_lost";
+    case FailureClass::kInputLost: return "input_lost";
+    case FailureClass::kTimeout: return "timeout";
+    case FailureClass::kCancelled: return "cancelled";
+  }
+  return "?";
+}
+
+std::optional<FailureClass> ParseFailureClass(std::string_view name) {
+  for (auto c : {FailureClass::kProgramError, FailureClass::kDaemonLost, FailureClass::kInputLost,
+                 FailureClass::kTimeout, FailureClass::kCancelled}) {
+    if (FailureClassName(c) == name) return c;
+  }
+  return std::nullopt;
+}
+
+struct Scheduler::Daemon {
+  DaemonId id;
+  DaemonSpec spec;
+  bool alive = true;
+  double free_cpus = 0;
+  int free_gpus = 0;
+  size_t running = 0;
+  Json Address() const { return {{"host", spec.data_host}, {"port", spec.data_port}}; }
+};
+
+struct Scheduler::Run {
+  VertexState state = VertexState::kWaiting;
+  uint32_t version = 0;  // of the current or last attempt; 0 before the first
+  int charged = 0;       // failed attempts that count against max_attempts
+  uint32_t pending = 0;  // predecessors not completed
+  DaemonId daemon;       // running there, or holding the outputs
+  std::vector<uint64_t> output_bytes;
+  TimePoint started{};
+  double duration_ms = 0;
+  std::string last_error;
+};
+
+struct Scheduler::Job {
+  JobId id;
+  std::shared_ptr<const JobGraph> graph;
+  std::string job_dir;
+  JobState state = JobState::kRunning;
+  std::string failure;
+  std::vector<Run> runs;
+  std::deque<VertexId> ready;
+  std::set<uint32_t> running;
+  size_t completed = 0;
+  size_t completions = 0;  // every successful attempt, for fault triggers
+  TimePoint started{}, finished{};
+  std::map<std::string, DaemonId> affinity;
+  std::vector<char> fault_fired;
+  Json faults = Json::array();
+  Json recoveries = Json::array();
+  std::vector<std::pair<VertexId, std::string>> log;
+
+  const JobGraph& g() const { return *graph; }
+};
+
+Scheduler::Scheduler(DaemonSink& sink, const Clock& clock, SchedulerOptions options)
+    : sink_(sink), clock_(clock), options_(options) {}
+Scheduler::~Scheduler() = default;
+
+Scheduler::Job* Scheduler::FindJob(JobId id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+const Scheduler::Job* Scheduler::FindJob(JobId id) const {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+double Scheduler::ElapsedMs(const Job& job) const {
+  TimePoint end = job.state == JobState::kRunning ? clock_.Now() : job.finished;
+  return std::chrono::duration<double, std::milli>(end - job.started).count();
+}
+
+void Scheduler::Log(Job& job, VertexId v, std::string text) {
+  char stamp[32];
+  std::snprintf(stamp, sizeof(stamp), "%10.3fs ", ElapsedMs(job) / 1000.0);
+  std::string line = stamp + (v.valid() ? job.g().vertex(v).name + " " : std::string()) + text;
+  SchedLog()->info("job={} {}", job.id.value(), line);
+  if (job.log.size() < kMaxLogLines) job.log.emplace_back(v, std::move(line));
+}
+
+// ---- daemons ---------------------------------------------------------------------------------
+
+Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec) {
+  for (const auto& d : daemons_) {
+    if (d->alive && d->spec.name == spec.name) {
+      return Status::AlreadyExists("a live daemon is already named \"" + spec.name + "\"");
+    }
+  }
+  auto d = std::make_unique<Daemon>();
+  d->id = DaemonId(static_cast<uint32_t>(daemons_.size()));
+  d->free_cpus = spec.cpus;
+  d->free_gpus = spec.gpus;
+  d->spec = std::move(spec);
+  DaemonId id = d->id;
+  SchedLog()->info("daemon {} joined: {} cpus, {} gpus, data at {}:{}", d->spec.name, d->spec.cpus, d->spec.gpus,
+                   d->spec.data_host, d->spec.data_port);
+  daemons_.push_back(std::move(d));
+  Schedule();
+  return id;
+}
+
+void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
+  if (id.value() >= daemons_.size() || !daemons_[id.value()]->alive) return;
+  Daemon& d = *daemons_[id.value()];
+  d.alive = false;
+  d.free_cpus = 0;
+  d.free_gpus = 0;
+  SchedLog()->warn("daemon {} lost: {}", d.spec.name, why);
+  outbox_.erase(id);
+  for (auto& [job_id, job_ptr] : jobs_) {
+    Job& job = *job_ptr;
+    if (job.state != JobState::kRunning) continue;
+    for (auto it = job.affinity.begin(); it != job.affinity.end();) {
+      it = it->second == id ? job.affinity.erase(it) : std::next(it);
+    }
+    const JobGraph& g = job.g();
+    // Attempts running there failed through no fault of their own.
+    std::vector<uint32_t> running(job.running.begin(), job.running.end());
+    for (uint32_t v : running) {
+      if (job.runs[v].daemon == id) {
+        Fail(job, VertexId(v), FailureClass::kDaemonLost, "daemon " + d.spec.name + " lost: " + why, false);
+      }
+    }
+    // Outputs stored there are gone: regenerate those still needed, consumers first so that a
+    // producer whose consumer is being regenerated is seen as needed too (lineage).
+    std::set<uint32_t> declared;
+    for (const auto& o : g.spec().outputs) declared.insert(g.FindVertex(o.from.ToString()).value());
+    const auto& order = g.topological_order();
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      VertexId v = *it;
+      Run& r = job.runs[v.value()];
+      if (r.state != VertexState::kCompleted || r.daemon != id) continue;
+      bool needed = declared.count(v.value()) > 0;
+      for (const auto& port : g.vertex(v).outputs) {
+        for (ChannelId ch : port) needed = needed || job.runs[g.channel(ch).to.value()].state != VertexState::kCompleted;
+      }
+      if (needed) Regenerate(job, v, "its outputs were on lost daemon " + d.spec.name);
+    }
+    RecomputePending(job);
+  }
+  Schedule();
+}
+
+// ---- jobs ------------------------------------------------------------------------------------
+
+JobId Scheduler::Submit(std::shared_ptr<const JobGraph> graph, std::string job_dir) {
+  auto job = std::make_unique<Job>();
+  job->id = JobId(next_job_++);
+  job->graph = std::move(graph);
+  job->job_dir = std::move(job_dir);
+  job->started = clock_.Now();
+  job->runs.resize(job->g().vertices().size());
+  job->fault_fired.assign(job->g().spec().faults.size(), 0);
+  Job& j = *job;
+  jobs_[j.id] = std::move(job);
+  Log(j, VertexId::Invalid(), "submitted: " + std::to_string(j.runs.size()) + " vertices, " +
+                                  std::to_string(j.g().channels().size()) + " channels");
+  if (j.runs.empty()) {
+    FinishJob(j, JobState::kCompleted, "");
+    return j.id;
+  }
+  RecomputePending(j);
+  CheckFaults(j);
+  Schedule();
+  return j.id;
+}
+
+void Scheduler::RecomputePending(Job& job) {
+  const JobGraph& g = job.g();
+  for (auto& r : job.runs) {
+    if (r.state != VertexState::kCompleted) r.pending = 0;
+  }
+  for (const auto& ch : g.channels()) {
+    Run& to = job.runs[ch.to.value()];
+    if (to.state != VertexState::kCompleted && job.runs[ch.from.value()].state != VertexState::kCompleted) ++to.pending;
+  }
+  for (const auto& v : g.vertices()) {
+    Run& r = job.runs[v.id.value()];
+    if (r.state == VertexState::kWaiting && r.pending == 0) MakeReady(job, v.id);
+    if (r.state == VertexState::kReady && r.pending > 0) r.state = VertexState::kWaiting;  // stale queue entry is skipped
+  }
+}
+
+void Scheduler::MakeReady(Job& job, VertexId v) {
+  job.runs[v.value()].state = VertexState::kReady;
+  job.ready.push_back(v);
+}
+
+Status Scheduler::Cancel(JobId id) {
+  Job* job = FindJob(id);
+  if (!job) return Status::NotFound("no job " + id.ToString());
+  if (job->state != JobState::kRunning) {
+    return Status::FailedPrecondition("job " + id.ToString() + " already " + std::string(JobStateName(job->state)));
+  }
+  FinishJob(*job, JobState::kCancelled, "cancelled by the user");
+  Schedule();
+  return Status::OK();
+}
+
+void Scheduler::ReleaseSlots(Job& job, VertexId v) {
+  Run& r = job.runs[v.value()];
+  if (r.state != VertexState::kRunning) return;
+  job.running.erase(v.value());
+  if (!r.daemon.valid()) return;
+  Daemon& d = *daemons_[r.daemon.value()];
+  if (d.alive) {
+    const auto& res = job.g().stage_of(v).resources;
+    d.free_cpus += res.cpus;
+    d.free_gpus += res.gpus;
+  }
+  if (d.running) --d.running;
+}
+
+void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
+  Job* job = FindJob(rep.job);
+  if (!job || job->state != JobState::kRunning || rep.vertex.value() >= job->runs.size()) return;
+  Run& r = job->runs[rep.vertex.value()];
+  if (r.state != VertexState::kRunning || r.version != rep.version) return;  // a stale attempt
+  if (rep.ok) {
+    Complete(*job, rep.vertex, rep);
+  } else if (rep.failure == FailureClass::kInputLost && rep.lost_input_port >= 0) {
+    const JobGraph& g = job->g();
+    const auto& inputs = g.vertex(rep.vertex).inputs;
+    if (static_cast<size_t>(rep.lost_input_port) < inputs.size()) {
+      VertexId producer = g.channel(inputs[rep.lost_input_port]).from;
+      Fail(*job, rep.vertex, FailureClass::kInputLost, rep.error, /*charge=*/false);
+      Regenerate(*job, producer, "consumer " + g.vertex(rep.vertex).name + " could not read it: " + rep.error);
+      RecomputePending(*job);
+    } else {
+      Fail(*job, rep.vertex, FailureClass::kProgramError, rep.error, true);
+    }
+  } else {
+    Fail(*job, rep.vertex, rep.failure, rep.error, rep.failure != FailureClass::kCancelled);
+  }
+  Schedule();
+}
+
+void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
+  ReleaseSlots(job, v);
+  Run& r = job.runs[v.value()];
+  r.state = VertexState::kCompleted;
+  r.output_bytes = rep.output_bytes;
+  r.output_bytes.resize(job.g().vertex(v).outputs.size(), 0);
+  r.duration_ms = rep.duration_ms;
+  ++job.completed;
+  ++job.completions;
+  const VertexNode& node = job.g().vertex(v);
+  auto release = [&](ChannelId ch) {
+    Run& c = job.runs[job.g().channel(ch).to.value()];
+    if (c.state == VertexState::kCompleted || c.pending == 0) return;
+    if (--c.pending == 0 && c.state == VertexState::kWaiting) MakeReady(job, job.g().channel(ch).to);
+  };
+  for (const auto& port : node.outputs) {
+    for (ChannelId ch : port) release(ch);
+  }
+  for (ChannelId ch : node.order_out) release(ch);
+  if (job.completed == job.runs.size()) {
+    FinishJob(job, JobState::kCompleted, "");
+    return;
+  }
+  CheckFaults(job);
+}
+
+void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge) {
+  ReleaseSlots(job, v);
+  Run& r = job.runs[v.value()];
+  r.last_error = error;
+  const StageSpec& stage = job.g().stage_of(v);
+  if (charge) ++r.charged;
+  Log(job, v, "version " + std::to_string(r.version) + " failed (" + std::string(FailureClassName(cls)) + "): " + error);
+  if (charge && r.charged >= stage.max_attempts) {
+    r.state = VertexState::kWaiting;
+    FinishJob(job, JobState::kFailed,
+              "vertex " + job.g().vertex(v).name + " failed " + std::to_string(r.charged) + " of " +
+                  std::to_string(stage.max_attempts) + " attempts (" + std::string(FailureClassName(cls)) +
+                  "): " + error);
+    return;
+  }
+  job.recoveries.push_back({{"vertex", job.g().vertex(v).name},
+                            {"failed_version", r.version},
+                            {"reason", FailureClassName(cls)},
+                            {"detail", error},
+                            {"charged", charge},
+                            {"at_ms", ElapsedMs(job)}});
+  r.state = VertexState::kWaiting;
+  if (r.pending == 0) MakeReady(job, v);
+}
+
+void Scheduler::Regenerate(Job& job, VertexId v, const std::string& why) {
+  Run& r = job.runs[v.value()];
+  if (r.state != VertexState::kCompleted) return;
+  r.state = VertexState::kWaiting;
+  --job.completed;
+  Log(job, v, "output of version " + std::to_string(r.version) + " lost, re-running: " + why);
+  job.recoveries.push_back({{"vertex", job.g().vertex(v).name},
+                            {"failed_version", r.version},
+                            {"reason", "output_lost"},
+                            {"detail", why},
+                            {"charged", false},
+                            {"at_ms", ElapsedMs(job)}});
+}
+
+void Scheduler::FinishJob(Job& job, JobState state, const std::string& reason) {
+  job.state = state;
+  job.failure = reason;
+  job.finished = clock_.Now();
+  job.ready.clear();
+  Log(job, VertexId::Invalid(), std::string(JobStateName(state)) + (reason.empty() ? "" : ": " + reason));
+  std::set<DaemonId> busy;
+  for (uint32_t v : std::vector<uint32_t>(job.running.begin(), job.running.end())) {
+    busy.insert(job.runs[v].daemon);
+    ReleaseSlots(job, VertexId(v));
+    job.runs[v].state = VertexState::kWaiting;
+  }
+  for (DaemonId d : busy) {
+    if (d.valid() && daemons_[d.value()]->alive) sink_.SendToDaemon(d, {{"op", "cancel"}, {"job", job.id.value()}});
+  }
+  // Garbage-collect intermediate outputs; keep the declared job outputs of a completed job.
+  std::map<DaemonId, Json> keep;
+  if (state == JobState::kCompleted) {
+    for (const auto& o : job.g().spec().outputs) {
+      VertexId v = job.g().FindVertex(o.from.ToString());
+      const Run& r = job.runs[v.value()];
+      keep[r.daemon].push_back({{"job", job.id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", o.port}});
+    }
+  }
+  for (const auto& d : daemons_) {
+    if (!d->alive) continue;
+    Flush();  // tasks queued before the GC message must not be reordered after it
+    sink_.SendToDaemon(d->id, {{"op", "gc"}, {"job", job.id.value()}, {"keep", keep.count(d->id) ? keep[d->id] : Json::array()}});
+  }
+}
+
+// ---- placement -------------------------------------------------------------------------------
+
+void Scheduler::Schedule() {
+  for (auto& [id, job_ptr] : jobs_) {
+    Job& job = *job_ptr;
+    if (job.state != JobState::kRunning) continue;
+    std::vector<VertexId> blocked;
+    while (!job.ready.empty() && blocked.size() < kMaxBlockedScan) {
+      VertexId v = job.ready.front();
+      job.ready.pop_front();
+      if (job.runs[v.value()].state != VertexState::kReady) continue;  // stale entry
+      if (!TryPlace(job, v)) blocked.push_back(v);
+      if (job.state != JobState::kRunning) break;
+    }
+    job.ready.insert(job.ready.begin(), blocked.begin(), blocked.end());
+  }
+}
+
+bool Scheduler::TryPlace(Job& job, VertexId v) {
+  const JobGraph& g = job.g();
+  const StageSpec& stage = g.stage_of(v);
+  const Resources& need = stage.resources;
+  Daemon* pinned = nullptr;
+  if (!stage.affinity.empty()) {
+    auto it = job.affinity.find(stage.affinity);
+    if (it != job.affinity.end()) pinned = daemons_[it->second.value()].get();
+  }
+  auto fits = [&](const Daemon& d) {
+    return d.alive && d.free_cpus + 1e-9 >= need.cpus && d.free_gpus >= need.gpus && d.spec.cpus + 1e-9 >= need.cpus;
+  };
+  Daemon* best = nullptr;
+  if (pinned) {
+    if (!fits(*pinned)) return false;
+    best = pinned;
+  } else {
+    // Locality first: the daemon already holding the most input bytes; then the least loaded.
+    uint64_t best_bytes = 0;
+    for (auto& d : daemons_) {
+      if (!fits(*d)) continue;
+      uint64_t local = 0;
+      for (ChannelId ch : g.vertex(v).inputs) {
+        const ChannelEdge& c = g.channel(ch);
+        const Run& p = job.runs[c.from.value()];
+        if (p.daemon == d->id && static_cast<size_t>(c.from_port) < p.output_bytes.size()) local += p.output_bytes[c.from_port];
+      }
+      if (!best || local > best_bytes || (local == best_bytes && d->free_cpus > best->free_cpus)) {
+        best = d.get();
+        best_bytes = local;
+      }
+    }
+    if (!best) return false;
+    if (!stage.affinity.empty()) job.affinity[stage.affinity] = best->id;
+  }
+  Dispatch(job, v, *best);
+  return true;
+}
+
+void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d) {
+  const JobGraph& g = job.g();
+  const VertexNode& node = g.vertex(v);
+  const StageSpec& stage = g.stage_of(v);
+  Run& r = job.runs[v.value()];
+  r.state = VertexState::kRunning;
+  r.version += 1;
+  r.daemon = d.id;
+  r.started = clock_.Now();
+  job.running.insert(v.value());
+  d.free_cpus -= stage.resources.cpus;
+  d.free_gpus -= stage.resources.gpus;
+  ++d.running;
+
+  Json inputs = Json::array();
+  for (ChannelId ch : node.inputs) {
+    const ChannelEdge& c = g.channel(ch);
+    const Run& p = job.runs[c.from.value()];
+    const Daemon& pd = *daemons_[p.daemon.value()];
+    inputs.push_back({{"key", {{"job", job.id.value()}, {"vertex", c.from.value()}, {"version", p.version}, {"port", c.from_port}}},
+                      {"local", p.daemon == d.id},
+                      {"host", pd.spec.data_host},
+                      {"port", pd.spec.data_port}});
+  }
+  Json outputs = Json::array();
+  for (const auto& port : node.outputs) {
+    ChannelKind kind = port.empty() ? ChannelKind::kFile : g.channel(port.front()).kind;
+    outputs.push_back(ChannelKindName(kind));
+  }
+  Json task = {{"job", job.id.value()},     {"vertex", v.value()},         {"version", r.version},
+               {"name", node.name},         {"program", stage.program},    {"replica", node.replica},
+               {"params", *node.params},    {"job_dir", job.job_dir},      {"threads", std::max(1, static_cast<int>(stage.resources.cpus))},
+               {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
+  // Faults the job file injects into this attempt.
+  const auto& faults = g.spec().faults;
+  for (size_t i = 0; i < faults.size(); ++i) {
+    const FaultSpec& f = faults[i];
+    if (!f.vertex || g.FindVertex(f.vertex->ToString()) != v) continue;
+    bool armed = (!f.when.completed || job.completions >= static_cast<size_t>(*f.when.completed)) &&
+                 (!f.when.after_ms || ElapsedMs(job) >= static_cast<double>(*f.when.after_ms));
+    if (!armed) continue;
+    if (f.kind == FaultKind::kFail &&
+        std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(r.version)) != f.attempts.end()) {
+      task["inject_failure"] = "injected fault " + f.pointer + ": attempt " + std::to_string(r.version) + " fails";
+      job.faults.push_back({{"fault", "fail"}, {"vertex", node.name}, {"attempt", r.version}, {"at_ms", ElapsedMs(job)}});
+    }
+    if (f.kind == FaultKind::kDelay) {
+      task["delay_ms"] = f.ms;
+      if (!job.fault_fired[i]) {
+        job.fault_fired[i] = 1;
+        job.faults.push_back({{"fault", "delay"}, {"vertex", node.name}, {"ms", f.ms}, {"at_ms", ElapsedMs(job)}});
+      }
+    }
+  }
+  Json& batch = outbox_[d.id];
+  if (batch.is_null()) batch = {{"op", "run"}, {"tasks", Json::array()}};
+  batch["tasks"].push_back(std::move(task));
+  Log(job, v, "version " + std::to_string(r.version) + " placed on " + d.spec.name);
+}
+
+void Scheduler::Flush() {
+  auto batches = std::move(outbox_);
+  outbox_.clear();
+  for (auto& [daemon, msg] : batches) {
+    if (daemons_[daemon.value()]->alive) sink_.SendToDaemon(daemon, msg);
+  }
+}
+
+// ---- time and faults -------------------------------------------------------------------------
+
+void Scheduler::Tick() {
+  TimePoint now = clock_.Now();
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    Job& job = *it->second;
+    if (job.state != JobState::kRunning) {
+      it = (now - job.finished > options_.finished_job_ttl) ? jobs_.erase(it) : std::next(it);
+      continue;
+    }
+    for (uint32_t v : std::vector<uint32_t>(job.running.begin(), job.running.end())) {
+      Run& r = job.runs[v];
+      double timeout_s = job.g().stage_of(VertexId(v)).timeout_s;
+      if (timeout_s <= 0 || now - r.started < std::chrono::duration<double>(timeout_s)) continue;
+      sink_.SendToDaemon(r.daemon, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", v}, {"version", r.version}});
+      Fail(job, VertexId(v), FailureClass::kTimeout, "ran longer than timeout_s=" + std::to_string(timeout_s), true);
+      if (job.state != JobState::kRunning) break;
+    }
+    if (job.state == JobState::kRunning) CheckFaults(job);
+    ++it;
+  }
+  Schedule();
+}
+
+void Scheduler::CheckFaults(Job& job) {
+  const JobGraph& g = job.g();
+  const auto& faults = g.spec().faults;
+  for (size_t i = 0; i < faults.size(); ++i) {
+    const FaultSpec& f = faults[i];
+    if (job.fault_fired[i] || f.kind == FaultKind::kFail || f.kind == FaultKind::kDelay) continue;
+    if (f.when.completed && job.completions < static_cast<size_t>(*f.when.completed)) continue;
+    if (f.when.after_ms && ElapsedMs(job) < static_cast<double>(*f.when.after_ms)) continue;
+    Daemon* target = nullptr;
+    VertexId v = f.vertex ? g.FindVertex(f.vertex->ToString()) : VertexId::Invalid();
+    if (f.kind == FaultKind::kKillDaemon) {
+      for (auto& d : daemons_) {
+        if (d->alive && d->spec.name == f.daemon) target = d.get();
+      }
+      if (!target) continue;  // not registered (yet)
+    } else {
+      const Run& r = job.runs[v.value()];
+      if (!r.daemon.valid()) continue;  // not placed yet: fire at the first chance after
+      bool needs_output = f.kind == FaultKind::kCorruptOutputOf || f.kind == FaultKind::kDropOutputOf;
+      if (needs_output && r.state != VertexState::kCompleted) continue;
+      target = daemons_[r.daemon.value()].get();
+      if (!target->alive) continue;
+    }
+    job.fault_fired[i] = 1;
+    Json record = {{"fault", FaultKindName(f.kind)}, {"daemon", target->spec.name}, {"at_ms", ElapsedMs(job)}};
+    if (v.valid()) record["vertex"] = g.vertex(v).name;
+    job.faults.push_back(record);
+    Log(job, v, "injecting " + std::string(FaultKindName(f.kind)) + " on daemon " + target->spec.name);
+    if (f.kind == FaultKind::kKillDaemon || f.kind == FaultKind::kKillDaemonOf) {
+      Flush();
+      sink_.SendToDaemon(target->id, {{"op", "kill"}});
+    } else {
+      Json keys = Json::array();
+      const Run& r = job.runs[v.value()];
+      for (size_t p = 0; p < g.vertex(v).outputs.size(); ++p) {
+        keys.push_back({{"job", job.id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", p}});
+      }
+      sink_.SendToDaemon(target->id, {{"op", f.kind == FaultKind::kCorruptOutputOf ? "corrupt" : "drop"}, {"keys", keys}});
+    }
+  }
+}
+
+// ---- queries ---------------------------------------------------------------------------------
+
+bool Scheduler::HasJob(JobId id) const { return FindJob(id) != nullptr; }
+
+std::optional<JobState> Scheduler::StateOf(JobId id) const {
+  const Job* job = FindJob(id);
+  if (!job) return std::nullopt;
+  return job->state;
+}
+
+Json Scheduler::JobStatus(JobId id) const {
+  const Job* job_ptr = FindJob(id);
+  if (!job_ptr) return nullptr;
+  const Job& job = *job_ptr;
+  const JobGraph& g = job.g();
+  Json stages = Json::array();
+  size_t counts[4] = {0, 0, 0, 0};
+  for (size_t s = 0; s < g.spec().stages.size(); ++s) {
+    const StageSpec& st = g.spec().stages[s];
+    size_t c[4] = {0, 0, 0, 0};
+    size_t failed_attempts = 0;
+    for (int i = 0; i < st.replicas; ++i) {
+      const Run& r = job.runs[g.stage_base(static_cast<int>(s)).value() + i];
+      ++c[static_cast<int>(r.state)];
+      failed_attempts += r.charged;
+    }
+    for (int k = 0; k < 4; ++k) counts[k] += c[k];
+    stages.push_back({{"name", st.name}, {"program", st.program}, {"total", st.replicas}, {"completed", c[3]},
+                      {"running", c[2]}, {"ready", c[1]}, {"waiting", c[0]}, {"failed_attempts", failed_attempts}});
+  }
+  // Why vertices wait: the first few, each with its first unfinished predecessor or missing slot.
+  Json waiting = Json::array();
+  for (const auto& v : g.vertices()) {
+    if (waiting.size() >= 5 || job.state != JobState::kRunning) break;
+    const Run& r = job.runs[v.id.value()];
+    if (r.state == VertexState::kReady) {
+      const auto& res = g.stage_of(v.id).resources;
+      waiting.push_back({{"vertex", v.name}, {"reason", "ready; no daemon has " + std::to_string(res.cpus).substr(0, 4) +
+                                                            " free cpus" + (res.gpus ? " and " + std::to_string(res.gpus) + " gpus" : "")}});
+    } else if (r.state == VertexState::kWaiting) {
+      std::string on;
+      auto check = [&](ChannelId ch) {
+        VertexId p = g.channel(ch).from;
+        if (on.empty() && job.runs[p.value()].state != VertexState::kCompleted) {
+          on = g.vertex(p).name + " (" + std::string(VertexStateName(job.runs[p.value()].state)) + ")";
+        }
+      };
+      for (ChannelId ch : v.inputs) check(ch);
+      for (ChannelId ch : v.order_in) check(ch);
+      waiting.push_back({{"vertex", v.name}, {"reason", on.empty() ? "waiting" : "waiting for " + on}});
+    }
+  }
+  Json out = {{"id", job.id.value()},
+              {"name", g.spec().name},
+              {"state", JobStateName(job.state)},
+              {"elapsed_s", ElapsedMs(job) / 1000.0},
+              {"vertices", {{"total", job.runs.size()}, {"completed", counts[3]}, {"running", counts[2]},
+                            {"ready", counts[1]}, {"waiting", counts[0]}}},
+              {"stages", stages},
+              {"waiting", waiting},
+              {"faults", job.faults},
+              {"recoveries", job.recoveries}};
+  if (!job.failure.empty()) out["failure"] = job.failure;
+  return out;
+}
+
+Json Scheduler::JobsTable() const {
+  Json rows = Json::array();
+  for (const auto& [id, job] : jobs_) {
+    rows.push_back({{"id", id.value()}, {"name", job->g().spec().name}, {"state", JobStateName(job->state)},
+                    {"completed", job->completed}, {"total", job->runs.size()}, {"elapsed_s", ElapsedMs(*job) / 1000.0}});
+  }
+  return rows;
+}
+
+Json Scheduler::DaemonsTable() const {
+  Json rows = Json::array();
+  for (const auto& d : daemons_) {
+    rows.push_back({{"name", d->spec.name}, {"alive", d->alive}, {"cpus", d->spec.cpus}, {"free_cpus", d->free_cpus},
+                    {"gpus", d->spec.gpus}, {"running", d->running}, {"labels", d->spec.labels},
+                    {"data", d->spec.data_host + ":" + std::to_string(d->spec.data_port)}});
+  }
+  return rows;
+}
+
+Json Scheduler::Logs(JobId id, const std::string& vertex) const {
+  const Job* job = FindJob(id);
+  if (!job) return nullptr;
+  VertexId only = vertex.empty() ? VertexId::Invalid() : job->g().FindVertex(vertex);
+  Json lines = Json::array();
+  for (const auto& [v, line] : job->log) {
+    if (vertex.empty() || v == only) lines.push_back(line);
+  }
+  return lines;
+}
+
+Result<Json> Scheduler::OutputLocations(JobId id) const {
+  const Job* job = FindJob(id);
+  if (!job) return Status::NotFound("no job " + id.ToString());
+  if (job->state != JobState::kCompleted) {
+    return Status::FailedPrecondition("job " + id.ToString() + " is " + std::string(JobStateName(job->state)));
+  }
+  Json out = Json::array();
+  for (const auto& o : job->g().spec().outputs) {
+    VertexId v = job->g().FindVertex(o.from.ToString());
+    const Run& r = job->runs[v.value()];
+    const Daemon& d = *daemons_[r.daemon.value()];
+    out.push_back({{"path", o.path}, {"vertex", job->g().vertex(v).name}, {"host", d.spec.data_host},
+                   {"port", d.spec.data_port}, {"alive", d.alive},
+                   {"key", {{"job", id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", o.port}}}});
+  }
+  return out;
+}
+
+}  // namespace copse::jm

@@ -1,0 +1,143 @@
+#pragma once
+// Scheduler: the job manager's core state machine. Single-threaded and free of I/O: the server
+// (jm_server.h) feeds it events (daemon registered/lost, job submitted/cancelled, attempts
+// finished, clock ticks) and it emits messages to daemons through a DaemonSink. Tests drive
+// it directly with a fake sink and a ManualClock.
+//
+// Per vertex: waiting -> ready -> running -> completed, or back to waiting/ready when an
+// attempt fails (retried with a new version up to max_attempts), when its daemon is lost, or
+// when an output it produced is lost while still needed (lineage: producers are re-run,
+// recursively upstream, as far as inputs are gone). A job fails once a vertex exhausts its
+// attempts; it completes when every vertex completed.
+//
+// Messages to one daemon are batched: Flush() sends at most one "run" message per daemon with
+// every task placed since the previous flush.
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/ids.h"
+#include "common/json_util.h"
+#include "jobmanager/job_graph.h"
+
+namespace copse::jm {
+
+enum class VertexState : uint8_t { kWaiting, kReady, kRunning, kCompleted };
+enum class JobState : uint8_t { kRunning, kCompleted, kFailed, kCancelled };
+/// Why an attempt failed; decides whether it is charged and where it runs next.
+enum class FailureClass : uint8_t { kProgramError, kDaemonLost, kInputLost, kTimeout, kCancelled };
+
+std::string_view VertexStateName(VertexState s);
+std::string_view JobStateName(JobState s);
+std::string_view FailureClassName(FailureClass c);
+std::optional<FailureClass> ParseFailureClass(std::string_view name);
+
+struct DaemonSpec {
+  std::string name;
+  double cpus = 1;
+  int gpus = 0;
+  int64_t memory_mb = 0;
+  std::map<std::string, std::string> labels;  // host=…, rack=…
+  std::string data_host;                      // where its outputs are served
+  uint16_t data_port = 0;
+};
+
+/// Where the scheduler's messages to daemons go.
+class DaemonSink {
+ public:
+  virtual ~DaemonSink() = default;
+  virtual void SendToDaemon(DaemonId daemon, const Json& message) = 0;
+};
+
+/// Result of one attempt, as a daemon reports it.
+struct AttemptReport {
+  JobId job;
+  VertexId vertex;
+  uint32_t version = 0;
+  bool ok = false;
+  FailureClass failure = FailureClass::kProgramError;
+  std::string error;
+  int lost_input_port = -1;           // with kInputLost: which input could not be read
+  std::vector<uint64_t> output_bytes;  // per output port
+  double duration_ms = 0;
+};
+
+struct SchedulerOptions {
+  /// How long finished jobs stay queryable before they (and their kept outputs) are forgotten.
+  Duration finished_job_ttl = std::chrono::hours(1);
+};
+
+class Scheduler {
+ public:
+  Scheduler(DaemonSink& sink, const Clock& clock, SchedulerOptions options = {});
+  ~Scheduler();
+
+  // ---- daemons -------------------------------------------------------------------------------
+  /// A daemon joined; AlreadyExists when a live daemon has the same name.
+  Result<DaemonId> AddDaemon(DaemonSpec spec);
+  /// A daemon is gone (connection dropped or heartbeats missed): its running attempts fail
+  /// (not charged), every output stored on it is lost and re-created if still needed.
+  void DaemonLost(DaemonId daemon, const std::string& why);
+
+  // ---- jobs ----------------------------------------------------------------------------------
+  /// Accepts a validated graph. `job_dir` is where relative paths in params resolve.
+  JobId Submit(std::shared_ptr<const JobGraph> graph, std::string job_dir);
+  Status Cancel(JobId job);
+  void OnAttemptFinished(const AttemptReport& report);
+  /// Timeouts, time-triggered faults, forgetting old jobs. Call periodically.
+  void Tick();
+  /// Sends every message placed since the last flush.
+  void Flush();
+
+  // ---- queries -------------------------------------------------------------------------------
+  bool HasJob(JobId job) const;
+  std::optional<JobState> StateOf(JobId job) const;
+  /// Full status of one job (stages with progress, failure, waiting reasons, faults, recoveries).
+  Json JobStatus(JobId job) const;
+  /// One line per job.
+  Json JobsTable() const;
+  Json DaemonsTable() const;
+  /// Event log of a job (state transitions, errors), optionally of one vertex.
+  Json Logs(JobId job, const std::string& vertex) const;
+  /// Where each declared output of a completed job is: [{path, host, port, key}].
+  Result<Json> OutputLocations(JobId job) const;
+
+ private:
+  struct Job;
+  struct Daemon;
+  struct Run;
+
+  Job* FindJob(JobId id);
+  const Job* FindJob(JobId id) const;
+  void MakeReady(Job& job, VertexId v);
+  void Schedule();
+  bool TryPlace(Job& job, VertexId v);
+  void Dispatch(Job& job, VertexId v, Daemon& d);
+  void Complete(Job& job, VertexId v, const AttemptReport& report);
+  void Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge);
+  void FinishJob(Job& job, JobState state, const std::string& reason);
+  void ReleaseSlots(Job& job, VertexId v);
+  /// Marks v's outputs lost and schedules it again; consumers that were waiting on nothing
+  /// else go back to waiting.
+  void Regenerate(Job& job, VertexId v, const std::string& why);
+  void RecomputePending(Job& job);
+  void CheckFaults(Job& job);
+  void Log(Job& job, VertexId v, std::string text);
+  double ElapsedMs(const Job& job) const;
+
+  DaemonSink& sink_;
+  const Clock& clock_;
+  SchedulerOptions options_;
+  std::vector<std::unique_ptr<Daemon>> daemons_;
+  std::map<JobId, std::unique_ptr<Job>> jobs_;
+  uint64_t next_job_ = 1;
+  std::map<DaemonId, Json> outbox_;  // per daemon: {"op":"run","tasks":[…]}
+};
+
+}  // namespace copse::jm

@@ -1,0 +1,192 @@
+// A job manager and three daemons as separate processes on loopback, running real jobs.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "channels/remote_reader.h"
+#include "cli/job_watch.h"
+#include "cli/program_catalog.h"
+#include "jobmanager/job_loader.h"
+#include "tests/integration/test_cluster.h"
+#include "vertex/programs/checksum.h"
+
+namespace copse::testing {
+
+std::string TestCluster::Output(uint64_t job, const std::string& path) {
+  auto out_dir = dir_ / ("out-" + std::to_string(job));
+  auto written = cli::FetchOutputs(client(), job, out_dir, secret());
+  REQUIRE_MESSAGE(written.ok(), written.status().ToString());
+  return ReadFile((out_dir / path).string()).value();
+}
+
+namespace {
+
+/// What the sink of a graph of checksum vertices (params.bytes = 0) must output: every
+/// vertex's digest recomputed from the expanded graph, in topological order.
+std::map<uint32_t, std::string> ExpectedChecksums(const Json& job) {
+  auto load = jm::LoadJobJson(job, "expected", cli::Catalog());
+  REQUIRE(load.ok());
+  const auto& g = *load.graph;
+  std::map<uint32_t, std::string> out;
+  for (VertexId v : g.topological_order()) {
+    const auto& node = g.vertex(v);
+    vertex::ChecksumHasher h(node.name, node.params->dump());
+    for (ChannelId ch : node.inputs) {
+      h.AddMessage(out.at(g.channel(ch).from.value()));
+      h.EndPort();
+    }
+    out[v.value()] = vertex::DigestLine(h.Digest());
+  }
+  return out;
+}
+
+TEST_CASE("Cluster.WordCountMatchesADirectCount") {
+  TestCluster cluster(3);
+  std::mt19937 rng(42);
+  std::map<std::string, int64_t> expected;
+  const char* words[] = {"alpha", "beta", "gamma", "delta", "copse", "vertex", "channel"};
+  for (int shard = 0; shard < 6; ++shard) {
+    std::ofstream f(cluster.dir() / ("shard-" + std::to_string(shard) + ".txt"));
+    for (int line = 0; line < 400; ++line) {
+      for (int w = 0; w < 1 + static_cast<int>(rng() % 9); ++w) {
+        std::string word = words[rng() % 7];
+        f << word << (w % 3 == 2 ? "  " : " ");
+        ++expected[word];
+      }
+      f << "\n";
+    }
+  }
+  Json job = {{"name", "wc"},
+              {"stages", {{{"name", "read"}, {"program", "text.read_lines"}, {"replicas", 6}, {"params", {{"path", "shard-{replica}.txt"}}}},
+                          {{"name", "count"}, {"program", "text.count_words"}, {"replicas", 3}},
+                          {{"name", "merge"}, {"program", "text.merge_counts"}}}},
+              {"edges", {{{"from", "read"}, {"to", "count"}, {"pattern", "all_to_all"}, {"channel", "memory"}},
+                         {{"from", "count"}, {"to", "merge"}, {"pattern", "gather"}}}},
+              {"outputs", {{{"from", "merge"}, {"path", "counts.txt"}}}}};
+  uint64_t id = cluster.Submit(job);
+  Json status = cluster.Wait(id);
+  REQUIRE_MESSAGE(status["state"] == "completed", status.dump());
+  std::string want;
+  for (const auto& [w, n] : expected) want += w + "\t" + std::to_string(n) + "\n";
+  CHECK(cluster.Output(id, "counts.txt") == want);
+}
+
+TEST_CASE("Cluster.DiamondAndRandomDagOfChecksumsDeliverEveryByte") {
+  TestCluster cluster(3);
+  SUBCASE("diamond") {
+    Json job = ReadJsonFile(std::string(COPSE_SOURCE_DIR) + "/examples/diamond.json").value();
+    // The example adds bytes at the source; drop them so the digest chain is easy to recompute.
+    job["stages"][0]["params"] = Json::object();
+    uint64_t id = cluster.Submit(job);
+    Json status = cluster.Wait(id);
+    REQUIRE_MESSAGE(status["state"] == "completed", status.dump());
+    auto expected = ExpectedChecksums(job);
+    CHECK(cluster.Output(id, "digest.txt") == expected.rbegin()->second);
+  }
+  SUBCASE("random 1000-vertex DAG") {
+    std::mt19937 rng(7);
+    Json job = {{"name", "random-dag"}, {"stages", Json::array()}, {"edges", Json::array()}};
+    const int n = 1000;
+    for (int i = 0; i < n; ++i) {
+      job["stages"].push_back({{"name", "v" + std::to_string(i)}, {"program", "checksum"}, {"params", {{"i", i}}}});
+      int fan_in = i == 0 ? 0 : 1 + static_cast<int>(rng() % 3);
+      for (int k = 0; k < fan_in; ++k) {
+        int from = static_cast<int>(rng() % i);
+        job["edges"].push_back({{"from", "v" + std::to_string(from)}, {"to", "v" + std::to_string(i)},
+                                {"channel", rng() % 2 ? "memory" : "file"}});
+      }
+    }
+    // One sink gathering every vertex without consumers, so one digest covers the whole graph.
+    job["stages"].push_back({{"name", "sink"}, {"program", "checksum"}});
+    std::vector<bool> has_consumer(n, false);
+    for (const auto& e : job["edges"]) has_consumer[std::stoi(e["from"].get<std::string>().substr(1))] = true;
+    for (int i = 0; i < n; ++i) {
+      if (!has_consumer[i]) job["edges"].push_back({{"from", "v" + std::to_string(i)}, {"to", "sink"}});
+    }
+    job["outputs"] = {{{"from", "sink"}, {"path", "digest.txt"}}};
+    uint64_t id = cluster.Submit(job);
+    Json status = cluster.Wait(id);
+    REQUIRE_MESSAGE(status["state"] == "completed", status.dump());
+    auto expected = ExpectedChecksums(job);
+    CHECK(cluster.Output(id, "digest.txt") == expected.at(n));
+  }
+}
+
+TEST_CASE("Cluster.ExecVerticesRunChildProcesses") {
+  TestCluster cluster(2);
+  Json job = {{"name", "exec"},
+              {"stages", {{{"name", "gen"}, {"program", "exec"}, {"params", {{"argv", {"sh", "-c", "seq 1 100"}}}}},
+                          {{"name", "sum"}, {"program", "exec"},
+                           {"params", {{"argv", {"sh", "-c", "awk '{s+=$1} END {print s}' {input0}"}}}}}}},
+              {"edges", {{{"from", "gen"}, {"to", "sum"}}}},
+              {"outputs", {{{"from", "sum"}, {"path", "sum.txt"}}}}};
+  uint64_t id = cluster.Submit(job);
+  Json status = cluster.Wait(id);
+  REQUIRE_MESSAGE(status["state"] == "completed", status.dump());
+  CHECK(cluster.Output(id, "sum.txt") == "5050\n");
+}
+
+TEST_CASE("Cluster.CancellingARunningJobStopsIt") {
+  TestCluster cluster(2);
+  Json job = {{"name", "slow"},
+              {"stages", {{{"name", "sleep"}, {"program", "checksum"}, {"replicas", 4}, {"params", {{"sleep_ms", 30000}}}}}}};
+  uint64_t id = cluster.Submit(job);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto reply = cluster.client().Call({{"op", "cancel"}, {"job", id}});
+  REQUIRE(reply.ok());
+  auto started = std::chrono::steady_clock::now();
+  Json status = cluster.Wait(id, std::chrono::seconds(10));
+  CHECK(status["state"] == "cancelled");
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(5));
+  // The daemons' slots are free again: a new job runs at once.
+  uint64_t next = cluster.Submit({{"stages", {{{"name", "a"}, {"program", "noop"}, {"replicas", 4}}}}});
+  CHECK(cluster.Wait(next, std::chrono::seconds(20))["state"] == "completed");
+}
+
+TEST_CASE("Cluster.AFailingVertexFailsItsJobWithTheVertexAndMessage") {
+  TestCluster cluster(2);
+  Json job = {{"name", "failing"},
+              {"stages", {{{"name", "ok"}, {"program", "noop"}},
+                          {{"name", "bad"}, {"program", "exec"}, {"max_attempts", 2},
+                           {"params", {{"argv", {"sh", "-c", "echo disk full >&2; exit 4"}}}}}}},
+              {"edges", {{{"from", "ok"}, {"to", "bad"}}}}};
+  uint64_t id = cluster.Submit(job);
+  Json status = cluster.Wait(id);
+  CHECK(status["state"] == "failed");
+  std::string failure = status.value("failure", "");
+  CHECK_MESSAGE(failure.find("bad[0]") != std::string::npos, failure);
+  CHECK_MESSAGE(failure.find("disk full") != std::string::npos, failure);
+  CHECK_MESSAGE(failure.find("2 of 2 attempts") != std::string::npos, failure);
+}
+
+TEST_CASE("Cluster.UnauthenticatedAndGarbagePeersAreRefusedWhileAJobRuns") {
+  TestCluster cluster(2);
+  uint64_t id = cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 8}, {"params", {{"sleep_ms", 300}}}}}}});
+  // A client with the wrong secret.
+  auto bad = net::BlockingClient::Connect("127.0.0.1", cluster.jm_port(), std::string(64, 'a'), "client");
+  CHECK_FALSE(bad.ok());
+  CHECK(bad.status().message().find("authentication failed") != std::string::npos);
+  // Garbage bytes, a wrong protocol version, an oversized frame.
+  for (std::string payload : {std::string("GET / HTTP/1.1\r\n\r\n"),
+                              [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 2); h[4] = 9; return std::string(h.data(), h.size()) + "{}"; }(),
+                              [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 0x7fffffff); return std::string(h.data(), h.size()); }()}) {
+    asio::io_context io;
+    asio::ip::tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), cluster.jm_port()});
+    asio::write(s, asio::buffer(payload));
+    std::string got(4096, '\0');
+    std::error_code ec;
+    size_t total = 0;
+    while (!ec && total < got.size()) total += s.read_some(asio::buffer(got.data() + total, got.size() - total), ec);
+    CHECK(ec == asio::error::eof);  // the job manager hung up on it
+    CHECK(got.find("error") != std::string::npos);
+  }
+  Json status = cluster.Wait(id);
+  CHECK(status["state"] == "completed");
+  CHECK(cluster.client().Call({{"op", "daemons"}}).ok());
+}
+
+}  // namespace
+}  // namespace copse::testing

@@ -1,0 +1,145 @@
+#pragma once
+// A job manager and daemons started as separate `copse` processes on 127.0.0.1, for
+// integration tests. Every process is stopped by its pid when the cluster is destroyed.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "cli/jm_client.h"
+#include "common/json_util.h"
+
+namespace copse::testing {
+
+inline std::string CopseBinary() { return std::string(COPSE_BINARY_DIR) + "/cli/copse"; }
+
+inline pid_t Spawn(std::vector<std::string> args, const std::string& log, const std::string& token_file = "") {
+  args.insert(args.begin(), CopseBinary());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
+  if (!token_file.empty()) env_s.push_back("COPSE_TOKEN_FILE=" + token_file);
+  std::vector<char*> envp;
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  REQUIRE(rc == 0);
+  return pid;
+}
+
+class TestCluster {
+ public:
+  explicit TestCluster(int daemons, int cpus = 2, int heartbeat_timeout_ms = 1000) {
+    char tmpl[] = "/tmp/copse-itest-XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    dir_ = tmpl;
+    state_ = dir_ / "jm";
+    jm_pid_ = Spawn({"jm", "--listen", "127.0.0.1:0", "--state-dir", state_.string(), "--heartbeat-timeout-ms",
+                     std::to_string(heartbeat_timeout_ms)},
+                    (dir_ / "jm.log").string());
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!std::filesystem::exists(state_ / "jm.addr")) {
+      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::string addr = ReadFile((state_ / "jm.addr").string()).value();
+    address_.jm = addr.substr(0, addr.find('\n'));
+    address_.state_dir = state_.string();
+    for (int i = 0; i < daemons; ++i) AddDaemon("d" + std::to_string(i), cpus);
+    WaitForDaemons(daemons);
+  }
+
+  ~TestCluster() {
+    for (pid_t p : pids()) kill(p, SIGKILL);
+    for (pid_t p : pids()) waitpid(p, nullptr, 0);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  void AddDaemon(const std::string& name, int cpus) {
+    daemon_pids_.push_back(Spawn({"daemon", "--jm", address_.jm, "--name", name, "--cpus", std::to_string(cpus),
+                                  "--work-dir", (dir_ / name).string()},
+                                 (dir_ / (name + ".log")).string(), (state_ / "secret").string()));
+  }
+
+  void WaitForDaemons(size_t n) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (true) {
+      auto reply = client().Call({{"op", "daemons"}});
+      REQUIRE(reply.ok());
+      size_t alive = 0;
+      for (const auto& d : (*reply)["daemons"]) alive += d["alive"].get<bool>();
+      if (alive >= n) return;
+      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  net::BlockingClient& client() {
+    if (!client_) {
+      auto c = cli::ConnectToJm(address_);
+      REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+      client_ = std::move(*c);
+    }
+    return *client_;
+  }
+
+  /// Writes `job` to a file in `dir` (for relative paths) and submits it; returns the job id.
+  uint64_t Submit(const Json& job, const std::filesystem::path& job_dir) {
+    auto reply = client().Call({{"op", "submit"}, {"job", job}, {"job_dir", job_dir.string()}});
+    REQUIRE_MESSAGE(reply.ok(), reply.status().ToString());
+    return (*reply)["job"].get<uint64_t>();
+  }
+  uint64_t Submit(const Json& job) { return Submit(job, dir_); }
+
+  /// Polls until the job leaves "running" (bounded); returns its final status.
+  Json Wait(uint64_t job, std::chrono::seconds limit = std::chrono::seconds(120)) {
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    while (true) {
+      auto reply = client().Call({{"op", "status"}, {"job", job}});
+      REQUIRE(reply.ok());
+      if ((*reply)["job"]["state"] != "running") return (*reply)["job"];
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, (*reply)["job"].dump());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  /// The bytes of one declared output of a completed job.
+  std::string Output(uint64_t job, const std::string& path);
+
+  std::vector<pid_t> pids() const {
+    std::vector<pid_t> all = daemon_pids_;
+    all.push_back(jm_pid_);
+    return all;
+  }
+  const std::filesystem::path& dir() const { return dir_; }
+  const cli::JmAddressOptions& address() const { return address_; }
+  std::string secret() const { return ReadFile((state_ / "secret").string()).value().substr(0, 64); }
+  uint16_t jm_port() const { return static_cast<uint16_t>(std::stoi(address_.jm.substr(address_.jm.rfind(':') + 1))); }
+
+ private:
+  std::filesystem::path dir_, state_;
+  pid_t jm_pid_ = 0;
+  std::vector<pid_t> daemon_pids_;
+  cli::JmAddressOptions address_;
+  std::unique_ptr<net::BlockingClient> client_;
+};
+
+}  // namespace copse::testing

@@ -1,0 +1,389 @@
+#include "vertex/daemon.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <asio.hpp>
+
+#include "channels/data_server.h"
+#include "channels/output_store.h"
+#include "channels/remote_reader.h"
+#include "common/auth.h"
+#include "common/framed_connection.h"
+#include "common/logging.h"
+
+namespace copse::vertex {
+namespace {
+
+std::shared_ptr<spdlog::logger> DaemonLog() {
+  static auto log = Logger("daemon");
+  return log;
+}
+
+/// Remembers the first read error of an input so a failed attempt can say which input was lost.
+class TrackingReader final : public chan::ChannelReader {
+ public:
+  TrackingReader(std::unique_ptr<chan::ChannelReader> inner, int port, int* lost_port)
+      : inner_(std::move(inner)), port_(port), lost_port_(lost_port) {}
+  Result<std::optional<chan::Buffer>> Next() override {
+    auto r = inner_->Next();
+    if (!r.ok() && *lost_port_ < 0 && r.status().code() != StatusCode::kCancelled) *lost_port_ = port_;
+    return r;
+  }
+
+ private:
+  std::unique_ptr<chan::ChannelReader> inner_;
+  int port_;
+  int* lost_port_;
+};
+
+/// Counts what a vertex wrote, so the job manager learns output sizes for locality.
+class CountingWriter final : public chan::ChannelWriter {
+ public:
+  explicit CountingWriter(std::unique_ptr<chan::ChannelWriter> inner) : inner_(std::move(inner)) {}
+  Status Write(chan::Buffer message) override {
+    bytes_ += message.size();
+    return inner_->Write(std::move(message));
+  }
+  Status Close() override {
+    if (closed_) return Status::OK();
+    closed_ = true;
+    return inner_->Close();
+  }
+  bool closed() const { return closed_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  std::unique_ptr<chan::ChannelWriter> inner_;
+  uint64_t bytes_ = 0;
+  bool closed_ = false;
+};
+
+Status WriteFrameSync(asio::ip::tcp::socket& s, const Json& msg) {
+  std::string frame = wire::EncodeFrame(wire::FrameType::kJson, msg.dump());
+  std::error_code ec;
+  asio::write(s, asio::buffer(frame), ec);
+  return ec ? Status::Unavailable(ec.message()) : Status::OK();
+}
+
+Result<Json> ReadFrameSync(asio::ip::tcp::socket& s) {
+  char header[wire::kHeaderBytes];
+  std::error_code ec;
+  asio::read(s, asio::buffer(header), ec);
+  if (ec) return Status::Unavailable("job manager closed the connection: " + ec.message());
+  COPSE_ASSIGN_OR_RETURN(auto h, wire::DecodeHeader(header, wire::kMaxControlBytes));
+  std::string body(h.length, '\0');
+  asio::read(s, asio::buffer(body), ec);
+  if (ec) return Status::Unavailable(ec.message());
+  COPSE_ASSIGN_OR_RETURN(Json msg, ParseJson(body, "job manager"));
+  if (msg.value("op", "") == "error") return Status::PermissionDenied("job manager: " + msg.value("message", ""));
+  return msg;
+}
+
+}  // namespace
+
+class Daemon::Impl {
+ public:
+  explicit Impl(DaemonOptions options) : options_(std::move(options)), socket_(io_), heartbeat_(io_) {}
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      for (auto& [key, flag] : cancel_flags_) flag->store(true);
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    if (data_server_) data_server_->Stop();
+  }
+
+  Status Init() {
+    std::error_code ec;
+    std::filesystem::create_directories(options_.work_dir / "scratch", ec);
+    if (ec) return Status::IOError("cannot create work dir " + options_.work_dir.string() + ": " + ec.message());
+    COPSE_ASSIGN_OR_RETURN(store_, chan::OutputStore::Make(options_.work_dir / "outputs", options_.memory_budget_bytes));
+    COPSE_ASSIGN_OR_RETURN(data_server_, chan::DataServer::Start(*store_, options_.data_host, 0, options_.secret));
+
+    auto address = asio::ip::make_address(options_.jm_host == "localhost" ? "127.0.0.1" : options_.jm_host, ec);
+    if (ec) return Status::InvalidArgument("--jm: \"" + options_.jm_host + "\" is not an IP address");
+    socket_.connect(asio::ip::tcp::endpoint(address, options_.jm_port), ec);
+    if (ec) {
+      return Status::Unavailable("cannot reach the job manager at " + options_.jm_host + ":" +
+                                 std::to_string(options_.jm_port) + ": " + ec.message());
+    }
+    socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+    COPSE_ASSIGN_OR_RETURN(Json hello, ReadFrameSync(socket_));
+    COPSE_RETURN_NOT_OK(WriteFrameSync(
+        socket_, {{"op", "auth"}, {"role", "daemon"}, {"mac", auth::Mac(options_.secret, hello.value("nonce", ""))}}));
+    COPSE_ASSIGN_OR_RETURN(Json welcome, ReadFrameSync(socket_));
+    COPSE_RETURN_NOT_OK(WriteFrameSync(socket_, {{"op", "register"},
+                                                  {"name", options_.name},
+                                                  {"cpus", options_.cpus},
+                                                  {"gpus", options_.gpus},
+                                                  {"memory_mb", options_.memory_mb},
+                                                  {"labels", options_.labels},
+                                                  {"data_host", options_.data_host},
+                                                  {"data_port", data_server_->port()}}));
+    COPSE_ASSIGN_OR_RETURN(Json registered, ReadFrameSync(socket_));
+    if (registered.value("op", "") != "registered") return Status::Internal("unexpected reply to register");
+    DaemonLog()->info("daemon {} registered; data server on {}:{}", options_.name, options_.data_host, data_server_->port());
+    for (int i = 0; i < std::max(1, options_.cpus); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+    return Status::OK();
+  }
+
+  Status Run() {
+    conn_ = std::make_shared<net::FramedConnection>(std::move(socket_), wire::kMaxControlBytes);
+    conn_->Start([this](Json msg) { OnMessage(std::move(msg)); },
+                 [this](const Status& why) {
+                   exit_status_ = why.WithContext("job manager connection ended");
+                   heartbeat_.cancel();
+                   io_.stop();
+                 });
+    Heartbeat();
+    io_.run();
+    return exit_status_;
+  }
+
+  void Stop() {
+    asio::post(io_, [this] {
+      exit_status_ = Status::OK();
+      if (conn_) conn_->Close(Status::Cancelled("stopping"));
+      io_.stop();
+    });
+  }
+
+ private:
+  struct Task {
+    Json spec;
+    std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
+  };
+
+  void Heartbeat() {
+    heartbeat_.expires_after(options_.heartbeat_interval);
+    heartbeat_.async_wait([this](std::error_code ec) {
+      if (ec) return;
+      conn_->Send({{"op", "heartbeat"}});
+      Heartbeat();
+    });
+  }
+
+  void OnMessage(Json msg) {
+    const std::string op = msg["op"].get<std::string>();
+    try {
+      if (op == "run") {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& spec : msg["tasks"]) {
+          Task t;
+          t.spec = std::move(spec);
+          queue_.push_back(std::move(t));
+        }
+        cv_.notify_all();
+      } else if (op == "cancel") {
+        CancelMatching(msg["job"].get<uint64_t>(), msg.value("vertex", int64_t{-1}));
+      } else if (op == "gc") {
+        std::set<chan::OutputKey> keep;
+        for (const auto& k : msg["keep"]) {
+          if (auto key = chan::OutputKey::FromJson(k); key.ok()) keep.insert(*key);
+        }
+        for (const auto& key : store_->List(msg["job"].get<uint64_t>())) {
+          if (!keep.count(key)) store_->Drop(key);
+        }
+      } else if (op == "kill") {
+        DaemonLog()->warn("daemon {}: killed by an injected fault", options_.name);
+        ::kill(::getpid(), SIGKILL);
+      } else if (op == "corrupt" || op == "drop") {
+        for (const auto& k : msg["keys"]) {
+          auto key = chan::OutputKey::FromJson(k);
+          if (!key.ok()) continue;
+          Status st = op == "corrupt" ? store_->Corrupt(*key) : store_->Remove(*key);
+          DaemonLog()->warn("daemon {}: injected {} of {}: {}", options_.name, op, key->ToString(), st.ToString());
+        }
+      } else {
+        DaemonLog()->warn("daemon {}: ignoring unknown message \"{}\"", options_.name, op);
+      }
+    } catch (const Json::exception& e) {
+      DaemonLog()->error("daemon {}: malformed \"{}\" from the job manager: {}", options_.name, op, e.what());
+    }
+  }
+
+  void CancelMatching(uint64_t job, int64_t vertex) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      bool match = it->spec["job"].get<uint64_t>() == job &&
+                   (vertex < 0 || it->spec["vertex"].get<int64_t>() == vertex);
+      it = match ? queue_.erase(it) : std::next(it);
+    }
+    for (auto& [key, flag] : cancel_flags_) {
+      if (key.first == job && (vertex < 0 || key.second == static_cast<uint32_t>(vertex))) flag->store(true);
+    }
+  }
+
+  void WorkerLoop() {
+    while (true) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (stopping_) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+        cancel_flags_[{task.spec["job"].get<uint64_t>(), task.spec["vertex"].get<uint32_t>()}] = task.cancel;
+      }
+      Json report = Execute(task);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        cancel_flags_.erase({task.spec["job"].get<uint64_t>(), task.spec["vertex"].get<uint32_t>()});
+        reports_.push_back(std::move(report));
+        if (report_posted_) continue;
+        report_posted_ = true;
+      }
+      asio::post(io_, [this] { SendReports(); });
+    }
+  }
+
+  void SendReports() {
+    Json attempts = Json::array();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      report_posted_ = false;
+      for (auto& r : reports_) attempts.push_back(std::move(r));
+      reports_.clear();
+    }
+    if (!attempts.empty() && conn_) conn_->Send({{"op", "report"}, {"attempts", std::move(attempts)}});
+  }
+
+  /// Runs one attempt and returns its report. Never throws.
+  Json Execute(const Task& task) {
+    const Json& spec = task.spec;
+    auto started = std::chrono::steady_clock::now();
+    Json report = {{"job", spec["job"]}, {"vertex", spec["vertex"]}, {"version", spec["version"]}, {"ok", false}};
+    auto fail = [&](const std::string& cls, const std::string& error, int lost_input = -1) {
+      report["class"] = cls;
+      report["error"] = error;
+      if (lost_input >= 0) report["lost_input"] = lost_input;
+      report["duration_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+      return report;
+    };
+    try {
+      const std::string name = spec["name"].get<std::string>();
+      if (spec.contains("inject_failure")) return fail("program_error", spec["inject_failure"].get<std::string>());
+      if (int64_t delay = spec.value("delay_ms", int64_t{0}); delay > 0) {
+        auto until = started + std::chrono::milliseconds(delay);
+        while (std::chrono::steady_clock::now() < until && !task.cancel->load()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      }
+      auto program = options_.programs->Create(spec["program"].get<std::string>());
+      if (!program.ok()) return fail("program_error", program.status().message());
+
+      uint64_t job = spec["job"].get<uint64_t>();
+      uint32_t vertex = spec["vertex"].get<uint32_t>();
+      uint32_t version = spec["version"].get<uint32_t>();
+      int lost_port = -1;
+      std::vector<std::unique_ptr<chan::ChannelReader>> readers;
+      for (size_t port = 0; port < spec["inputs"].size(); ++port) {
+        const Json& in = spec["inputs"][port];
+        auto key = chan::OutputKey::FromJson(in["key"]);
+        if (!key.ok()) return fail("program_error", key.status().message());
+        auto reader = in["local"].get<bool>()
+                          ? store_->OpenReader(*key)
+                          : chan::OpenRemoteReader(in["host"].get<std::string>(), in["port"].get<uint16_t>(), *key,
+                                                   options_.secret);
+        if (!reader.ok()) {
+          return fail("input_lost", "input " + std::to_string(port) + " (" + key->ToString() + "): " + reader.status().message(),
+                      static_cast<int>(port));
+        }
+        readers.push_back(std::make_unique<TrackingReader>(std::move(*reader), static_cast<int>(port), &lost_port));
+      }
+      std::vector<std::unique_ptr<CountingWriter>> writers;
+      for (size_t port = 0; port < spec["outputs"].size(); ++port) {
+        auto kind = spec["outputs"][port] == "memory" ? chan::StorageKind::kMemory : chan::StorageKind::kFile;
+        auto writer = store_->CreateWriter({job, vertex, version, static_cast<uint32_t>(port)}, kind);
+        if (!writer.ok()) return fail("program_error", writer.status().message());
+        writers.push_back(std::make_unique<CountingWriter>(std::move(*writer)));
+      }
+      auto scratch = options_.work_dir / "scratch" /
+                     (std::to_string(job) + "-" + std::to_string(vertex) + "-" + std::to_string(version));
+      std::filesystem::create_directories(scratch);
+      Json params = spec["params"];
+      VertexContext ctx;
+      ctx.name = name;
+      ctx.replica = spec.value("replica", 0);
+      ctx.version = version;
+      ctx.params = &params;
+      for (auto& r : readers) ctx.inputs.push_back(r.get());
+      for (auto& w : writers) ctx.outputs.push_back(w.get());
+      ctx.cancel_flag = task.cancel.get();
+      ctx.logger = Logger("vertex");
+      ctx.scratch_dir = scratch;
+      ctx.job_dir = spec.value("job_dir", std::string());
+      ctx.threads = spec.value("threads", 1u);
+      Status st;
+      try {
+        st = (*program)->Run(ctx);
+      } catch (const std::exception& e) {
+        st = Status::Internal(name + " threw: " + e.what());
+      } catch (...) {
+        st = Status::Internal(name + " threw a non-standard exception");
+      }
+      if (st.ok()) {
+        for (auto& w : writers) {
+          if (!w->closed()) st = w->Close();
+          if (!st.ok()) break;
+        }
+      }
+      std::error_code ec;
+      std::filesystem::remove_all(scratch, ec);
+      if (task.cancel->load()) return fail("cancelled", "cancelled");
+      if (!st.ok()) {
+        if (lost_port >= 0) return fail("input_lost", "input " + std::to_string(lost_port) + ": " + st.message(), lost_port);
+        return fail("program_error", st.message());
+      }
+      Json bytes = Json::array();
+      for (auto& w : writers) bytes.push_back(w->bytes());
+      report["ok"] = true;
+      report["output_bytes"] = bytes;
+      report["duration_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+      return report;
+    } catch (const std::exception& e) {
+      return fail("program_error", std::string("malformed task: ") + e.what());
+    }
+  }
+
+  DaemonOptions options_;
+  asio::io_context io_;
+  asio::ip::tcp::socket socket_;
+  asio::steady_timer heartbeat_;
+  std::shared_ptr<net::FramedConnection> conn_;
+  std::unique_ptr<chan::OutputStore> store_;
+  std::unique_ptr<chan::DataServer> data_server_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  std::map<std::pair<uint64_t, uint32_t>, std::shared_ptr<std::atomic<bool>>> cancel_flags_;
+  std::vector<Json> reports_;
+  bool report_posted_ = false;
+  bool stopping_ = false;
+  Status exit_status_;
+};
+
+Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Daemon::~Daemon() = default;
+
+Result<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  COPSE_RETURN_NOT_OK(impl->Init());
+  return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
+}
+
+Status Daemon::Run() { return impl_->Run(); }
+void Daemon::Stop() { impl_->Stop(); }
+
+}  // namespace copse::vertex

@@ -1,0 +1,51 @@
+#pragma once
+// Daemon: the `copse daemon` process. Registers with the job manager (cpus, gpus, labels, the
+// address of its data server), heartbeats, runs the vertices it is given on `cpus` worker
+// threads, stores their outputs in its OutputStore and serves them to other daemons.
+//
+// Threads: one io thread owns the job manager connection (all messages in and out); worker
+// threads run vertex programs. Workers hand results to the io thread, which batches them into
+// one "report" message per loop iteration. A vertex that throws or returns an error is a
+// failed attempt; it never takes the daemon down.
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "vertex/program_registry.h"
+
+namespace copse::vertex {
+
+struct DaemonOptions {
+  std::string jm_host = "127.0.0.1";
+  uint16_t jm_port = 0;
+  std::string name;
+  int cpus = 1;
+  int gpus = 0;
+  int64_t memory_mb = 0;
+  std::map<std::string, std::string> labels;
+  std::filesystem::path work_dir;
+  std::string secret;
+  std::string data_host = "127.0.0.1";  // where other daemons reach this one's outputs
+  uint64_t memory_budget_bytes = 2ull << 30;
+  std::chrono::milliseconds heartbeat_interval{200};
+  const ProgramRegistry* programs = &ProgramRegistry::Default();
+};
+
+class Daemon {
+ public:
+  /// Starts the data server and workers, connects and registers with the job manager.
+  static Result<std::unique_ptr<Daemon>> Start(DaemonOptions options);
+  ~Daemon();
+  /// Runs until the job manager connection ends (returned as the status) or Stop().
+  Status Run();
+  void Stop();
+
+ private:
+  class Impl;
+  explicit Daemon(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace copse::vertex
