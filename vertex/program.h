@@ -43,7 +43,7 @@ class VertexContext {
   std::vector<chan::ChannelWriter*> outputs;  // by output port
   const std::atomic<bool>* cancel_flag = nullptr;
   std::shared_ptr<spdlog::logger> logger;
-  std::filesystem::path scratch_dir;          // private, empty directory; removed afterwards
+  std::filesystem::path scratch_dir;          // private directory (create it to use it); removed afterwards
   std::filesystem::path job_dir;              // the submitted job file's directory
   unsigned threads = 1;                       // cpus granted to this vertex
 
