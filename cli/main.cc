@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/train_command.h"
 #include "common/logging.h"
 
 namespace copse::cli {
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
   copse::cli::AddDaemonCommand(app);
   copse::cli::AddClientCommands(app);
   copse::cli::AddRunCommand(app);
+  copse::cli::AddTrainCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
