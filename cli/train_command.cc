@@ -78,8 +78,8 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--model", o.model, "mlp (784-1024-1024-10), cnn, or mlp:A-B-...-Z")
       ->capture_default_str();
   cmd->add_option("--epochs", o.epochs, "Passes over the training set")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--batch", o.batch, "Batch size")->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::Range(1, 1000000))->capture_default_str();
+  cmd->add_option("--batch", o.batch, "Batch size")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--lr", o.lr, "Learning rate")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--momentum", o.momentum, "SGD momentum (PyTorch semantics)")
       ->check(CLI::Range(0.0, 0.999999))->capture_default_str();
@@ -87,16 +87,16 @@ void AddTrainCommand(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "sgd or adam")
       ->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
-  cmd->add_option("--threads", o.threads, "CPU threads")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--threads", o.threads, "CPU threads")->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of initialization, shuffling and dropout")
       ->capture_default_str();
   cmd->add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--data-dir", o.data_dir, "Directory with the Fashion-MNIST IDX .gz files")
       ->capture_default_str();
   cmd->add_option("--limit", o.limit, "Use only the first N training images")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--test-limit", o.test_limit, "Use only the first N test images")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--progress-every", flags->progress_every, "Steps between progress lines")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("-o,--output", flags->output, "text, or json: one JSON value at the end")

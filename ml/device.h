@@ -22,12 +22,18 @@ namespace copse::ml {
 
 enum class DeviceType { kCpu, kCuda };
 
+#if defined(__CUDACC__)
+#define COPSE_ML_HOST_DEVICE __host__ __device__
+#else
+#define COPSE_ML_HOST_DEVICE
+#endif
+
 /// Geometry of a 2-D convolution or pooling window over an NCHW batch.
 struct ConvGeom {
   int batch = 0, channels = 0, height = 0, width = 0;
   int kernel_h = 0, kernel_w = 0, stride = 1, pad = 0;
-  int out_h() const { return (height + 2 * pad - kernel_h) / stride + 1; }
-  int out_w() const { return (width + 2 * pad - kernel_w) / stride + 1; }
+  COPSE_ML_HOST_DEVICE int out_h() const { return (height + 2 * pad - kernel_h) / stride + 1; }
+  COPSE_ML_HOST_DEVICE int out_w() const { return (width + 2 * pad - kernel_w) / stride + 1; }
 };
 
 enum class Activation { kNone, kRelu, kGelu };

@@ -1,0 +1,140 @@
+// Every Device operation on the GPU against the CPU, and whole training steps of the MLP and the
+// CNN: results agree within float tolerance (cuBLAS sums in another order); dropout masks and
+// the parameter initialization are bit-identical.
+#include <doctest/doctest.h>
+
+#include "ml/loss.h"
+#include "ml/models.h"
+#include "ml/ops.h"
+#include "ml/optimizer.h"
+#include "ml/serialize.h"
+#include "tests/ml/test_util.h"
+
+using namespace copse::ml;
+using copse::ml::testing::RandomTensor;
+using copse::ml::testing::RelativeError;
+
+namespace {
+
+Device* Gpu() { return *CudaDevice(0); }
+
+Tensor G(const Tensor& t) { return t.To(Gpu()); }
+
+void Close(const Tensor& gpu, const Tensor& cpu, double tol = 1e-5) {
+  CHECK(gpu.device()->type() == DeviceType::kCuda);
+  CHECK(RelativeError(gpu.To(CpuDevice()), cpu) < tol);
+}
+
+}  // namespace
+
+TEST_CASE("Cuda.CopiesRoundTrip") {
+  const Tensor x = RandomTensor({3, 5}, 1);
+  CHECK(G(x).To(CpuDevice()).BitwiseEquals(x));
+  auto back = DeserializeTensor(SerializeTensor(G(x)), Gpu());
+  REQUIRE(back.ok());
+  CHECK(back->BitwiseEquals(x));
+}
+
+TEST_CASE("Cuda.DenseOpsMatchCpu") {
+  const Tensor a = RandomTensor({37, 53}, 2), b = RandomTensor({53, 29}, 3);
+  const Tensor bt = RandomTensor({29, 53}, 4), at = RandomTensor({53, 37}, 5);
+  Close(Matmul(G(a), G(b)), Matmul(a, b));
+  Close(Matmul(G(a), G(bt), false, true), Matmul(a, bt, false, true));
+  Close(Matmul(G(at), G(b), true, false), Matmul(at, b, true, false));
+  const Tensor w = RandomTensor({17, 53}, 6), bias = RandomTensor({17}, 7);
+  for (Activation act : {Activation::kNone, Activation::kRelu, Activation::kGelu})
+    Close(LinearForward(G(a), G(w), G(bias), act), LinearForward(a, w, bias, act));
+  const Tensor x = RandomTensor({8, 33}, 8, -3, 3), dy = RandomTensor({8, 33}, 9);
+  Close(Relu(G(x)), Relu(x));
+  Close(Gelu(G(x)), Gelu(x));
+  Close(ActivationGrad(Activation::kRelu, G(x), G(dy)), ActivationGrad(Activation::kRelu, x, dy));
+  Close(ActivationGrad(Activation::kGelu, G(x), G(dy)), ActivationGrad(Activation::kGelu, x, dy));
+  Close(BiasAdd(G(x), G(RandomTensor({33}, 10))), BiasAdd(x, RandomTensor({33}, 10)));
+  Close(Softmax(G(x)), Softmax(x));
+}
+
+TEST_CASE("Cuda.LossMatchesCpu") {
+  const Tensor logits = RandomTensor({16, 10}, 11, -4, 4);
+  std::vector<int32_t> labels;
+  for (int i = 0; i < 16; ++i) labels.push_back(i % 10);
+  auto c = CrossEntropyLoss(logits, labels), g = CrossEntropyLoss(G(logits), labels);
+  REQUIRE(c.ok());
+  REQUIRE(g.ok());
+  CHECK(g->loss == doctest::Approx(c->loss).epsilon(1e-6));
+  Close(g->grad, c->grad);
+}
+
+TEST_CASE("Cuda.ConvPoolNormDropoutMatchCpu") {
+  const Tensor x = RandomTensor({3, 4, 9, 8}, 12), w = RandomTensor({5, 4, 3, 3}, 13);
+  const Tensor b = RandomTensor({5}, 14);
+  for (int stride : {1, 2}) {
+    const Tensor y = Conv2d(x, w, b, stride, 1), yg = Conv2d(G(x), G(w), G(b), stride, 1);
+    Close(yg, y);
+    const Tensor dy = RandomTensor(y.shape(), 15);
+    Conv2dGrads c = Conv2dBackward(x, w, dy, stride, 1, true, true);
+    Conv2dGrads g = Conv2dBackward(G(x), G(w), G(dy), stride, 1, true, true);
+    Close(g.dx, c.dx);
+    Close(g.dw, c.dw);
+    Close(g.db, c.db);
+  }
+  for (int k : {2, 3}) {
+    const Tensor y = MaxPool2d(x, k, k == 2 ? 2 : 1);
+    Close(MaxPool2d(G(x), k, k == 2 ? 2 : 1), y);
+    const Tensor dy = RandomTensor(y.shape(), 16);
+    Close(MaxPool2dBackward(G(x), G(dy), k, k == 2 ? 2 : 1), MaxPool2dBackward(x, dy, k, k == 2 ? 2 : 1));
+  }
+  const Tensor h = RandomTensor({6, 24}, 17, -2, 2), gamma = RandomTensor({24}, 18, 0.5, 1.5);
+  const Tensor beta = RandomTensor({24}, 19);
+  LayerNormResult lc = LayerNorm(h, gamma, beta, 1e-5f), lg = LayerNorm(G(h), G(gamma), G(beta), 1e-5f);
+  Close(lg.y, lc.y);
+  const Tensor dh = RandomTensor({6, 24}, 20);
+  LayerNormGrads gc = LayerNormBackward(dh, h, gamma, lc.mean, lc.rstd);
+  LayerNormGrads gg = LayerNormBackward(G(dh), G(h), G(gamma), lg.mean, lg.rstd);
+  Close(gg.dx, gc.dx);
+  Close(gg.dgamma, gc.dgamma);
+  Close(gg.dbeta, gc.dbeta);
+  // Dropout: the same mask bit for bit.
+  const Tensor big = RandomTensor({1001}, 21);
+  CHECK(Dropout(G(big), 0.4f, 99).To(CpuDevice()).BitwiseEquals(Dropout(big, 0.4f, 99)));
+}
+
+TEST_CASE("Cuda.TrainingStepsMatchCpu") {
+  for (const char* name : {"mlp", "cnn"}) {
+    Sequential cpu = *BuildModel(name, 5), gpu = *BuildModel(name, 5);
+    gpu.To(Gpu());
+    CHECK(Digest(gpu.ExportParameters()) == Digest(cpu.ExportParameters()));
+    Sgd oc(cpu.Parameters(), SgdOptions{0.05f, 0.9f, 0.0f, 0.0f, false});
+    Sgd og(gpu.Parameters(), SgdOptions{0.05f, 0.9f, 0.0f, 0.0f, false});
+    const Tensor x = RandomTensor({32, 1, 28, 28}, 22, 0, 1);
+    std::vector<int32_t> labels;
+    for (int i = 0; i < 32; ++i) labels.push_back((i * 7) % 10);
+    for (int step = 0; step < 3; ++step) {
+      Stash sc, sg;
+      auto lc = CrossEntropyLoss(*cpu.Forward(x, {}, &sc), labels);
+      auto lg = CrossEntropyLoss(*gpu.Forward(G(x), {}, &sg), labels);
+      CHECK(lg->loss == doctest::Approx(lc->loss).epsilon(1e-4));
+      REQUIRE(cpu.Backward(lc->grad, sc, false, false).ok());
+      REQUIRE(gpu.Backward(lg->grad, sg, false, false).ok());
+      oc.Step();
+      og.Step();
+    }
+    const NamedTensors pc = cpu.ExportParameters(), pg = gpu.ExportParameters();
+    for (size_t i = 0; i < pc.size(); ++i) {
+      INFO(name << " " << pc[i].first);
+      CHECK(RelativeError(pg[i].second, pc[i].second) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("Cuda.AdamMatchesCpu") {
+  Sequential cpu = *BuildModel("mlp:784-32-10", 3), gpu = *BuildModel("mlp:784-32-10", 3);
+  gpu.To(Gpu());
+  for (Parameter* p : cpu.Parameters()) p->grad.CopyFrom(RandomTensor(p->grad.shape(), 23));
+  for (Parameter* p : gpu.Parameters()) p->grad.CopyFrom(RandomTensor(p->grad.shape(), 23));
+  AdamOptions o;
+  o.weight_decay = 1e-3f;
+  Adam ac(cpu.Parameters(), o), ag(gpu.Parameters(), o);
+  for (int i = 0; i < 3; ++i) ac.Step(), ag.Step();
+  const NamedTensors pc = cpu.ExportParameters(), pg = gpu.ExportParameters();
+  for (size_t i = 0; i < pc.size(); ++i) CHECK(RelativeError(pg[i].second, pc[i].second) < 1e-5);
+}
