@@ -19,6 +19,7 @@ namespace {
 
 constexpr size_t kMaxIdlePerPeer = 16;
 constexpr uint32_t kMaxEndBytes = 1 << 20;
+constexpr size_t kHashChunkBytes = 128 << 10;
 
 struct Conn {
   Conn(Socket s, std::string k) : in(std::move(s)), pool_key(std::move(k)) {}
@@ -156,8 +157,8 @@ class RemoteReader final : public ChannelReader {
     return Status::OK();
   }
 
-  Result<std::optional<Buffer>> Emit(std::string bytes, uint64_t checksum) {
-    if (internal::Checksum(bytes) != checksum) {
+  Result<std::optional<Buffer>> Emit(std::string bytes, uint64_t checksum, uint64_t actual) {
+    if (actual != checksum) {
       return Status::DataLoss("fetching " + What() + ": message " + std::to_string(messages_) +
                               " failed its checksum");
     }
@@ -216,9 +217,19 @@ class RemoteReader final : public ChannelReader {
         frame_left_ -= sizeof rh;
         if (len > frame_left_) return Lost(Status::InvalidArgument("record crosses a frame"));
         std::string bytes = internal::UninitializedString(len);
-        COPSE_RETURN_NOT_OK(Read(bytes.data(), len));
         frame_left_ -= len;
-        return Emit(std::move(bytes), internal::GetU64(rh + 4));
+        if (len < kHashChunkBytes) {
+          COPSE_RETURN_NOT_OK(Read(bytes.data(), len));
+          return Emit(std::move(bytes), internal::GetU64(rh + 4), internal::Checksum(bytes));
+        }
+        // Hash each chunk right after it arrived, while it is still in cache.
+        XXH3_64bits_reset(hash_.get());
+        for (size_t off = 0; off < len; off += kHashChunkBytes) {
+          size_t n = std::min<size_t>(kHashChunkBytes, len - off);
+          COPSE_RETURN_NOT_OK(Read(bytes.data() + off, n));
+          XXH3_64bits_update(hash_.get(), bytes.data() + off, n);
+        }
+        return Emit(std::move(bytes), internal::GetU64(rh + 4), XXH3_64bits_digest(hash_.get()));
       }
       // A piece of a large message.
       size_t n = std::min<size_t>(frame_left_, piece_.size() - piece_filled_);
@@ -228,7 +239,8 @@ class RemoteReader final : public ChannelReader {
       frame_left_ = 0;
       if (piece_filled_ == piece_.size()) {
         piece_filled_ = 0;
-        return Emit(std::exchange(piece_, std::string()), piece_checksum_);
+        uint64_t actual = internal::Checksum(piece_);
+        return Emit(std::exchange(piece_, std::string()), piece_checksum_, actual);
       }
     }
   }
@@ -247,6 +259,7 @@ class RemoteReader final : public ChannelReader {
   uint64_t piece_checksum_ = 0;
   size_t piece_filled_ = 0;
   uint64_t messages_ = 0, bytes_ = 0;
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash_{XXH3_createState(), &XXH3_freeState};
 };
 
 }  // namespace
