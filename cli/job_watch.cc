@@ -16,6 +16,11 @@ namespace copse::cli {
 
 Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, bool live, const std::atomic<bool>* interrupted,
                       std::chrono::milliseconds interval) {
+  if (!live && !interrupted) {
+    // One request answered when the job ends: no polling of a large job's status.
+    COPSE_ASSIGN_OR_RETURN(Json reply, client.Call({{"op", "wait"}, {"job", job}}, std::chrono::hours(24 * 365)));
+    return reply["job"];
+  }
   size_t drawn_lines = 0;
   while (true) {
     COPSE_ASSIGN_OR_RETURN(Json reply, client.Call({{"op", "status"}, {"job", job}}));

@@ -10,9 +10,10 @@
 
 namespace copse::cli {
 
-/// Polls the job's status every `interval` until it is no longer running. With `live`, redraws
-/// the progress display on the terminal in place. Stops early (returning the last status) when
-/// `*interrupted` becomes true.
+/// Follows a job until it is no longer running and returns its final status. With `live`,
+/// polls every `interval` and redraws the progress display on the terminal in place; stops
+/// early (returning the last status) when `*interrupted` becomes true. Without either, sends
+/// one "wait" request that the job manager answers when the job ends.
 Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, bool live, const std::atomic<bool>* interrupted = nullptr,
                       std::chrono::milliseconds interval = std::chrono::milliseconds(100));
 

@@ -175,6 +175,7 @@ class JmServer::Impl : public DaemonSink {
         r.failure = ParseFailureClass(a.value("class", "program_error")).value_or(FailureClass::kProgramError);
         r.lost_input_port = a.value("lost_input", -1);
         r.output_bytes = a.value("output_bytes", std::vector<uint64_t>{});
+        r.output_messages = a.value("output_messages", std::vector<uint64_t>{});
         r.duration_ms = a.value("duration_ms", 0.0);
         scheduler_.OnAttemptFinished(r);
       }
@@ -200,6 +201,13 @@ class JmServer::Impl : public DaemonSink {
       Json status = scheduler_.JobStatus(job);
       if (status.is_null()) return conn->Send({{"op", "error"}, {"message", "no job " + job.ToString()}});
       return conn->Send({{"op", "job"}, {"job", status}});
+    }
+    if (op == "wait") {
+      // Answered with the job's final status once it is no longer running (see AnswerWaiters).
+      JobId job = JobIdFrom(msg);
+      if (!scheduler_.HasJob(job)) return conn->Send({{"op", "error"}, {"message", "no job " + job.ToString()}});
+      waiters_.emplace_back(job, conn);
+      return;
     }
     if (op == "cancel") {
       Status st = scheduler_.Cancel(JobIdFrom(msg));
@@ -228,7 +236,21 @@ class JmServer::Impl : public DaemonSink {
     asio::post(io_, [this] {
       flush_pending_ = false;
       scheduler_.Flush();
+      AnswerWaiters();
     });
+  }
+
+  void AnswerWaiters() {
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      auto conn = it->second.lock();
+      auto state = scheduler_.StateOf(it->first);
+      if (conn && state && *state == JobState::kRunning) {
+        ++it;
+        continue;
+      }
+      if (conn) conn->Send({{"op", "job"}, {"job", scheduler_.JobStatus(it->first)}});
+      it = waiters_.erase(it);
+    }
   }
 
   void ScheduleTick() {
@@ -258,6 +280,7 @@ class JmServer::Impl : public DaemonSink {
   std::string secret_;
   std::map<std::shared_ptr<net::FramedConnection>, Peer> peers_;
   std::map<DaemonId, std::shared_ptr<net::FramedConnection>> daemon_conns_;
+  std::vector<std::pair<JobId, std::weak_ptr<net::FramedConnection>>> waiters_;
   bool flush_pending_ = false;
 };
 

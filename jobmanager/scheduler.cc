@@ -73,6 +73,7 @@ struct Scheduler::Run {
   uint32_t pending = 0;  // predecessors not completed
   DaemonId daemon;       // running there, or holding the outputs
   std::vector<uint64_t> output_bytes;
+  std::vector<uint64_t> output_messages;
   TimePoint started{};
   double duration_ms = 0;
   std::string last_error;
@@ -288,6 +289,9 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   r.state = VertexState::kCompleted;
   r.output_bytes = rep.output_bytes;
   r.output_bytes.resize(job.g().vertex(v).outputs.size(), 0);
+  r.output_messages = rep.output_messages;
+  // Unknown counts (an older daemon) mean "fetch it": never claim an output is empty.
+  r.output_messages.resize(r.output_bytes.size(), 1);
   r.duration_ms = rep.duration_ms;
   ++job.completed;
   ++job.completions;
@@ -453,6 +457,10 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d) {
   for (ChannelId ch : node.inputs) {
     const ChannelEdge& c = g.channel(ch);
     const Run& p = job.runs[c.from.value()];
+    if (static_cast<size_t>(c.from_port) < p.output_messages.size() && p.output_messages[c.from_port] == 0) {
+      inputs.push_back({{"empty", true}});  // nothing to fetch: the reader ends at once
+      continue;
+    }
     const Daemon& pd = *daemons_[p.daemon.value()];
     inputs.push_back({{"key", {{"job", job.id.value()}, {"vertex", c.from.value()}, {"version", p.version}, {"port", c.from_port}}},
                       {"local", p.daemon == d.id},

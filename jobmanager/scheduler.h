@@ -64,7 +64,8 @@ struct AttemptReport {
   FailureClass failure = FailureClass::kProgramError;
   std::string error;
   int lost_input_port = -1;           // with kInputLost: which input could not be read
-  std::vector<uint64_t> output_bytes;  // per output port
+  std::vector<uint64_t> output_bytes;     // per output port
+  std::vector<uint64_t> output_messages;  // per output port; 0 lets consumers skip the fetch
   double duration_ms = 0;
 };
 

@@ -49,6 +49,7 @@ class CountingWriter final : public chan::ChannelWriter {
   explicit CountingWriter(std::unique_ptr<chan::ChannelWriter> inner) : inner_(std::move(inner)) {}
   Status Write(chan::Buffer message) override {
     bytes_ += message.size();
+    ++messages_;
     return inner_->Write(std::move(message));
   }
   Status Close() override {
@@ -58,11 +59,19 @@ class CountingWriter final : public chan::ChannelWriter {
   }
   bool closed() const { return closed_; }
   uint64_t bytes() const { return bytes_; }
+  uint64_t messages() const { return messages_; }
 
  private:
   std::unique_ptr<chan::ChannelWriter> inner_;
   uint64_t bytes_ = 0;
+  uint64_t messages_ = 0;
   bool closed_ = false;
+};
+
+/// An input the job manager knows to be empty: end of stream at once, no fetch.
+class EmptyReader final : public chan::ChannelReader {
+ public:
+  Result<std::optional<chan::Buffer>> Next() override { return std::optional<chan::Buffer>(); }
 };
 
 Status WriteFrameSync(asio::ip::tcp::socket& s, const Json& msg) {
@@ -289,6 +298,10 @@ class Daemon::Impl {
       std::vector<std::unique_ptr<chan::ChannelReader>> readers;
       for (size_t port = 0; port < spec["inputs"].size(); ++port) {
         const Json& in = spec["inputs"][port];
+        if (in.value("empty", false)) {
+          readers.push_back(std::make_unique<EmptyReader>());
+          continue;
+        }
         auto key = chan::OutputKey::FromJson(in["key"]);
         if (!key.ok()) return fail("program_error", key.status().message());
         auto reader = in["local"].get<bool>()
@@ -345,10 +358,14 @@ class Daemon::Impl {
         if (lost_port >= 0) return fail("input_lost", "input " + std::to_string(lost_port) + ": " + st.message(), lost_port);
         return fail("program_error", st.message());
       }
-      Json bytes = Json::array();
-      for (auto& w : writers) bytes.push_back(w->bytes());
+      Json bytes = Json::array(), messages = Json::array();
+      for (auto& w : writers) {
+        bytes.push_back(w->bytes());
+        messages.push_back(w->messages());
+      }
       report["ok"] = true;
-      report["output_bytes"] = bytes;
+      report["output_bytes"] = std::move(bytes);
+      report["output_messages"] = std::move(messages);
       report["duration_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
       return report;
     } catch (const std::exception& e) {
