@@ -1,10 +1,11 @@
 // Job manager + daemon throughput and latency (issue: a real cluster).
 //
-//   cluster_bench [--runs R] [--daemons D] [--cpus C]
+//   cluster_bench [--runs R] [--daemons D]
 //
 // Starts `copse jm` and D `copse daemon` processes on 127.0.0.1 (like `copse run`) and prints:
 //  * end-to-end throughput of a 10,000-vertex noop DAG: 100 layers x 100 vertices, each
-//    depending on 2 vertices of the previous layer (submit to completed, medians of R runs);
+//    depending on 2 vertices of the previous layer (submit to completed, medians of R runs),
+//    with 1, 2 and 4 vertex slots per daemon (a cluster per setting);
 //  * single-vertex submit-to-completed latency (median and p90 of 50 jobs).
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,10 +15,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "cli/jm_client.h"
-#include "cli/process_util.h"
 
 using copse::Json;
 using Clock = std::chrono::steady_clock;
@@ -67,68 +68,87 @@ double RunJob(copse::net::BlockingClient& client, const Json& job) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int runs = 5, daemons = 2, cpus = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--daemons")) daemons = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--cpus")) cpus = std::atoi(argv[i + 1]);
+/// A job manager and `daemons` daemons of `cpus` slots as processes; torn down on destruction.
+class Cluster {
+ public:
+  Cluster(int daemons, int cpus) {
+    char tmpl[] = "/tmp/copse-bench-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    auto state = dir_ / "jm";
+    Spawn({"jm", "--listen", "127.0.0.1:0", "--state-dir", state.string()}, {}, (dir_ / "jm.log").string());
+    while (!std::filesystem::exists(state / "jm.addr")) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    copse::cli::JmAddressOptions address;
+    address.state_dir = state.string();
+    std::string addr = copse::ReadFile((state / "jm.addr").string()).value();
+    address.jm = addr.substr(0, addr.find('\n'));
+    for (int d = 0; d < daemons; ++d) {
+      std::string name = "d" + std::to_string(d);
+      Spawn({"daemon", "--jm", address.jm, "--name", name, "--cpus", std::to_string(cpus), "--work-dir", (dir_ / name).string()},
+            {{"COPSE_TOKEN_FILE", (state / "secret").string()}}, (dir_ / (name + ".log")).string());
+    }
+    auto client = copse::cli::ConnectToJm(address);
+    if (!client.ok()) {
+      std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+      std::exit(1);
+    }
+    client_ = std::move(*client);
+    while ((*client_->Call({{"op", "daemons"}}))["daemons"].size() < static_cast<size_t>(daemons)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
-  char tmpl[] = "/tmp/copse-bench-XXXXXX";
-  std::filesystem::path dir = mkdtemp(tmpl);
-  auto state = dir / "jm";
-  std::string copse = std::string(COPSE_BINARY_DIR) + "/cli/copse";
-  std::vector<pid_t> pids;
-  auto spawn = [&](std::vector<std::string> args, std::map<std::string, std::string> env, std::string log) {
+  ~Cluster() {
+    for (pid_t p : pids_) kill(p, SIGKILL);
+    for (pid_t p : pids_) waitpid(p, nullptr, 0);
+    std::filesystem::remove_all(dir_);
+  }
+  copse::net::BlockingClient& client() { return *client_; }
+
+ private:
+  void Spawn(std::vector<std::string> args, const std::map<std::string, std::string>& env, const std::string& log) {
+    std::string copse = std::string(COPSE_BINARY_DIR) + "/cli/copse";
+    std::fflush(nullptr);  // or the child's freopen flushes our buffered output a second time
     pid_t pid = fork();
     if (pid == 0) {
       for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-      freopen(log.c_str(), "a", stdout);
-      freopen(log.c_str(), "a", stderr);
+      if (!freopen(log.c_str(), "a", stdout) || !freopen(log.c_str(), "a", stderr)) _exit(126);
       std::vector<char*> a = {copse.data()};
-      for (auto& s : args) a.push_back(s.data());
+      for (auto& arg : args) a.push_back(arg.data());
       a.push_back(nullptr);
       execv(copse.c_str(), a.data());
       _exit(127);
     }
-    pids.push_back(pid);
-  };
-  spawn({"jm", "--listen", "127.0.0.1:0", "--state-dir", state.string()}, {}, (dir / "jm.log").string());
-  while (!std::filesystem::exists(state / "jm.addr")) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  copse::cli::JmAddressOptions address;
-  address.state_dir = state.string();
-  std::string addr = copse::ReadFile((state / "jm.addr").string()).value();
-  address.jm = addr.substr(0, addr.find('\n'));
-  for (int d = 0; d < daemons; ++d) {
-    std::string name = "d" + std::to_string(d);
-    spawn({"daemon", "--jm", address.jm, "--name", name, "--cpus", std::to_string(cpus), "--work-dir", (dir / name).string()},
-          {{"COPSE_TOKEN_FILE", (state / "secret").string()}}, (dir / (name + ".log")).string());
+    pids_.push_back(pid);
   }
-  auto client = copse::cli::ConnectToJm(address);
-  if (!client.ok()) {
-    std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
-    return 1;
-  }
-  while ((*(*client)->Call({{"op", "daemons"}}))["daemons"].size() < static_cast<size_t>(daemons)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+
+  std::filesystem::path dir_;
+  std::vector<pid_t> pids_;
+  std::unique_ptr<copse::net::BlockingClient> client_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int runs = 5, daemons = 2;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--daemons")) daemons = std::atoi(argv[i + 1]);
   }
   Json dag = NoopDag(100, 100);
-  std::vector<double> secs;
-  RunJob(**client, dag);  // warm-up
-  for (int r = 0; r < runs; ++r) secs.push_back(RunJob(**client, dag));
-  double med = Median(secs);
-  std::printf("cluster_bench: job manager + %d daemons x %d slots, 127.0.0.1\n", daemons, cpus);
-  std::printf("  10,000-vertex noop DAG (100 x 100, 2 inputs each): median %.3f s over %d runs -> %.0f vertices/s (target >= 20,000)\n",
-              med, runs, 10000 / med);
+  std::printf("cluster_bench: job manager + %d daemons on 127.0.0.1, %d runs per setting\n", daemons, runs);
+  std::printf("  10,000-vertex noop DAG (100 x 100, 2 inputs each), target >= 20,000 vertices/s:\n");
+  for (int cpus : {1, 2, 4}) {
+    Cluster cluster(daemons, cpus);
+    RunJob(cluster.client(), dag);  // warm-up
+    std::vector<double> secs;
+    for (int r = 0; r < runs; ++r) secs.push_back(RunJob(cluster.client(), dag));
+    double med = Median(secs);
+    std::printf("    %d slot(s) per daemon: median %.3f s -> %.0f vertices/s\n", cpus, med, 10000 / med);
+  }
+  Cluster cluster(daemons, 2);
   Json single = {{"name", "one"}, {"stages", {{{"name", "v"}, {"program", "noop"}}}}};
   std::vector<double> lat;
-  for (int i = 0; i < 50; ++i) lat.push_back(RunJob(**client, single) * 1000);
+  for (int i = 0; i < 50; ++i) lat.push_back(RunJob(cluster.client(), single) * 1000);
   std::printf("  single vertex submit -> completed: median %.2f ms, p90 %.2f ms over 50 jobs (target <= 2 ms)\n",
               Median(lat), Percentile(lat, 0.9));
-  for (pid_t p : pids) kill(p, SIGKILL);
-  for (pid_t p : pids) waitpid(p, nullptr, 0);
-  std::filesystem::remove_all(dir);
   return 0;
 }

@@ -321,7 +321,7 @@ class Daemon::Impl {
         if (!writer.ok()) return fail("program_error", writer.status().message());
         writers.push_back(std::make_unique<CountingWriter>(std::move(*writer)));
       }
-      // Created on demand by the programs that use it (exec): most vertices never touch disk.
+      // Created on demand (VertexContext::MakeScratchDir): most vertices never touch disk.
       auto scratch = options_.work_dir / "scratch" /
                      (std::to_string(job) + "-" + std::to_string(vertex) + "-" + std::to_string(version));
       Json params = spec["params"];
@@ -352,7 +352,7 @@ class Daemon::Impl {
         }
       }
       std::error_code ec;
-      if (std::filesystem::exists(scratch, ec)) std::filesystem::remove_all(scratch, ec);
+      if (ctx.scratch_created()) std::filesystem::remove_all(scratch, ec);
       if (task.cancel->load()) return fail("cancelled", "cancelled");
       if (!st.ok()) {
         if (lost_port >= 0) return fail("input_lost", "input " + std::to_string(lost_port) + ": " + st.message(), lost_port);

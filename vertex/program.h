@@ -43,7 +43,7 @@ class VertexContext {
   std::vector<chan::ChannelWriter*> outputs;  // by output port
   const std::atomic<bool>* cancel_flag = nullptr;
   std::shared_ptr<spdlog::logger> logger;
-  std::filesystem::path scratch_dir;          // private directory (create it to use it); removed afterwards
+  std::filesystem::path scratch_dir;          // private directory; see MakeScratchDir()
   std::filesystem::path job_dir;              // the submitted job file's directory
   unsigned threads = 1;                       // cpus granted to this vertex
 
@@ -58,12 +58,19 @@ class VertexContext {
     if (!params || !params->contains(key)) return fallback;
     return (*params)[key].get<T>();
   }
+  /// Creates scratch_dir (removed by the host after the attempt) and returns it. Most programs
+  /// never need one, so the host creates none up front.
+  Result<std::filesystem::path> MakeScratchDir();
+  bool scratch_created() const { return scratch_created_; }
   /// `path` as given when absolute, else relative to the job file's directory.
   std::filesystem::path ResolvePath(const std::string& path) const;
   /// Closes every output (end of stream).
   Status CloseOutputs();
   /// Writes `message` to every output.
   Status WriteAll(const chan::Buffer& message);
+
+ private:
+  bool scratch_created_ = false;
 };
 
 class VertexProgram {

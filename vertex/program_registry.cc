@@ -9,6 +9,14 @@ std::filesystem::path VertexContext::ResolvePath(const std::string& path) const 
   return p.is_relative() && !job_dir.empty() ? job_dir / p : p;
 }
 
+Result<std::filesystem::path> VertexContext::MakeScratchDir() {
+  std::error_code ec;
+  std::filesystem::create_directories(scratch_dir, ec);
+  if (ec) return Status::IOError(name + ": cannot create " + scratch_dir.string() + ": " + ec.message());
+  scratch_created_ = true;
+  return scratch_dir;
+}
+
 Status VertexContext::CloseOutputs() {
   for (auto* out : outputs) COPSE_RETURN_NOT_OK(out->Close());
   return Status::OK();

@@ -64,10 +64,7 @@ class ExecProgram final : public VertexProgram {
     }
     bool use_stdout = ctx.param<bool>("stdout", ctx.num_outputs() > 0);
     bool use_stdin = ctx.param<bool>("stdin", false);
-    const auto& dir = ctx.scratch_dir;
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) return Status::IOError(ctx.name + ": cannot create " + dir.string() + ": " + ec.message());
+    COPSE_ASSIGN_OR_RETURN(const std::filesystem::path dir, ctx.MakeScratchDir());
     std::vector<std::pair<std::string, std::string>> vars;  // placeholder -> path
     std::vector<std::string> env;
     for (size_t k = 0; k < ctx.num_inputs(); ++k) {
