@@ -74,6 +74,7 @@ struct Scheduler::Run {
   DaemonId daemon;       // running there, or holding the outputs
   std::vector<uint64_t> output_bytes;
   std::vector<uint64_t> output_messages;
+  bool released = false;  // outputs garbage-collected: every consumer had completed
   TimePoint started{};
   double duration_ms = 0;
   std::string last_error;
@@ -96,6 +97,7 @@ struct Scheduler::Job {
   Json faults = Json::array();
   Json recoveries = Json::array();
   std::vector<std::pair<VertexId, std::string>> log;
+  std::vector<char> declared;  // per vertex: a job output reads it, so it is never released
 
   const JobGraph& g() const { return *graph; }
 };
@@ -171,14 +173,12 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
     }
     // Outputs stored there are gone: regenerate those still needed, consumers first so that a
     // producer whose consumer is being regenerated is seen as needed too (lineage).
-    std::set<uint32_t> declared;
-    for (const auto& o : g.spec().outputs) declared.insert(g.FindVertex(o.from.ToString()).value());
     const auto& order = g.topological_order();
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       VertexId v = *it;
       Run& r = job.runs[v.value()];
-      if (r.state != VertexState::kCompleted || r.daemon != id) continue;
-      bool needed = declared.count(v.value()) > 0;
+      if (r.state != VertexState::kCompleted || r.daemon != id || r.released) continue;
+      bool needed = job.declared[v.value()] != 0;
       for (const auto& port : g.vertex(v).outputs) {
         for (ChannelId ch : port) needed = needed || job.runs[g.channel(ch).to.value()].state != VertexState::kCompleted;
       }
@@ -199,6 +199,8 @@ JobId Scheduler::Submit(std::shared_ptr<const JobGraph> graph, std::string job_d
   job->started = clock_.Now();
   job->runs.resize(job->g().vertices().size());
   job->fault_fired.assign(job->g().spec().faults.size(), 0);
+  job->declared.assign(job->runs.size(), 0);
+  for (const auto& o : job->g().spec().outputs) job->declared[job->g().FindVertex(o.from.ToString()).value()] = 1;
   Job& j = *job;
   jobs_[j.id] = std::move(job);
   Log(j, VertexId::Invalid(), "submitted: " + std::to_string(j.runs.size()) + " vertices, " +
@@ -215,6 +217,22 @@ JobId Scheduler::Submit(std::shared_ptr<const JobGraph> graph, std::string job_d
 
 void Scheduler::RecomputePending(Job& job) {
   const JobGraph& g = job.g();
+  // A vertex that must run (again) needs its inputs: producers whose outputs were released by
+  // garbage collection run again too, consumers first so the walk reaches as far upstream as
+  // outputs are gone.
+  const auto& order = g.topological_order();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const Run& r = job.runs[it->value()];
+    if (r.state == VertexState::kCompleted || r.state == VertexState::kRunning) continue;
+    for (ChannelId ch : g.vertex(*it).inputs) {
+      VertexId p = g.channel(ch).from;
+      Run& pr = job.runs[p.value()];
+      if (pr.state == VertexState::kCompleted && pr.released) {
+        pr.released = false;
+        Regenerate(job, p, "its released output is needed again by " + g.vertex(*it).name);
+      }
+    }
+  }
   for (auto& r : job.runs) {
     if (r.state != VertexState::kCompleted) r.pending = 0;
   }
@@ -305,11 +323,33 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
     for (ChannelId ch : port) release(ch);
   }
   for (ChannelId ch : node.order_out) release(ch);
+  ReleaseConsumedInputs(job, v);
   if (job.completed == job.runs.size()) {
     FinishJob(job, JobState::kCompleted, "");
     return;
   }
   CheckFaults(job);
+}
+
+void Scheduler::ReleaseConsumedInputs(Job& job, VertexId v) {
+  const JobGraph& g = job.g();
+  for (ChannelId in : g.vertex(v).inputs) {
+    VertexId p = g.channel(in).from;
+    Run& pr = job.runs[p.value()];
+    if (pr.released || job.declared[p.value()] || !pr.daemon.valid() || !daemons_[pr.daemon.value()]->alive) continue;
+    bool all_done = true;
+    for (const auto& port : g.vertex(p).outputs) {
+      for (ChannelId ch : port) all_done = all_done && job.runs[g.channel(ch).to.value()].state == VertexState::kCompleted;
+    }
+    if (!all_done) continue;
+    pr.released = true;
+    Json& batch = release_outbox_[pr.daemon];
+    if (batch.is_null()) batch = {{"op", "release"}, {"keys", Json::array()}};
+    for (size_t port = 0; port < g.vertex(p).outputs.size(); ++port) {
+      if (pr.output_messages.size() > port && pr.output_messages[port] == 0) continue;  // nothing stored
+      batch["keys"].push_back({{"job", job.id.value()}, {"vertex", p.value()}, {"version", pr.version}, {"port", port}});
+    }
+  }
 }
 
 void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge) {
@@ -397,6 +437,11 @@ void Scheduler::Schedule() {
       if (job.state != JobState::kRunning) break;
     }
     job.ready.insert(job.ready.begin(), blocked.begin(), blocked.end());
+    // A fault aimed at a vertex fires at the first chance after it is placed.
+    if (job.state == JobState::kRunning &&
+        std::find(job.fault_fired.begin(), job.fault_fired.end(), 0) != job.fault_fired.end()) {
+      CheckFaults(job);
+    }
   }
 }
 
@@ -508,6 +553,11 @@ void Scheduler::Flush() {
   outbox_.clear();
   for (auto& [daemon, msg] : batches) {
     if (daemons_[daemon.value()]->alive) sink_.SendToDaemon(daemon, msg);
+  }
+  auto releases = std::move(release_outbox_);
+  release_outbox_.clear();
+  for (auto& [daemon, msg] : releases) {
+    if (daemons_[daemon.value()]->alive && !msg["keys"].empty()) sink_.SendToDaemon(daemon, msg);
   }
 }
 

@@ -128,6 +128,10 @@ class Scheduler {
   /// else go back to waiting.
   void Regenerate(Job& job, VertexId v, const std::string& why);
   void RecomputePending(Job& job);
+  /// Garbage collection: outputs of v's producers whose consumers have all completed are
+  /// dropped from their daemons (never a declared job output). Should one be needed again,
+  /// RecomputePending re-runs its producer.
+  void ReleaseConsumedInputs(Job& job, VertexId v);
   void CheckFaults(Job& job);
   void Log(Job& job, VertexId v, std::string text);
   double ElapsedMs(const Job& job) const;
@@ -138,7 +142,8 @@ class Scheduler {
   std::vector<std::unique_ptr<Daemon>> daemons_;
   std::map<JobId, std::unique_ptr<Job>> jobs_;
   uint64_t next_job_ = 1;
-  std::map<DaemonId, Json> outbox_;  // per daemon: {"op":"run","tasks":[…]}
+  std::map<DaemonId, Json> outbox_;          // per daemon: {"op":"run","tasks":[…]}
+  std::map<DaemonId, Json> release_outbox_;  // per daemon: {"op":"release","keys":[…]}
 };
 
 }  // namespace copse::jm

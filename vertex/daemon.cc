@@ -203,6 +203,10 @@ class Daemon::Impl {
         for (const auto& key : store_->List(msg["job"].get<uint64_t>())) {
           if (!keep.count(key)) store_->Drop(key);
         }
+      } else if (op == "release") {
+        for (const auto& k : msg["keys"]) {
+          if (auto key = chan::OutputKey::FromJson(k); key.ok()) store_->Drop(*key);
+        }
       } else if (op == "kill") {
         DaemonLog()->warn("daemon {}: killed by an injected fault", options_.name);
         ::kill(::getpid(), SIGKILL);

@@ -1,0 +1,261 @@
+// The job manager's state machine, driven directly: a fake daemon sink records what would be
+// sent, a ManualClock stands in for time, and the test plays the daemons' part.
+#include <doctest/doctest.h>
+
+#include "jobmanager/scheduler.h"
+#include "tests/jobmanager/job_test_util.h"
+
+namespace copse::jm {
+namespace {
+
+class FakeSink final : public DaemonSink {
+ public:
+  void SendToDaemon(DaemonId daemon, const Json& message) override { sent.emplace_back(daemon, message); }
+  /// Tasks sent since the last call, as (daemon, task).
+  std::vector<std::pair<DaemonId, Json>> TakeTasks() {
+    std::vector<std::pair<DaemonId, Json>> tasks;
+    for (auto& [d, m] : sent) {
+      if (m["op"] == "run") {
+        for (auto& t : m["tasks"]) tasks.emplace_back(d, t);
+      }
+    }
+    Keep("run", false);
+    return tasks;
+  }
+  /// Messages with this op since the start (or the last Keep that dropped them).
+  std::vector<std::pair<DaemonId, Json>> WithOp(const std::string& op) const {
+    std::vector<std::pair<DaemonId, Json>> out;
+    for (auto& [d, m] : sent) {
+      if (m["op"] == op) out.emplace_back(d, m);
+    }
+    return out;
+  }
+  void Keep(const std::string& op, bool keep) {
+    std::erase_if(sent, [&](const auto& p) { return (p.second["op"] == op) != keep; });
+  }
+  std::vector<std::pair<DaemonId, Json>> sent;
+};
+
+struct Harness {
+  FakeSink sink;
+  ManualClock clock;
+  Scheduler sched{sink, clock};
+
+  DaemonId AddDaemon(const std::string& name, double cpus = 1) {
+    DaemonSpec spec;
+    spec.name = name;
+    spec.cpus = cpus;
+    spec.data_host = "127.0.0.1";
+    spec.data_port = static_cast<uint16_t>(9000 + name.back());
+    auto id = sched.AddDaemon(spec);
+    REQUIRE(id.ok());
+    return *id;
+  }
+  JobId Submit(const std::string& text) {
+    JobId id = sched.Submit(testing::MustLoad(text), "/tmp");
+    sched.Flush();
+    return id;
+  }
+  /// Reports a task's attempt as finished and flushes what the scheduler sends in answer.
+  void Finish(const Json& task, bool ok, std::vector<uint64_t> bytes = {}, FailureClass cls = FailureClass::kProgramError,
+              int lost_input = -1) {
+    AttemptReport r;
+    r.job = JobId(task["job"].get<uint64_t>());
+    r.vertex = VertexId(task["vertex"].get<uint32_t>());
+    r.version = task["version"];
+    r.ok = ok;
+    r.failure = cls;
+    r.error = ok ? "" : "boom";
+    r.lost_input_port = lost_input;
+    if (bytes.empty()) bytes.assign(task["outputs"].size(), 1);
+    r.output_bytes = bytes;
+    r.output_messages.assign(bytes.size(), 1);
+    sched.OnAttemptFinished(r);
+    sched.Flush();
+  }
+  std::string State(JobId job) { return sched.JobStatus(job)["state"]; }
+};
+
+const char* kChain = R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
+                                    {"name": "c", "program": "noop"}],
+                         "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}],
+                         "outputs": [{"from": "c", "path": "out"}]})";
+
+TEST_CASE("Scheduler.RunsAChainToCompletion") {
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(kChain);
+  for (const char* name : {"a[0]", "b[0]", "c[0]"}) {
+    auto tasks = h.sink.TakeTasks();
+    REQUIRE(tasks.size() == 1);
+    CHECK(tasks[0].second["name"] == name);
+    CHECK(tasks[0].second["version"] == 1);
+    h.Finish(tasks[0].second, true);
+  }
+  CHECK(h.State(job) == "completed");
+  auto outputs = h.sched.OutputLocations(job);
+  REQUIRE(outputs.ok());
+  CHECK((*outputs)[0]["path"] == "out");
+  // The job's intermediate outputs are collected; the declared one is kept.
+  auto gc = h.sink.WithOp("gc");
+  REQUIRE(gc.size() == 1);
+  CHECK(gc[0].second["keep"].size() == 1);
+}
+
+TEST_CASE("Scheduler.PlacesAVertexWhereMostOfItsInputBytesAre") {
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
+  JobId job = h.Submit(R"({"stages": [{"name": "small", "program": "noop"}, {"name": "big", "program": "noop"},
+                                      {"name": "join", "program": "noop"}],
+                           "edges": [{"from": "small", "to": "join"}, {"from": "big", "to": "join"}]})");
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 2);
+  // Least-loaded placement spreads the two sources over both daemons.
+  CHECK(tasks[0].first != tasks[1].first);
+  DaemonId big_daemon = tasks[0].second["name"] == "big[0]" ? tasks[0].first : tasks[1].first;
+  for (auto& [d, t] : tasks) h.Finish(t, true, {t["name"] == "big[0]" ? 1'000'000u : 10u});
+  auto join = h.sink.TakeTasks();
+  REQUIRE(join.size() == 1);
+  CHECK(join[0].first == big_daemon);
+  CHECK(join[0].second["inputs"][1]["local"] == true);
+  CHECK(join[0].second["inputs"][0]["local"] == false);
+  (void)d0, (void)d1, (void)job;
+}
+
+TEST_CASE("Scheduler.RetriesWithNewVersionsThenFailsTheJobWithTheReason") {
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "x", "program": "noop", "max_attempts": 3}]})");
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    auto tasks = h.sink.TakeTasks();
+    REQUIRE(tasks.size() == 1);
+    CHECK(tasks[0].second["version"] == attempt);
+    h.Finish(tasks[0].second, false);
+  }
+  CHECK(h.State(job) == "failed");
+  std::string failure = h.sched.JobStatus(job)["failure"];
+  CHECK(failure.find("x[0] failed 3 of 3 attempts (program_error): boom") != std::string::npos);
+  CHECK(h.sched.JobStatus(job)["recoveries"].size() == 2);
+}
+
+TEST_CASE("Scheduler.StaleReportsOfOldVersionsAreIgnored") {
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "x", "program": "noop"}]})");
+  Json first = h.sink.TakeTasks()[0].second;
+  h.Finish(first, false);
+  Json second = h.sink.TakeTasks()[0].second;
+  h.Finish(first, true);  // a late success of version 1 must not complete version 2
+  CHECK(h.State(job) == "running");
+  h.Finish(second, true);
+  CHECK(h.State(job) == "completed");
+}
+
+TEST_CASE("Scheduler.ADaemonLossRegeneratesLostOutputsUpstream") {
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0");
+  JobId job = h.Submit(kChain);
+  h.Finish(h.sink.TakeTasks()[0].second, true);  // a on d0
+  h.Finish(h.sink.TakeTasks()[0].second, true);  // b on d0
+  Json c = h.sink.TakeTasks()[0].second;         // c running on d0
+  DaemonId d1 = h.AddDaemon("d1");
+  h.sched.DaemonLost(d0, "test");
+  h.sched.Flush();
+  // c failed with its daemon (not charged); b and a lost their outputs: a runs again first.
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 1);
+  CHECK(tasks[0].first == d1);
+  CHECK(tasks[0].second["name"] == "a[0]");
+  CHECK(tasks[0].second["version"] == 2);
+  h.Finish(tasks[0].second, true);
+  h.Finish(h.sink.TakeTasks()[0].second, true);  // b again
+  Json c2 = h.sink.TakeTasks()[0].second;
+  CHECK(c2["version"] == 2);
+  h.Finish(c2, true);
+  CHECK(h.State(job) == "completed");
+  Json st = h.sched.JobStatus(job);
+  int output_lost = 0, daemon_lost = 0;
+  for (auto& r : st["recoveries"]) {
+    output_lost += r["reason"] == "output_lost";
+    daemon_lost += r["reason"] == "daemon_lost";
+    CHECK(r["charged"] == false);
+  }
+  CHECK(output_lost == 2);
+  CHECK(daemon_lost == 1);
+  (void)c;
+}
+
+TEST_CASE("Scheduler.ConsumedOutputsAreReleasedAndRegeneratedWhenNeededAgain") {
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(kChain);
+  Json a = h.sink.TakeTasks()[0].second;
+  h.Finish(a, true);
+  Json b = h.sink.TakeTasks()[0].second;
+  h.Finish(b, true);
+  // b consumed a's output: a's output is released; b's is still needed by c.
+  auto releases = h.sink.WithOp("release");
+  REQUIRE(releases.size() == 1);
+  REQUIRE(releases[0].second["keys"].size() == 1);
+  CHECK(releases[0].second["keys"][0]["vertex"] == a["vertex"]);
+  // c cannot read b's output (corrupted, say): b re-runs, and so must a, whose output is gone.
+  Json c = h.sink.TakeTasks()[0].second;
+  h.Finish(c, false, {}, FailureClass::kInputLost, 0);
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 1);
+  CHECK(tasks[0].second["name"] == "a[0]");
+  h.Finish(tasks[0].second, true);
+  h.Finish(h.sink.TakeTasks()[0].second, true);  // b
+  Json c2 = h.sink.TakeTasks()[0].second;
+  CHECK(c2["name"] == "c[0]");
+  CHECK(c2["version"] == 2);
+  h.Finish(c2, true);
+  CHECK(h.State(job) == "completed");
+  // The input-lost consumer was not charged an attempt.
+  CHECK(h.sched.JobStatus(job)["stages"][2]["failed_attempts"] == 0);
+}
+
+TEST_CASE("Scheduler.TimeoutsFailTheAttemptAndCancelIt") {
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "slow", "program": "noop", "timeout_s": 2, "max_attempts": 1}]})");
+  REQUIRE(h.sink.TakeTasks().size() == 1);
+  h.clock.Advance(std::chrono::seconds(1));
+  h.sched.Tick();
+  CHECK(h.State(job) == "running");
+  h.clock.Advance(std::chrono::seconds(2));
+  h.sched.Tick();
+  CHECK(h.State(job) == "failed");
+  CHECK(std::string(h.sched.JobStatus(job)["failure"]).find("timeout") != std::string::npos);
+  CHECK_FALSE(h.sink.WithOp("cancel").empty());
+}
+
+TEST_CASE("Scheduler.InjectedFaultsFromTheJobFile") {
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
+                           "edges": [{"from": "a", "to": "b"}],
+                           "faults": [{"fail": "a", "attempts": [1]}, {"kill_daemon_of": "b", "when": {"completed": 1}}]})");
+  Json a1 = h.sink.TakeTasks()[0].second;
+  CHECK(a1.contains("inject_failure"));
+  h.Finish(a1, false);
+  Json a2 = h.sink.TakeTasks()[0].second;
+  CHECK_FALSE(a2.contains("inject_failure"));
+  h.Finish(a2, true);
+  REQUIRE(h.sink.TakeTasks().size() == 1);  // b placed: now its daemon is killed
+  CHECK(h.sink.WithOp("kill").size() == 1);
+  CHECK(h.sched.JobStatus(job)["faults"].size() == 2);
+}
+
+TEST_CASE("Scheduler.AffinityGroupsShareADaemon") {
+  Harness h;
+  h.AddDaemon("d0", 4);
+  h.AddDaemon("d1", 4);
+  h.Submit(R"({"stages": [{"name": "s", "program": "noop", "replicas": 4, "affinity": "g"}]})");
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 4);
+  for (auto& [d, t] : tasks) CHECK(d == tasks[0].first);
+}
+
+}  // namespace
+}  // namespace copse::jm
