@@ -1,0 +1,115 @@
+// Fault injection on a real cluster: every faulted run must produce outputs byte-identical to
+// the same job's fault-free run.
+#include <doctest/doctest.h>
+
+#include "cli/job_watch.h"
+#include "tests/integration/test_cluster.h"
+
+namespace copse::testing {
+namespace {
+
+/// Runs `job` without its faults, then with them, on one cluster; returns the faulted run's
+/// final status after checking every declared output is identical.
+Json RunWithAndWithoutFaults(TestCluster& cluster, Json job, const std::string& output) {
+  Json clean = job;
+  clean.erase("faults");
+  uint64_t a = cluster.Submit(clean);
+  Json sa = cluster.Wait(a);
+  REQUIRE_MESSAGE(sa["state"] == "completed", sa.dump());
+  std::string expected = cluster.Output(a, output);
+  uint64_t b = cluster.Submit(job);
+  Json sb = cluster.Wait(b);
+  REQUIRE_MESSAGE(sb["state"] == "completed", sb.dump(2));
+  CHECK(cluster.Output(b, output) == expected);
+  CHECK(sb["faults"].size() >= 1);
+  return sb;
+}
+
+Json ChecksumChain(int width) {
+  return {{"name", "chain"},
+          {"stages", {{{"name", "a"}, {"program", "checksum"}, {"replicas", width}, {"params", {{"bytes", 200000}}}},
+                      {{"name", "b"}, {"program", "checksum"}, {"replicas", width}, {"params", {{"bytes", 100000}}}},
+                      {{"name", "c"}, {"program", "checksum"}}}},
+          {"edges", {{{"from", "a"}, {"to", "b"}, {"channel", "memory"}},
+                     {{"from", "b"}, {"to", "c"}, {"pattern", "gather"}}}},
+          {"outputs", {{{"from", "c"}, {"path", "digest.txt"}}}}};
+}
+
+bool HasRecovery(const Json& status, const std::string& vertex, const std::string& reason) {
+  for (const auto& r : status["recoveries"]) {
+    if (r["vertex"] == vertex && r["reason"] == reason) return true;
+  }
+  return false;
+}
+
+TEST_CASE("Faults.DaemonKilledMidWordCount") {
+  TestCluster cluster(3);
+  for (int shard = 0; shard < 6; ++shard) {
+    std::ofstream f(cluster.dir() / ("s" + std::to_string(shard) + ".txt"));
+    for (int line = 0; line < 3000; ++line) f << "w" << (line * 7 + shard) % 97 << " x" << line % 13 << "\n";
+  }
+  Json job = {{"name", "wc"},
+              {"stages", {{{"name", "read"}, {"program", "text.read_lines"}, {"replicas", 6}, {"params", {{"path", "s{replica}.txt"}}}},
+                          {{"name", "count"}, {"program", "text.count_words"}, {"replicas", 3}},
+                          {{"name", "merge"}, {"program", "text.merge_counts"}}}},
+              {"edges", {{{"from", "read"}, {"to", "count"}, {"pattern", "all_to_all"}, {"channel", "memory"}},
+                         {{"from", "count"}, {"to", "merge"}, {"pattern", "gather"}}}},
+              {"outputs", {{{"from", "merge"}, {"path", "counts.txt"}}}},
+              {"faults", {{{"kill_daemon_of", "count[1]"}, {"when", {{"completed", 7}}}}}}};
+  Json st = RunWithAndWithoutFaults(cluster, job, "counts.txt");
+  CHECK(st["faults"][0]["fault"] == "kill_daemon_of");
+  CHECK(st["recoveries"].size() >= 1);
+}
+
+TEST_CASE("Faults.KillingTheDaemonThatHoldsNeededOutputsCascadesUpstream") {
+  TestCluster cluster(3);
+  Json job = ChecksumChain(4);
+  // c waits 700 ms before reading, so b[0]'s output is still needed when its daemon dies;
+  // a[0]'s output was already released, so lineage must re-run a[0] as well.
+  job["faults"] = {{{"delay", "c"}, {"ms", 700}}, {{"kill_daemon_of", "b[0]"}, {"when", {{"completed", 8}}}}};
+  Json st = RunWithAndWithoutFaults(cluster, job, "digest.txt");
+  CHECK_MESSAGE(HasRecovery(st, "b[0]", "output_lost"), st["recoveries"].dump(2));
+  CHECK_MESSAGE(HasRecovery(st, "a[0]", "output_lost"), st["recoveries"].dump(2));
+}
+
+TEST_CASE("Faults.ACorruptedStoredOutputIsDetectedAndRegenerated") {
+  TestCluster cluster(2);
+  Json job = ChecksumChain(2);
+  job["faults"] = {{{"delay", "b[0]"}, {"ms", 300}}, {{"corrupt_output_of", "a[0]"}}};
+  Json st = RunWithAndWithoutFaults(cluster, job, "digest.txt");
+  CHECK_MESSAGE(HasRecovery(st, "b[0]", "input_lost"), st["recoveries"].dump(2));
+  CHECK_MESSAGE(HasRecovery(st, "a[0]", "output_lost"), st["recoveries"].dump(2));
+  CHECK(st["stages"][1]["failed_attempts"] == 0);  // the reader is not charged
+}
+
+TEST_CASE("Faults.AVertexFailingTwiceThenSucceeding") {
+  TestCluster cluster(2);
+  Json job = ChecksumChain(2);
+  job["faults"] = {{{"fail", "b[1]"}, {"attempts", {1, 2}}}};
+  Json st = RunWithAndWithoutFaults(cluster, job, "digest.txt");
+  CHECK(st["stages"][1]["failed_attempts"] == 2);
+  CHECK(st["recoveries"].size() == 2);
+}
+
+TEST_CASE("Faults.AVertexFailingEveryAttemptFailsItsJobWithTheReason") {
+  TestCluster cluster(2);
+  Json job = ChecksumChain(2);
+  job["stages"][1]["max_attempts"] = 3;
+  job["faults"] = {{{"fail", "b[0]"}, {"attempts", {1, 2, 3}}}};
+  uint64_t id = cluster.Submit(job);
+  Json st = cluster.Wait(id);
+  CHECK(st["state"] == "failed");
+  std::string failure = st["failure"];
+  CHECK_MESSAGE(failure.find("b[0] failed 3 of 3 attempts") != std::string::npos, failure);
+  CHECK_MESSAGE(failure.find("injected fault /faults/0") != std::string::npos, failure);
+}
+
+TEST_CASE("Faults.SeveralJobsRunAtOnce") {
+  TestCluster cluster(2);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(cluster.Submit(ChecksumChain(3 + i)));
+  for (uint64_t id : ids) CHECK(cluster.Wait(id)["state"] == "completed");
+}
+
+}  // namespace
+}  // namespace copse::testing
