@@ -1,0 +1,475 @@
+// `stream` channels: live ZeroMQ pipes between daemons' stream hubs (channels/stream_hub.h).
+// Hubs in this process talk over 127.0.0.1 (tcp://) or a socket file (ipc://); the fault cases
+// fork a producer "daemon" and SIGKILL it. Every wait is bounded.
+#include "channels/stream_hub.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "tests/channels/channel_test_util.h"
+
+namespace copse::chan {
+namespace {
+
+using testing::Drain;
+using testing::Pattern;
+using testing::TempDir;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+const std::string kSecret = "stream-test-secret-0123456789abcdef";
+const std::string kHost = "127.0.0.1";
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::unique_ptr<StreamHub> StartHub(const std::filesystem::path& ipc_dir, const std::string& secret = kSecret) {
+  auto h = StreamHub::Start(kHost, 0, ipc_dir, secret);
+  REQUIRE_MESSAGE(h.ok(), h.status().ToString());
+  return std::move(h).value();
+}
+
+Json TcpOnly(Json ep) {
+  ep.erase("ipc");
+  return ep;
+}
+
+// Two hubs in this process: `prod` sends to `cons`.
+struct Pair {
+  TempDir dir;
+  std::unique_ptr<StreamHub> prod = StartHub(dir.path() / "p");
+  std::unique_ptr<StreamHub> cons = StartHub(dir.path() / "c");
+  Json peer(bool ipc) const { return ipc ? cons->endpoints() : TcpOnly(cons->endpoints()); }
+};
+
+StreamOptions Quick() {
+  StreamOptions o;
+  o.peer_timeout = milliseconds(500);
+  o.open_timeout = milliseconds(3000);
+  return o;
+}
+
+TEST_CASE("Stream.EndpointsAndKeys" * doctest::timeout(10)) {
+  Pair p;
+  auto ep = p.cons->endpoints();
+  CHECK(ep["tcp"].get<std::string>().rfind("tcp://127.0.0.1:", 0) == 0);
+  CHECK(ep["ipc"].get<std::string>().rfind("ipc://", 0) == 0);
+  CHECK(ep.contains("host"));
+  StreamKey k{3, 7, 2};
+  CHECK(k.ToString() == "job3/c7.v2");
+  auto back = StreamKey::FromJson(k.ToJson());
+  REQUIRE(back.ok());
+  CHECK(*back == k);
+  CHECK(StreamKey::FromJson(Json{{"job", 1}, {"channel", -1}, {"version", 0}}).status().message().find("/channel") !=
+        std::string::npos);
+  CHECK(p.prod->OpenWriter(Json{{"tcp", 5}}, k, {}).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Stream.OrderAndBoundariesOverTcpAndIpc" * doctest::timeout(20)) {
+  Pair p;
+  for (bool ipc : {false, true}) {
+    CAPTURE(ipc);
+    StreamKey key{1, ipc ? 2u : 1u, 0};
+    auto r = p.cons->OpenReader(key, Quick());
+    REQUIRE(r.ok());
+    auto w = p.prod->OpenWriter(p.peer(ipc), key, Quick());
+    REQUIRE(w.ok());
+    // Empty, tiny, odd, larger than the zero-copy threshold, larger than the window.
+    std::vector<size_t> sizes = {0, 1, 63, 64, 4095, 4096, 100'000, 1 << 20, 9 << 20, 0, 7};
+    std::atomic<bool> wrote_all{false};
+    std::thread producer([&] {
+      for (int round = 0; round < 3; ++round)
+        for (size_t i = 0; i < sizes.size(); ++i)
+          if (!(*w)->Write(Buffer(Pattern(sizes[i], round, i))).ok()) return;
+      wrote_all = (*w)->Close().ok();
+    });
+    auto got = Drain(**r);
+    producer.join();
+    CHECK(wrote_all.load());
+    REQUIRE(got.size() == 3 * sizes.size());
+    for (int round = 0; round < 3; ++round)
+      for (size_t i = 0; i < sizes.size(); ++i) CHECK(got[round * sizes.size() + i] == Pattern(sizes[i], round, i));
+  }
+  CHECK(p.cons->buffered_bytes() == 0);
+  CHECK(p.cons->dropped_frames() == 0);
+}
+
+TEST_CASE("Stream.ReaderOpenedAfterTheProducerFinished" * doctest::timeout(10)) {
+  Pair p;
+  StreamKey key{1, 3, 0};
+  {
+    auto w = p.prod->OpenWriter(p.peer(false), key, Quick());
+    REQUIRE(w.ok());
+    for (int i = 0; i < 10; ++i) REQUIRE((*w)->Write(Buffer(Pattern(1000, 4, i))).ok());
+    REQUIRE((*w)->Close().ok());
+  }
+  std::this_thread::sleep_for(milliseconds(1500));  // longer than peer_timeout: the end was already held
+  auto r = p.cons->OpenReader(key, Quick());
+  REQUIRE(r.ok());
+  auto got = Drain(**r);
+  REQUIRE(got.size() == 10);
+  CHECK(got[9] == Pattern(1000, 4, 9));
+  CHECK(p.cons->OpenReader(key, Quick()).status().code() == StatusCode::kAlreadyExists);
+}
+
+TEST_CASE("Stream.BackPressureBoundsBufferedBytes" * doctest::timeout(20)) {
+  Pair p;
+  StreamKey key{1, 4, 0};
+  StreamOptions o = Quick();
+  o.window_bytes = 1 << 20;
+  o.window_messages = 64;
+  auto w = p.prod->OpenWriter(p.peer(false), key, o);
+  auto r = p.cons->OpenReader(key, o);
+  REQUIRE((w.ok() && r.ok()));
+  constexpr int kMessages = 1024;  // 64 MiB of 64 KiB messages, 64x the window
+  std::atomic<int> written{0};
+  std::thread producer([&] {
+    for (int i = 0; i < kMessages; ++i) {
+      REQUIRE((*w)->Write(Buffer(Pattern(64 << 10, 5, i))).ok());
+      ++written;
+    }
+    REQUIRE((*w)->Close().ok());
+  });
+  std::this_thread::sleep_for(milliseconds(700));  // the reader sleeps; heartbeats keep the writer alive
+  CHECK(written.load() == 16);                     // exactly one window
+  CHECK(p.cons->buffered_bytes() <= o.window_bytes);
+  CHECK(p.prod->in_flight_bytes() <= o.window_bytes);
+  size_t max_buffered = 0;
+  for (int i = 0; i < kMessages; ++i) {
+    auto m = (*r)->Next();
+    REQUIRE(m.ok());
+    REQUIRE(m->has_value());
+    REQUIRE((*m)->view() == Pattern(64 << 10, 5, i));
+    max_buffered = std::max(max_buffered, p.cons->buffered_bytes());
+  }
+  auto end = (*r)->Next();
+  REQUIRE(end.ok());
+  CHECK(!end->has_value());
+  producer.join();
+  CHECK(max_buffered <= o.window_bytes);
+}
+
+TEST_CASE("Stream.WriterDestroyedWithoutCloseAbortsTheReader" * doctest::timeout(10)) {
+  Pair p;
+  StreamKey key{1, 5, 0};
+  auto r = p.cons->OpenReader(key, Quick());
+  REQUIRE(r.ok());
+  {
+    auto w = p.prod->OpenWriter(p.peer(true), key, Quick());
+    REQUIRE(w.ok());
+    REQUIRE((*w)->Write(Buffer(std::string("a"))).ok());
+  }
+  auto start = Clock::now();
+  auto m = (*r)->Next();
+  REQUIRE(m.ok());
+  CHECK((*m)->view() == "a");
+  auto e = (*r)->Next();
+  CHECK(e.status().code() == StatusCode::kUnavailable);
+  CHECK(SecondsSince(start) < 0.4);  // told, not timed out
+}
+
+TEST_CASE("Stream.ReaderGoneFailsTheWriter" * doctest::timeout(10)) {
+  Pair p;
+  StreamKey key{1, 6, 0};
+  StreamOptions o = Quick();
+  o.window_messages = 2;
+  auto w = p.prod->OpenWriter(p.peer(false), key, o);
+  auto r = p.cons->OpenReader(key, o);
+  REQUIRE((w.ok() && r.ok()));
+  REQUIRE((*w)->Write(Buffer(std::string("a"))).ok());
+  auto m = (*r)->Next();
+  REQUIRE(m.ok());
+  r->reset();  // the consumer failed before the end
+  Status s;
+  auto start = Clock::now();
+  for (int i = 0; i < 100 && s.ok(); ++i) s = (*w)->Write(Buffer(std::string("b")));
+  CHECK(s.code() == StatusCode::kUnavailable);
+  CHECK(SecondsSince(start) < 2.0);
+}
+
+TEST_CASE("Stream.CancelUnblocksReaderAndWriter" * doctest::timeout(10)) {
+  Pair p;
+  std::atomic<bool> cancel{false};
+  StreamOptions o = Quick();
+  o.cancel = &cancel;
+  o.window_messages = 1;
+  auto r = p.cons->OpenReader({2, 1, 0}, o);
+  auto w = p.prod->OpenWriter(p.peer(false), {2, 2, 0}, o);  // nobody reads it
+  REQUIRE((r.ok() && w.ok()));
+  REQUIRE((*w)->Write(Buffer(std::string("a"))).ok());
+  std::thread t([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    cancel = true;
+  });
+  auto start = Clock::now();
+  CHECK((*r)->Next().status().code() == StatusCode::kCancelled);
+  CHECK((*w)->Write(Buffer(std::string("b"))).code() == StatusCode::kCancelled);
+  CHECK(SecondsSince(start) < 1.0);
+  t.join();
+}
+
+TEST_CASE("Stream.DropJobUnblocksBothSides" * doctest::timeout(10)) {
+  Pair p;
+  StreamOptions o = Quick();
+  o.window_messages = 1;
+  auto r = p.cons->OpenReader({9, 1, 0}, o);
+  auto w = p.prod->OpenWriter(p.peer(false), {9, 2, 0}, o);
+  auto other = p.cons->OpenReader({10, 1, 0}, o);
+  REQUIRE((r.ok() && w.ok() && other.ok()));
+  REQUIRE((*w)->Write(Buffer(std::string("a"))).ok());
+  std::thread t([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    p.cons->DropJob(9);
+    p.prod->DropJob(9);
+  });
+  auto start = Clock::now();
+  CHECK((*r)->Next().status().code() == StatusCode::kCancelled);
+  CHECK((*w)->Write(Buffer(std::string("b"))).code() == StatusCode::kCancelled);
+  CHECK(SecondsSince(start) < 1.0);
+  t.join();
+  // Another job's channel is untouched.
+  auto w2 = p.prod->OpenWriter(p.peer(false), {10, 1, 0}, o);
+  REQUIRE(w2.ok());
+  REQUIRE((*w2)->Write(Buffer(std::string("still here"))).ok());
+  REQUIRE((*w2)->Close().ok());
+  CHECK(Drain(**other) == std::vector<std::string>{"still here"});
+}
+
+TEST_CASE("Stream.UnauthenticatedFramesAreIgnored" * doctest::timeout(15)) {
+  Pair p;
+  StreamKey key{4, 1, 0};
+  auto r = p.cons->OpenReader(key, Quick());
+  REQUIRE(r.ok());
+  // A producer that does not know the secret: its open is refused, its data never arrives.
+  TempDir other;
+  auto intruder_hub = StartHub(other.path(), "not-the-secret");
+  auto bad = intruder_hub->OpenWriter(p.peer(false), key, Quick());
+  REQUIRE(bad.ok());
+  REQUIRE((*bad)->Write(Buffer(std::string("evil"))).ok());
+  REQUIRE((*bad)->Close().ok());
+  // Raw garbage on the hub's port.
+  zmq::context_t ctx(1);
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.connect(p.peer(false)["tcp"].get<std::string>());
+  raw.send(zmq::str_buffer("garbage"), zmq::send_flags::none);
+  std::string header(40, '\0');
+  raw.send(zmq::buffer(header), zmq::send_flags::none);  // wrong magic
+  auto start = Clock::now();
+  while (p.cons->dropped_frames() < 4 && SecondsSince(start) < 5) std::this_thread::sleep_for(milliseconds(10));
+  CHECK(p.cons->dropped_frames() >= 4);  // bad open, its data, its end, garbage, wrong magic
+
+  // The legitimate producer opens the same key; a spoofed data frame from another connection
+  // (a valid header for the key, no open of its own) is dropped.
+  auto good = p.prod->OpenWriter(p.peer(false), key, Quick());
+  REQUIRE(good.ok());
+  REQUIRE((*good)->Write(Buffer(std::string("a"))).ok());
+  auto m = (*r)->Next();
+  REQUIRE(m.ok());
+  REQUIRE(m->has_value());
+  CHECK((*m)->view() == "a");
+  uint32_t magic = 0x53535043;
+  std::memcpy(header.data(), &magic, 4);
+  header[4] = 2;  // data
+  uint64_t job = 4, seq = 1;
+  uint32_t channel = 1;
+  std::memcpy(header.data() + 8, &job, 8);
+  std::memcpy(header.data() + 16, &channel, 4);
+  std::memcpy(header.data() + 24, &seq, 8);
+  uint64_t before = p.cons->dropped_frames();
+  raw.send(zmq::buffer(header), zmq::send_flags::sndmore);
+  raw.send(zmq::str_buffer("spoofed"), zmq::send_flags::none);
+  start = Clock::now();
+  while (p.cons->dropped_frames() == before && SecondsSince(start) < 5) std::this_thread::sleep_for(milliseconds(10));
+  CHECK(p.cons->dropped_frames() == before + 1);
+  REQUIRE((*good)->Write(Buffer(std::string("b"))).ok());
+  REQUIRE((*good)->Close().ok());
+  CHECK(Drain(**r) == std::vector<std::string>{"b"});
+}
+
+TEST_CASE("Stream.ConsumerHubNeverAnswers" * doctest::timeout(10)) {
+  TempDir dir;
+  auto hub = StartHub(dir.path());
+  // A port nobody listens on (bound and closed by a throwaway hub).
+  Json dead;
+  {
+    auto tmp = StartHub({});
+    dead = tmp->endpoints();
+  }
+  StreamOptions o = Quick();
+  o.open_timeout = milliseconds(300);
+  o.window_messages = 2;
+  auto w = hub->OpenWriter(dead, {5, 1, 0}, o);
+  REQUIRE(w.ok());
+  Status s;
+  auto start = Clock::now();
+  for (int i = 0; i < 10 && s.ok(); ++i) s = (*w)->Write(Buffer(std::string("x")));
+  CHECK(s.code() == StatusCode::kUnavailable);
+  CHECK(SecondsSince(start) < 2.0);
+}
+
+// ---- two processes -----------------------------------------------------------------------------
+
+// A producer "daemon" in a forked child: it reads the consumer hub's endpoints from a pipe,
+// starts its own hub and runs `body`; then it exits (0 when body returned true). Killed by the
+// guard's destructor if still running.
+struct ChildProducer {
+  pid_t pid = -1;
+  int to_child = -1;
+
+  ChildProducer(std::function<bool(StreamHub&, const Json&)> body) {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(fds[1]);
+      uint32_t len = 0;
+      std::string text;
+      if (::read(fds[0], &len, sizeof len) != sizeof len) ::_exit(2);
+      text.resize(len);
+      size_t got = 0;
+      while (got < len) {
+        auto n = ::read(fds[0], text.data() + got, len - got);
+        if (n <= 0) ::_exit(2);
+        got += static_cast<size_t>(n);
+      }
+      auto hub = StreamHub::Start(kHost, 0, {}, kSecret);
+      if (!hub.ok()) ::_exit(3);
+      bool ok = body(**hub, Json::parse(text));
+      hub->reset();  // flushes what is queued (linger)
+      ::_exit(ok ? 0 : 1);
+    }
+    ::close(fds[0]);
+    to_child = fds[1];
+  }
+  void SendPeer(const Json& peer) {
+    std::string text = peer.dump();
+    uint32_t len = static_cast<uint32_t>(text.size());
+    REQUIRE(::write(to_child, &len, sizeof len) == sizeof len);
+    REQUIRE(::write(to_child, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  }
+  int Wait() {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    pid = -1;
+    return status;
+  }
+  ~ChildProducer() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    if (to_child >= 0) ::close(to_child);
+  }
+};
+
+size_t PeakRssKiB() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoul(line.substr(6));
+  return 0;
+}
+
+TEST_CASE("Stream.KilledProducerIsUnavailableWithinPeerTimeout" * doctest::timeout(15)) {
+  StreamKey key{6, 1, 0};
+  // Fork before this process starts any hub thread.
+  ChildProducer child([key](StreamHub& hub, const Json& peer) {
+    StreamOptions o;
+    o.window_messages = 4;
+    auto w = hub.OpenWriter(peer, key, o);
+    if (!w.ok()) return false;
+    for (int i = 0; i < 5; ++i) (void)(*w)->Write(Buffer(Pattern(100, 6, i)));  // the 5th blocks: window
+    for (;;) ::pause();
+  });
+  TempDir dir;
+  auto hub = StartHub(dir.path());
+  child.SendPeer(TcpOnly(hub->endpoints()));
+  StreamOptions o = Quick();  // peer_timeout 500 ms
+  auto r = hub->OpenReader(key, o);
+  REQUIRE(r.ok());
+  for (int i = 0; i < 3; ++i) {
+    auto m = (*r)->Next();
+    REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+    REQUIRE(m->has_value());
+    CHECK((*m)->view() == Pattern(100, 6, i));
+  }
+  std::this_thread::sleep_for(milliseconds(800));  // alive but blocked: heartbeats, no false alarm
+  for (int i = 3; i < 5; ++i) {
+    auto m = (*r)->Next();
+    REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+    REQUIRE(m->has_value());
+  }
+  ::kill(child.pid, SIGKILL);
+  auto killed = Clock::now();
+  auto e = (*r)->Next();
+  double waited = SecondsSince(killed);
+  CHECK(e.status().code() == StatusCode::kUnavailable);
+  MESSAGE("dead producer noticed after " << waited << " s: " << e.status().ToString());
+  CHECK(waited < 0.5 + 1.0);
+  child.Wait();
+}
+
+TEST_CASE("Stream.OneGiBBetweenProcessesInBoundedMemory" * doctest::timeout(60)) {
+  constexpr int kMessages = 1024;
+  constexpr size_t kSize = 1 << 20;
+  StreamKey key{7, 1, 0};
+  ChildProducer child([key](StreamHub& hub, const Json& peer) {
+    auto w = hub.OpenWriter(peer, key, {});
+    if (!w.ok()) return false;
+    std::string base = Pattern(kSize, 7, 0);
+    for (uint64_t i = 0; i < kMessages; ++i) {
+      std::string m = base;
+      std::memcpy(m.data(), &i, sizeof i);
+      if (!(*w)->Write(Buffer(std::move(m))).ok()) return false;
+    }
+    return (*w)->Close().ok();
+  });
+  TempDir dir;
+  auto hub = StartHub(dir.path());
+  {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";  // resets VmHWM to the current RSS (Linux >= 4.0)
+  }
+  size_t rss_before = PeakRssKiB();
+  child.SendPeer(TcpOnly(hub->endpoints()));
+  auto r = hub->OpenReader(key, {});
+  REQUIRE(r.ok());
+  auto start = Clock::now();
+  std::string base = Pattern(kSize, 7, 0);
+  for (uint64_t i = 0; i < kMessages; ++i) {
+    auto m = (*r)->Next();
+    REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+    REQUIRE(m->has_value());
+    REQUIRE((*m)->size() == kSize);
+    uint64_t idx;
+    std::memcpy(&idx, (*m)->data(), sizeof idx);
+    REQUIRE(idx == i);
+    REQUIRE(std::memcmp((*m)->data() + 8, base.data() + 8, 4096) == 0);
+    REQUIRE(std::memcmp((*m)->data() + kSize - 4096, base.data() + kSize - 4096, 4096) == 0);
+  }
+  auto end = (*r)->Next();
+  REQUIRE(end.ok());
+  CHECK(!end->has_value());
+  double s = SecondsSince(start);
+  size_t peak = PeakRssKiB();
+  MESSAGE("1 GiB over tcp in " << s << " s (" << (kMessages * double(kSize) / s / 1e9) << " GB/s); peak RSS "
+                               << peak / 1024 << " MiB (before: " << rss_before / 1024 << " MiB)");
+  CHECK(peak < rss_before + 256 * 1024);
+  CHECK(WEXITSTATUS(child.Wait()) == 0);
+}
+
+}  // namespace
+}  // namespace copse::chan
