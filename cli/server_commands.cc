@@ -19,11 +19,17 @@ void AddJmCommand(CLI::App& app) {
     std::string listen = "127.0.0.1:7077";
     std::string state_dir;
     int heartbeat_timeout_ms = 1000;
+    std::string placement = "locality";
+    int locality_wait_ms = 100;
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any; the address goes to STATE_DIR/jm.addr)");
   cmd->add_option("--state-dir", opts->state_dir, "where the secret and the address file live")->default_str(DefaultStateDir().string());
   cmd->add_option("--heartbeat-timeout-ms", opts->heartbeat_timeout_ms, "a daemon silent this long is lost")->check(CLI::Range(50, 600000));
+  cmd->add_option("--placement", opts->placement, "placement policy: locality or load (locality-blind)")
+      ->check(CLI::IsMember({"locality", "load"}));
+  cmd->add_option("--locality-wait-ms", opts->locality_wait_ms, "how long a ready vertex waits for a slot where its inputs are")
+      ->check(CLI::Range(0, 600000));
   cmd->callback([opts] {
     auto hp = net::ParseHostPort(opts->listen, "--listen");
     if (!hp.ok()) {
@@ -37,6 +43,8 @@ void AddJmCommand(CLI::App& app) {
     o.state_dir = opts->state_dir.empty() ? DefaultStateDir() : std::filesystem::path(opts->state_dir);
     o.catalog = Catalog();
     o.heartbeat_timeout = std::chrono::milliseconds(opts->heartbeat_timeout_ms);
+    o.scheduler.placement = opts->placement;
+    o.scheduler.locality_wait = std::chrono::milliseconds(opts->locality_wait_ms);
     auto server = jm::JmServer::Start(std::move(o));
     if (!server.ok()) {
       std::cerr << "copse jm: " << server.status().message() << "\n";

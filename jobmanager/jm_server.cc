@@ -30,7 +30,7 @@ JobId JobIdFrom(const Json& msg) {
 class JmServer::Impl : public DaemonSink {
  public:
   explicit Impl(JmServerOptions options)
-      : options_(std::move(options)), acceptor_(io_), tick_timer_(io_), scheduler_(*this, clock_) {}
+      : options_(std::move(options)), acceptor_(io_), tick_timer_(io_), scheduler_(*this, clock_, options_.scheduler) {}
 
   Status Listen() {
     COPSE_ASSIGN_OR_RETURN(secret_, auth::LoadOrCreateSecret(options_.state_dir));

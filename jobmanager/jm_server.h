@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "jobmanager/job_parser.h"
+#include "jobmanager/scheduler.h"
 
 namespace copse::jm {
 
@@ -22,6 +23,7 @@ struct JmServerOptions {
   ProgramCatalog catalog = ProgramCatalog::AcceptAny();
   std::chrono::milliseconds heartbeat_timeout{1000};  // a daemon silent this long is lost
   std::chrono::milliseconds tick{50};
+  SchedulerOptions scheduler;
 };
 
 class JmServer {

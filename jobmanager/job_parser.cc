@@ -1,5 +1,6 @@
 #include "jobmanager/job_parser.h"
 
+#include <algorithm>
 #include <cmath>
 #include <regex>
 
@@ -168,7 +169,7 @@ StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults
   s.timeout_s = defaults.timeout_s;
   ObjectReader r(j, ptr, diags,
                  {"name", "program", "replicas", "params", "resources", "max_attempts", "timeout_s",
-                  "affinity", "description"});
+                  "affinity", "input_hosts", "description"});
   if (!r.IsObject("a stage")) return s;
   r.RejectUnknownKeys();
   if (auto name = r.String("name", true)) {
@@ -197,6 +198,17 @@ StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults
   if (auto v = r.Integer("max_attempts", 1, 1000)) s.max_attempts = static_cast<int>(*v);
   if (auto v = r.Number("timeout_s", 0, 1e9)) s.timeout_s = *v;
   if (auto a = r.String("affinity", false)) s.affinity = *a;
+  if (const Json* h = r.Find("input_hosts")) {
+    if (h->is_string()) {
+      s.input_hosts.push_back(h->get<std::string>());
+    } else if (h->is_array() && h->size() == static_cast<size_t>(s.replicas) &&
+               std::all_of(h->begin(), h->end(), [](const Json& x) { return x.is_string(); })) {
+      for (const auto& x : *h) s.input_hosts.push_back(x.get<std::string>());
+    } else {
+      diags.Error(r.PointerOf("input_hosts"), "expected a host name (\"{replica}\" allowed) or an array of " +
+                                                  std::to_string(s.replicas) + " host names, one per replica");
+    }
+  }
   r.String("description", false);
   return s;
 }

@@ -46,6 +46,8 @@ struct StageSpec {
   int max_attempts = 4;
   double timeout_s = 0;  // 0: no timeout
   std::string affinity;  // "" when none
+  /// Hosts holding each replica's input: one entry (may contain {replica}) or one per replica.
+  std::vector<std::string> input_hosts;
 };
 
 /// "stage" (every replica) or "stage[i]" (one vertex).

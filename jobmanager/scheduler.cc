@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "common/text_util.h"
 
 namespace copse::jm {
 namespace {
@@ -75,6 +76,7 @@ struct Scheduler::Run {
   std::vector<uint64_t> output_bytes;
   std::vector<uint64_t> output_messages;
   bool released = false;  // outputs garbage-collected: every consumer had completed
+  TimePoint ready_since{};
   TimePoint started{};
   double duration_ms = 0;
   std::string last_error;
@@ -98,12 +100,16 @@ struct Scheduler::Job {
   Json recoveries = Json::array();
   std::vector<std::pair<VertexId, std::string>> log;
   std::vector<char> declared;  // per vertex: a job output reads it, so it is never released
+  uint64_t local_input_bytes = 0, remote_input_bytes = 0;  // what placement achieved
 
   const JobGraph& g() const { return *graph; }
 };
 
 Scheduler::Scheduler(DaemonSink& sink, const Clock& clock, SchedulerOptions options)
-    : sink_(sink), clock_(clock), options_(options) {}
+    : sink_(sink), clock_(clock), options_(options),
+      policy_(MakePlacementPolicy(options_.placement, options_.locality_wait)) {
+  if (!policy_) policy_ = std::make_unique<LocalityPolicy>(options_.locality_wait);
+}
 Scheduler::~Scheduler() = default;
 
 Scheduler::Job* Scheduler::FindJob(JobId id) {
@@ -249,6 +255,7 @@ void Scheduler::RecomputePending(Job& job) {
 
 void Scheduler::MakeReady(Job& job, VertexId v) {
   job.runs[v.value()].state = VertexState::kReady;
+  job.runs[v.value()].ready_since = clock_.Now();
   job.ready.push_back(v);
 }
 
@@ -457,30 +464,39 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   auto fits = [&](const Daemon& d) {
     return d.alive && d.free_cpus + 1e-9 >= need.cpus && d.free_gpus >= need.gpus && d.spec.cpus + 1e-9 >= need.cpus;
   };
-  Daemon* best = nullptr;
   if (pinned) {
     if (!fits(*pinned)) return false;
-    best = pinned;
-  } else {
-    // Locality first: the daemon already holding the most input bytes; then the least loaded.
-    uint64_t best_bytes = 0;
-    for (auto& d : daemons_) {
-      if (!fits(*d)) continue;
-      uint64_t local = 0;
-      for (ChannelId ch : g.vertex(v).inputs) {
-        const ChannelEdge& c = g.channel(ch);
-        const Run& p = job.runs[c.from.value()];
-        if (p.daemon == d->id && static_cast<size_t>(c.from_port) < p.output_bytes.size()) local += p.output_bytes[c.from_port];
-      }
-      if (!best || local > best_bytes || (local == best_bytes && d->free_cpus > best->free_cpus)) {
-        best = d.get();
-        best_bytes = local;
-      }
-    }
-    if (!best) return false;
-    if (!stage.affinity.empty()) job.affinity[stage.affinity] = best->id;
+    Dispatch(job, v, *pinned);
+    return true;
   }
-  Dispatch(job, v, *best);
+  PlacementRequest request;
+  for (ChannelId ch : g.vertex(v).inputs) {
+    const ChannelEdge& c = g.channel(ch);
+    const Run& p = job.runs[c.from.value()];
+    if (p.daemon.valid() && static_cast<size_t>(c.from_port) < p.output_bytes.size()) {
+      request.input_bytes[p.daemon] += p.output_bytes[c.from_port];
+    }
+  }
+  if (!stage.input_hosts.empty()) {
+    const int replica = g.vertex(v).replica;
+    std::string host = stage.input_hosts.size() == 1 ? stage.input_hosts[0] : stage.input_hosts[replica % stage.input_hosts.size()];
+    request.input_hosts.push_back(ReplaceAll(host, "{replica}", std::to_string(replica)));
+  }
+  request.waited = clock_.Now() - job.runs[v.value()].ready_since;
+  std::vector<PlacementDaemon> candidates;
+  for (const auto& d : daemons_) {
+    if (!d->alive) continue;
+    auto label = [&](const char* key) {
+      auto it = d->spec.labels.find(key);
+      return it == d->spec.labels.end() ? std::string() : it->second;
+    };
+    candidates.push_back({d->id, label("host"), label("rack"), d->free_cpus, fits(*d)});
+  }
+  auto chosen = policy_->Choose(request, candidates);
+  if (!chosen) return false;
+  Daemon& best = *daemons_[chosen->value()];
+  if (!stage.affinity.empty()) job.affinity[stage.affinity] = best.id;
+  Dispatch(job, v, best);
   return true;
 }
 
@@ -541,6 +557,12 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d) {
         job.faults.push_back({{"fault", "delay"}, {"vertex", node.name}, {"ms", f.ms}, {"at_ms", ElapsedMs(job)}});
       }
     }
+  }
+  for (ChannelId ch : node.inputs) {
+    const ChannelEdge& c = g.channel(ch);
+    const Run& p = job.runs[c.from.value()];
+    uint64_t bytes = static_cast<size_t>(c.from_port) < p.output_bytes.size() ? p.output_bytes[c.from_port] : 0;
+    (p.daemon == d.id ? job.local_input_bytes : job.remote_input_bytes) += bytes;
   }
   Json& batch = outbox_[d.id];
   if (batch.is_null()) batch = {{"op", "run"}, {"tasks", Json::array()}};
@@ -686,6 +708,7 @@ Json Scheduler::JobStatus(JobId id) const {
               {"vertices", {{"total", job.runs.size()}, {"completed", counts[3]}, {"running", counts[2]},
                             {"ready", counts[1]}, {"waiting", counts[0]}}},
               {"stages", stages},
+              {"input_bytes", {{"local", job.local_input_bytes}, {"remote", job.remote_input_bytes}}},
               {"waiting", waiting},
               {"faults", job.faults},
               {"recoveries", job.recoveries}};

@@ -25,6 +25,7 @@
 #include "common/ids.h"
 #include "common/json_util.h"
 #include "jobmanager/job_graph.h"
+#include "jobmanager/placement.h"
 
 namespace copse::jm {
 
@@ -72,6 +73,10 @@ struct AttemptReport {
 struct SchedulerOptions {
   /// How long finished jobs stay queryable before they (and their kept outputs) are forgotten.
   Duration finished_job_ttl = std::chrono::hours(1);
+  /// Placement policy by name ("locality" or "load") and how long a ready vertex may wait for
+  /// a slot on the daemon that holds its inputs before it runs elsewhere.
+  std::string placement = "locality";
+  Duration locality_wait = std::chrono::milliseconds(100);
 };
 
 class Scheduler {
@@ -142,6 +147,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Daemon>> daemons_;
   std::map<JobId, std::unique_ptr<Job>> jobs_;
   uint64_t next_job_ = 1;
+  std::unique_ptr<PlacementPolicy> policy_;
   std::map<DaemonId, Json> outbox_;          // per daemon: {"op":"run","tasks":[…]}
   std::map<DaemonId, Json> release_outbox_;  // per daemon: {"op":"release","keys":[…]}
 };
