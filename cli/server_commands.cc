@@ -21,6 +21,8 @@ void AddJmCommand(CLI::App& app) {
     int heartbeat_timeout_ms = 1000;
     std::string placement = "locality";
     int locality_wait_ms = 100;
+    double straggler_factor = 4.0;
+    int straggler_min_ms = 2000;
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any; the address goes to STATE_DIR/jm.addr)");
@@ -30,6 +32,11 @@ void AddJmCommand(CLI::App& app) {
       ->check(CLI::IsMember({"locality", "load"}));
   cmd->add_option("--locality-wait-ms", opts->locality_wait_ms, "how long a ready vertex waits for a slot where its inputs are")
       ->check(CLI::Range(0, 600000));
+  cmd->add_option("--straggler-factor", opts->straggler_factor,
+                  "duplicate an attempt running this many times its stage's median (0: never)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--straggler-min-ms", opts->straggler_min_ms, "never duplicate an attempt younger than this")
+      ->check(CLI::Range(0, 86400000));
   cmd->callback([opts] {
     auto hp = net::ParseHostPort(opts->listen, "--listen");
     if (!hp.ok()) {
@@ -45,6 +52,8 @@ void AddJmCommand(CLI::App& app) {
     o.heartbeat_timeout = std::chrono::milliseconds(opts->heartbeat_timeout_ms);
     o.scheduler.placement = opts->placement;
     o.scheduler.locality_wait = std::chrono::milliseconds(opts->locality_wait_ms);
+    o.scheduler.straggler_factor = opts->straggler_factor;
+    o.scheduler.straggler_min = std::chrono::milliseconds(opts->straggler_min_ms);
     auto server = jm::JmServer::Start(std::move(o));
     if (!server.ok()) {
       std::cerr << "copse jm: " << server.status().message() << "\n";

@@ -292,8 +292,8 @@ FaultSpec ParseFault(const Json& j, std::string ptr, Diagnostics& diags) {
     f.vertex = ReadEndpoint(r, FaultKindName(f.kind), true, diags);
   }
   if (const Json* a = r.Find("attempts")) {
-    if (f.kind != FaultKind::kFail) {
-      diags.Error(r.PointerOf("attempts"), "\"attempts\" belongs to a \"fail\" fault only");
+    if (f.kind != FaultKind::kFail && f.kind != FaultKind::kDelay) {
+      diags.Error(r.PointerOf("attempts"), "\"attempts\" belongs to a \"fail\" or \"delay\" fault only");
     } else if (!a->is_array() || a->empty()) {
       diags.Error(r.PointerOf("attempts"), "expected a non-empty array of attempt numbers (1 = first)");
     } else {
@@ -303,8 +303,8 @@ FaultSpec ParseFault(const Json& j, std::string ptr, Diagnostics& diags) {
         }
       }
     }
-  } else if (f.kind == FaultKind::kFail) {
-    f.attempts = {1};
+  } else if (f.kind == FaultKind::kFail || f.kind == FaultKind::kDelay) {
+    f.attempts = {1};  // the first attempt: a re-run (or a straggler's duplicate) is not slowed
   }
   if (r.Has("ms") && f.kind != FaultKind::kDelay) {
     diags.Error(r.PointerOf("ms"), "\"ms\" belongs to a \"delay\" fault only");

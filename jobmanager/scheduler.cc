@@ -70,6 +70,9 @@ struct Scheduler::Daemon {
 struct Scheduler::Run {
   VertexState state = VertexState::kWaiting;
   uint32_t version = 0;  // of the current or last attempt; 0 before the first
+  uint32_t dup_version = 0;  // a straggler's duplicate attempt running beside it (0: none)
+  DaemonId dup_daemon;
+  TimePoint dup_started{};
   int charged = 0;       // failed attempts that count against max_attempts
   uint32_t pending = 0;  // predecessors not completed
   DaemonId daemon;       // running there, or holding the outputs
@@ -99,6 +102,7 @@ struct Scheduler::Job {
   Json faults = Json::array();
   Json recoveries = Json::array();
   std::vector<std::pair<VertexId, std::string>> log;
+  std::vector<std::vector<double>> stage_seconds;  // per stage: wall time of completed attempts
   std::vector<char> declared;  // per vertex: a job output reads it, so it is never released
   uint64_t local_input_bytes = 0, remote_input_bytes = 0;  // what placement achieved
 
@@ -173,6 +177,18 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
     // Attempts running there failed through no fault of their own.
     std::vector<uint32_t> running(job.running.begin(), job.running.end());
     for (uint32_t v : running) {
+      Run& r = job.runs[v];
+      if (r.dup_version && (r.dup_daemon == id || r.daemon == id)) {
+        // One of two attempts died with the daemon; the other one carries on.
+        if (r.daemon == id) {
+          r.version = r.dup_version;
+          r.daemon = r.dup_daemon;
+          r.started = r.dup_started;
+        }
+        r.dup_version = 0;
+        Log(job, VertexId(v), "one attempt lost with daemon " + d.spec.name + "; version " + std::to_string(r.version) + " carries on");
+        continue;
+      }
       if (job.runs[v].daemon == id) {
         Fail(job, VertexId(v), FailureClass::kDaemonLost, "daemon " + d.spec.name + " lost: " + why, false);
       }
@@ -206,6 +222,7 @@ JobId Scheduler::Submit(std::shared_ptr<const JobGraph> graph, std::string job_d
   job->runs.resize(job->g().vertices().size());
   job->fault_fired.assign(job->g().spec().faults.size(), 0);
   job->declared.assign(job->runs.size(), 0);
+  job->stage_seconds.resize(job->g().spec().stages.size());
   for (const auto& o : job->g().spec().outputs) job->declared[job->g().FindVertex(o.from.ToString()).value()] = 1;
   Job& j = *job;
   jobs_[j.id] = std::move(job);
@@ -270,12 +287,9 @@ Status Scheduler::Cancel(JobId id) {
   return Status::OK();
 }
 
-void Scheduler::ReleaseSlots(Job& job, VertexId v) {
-  Run& r = job.runs[v.value()];
-  if (r.state != VertexState::kRunning) return;
-  job.running.erase(v.value());
-  if (!r.daemon.valid()) return;
-  Daemon& d = *daemons_[r.daemon.value()];
+void Scheduler::FreeSlot(Job& job, VertexId v, DaemonId daemon) {
+  if (!daemon.valid()) return;
+  Daemon& d = *daemons_[daemon.value()];
   if (d.alive) {
     const auto& res = job.g().stage_of(v).resources;
     d.free_cpus += res.cpus;
@@ -284,11 +298,61 @@ void Scheduler::ReleaseSlots(Job& job, VertexId v) {
   if (d.running) --d.running;
 }
 
+void Scheduler::ReleaseSlots(Job& job, VertexId v) {
+  Run& r = job.runs[v.value()];
+  if (r.state != VertexState::kRunning) return;
+  job.running.erase(v.value());
+  FreeSlot(job, v, r.daemon);
+  if (r.dup_version) {
+    FreeSlot(job, v, r.dup_daemon);
+    r.dup_version = 0;
+  }
+}
+
+bool Scheduler::ResolveDuplicate(Job& job, VertexId v, const AttemptReport& rep) {
+  Run& r = job.runs[v.value()];
+  if (!r.dup_version) return false;
+  bool from_dup = rep.version == r.dup_version;
+  DaemonId other = from_dup ? r.daemon : r.dup_daemon;
+  uint32_t other_version = from_dup ? r.version : r.dup_version;
+  if (rep.ok) {
+    // First to finish wins; the other attempt is cancelled and its slot freed.
+    if (daemons_[other.value()]->alive) {
+      sink_.SendToDaemon(other, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", v.value()}, {"version", other_version}});
+    }
+    FreeSlot(job, v, other);
+    if (from_dup) {
+      r.version = r.dup_version;
+      r.daemon = r.dup_daemon;
+    }
+    r.dup_version = 0;
+    Log(job, v, "version " + std::to_string(rep.version) + (from_dup ? " (the duplicate)" : " (the original)") +
+                    " finished first; version " + std::to_string(other_version) + " cancelled");
+    return false;  // the caller completes the vertex
+  }
+  // One of two attempts failed: the other carries on, and nothing is charged.
+  FreeSlot(job, v, from_dup ? r.dup_daemon : r.daemon);
+  if (!from_dup) {
+    r.version = r.dup_version;
+    r.daemon = r.dup_daemon;
+    r.started = r.dup_started;
+  }
+  r.dup_version = 0;
+  Log(job, v, "version " + std::to_string(rep.version) + " failed while version " + std::to_string(r.version) +
+                  " still runs: " + rep.error);
+  return true;
+}
+
 void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
   Job* job = FindJob(rep.job);
   if (!job || job->state != JobState::kRunning || rep.vertex.value() >= job->runs.size()) return;
   Run& r = job->runs[rep.vertex.value()];
-  if (r.state != VertexState::kRunning || r.version != rep.version) return;  // a stale attempt
+  bool current = r.version == rep.version || (r.dup_version && r.dup_version == rep.version);
+  if (r.state != VertexState::kRunning || !current) return;  // a stale attempt
+  if (ResolveDuplicate(*job, rep.vertex, rep)) {
+    Schedule();
+    return;
+  }
   if (rep.ok) {
     Complete(*job, rep.vertex, rep);
   } else if (rep.failure == FailureClass::kInputLost && rep.lost_input_port >= 0) {
@@ -311,6 +375,7 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
 void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   ReleaseSlots(job, v);
   Run& r = job.runs[v.value()];
+  job.stage_seconds[job.g().vertex(v).stage].push_back(std::chrono::duration<double>(clock_.Now() - r.started).count());
   r.state = VertexState::kCompleted;
   r.output_bytes = rep.output_bytes;
   r.output_bytes.resize(job.g().vertex(v).outputs.size(), 0);
@@ -466,7 +531,7 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   };
   if (pinned) {
     if (!fits(*pinned)) return false;
-    Dispatch(job, v, *pinned);
+    Dispatch(job, v, *pinned, /*duplicate=*/false);
     return true;
   }
   PlacementRequest request;
@@ -496,20 +561,27 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   if (!chosen) return false;
   Daemon& best = *daemons_[chosen->value()];
   if (!stage.affinity.empty()) job.affinity[stage.affinity] = best.id;
-  Dispatch(job, v, best);
+  Dispatch(job, v, best, /*duplicate=*/false);
   return true;
 }
 
-void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d) {
+void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
   const JobGraph& g = job.g();
   const VertexNode& node = g.vertex(v);
   const StageSpec& stage = g.stage_of(v);
   Run& r = job.runs[v.value()];
-  r.state = VertexState::kRunning;
-  r.version += 1;
-  r.daemon = d.id;
-  r.started = clock_.Now();
-  job.running.insert(v.value());
+  uint32_t version = std::max(r.version, r.dup_version) + 1;
+  if (duplicate) {
+    r.dup_version = version;
+    r.dup_daemon = d.id;
+    r.dup_started = clock_.Now();
+  } else {
+    r.state = VertexState::kRunning;
+    r.version = version;
+    r.daemon = d.id;
+    r.started = clock_.Now();
+    job.running.insert(v.value());
+  }
   d.free_cpus -= stage.resources.cpus;
   d.free_gpus -= stage.resources.gpus;
   ++d.running;
@@ -533,7 +605,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d) {
     ChannelKind kind = port.empty() ? ChannelKind::kFile : g.channel(port.front()).kind;
     outputs.push_back(ChannelKindName(kind));
   }
-  Json task = {{"job", job.id.value()},     {"vertex", v.value()},         {"version", r.version},
+  Json task = {{"job", job.id.value()},     {"vertex", v.value()},         {"version", version},
                {"name", node.name},         {"program", stage.program},    {"replica", node.replica},
                {"params", *node.params},    {"job_dir", job.job_dir},      {"threads", std::max(1, static_cast<int>(stage.resources.cpus))},
                {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
@@ -546,11 +618,12 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d) {
                  (!f.when.after_ms || ElapsedMs(job) >= static_cast<double>(*f.when.after_ms));
     if (!armed) continue;
     if (f.kind == FaultKind::kFail &&
-        std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(r.version)) != f.attempts.end()) {
-      task["inject_failure"] = "injected fault " + f.pointer + ": attempt " + std::to_string(r.version) + " fails";
-      job.faults.push_back({{"fault", "fail"}, {"vertex", node.name}, {"attempt", r.version}, {"at_ms", ElapsedMs(job)}});
+        std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
+      task["inject_failure"] = "injected fault " + f.pointer + ": attempt " + std::to_string(version) + " fails";
+      job.faults.push_back({{"fault", "fail"}, {"vertex", node.name}, {"attempt", version}, {"at_ms", ElapsedMs(job)}});
     }
-    if (f.kind == FaultKind::kDelay) {
+    if (f.kind == FaultKind::kDelay &&
+        std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
       task["delay_ms"] = f.ms;
       if (!job.fault_fired[i]) {
         job.fault_fired[i] = 1;
@@ -567,7 +640,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d) {
   Json& batch = outbox_[d.id];
   if (batch.is_null()) batch = {{"op", "run"}, {"tasks", Json::array()}};
   batch["tasks"].push_back(std::move(task));
-  Log(job, v, "version " + std::to_string(r.version) + " placed on " + d.spec.name);
+  Log(job, v, "version " + std::to_string(version) + (duplicate ? " (straggler duplicate)" : "") + " placed on " + d.spec.name);
 }
 
 void Scheduler::Flush() {
@@ -601,10 +674,55 @@ void Scheduler::Tick() {
       Fail(job, VertexId(v), FailureClass::kTimeout, "ran longer than timeout_s=" + std::to_string(timeout_s), true);
       if (job.state != JobState::kRunning) break;
     }
-    if (job.state == JobState::kRunning) CheckFaults(job);
+    if (job.state == JobState::kRunning) {
+      LaunchDuplicates(job);
+      CheckFaults(job);
+    }
     ++it;
   }
   Schedule();
+}
+
+void Scheduler::LaunchDuplicates(Job& job) {
+  if (options_.straggler_factor <= 0) return;
+  const JobGraph& g = job.g();
+  TimePoint now = clock_.Now();
+  std::map<int, double> median_s;  // per stage with enough completed peers
+  for (uint32_t v : std::vector<uint32_t>(job.running.begin(), job.running.end())) {
+    Run& r = job.runs[v];
+    if (r.dup_version) continue;
+    int stage = g.vertex(VertexId(v)).stage;
+    auto& done = job.stage_seconds[stage];
+    int replicas = g.spec().stages[stage].replicas;
+    if (done.empty() || done.size() < options_.straggler_fraction * replicas) continue;
+    auto m = median_s.find(stage);
+    if (m == median_s.end()) {
+      std::vector<double> copy = done;
+      std::nth_element(copy.begin(), copy.begin() + copy.size() / 2, copy.end());
+      m = median_s.emplace(stage, copy[copy.size() / 2]).first;
+    }
+    double elapsed = std::chrono::duration<double>(now - r.started).count();
+    if (elapsed < options_.straggler_factor * m->second ||
+        now - r.started < options_.straggler_min) {
+      continue;
+    }
+    // A daemon other than the straggler's, by the same placement rules.
+    const Resources& need = g.stage_of(VertexId(v)).resources;
+    Daemon* target = nullptr;
+    for (auto& d : daemons_) {
+      if (d->alive && d->id != r.daemon && d->free_cpus + 1e-9 >= need.cpus && d->free_gpus >= need.gpus &&
+          (!target || d->free_cpus > target->free_cpus)) {
+        target = d.get();
+      }
+    }
+    if (!target) continue;
+    char why[160];
+    std::snprintf(why, sizeof(why), "running %.2f s, %.1fx its stage's median of %.3f s", elapsed, elapsed / std::max(m->second, 1e-9),
+                  m->second);
+    job.recoveries.push_back({{"vertex", g.vertex(VertexId(v)).name}, {"failed_version", r.version}, {"reason", "straggler"},
+                              {"detail", why}, {"charged", false}, {"at_ms", ElapsedMs(job)}});
+    Dispatch(job, VertexId(v), *target, /*duplicate=*/true);
+  }
 }
 
 void Scheduler::CheckFaults(Job& job) {

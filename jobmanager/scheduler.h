@@ -77,6 +77,12 @@ struct SchedulerOptions {
   /// a slot on the daemon that holds its inputs before it runs elsewhere.
   std::string placement = "locality";
   Duration locality_wait = std::chrono::milliseconds(100);
+  /// A running attempt gets a duplicate on another daemon once it has run `straggler_factor`
+  /// times its stage's median completed time and at least `straggler_min`, and at least
+  /// `straggler_fraction` of the stage completed. 0 turns duplicates off.
+  double straggler_factor = 4.0;
+  Duration straggler_min = std::chrono::seconds(2);
+  double straggler_fraction = 0.5;
 };
 
 class Scheduler {
@@ -124,7 +130,13 @@ class Scheduler {
   void MakeReady(Job& job, VertexId v);
   void Schedule();
   bool TryPlace(Job& job, VertexId v);
-  void Dispatch(Job& job, VertexId v, Daemon& d);
+  /// Sends attempt max(version, dup_version)+1 of v to d; a duplicate runs beside the current one.
+  void Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate);
+  /// Stragglers: running attempts far slower than their completed stage peers get a duplicate.
+  void LaunchDuplicates(Job& job);
+  /// A report from a vertex with two attempts running; true when it needs nothing more.
+  bool ResolveDuplicate(Job& job, VertexId v, const AttemptReport& report);
+  void FreeSlot(Job& job, VertexId v, DaemonId daemon);
   void Complete(Job& job, VertexId v, const AttemptReport& report);
   void Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge);
   void FinishJob(Job& job, JobState state, const std::string& reason);

@@ -104,6 +104,20 @@ TEST_CASE("Faults.AVertexFailingEveryAttemptFailsItsJobWithTheReason") {
   CHECK_MESSAGE(failure.find("injected fault /faults/0") != std::string::npos, failure);
 }
 
+TEST_CASE("Faults.AStragglerIsDuplicatedAndTheJobDoesNotWaitForIt") {
+  TestCluster cluster(2, 4, 1000, {"--straggler-min-ms", "300"});
+  Json job = {{"name", "straggler"},
+              {"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 4}, {"params", {{"sleep_ms", 50}}}},
+                          {{"name", "sink"}, {"program", "checksum"}}}},
+              {"edges", {{{"from", "s"}, {"to", "sink"}, {"pattern", "gather"}}}},
+              {"outputs", {{{"from", "sink"}, {"path", "digest.txt"}}}},
+              {"faults", {{{"delay", "s[2]"}, {"ms", 20000}}}}};  // only the first attempt is slow
+  auto started = std::chrono::steady_clock::now();
+  Json st = RunWithAndWithoutFaults(cluster, job, "digest.txt");
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(10));
+  CHECK_MESSAGE(HasRecovery(st, "s[2]", "straggler"), st["recoveries"].dump(2));
+}
+
 TEST_CASE("Faults.SeveralJobsRunAtOnce") {
   TestCluster cluster(2);
   std::vector<uint64_t> ids;

@@ -46,14 +46,15 @@ inline pid_t Spawn(std::vector<std::string> args, const std::string& log, const 
 
 class TestCluster {
  public:
-  explicit TestCluster(int daemons, int cpus = 2, int heartbeat_timeout_ms = 1000) {
+  explicit TestCluster(int daemons, int cpus = 2, int heartbeat_timeout_ms = 1000, std::vector<std::string> jm_args = {}) {
     char tmpl[] = "/tmp/copse-itest-XXXXXX";
     REQUIRE(mkdtemp(tmpl) != nullptr);
     dir_ = tmpl;
     state_ = dir_ / "jm";
-    jm_pid_ = Spawn({"jm", "--listen", "127.0.0.1:0", "--state-dir", state_.string(), "--heartbeat-timeout-ms",
-                     std::to_string(heartbeat_timeout_ms)},
-                    (dir_ / "jm.log").string());
+    std::vector<std::string> args = {"jm", "--listen", "127.0.0.1:0", "--state-dir", state_.string(),
+                                     "--heartbeat-timeout-ms", std::to_string(heartbeat_timeout_ms)};
+    args.insert(args.end(), jm_args.begin(), jm_args.end());
+    jm_pid_ = Spawn(args, (dir_ / "jm.log").string());
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (!std::filesystem::exists(state_ / "jm.addr")) {
       REQUIRE(std::chrono::steady_clock::now() < deadline);

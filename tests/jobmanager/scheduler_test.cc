@@ -247,6 +247,37 @@ TEST_CASE("Scheduler.InjectedFaultsFromTheJobFile") {
   CHECK(h.sched.JobStatus(job)["faults"].size() == 2);
 }
 
+TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0", 4);
+  DaemonId d1 = h.AddDaemon("d1", 4);
+  JobId job = h.Submit(R"({"stages": [{"name": "s", "program": "noop", "replicas": 4}]})");
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 4);
+  h.clock.Advance(std::chrono::milliseconds(100));
+  for (int i = 0; i < 3; ++i) h.Finish(tasks[i].second, true);  // peers took 100 ms
+  h.clock.Advance(std::chrono::seconds(3));                      // s[3] has run 3.1 s
+  h.sched.Tick();
+  h.sched.Flush();
+  auto dup = h.sink.TakeTasks();
+  REQUIRE(dup.size() == 1);
+  CHECK(dup[0].second["name"] == tasks[3].second["name"]);
+  CHECK(dup[0].second["version"] == 2);
+  CHECK(dup[0].first != tasks[3].first);  // on another daemon
+  h.sched.Tick();
+  CHECK(h.sink.TakeTasks().empty());  // one duplicate at a time
+  h.Finish(dup[0].second, true);     // the duplicate wins
+  CHECK(h.State(job) == "completed");
+  auto cancels = h.sink.WithOp("cancel");
+  REQUIRE(cancels.size() == 1);
+  CHECK(cancels[0].first == tasks[3].first);
+  CHECK(cancels[0].second["version"] == 1);
+  h.Finish(tasks[3].second, true);  // the loser's late report changes nothing
+  CHECK(h.State(job) == "completed");
+  CHECK(h.sched.JobStatus(job)["recoveries"][0]["reason"] == "straggler");
+  (void)d0, (void)d1;
+}
+
 TEST_CASE("Scheduler.AffinityGroupsShareADaemon") {
   Harness h;
   h.AddDaemon("d0", 4);
