@@ -9,6 +9,7 @@
 #include "common/framed_connection.h"
 #include "common/logging.h"
 #include "jobmanager/job_loader.h"
+#include "jobmanager/journal.h"
 #include "jobmanager/scheduler.h"
 
 namespace copse::jm {
@@ -34,6 +35,16 @@ class JmServer::Impl : public DaemonSink {
 
   Status Listen() {
     COPSE_ASSIGN_OR_RETURN(secret_, auth::LoadOrCreateSecret(options_.state_dir));
+    // Resume what a previous job manager in this state directory was running.
+    std::vector<std::string> warnings;
+    COPSE_ASSIGN_OR_RETURN(auto records, Journal::Replay(options_.state_dir, &warnings));
+    for (const auto& w : warnings) JmLog()->warn("{}", w);
+    if (!records.empty()) {
+      size_t jobs = scheduler_.Restore(records, options_.catalog);
+      JmLog()->warn("restored {} jobs from {} journal records", jobs, records.size());
+    }
+    COPSE_ASSIGN_OR_RETURN(journal_, Journal::Open(options_.state_dir, options_.journal_fsync));
+    scheduler_.set_journal(journal_.get());
     std::error_code ec;
     auto address = asio::ip::make_address(options_.host, ec);
     if (ec) return Status::InvalidArgument("--listen: \"" + options_.host + "\" is not an IP address");
@@ -155,7 +166,12 @@ class JmServer::Impl : public DaemonSink {
       spec.data_host = msg.at("data_host").get<std::string>();
       spec.data_port = msg.at("data_port").get<uint16_t>();
       if (msg.contains("labels")) spec.labels = msg["labels"].get<std::map<std::string, std::string>>();
-      auto id = scheduler_.AddDaemon(std::move(spec));
+      OutputInventory inventory;
+      for (const auto& k : msg.value("outputs", Json::array())) {
+        inventory.insert({k.at("job").get<uint64_t>(), k.at("vertex").get<uint32_t>(), k.at("version").get<uint32_t>(),
+                          k.at("port").get<uint32_t>()});
+      }
+      auto id = scheduler_.AddDaemon(std::move(spec), inventory);
       if (!id.ok()) return conn->SendErrorAndClose(id.status().message());
       peer.daemon = *id;
       daemon_conns_[*id] = conn;
@@ -193,6 +209,8 @@ class JmServer::Impl : public DaemonSink {
         return conn->Send({{"op", "error"}, {"message", load.status().message()}, {"errors", load.diags.ToJson()}});
       }
       JobId id = scheduler_.Submit(load.graph, msg.value("job_dir", std::string()));
+      // The job is durable before the client hears its id.
+      if (Status st = journal_->Flush(); !st.ok()) JmLog()->error("{}", st.message());
       return conn->Send({{"op", "submitted"}, {"job", id.value()}});
     }
     if (op == "status") {
@@ -235,6 +253,7 @@ class JmServer::Impl : public DaemonSink {
     flush_pending_ = true;
     asio::post(io_, [this] {
       flush_pending_ = false;
+      if (Status st = journal_->Flush(); !st.ok()) JmLog()->error("{}", st.message());
       scheduler_.Flush();
       AnswerWaiters();
     });
@@ -276,6 +295,7 @@ class JmServer::Impl : public DaemonSink {
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer tick_timer_;
   SteadyClock clock_;
+  std::unique_ptr<Journal> journal_;
   Scheduler scheduler_;
   std::string secret_;
   std::map<std::shared_ptr<net::FramedConnection>, Peer> peers_;

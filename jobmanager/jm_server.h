@@ -24,6 +24,7 @@ struct JmServerOptions {
   std::chrono::milliseconds heartbeat_timeout{1000};  // a daemon silent this long is lost
   std::chrono::milliseconds tick{50};
   SchedulerOptions scheduler;
+  bool journal_fsync = false;  // fdatasync the journal at every group commit
 };
 
 class JmServer {

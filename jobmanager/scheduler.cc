@@ -4,6 +4,7 @@
 
 #include "common/logging.h"
 #include "common/text_util.h"
+#include "jobmanager/job_loader.h"
 
 namespace copse::jm {
 namespace {
@@ -61,6 +62,7 @@ struct Scheduler::Daemon {
   DaemonId id;
   DaemonSpec spec;
   bool alive = true;
+  bool awaiting = false;  // named by the journal, not re-registered since the restart
   double free_cpus = 0;
   int free_gpus = 0;
   size_t running = 0;
@@ -140,11 +142,39 @@ void Scheduler::Log(Job& job, VertexId v, std::string text) {
 
 // ---- daemons ---------------------------------------------------------------------------------
 
-Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec) {
+Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& inventory) {
   for (const auto& d : daemons_) {
     if (d->alive && d->spec.name == spec.name) {
       return Status::AlreadyExists("a live daemon is already named \"" + spec.name + "\"");
     }
+  }
+  for (auto& d : daemons_) {
+    if (!d->awaiting || d->spec.name != spec.name) continue;
+    // Back after a job manager restart: the same id, and the outputs it still holds.
+    d->awaiting = false;
+    d->alive = true;
+    d->free_cpus = spec.cpus;
+    d->free_gpus = spec.gpus;
+    d->spec = std::move(spec);
+    SchedLog()->info("daemon {} is back with {} outputs", d->spec.name, inventory.size());
+    for (auto& [job_id, job_ptr] : jobs_) {
+      Job& job = *job_ptr;
+      if (job.state != JobState::kRunning) continue;
+      for (const auto& v : job.g().vertices()) {
+        Run& r = job.runs[v.id.value()];
+        if (r.state != VertexState::kCompleted || r.daemon != d->id || !OutputNeeded(job, v.id)) continue;
+        for (size_t port = 0; port < r.output_messages.size(); ++port) {
+          if (r.output_messages[port] == 0) continue;
+          if (!inventory.count({job.id.value(), v.id.value(), r.version, static_cast<uint32_t>(port)})) {
+            Regenerate(job, v.id, "daemon " + d->spec.name + " came back without it");
+            break;
+          }
+        }
+      }
+      RecomputePending(job);
+    }
+    Schedule();
+    return d->id;
   }
   auto d = std::make_unique<Daemon>();
   d->id = DaemonId(static_cast<uint32_t>(daemons_.size()));
@@ -160,9 +190,11 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec) {
 }
 
 void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
-  if (id.value() >= daemons_.size() || !daemons_[id.value()]->alive) return;
+  if (id.value() >= daemons_.size()) return;
   Daemon& d = *daemons_[id.value()];
+  if (!d.alive && !d.awaiting) return;
   d.alive = false;
+  d.awaiting = false;
   d.free_cpus = 0;
   d.free_gpus = 0;
   SchedLog()->warn("daemon {} lost: {}", d.spec.name, why);
@@ -200,22 +232,100 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
       VertexId v = *it;
       Run& r = job.runs[v.value()];
       if (r.state != VertexState::kCompleted || r.daemon != id || r.released) continue;
-      bool needed = job.declared[v.value()] != 0;
-      for (const auto& port : g.vertex(v).outputs) {
-        for (ChannelId ch : port) needed = needed || job.runs[g.channel(ch).to.value()].state != VertexState::kCompleted;
-      }
-      if (needed) Regenerate(job, v, "its outputs were on lost daemon " + d.spec.name);
+      if (OutputNeeded(job, v)) Regenerate(job, v, "its outputs were on lost daemon " + d.spec.name);
     }
     RecomputePending(job);
   }
   Schedule();
 }
 
+// ---- recovery --------------------------------------------------------------------------------
+
+DaemonId Scheduler::PlaceholderDaemon(const std::string& name) {
+  for (const auto& d : daemons_) {
+    if (d->awaiting && d->spec.name == name) return d->id;
+  }
+  auto d = std::make_unique<Daemon>();
+  d->id = DaemonId(static_cast<uint32_t>(daemons_.size()));
+  d->spec.name = name;
+  d->alive = false;
+  d->awaiting = true;
+  DaemonId id = d->id;
+  daemons_.push_back(std::move(d));
+  return id;
+}
+
+size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog& catalog) {
+  JournalSink* journal = journal_;
+  journal_ = nullptr;  // replaying must not append what it reads
+  size_t restored = 0;
+  for (const auto& rec : records) {
+    try {
+      const std::string t = rec.at("t");
+      JobId id(rec.at("job").get<uint64_t>());
+      next_job_ = std::max(next_job_, id.value() + 1);
+      if (t == "job") {
+        JobLoad load = LoadJobJson(rec.at("doc"), "journal", catalog);
+        if (!load.ok()) {
+          SchedLog()->error("journal: job {} no longer loads, skipped: {}", id.value(), load.status().message());
+          continue;
+        }
+        Job& job = NewJob(id, load.graph, rec.value("job_dir", std::string()));
+        Log(job, VertexId::Invalid(), "restored from the journal after a job manager restart");
+        ++restored;
+        continue;
+      }
+      Job* job = FindJob(id);
+      if (!job) continue;
+      if (t == "done") {
+        VertexId v(rec.at("v").get<uint32_t>());
+        if (v.value() >= job->runs.size()) continue;
+        Run& r = job->runs[v.value()];
+        if (r.state != VertexState::kCompleted) ++job->completed;
+        r.state = VertexState::kCompleted;
+        r.version = rec.at("ver");
+        r.daemon = PlaceholderDaemon(rec.at("daemon"));
+        r.output_bytes = rec.at("bytes").get<std::vector<uint64_t>>();
+        r.output_messages = rec.at("msgs").get<std::vector<uint64_t>>();
+        ++job->completions;
+      } else if (t == "regen") {
+        Run& r = job->runs.at(rec.at("v").get<uint32_t>());
+        if (r.state == VertexState::kCompleted) {
+          r.state = VertexState::kWaiting;
+          --job->completed;
+        }
+      } else if (t == "end") {
+        job->state = rec.at("state") == "completed" ? JobState::kCompleted
+                     : rec.at("state") == "failed"  ? JobState::kFailed
+                                                    : JobState::kCancelled;
+        job->failure = rec.value("failure", std::string());
+        job->finished = clock_.Now();
+      }
+    } catch (const std::exception& e) {
+      SchedLog()->error("journal: skipping a malformed record: {}", e.what());
+    }
+  }
+  restored_at_ = clock_.Now();
+  for (auto& [id, job] : jobs_) {
+    if (job->state != JobState::kRunning) continue;
+    // Attempts the old job manager started are unknown: new versions start above them so no
+    // new attempt reuses an old output key.
+    for (auto& r : job->runs) {
+      if (r.state != VertexState::kCompleted) r.version += 1000;
+    }
+    std::fill(job->fault_fired.begin(), job->fault_fired.end(), 1);  // injected faults fired already
+    RecomputePending(*job);
+  }
+  journal_ = journal;
+  Schedule();
+  return restored;
+}
+
 // ---- jobs ------------------------------------------------------------------------------------
 
-JobId Scheduler::Submit(std::shared_ptr<const JobGraph> graph, std::string job_dir) {
+Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> graph, std::string job_dir) {
   auto job = std::make_unique<Job>();
-  job->id = JobId(next_job_++);
+  job->id = id;
   job->graph = std::move(graph);
   job->job_dir = std::move(job_dir);
   job->started = clock_.Now();
@@ -226,6 +336,12 @@ JobId Scheduler::Submit(std::shared_ptr<const JobGraph> graph, std::string job_d
   for (const auto& o : job->g().spec().outputs) job->declared[job->g().FindVertex(o.from.ToString()).value()] = 1;
   Job& j = *job;
   jobs_[j.id] = std::move(job);
+  return j;
+}
+
+JobId Scheduler::Submit(std::shared_ptr<const JobGraph> graph, std::string job_dir) {
+  Journal({{"t", "job"}, {"job", next_job_}, {"doc", graph->spec().source}, {"job_dir", job_dir}});
+  Job& j = NewJob(JobId(next_job_++), std::move(graph), std::move(job_dir));
   Log(j, VertexId::Invalid(), "submitted: " + std::to_string(j.runs.size()) + " vertices, " +
                                   std::to_string(j.g().channels().size()) + " channels");
   if (j.runs.empty()) {
@@ -382,6 +498,8 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   r.output_messages = rep.output_messages;
   // Unknown counts (an older daemon) mean "fetch it": never claim an output is empty.
   r.output_messages.resize(r.output_bytes.size(), 1);
+  Journal({{"t", "done"}, {"job", job.id.value()}, {"v", v.value()}, {"ver", r.version},
+           {"daemon", daemons_[r.daemon.value()]->spec.name}, {"bytes", r.output_bytes}, {"msgs", r.output_messages}});
   r.duration_ms = rep.duration_ms;
   ++job.completed;
   ++job.completions;
@@ -401,6 +519,17 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
     return;
   }
   CheckFaults(job);
+}
+
+bool Scheduler::OutputNeeded(const Job& job, VertexId v) const {
+  if (job.declared[v.value()]) return true;
+  const JobGraph& g = job.g();
+  for (const auto& port : g.vertex(v).outputs) {
+    for (ChannelId ch : port) {
+      if (job.runs[g.channel(ch).to.value()].state != VertexState::kCompleted) return true;
+    }
+  }
+  return false;
 }
 
 void Scheduler::ReleaseConsumedInputs(Job& job, VertexId v) {
@@ -454,6 +583,7 @@ void Scheduler::Regenerate(Job& job, VertexId v, const std::string& why) {
   if (r.state != VertexState::kCompleted) return;
   r.state = VertexState::kWaiting;
   --job.completed;
+  Journal({{"t", "regen"}, {"job", job.id.value()}, {"v", v.value()}});
   Log(job, v, "output of version " + std::to_string(r.version) + " lost, re-running: " + why);
   job.recoveries.push_back({{"vertex", job.g().vertex(v).name},
                             {"failed_version", r.version},
@@ -467,6 +597,7 @@ void Scheduler::FinishJob(Job& job, JobState state, const std::string& reason) {
   job.state = state;
   job.failure = reason;
   job.finished = clock_.Now();
+  Journal({{"t", "end"}, {"job", job.id.value()}, {"state", JobStateName(state)}, {"failure", reason}});
   job.ready.clear();
   Log(job, VertexId::Invalid(), std::string(JobStateName(state)) + (reason.empty() ? "" : ": " + reason));
   std::set<DaemonId> busy;
@@ -538,6 +669,7 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   for (ChannelId ch : g.vertex(v).inputs) {
     const ChannelEdge& c = g.channel(ch);
     const Run& p = job.runs[c.from.value()];
+    if (p.daemon.valid() && daemons_[p.daemon.value()]->awaiting) return false;  // not back yet
     if (p.daemon.valid() && static_cast<size_t>(c.from_port) < p.output_bytes.size()) {
       request.input_bytes[p.daemon] += p.output_bytes[c.from_port];
     }
@@ -660,6 +792,11 @@ void Scheduler::Flush() {
 
 void Scheduler::Tick() {
   TimePoint now = clock_.Now();
+  if (now - restored_at_ > options_.recovery_grace) {
+    for (size_t i = 0; i < daemons_.size(); ++i) {
+      if (daemons_[i]->awaiting) DaemonLost(DaemonId(static_cast<uint32_t>(i)), "did not come back after the job manager restarted");
+    }
+  }
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     Job& job = *it->second;
     if (job.state != JobState::kRunning) {

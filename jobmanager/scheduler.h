@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -25,6 +26,8 @@
 #include "common/ids.h"
 #include "common/json_util.h"
 #include "jobmanager/job_graph.h"
+#include "jobmanager/job_parser.h"
+#include "jobmanager/journal.h"
 #include "jobmanager/placement.h"
 
 namespace copse::jm {
@@ -83,7 +86,13 @@ struct SchedulerOptions {
   double straggler_factor = 4.0;
   Duration straggler_min = std::chrono::seconds(2);
   double straggler_fraction = 0.5;
+  /// After a restart, how long daemons named in the journal have to come back before their
+  /// outputs count as lost.
+  Duration recovery_grace = std::chrono::seconds(3);
 };
+
+/// What a (re-)registering daemon still holds: (job, vertex, version, port) of each output.
+using OutputInventory = std::set<std::tuple<uint64_t, uint32_t, uint32_t, uint32_t>>;
 
 class Scheduler {
  public:
@@ -91,11 +100,21 @@ class Scheduler {
   ~Scheduler();
 
   // ---- daemons -------------------------------------------------------------------------------
-  /// A daemon joined; AlreadyExists when a live daemon has the same name.
-  Result<DaemonId> AddDaemon(DaemonSpec spec);
+  /// A daemon joined; AlreadyExists when a live daemon has the same name. A daemon the journal
+  /// named (after a restart) gets its old id back, and completed vertices whose outputs it no
+  /// longer holds (per `inventory`) run again.
+  Result<DaemonId> AddDaemon(DaemonSpec spec, const OutputInventory& inventory = {});
   /// A daemon is gone (connection dropped or heartbeats missed): its running attempts fail
   /// (not charged), every output stored on it is lost and re-created if still needed.
   void DaemonLost(DaemonId daemon, const std::string& why);
+
+  // ---- recovery -------------------------------------------------------------------------------
+  /// Journal records go here from now on (null: none).
+  void set_journal(JournalSink* journal) { journal_ = journal; }
+  /// Rebuilds jobs from a journal replay: accepted jobs, completed vertices (their outputs held
+  /// by daemons known by name until they re-register), regenerations and finished jobs.
+  /// Returns how many jobs were restored; records that no longer load are skipped with a log line.
+  size_t Restore(const std::vector<Json>& records, const ProgramCatalog& catalog);
 
   // ---- jobs ----------------------------------------------------------------------------------
   /// Accepts a validated graph. `job_dir` is where relative paths in params resolve.
@@ -125,6 +144,11 @@ class Scheduler {
   struct Daemon;
   struct Run;
 
+  Job& NewJob(JobId id, std::shared_ptr<const JobGraph> graph, std::string job_dir);
+  DaemonId PlaceholderDaemon(const std::string& name);
+  void Journal(const Json& record) {
+    if (journal_) journal_->Record(record);
+  }
   Job* FindJob(JobId id);
   const Job* FindJob(JobId id) const;
   void MakeReady(Job& job, VertexId v);
@@ -149,6 +173,8 @@ class Scheduler {
   /// dropped from their daemons (never a declared job output). Should one be needed again,
   /// RecomputePending re-runs its producer.
   void ReleaseConsumedInputs(Job& job, VertexId v);
+  /// Whether v's outputs are still needed: a consumer has not completed, or a job output reads it.
+  bool OutputNeeded(const Job& job, VertexId v) const;
   void CheckFaults(Job& job);
   void Log(Job& job, VertexId v, std::string text);
   double ElapsedMs(const Job& job) const;
@@ -160,6 +186,8 @@ class Scheduler {
   std::map<JobId, std::unique_ptr<Job>> jobs_;
   uint64_t next_job_ = 1;
   std::unique_ptr<PlacementPolicy> policy_;
+  JournalSink* journal_ = nullptr;
+  TimePoint restored_at_{};
   std::map<DaemonId, Json> outbox_;          // per daemon: {"op":"run","tasks":[…]}
   std::map<DaemonId, Json> release_outbox_;  // per daemon: {"op":"release","keys":[…]}
 };

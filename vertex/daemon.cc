@@ -99,7 +99,7 @@ Result<Json> ReadFrameSync(asio::ip::tcp::socket& s) {
 
 class Daemon::Impl {
  public:
-  explicit Impl(DaemonOptions options) : options_(std::move(options)), socket_(io_), heartbeat_(io_) {}
+  explicit Impl(DaemonOptions options) : options_(std::move(options)), heartbeat_(io_) {}
 
   ~Impl() {
     {
@@ -118,48 +118,84 @@ class Daemon::Impl {
     if (ec) return Status::IOError("cannot create work dir " + options_.work_dir.string() + ": " + ec.message());
     COPSE_ASSIGN_OR_RETURN(store_, chan::OutputStore::Make(options_.work_dir / "outputs", options_.memory_budget_bytes));
     COPSE_ASSIGN_OR_RETURN(data_server_, chan::DataServer::Start(*store_, options_.data_host, 0, options_.secret));
-
-    auto address = asio::ip::make_address(options_.jm_host == "localhost" ? "127.0.0.1" : options_.jm_host, ec);
-    if (ec) return Status::InvalidArgument("--jm: \"" + options_.jm_host + "\" is not an IP address");
-    socket_.connect(asio::ip::tcp::endpoint(address, options_.jm_port), ec);
-    if (ec) {
-      return Status::Unavailable("cannot reach the job manager at " + options_.jm_host + ":" +
-                                 std::to_string(options_.jm_port) + ": " + ec.message());
-    }
-    socket_.set_option(asio::ip::tcp::no_delay(true), ec);
-    COPSE_ASSIGN_OR_RETURN(Json hello, ReadFrameSync(socket_));
-    COPSE_RETURN_NOT_OK(WriteFrameSync(
-        socket_, {{"op", "auth"}, {"role", "daemon"}, {"mac", auth::Mac(options_.secret, hello.value("nonce", ""))}}));
-    COPSE_ASSIGN_OR_RETURN(Json welcome, ReadFrameSync(socket_));
-    COPSE_RETURN_NOT_OK(WriteFrameSync(socket_, {{"op", "register"},
-                                                  {"name", options_.name},
-                                                  {"cpus", options_.cpus},
-                                                  {"gpus", options_.gpus},
-                                                  {"memory_mb", options_.memory_mb},
-                                                  {"labels", options_.labels},
-                                                  {"data_host", options_.data_host},
-                                                  {"data_port", data_server_->port()}}));
-    COPSE_ASSIGN_OR_RETURN(Json registered, ReadFrameSync(socket_));
-    if (registered.value("op", "") != "registered") return Status::Internal("unexpected reply to register");
-    DaemonLog()->info("daemon {} registered; data server on {}:{}", options_.name, options_.data_host, data_server_->port());
+    COPSE_RETURN_NOT_OK(Register());
     for (int i = 0; i < std::max(1, options_.cpus); ++i) workers_.emplace_back([this] { WorkerLoop(); });
     return Status::OK();
   }
 
+  /// Connects, authenticates and registers, telling the job manager which outputs this daemon
+  /// holds (after a job manager restart it keeps the ones still there).
+  Status Register() {
+    std::error_code ec;
+    auto address = asio::ip::make_address(options_.jm_host == "localhost" ? "127.0.0.1" : options_.jm_host, ec);
+    if (ec) return Status::InvalidArgument("--jm: \"" + options_.jm_host + "\" is not an IP address");
+    asio::ip::tcp::socket socket(io_);
+    socket.connect(asio::ip::tcp::endpoint(address, options_.jm_port), ec);
+    if (ec) {
+      return Status::Unavailable("cannot reach the job manager at " + options_.jm_host + ":" +
+                                 std::to_string(options_.jm_port) + ": " + ec.message());
+    }
+    socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    COPSE_ASSIGN_OR_RETURN(Json hello, ReadFrameSync(socket));
+    COPSE_RETURN_NOT_OK(WriteFrameSync(
+        socket, {{"op", "auth"}, {"role", "daemon"}, {"mac", auth::Mac(options_.secret, hello.value("nonce", ""))}}));
+    COPSE_ASSIGN_OR_RETURN(Json welcome, ReadFrameSync(socket));
+    Json outputs = Json::array();
+    for (const auto& key : store_->List()) outputs.push_back(key.ToJson());
+    COPSE_RETURN_NOT_OK(WriteFrameSync(socket, {{"op", "register"},
+                                                 {"name", options_.name},
+                                                 {"cpus", options_.cpus},
+                                                 {"gpus", options_.gpus},
+                                                 {"memory_mb", options_.memory_mb},
+                                                 {"labels", options_.labels},
+                                                 {"data_host", options_.data_host},
+                                                 {"data_port", data_server_->port()},
+                                                 {"outputs", std::move(outputs)}}));
+    COPSE_ASSIGN_OR_RETURN(Json registered, ReadFrameSync(socket));
+    if (registered.value("op", "") != "registered") return Status::Internal("unexpected reply to register");
+    DaemonLog()->info("daemon {} registered; data server on {}:{}", options_.name, options_.data_host, data_server_->port());
+    conn_ = std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxControlBytes);
+    return Status::OK();
+  }
+
+  /// Serves the job manager; when the connection ends, cancels what was running (the job
+  /// manager re-runs it), keeps every stored output, and reconnects for up to
+  /// reconnect_timeout: a restarted job manager resumes with what this daemon holds.
   Status Run() {
-    conn_ = std::make_shared<net::FramedConnection>(std::move(socket_), wire::kMaxControlBytes);
-    conn_->Start([this](Json msg) { OnMessage(std::move(msg)); },
-                 [this](const Status& why) {
-                   exit_status_ = why.WithContext("job manager connection ended");
-                   heartbeat_.cancel();
-                   io_.stop();
-                 });
-    Heartbeat();
-    io_.run();
-    return exit_status_;
+    while (true) {
+      conn_->Start([this](Json msg) { OnMessage(std::move(msg)); },
+                   [this](const Status& why) {
+                     exit_status_ = why.WithContext("job manager connection ended");
+                     heartbeat_.cancel();
+                     io_.stop();
+                   });
+      Heartbeat();
+      io_.run();
+      if (stopping_requested_) return Status::OK();
+      DaemonLog()->warn("daemon {}: {}; reconnecting", options_.name, exit_status_.message());
+      CancelEverything();
+      io_.restart();
+      auto deadline = std::chrono::steady_clock::now() + options_.reconnect_timeout;
+      Status st;
+      while (!stopping_requested_) {
+        st = Register();
+        if (st.ok() || std::chrono::steady_clock::now() > deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      if (stopping_requested_) return Status::OK();
+      if (!st.ok()) return exit_status_.WithContext("gave up reconnecting (" + st.message() + ")");
+    }
+  }
+
+  void CancelEverything() {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.clear();
+    for (auto& [key, flag] : cancel_flags_) flag->store(true);
+    reports_.clear();
   }
 
   void Stop() {
+    stopping_requested_ = true;
     asio::post(io_, [this] {
       exit_status_ = Status::OK();
       if (conn_) conn_->Close(Status::Cancelled("stopping"));
@@ -268,7 +304,7 @@ class Daemon::Impl {
       for (auto& r : reports_) attempts.push_back(std::move(r));
       reports_.clear();
     }
-    if (!attempts.empty() && conn_) conn_->Send({{"op", "report"}, {"attempts", std::move(attempts)}});
+    if (!attempts.empty() && conn_ && conn_->open()) conn_->Send({{"op", "report"}, {"attempts", std::move(attempts)}});
   }
 
   /// Runs one attempt and returns its report. Never throws.
@@ -379,8 +415,8 @@ class Daemon::Impl {
 
   DaemonOptions options_;
   asio::io_context io_;
-  asio::ip::tcp::socket socket_;
   asio::steady_timer heartbeat_;
+  std::atomic<bool> stopping_requested_{false};
   std::shared_ptr<net::FramedConnection> conn_;
   std::unique_ptr<chan::OutputStore> store_;
   std::unique_ptr<chan::DataServer> data_server_;

@@ -30,6 +30,8 @@ struct DaemonOptions {
   std::string data_host = "127.0.0.1";  // where other daemons reach this one's outputs
   uint64_t memory_budget_bytes = 2ull << 30;
   std::chrono::milliseconds heartbeat_interval{200};
+  /// How long to keep trying to reach a job manager that went away (a restart) before exiting.
+  std::chrono::milliseconds reconnect_timeout{30000};
   const ProgramRegistry* programs = &ProgramRegistry::Default();
 };
 
@@ -38,7 +40,7 @@ class Daemon {
   /// Starts the data server and workers, connects and registers with the job manager.
   static Result<std::unique_ptr<Daemon>> Start(DaemonOptions options);
   ~Daemon();
-  /// Runs until the job manager connection ends (returned as the status) or Stop().
+  /// Runs until Stop(), or until the job manager stays unreachable for reconnect_timeout.
   Status Run();
   void Stop();
 

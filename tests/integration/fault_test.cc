@@ -118,6 +118,52 @@ TEST_CASE("Faults.AStragglerIsDuplicatedAndTheJobDoesNotWaitForIt") {
   CHECK_MESSAGE(HasRecovery(st, "s[2]", "straggler"), st["recoveries"].dump(2));
 }
 
+TEST_CASE("Faults.AJobManagerKilledAndRestartedResumesItsJobs") {
+  TestCluster cluster(2, 2);
+  // 4 lanes of 6 steps, 60 ms each: about 0.8 s of work on 4 slots.
+  Json job = {{"name", "resume"}, {"stages", Json::array()}, {"edges", Json::array()}};
+  const int steps = 6;
+  for (int s = 0; s < steps; ++s) {
+    job["stages"].push_back({{"name", "s" + std::to_string(s)}, {"program", "checksum"}, {"replicas", 4},
+                             {"params", {{"sleep_ms", 60}, {"bytes", 1000}}}});
+    if (s) job["edges"].push_back({{"from", "s" + std::to_string(s - 1)}, {"to", "s" + std::to_string(s)}, {"channel", "memory"}});
+  }
+  job["stages"].push_back({{"name", "sink"}, {"program", "checksum"}});
+  job["edges"].push_back({{"from", "s" + std::to_string(steps - 1)}, {"to", "sink"}, {"pattern", "gather"}});
+  job["outputs"] = {{{"from", "sink"}, {"path", "digest.txt"}}};
+  uint64_t clean = cluster.Submit(job);
+  REQUIRE(cluster.Wait(clean)["state"] == "completed");
+  std::string expected = cluster.Output(clean, "digest.txt");
+
+  uint64_t id = cluster.Submit(job);
+  size_t done_before = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (done_before < 8) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    done_before = (*cluster.client().Call({{"op", "status"}, {"job", id}}))["job"]["vertices"]["completed"];
+  }
+  REQUIRE(done_before < 25);
+  cluster.KillJm();
+  cluster.RestartJm();
+  Json st = cluster.Wait(id);
+  REQUIRE_MESSAGE(st["state"] == "completed", st.dump(2));
+  CHECK(cluster.Output(id, "digest.txt") == expected);
+  // The restarted job manager ran only what the journal did not record as done.
+  auto logs = cluster.client().Call({{"op", "logs"}, {"job", id}});
+  REQUIRE(logs.ok());
+  size_t placed = 0;
+  bool restored = false;
+  for (const auto& line : (*logs)["lines"]) {
+    std::string l = line;
+    placed += l.find(" placed on ") != std::string::npos;
+    restored = restored || l.find("restored from the journal") != std::string::npos;
+  }
+  CHECK(restored);
+  CHECK_MESSAGE(placed <= 25 - done_before, "placed " << placed << " after " << done_before << " were done");
+  CHECK(placed > 0);
+}
+
 TEST_CASE("Faults.SeveralJobsRunAtOnce") {
   TestCluster cluster(2);
   std::vector<uint64_t> ids;

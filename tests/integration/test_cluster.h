@@ -74,6 +74,26 @@ class TestCluster {
     std::filesystem::remove_all(dir_, ec);
   }
 
+  /// SIGKILLs the job manager (the daemons keep running and try to reconnect).
+  void KillJm() {
+    kill(jm_pid_, SIGKILL);
+    waitpid(jm_pid_, nullptr, 0);
+    client_.reset();
+  }
+
+  /// Starts a job manager again on the same state directory and port.
+  void RestartJm(std::vector<std::string> extra = {}) {
+    std::filesystem::remove(state_ / "jm.addr");
+    std::vector<std::string> args = {"jm", "--listen", address_.jm, "--state-dir", state_.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    jm_pid_ = Spawn(args, (dir_ / "jm.log").string());
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!std::filesystem::exists(state_ / "jm.addr")) {
+      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
   void AddDaemon(const std::string& name, int cpus) {
     daemon_pids_.push_back(Spawn({"daemon", "--jm", address_.jm, "--name", name, "--cpus", std::to_string(cpus),
                                   "--work-dir", (dir_ / name).string()},

@@ -1,0 +1,53 @@
+#pragma once
+// Journal: the job manager's write-ahead log, so a job manager killed with SIGKILL and
+// restarted resumes its jobs. Append-only JSON lines in STATE_DIR/journal.jsonl:
+//
+//   {"t":"job","job":N,"doc":{…},"job_dir":"…","source":"…"}   a job accepted
+//   {"t":"done","job":N,"v":V,"ver":K,"daemon":"d0","bytes":[…],"msgs":[…]}   a vertex completed
+//   {"t":"regen","job":N,"v":V}                                  a completed vertex must run again
+//   {"t":"end","job":N,"state":"completed","failure":"…"}       a job finished
+//
+// Records are buffered and written together once per event-loop pass (group commit). They
+// reach the kernel at every Flush, which survives a crash of the process; `fsync` also makes
+// them survive a crash of the machine, at a latency price. Not thread-safe: the job manager's
+// io thread owns it.
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/json_util.h"
+#include "common/status.h"
+
+namespace copse::jm {
+
+/// Where the scheduler's journal records go (a fake in tests).
+class JournalSink {
+ public:
+  virtual ~JournalSink() = default;
+  virtual void Record(const Json& record) = 0;
+};
+
+class Journal final : public JournalSink {
+ public:
+  /// Opens (creating) the journal in `dir`.
+  static Result<std::unique_ptr<Journal>> Open(const std::filesystem::path& dir, bool fsync);
+  ~Journal() override;
+
+  /// Every record of an existing journal, in order. A torn last line (a crash mid-write) is
+  /// dropped with a warning; a malformed line elsewhere stops the replay there, named in the
+  /// returned warnings, never crashing the job manager.
+  static Result<std::vector<Json>> Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings);
+
+  void Record(const Json& record) override;
+  /// Writes the buffered records.
+  Status Flush();
+
+ private:
+  Journal(int fd, bool fsync) : fd_(fd), fsync_(fsync) {}
+  int fd_;
+  bool fsync_;
+  std::string buffer_;
+};
+
+}  // namespace copse::jm
