@@ -165,6 +165,7 @@ class JmServer::Impl : public DaemonSink {
       spec.memory_mb = msg.value("memory_mb", int64_t{0});
       spec.data_host = msg.at("data_host").get<std::string>();
       spec.data_port = msg.at("data_port").get<uint16_t>();
+      spec.stream_endpoints = msg.value("stream", Json::object());
       if (msg.contains("labels")) spec.labels = msg["labels"].get<std::map<std::string, std::string>>();
       OutputInventory inventory;
       for (const auto& k : msg.value("outputs", Json::array())) {

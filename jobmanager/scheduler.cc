@@ -104,6 +104,7 @@ struct Scheduler::Job {
   Json faults = Json::array();
   Json recoveries = Json::array();
   std::vector<std::pair<VertexId, std::string>> log;
+  std::vector<uint32_t> gang_version;  // per gang: the version of its current attempt
   std::vector<std::vector<double>> stage_seconds;  // per stage: wall time of completed attempts
   std::vector<char> declared;  // per vertex: a job output reads it, so it is never released
   uint64_t local_input_bytes = 0, remote_input_bytes = 0;  // what placement achieved
@@ -333,6 +334,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   job->fault_fired.assign(job->g().spec().faults.size(), 0);
   job->declared.assign(job->runs.size(), 0);
   job->stage_seconds.resize(job->g().spec().stages.size());
+  job->gang_version.assign(job->g().gangs().size(), 0);
   for (const auto& o : job->g().spec().outputs) job->declared[job->g().FindVertex(o.from.ToString()).value()] = 1;
   Job& j = *job;
   jobs_[j.id] = std::move(job);
@@ -376,6 +378,7 @@ void Scheduler::RecomputePending(Job& job) {
     if (r.state != VertexState::kCompleted) r.pending = 0;
   }
   for (const auto& ch : g.channels()) {
+    if (IsLive(ch.kind)) continue;  // live ends run together: no completion to wait for
     Run& to = job.runs[ch.to.value()];
     if (to.state != VertexState::kCompleted && job.runs[ch.from.value()].state != VertexState::kCompleted) ++to.pending;
   }
@@ -471,7 +474,9 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
   }
   if (rep.ok) {
     Complete(*job, rep.vertex, rep);
-  } else if (rep.failure == FailureClass::kInputLost && rep.lost_input_port >= 0) {
+  } else if (rep.failure == FailureClass::kInputLost && rep.lost_input_port >= 0 &&
+             !IsLive(job->g().channel(job->g().vertex(rep.vertex).inputs.at(
+                 std::min<size_t>(rep.lost_input_port, job->g().vertex(rep.vertex).inputs.size() - 1))).kind)) {
     const JobGraph& g = job->g();
     const auto& inputs = g.vertex(rep.vertex).inputs;
     if (static_cast<size_t>(rep.lost_input_port) < inputs.size()) {
@@ -505,6 +510,7 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   ++job.completions;
   const VertexNode& node = job.g().vertex(v);
   auto release = [&](ChannelId ch) {
+    if (IsLive(job.g().channel(ch).kind)) return;
     Run& c = job.runs[job.g().channel(ch).to.value()];
     if (c.state == VertexState::kCompleted || c.pending == 0) return;
     if (--c.pending == 0 && c.state == VertexState::kWaiting) MakeReady(job, job.g().channel(ch).to);
@@ -553,7 +559,51 @@ void Scheduler::ReleaseConsumedInputs(Job& job, VertexId v) {
   }
 }
 
+void Scheduler::ResetGang(Job& job, GangId gang, VertexId cause, const std::string& why) {
+  const JobGraph& g = job.g();
+  for (VertexId m : g.gangs()[gang.value()].members) {
+    Run& r = job.runs[m.value()];
+    if (r.state == VertexState::kRunning) {
+      if (r.daemon.valid() && daemons_[r.daemon.value()]->alive && m != cause) {
+        sink_.SendToDaemon(r.daemon, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", m.value()}, {"version", r.version}});
+      }
+      ReleaseSlots(job, m);
+    } else if (r.state == VertexState::kCompleted) {
+      --job.completed;
+      Journal({{"t", "regen"}, {"job", job.id.value()}, {"v", m.value()}});
+    }
+    r.state = VertexState::kWaiting;
+  }
+  Log(job, cause, "gang of " + std::to_string(g.gangs()[gang.value()].members.size()) + " restarts: " + why);
+}
+
 void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge) {
+  if (GangId gang = job.g().vertex(v).gang; gang.valid()) {
+    // Live channels cannot be replayed: the whole gang runs again with a new version. Only a
+    // member's own error or timeout is charged, not the peers it took down.
+    Run& r = job.runs[v.value()];
+    if (r.state != VertexState::kRunning) return;  // already reset with its gang
+    r.last_error = error;
+    charge = charge && (cls == FailureClass::kProgramError || cls == FailureClass::kTimeout);
+    if (charge) ++r.charged;
+    const StageSpec& stage = job.g().stage_of(v);
+    ResetGang(job, gang, v, job.g().vertex(v).name + " failed (" + std::string(FailureClassName(cls)) + "): " + error);
+    if (charge && r.charged >= stage.max_attempts) {
+      FinishJob(job, JobState::kFailed,
+                "vertex " + job.g().vertex(v).name + " failed " + std::to_string(r.charged) + " of " +
+                    std::to_string(stage.max_attempts) + " attempts (" + std::string(FailureClassName(cls)) + "): " + error);
+      return;
+    }
+    job.recoveries.push_back({{"vertex", job.g().vertex(v).name},
+                              {"failed_version", r.version},
+                              {"reason", FailureClassName(cls)},
+                              {"detail", error + " (its gang of " + std::to_string(job.g().gangs()[gang.value()].members.size()) +
+                                             " restarts)"},
+                              {"charged", charge},
+                              {"at_ms", ElapsedMs(job)}});
+    RecomputePending(job);
+    return;
+  }
   ReleaseSlots(job, v);
   Run& r = job.runs[v.value()];
   r.last_error = error;
@@ -581,6 +631,12 @@ void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& 
 void Scheduler::Regenerate(Job& job, VertexId v, const std::string& why) {
   Run& r = job.runs[v.value()];
   if (r.state != VertexState::kCompleted) return;
+  if (GangId gang = job.g().vertex(v).gang; gang.valid()) {
+    job.recoveries.push_back({{"vertex", job.g().vertex(v).name}, {"failed_version", r.version}, {"reason", "output_lost"},
+                              {"detail", why + " (its gang restarts)"}, {"charged", false}, {"at_ms", ElapsedMs(job)}});
+    ResetGang(job, gang, v, why);
+    return;
+  }
   r.state = VertexState::kWaiting;
   --job.completed;
   Journal({{"t", "regen"}, {"job", job.id.value()}, {"v", v.value()}});
@@ -636,6 +692,16 @@ void Scheduler::Schedule() {
       VertexId v = job.ready.front();
       job.ready.pop_front();
       if (job.runs[v.value()].state != VertexState::kReady) continue;  // stale entry
+      GangId gang = job.g().vertex(v).gang;
+      if (gang.valid()) {
+        // The last member to become ready places the whole gang; the others wait with it.
+        bool all_ready = true;
+        for (VertexId m : job.g().gangs()[gang.value()].members) {
+          all_ready = all_ready && job.runs[m.value()].state == VertexState::kReady;
+        }
+        if (all_ready && !TryPlaceGang(job, gang)) blocked.push_back(v);
+        continue;
+      }
       if (!TryPlace(job, v)) blocked.push_back(v);
       if (job.state != JobState::kRunning) break;
     }
@@ -697,12 +763,79 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   return true;
 }
 
+bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
+  const JobGraph& g = job.g();
+  const auto& members = g.gangs()[gang.value()].members;
+  // Tentative capacities: a gang is placed whole or not at all, so a gang that does not fit
+  // holds no slot (two jobs' gangs can never deadlock on partial reservations).
+  std::vector<double> free_cpus(daemons_.size());
+  std::vector<int> free_gpus(daemons_.size());
+  for (size_t i = 0; i < daemons_.size(); ++i) {
+    free_cpus[i] = daemons_[i]->free_cpus;
+    free_gpus[i] = daemons_[i]->free_gpus;
+  }
+  std::map<VertexId, DaemonId> chosen;
+  std::map<std::string, DaemonId> affinity = job.affinity;
+  for (VertexId m : members) {
+    const StageSpec& stage = g.stage_of(m);
+    const Resources& need = stage.resources;
+    auto fits = [&](const Daemon& d) {
+      return d.alive && !d.awaiting && free_cpus[d.id.value()] + 1e-9 >= need.cpus && free_gpus[d.id.value()] >= need.gpus;
+    };
+    // shm ends share a daemon: follow a member this one is joined to by shm, if placed.
+    std::optional<DaemonId> forced;
+    for (const auto& ch : g.channels()) {
+      if (ch.kind != ChannelKind::kShm || (ch.from != m && ch.to != m)) continue;
+      VertexId other = ch.from == m ? ch.to : ch.from;
+      if (auto it = chosen.find(other); it != chosen.end()) forced = it->second;
+    }
+    if (!forced && !stage.affinity.empty()) {
+      if (auto it = affinity.find(stage.affinity); it != affinity.end()) forced = it->second;
+    }
+    DaemonId pick;
+    if (forced) {
+      if (!fits(*daemons_[forced->value()])) return false;
+      pick = *forced;
+    } else {
+      PlacementRequest request;
+      for (ChannelId ch : g.vertex(m).inputs) {
+        const ChannelEdge& c = g.channel(ch);
+        const Run& p = job.runs[c.from.value()];
+        if (IsLive(c.kind) || !p.daemon.valid()) continue;
+        if (daemons_[p.daemon.value()]->awaiting) return false;
+        if (static_cast<size_t>(c.from_port) < p.output_bytes.size()) request.input_bytes[p.daemon] += p.output_bytes[c.from_port];
+      }
+      request.waited = std::chrono::hours(1);  // a gang does not wait for locality
+      std::vector<PlacementDaemon> candidates;
+      for (const auto& d : daemons_) {
+        if (d->alive) candidates.push_back({d->id, "", "", free_cpus[d->id.value()], fits(*d)});
+      }
+      auto c = policy_->Choose(request, candidates);
+      if (!c) return false;
+      pick = *c;
+    }
+    chosen[m] = pick;
+    free_cpus[pick.value()] -= need.cpus;
+    free_gpus[pick.value()] -= need.gpus;
+    if (!stage.affinity.empty()) affinity[stage.affinity] = pick;
+  }
+  job.affinity = affinity;
+  uint32_t version = 0;
+  for (VertexId m : members) version = std::max({version, job.runs[m.value()].version, job.runs[m.value()].dup_version});
+  job.gang_version[gang.value()] = version + 1;
+  // Every member's daemon is known before any task is written: producers address consumers.
+  for (VertexId m : members) job.runs[m.value()].daemon = chosen[m];
+  for (VertexId m : members) Dispatch(job, m, *daemons_[chosen[m].value()], /*duplicate=*/false);
+  return true;
+}
+
 void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
   const JobGraph& g = job.g();
   const VertexNode& node = g.vertex(v);
   const StageSpec& stage = g.stage_of(v);
   Run& r = job.runs[v.value()];
   uint32_t version = std::max(r.version, r.dup_version) + 1;
+  if (node.gang.valid()) version = job.gang_version[node.gang.value()];  // one version per gang attempt
   if (duplicate) {
     r.dup_version = version;
     r.dup_daemon = d.id;
@@ -722,6 +855,11 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
   for (ChannelId ch : node.inputs) {
     const ChannelEdge& c = g.channel(ch);
     const Run& p = job.runs[c.from.value()];
+    if (IsLive(c.kind)) {
+      inputs.push_back({{"live", ChannelKindName(c.kind)},
+                        {"key", {{"job", job.id.value()}, {"channel", ch.value()}, {"version", version}}}});
+      continue;
+    }
     if (static_cast<size_t>(c.from_port) < p.output_messages.size() && p.output_messages[c.from_port] == 0) {
       inputs.push_back({{"empty", true}});  // nothing to fetch: the reader ends at once
       continue;
@@ -735,7 +873,18 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
   Json outputs = Json::array();
   for (const auto& port : node.outputs) {
     ChannelKind kind = port.empty() ? ChannelKind::kFile : g.channel(port.front()).kind;
-    outputs.push_back(ChannelKindName(kind));
+    if (!IsLive(kind)) {
+      outputs.push_back(ChannelKindName(kind));
+      continue;
+    }
+    // A live output goes straight to each consumer (placed with this gang): where and as what.
+    Json channels = Json::array();
+    for (ChannelId ch : port) {
+      const Daemon& to = *daemons_[job.runs[g.channel(ch).to.value()].daemon.value()];
+      channels.push_back({{"key", {{"job", job.id.value()}, {"channel", ch.value()}, {"version", version}}},
+                          {"peer", to.spec.stream_endpoints}});
+    }
+    outputs.push_back({{"live", ChannelKindName(kind)}, {"channels", std::move(channels)}});
   }
   Json task = {{"job", job.id.value()},     {"vertex", v.value()},         {"version", version},
                {"name", node.name},         {"program", stage.program},    {"replica", node.replica},
@@ -827,7 +976,7 @@ void Scheduler::LaunchDuplicates(Job& job) {
   std::map<int, double> median_s;  // per stage with enough completed peers
   for (uint32_t v : std::vector<uint32_t>(job.running.begin(), job.running.end())) {
     Run& r = job.runs[v];
-    if (r.dup_version) continue;
+    if (r.dup_version || g.vertex(VertexId(v)).gang.valid()) continue;  // gangs restart whole instead
     int stage = g.vertex(VertexId(v)).stage;
     auto& done = job.stage_seconds[stage];
     int replicas = g.spec().stages[stage].replicas;

@@ -50,6 +50,7 @@ struct DaemonSpec {
   std::map<std::string, std::string> labels;  // host=…, rack=…
   std::string data_host;                      // where its outputs are served
   uint16_t data_port = 0;
+  Json stream_endpoints;                      // where live channels reach it (StreamHub::endpoints)
 };
 
 /// Where the scheduler's messages to daemons go.
@@ -154,6 +155,10 @@ class Scheduler {
   void MakeReady(Job& job, VertexId v);
   void Schedule();
   bool TryPlace(Job& job, VertexId v);
+  /// Places every member of a gang at once, or none.
+  bool TryPlaceGang(Job& job, GangId gang);
+  /// Cancels a gang's running members and sends every member back to waiting.
+  void ResetGang(Job& job, GangId gang, VertexId cause, const std::string& why);
   /// Sends attempt max(version, dup_version)+1 of v to d; a duplicate runs beside the current one.
   void Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate);
   /// Stragglers: running attempts far slower than their completed stage peers get a duplicate.

@@ -14,6 +14,8 @@
 #include "channels/data_server.h"
 #include "channels/output_store.h"
 #include "channels/remote_reader.h"
+#include "channels/shm_registry.h"
+#include "channels/stream_hub.h"
 #include "common/auth.h"
 #include "common/framed_connection.h"
 #include "common/logging.h"
@@ -68,6 +70,23 @@ class CountingWriter final : public chan::ChannelWriter {
   bool closed_ = false;
 };
 
+/// One output port read by several live channels (a broadcast): every message to each.
+class TeeWriter final : public chan::ChannelWriter {
+ public:
+  explicit TeeWriter(std::vector<std::unique_ptr<chan::ChannelWriter>> outs) : outs_(std::move(outs)) {}
+  Status Write(chan::Buffer message) override {
+    for (auto& o : outs_) COPSE_RETURN_NOT_OK(o->Write(message));
+    return Status::OK();
+  }
+  Status Close() override {
+    for (auto& o : outs_) COPSE_RETURN_NOT_OK(o->Close());
+    return Status::OK();
+  }
+
+ private:
+  std::vector<std::unique_ptr<chan::ChannelWriter>> outs_;
+};
+
 /// An input the job manager knows to be empty: end of stream at once, no fetch.
 class EmptyReader final : public chan::ChannelReader {
  public:
@@ -118,6 +137,7 @@ class Daemon::Impl {
     if (ec) return Status::IOError("cannot create work dir " + options_.work_dir.string() + ": " + ec.message());
     COPSE_ASSIGN_OR_RETURN(store_, chan::OutputStore::Make(options_.work_dir / "outputs", options_.memory_budget_bytes));
     COPSE_ASSIGN_OR_RETURN(data_server_, chan::DataServer::Start(*store_, options_.data_host, 0, options_.secret));
+    COPSE_ASSIGN_OR_RETURN(hub_, chan::StreamHub::Start(options_.data_host, 0, options_.work_dir / "ipc", options_.secret));
     COPSE_RETURN_NOT_OK(Register());
     for (int i = 0; i < std::max(1, options_.cpus); ++i) workers_.emplace_back([this] { WorkerLoop(); });
     return Status::OK();
@@ -150,6 +170,7 @@ class Daemon::Impl {
                                                  {"labels", options_.labels},
                                                  {"data_host", options_.data_host},
                                                  {"data_port", data_server_->port()},
+                                                 {"stream", hub_->endpoints()},
                                                  {"outputs", std::move(outputs)}}));
     COPSE_ASSIGN_OR_RETURN(Json registered, ReadFrameSync(socket));
     if (registered.value("op", "") != "registered") return Status::Internal("unexpected reply to register");
@@ -236,9 +257,12 @@ class Daemon::Impl {
         for (const auto& k : msg["keep"]) {
           if (auto key = chan::OutputKey::FromJson(k); key.ok()) keep.insert(*key);
         }
-        for (const auto& key : store_->List(msg["job"].get<uint64_t>())) {
+        uint64_t job = msg["job"].get<uint64_t>();
+        for (const auto& key : store_->List(job)) {
           if (!keep.count(key)) store_->Drop(key);
         }
+        hub_->DropJob(job);
+        shm_.DropJob(job);
       } else if (op == "release") {
         for (const auto& k : msg["keys"]) {
           if (auto key = chan::OutputKey::FromJson(k); key.ok()) store_->Drop(*key);
@@ -307,6 +331,40 @@ class Daemon::Impl {
     if (!attempts.empty() && conn_ && conn_->open()) conn_->Send({{"op", "report"}, {"attempts", std::move(attempts)}});
   }
 
+  chan::StreamOptions LiveOptions(const Task& task) const {
+    chan::StreamOptions o;
+    o.cancel = task.cancel.get();
+    o.peer_timeout = std::max(std::chrono::milliseconds(300), 2 * options_.heartbeat_interval);
+    return o;
+  }
+
+  /// The reading end of a stream or shm channel of this vertex's gang.
+  Result<std::unique_ptr<chan::ChannelReader>> OpenLiveReader(const Json& in, const Task& task) {
+    COPSE_ASSIGN_OR_RETURN(auto key, chan::StreamKey::FromJson(in.at("key")));
+    std::string kind = in.at("live");
+    if (kind == "stream") return hub_->OpenReader(key, LiveOptions(task));
+    if (kind == "shm") return shm_.OpenReader(key, LiveOptions(task));
+    return Status::FailedPrecondition("this daemon cannot run " + kind + " channels (built without GPU support)");
+  }
+
+  /// The writing end of a live output port: one channel, or a tee over several.
+  Result<std::unique_ptr<chan::ChannelWriter>> OpenLiveWriter(const Json& out, const Task& task) {
+    std::string kind = out.at("live");
+    std::vector<std::unique_ptr<chan::ChannelWriter>> writers;
+    for (const auto& ch : out.at("channels")) {
+      COPSE_ASSIGN_OR_RETURN(auto key, chan::StreamKey::FromJson(ch.at("key")));
+      Result<std::unique_ptr<chan::ChannelWriter>> w =
+          kind == "stream" ? hub_->OpenWriter(ch.at("peer"), key, LiveOptions(task))
+          : kind == "shm"  ? shm_.OpenWriter(key, LiveOptions(task))
+                           : Result<std::unique_ptr<chan::ChannelWriter>>(Status::FailedPrecondition(
+                                 "this daemon cannot run " + kind + " channels (built without GPU support)"));
+      if (!w.ok()) return w.status();
+      writers.push_back(std::move(*w));
+    }
+    if (writers.size() == 1) return std::move(writers.front());
+    return std::unique_ptr<chan::ChannelWriter>(std::make_unique<TeeWriter>(std::move(writers)));
+  }
+
   /// Runs one attempt and returns its report. Never throws.
   Json Execute(const Task& task) {
     const Json& spec = task.spec;
@@ -338,6 +396,12 @@ class Daemon::Impl {
       std::vector<std::unique_ptr<chan::ChannelReader>> readers;
       for (size_t port = 0; port < spec["inputs"].size(); ++port) {
         const Json& in = spec["inputs"][port];
+        if (in.contains("live")) {
+          auto reader = OpenLiveReader(in, task);
+          if (!reader.ok()) return fail("input_lost", "input " + std::to_string(port) + ": " + reader.status().message(), static_cast<int>(port));
+          readers.push_back(std::make_unique<TrackingReader>(std::move(*reader), static_cast<int>(port), &lost_port));
+          continue;
+        }
         if (in.value("empty", false)) {
           readers.push_back(std::make_unique<EmptyReader>());
           continue;
@@ -356,6 +420,12 @@ class Daemon::Impl {
       }
       std::vector<std::unique_ptr<CountingWriter>> writers;
       for (size_t port = 0; port < spec["outputs"].size(); ++port) {
+        if (spec["outputs"][port].is_object()) {
+          auto writer = OpenLiveWriter(spec["outputs"][port], task);
+          if (!writer.ok()) return fail("input_lost", "output " + std::to_string(port) + ": " + writer.status().message());
+          writers.push_back(std::make_unique<CountingWriter>(std::move(*writer)));
+          continue;
+        }
         auto kind = spec["outputs"][port] == "memory" ? chan::StorageKind::kMemory : chan::StorageKind::kFile;
         auto writer = store_->CreateWriter({job, vertex, version, static_cast<uint32_t>(port)}, kind);
         if (!writer.ok()) return fail("program_error", writer.status().message());
@@ -420,6 +490,8 @@ class Daemon::Impl {
   std::shared_ptr<net::FramedConnection> conn_;
   std::unique_ptr<chan::OutputStore> store_;
   std::unique_ptr<chan::DataServer> data_server_;
+  std::unique_ptr<chan::StreamHub> hub_;
+  chan::ShmRegistry shm_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -278,6 +278,44 @@ TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
   (void)d0, (void)d1;
 }
 
+TEST_CASE("Scheduler.GangsArePlacedWholeShareAVersionAndRestartTogether") {
+  Harness h;
+  h.AddDaemon("d0", 2);
+  JobId job = h.Submit(R"({"stages": [{"name": "src", "program": "noop"}, {"name": "p", "program": "noop"},
+                                      {"name": "q", "program": "noop", "max_attempts": 2}],
+                           "edges": [{"from": "src", "to": "p"}, {"from": "p", "to": "q", "channel": "stream"}]})");
+  h.Finish(h.sink.TakeTasks()[0].second, true);  // src
+  auto gang = h.sink.TakeTasks();
+  REQUIRE(gang.size() == 2);  // p and q together, once p's file input is there
+  CHECK(gang[0].second["version"] == gang[1].second["version"]);
+  Json p = gang[0].second["name"] == "p[0]" ? gang[0].second : gang[1].second;
+  Json q = gang[0].second["name"] == "q[0]" ? gang[0].second : gang[1].second;
+  CHECK(p["outputs"][0]["live"] == "stream");
+  CHECK(q["inputs"][0]["live"] == "stream");
+  h.Finish(q, false);  // q's own error: charged to q, and p is cancelled with it
+  CHECK_FALSE(h.sink.WithOp("cancel").empty());
+  auto again = h.sink.TakeTasks();
+  REQUIRE(again.size() == 2);
+  CHECK(again[0].second["version"] == 2);
+  Json st = h.sched.JobStatus(job);
+  CHECK(st["stages"][1]["failed_attempts"] == 0);
+  CHECK(st["stages"][2]["failed_attempts"] == 1);
+  for (auto& [d, t] : again) h.Finish(t, true);
+  CHECK(h.State(job) == "completed");
+}
+
+TEST_CASE("Scheduler.AGangThatDoesNotFitHoldsNoSlot") {
+  Harness h;
+  h.AddDaemon("d0", 1);
+  h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
+               "edges": [{"from": "a", "to": "b", "channel": "stream"}]})");
+  CHECK(h.sink.TakeTasks().empty());
+  CHECK(h.sched.DaemonsTable()[0]["free_cpus"] == 1.0);
+  h.AddDaemon("d1", 1);
+  h.sched.Flush();
+  CHECK(h.sink.TakeTasks().size() == 2);
+}
+
 TEST_CASE("Scheduler.AffinityGroupsShareADaemon") {
   Harness h;
   h.AddDaemon("d0", 4);

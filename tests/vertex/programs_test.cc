@@ -72,6 +72,9 @@ TEST_CASE("Programs.ChecksumDigestsNameParamsAndEveryInputByte") {
   CHECK(other.Output(0) != run.Output(0));
   auto extra = RunProgram("checksum", {{"bytes", 3000000}}, {}, 1);
   CHECK(extra.Output(0).size() == 17 + 3000000);
+  // Chunks generated at an offset are the same bytes as the whole stream.
+  std::string whole = DeterministicBytes(42, 3 << 20);
+  CHECK(DeterministicBytesAt(42, 1 << 20, 1 << 20) == whole.substr(1 << 20, 1 << 20));
 }
 
 TEST_CASE("Programs.WordCountTrioCountsWords") {

@@ -1,5 +1,6 @@
 #include "vertex/programs/checksum.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -42,9 +43,12 @@ std::string DigestLine(uint64_t digest) {
   return s;
 }
 
-std::string DeterministicBytes(uint64_t digest, size_t n) {
+std::string DeterministicBytes(uint64_t digest, size_t n) { return DeterministicBytesAt(digest, 0, n); }
+
+std::string DeterministicBytesAt(uint64_t digest, uint64_t offset, size_t n) {
   std::string out(n, '\0');
-  uint64_t x = digest;
+  // splitmix64 is counter-based: word k is mix(digest + (k + 1) * golden), so any offset works.
+  uint64_t x = digest + (offset / 8) * 0x9e3779b97f4a7c15ULL;
   for (size_t i = 0; i < n; i += 8) {
     x += 0x9e3779b97f4a7c15ULL;
     uint64_t z = x;
@@ -80,12 +84,11 @@ class ChecksumProgram final : public VertexProgram {
     uint64_t digest = hasher.Digest();
     COPSE_RETURN_NOT_OK(ctx.WriteAll(chan::Buffer(DigestLine(digest))));
     int64_t extra = ctx.param<int64_t>("bytes", 0);
-    if (extra > 0) {
-      std::string bytes = DeterministicBytes(digest, static_cast<size_t>(extra));
-      constexpr size_t kChunk = 1 << 20;
-      for (size_t off = 0; off < bytes.size(); off += kChunk) {
-        COPSE_RETURN_NOT_OK(ctx.WriteAll(chan::Buffer(bytes.substr(off, kChunk))));
-      }
+    constexpr uint64_t kChunk = 1 << 20;
+    for (uint64_t off = 0; off < static_cast<uint64_t>(std::max<int64_t>(extra, 0)); off += kChunk) {
+      if (ctx.cancelled()) return Status::Cancelled(ctx.name + " cancelled");
+      size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, extra - off));
+      COPSE_RETURN_NOT_OK(ctx.WriteAll(chan::Buffer(DeterministicBytesAt(digest, off, n))));
     }
     return ctx.CloseOutputs();
   }

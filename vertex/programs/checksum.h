@@ -34,5 +34,8 @@ class ChecksumHasher {
 std::string DigestLine(uint64_t digest);
 /// `n` bytes determined by `digest` (splitmix64 stream).
 std::string DeterministicBytes(uint64_t digest, size_t n);
+/// Bytes [offset, offset + n) of that stream; `offset` must be a multiple of 8. Lets a
+/// producer emit gigabytes without holding them.
+std::string DeterministicBytesAt(uint64_t digest, uint64_t offset, size_t n);
 
 }  // namespace copse::vertex

@@ -1,0 +1,106 @@
+// Live channels and gangs on a real cluster: stream and shm pipelines, memory bounded while a
+// gigabyte streams, gangs placed all or nothing, and a gang restarted whole after a kill.
+#include <doctest/doctest.h>
+
+#include <fstream>
+
+#include "cli/job_watch.h"
+#include "tests/integration/test_cluster.h"
+
+namespace copse::testing {
+namespace {
+
+Json Pipeline(const std::string& channel, int64_t bytes) {
+  return {{"name", "pipe"},
+          {"stages", {{{"name", "produce"}, {"program", "checksum"}, {"params", {{"bytes", bytes}}}},
+                      {{"name", "relay"}, {"program", "checksum"}, {"params", {{"bytes", bytes / 4}}}},
+                      {{"name", "consume"}, {"program", "checksum"}}}},
+          {"edges", {{{"from", "produce"}, {"to", "relay"}, {"channel", channel}},
+                     {{"from", "relay"}, {"to", "consume"}, {"channel", channel}}}},
+          {"outputs", {{{"from", "consume"}, {"path", "digest.txt"}}}}};
+}
+
+/// Peak resident memory of a process in MiB (VmHWM).
+double PeakMiB(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return -1;
+}
+
+TEST_CASE("Gangs.StreamPipelineMovesAGigabyteInBoundedMemory") {
+  TestCluster cluster(3, 2);
+  uint64_t file_job = cluster.Submit(Pipeline("file", 64 << 20));
+  REQUIRE(cluster.Wait(file_job)["state"] == "completed");
+  uint64_t stream_small = cluster.Submit(Pipeline("stream", 64 << 20));
+  REQUIRE(cluster.Wait(stream_small)["state"] == "completed");
+  // Live channels deliver exactly the bytes file channels do.
+  CHECK(cluster.Output(stream_small, "digest.txt") == cluster.Output(file_job, "digest.txt"));
+
+  uint64_t big = cluster.Submit(Pipeline("stream", int64_t{1} << 30));
+  Json st = cluster.Wait(big, std::chrono::seconds(180));
+  REQUIRE_MESSAGE(st["state"] == "completed", st.dump(2));
+  for (pid_t pid : cluster.pids()) {
+    double peak = PeakMiB(pid);
+    INFO("pid " << pid << " peak " << peak << " MiB");
+    CHECK(peak < 400);  // a gigabyte went through; no process held it
+  }
+}
+
+TEST_CASE("Gangs.ShmPipelineSharesADaemonAndMatchesFileChannels") {
+  TestCluster cluster(2, 3);
+  uint64_t file_job = cluster.Submit(Pipeline("file", 8 << 20));
+  uint64_t shm_job = cluster.Submit(Pipeline("shm", 8 << 20));
+  REQUIRE(cluster.Wait(file_job)["state"] == "completed");
+  Json st = cluster.Wait(shm_job);
+  REQUIRE_MESSAGE(st["state"] == "completed", st.dump(2));
+  CHECK(cluster.Output(shm_job, "digest.txt") == cluster.Output(file_job, "digest.txt"));
+  auto logs = cluster.client().Call({{"op", "logs"}, {"job", shm_job}});
+  std::set<std::string> daemons;
+  for (const auto& line : (*logs)["lines"]) {
+    std::string l = line;
+    if (auto p = l.find(" placed on "); p != std::string::npos) daemons.insert(l.substr(p + 11));
+  }
+  CHECK(daemons.size() == 1);
+}
+
+TEST_CASE("Gangs.AGangTooBigForTheFreeSlotsWaitsWithoutHoldingAny") {
+  TestCluster cluster(1, 2);
+  uint64_t gang_job = cluster.Submit(Pipeline("stream", 1 << 20));  // 3 members, 2 slots
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Json st = (*cluster.client().Call({{"op", "status"}, {"job", gang_job}}))["job"];
+  CHECK(st["state"] == "running");
+  CHECK(st["vertices"]["running"] == 0);
+  Json daemons = (*cluster.client().Call({{"op", "daemons"}}))["daemons"];
+  CHECK(daemons[0]["free_cpus"] == 2.0);  // nothing reserved
+  // Other work still runs meanwhile.
+  uint64_t other = cluster.Submit({{"stages", {{{"name", "x"}, {"program", "noop"}, {"replicas", 4}}}}});
+  CHECK(cluster.Wait(other, std::chrono::seconds(20))["state"] == "completed");
+  // A second daemon gives the gang room; stream channels may cross daemons.
+  cluster.AddDaemon("d1", 2);
+  Json done = cluster.Wait(gang_job, std::chrono::seconds(30));
+  CHECK_MESSAGE(done["state"] == "completed", done.dump(2));
+}
+
+TEST_CASE("Gangs.KillingAGangMembersDaemonRestartsTheGangWithIdenticalOutput") {
+  TestCluster cluster(3, 2);
+  Json job = Pipeline("stream", 512 << 20);
+  uint64_t clean = cluster.Submit(job);
+  REQUIRE(cluster.Wait(clean)["state"] == "completed");
+  std::string expected = cluster.Output(clean, "digest.txt");
+  job["faults"] = {{{"kill_daemon_of", "relay"}, {"when", {{"after_ms", 150}}}}};
+  uint64_t id = cluster.Submit(job);
+  Json st = cluster.Wait(id, std::chrono::seconds(120));
+  REQUIRE_MESSAGE(st["state"] == "completed", st.dump(2));
+  CHECK(cluster.Output(id, "digest.txt") == expected);
+  bool restarted = false;
+  for (const auto& r : st["recoveries"]) {
+    restarted = restarted || std::string(r["detail"]).find("gang of 3 restarts") != std::string::npos;
+  }
+  CHECK_MESSAGE(restarted, st["recoveries"].dump(2));
+}
+
+}  // namespace
+}  // namespace copse::testing
