@@ -1,6 +1,7 @@
 // Client verbs of a running job manager: submit, status, cancel, daemons, logs.
 #include <unistd.h>
 
+#include <fstream>
 #include <iostream>
 
 #include "cli/commands.h"
@@ -121,6 +122,27 @@ void AddClientCommands(CLI::App& app) {
       auto reply = client->Call({{"op", "daemons"}});
       if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
       std::cout << (*format == "json" ? (*reply)["daemons"].dump(2) + "\n" : RenderDaemonsTable((*reply)["daemons"]));
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand("trace", "Write a job's execution trace (Chrome/Perfetto trace-event JSON)");
+    auto jm = std::make_shared<JmAddressOptions>();
+    auto job = std::make_shared<uint64_t>(0);
+    auto out = std::make_shared<std::string>();
+    AddJmAddressFlags(cmd, *jm);
+    cmd->add_option("JOB", *job, "job id")->required();
+    cmd->add_option("-f,--file", *out, "write here instead of standard output (open in ui.perfetto.dev or chrome://tracing)");
+    cmd->callback([jm, job, out] {
+      auto client = ConnectOrReport(*jm);
+      if (!client) return;
+      auto reply = client->Call({{"op", "trace"}, {"job", *job}});
+      if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
+      std::string text = (*reply)["trace"].dump() + "\n";
+      if (out->empty()) {
+        std::cout << text;
+      } else if (!(std::ofstream(*out) << text)) {
+        ExitCode() = Report(Status::IOError("cannot write " + *out));
+      }
     });
   }
   {

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <iostream>
 #include <thread>
 
@@ -28,6 +29,7 @@ struct RunOpts {
   std::string output_dir = "copse-output";
   std::string format = "text";
   std::string keep_dir;
+  std::string trace_file;
   int heartbeat_timeout_ms = 1000;
 };
 
@@ -132,6 +134,12 @@ int RunJob(const RunOpts& o) {
     return 1;
   }
   Json summary = *status;
+  if (!o.trace_file.empty()) {
+    auto trace = cluster.client().Call({{"op", "trace"}, {"job", *job}});
+    if (!trace.ok() || !(std::ofstream(o.trace_file) << (*trace)["trace"].dump() << "\n")) {
+      std::cerr << "copse run: cannot write the trace to " << o.trace_file << "\n";
+    }
+  }
   if (summary["state"] == "completed") {
     auto secret = LoadClientSecret(cluster.address());
     auto outputs = secret.ok() ? FetchOutputs(cluster.client(), *job, o.output_dir, *secret) : Result<Json>(secret.status());
@@ -163,6 +171,7 @@ void AddRunCommand(CLI::App& app) {
   cmd->add_option("--output", o->output_dir, "directory for the declared outputs");
   cmd->add_option("-o,--format", o->format, "text or json (the final job summary as one JSON value)")
       ->check(CLI::IsMember({"text", "json"}));
+  cmd->add_option("--trace", o->trace_file, "write the job's execution trace (Chrome/Perfetto JSON) here");
   cmd->add_option("--keep", o->keep_dir, "keep the cluster's state, logs and outputs in this directory");
   cmd->add_option("--heartbeat-timeout-ms", o->heartbeat_timeout_ms, "a daemon silent this long is lost")->check(CLI::Range(50, 600000));
   cmd->callback([o] { ExitCode() = RunJob(*o); });

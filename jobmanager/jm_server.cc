@@ -239,6 +239,11 @@ class JmServer::Impl : public DaemonSink {
       if (lines.is_null()) return conn->Send({{"op", "error"}, {"message", "no such job"}});
       return conn->Send({{"op", "logs"}, {"lines", lines}});
     }
+    if (op == "trace") {
+      auto trace = scheduler_.Trace(JobIdFrom(msg));
+      if (!trace.ok()) return conn->Send({{"op", "error"}, {"message", trace.status().message()}});
+      return conn->Send({{"op", "trace"}, {"trace", *trace}});
+    }
     if (op == "outputs") {
       auto locations = scheduler_.OutputLocations(JobIdFrom(msg));
       if (!locations.ok()) return conn->Send({{"op", "error"}, {"message", locations.status().message()}});

@@ -1,6 +1,7 @@
 #include "jobmanager/scheduler.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "common/logging.h"
 #include "common/text_util.h"
@@ -10,6 +11,7 @@ namespace copse::jm {
 namespace {
 
 constexpr size_t kMaxLogLines = 20000;
+constexpr size_t kMaxSpans = 1'000'000;
 constexpr size_t kMaxBlockedScan = 64;  // ready vertices tried per job per pass when slots are short
 
 std::shared_ptr<spdlog::logger> SchedLog() {
@@ -105,6 +107,15 @@ struct Scheduler::Job {
   Json recoveries = Json::array();
   std::vector<std::pair<VertexId, std::string>> log;
   std::vector<uint32_t> gang_version;  // per gang: the version of its current attempt
+  /// One span per attempt, for `copse trace`: vertex, version, daemon, start/end ms, outcome.
+  struct Span {
+    uint32_t vertex, version;
+    DaemonId daemon;
+    double start_ms, end_ms = -1;
+    std::string outcome;
+  };
+  std::vector<Span> spans;
+  std::map<std::pair<uint32_t, uint32_t>, size_t> open_spans;  // (vertex, version) -> index
   std::vector<std::vector<double>> stage_seconds;  // per stage: wall time of completed attempts
   std::vector<char> declared;  // per vertex: a job output reads it, so it is never released
   uint64_t local_input_bytes = 0, remote_input_bytes = 0;  // what placement achieved
@@ -406,6 +417,50 @@ Status Scheduler::Cancel(JobId id) {
   return Status::OK();
 }
 
+void Scheduler::CloseSpan(Job& job, VertexId v, uint32_t version, const std::string& outcome) {
+  auto it = job.open_spans.find({v.value(), version});
+  if (it == job.open_spans.end()) return;
+  job.spans[it->second].end_ms = ElapsedMs(job);
+  job.spans[it->second].outcome = outcome;
+  job.open_spans.erase(it);
+}
+
+Result<Json> Scheduler::Trace(JobId id) const {
+  const Job* job = FindJob(id);
+  if (!job) return Status::NotFound("no job " + id.ToString());
+  // Chrome / Perfetto trace-event format: a process per daemon, a thread per concurrent slot.
+  Json events = Json::array();
+  std::map<uint32_t, std::vector<double>> lanes;  // per daemon: when each lane frees up
+  std::vector<size_t> order(job->spans.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return job->spans[a].start_ms < job->spans[b].start_ms; });
+  double now = ElapsedMs(*job);
+  for (size_t i : order) {
+    const auto& s = job->spans[i];
+    double end = s.end_ms >= 0 ? s.end_ms : now;
+    auto& free_at = lanes[s.daemon.value()];
+    size_t lane = 0;
+    while (lane < free_at.size() && free_at[lane] > s.start_ms) ++lane;
+    if (lane == free_at.size()) free_at.push_back(0);
+    free_at[lane] = end;
+    const VertexNode& node = job->g().vertex(VertexId(s.vertex));
+    events.push_back({{"name", node.name},
+                      {"cat", job->g().spec().stages[node.stage].name},
+                      {"ph", "X"},
+                      {"ts", s.start_ms * 1000},
+                      {"dur", (end - s.start_ms) * 1000},
+                      {"pid", s.daemon.value()},
+                      {"tid", lane},
+                      {"args", {{"version", s.version}, {"outcome", s.end_ms >= 0 ? s.outcome : "running"}}}});
+  }
+  for (const auto& [daemon, free_at] : lanes) {
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", daemon},
+                      {"args", {{"name", "daemon " + daemons_[daemon]->spec.name}}}});
+  }
+  return Json{{"traceEvents", events}, {"displayTimeUnit", "ms"},
+              {"otherData", {{"job", id.value()}, {"name", job->g().spec().name}, {"state", JobStateName(job->state)}}}};
+}
+
 void Scheduler::FreeSlot(Job& job, VertexId v, DaemonId daemon) {
   if (!daemon.valid()) return;
   Daemon& d = *daemons_[daemon.value()];
@@ -421,6 +476,8 @@ void Scheduler::ReleaseSlots(Job& job, VertexId v) {
   Run& r = job.runs[v.value()];
   if (r.state != VertexState::kRunning) return;
   job.running.erase(v.value());
+  CloseSpan(job, v, r.version, "stopped");
+  if (r.dup_version) CloseSpan(job, v, r.dup_version, "stopped");
   FreeSlot(job, v, r.daemon);
   if (r.dup_version) {
     FreeSlot(job, v, r.dup_daemon);
@@ -466,6 +523,7 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
   Job* job = FindJob(rep.job);
   if (!job || job->state != JobState::kRunning || rep.vertex.value() >= job->runs.size()) return;
   Run& r = job->runs[rep.vertex.value()];
+  CloseSpan(*job, rep.vertex, rep.version, rep.ok ? "completed" : std::string(FailureClassName(rep.failure)));
   bool current = r.version == rep.version || (r.dup_version && r.dup_version == rep.version);
   if (r.state != VertexState::kRunning || !current) return;  // a stale attempt
   if (ResolveDuplicate(*job, rep.vertex, rep)) {
@@ -917,6 +975,10 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
     const Run& p = job.runs[c.from.value()];
     uint64_t bytes = static_cast<size_t>(c.from_port) < p.output_bytes.size() ? p.output_bytes[c.from_port] : 0;
     (p.daemon == d.id ? job.local_input_bytes : job.remote_input_bytes) += bytes;
+  }
+  if (job.spans.size() < kMaxSpans) {
+    job.open_spans[{v.value(), version}] = job.spans.size();
+    job.spans.push_back({v.value(), version, d.id, ElapsedMs(job)});
   }
   Json& batch = outbox_[d.id];
   if (batch.is_null()) batch = {{"op", "run"}, {"tasks", Json::array()}};

@@ -137,6 +137,9 @@ class Scheduler {
   Json DaemonsTable() const;
   /// Event log of a job (state transitions, errors), optionally of one vertex.
   Json Logs(JobId job, const std::string& vertex) const;
+  /// The job's attempts as Chrome/Perfetto trace events: one span per vertex execution per
+  /// daemon, so pipeline bubbles and recoveries are visible.
+  Result<Json> Trace(JobId job) const;
   /// Where each declared output of a completed job is: [{path, host, port, key}].
   Result<Json> OutputLocations(JobId job) const;
 
@@ -166,6 +169,7 @@ class Scheduler {
   /// A report from a vertex with two attempts running; true when it needs nothing more.
   bool ResolveDuplicate(Job& job, VertexId v, const AttemptReport& report);
   void FreeSlot(Job& job, VertexId v, DaemonId daemon);
+  void CloseSpan(Job& job, VertexId v, uint32_t version, const std::string& outcome);
   void Complete(Job& job, VertexId v, const AttemptReport& report);
   void Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge);
   void FinishJob(Job& job, JobState state, const std::string& reason);

@@ -122,6 +122,31 @@ TEST_CASE("Scheduler.PlacesAVertexWhereMostOfItsInputBytesAre") {
   (void)d0, (void)d1, (void)job;
 }
 
+TEST_CASE("Scheduler.TraceHasASpanPerAttemptInLanesPerDaemon") {
+  Harness h;
+  h.AddDaemon("d0", 2);
+  JobId job = h.Submit(R"({"stages": [{"name": "s", "program": "noop", "replicas": 2}, {"name": "t", "program": "noop"}],
+                           "edges": [{"from": "s", "to": "t", "pattern": "gather"}], "faults": [{"fail": "t"}]})");
+  auto tasks = h.sink.TakeTasks();
+  h.clock.Advance(std::chrono::milliseconds(10));
+  for (auto& [d, t] : tasks) h.Finish(t, true);
+  h.Finish(h.sink.TakeTasks()[0].second, false);  // t, attempt 1 (injected)
+  h.Finish(h.sink.TakeTasks()[0].second, true);   // t, attempt 2
+  auto trace = h.sched.Trace(job);
+  REQUIRE(trace.ok());
+  int spans = 0, failed = 0;
+  std::set<int> lanes;
+  for (const auto& e : (*trace)["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    ++spans;
+    failed += e["args"]["outcome"] == "program_error";
+    if (e["cat"] == "s") lanes.insert(e["tid"].get<int>());
+  }
+  CHECK(spans == 4);
+  CHECK(failed == 1);
+  CHECK(lanes.size() == 2);  // the two overlapping s attempts sit in two lanes
+}
+
 TEST_CASE("Scheduler.RetriesWithNewVersionsThenFailsTheJobWithTheReason") {
   Harness h;
   h.AddDaemon("d0");
