@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <sstream>
 #include <iostream>
 
 #include "cli/commands.h"
@@ -123,6 +124,66 @@ void AddClientCommands(CLI::App& app) {
       if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
       std::cout << (*format == "json" ? (*reply)["daemons"].dump(2) + "\n" : RenderDaemonsTable((*reply)["daemons"]));
     });
+  }
+  {
+    auto* cmd = app.add_subcommand("chaos", "Inject faults into a running cluster, targeted or seeded-random");
+    cmd->require_subcommand(1);
+    auto jm = std::make_shared<JmAddressOptions>();
+    auto send = [jm](Json request) {
+      auto client = ConnectOrReport(*jm);
+      if (!client) return;
+      auto reply = client->Call(request);
+      if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
+      std::cout << (*reply)["done"].dump() << "\n";
+    };
+    struct Opts {
+      std::string daemon, vertex, kinds = "kill,fail,delay,corrupt,cut";
+      uint64_t job = 0, seed = 1;
+      int64_t ms = 1000, interval_ms = 500, duration_s = 10;
+      std::vector<int> attempts;
+    };
+    auto o = std::make_shared<Opts>();
+    auto* kill = cmd->add_subcommand("kill", "SIGKILL a daemon");
+    kill->add_option("DAEMON", o->daemon, "daemon name")->required();
+    kill->callback([o, send] { send({{"op", "chaos"}, {"action", "kill"}, {"daemon", o->daemon}}); });
+    auto* cut = cmd->add_subcommand("cut", "Cut a daemon off from the job manager for a while");
+    cut->add_option("DAEMON", o->daemon, "daemon name")->required();
+    cut->add_option("--ms", o->ms, "how long")->check(CLI::Range(int64_t{1}, int64_t{3600000}));
+    cut->callback([o, send] { send({{"op", "chaos"}, {"action", "cut"}, {"daemon", o->daemon}, {"ms", o->ms}}); });
+    for (const char* action : {"fail", "delay", "corrupt", "drop"}) {
+      std::string help = std::string(action) == "fail"    ? "Make the next attempt (or --attempts) of a vertex fail"
+                         : std::string(action) == "delay" ? "Make the next attempt (or --attempts) of a vertex slow"
+                         : std::string(action) == "corrupt" ? "Damage a vertex's stored output once it completed"
+                                                            : "Delete a vertex's stored output once it completed";
+      auto* sub = cmd->add_subcommand(action, help);
+      sub->add_option("JOB", o->job, "job id")->required();
+      sub->add_option("VERTEX", o->vertex, "vertex name, e.g. count[1]")->required();
+      if (std::string(action) == "fail" || std::string(action) == "delay") {
+        sub->add_option("--attempts", o->attempts, "attempt numbers (default: the next one)");
+      }
+      if (std::string(action) == "delay") sub->add_option("--ms", o->ms, "how much slower");
+      sub->callback([o, send, a = std::string(action)] {
+        Json req = {{"op", "chaos"}, {"action", a}, {"job", o->job}, {"vertex", o->vertex}, {"ms", o->ms}};
+        if (!o->attempts.empty()) req["attempts"] = o->attempts;
+        send(req);
+      });
+    }
+    auto* random = cmd->add_subcommand("random", "Inject seeded random faults every interval for a while");
+    random->add_option("--seed", o->seed, "random seed: the same seed repeats the same choices");
+    random->add_option("--interval-ms", o->interval_ms, "time between faults")->check(CLI::Range(int64_t{10}, int64_t{3600000}));
+    random->add_option("--duration-s", o->duration_s, "how long to keep injecting")->check(CLI::Range(int64_t{1}, int64_t{86400}));
+    random->add_option("--kinds", o->kinds, "comma-separated: kill, fail, delay, corrupt, cut");
+    random->add_option("--cut-ms", o->ms, "how long a cut daemon stays away");
+    random->callback([o, send] {
+      std::vector<std::string> kinds;
+      std::stringstream ss(o->kinds);
+      for (std::string k; std::getline(ss, k, ',');) kinds.push_back(k);
+      send({{"op", "chaos"}, {"action", "random"}, {"seed", o->seed}, {"interval_ms", o->interval_ms},
+            {"duration_ms", o->duration_s * 1000}, {"kinds", kinds}, {"cut_ms", o->ms}});
+    });
+    auto* stop = cmd->add_subcommand("stop", "Stop random fault injection");
+    stop->callback([send] { send({{"op", "chaos"}, {"action", "stop"}}); });
+    for (auto* sub : cmd->get_subcommands({})) AddJmAddressFlags(sub, *jm);
   }
   {
     auto* cmd = app.add_subcommand("trace", "Write a job's execution trace (Chrome/Perfetto trace-event JSON)");

@@ -239,6 +239,11 @@ class JmServer::Impl : public DaemonSink {
       if (lines.is_null()) return conn->Send({{"op", "error"}, {"message", "no such job"}});
       return conn->Send({{"op", "logs"}, {"lines", lines}});
     }
+    if (op == "chaos") {
+      auto done = scheduler_.Chaos(msg);
+      if (!done.ok()) return conn->Send({{"op", "error"}, {"message", done.status().message()}});
+      return conn->Send({{"op", "chaos"}, {"done", *done}});
+    }
     if (op == "trace") {
       auto trace = scheduler_.Trace(JobIdFrom(msg));
       if (!trace.ok()) return conn->Send({{"op", "error"}, {"message", trace.status().message()}});

@@ -102,8 +102,9 @@ struct Scheduler::Job {
   size_t completions = 0;  // every successful attempt, for fault triggers
   TimePoint started{}, finished{};
   std::map<std::string, DaemonId> affinity;
+  std::vector<FaultSpec> faults;  // the job file's, then whatever `copse chaos` adds
   std::vector<char> fault_fired;
-  Json faults = Json::array();
+  Json faults_log = Json::array();  // every fault injected so far, for the summary
   Json recoveries = Json::array();
   std::vector<std::pair<VertexId, std::string>> log;
   std::vector<uint32_t> gang_version;  // per gang: the version of its current attempt
@@ -342,7 +343,8 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   job->job_dir = std::move(job_dir);
   job->started = clock_.Now();
   job->runs.resize(job->g().vertices().size());
-  job->fault_fired.assign(job->g().spec().faults.size(), 0);
+  job->faults = job->g().spec().faults;
+  job->fault_fired.assign(job->faults.size(), 0);
   job->declared.assign(job->runs.size(), 0);
   job->stage_seconds.resize(job->g().spec().stages.size());
   job->gang_version.assign(job->g().gangs().size(), 0);
@@ -949,7 +951,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
                {"params", *node.params},    {"job_dir", job.job_dir},      {"threads", std::max(1, static_cast<int>(stage.resources.cpus))},
                {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
   // Faults the job file injects into this attempt.
-  const auto& faults = g.spec().faults;
+  const auto& faults = job.faults;
   for (size_t i = 0; i < faults.size(); ++i) {
     const FaultSpec& f = faults[i];
     if (!f.vertex || g.FindVertex(f.vertex->ToString()) != v) continue;
@@ -959,14 +961,14 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
     if (f.kind == FaultKind::kFail &&
         std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
       task["inject_failure"] = "injected fault " + f.pointer + ": attempt " + std::to_string(version) + " fails";
-      job.faults.push_back({{"fault", "fail"}, {"vertex", node.name}, {"attempt", version}, {"at_ms", ElapsedMs(job)}});
+      job.faults_log.push_back({{"fault", "fail"}, {"vertex", node.name}, {"attempt", version}, {"at_ms", ElapsedMs(job)}});
     }
     if (f.kind == FaultKind::kDelay &&
         std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
       task["delay_ms"] = f.ms;
       if (!job.fault_fired[i]) {
         job.fault_fired[i] = 1;
-        job.faults.push_back({{"fault", "delay"}, {"vertex", node.name}, {"ms", f.ms}, {"at_ms", ElapsedMs(job)}});
+        job.faults_log.push_back({{"fault", "delay"}, {"vertex", node.name}, {"ms", f.ms}, {"at_ms", ElapsedMs(job)}});
       }
     }
   }
@@ -1002,6 +1004,7 @@ void Scheduler::Flush() {
 // ---- time and faults -------------------------------------------------------------------------
 
 void Scheduler::Tick() {
+  RandomChaosStep();
   TimePoint now = clock_.Now();
   if (now - restored_at_ > options_.recovery_grace) {
     for (size_t i = 0; i < daemons_.size(); ++i) {
@@ -1073,9 +1076,122 @@ void Scheduler::LaunchDuplicates(Job& job) {
   }
 }
 
+Result<Json> Scheduler::Chaos(const Json& request) {
+  std::string action = request.value("action", "");
+  auto find_daemon = [&](const std::string& name) -> Daemon* {
+    for (auto& d : daemons_) {
+      if (d->alive && d->spec.name == name) return d.get();
+    }
+    return nullptr;
+  };
+  auto record_everywhere = [&](Json record) {
+    for (auto& [id, job] : jobs_) {
+      if (job->state != JobState::kRunning) continue;
+      record["at_ms"] = ElapsedMs(*job);
+      job->faults_log.push_back(record);
+    }
+  };
+  if (action == "kill" || action == "cut") {
+    std::string name = request.value("daemon", "");
+    Daemon* d = find_daemon(name);
+    if (!d) return Status::NotFound("no live daemon named \"" + name + "\"");
+    int64_t ms = request.value("ms", int64_t{2000});
+    Flush();
+    sink_.SendToDaemon(d->id, action == "kill" ? Json{{"op", "kill"}} : Json{{"op", "cut"}, {"ms", ms}});
+    Json record = {{"fault", action == "kill" ? "kill_daemon" : "cut_daemon"}, {"daemon", name}, {"source", "chaos"}};
+    if (action == "cut") record["ms"] = ms;
+    record_everywhere(record);
+    return record;
+  }
+  if (action == "fail" || action == "delay" || action == "corrupt" || action == "drop") {
+    Job* job = FindJob(JobId(request.value("job", uint64_t{0})));
+    if (!job || job->state != JobState::kRunning) return Status::NotFound("no running job " + std::to_string(request.value("job", 0)));
+    std::string vertex = request.value("vertex", "");
+    VertexId v = job->g().FindVertex(vertex);
+    if (!v.valid()) return Status::NotFound("job " + job->id.ToString() + " has no vertex \"" + vertex + "\"");
+    FaultSpec f;
+    f.pointer = "chaos";
+    f.vertex = ParseEndpointRef(job->g().vertex(v).name);
+    const Run& r = job->runs[v.value()];
+    uint32_t next = std::max(r.version, r.dup_version) + 1;
+    if (action == "fail" || action == "delay") {
+      f.kind = action == "fail" ? FaultKind::kFail : FaultKind::kDelay;
+      f.attempts = request.value("attempts", std::vector<int>{static_cast<int>(next)});
+      f.ms = request.value("ms", int64_t{1000});
+    } else {
+      f.kind = action == "corrupt" ? FaultKind::kCorruptOutputOf : FaultKind::kDropOutputOf;
+    }
+    job->faults.push_back(f);
+    job->fault_fired.push_back(0);
+    Log(*job, v, "chaos: " + action + " armed");
+    CheckFaults(*job);
+    return Json{{"fault", action}, {"vertex", job->g().vertex(v).name}, {"job", job->id.value()}, {"armed", true}};
+  }
+  if (action == "random") {
+    chaos_ = RandomChaos{};
+    chaos_->rng.seed(request.value("seed", uint64_t{1}));
+    chaos_->interval = std::chrono::milliseconds(request.value("interval_ms", int64_t{500}));
+    chaos_->until = clock_.Now() + std::chrono::milliseconds(request.value("duration_ms", int64_t{10000}));
+    chaos_->next = clock_.Now() + chaos_->interval;
+    chaos_->kinds = request.value("kinds", std::vector<std::string>{"kill", "fail", "delay", "corrupt", "cut"});
+    chaos_->cut_ms = request.value("cut_ms", int64_t{1000});
+    for (const auto& k : chaos_->kinds) {
+      if (k != "kill" && k != "fail" && k != "delay" && k != "corrupt" && k != "cut") {
+        chaos_.reset();
+        return Status::InvalidArgument("unknown chaos kind \"" + k + "\"; expected kill, fail, delay, corrupt or cut");
+      }
+    }
+    return Json{{"random", true}, {"kinds", chaos_->kinds}};
+  }
+  if (action == "stop") {
+    chaos_.reset();
+    return Json{{"random", false}};
+  }
+  return Status::InvalidArgument("unknown chaos action \"" + action + "\"; expected kill, cut, fail, delay, corrupt, drop, random or stop");
+}
+
+void Scheduler::RandomChaosStep() {
+  if (!chaos_) return;
+  TimePoint now = clock_.Now();
+  if (now > chaos_->until) {
+    chaos_.reset();
+    return;
+  }
+  if (now < chaos_->next) return;
+  chaos_->next = now + chaos_->interval;
+  auto& rng = chaos_->rng;
+  const std::string kind = chaos_->kinds[rng() % chaos_->kinds.size()];
+  std::vector<Daemon*> alive;
+  for (auto& d : daemons_) {
+    if (d->alive) alive.push_back(d.get());
+  }
+  if (kind == "kill" || kind == "cut") {
+    if (alive.size() < 2) return;  // never take the last daemon
+    Daemon* d = alive[rng() % alive.size()];
+    (void)Chaos({{"action", kind}, {"daemon", d->spec.name}, {"ms", chaos_->cut_ms}});
+    return;
+  }
+  std::vector<Job*> running;
+  for (auto& [id, job] : jobs_) {
+    if (job->state == JobState::kRunning) running.push_back(job.get());
+  }
+  if (running.empty()) return;
+  Job& job = *running[rng() % running.size()];
+  std::vector<uint32_t> targets;
+  for (uint32_t v = 0; v < job.runs.size(); ++v) {
+    const Run& r = job.runs[v];
+    bool waiting = r.state == VertexState::kWaiting || r.state == VertexState::kReady;
+    bool stored = r.state == VertexState::kCompleted && OutputNeeded(job, VertexId(v)) && !job.g().vertex(VertexId(v)).gang.valid();
+    if (kind == "corrupt" ? stored : waiting) targets.push_back(v);
+  }
+  if (targets.empty()) return;
+  const std::string& name = job.g().vertex(VertexId(targets[rng() % targets.size()])).name;
+  (void)Chaos({{"action", kind}, {"job", job.id.value()}, {"vertex", name}, {"ms", 200}});
+}
+
 void Scheduler::CheckFaults(Job& job) {
   const JobGraph& g = job.g();
-  const auto& faults = g.spec().faults;
+  const auto& faults = job.faults;
   for (size_t i = 0; i < faults.size(); ++i) {
     const FaultSpec& f = faults[i];
     if (job.fault_fired[i] || f.kind == FaultKind::kFail || f.kind == FaultKind::kDelay) continue;
@@ -1099,7 +1215,7 @@ void Scheduler::CheckFaults(Job& job) {
     job.fault_fired[i] = 1;
     Json record = {{"fault", FaultKindName(f.kind)}, {"daemon", target->spec.name}, {"at_ms", ElapsedMs(job)}};
     if (v.valid()) record["vertex"] = g.vertex(v).name;
-    job.faults.push_back(record);
+    job.faults_log.push_back(record);
     Log(job, v, "injecting " + std::string(FaultKindName(f.kind)) + " on daemon " + target->spec.name);
     if (f.kind == FaultKind::kKillDaemon || f.kind == FaultKind::kKillDaemonOf) {
       Flush();
@@ -1176,7 +1292,7 @@ Json Scheduler::JobStatus(JobId id) const {
               {"stages", stages},
               {"input_bytes", {{"local", job.local_input_bytes}, {"remote", job.remote_input_bytes}}},
               {"waiting", waiting},
-              {"faults", job.faults},
+              {"faults", job.faults_log},
               {"recoveries", job.recoveries}};
   if (!job.failure.empty()) out["failure"] = job.failure;
   return out;

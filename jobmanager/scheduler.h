@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <tuple>
 #include <string>
@@ -122,6 +123,12 @@ class Scheduler {
   JobId Submit(std::shared_ptr<const JobGraph> graph, std::string job_dir);
   Status Cancel(JobId job);
   void OnAttemptFinished(const AttemptReport& report);
+  /// `copse chaos`: {"action": "kill"|"cut", "daemon", "ms"} acts on a daemon now;
+  /// {"action": "fail"|"delay"|"corrupt"|"drop", "job", "vertex", "attempts", "ms"} arms a fault
+  /// like the job file's; {"action": "random", "seed", "interval_ms", "duration_ms", "kinds",
+  /// "cut_ms"} injects seeded random faults every interval; {"action": "stop"} ends that.
+  /// Every fault shows in the running jobs' summaries.
+  Result<Json> Chaos(const Json& request);
   /// Timeouts, time-triggered faults, forgetting old jobs. Call periodically.
   void Tick();
   /// Sends every message placed since the last flush.
@@ -185,6 +192,7 @@ class Scheduler {
   /// Whether v's outputs are still needed: a consumer has not completed, or a job output reads it.
   bool OutputNeeded(const Job& job, VertexId v) const;
   void CheckFaults(Job& job);
+  void RandomChaosStep();
   void Log(Job& job, VertexId v, std::string text);
   double ElapsedMs(const Job& job) const;
 
@@ -196,6 +204,14 @@ class Scheduler {
   uint64_t next_job_ = 1;
   std::unique_ptr<PlacementPolicy> policy_;
   JournalSink* journal_ = nullptr;
+  struct RandomChaos {
+    std::mt19937_64 rng;
+    Duration interval{};
+    TimePoint until{}, next{};
+    std::vector<std::string> kinds;
+    int64_t cut_ms = 1000;
+  };
+  std::optional<RandomChaos> chaos_;
   TimePoint restored_at_{};
   std::map<DaemonId, Json> outbox_;          // per daemon: {"op":"run","tasks":[…]}
   std::map<DaemonId, Json> release_outbox_;  // per daemon: {"op":"release","keys":[…]}

@@ -196,6 +196,9 @@ class Daemon::Impl {
       DaemonLog()->warn("daemon {}: {}; reconnecting", options_.name, exit_status_.message());
       CancelEverything();
       io_.restart();
+      while (std::chrono::steady_clock::now() < cut_until_ && !stopping_requested_) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
       auto deadline = std::chrono::steady_clock::now() + options_.reconnect_timeout;
       Status st;
       while (!stopping_requested_) {
@@ -267,6 +270,12 @@ class Daemon::Impl {
         for (const auto& k : msg["keys"]) {
           if (auto key = chan::OutputKey::FromJson(k); key.ok()) store_->Drop(*key);
         }
+      } else if (op == "cut") {
+        // Injected network partition from the job manager: drop the connection and stay away.
+        int64_t ms = msg.value("ms", int64_t{1000});
+        cut_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+        DaemonLog()->warn("daemon {}: cut off from the job manager for {} ms by an injected fault", options_.name, ms);
+        conn_->Close(Status::Unavailable("cut off by an injected fault"));
       } else if (op == "kill") {
         DaemonLog()->warn("daemon {}: killed by an injected fault", options_.name);
         ::kill(::getpid(), SIGKILL);
@@ -487,6 +496,7 @@ class Daemon::Impl {
   asio::io_context io_;
   asio::steady_timer heartbeat_;
   std::atomic<bool> stopping_requested_{false};
+  std::chrono::steady_clock::time_point cut_until_{};
   std::shared_ptr<net::FramedConnection> conn_;
   std::unique_ptr<chan::OutputStore> store_;
   std::unique_ptr<chan::DataServer> data_server_;

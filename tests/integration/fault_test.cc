@@ -164,6 +164,63 @@ TEST_CASE("Faults.AJobManagerKilledAndRestartedResumesItsJobs") {
   CHECK(placed > 0);
 }
 
+/// A 120-vertex layered checksum DAG taking a couple of seconds on a small cluster.
+Json SlowDag() {
+  Json job = {{"name", "chaos"}, {"stages", Json::array()}, {"edges", Json::array()}};
+  for (int l = 0; l < 12; ++l) {
+    job["stages"].push_back({{"name", "l" + std::to_string(l)}, {"program", "checksum"}, {"replicas", 10},
+                             {"params", {{"sleep_ms", 6}, {"bytes", 20000}}}});
+    if (l) job["edges"].push_back({{"from", "l" + std::to_string(l - 1)}, {"to", "l" + std::to_string(l)}, {"pattern", "all_to_all"},
+                                   {"channel", l % 2 ? "memory" : "file"}});
+  }
+  job["stages"].push_back({{"name", "sink"}, {"program", "checksum"}});
+  job["edges"].push_back({{"from", "l11"}, {"to", "sink"}, {"pattern", "gather"}});
+  job["outputs"] = {{{"from", "sink"}, {"path", "digest.txt"}}};
+  return job;
+}
+
+/// Runs `copse chaos ARGS` against the cluster, as a user would.
+int Chaos(TestCluster& cluster, const std::string& args) {
+  std::string cmd = CopseBinary() + " chaos " + args + " --jm " + cluster.address().jm + " --state-dir " +
+                    cluster.address().state_dir + " > /dev/null";
+  return std::system(cmd.c_str());
+}
+
+TEST_CASE("Faults.SeededRandomChaosFromTheCliLeavesOutputsIdentical") {
+  TestCluster cluster(3, 2);
+  Json job = SlowDag();
+  uint64_t clean = cluster.Submit(job);
+  REQUIRE(cluster.Wait(clean)["state"] == "completed");
+  std::string expected = cluster.Output(clean, "digest.txt");
+  uint64_t id = cluster.Submit(job);
+  REQUIRE(Chaos(cluster, "random --seed 7 --interval-ms 60 --duration-s 20 --kinds fail,delay,corrupt,cut --cut-ms 300") == 0);
+  Json st = cluster.Wait(id, std::chrono::seconds(120));
+  REQUIRE(Chaos(cluster, "stop") == 0);
+  REQUIRE_MESSAGE(st["state"] == "completed", st.dump(2));
+  CHECK(cluster.Output(id, "digest.txt") == expected);
+  INFO(st["faults"].dump());
+  CHECK(st["faults"].size() >= 3);
+  CHECK(st["recoveries"].size() >= 1);
+}
+
+TEST_CASE("Faults.ChaosKillsADaemonByNameMidJob") {
+  TestCluster cluster(3, 2);
+  Json job = SlowDag();
+  uint64_t clean = cluster.Submit(job);
+  REQUIRE(cluster.Wait(clean)["state"] == "completed");
+  std::string expected = cluster.Output(clean, "digest.txt");
+  uint64_t id = cluster.Submit(job);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  REQUIRE(Chaos(cluster, "kill d1") == 0);
+  CHECK(Chaos(cluster, "kill no-such-daemon 2>/dev/null") != 0);  // a clear error, exit 1
+  Json st = cluster.Wait(id, std::chrono::seconds(60));
+  REQUIRE_MESSAGE(st["state"] == "completed", st.dump(2));
+  CHECK(cluster.Output(id, "digest.txt") == expected);
+  bool killed = false;
+  for (const auto& f : st["faults"]) killed = killed || (f["fault"] == "kill_daemon" && f["daemon"] == "d1");
+  CHECK(killed);
+}
+
 TEST_CASE("Faults.SeveralJobsRunAtOnce") {
   TestCluster cluster(2);
   std::vector<uint64_t> ids;
