@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/graph_command.h"
 #include "cli/train_command.h"
 #include "common/logging.h"
 
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   copse::cli::AddClientCommands(app);
   copse::cli::AddRunCommand(app);
   copse::cli::AddTrainCommand(app);
+  copse::cli::AddGraphCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,8 +1,16 @@
 #include "cli/program_catalog.h"
 
+#include <mutex>
+
+#include "ml/programs/register.h"
+
 namespace copse::cli {
 
-vertex::ProgramRegistry& Programs() { return vertex::ProgramRegistry::Default(); }
+vertex::ProgramRegistry& Programs() {
+  static std::once_flag ml_once;
+  std::call_once(ml_once, [] { ml::RegisterMlPrograms(vertex::ProgramRegistry::Default()); });
+  return vertex::ProgramRegistry::Default();
+}
 
 jm::ProgramCatalog Catalog() {
   jm::ProgramCatalog catalog;

@@ -1,0 +1,136 @@
+#include "cli/graph_command.h"
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "ml/graph_gen.h"
+
+namespace copse::cli {
+namespace {
+
+struct GraphFlags {
+  ml::GraphOptions o;
+  std::string split;
+  std::string out;
+};
+
+int RunGraph(GraphFlags& f, const std::string& kind) {
+  f.o.kind = kind;
+  if (!f.split.empty()) {  // "2" or "0,2,4": inner boundaries, or all of them
+    std::vector<int> b;
+    std::stringstream ss(f.split);
+    std::string item;
+    try {
+      while (std::getline(ss, item, ',')) b.push_back(std::stoi(item));
+    } catch (const std::exception&) {
+      std::fprintf(stderr, "copse graph: --split: expected comma-separated layer indices\n");
+      return 2;
+    }
+    if (b.empty() || b.front() != 0) b.insert(b.begin(), 0);
+    f.o.split = b;  // the last boundary (the layer count) is added by the generator when absent
+  }
+  if (!f.o.split.empty()) {
+    auto full = ml::BalancedSplit(f.o.model, 1);
+    if (full.ok() && f.o.split.back() != full->back()) f.o.split.push_back(full->back());
+  }
+  auto job = ml::GenerateTrainingGraph(f.o);
+  if (!job.ok()) {
+    std::fprintf(stderr, "copse graph %s: %s\n", kind.c_str(), job.status().message().c_str());
+    return 1;
+  }
+  // One line per stage, edge and output: readable, and a fraction of an indented dump.
+  std::string text = "{\n";
+  bool first = true;
+  for (auto it = job->begin(); it != job->end(); ++it) {
+    text += std::string(first ? "" : ",\n") + " " + Json(it.key()).dump() + ": ";
+    first = false;
+    if (it.value().is_array()) {
+      text += "[";
+      for (size_t i = 0; i < it.value().size(); ++i) text += std::string(i ? ",\n  " : "\n  ") + it.value()[i].dump();
+      text += it.value().empty() ? "]" : "\n ]";
+    } else {
+      text += it.value().dump();
+    }
+  }
+  text += "\n}\n";
+  if (f.out.empty()) {
+    std::cout << text;
+  } else {
+    std::ofstream file(f.out);
+    file << text;
+    if (!file) {
+      std::fprintf(stderr, "copse graph: cannot write %s\n", f.out.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
+  ml::GraphOptions& o = f.o;
+  cmd->add_option("--model", o.model, "mlp, cnn or mlp:A-B-...-Z")->capture_default_str();
+  cmd->add_option("--epochs", o.epochs, "Passes over the training set")->check(CLI::Range(1, 1000000))->capture_default_str();
+  cmd->add_option("--steps", o.steps, "Stop after this many steps (default: all epochs)")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--batch", o.batch, "Global batch size")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--lr", o.lr, "Learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 0.999999))->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--optimizer", o.optimizer, "sgd or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of initialization and shuffling")->capture_default_str();
+  cmd->add_option("--data-dir", o.data_dir, "Fashion-MNIST directory (as seen by the daemons)")->capture_default_str();
+  cmd->add_option("--limit", o.limit, "Use only the first N training images")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--test-limit", o.test_limit, "Use only the first N test images")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--threads", o.threads, "CPUs (threads) per compute vertex")->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd->add_option("--daemon-cpus", o.daemon_cpus, "Slots per daemon (copse run --cpus); init vertices take them all")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--checkpoint-every", o.checkpoint_every, "A file checkpoint every K steps (0: none)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--checkpoint-dir", o.checkpoint_dir, "Checkpoint directory, relative to the job file")->capture_default_str();
+  cmd->add_option("--name", o.name, "Job name");
+  cmd->add_option("--out", f.out, "Write the job file here instead of standard output");
+}
+
+void AddPipelineFlags(CLI::App* cmd, GraphFlags& f) {
+  ml::GraphOptions& o = f.o;
+  cmd->add_option("--stages", o.stages, "Pipeline stages")->check(CLI::Range(1, 64))->capture_default_str();
+  cmd->add_option("--microbatches", o.microbatches, "Micro-batches per step")->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--schedule", o.schedule, "gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"}))->capture_default_str();
+  cmd->add_flag("--recompute", o.recompute, "Backward recomputes the forward instead of stashing activations");
+  cmd->add_option("--split", f.split, "Stage boundaries as layer indices, e.g. 2 (default: balanced by cost)");
+}
+
+}  // namespace
+
+void AddGraphCommand(CLI::App& app) {
+  CLI::App* graph = app.add_subcommand("graph", "Write a training job file (data-parallel, pipeline, hybrid) to stdout");
+  graph->require_subcommand(1);
+
+  auto dp = std::make_shared<GraphFlags>();
+  CLI::App* d = graph->add_subcommand("data-parallel", "W workers, gradients reduced by a tree, a ring or a parameter server");
+  d->add_option("--workers", dp->o.workers, "Data-parallel workers")->check(CLI::Range(1, 64))->capture_default_str();
+  d->add_option("--reducer", dp->o.reducer, "tree, ring or ps")->check(CLI::IsMember({"tree", "ring", "ps"}))->capture_default_str();
+  d->add_option("--fanin", dp->o.fanin, "Fan-in of the reduction tree")->check(CLI::Range(2, 64))->capture_default_str();
+  d->add_flag("--loader-vertices", dp->o.loader_vertices, "A shard-loader vertex feeds each gradient vertex");
+  AddTrainingFlags(d, *dp);
+  d->callback([dp] { ExitCode() = RunGraph(*dp, "data-parallel"); });
+
+  auto pp = std::make_shared<GraphFlags>();
+  CLI::App* p = graph->add_subcommand("pipeline", "P stages x M micro-batches, GPipe or 1F1B schedule");
+  pp->o.microbatches = 8;
+  AddPipelineFlags(p, *pp);
+  AddTrainingFlags(p, *pp);
+  p->callback([pp] { ExitCode() = RunGraph(*pp, "pipeline"); });
+
+  auto hp = std::make_shared<GraphFlags>();
+  CLI::App* h = graph->add_subcommand("hybrid", "W data-parallel pipelines of P stages each");
+  h->add_option("--workers", hp->o.workers, "Data-parallel pipelines")->check(CLI::Range(1, 64))->capture_default_str();
+  AddPipelineFlags(h, *hp);
+  AddTrainingFlags(h, *hp);
+  h->callback([hp] { ExitCode() = RunGraph(*hp, "hybrid"); });
+}
+
+}  // namespace copse::cli

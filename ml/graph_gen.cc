@@ -1,0 +1,405 @@
+#include "ml/graph_gen.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "ml/models.h"
+
+namespace copse::ml {
+namespace {
+
+std::string V(const std::string& stage, int64_t replica) {
+  return stage + "[" + std::to_string(replica) + "]";
+}
+
+/// Collects stages and edges; output port numbers are handed out per vertex in call order
+/// unless given.
+class JobBuilder {
+ public:
+  void Stage(const std::string& name, const std::string& program, int64_t replicas, Json params,
+             double cpus, const std::string& affinity = "") {
+    Json st = {{"name", name}, {"program", program}, {"replicas", replicas}, {"params", std::move(params)},
+               {"resources", {{"cpus", cpus}}}};
+    if (!affinity.empty()) st["affinity"] = affinity;
+    stages_.push_back(std::move(st));
+  }
+  /// A data edge from `from` (output `from_port`, or the next free one when < 0) to input
+  /// `to_port` of `to`.
+  void Edge(const std::string& from, int from_port, const std::string& to, int to_port) {
+    if (from_port < 0) from_port = next_out_[from]++;
+    edges_.push_back({{"from", from}, {"to", to}, {"from_port", from_port}, {"to_port", to_port},
+                      {"channel", "memory"}});
+    data_pairs_.insert({from, to});
+  }
+  /// Reserves output ports [0, n) of `v` (their edges come later with explicit ports).
+  void Reserve(const std::string& v, int n) { next_out_[v] = std::max(next_out_[v], n); }
+  int NextPort(const std::string& v) { return next_out_[v]++; }
+  /// `to` starts after `from` completed, unless a data edge already says so.
+  void Order(const std::string& from, const std::string& to) {
+    if (data_pairs_.count({from, to})) return;
+    edges_.push_back({{"from", from}, {"to", to}, {"channel", "order"}});
+  }
+  Json Finish(const std::string& name, const std::string& description, Json outputs) {
+    return {{"version", 1},
+            {"name", name},
+            {"description", description},
+            {"defaults", {{"channel", "memory"}, {"max_attempts", 4}}},
+            {"stages", stages_},
+            {"edges", edges_},
+            {"outputs", std::move(outputs)}};
+  }
+
+ private:
+  Json stages_ = Json::array(), edges_ = Json::array();
+  std::map<std::string, int> next_out_;
+  std::set<std::pair<std::string, std::string>> data_pairs_;
+};
+
+Status Check(const GraphOptions& o) {
+  auto bad = [](const std::string& flag, const std::string& want) {
+    return Status::InvalidArgument(flag + ": expected " + want);
+  };
+  if (o.kind != "data-parallel" && o.kind != "pipeline" && o.kind != "hybrid")
+    return bad("kind", "data-parallel, pipeline or hybrid");
+  if (o.workers < 1 || o.workers > 64) return bad("--workers", "1..64");
+  if (o.stages < 1 || o.stages > 64) return bad("--stages", "1..64");
+  if (o.microbatches < 1 || o.microbatches > 256) return bad("--microbatches", "1..256");
+  if (o.schedule != "gpipe" && o.schedule != "1f1b") return bad("--schedule", "gpipe or 1f1b");
+  if (o.reducer != "tree" && o.reducer != "ring" && o.reducer != "ps") return bad("--reducer", "tree, ring or ps");
+  if (o.reducer == "ring" && o.workers < 2) return bad("--reducer ring", "--workers >= 2");
+  if (o.fanin < 2) return bad("--fanin", ">= 2");
+  if (o.epochs < 1) return bad("--epochs", ">= 1");
+  if (o.batch < 1) return bad("--batch", ">= 1");
+  if (o.optimizer != "sgd" && o.optimizer != "adam") return bad("--optimizer", "sgd or adam");
+  if (!(o.lr > 0)) return bad("--lr", "> 0");
+  if (o.momentum < 0 || o.momentum >= 1) return bad("--momentum", "[0, 1)");
+  if (o.limit == 0) return bad("--limit", "> 0 (or absent)");
+  if (o.steps == 0) return bad("--steps", "> 0 (or absent)");
+  if (o.threads < 1) return bad("--threads", ">= 1");
+  if (o.checkpoint_every < 0) return bad("--checkpoint-every", ">= 0");
+  return Status::OK();
+}
+
+Json CommonParams(const GraphOptions& o) {
+  Json p = {{"model", o.model},   {"seed", o.seed},   {"data_dir", o.data_dir},
+            {"batch", o.batch},   {"optimizer", o.optimizer},
+            {"lr", o.lr},         {"momentum", o.momentum}, {"weight_decay", o.weight_decay}};
+  if (o.limit > 0) p["limit"] = o.limit;
+  if (o.test_limit > 0) p["test_limit"] = o.test_limit;
+  return p;
+}
+
+Json With(Json base, const Json& extra) {
+  for (auto it = extra.begin(); it != extra.end(); ++it) base[it.key()] = it.value();
+  return base;
+}
+
+Result<int64_t> TrainSize(const GraphOptions& o) {
+  DatasetOptions d;
+  d.limit = o.limit;
+  COPSE_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(o.data_dir, Split::kTrain, d));
+  return train.size();
+}
+
+/// Per-stage checkpoint vertices read output 1 of the update after every K-th and the last step.
+std::vector<int64_t> CheckpointSteps(const GraphOptions& o, int64_t steps) {
+  std::vector<int64_t> out;
+  if (o.checkpoint_every <= 0) return out;
+  for (int64_t t = 0; t < steps; ++t)
+    if ((t + 1) % o.checkpoint_every == 0 || t + 1 == steps) out.push_back(t);
+  return out;
+}
+
+/// Outputs of update t that carry the chain: 0 (next update or eval), and 1 when a checkpoint
+/// reads it (mirrors WriteChainAndParams in ml/programs/programs.cc).
+int ChainPorts(const GraphOptions& o, int64_t t, int64_t steps) {
+  return o.checkpoint_every > 0 && ((t + 1) % o.checkpoint_every == 0 || t + 1 == steps) ? 2 : 1;
+}
+
+Json Config(const GraphOptions& o, int64_t steps) {
+  Json c = {{"kind", o.kind}, {"model", o.model}, {"batch", o.batch}, {"steps", steps}, {"epochs", o.epochs}};
+  if (o.kind != "pipeline") c["workers"] = o.workers;
+  if (o.kind == "data-parallel") c["reducer"] = o.reducer;
+  if (o.kind != "data-parallel") {
+    c["stages"] = o.stages;
+    c["microbatches"] = o.microbatches;
+    c["schedule"] = o.schedule;
+    c["recompute"] = o.recompute;
+  }
+  return c;
+}
+
+Json UpdateParams(const GraphOptions& o, const Json& common, int begin, int end, int64_t steps) {
+  return With(common, {{"begin", begin}, {"end", end}, {"is_update", true}, {"steps", steps},
+                       {"checkpoint_every", o.checkpoint_every}});
+}
+
+void AddCheckpoints(JobBuilder& b, const GraphOptions& o, const std::string& update_stage, const std::string& name,
+                    int64_t steps) {
+  const auto ckpts = CheckpointSteps(o, steps);
+  if (ckpts.empty()) return;
+  b.Stage(name, "ml.checkpoint", static_cast<int64_t>(ckpts.size()),
+          {{"path", o.checkpoint_dir + "/" + name + "-{replica}.bin"}}, 0.1);
+  for (size_t i = 0; i < ckpts.size(); ++i) b.Edge(V(update_stage, ckpts[i]), 1, V(name, static_cast<int64_t>(i)), 0);
+}
+
+// ---- data-parallel ------------------------------------------------------------------------
+
+Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_images) {
+  JobBuilder b;
+  const Json common = CommonParams(o);
+  const int W = o.workers;
+  const bool ring = o.reducer == "ring";
+  const std::string upd_prefix = o.reducer == "ps" ? "ps" : "update";
+  b.Stage("init", "ml.init", 1, With(common, {{"clock", true}, {"chain_ports", ring ? W : 1}}), o.daemon_cpus);
+  for (int w = 0; w < W; ++w) {
+    Json gp = With(common, {{"workers", W}, {"worker", w}, {"loader", o.loader_vertices}});
+    if (o.loader_vertices)
+      b.Stage("load" + std::to_string(w), "ml.load", steps, With(common, {{"workers", W}, {"worker", w}}), 0.1);
+    b.Stage("grad" + std::to_string(w), "ml.grad", steps, gp, o.threads, ring ? "w" + std::to_string(w) : "");
+  }
+  // Updates: one per step ("params" affinity), or with a ring one per worker and step.
+  const int U = ring ? W : 1;
+  auto upd = [&](int w) { return ring ? upd_prefix + std::to_string(w) : upd_prefix; };
+  for (int w = 0; w < U; ++w)
+    b.Stage(upd(w), o.reducer == "ps" ? "ml.ps" : "ml.update", steps, UpdateParams(o, common, 0, -1, steps),
+            o.threads, ring ? "w" + std::to_string(w) : "params");
+  // Reducers.
+  const int rounds = 2 * (W - 1);
+  std::vector<std::vector<int>> levels;  // tree: nodes per level, as counts of children
+  int tree_nodes = 0;
+  if (o.reducer == "tree") {
+    int n = W;
+    do {
+      const int nodes = (n + o.fanin - 1) / o.fanin;
+      levels.push_back({n, nodes});
+      tree_nodes += nodes;
+      n = nodes;
+    } while (n > 1);
+    b.Stage("reduce", "ml.reduce", steps * tree_nodes, Json::object(), 0.5);
+  } else if (ring) {
+    for (int w = 0; w < W; ++w)
+      b.Stage("ring" + std::to_string(w), "ml.ring_reduce", steps * rounds, {{"workers", W}, {"worker", w}}, 0.5,
+              "w" + std::to_string(w));
+  }
+  for (int64_t t = 0; t < steps; ++t) {
+    for (int w = 0; w < U; ++w) {  // the chain: init's outputs 0..U-1, or output 0 of the last update
+      const std::string prev = t == 0 ? "init" : V(upd(w), t - 1);
+      b.Edge(prev, t == 0 ? w : 0, V(upd(w), t), 0);
+      if (t > 0) b.Reserve(prev, ChainPorts(o, t - 1, steps));
+    }
+    if (t == 0) b.Reserve("init", U);
+    for (int w = 0; w < W; ++w) {
+      const std::string g = V("grad" + std::to_string(w), t);
+      const std::string src = t == 0 ? "init" : V(upd(ring ? w : 0), t - 1);
+      b.Edge(src, -1, g, 0);
+      if (o.loader_vertices) b.Edge(V("load" + std::to_string(w), t), 0, g, 1);
+    }
+    if (o.reducer == "ps") {
+      for (int w = 0; w < W; ++w) b.Edge(V("grad" + std::to_string(w), t), 0, V(upd(0), t), 1 + w);
+    } else if (o.reducer == "tree") {
+      std::vector<std::string> inputs;
+      for (int w = 0; w < W; ++w) inputs.push_back(V("grad" + std::to_string(w), t));
+      int64_t node = t * tree_nodes;
+      for (const auto& level : levels) {
+        std::vector<std::string> next;
+        for (int i = 0; i < level[1]; ++i) {
+          const std::string r = V("reduce", node++);
+          for (int c = i * o.fanin, port = 0; c < std::min(level[0], (i + 1) * o.fanin); ++c, ++port)
+            b.Edge(inputs[static_cast<size_t>(c)], 0, r, port);
+          next.push_back(r);
+        }
+        inputs = std::move(next);
+      }
+      b.Edge(inputs[0], 0, V(upd(0), t), 1);
+    } else {  // ring: round k of worker w reads its own buffer and its left neighbour's send
+      for (int k = 0; k < rounds; ++k) {
+        for (int w = 0; w < W; ++w) {
+          const int left = (w + W - 1) % W;
+          const std::string r = V("ring" + std::to_string(w), t * rounds + k);
+          if (k == 0) {
+            b.Edge(V("grad" + std::to_string(w), t), -1, r, 0);
+            b.Edge(V("grad" + std::to_string(left), t), -1, r, 1);
+          } else {
+            b.Edge(V("ring" + std::to_string(w), t * rounds + k - 1), 0, r, 0);
+            b.Edge(V("ring" + std::to_string(left), t * rounds + k - 1), 1, r, 1);
+          }
+        }
+      }
+      for (int w = 0; w < W; ++w)
+        b.Edge(V("ring" + std::to_string(w), t * rounds + rounds - 1), 0, V(upd(w), t), 1);
+    }
+  }
+  for (int w = 0; w < U; ++w) AddCheckpoints(b, o, upd(w), "ckpt" + (ring ? std::to_string(w) : std::string()), steps);
+  b.Stage("eval", "ml.eval", 1,
+          With(common, {{"clock", true}, {"train_images", train_images}, {"config", Config(o, steps)}}), o.threads);
+  b.Edge("init", b.NextPort("init"), "eval", 0);
+  b.Edge(V(upd(0), steps - 1), 0, "eval", 1);
+  const std::string name = o.name.empty() ? "dp" + std::to_string(W) + "-" + o.reducer : o.name;
+  Json outputs = Json::array({{{"from", "eval"}, {"port", 0}, {"path", "metrics.json"}},
+                              {{"from", "eval"}, {"port", 1}, {"path", "params.bin"}}});
+  return b.Finish(name,
+                  "data-parallel training of " + o.model + " on " + std::to_string(W) + " workers (" + o.reducer +
+                      " reducer), generated by copse graph",
+                  std::move(outputs));
+}
+
+// ---- pipeline (and data-parallel pipelines) -----------------------------------------------
+
+Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images) {
+  JobBuilder b;
+  const Json common = CommonParams(o);
+  const int P = o.stages, M = o.microbatches, W = o.kind == "hybrid" ? o.workers : 1;
+  std::vector<int> split = o.split;
+  if (split.empty()) {
+    COPSE_ASSIGN_OR_RETURN(split, BalancedSplit(o.model, P));
+  }
+  COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModel(o.model, o.seed));
+  if (static_cast<int>(split.size()) != P + 1 || split.front() != 0 ||
+      split.back() != static_cast<int>(full.size()) || !std::is_sorted(split.begin(), split.end()) ||
+      std::adjacent_find(split.begin(), split.end()) != split.end())
+    return Status::InvalidArgument("--split: expected " + std::to_string(P - 1) +
+                                   " increasing inner boundaries between 0 and " + std::to_string(full.size()));
+  auto suffix = [&](int s, int w) { return std::to_string(s) + (W > 1 ? "w" + std::to_string(w) : ""); };
+  auto F = [&](int s, int w) { return "fwd" + suffix(s, w); };
+  auto B = [&](int s, int w) { return "bwd" + suffix(s, w); };
+  auto Uname = [&](int s) { return "upd" + std::to_string(s); };
+  auto Iname = [&](int s) { return "init" + std::to_string(s); };
+  for (int s = 0; s < P; ++s) {
+    const Json layers = {{"begin", split[s]}, {"end", split[s + 1]}};
+    const std::string group = "stage" + std::to_string(s);
+    b.Stage(Iname(s), "ml.init", 1, With(With(common, layers), {{"clock", s == 0}}), o.daemon_cpus,
+            group + (W > 1 ? "w0" : ""));
+    for (int w = 0; w < W; ++w) {
+      const Json pos = {{"stage", s}, {"stages", P}, {"microbatches", M}, {"workers", W}, {"worker", w},
+                        {"recompute", o.recompute}};
+      b.Stage(F(s, w), "ml.forward", steps * M, With(With(common, layers), pos), o.threads, group + (W > 1 ? "w" + std::to_string(w) : ""));
+      b.Stage(B(s, w), "ml.backward", steps * M, With(With(common, layers), pos), o.threads, group + (W > 1 ? "w" + std::to_string(w) : ""));
+    }
+    b.Stage(Uname(s), "ml.update", steps, UpdateParams(o, common, split[s], split[s + 1], steps), o.threads,
+            group + (W > 1 ? "w0" : ""));
+  }
+  for (int64_t t = 0; t < steps; ++t) {
+    for (int s = 0; s < P; ++s) {
+      const std::string src = t == 0 ? Iname(s) : V(Uname(s), t - 1);
+      b.Reserve(src, t == 0 ? 1 : ChainPorts(o, t - 1, steps));
+      b.Edge(src, 0, V(Uname(s), t), 0);  // the chain
+      for (int w = 0; w < W; ++w) {
+        for (int m = 0; m < M; ++m) {
+          const int64_t r = t * M + m;
+          const std::string f = V(F(s, w), r), bw = V(B(s, w), r);
+          b.Edge(src, -1, f, 0);
+          b.Edge(src, -1, bw, 0);
+          if (s > 0) b.Edge(V(F(s - 1, w), r), 1, f, 1);
+          b.Edge(f, 0, bw, 1);
+          if (s < P - 1) b.Edge(V(B(s + 1, w), r), 1, bw, 2);
+          if (m > 0) b.Edge(V(B(s, w), r - 1), 0, bw, s < P - 1 ? 3 : 2);
+        }
+        b.Edge(V(B(s, w), t * M + M - 1), 0, V(Uname(s), t), 1 + w);
+        // The schedule: one stage's vertices of this step in a chain of ordering edges.
+        const auto order = ScheduleOrder(o.schedule, s, P, M);
+        for (size_t i = 1; i < order.size(); ++i) {
+          auto name = [&](std::pair<char, int> x) { return V(x.first == 'F' ? F(s, w) : B(s, w), t * M + x.second); };
+          b.Order(name(order[i - 1]), name(order[i]));
+        }
+      }
+    }
+  }
+  for (int s = 0; s < P; ++s) AddCheckpoints(b, o, Uname(s), "ckpt" + std::to_string(s), steps);
+  b.Stage("eval", "ml.eval", 1,
+          With(common, {{"clock", true}, {"train_images", train_images}, {"config", Config(o, steps)}}), o.threads);
+  b.Edge(Iname(0), b.NextPort(Iname(0)), "eval", 0);
+  for (int s = 0; s < P; ++s) b.Edge(V(Uname(s), steps - 1), 0, "eval", 1 + s);
+  const std::string name =
+      o.name.empty() ? (W > 1 ? "dp" + std::to_string(W) + "-" : std::string()) + "pipeline" + std::to_string(P) + "-" +
+                           o.schedule + "-m" + std::to_string(M) + (o.recompute ? "-recompute" : "")
+                     : o.name;
+  Json outputs = Json::array({{{"from", "eval"}, {"port", 0}, {"path", "metrics.json"}},
+                              {{"from", "eval"}, {"port", 1}, {"path", "params.bin"}}});
+  return b.Finish(name,
+                  "pipeline-parallel training of " + o.model + ": " + std::to_string(P) + " stages x " +
+                      std::to_string(M) + " micro-batches, " + o.schedule + " schedule" +
+                      (W > 1 ? ", " + std::to_string(W) + " data-parallel pipelines" : "") + ", generated by copse graph",
+                  std::move(outputs));
+}
+
+}  // namespace
+
+std::vector<std::pair<char, int>> ScheduleOrder(const std::string& schedule, int stage, int stages,
+                                                int microbatches) {
+  std::vector<std::pair<char, int>> out;
+  const int M = microbatches;
+  if (schedule == "gpipe") {
+    for (int m = 0; m < M; ++m) out.push_back({'F', m});
+    for (int m = 0; m < M; ++m) out.push_back({'B', m});
+    return out;
+  }
+  const int warmup = std::min(stages - stage - 1, M);
+  int f = 0, bw = 0;
+  for (; f < warmup; ++f) out.push_back({'F', f});
+  while (f < M) {
+    out.push_back({'F', f++});
+    out.push_back({'B', bw++});
+  }
+  while (bw < M) out.push_back({'B', bw++});
+  return out;
+}
+
+Result<std::vector<int>> BalancedSplit(const std::string& model, int stages) {
+  COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModel(model, 1));
+  const int n = static_cast<int>(m.size());
+  if (stages > n)
+    return Status::InvalidArgument("--stages: model " + model + " has only " + std::to_string(n) + " layers");
+  std::vector<double> cost(static_cast<size_t>(n), 0.0);
+  bool first = true;
+  for (int i = 0; i < n; ++i) {
+    double p = 0;
+    for (const Parameter& q : m.layer(static_cast<size_t>(i)).parameters()) p += static_cast<double>(q.value.numel());
+    cost[static_cast<size_t>(i)] = (first && p > 0 ? 2.0 : 3.0) * p + 1.0;
+    if (p > 0) first = false;
+  }
+  // Exhaustive over boundaries (models have few layers): minimize the largest stage.
+  std::vector<int> best, cur = {0};
+  double best_max = 1e300;
+  std::function<void(int, double)> rec = [&](int start, double max_so_far) {
+    const int left = stages - static_cast<int>(cur.size()) + 1;  // stages still to form
+    if (left == 1) {
+      double c = 0;
+      for (int i = start; i < n; ++i) c += cost[static_cast<size_t>(i)];
+      const double mx = std::max(max_so_far, c);
+      if (mx < best_max) best_max = mx, best = cur, best.push_back(n);
+      return;
+    }
+    double c = 0;
+    for (int end = start + 1; end <= n - (left - 1); ++end) {
+      c += cost[static_cast<size_t>(end - 1)];
+      if (std::max(max_so_far, c) >= best_max) break;
+      cur.push_back(end);
+      rec(end, std::max(max_so_far, c));
+      cur.pop_back();
+    }
+  };
+  rec(0, 0.0);
+  return best;
+}
+
+Result<Json> GenerateTrainingGraph(const GraphOptions& o) {
+  COPSE_RETURN_NOT_OK(Check(o));
+  COPSE_RETURN_NOT_OK(BuildModel(o.model, o.seed).status());
+  COPSE_ASSIGN_OR_RETURN(int64_t train_size, TrainSize(o));
+  const int64_t steps_per_epoch = (train_size + o.batch - 1) / o.batch;
+  int64_t steps = steps_per_epoch * o.epochs;
+  if (o.steps > 0) steps = std::min(steps, o.steps);
+  // Images trained: full batches except the last of each epoch.
+  int64_t images = 0;
+  for (int64_t t = 0; t < steps; ++t) {
+    const int64_t k = t % steps_per_epoch;
+    images += std::min<int64_t>(o.batch, train_size - k * o.batch);
+  }
+  if (o.kind == "data-parallel") return DataParallel(o, steps, images);
+  return Pipeline(o, steps, images);
+}
+
+}  // namespace copse::ml

@@ -1,0 +1,64 @@
+#pragma once
+// Graph generators: training runs written as ordinary copse job files (docs/ml-graphs.md).
+// Nothing in the job manager knows about ML; these only emit stages, edges and outputs that
+// use the ML vertex programs (ml/programs/register.h).
+//
+//   GraphOptions o;  o.kind = "pipeline";  o.stages = 2;  o.microbatches = 8;
+//   Result<Json> job = GenerateTrainingGraph(o);   // then write job->dump(2) to a file
+//
+// The graph unrolls every step: data-parallel has per step W grad vertices, a reducer and an
+// update; a pipeline has per step, stage and micro-batch one forward and one backward vertex
+// plus one update per stage, with the schedule (GPipe or 1F1B) as `order` edges between one
+// stage's vertices. Stateless; thread-safe.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/json_util.h"
+#include "common/status.h"
+#include "ml/dataset.h"
+
+namespace copse::ml {
+
+struct GraphOptions {
+  std::string kind = "data-parallel";  // data-parallel | pipeline | hybrid
+  std::string name;                    // job name (default from the kind)
+  int workers = 2;                     // data-parallel replicas (pipelines, for hybrid)
+  int stages = 2;                      // pipeline stages
+  int microbatches = 4;                // per step and pipeline
+  std::string schedule = "1f1b";       // gpipe | 1f1b
+  bool recompute = false;              // backward recomputes the forward from the stage input
+  std::string reducer = "tree";        // tree | ring | ps (data-parallel)
+  int fanin = 2;                       // tree reducer fan-in
+  bool loader_vertices = false;        // data-parallel: a shard-loader vertex per grad vertex
+  std::vector<int> split;              // pipeline stage boundaries (layer indices), or balanced
+  // Training.
+  std::string model = "mlp";
+  int epochs = 1;
+  int batch = 128;
+  std::string optimizer = "sgd";
+  double lr = 0.05, momentum = 0.9, weight_decay = 0.0;
+  uint64_t seed = 1;
+  std::string data_dir = kFashionMnistDir;
+  int64_t limit = -1, test_limit = -1;
+  int64_t steps = -1;  // stop after this many steps (all epochs when < 0)
+  int threads = 1;     // resources.cpus of compute vertices (their CPU threads)
+  int daemon_cpus = 2; // init vertices take a whole daemon so stages land on distinct daemons
+  int checkpoint_every = 0;  // a checkpoint vertex per stage every K steps (0: none)
+  std::string checkpoint_dir = "checkpoints";
+};
+
+/// The job file. InvalidArgument names the flag that is wrong.
+Result<Json> GenerateTrainingGraph(const GraphOptions& options);
+
+/// Pipeline stage boundaries [0 = b0 < b1 < ... < bP = layers] minimizing the largest stage's
+/// estimated cost (3 x parameters per layer, 2 x for the first one with parameters).
+Result<std::vector<int>> BalancedSplit(const std::string& model, int stages);
+
+/// The order in which stage `s` of `stages` runs its forward (F, m) and backward (B, m)
+/// vertices of one step: GPipe = all F then all B; 1F1B = min(stages-s-1, M) warm-up forwards,
+/// then alternately one forward and one backward, then the remaining backwards.
+std::vector<std::pair<char, int>> ScheduleOrder(const std::string& schedule, int stage, int stages,
+                                                int microbatches);
+
+}  // namespace copse::ml

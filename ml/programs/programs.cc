@@ -1,0 +1,708 @@
+// The ML vertex programs (see register.h for the list, docs/ml-graphs.md for the graphs).
+//
+// Messages (all ml/serialize.h tensor sets, checksummed):
+//   params   the parameters of one stage, named as in Sequential ("3.weight")
+//   chain    three messages: params, optimizer state, stats {"__stats": [epoch loss sum,
+//            epoch images, epoch, total images]}; flows update(t-1) -> update(t) -> eval
+//   grads    gradients of one stage plus "__loss" [loss sum, images]; sums of grads are grads
+//   stash    what backward needs of one forward: per layer "s<i>.<j>" tensors, "s<i>.shape",
+//            "s<i>.seed"; or "x" alone with recomputation; the last stage adds "dy", "__loss"
+//   act      one tensor set {"x": activation} (forward) or {"dx": gradient} (backward)
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ml/loss.h"
+#include "ml/models.h"
+#include "ml/philox.h"
+#include "ml/programs/register.h"
+#include "ml/programs/support.h"
+#include "ml/serialize.h"
+#include "ml/trainer.h"
+
+namespace copse::ml {
+namespace programs {
+namespace {
+
+using vertex::VertexContext;
+using vertex::VertexProgram;
+
+const Tensor* Find(const NamedTensors& set, const std::string& name) {
+  for (const auto& [n, t] : set)
+    if (n == name) return &t;
+  return nullptr;
+}
+
+Tensor Scalars(const std::vector<float>& v) {
+  return Tensor::FromVector({static_cast<int64_t>(v.size())}, v);
+}
+
+std::vector<float> ReadScalars(const Tensor* t, size_t n) {
+  std::vector<float> out(n, 0.0f);
+  if (t) {
+    const Tensor h = t->To(CpuDevice());
+    for (size_t i = 0; i < n && i < static_cast<size_t>(h.numel()); ++i) out[i] = h.data()[i];
+  }
+  return out;
+}
+
+/// Layers [begin, end) of the whole model from params (end = -1: to the last layer).
+Result<std::pair<int, int>> LayerRange(const VertexContext& ctx, const TrainSettings& s) {
+  int begin = ctx.param<int>("begin", 0);
+  int end = ctx.param<int>("end", -1);
+  if (end < 0) {
+    COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModel(s.model, s.seed));
+    end = static_cast<int>(m.size());
+  }
+  return std::make_pair(begin, end);
+}
+
+/// Sets the process-wide CPU thread count to the vertex's grant (results do not depend on it).
+void UseThreads(const VertexContext& ctx) { SetCpuThreads(static_cast<int>(std::max(1u, ctx.threads))); }
+
+/// Writes the chain (params, state, stats) to output 0 (and 1 when a checkpoint follows) and
+/// `params` alone to the others.
+Status WriteChainAndParams(VertexContext& ctx, const chan::Buffer& params, const chan::Buffer& state,
+                           const chan::Buffer& stats, const std::vector<size_t>& extra_skip = {}) {
+  size_t chain_ports = static_cast<size_t>(ctx.param<int>("chain_ports", 1));
+  // A checkpoint vertex reads the chain on output 1 after every params.checkpoint_every-th step
+  // (and the last, params.steps).
+  const int64_t every = ctx.param<int64_t>("checkpoint_every", 0);
+  if (every > 0 && ctx.param<bool>("is_update", false)) {
+    const int64_t done = ctx.replica + 1, steps = ctx.param<int64_t>("steps", 0);
+    if (done % every == 0 || done == steps) chain_ports = 2;
+  }
+  for (size_t p = 0; p < ctx.num_outputs(); ++p) {
+    if (std::find(extra_skip.begin(), extra_skip.end(), p) != extra_skip.end()) continue;
+    COPSE_RETURN_NOT_OK(ctx.output(p).Write(params));
+    if (p < chain_ports) {
+      COPSE_RETURN_NOT_OK(ctx.output(p).Write(state));
+      COPSE_RETURN_NOT_OK(ctx.output(p).Write(stats));
+    }
+  }
+  return Status::OK();
+}
+
+/// The batch part this vertex trains on: from a loader vertex's message on `port`, or read
+/// from the dataset directly.
+Result<Batch> LoadPart(VertexContext& ctx, const TrainSettings& s, int64_t step, int part, int parts,
+                       int loader_port, int64_t* batch_size) {
+  if (loader_port >= 0) {
+    COPSE_ASSIGN_OR_RETURN(chan::Buffer msg, ReadOne(ctx, static_cast<size_t>(loader_port)));
+    COPSE_ASSIGN_OR_RETURN(NamedTensors set, DeserializeTensors(msg.view()));
+    const Tensor* x = Find(set, "images");
+    const Tensor* y = Find(set, "labels");
+    const Tensor* n = Find(set, "batch");
+    if (!x || !y || !n) return Status::DataLoss(ctx.name + ": loader message lacks images/labels/batch");
+    Batch b;
+    b.images = *x;
+    for (int64_t i = 0; i < y->numel(); ++i) b.labels.push_back(static_cast<int32_t>(y->data()[i]));
+    *batch_size = static_cast<int64_t>(n->data()[0]);
+    return b;
+  }
+  COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.data_dir, Split::kTrain, s.limit));
+  COPSE_ASSIGN_OR_RETURN(auto idx, StepIndices(s, step, part, parts, batch_size));
+  return train->Gather(idx);
+}
+
+uint64_t StepSeed(const TrainSettings& s, int64_t step, int part) {
+  const auto [epoch, k] = EpochAndStep(s, step);
+  return MixSeed(MixSeed(s.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(k)),
+                 static_cast<uint64_t>(part));
+}
+
+// ---- stash encoding -----------------------------------------------------------------------
+
+void AddStash(NamedTensors& out, const Stash& stash) {
+  for (size_t i = 0; i < stash.layers.size(); ++i) {
+    const LayerStash& ls = stash.layers[i];
+    const std::string p = "s" + std::to_string(i) + ".";
+    for (size_t j = 0; j < ls.tensors.size(); ++j) {  // undefined tensors keep their slot
+      if (ls.tensors[j].defined()) {
+        out.emplace_back(p + std::to_string(j), ls.tensors[j]);
+      } else {
+        out.emplace_back(p + std::to_string(j) + ".undefined", Scalars({0}));
+      }
+    }
+    std::vector<float> shape(ls.shape.begin(), ls.shape.end());
+    out.emplace_back(p + "shape", Scalars(shape.empty() ? std::vector<float>{-1.0f} : shape));
+    std::vector<float> seed(4);
+    for (int k = 0; k < 4; ++k) seed[k] = static_cast<float>((ls.seed >> (16 * k)) & 0xffff);
+    out.emplace_back(p + "seed", Scalars(seed));
+  }
+}
+
+Result<Stash> ReadStash(const NamedTensors& set, size_t layers) {
+  Stash stash;
+  stash.layers.resize(layers);
+  for (size_t i = 0; i < layers; ++i) {
+    LayerStash& ls = stash.layers[i];
+    const std::string p = "s" + std::to_string(i) + ".";
+    for (size_t j = 0;; ++j) {
+      const Tensor* t = Find(set, p + std::to_string(j));
+      if (t) {
+        ls.tensors.push_back(*t);
+      } else if (Find(set, p + std::to_string(j) + ".undefined")) {
+        ls.tensors.emplace_back();
+      } else {
+        break;
+      }
+    }
+    const Tensor* shape = Find(set, p + "shape");
+    const Tensor* seed = Find(set, p + "seed");
+    if (!shape || !seed) return Status::DataLoss("stash lacks layer " + std::to_string(i));
+    if (!(shape->numel() == 1 && shape->data()[0] < 0))
+      for (int64_t k = 0; k < shape->numel(); ++k) ls.shape.push_back(static_cast<int64_t>(shape->data()[k]));
+    for (int k = 0; k < 4; ++k) ls.seed |= static_cast<uint64_t>(seed->data()[k]) << (16 * k);
+  }
+  return stash;
+}
+
+// ---- programs -----------------------------------------------------------------------------
+
+/// Parameters (and empty optimizer state) of layers [begin, end), from the seed. With
+/// params.clock the last output gets the wall time (for eval's images/s; not deterministic,
+/// and only read by eval).
+class InitProgram final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    TraceSpan span(ctx);
+    const int64_t t0 = WallMicros();
+    COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
+    COPSE_ASSIGN_OR_RETURN(auto range, LayerRange(ctx, s));
+    COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModel(s.model, s.seed));
+    Sequential stage = full.Slice(range.first, range.second);
+    const chan::Buffer params(SerializeTensors(ParameterHandles(stage)));
+    const chan::Buffer state(SerializeTensors({}));
+    const chan::Buffer stats(SerializeTensors({{"__stats", Scalars({0, 0, 0, 0})}}));
+    std::vector<size_t> skip;
+    if (ctx.param<bool>("clock", false) && ctx.num_outputs() > 0) {
+      skip.push_back(ctx.num_outputs() - 1);
+      COPSE_RETURN_NOT_OK(ctx.output(ctx.num_outputs() - 1).Write(chan::Buffer(std::to_string(t0))));
+    }
+    COPSE_RETURN_NOT_OK(WriteChainAndParams(ctx, params, state, stats, skip));
+    return ctx.CloseOutputs();
+  }
+};
+
+/// Part params.worker of params.workers of the global batch of step first_step + replica:
+/// {"images", "labels", "batch"} (a shard loader feeding ml.grad with params.loader).
+class LoadProgram final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    TraceSpan span(ctx);
+    COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
+    const int parts = ctx.param<int>("workers", 1);
+    const int64_t step = ctx.param<int64_t>("first_step", 0) + ctx.replica;
+    int64_t batch_size = 0;
+    COPSE_ASSIGN_OR_RETURN(Batch b, LoadPart(ctx, s, step, ctx.param<int>("worker", 0), parts, -1, &batch_size));
+    std::vector<float> labels(b.labels.begin(), b.labels.end());
+    const chan::Buffer msg(SerializeTensors({{"images", b.images},
+                                             {"labels", Scalars(labels)},
+                                             {"batch", Scalars({static_cast<float>(batch_size)})}}));
+    COPSE_RETURN_NOT_OK(ctx.WriteAll(msg));
+    return ctx.CloseOutputs();
+  }
+};
+
+/// Forward + backward of data-parallel worker params.worker (of params.workers) on its shard
+/// of the global batch of step first_step + replica. Input 0: params (input 1: a loader's batch
+/// when params.loader). Output: grads (normalized by the global batch, so they sum up).
+class GradProgram final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    TraceSpan span(ctx);
+    UseThreads(ctx);
+    COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
+    COPSE_ASSIGN_OR_RETURN(auto range, LayerRange(ctx, s));
+    const int workers = ctx.param<int>("workers", 1);
+    const int64_t step = ctx.param<int64_t>("first_step", 0) + ctx.replica;
+    const int w = ctx.param<int>("worker", 0);
+    COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadOne(ctx, 0));
+    int64_t batch_size = 0;
+    COPSE_ASSIGN_OR_RETURN(Batch b, LoadPart(ctx, s, step, w, workers, ctx.param<bool>("loader", false) ? 1 : -1,
+                                             &batch_size));
+    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params.view()));
+    Sequential& m = lease->model;
+    lease->grads_key = 0;
+    double loss_sum = 0;
+    if (b.size() > 0) {
+      Stash stash;
+      ForwardContext fc{true, StepSeed(s, step, w)};
+      COPSE_ASSIGN_OR_RETURN(Tensor logits, m.Forward(b.images, fc, &stash));
+      COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels, batch_size));
+      COPSE_RETURN_NOT_OK(m.Backward(loss.grad, stash, false, /*accumulate=*/false).status());
+      loss_sum = loss.loss * static_cast<double>(b.size());
+    } else {
+      m.ZeroGrad();
+    }
+    NamedTensors grads = GradientHandles(m);
+    grads.emplace_back("__loss", Scalars({static_cast<float>(loss_sum), static_cast<float>(b.size())}));
+    const chan::Buffer out(SerializeTensors(grads));
+    lease->grads_key = MessageKey(out.view());
+    lease->grads_loss = {static_cast<float>(loss_sum), static_cast<float>(b.size())};
+    lease.Commit();
+    COPSE_RETURN_NOT_OK(ctx.WriteAll(out));
+    return ctx.CloseOutputs();
+  }
+};
+
+/// Adds gradient sets in order: the result of input 0, + input 1, + ... (fixed order, so the
+/// sum is the same bits on every run).
+Result<NamedTensors> SumGradients(const std::vector<chan::Buffer>& msgs) {
+  if (msgs.empty()) return Status::InvalidArgument("no gradients to sum");
+  COPSE_ASSIGN_OR_RETURN(NamedTensors acc, DeserializeTensors(msgs[0].view()));
+  for (size_t i = 1; i < msgs.size(); ++i) {
+    COPSE_ASSIGN_OR_RETURN(NamedTensors g, DeserializeTensors(msgs[i].view()));
+    if (g.size() != acc.size()) return Status::DataLoss("gradient sets of different sizes");
+    for (size_t k = 0; k < acc.size(); ++k) {
+      if (g[k].first != acc[k].first || g[k].second.shape() != acc[k].second.shape())
+        return Status::DataLoss("gradient sets disagree at '" + acc[k].first + "'");
+      CpuDevice()->Axpy(1.0f, g[k].second.data(), static_cast<size_t>(g[k].second.numel()),
+                        acc[k].second.data());
+    }
+  }
+  return acc;
+}
+
+Result<std::vector<chan::Buffer>> ReadEveryInput(VertexContext& ctx, size_t from) {
+  std::vector<chan::Buffer> msgs;
+  for (size_t p = from; p < ctx.num_inputs(); ++p) {
+    COPSE_ASSIGN_OR_RETURN(chan::Buffer m, ReadOne(ctx, p));
+    msgs.push_back(std::move(m));
+  }
+  return msgs;
+}
+
+/// A node of a reduction tree: the sum of its inputs, in port order, to every output.
+class ReduceProgram final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    TraceSpan span(ctx);
+    COPSE_ASSIGN_OR_RETURN(auto msgs, ReadEveryInput(ctx, 0));
+    if (msgs.size() == 1) {
+      COPSE_RETURN_NOT_OK(ctx.WriteAll(msgs[0]));
+    } else {
+      COPSE_ASSIGN_OR_RETURN(NamedTensors sum, SumGradients(msgs));
+      COPSE_RETURN_NOT_OK(ctx.WriteAll(chan::Buffer(SerializeTensors(sum))));
+    }
+    return ctx.CloseOutputs();
+  }
+};
+
+/// One round of a ring all-reduce over params.workers replicas, unrolled as vertices:
+/// round k of worker w (stage of worker params.worker; replica r is round r % rounds of step
+/// r / rounds, rounds = 2 (workers - 1)) reads its own buffer (input 0: the gradients at k = 0, else its round k-1)
+/// and what its left neighbour sent (input 1), adds (reduce-scatter, k < workers-1) or copies
+/// (all-gather) that chunk, and writes its buffer (output 0) and the chunk it sends next
+/// (output 1; after the last round output 1 is absent). Chunks are ranges of the flattened
+/// gradients; chunk c is summed in ring order starting at worker c+1.
+class RingReduceProgram final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    TraceSpan span(ctx);
+    const int workers = ctx.param<int>("workers", 1);
+    const int rounds = 2 * (workers - 1);
+    if (workers < 2) return Status::InvalidArgument(ctx.name + ": a ring needs params.workers >= 2");
+    const int k = ctx.replica % rounds;
+    const int w = ctx.param<int>("worker", 0);
+    COPSE_ASSIGN_OR_RETURN(chan::Buffer own_msg, ReadOne(ctx, 0));
+    COPSE_ASSIGN_OR_RETURN(chan::Buffer recv_msg, ReadOne(ctx, 1));
+    COPSE_ASSIGN_OR_RETURN(NamedTensors own, DeserializeTensors(own_msg.view()));
+    COPSE_ASSIGN_OR_RETURN(NamedTensors recv, DeserializeTensors(recv_msg.view()));
+    std::vector<std::pair<float*, int64_t>> flat;
+    int64_t total = 0;
+    for (auto& [n, t] : own) flat.emplace_back(t.data(), t.numel()), total += t.numel();
+    auto chunk_range = [&](int c) {
+      return std::make_pair(total * c / workers, total * (c + 1) / workers);
+    };
+    auto for_range = [&](int64_t lo, int64_t hi, const std::function<void(float*, int64_t, int64_t)>& fn) {
+      int64_t base = 0;  // fn(pointer into own, offset in flat space, count)
+      for (auto& [p, n] : flat) {
+        const int64_t a = std::max(lo, base), b = std::min(hi, base + n);
+        if (a < b) fn(p + (a - base), a, b - a);
+        base += n;
+      }
+    };
+    // The chunk received this round, and the flat values it carries.
+    const int recv_chunk = k < workers - 1 ? ((w - k - 1) % workers + workers) % workers
+                                           : ((w - (k - (workers - 1))) % workers + workers) % workers;
+    const auto [rlo, rhi] = chunk_range(recv_chunk);
+    std::vector<float> incoming(static_cast<size_t>(rhi - rlo));
+    if (k == 0) {  // the neighbour's whole gradients
+      int64_t base = 0;
+      for (auto& [n, t] : recv) {
+        const int64_t a = std::max(rlo, base), b = std::min(rhi, base + t.numel());
+        if (a < b) std::memcpy(incoming.data() + (a - rlo), t.data() + (a - base), sizeof(float) * (b - a));
+        base += t.numel();
+      }
+    } else {
+      const Tensor* c = Find(recv, "chunk");
+      if (!c || c->numel() != rhi - rlo) return Status::DataLoss(ctx.name + ": bad ring chunk");
+      std::memcpy(incoming.data(), c->data(), incoming.size() * sizeof(float));
+    }
+    const bool add = k < workers - 1;
+    for_range(rlo, rhi, [&](float* p, int64_t off, int64_t n) {
+      const float* src = incoming.data() + (off - rlo);
+      if (add) {
+        for (int64_t i = 0; i < n; ++i) p[i] += src[i];
+      } else {
+        std::memcpy(p, src, sizeof(float) * n);
+      }
+    });
+    // What this worker sends in round k+1: the chunk it just completed.
+    COPSE_RETURN_NOT_OK(ctx.output(0).Write(chan::Buffer(SerializeTensors(own))));
+    if (k + 1 < rounds && ctx.num_outputs() > 1) {
+      const auto [slo, shi] = chunk_range(recv_chunk);
+      std::vector<float> send(static_cast<size_t>(shi - slo));
+      for_range(slo, shi, [&](float* p, int64_t off, int64_t n) {
+        std::memcpy(send.data() + (off - slo), p, sizeof(float) * n);
+      });
+      COPSE_RETURN_NOT_OK(ctx.output(1).Write(chan::Buffer(SerializeTensors({{"chunk", Scalars(send)}}))));
+    }
+    return ctx.CloseOutputs();
+  }
+};
+
+/// Optimizer step of one stage at step first_step + replica. Input 0: the chain (params,
+/// state, stats); inputs 1..: gradient sets, summed in port order (a parameter server when they
+/// come straight from the workers). Outputs: the chain to output 0 (and to output 1 when a
+/// checkpoint is due, see WriteChainAndParams), the new parameters to the others.
+class UpdateProgram final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    TraceSpan span(ctx);
+    UseThreads(ctx);
+    COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
+    COPSE_ASSIGN_OR_RETURN(auto range, LayerRange(ctx, s));
+    const int64_t step = ctx.param<int64_t>("first_step", 0) + ctx.replica;
+    COPSE_ASSIGN_OR_RETURN(auto chain, ReadAll(ctx, 0));
+    if (chain.size() != 3) return Status::DataLoss(ctx.name + ": the chain input needs params, state, stats");
+    COPSE_ASSIGN_OR_RETURN(auto grads, ReadEveryInput(ctx, 1));
+    if (grads.empty()) return Status::InvalidArgument(ctx.name + ": no gradient inputs");
+    const uint64_t grads_key = grads.size() == 1 ? MessageKey(grads[0].view()) : 0;
+    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, chain[0].view(), grads_key));
+    Sequential& m = lease->model;
+    std::vector<float> loss;
+    if (grads_key == 0 || lease->grads_key != grads_key) {
+      lease->grads_key = 0;
+      COPSE_ASSIGN_OR_RETURN(NamedTensors sum, SumGradients(grads));
+      COPSE_RETURN_NOT_OK(m.ImportGradients(sum));
+      loss = ReadScalars(Find(sum, "__loss"), 2);
+    } else {
+      loss = lease->grads_loss;  // the entry holds exactly these gradients
+    }
+    // Optimizer state: reuse the cached optimizer when it holds exactly the chain's state.
+    const uint64_t state_key = MessageKey(chain[1].view());
+    COPSE_ASSIGN_OR_RETURN(NamedTensors stats_set, DeserializeTensors(chain[2].view()));
+    std::vector<float> stats = ReadScalars(Find(stats_set, "__stats"), 4);
+    if (!lease->optimizer || lease->state_key != state_key) {
+      COPSE_ASSIGN_OR_RETURN(NamedTensors state, DeserializeTensors(chain[1].view()));
+      lease->state_key = 0;
+      if (s.optimizer == "adam") {
+        AdamOptions a;
+        a.lr = s.lr;
+        a.weight_decay = s.weight_decay;
+        lease->optimizer = std::make_unique<Adam>(m.Parameters(), a);
+      } else {
+        SgdOptions o;
+        o.lr = s.lr;
+        o.momentum = s.momentum;
+        o.weight_decay = s.weight_decay;
+        lease->optimizer = std::make_unique<Sgd>(m.Parameters(), o);
+      }
+      if (!state.empty()) COPSE_RETURN_NOT_OK(lease->optimizer->ImportState(state));
+    }
+    lease->optimizer->Step();
+    const int64_t epoch = EpochAndStep(s, step).first;
+    if (static_cast<int64_t>(stats[2]) != epoch) stats[0] = stats[1] = 0, stats[2] = static_cast<float>(epoch);
+    stats[0] += loss[0];
+    stats[1] += loss[1];
+    stats[3] += loss[1];
+    const chan::Buffer params_out(SerializeTensors(ParameterHandles(m)));
+    const chan::Buffer state_out(SerializeTensors(lease->optimizer->ExportState()));
+    const chan::Buffer stats_out(SerializeTensors({{"__stats", Scalars(stats)}}));
+    lease->params_key = MessageKey(params_out.view());
+    lease->state_key = MessageKey(state_out.view());
+    lease.Commit();
+    COPSE_RETURN_NOT_OK(WriteChainAndParams(ctx, params_out, state_out, stats_out));
+    return ctx.CloseOutputs();
+  }
+};
+
+/// Position of a forward/backward vertex: replica r of the stage of pipeline params.worker (of
+/// params.workers data-parallel pipelines) is step first_step + r / M, micro-batch r % M; it
+/// trains on part w*M + m of W*M of the global batch.
+struct MicroPos {
+  int64_t step;
+  int w, m, W, M;
+  int part() const { return w * M + m; }
+  int parts() const { return W * M; }
+};
+
+MicroPos PosOf(const VertexContext& ctx) {
+  MicroPos p;
+  p.W = ctx.param<int>("workers", 1);
+  p.M = ctx.param<int>("microbatches", 1);
+  p.w = ctx.param<int>("worker", 0);
+  p.step = ctx.param<int64_t>("first_step", 0) + ctx.replica / p.M;
+  p.m = ctx.replica % p.M;
+  return p;
+}
+
+/// Forward of pipeline stage params.stage (of params.stages) on one micro-batch. Inputs:
+/// 0 params, 1 the previous stage's activation (not on stage 0, which reads its micro-batch).
+/// Outputs: 0 the stash for this micro-batch's backward, 1 the activation (not on the last).
+/// The last stage also computes the loss and dL/dlogits into the stash.
+class ForwardProgram final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    TraceSpan span(ctx);
+    UseThreads(ctx);
+    COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
+    COPSE_ASSIGN_OR_RETURN(auto range, LayerRange(ctx, s));
+    const int stage = ctx.param<int>("stage", 0), stages = ctx.param<int>("stages", 1);
+    const bool recompute = ctx.param<bool>("recompute", false);
+    const MicroPos pos = PosOf(ctx);
+    COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadOne(ctx, 0));
+    Tensor x;
+    Batch b;
+    int64_t batch_size = 0;
+    if (stage == 0) {
+      COPSE_ASSIGN_OR_RETURN(b, LoadPart(ctx, s, pos.step, pos.part(), pos.parts(),
+                                         ctx.param<bool>("loader", false) ? 1 : -1, &batch_size));
+      x = b.images;
+    } else {
+      COPSE_ASSIGN_OR_RETURN(chan::Buffer act, ReadOne(ctx, 1));
+      COPSE_ASSIGN_OR_RETURN(x, DeserializeTensor(act.view()));
+    }
+    if (stage == stages - 1 && stage != 0) {  // labels of this micro-batch
+      COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.data_dir, Split::kTrain, s.limit));
+      COPSE_ASSIGN_OR_RETURN(auto idx, StepIndices(s, pos.step, pos.part(), pos.parts(), &batch_size));
+      for (int64_t i : idx) b.labels.push_back(train->labels()[static_cast<size_t>(i)]);
+    }
+    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params.view()));
+    Stash stash;
+    const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
+    NamedTensors out;
+    Tensor y;
+    if (x.dim(0) > 0) {
+      COPSE_ASSIGN_OR_RETURN(y, lease->model.Forward(x, fc, &stash));
+    }
+    if (recompute) {
+      out.emplace_back("x", x);
+    } else {
+      AddStash(out, stash);
+    }
+    if (stage == stages - 1) {
+      double loss_sum = 0;
+      Tensor dy;
+      if (x.dim(0) > 0) {
+        COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(y, b.labels, batch_size));
+        loss_sum = loss.loss * static_cast<double>(b.size());
+        dy = loss.grad;
+      } else {
+        dy = Tensor::Zeros({0, 10});
+      }
+      out.emplace_back("dy", dy);
+      out.emplace_back("__loss", Scalars({static_cast<float>(loss_sum), static_cast<float>(b.size())}));
+    }
+    lease.Commit();  // forward changes no parameters or gradients
+    COPSE_RETURN_NOT_OK(ctx.output(0).Write(chan::Buffer(SerializeTensors(out))));
+    if (stage < stages - 1) {
+      if (ctx.num_outputs() < 2) return Status::InvalidArgument(ctx.name + ": needs an activation output");
+      COPSE_RETURN_NOT_OK(ctx.output(1).Write(chan::Buffer(SerializeTensor(y))));
+    }
+    return ctx.CloseOutputs();
+  }
+};
+
+/// Backward of pipeline stage params.stage on one micro-batch. Inputs: 0 params, 1 the stash
+/// (from this micro-batch's forward), then dL/dy from the next stage's backward (not on the
+/// last stage), then the gradients accumulated over micro-batches 0..m-1 (not for m = 0).
+/// Outputs: 0 the gradients accumulated over 0..m (to backward m+1, or to the update/reducer
+/// after the last micro-batch), 1 dL/dx to the previous stage (not on stage 0).
+class BackwardProgram final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    TraceSpan span(ctx);
+    UseThreads(ctx);
+    COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
+    COPSE_ASSIGN_OR_RETURN(auto range, LayerRange(ctx, s));
+    const int stage = ctx.param<int>("stage", 0), stages = ctx.param<int>("stages", 1);
+    const bool recompute = ctx.param<bool>("recompute", false);
+    const MicroPos pos = PosOf(ctx);
+    size_t port = 0;
+    COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadOne(ctx, port++));
+    COPSE_ASSIGN_OR_RETURN(chan::Buffer stash_msg, ReadOne(ctx, port++));
+    COPSE_ASSIGN_OR_RETURN(NamedTensors stash_set, DeserializeTensors(stash_msg.view()));
+    Tensor dy;
+    if (stage < stages - 1) {
+      COPSE_ASSIGN_OR_RETURN(chan::Buffer dy_msg, ReadOne(ctx, port++));
+      COPSE_ASSIGN_OR_RETURN(dy, DeserializeTensor(dy_msg.view()));
+    } else {
+      const Tensor* t = Find(stash_set, "dy");
+      if (!t) return Status::DataLoss(ctx.name + ": the last stage's stash lacks dy");
+      dy = *t;
+    }
+    std::optional<chan::Buffer> acc_msg;
+    if (pos.m > 0) {
+      COPSE_ASSIGN_OR_RETURN(chan::Buffer a, ReadOne(ctx, port++));
+      acc_msg = std::move(a);
+    }
+    const uint64_t acc_key = acc_msg ? MessageKey(acc_msg->view()) : 0;
+    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params.view(), acc_key));
+    Sequential& m = lease->model;
+    std::vector<float> loss = ReadScalars(Find(stash_set, "__loss"), 2);
+    bool accumulate = false;
+    if (acc_msg) {
+      accumulate = true;
+      if (lease->grads_key != acc_key) {  // not the entry the previous micro-batch left: decode
+        lease->grads_key = 0;
+        COPSE_ASSIGN_OR_RETURN(NamedTensors acc, DeserializeTensors(acc_msg->view()));
+        COPSE_RETURN_NOT_OK(m.ImportGradients(acc));
+        const auto prev = ReadScalars(Find(acc, "__loss"), 2);
+        loss[0] += prev[0], loss[1] += prev[1];
+      } else {  // the entry holds exactly these gradients (and their loss)
+        loss[0] += lease->grads_loss[0], loss[1] += lease->grads_loss[1];
+      }
+    }
+    lease->grads_key = 0;
+    Stash stash;
+    if (recompute) {
+      const Tensor* x = Find(stash_set, "x");
+      if (!x) return Status::DataLoss(ctx.name + ": the stash lacks x");
+      if (x->dim(0) > 0) {
+        const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
+        COPSE_RETURN_NOT_OK(m.Forward(*x, fc, &stash).status());
+      }
+    } else {
+      COPSE_ASSIGN_OR_RETURN(stash, ReadStash(stash_set, m.size()));
+    }
+    Tensor dx;
+    if (dy.dim(0) > 0) {
+      COPSE_ASSIGN_OR_RETURN(dx, m.Backward(dy, stash, /*need_input_grad=*/stage > 0, accumulate));
+    } else {
+      if (!accumulate) m.ZeroGrad();
+      if (stage > 0) dx = Tensor::Zeros({0});
+    }
+    NamedTensors grads = GradientHandles(m);
+    grads.emplace_back("__loss", Scalars(loss));
+    const chan::Buffer out(SerializeTensors(grads));
+    lease->grads_key = MessageKey(out.view());
+    lease->grads_loss = loss;
+    lease.Commit();
+    COPSE_RETURN_NOT_OK(ctx.output(0).Write(out));
+    if (stage > 0) {
+      if (ctx.num_outputs() < 2) return Status::InvalidArgument(ctx.name + ": needs a gradient output");
+      COPSE_RETURN_NOT_OK(ctx.output(1).Write(chan::Buffer(SerializeTensor(dx))));
+    }
+    return ctx.CloseOutputs();
+  }
+};
+
+/// Test accuracy of the whole model. Input 0: init's clock (when params.clock), then the
+/// chain of every stage's last update, in stage order. Output 0: metrics.json; output 1: all
+/// parameters as one tensor set (params.bin, bit-identical across recoveries).
+class EvalProgram final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    TraceSpan span(ctx);
+    const int64_t eval_start = WallMicros();
+    UseThreads(ctx);
+    COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
+    size_t port = 0;
+    int64_t t0 = 0;
+    if (ctx.param<bool>("clock", false)) {
+      COPSE_ASSIGN_OR_RETURN(chan::Buffer c, ReadOne(ctx, port++));
+      t0 = std::stoll(std::string(c.view()));
+    }
+    NamedTensors all;
+    std::vector<float> stats(4, 0.0f);
+    for (; port < ctx.num_inputs(); ++port) {
+      COPSE_ASSIGN_OR_RETURN(auto chain, ReadAll(ctx, port));
+      if (chain.size() != 3) return Status::DataLoss(ctx.name + ": a chain input needs params, state, stats");
+      COPSE_ASSIGN_OR_RETURN(NamedTensors p, DeserializeTensors(chain[0].view()));
+      for (auto& kv : p) all.push_back(std::move(kv));
+      COPSE_ASSIGN_OR_RETURN(NamedTensors st, DeserializeTensors(chain[2].view()));
+      const auto sv = ReadScalars(Find(st, "__stats"), 4);
+      if (sv[1] > 0) stats = sv;  // the stage that computes the loss
+    }
+    COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModel(s.model, s.seed));
+    COPSE_RETURN_NOT_OK(model.ImportParameters(all));
+    const NamedTensors params = model.ExportParameters();
+    const std::string digest = Digest(params);
+    COPSE_ASSIGN_OR_RETURN(auto test, CachedDataset(s.data_dir, Split::kTest, s.test_limit));
+    COPSE_ASSIGN_OR_RETURN(double accuracy, Evaluate(model, *test));
+    const int64_t train_images = ctx.param<int64_t>("train_images", static_cast<int64_t>(stats[3]));
+    const double seconds = t0 > 0 ? (eval_start - t0) / 1e6 : 0.0;
+    nlohmann::json metrics = {
+        {"test_accuracy", accuracy},
+        {"images_per_s", seconds > 0 ? train_images / seconds : 0.0},
+        {"train_images", train_images},
+        {"train_seconds", seconds},
+        {"final_loss", stats[1] > 0 ? stats[0] / stats[1] : 0.0},
+        {"test_images", test->size()},
+        {"parameters", model.NumParameters()},
+        {"parameter_digest", digest},
+    };
+    if (ctx.params && ctx.params->contains("config")) metrics["config"] = (*ctx.params)["config"];
+    COPSE_RETURN_NOT_OK(ctx.output(0).Write(chan::Buffer(metrics.dump(2) + "\n")));
+    if (ctx.num_outputs() > 1) COPSE_RETURN_NOT_OK(ctx.output(1).Write(chan::Buffer(SerializeTensors(params))));
+    return ctx.CloseOutputs();
+  }
+};
+
+/// Writes the chain on input 0 (params, optimizer state) to params.path (relative to the job
+/// file; "{replica}" is replaced by the job manager) as two length-prefixed tensor sets,
+/// atomically (temporary file, then rename). A re-run writes the same bytes.
+class CheckpointProgram final : public VertexProgram {
+ public:
+  Status Run(VertexContext& ctx) override {
+    TraceSpan span(ctx);
+    const std::string path_param = ctx.param<std::string>("path", "");
+    if (path_param.empty()) return Status::InvalidArgument(ctx.name + ": params.path is required");
+    const std::filesystem::path path = ctx.ResolvePath(path_param);
+    COPSE_ASSIGN_OR_RETURN(auto chain, ReadAll(ctx, 0));
+    std::error_code ec;
+    std::filesystem::create_directories(path.parent_path(), ec);
+    const std::filesystem::path tmp = path.string() + ".tmp-" + std::to_string(ctx.version);
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      for (const auto& m : chain) {
+        const uint64_t n = m.size();
+        f.write(reinterpret_cast<const char*>(&n), 8);
+        f.write(m.data(), static_cast<std::streamsize>(n));
+      }
+      if (!f) return Status::IOError(ctx.name + ": cannot write " + tmp.string());
+    }
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) return Status::IOError(ctx.name + ": cannot rename to " + path.string() + ": " + ec.message());
+    return ctx.CloseOutputs();
+  }
+};
+
+}  // namespace
+}  // namespace programs
+
+void RegisterMlPrograms(vertex::ProgramRegistry& registry) {
+  using namespace programs;
+  auto add = [&](const char* name, vertex::ProgramFactory f) { (void)registry.Register(name, std::move(f)); };
+  add("ml.init", [] { return std::make_unique<InitProgram>(); });
+  add("ml.load", [] { return std::make_unique<LoadProgram>(); });
+  add("ml.grad", [] { return std::make_unique<GradProgram>(); });
+  add("ml.forward", [] { return std::make_unique<ForwardProgram>(); });
+  add("ml.backward", [] { return std::make_unique<BackwardProgram>(); });
+  add("ml.reduce", [] { return std::make_unique<ReduceProgram>(); });
+  add("ml.ring_reduce", [] { return std::make_unique<RingReduceProgram>(); });
+  add("ml.update", [] { return std::make_unique<UpdateProgram>(); });
+  add("ml.ps", [] { return std::make_unique<UpdateProgram>(); });
+  add("ml.eval", [] { return std::make_unique<EvalProgram>(); });
+  add("ml.checkpoint", [] { return std::make_unique<CheckpointProgram>(); });
+}
+
+}  // namespace copse::ml

@@ -1,0 +1,217 @@
+#include "ml/programs/support.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "ml/models.h"
+#include "ml/serialize.h"
+
+namespace copse::ml::programs {
+
+Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
+  TrainSettings s;
+  try {
+    s.model = ctx.param<std::string>("model", s.model);
+    s.seed = ctx.param<uint64_t>("seed", s.seed);
+    s.data_dir = ctx.param<std::string>("data_dir", s.data_dir);
+    s.limit = ctx.param<int64_t>("limit", s.limit);
+    s.test_limit = ctx.param<int64_t>("test_limit", s.test_limit);
+    s.batch = ctx.param<int64_t>("batch", s.batch);
+    s.optimizer = ctx.param<std::string>("optimizer", s.optimizer);
+    s.lr = ctx.param<float>("lr", s.lr);
+    s.momentum = ctx.param<float>("momentum", s.momentum);
+    s.weight_decay = ctx.param<float>("weight_decay", s.weight_decay);
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(ctx.name + ": bad ML params: " + e.what());
+  }
+  if (s.batch < 1) return Status::InvalidArgument(ctx.name + ": params.batch must be >= 1");
+  if (s.optimizer != "sgd" && s.optimizer != "adam")
+    return Status::InvalidArgument(ctx.name + ": params.optimizer must be sgd or adam");
+  if (!s.data_dir.empty() && s.data_dir[0] != '/') s.data_dir = ctx.ResolvePath(s.data_dir).string();
+  COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.data_dir, Split::kTrain, s.limit));
+  s.train_size = train->size();
+  if (s.train_size == 0) return Status::InvalidArgument(ctx.name + ": the training set is empty");
+  s.steps_per_epoch = (s.train_size + s.batch - 1) / s.batch;
+  return s;
+}
+
+namespace {
+
+std::mutex g_data_mu;
+std::map<std::tuple<std::string, int, int64_t>, std::shared_ptr<const Dataset>> g_datasets;
+std::map<std::tuple<int64_t, uint64_t, int64_t>, std::shared_ptr<const std::vector<int64_t>>> g_orders;
+
+std::shared_ptr<const std::vector<int64_t>> CachedOrder(int64_t n, uint64_t seed, int64_t epoch) {
+  std::lock_guard<std::mutex> lock(g_data_mu);
+  const auto key = std::make_tuple(n, seed, epoch);
+  auto it = g_orders.find(key);
+  if (it != g_orders.end()) return it->second;
+  if (g_orders.size() >= 8) g_orders.clear();  // only a few epochs are live at once
+  auto order = std::make_shared<const std::vector<int64_t>>(EpochOrder(n, seed, epoch));
+  g_orders[key] = order;
+  return order;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& dir, Split split,
+                                                     int64_t limit) {
+  std::lock_guard<std::mutex> lock(g_data_mu);
+  const auto key = std::make_tuple(dir, static_cast<int>(split), limit);
+  auto it = g_datasets.find(key);
+  if (it != g_datasets.end()) return it->second;
+  DatasetOptions o;
+  o.limit = limit;
+  COPSE_ASSIGN_OR_RETURN(Dataset d, LoadFashionMnist(dir, split, o));
+  auto ptr = std::make_shared<const Dataset>(std::move(d));
+  g_datasets[key] = ptr;
+  return ptr;
+}
+
+std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step) {
+  return {step / s.steps_per_epoch + 1, step % s.steps_per_epoch + 1};
+}
+
+Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, int part,
+                                         int parts, int64_t* batch_size) {
+  const auto [epoch, k] = EpochAndStep(s, step);
+  auto order = CachedOrder(s.train_size, s.seed, epoch);
+  const int64_t begin = (k - 1) * s.batch;
+  const int64_t end = std::min<int64_t>(s.train_size, begin + s.batch);
+  std::span<const int64_t> batch(order->data() + begin, static_cast<size_t>(end - begin));
+  if (batch_size) *batch_size = end - begin;
+  return ShardBatch(batch, part, parts);
+}
+
+uint64_t MessageKey(std::string_view bytes) {
+  if (bytes.size() < 8) return 0;
+  uint64_t h;
+  std::memcpy(&h, bytes.data() + bytes.size() - 8, 8);
+  return h ^ (static_cast<uint64_t>(bytes.size()) * 0x9e3779b97f4a7c15ULL) ^ 1;
+}
+
+// ---- model cache --------------------------------------------------------------------------
+
+namespace {
+
+std::mutex g_model_mu;
+std::map<std::string, std::vector<std::unique_ptr<CachedModel>>> g_models;  // idle entries
+constexpr size_t kMaxIdlePerKey = 4;
+
+}  // namespace
+
+ModelLease::ModelLease(std::string cache_key, std::unique_ptr<CachedModel> entry)
+    : cache_key_(std::move(cache_key)), entry_(std::move(entry)) {}
+
+ModelLease::~ModelLease() {
+  if (!entry_) return;
+  if (!committed_) entry_->params_key = entry_->grads_key = entry_->state_key = 0;
+  std::lock_guard<std::mutex> lock(g_model_mu);
+  auto& idle = g_models[cache_key_];
+  if (idle.size() < kMaxIdlePerKey) idle.push_back(std::move(entry_));
+}
+
+Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
+                              std::string_view params_msg, uint64_t grads_key) {
+  const std::string cache_key =
+      s.model + "/" + std::to_string(begin) + "-" + std::to_string(end) + "/" + s.optimizer;
+  const uint64_t params_key = MessageKey(params_msg);
+  std::unique_ptr<CachedModel> entry;
+  {
+    std::lock_guard<std::mutex> lock(g_model_mu);
+    auto& idle = g_models[cache_key];
+    size_t best = idle.size();
+    int best_score = -1;
+    for (size_t i = 0; i < idle.size(); ++i) {
+      const int score = (idle[i]->params_key == params_key ? 2 : 0) +
+                        (grads_key != 0 && idle[i]->grads_key == grads_key ? 1 : 0);
+      if (score > best_score) best_score = score, best = i;
+    }
+    if (best < idle.size()) {
+      entry = std::move(idle[best]);
+      idle.erase(idle.begin() + static_cast<std::ptrdiff_t>(best));
+    }
+  }
+  if (!entry) {
+    COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModel(s.model, s.seed));
+    if (begin < 0 || end > static_cast<int>(full.size()) || begin >= end)
+      return Status::InvalidArgument("layers [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                     ") out of range for model " + s.model + " (" +
+                                     std::to_string(full.size()) + " layers)");
+    entry = std::make_unique<CachedModel>();
+    entry->model = full.Slice(static_cast<size_t>(begin), static_cast<size_t>(end));
+  }
+  ModelLease lease(cache_key, std::move(entry));
+  if (lease->params_key != params_key) {
+    lease->params_key = 0;
+    COPSE_ASSIGN_OR_RETURN(NamedTensors params, DeserializeTensors(params_msg));
+    COPSE_RETURN_NOT_OK(lease->model.ImportParameters(params));
+    lease->params_key = params_key;
+  }
+  return lease;
+}
+
+NamedTensors GradientHandles(const Sequential& m) {
+  NamedTensors out;
+  const auto names = m.ParameterNames();
+  const auto params = m.Parameters();
+  for (size_t i = 0; i < params.size(); ++i) out.emplace_back(names[i], params[i]->grad);
+  return out;
+}
+
+NamedTensors ParameterHandles(const Sequential& m) {
+  NamedTensors out;
+  const auto names = m.ParameterNames();
+  const auto params = m.Parameters();
+  for (size_t i = 0; i < params.size(); ++i) out.emplace_back(names[i], params[i]->value);
+  return out;
+}
+
+Result<std::vector<chan::Buffer>> ReadAll(vertex::VertexContext& ctx, size_t port) {
+  if (port >= ctx.num_inputs())
+    return Status::InvalidArgument(ctx.name + ": expected an input on port " + std::to_string(port));
+  std::vector<chan::Buffer> out;
+  while (true) {
+    COPSE_ASSIGN_OR_RETURN(auto msg, ctx.input(port).Next());
+    if (!msg) break;
+    out.push_back(std::move(*msg));
+  }
+  return out;
+}
+
+Result<chan::Buffer> ReadOne(vertex::VertexContext& ctx, size_t port) {
+  COPSE_ASSIGN_OR_RETURN(auto all, ReadAll(ctx, port));
+  if (all.size() != 1)
+    return Status::DataLoss(ctx.name + ": input " + std::to_string(port) + " has " +
+                            std::to_string(all.size()) + " messages, expected 1");
+  return all[0];
+}
+
+int64_t WallMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+TraceSpan::TraceSpan(const vertex::VertexContext& ctx) : start_us_(WallMicros()) {
+  if (std::getenv("COPSE_ML_TRACE")) name_ = ctx.name;
+}
+
+TraceSpan::~TraceSpan() {
+  if (name_.empty()) return;
+  const char* path = std::getenv("COPSE_ML_TRACE");
+  const std::string line = name_ + " " + std::to_string(start_us_) + " " +
+                           std::to_string(WallMicros()) + " " + std::to_string(getpid()) + "\n";
+  const int fd = ::open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd < 0) return;
+  (void)!::write(fd, line.data(), line.size());  // one write: O_APPEND keeps lines whole
+  ::close(fd);
+}
+
+}  // namespace copse::ml::programs

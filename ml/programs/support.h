@@ -1,0 +1,115 @@
+#pragma once
+// Shared machinery of the ML vertex programs (ml/programs/programs.cc): the training settings
+// every vertex reads from its params, the process-wide dataset cache, the model cache that
+// lets consecutive vertices on one daemon skip decoding parameters they already hold, and the
+// optional per-vertex timing trace the pipeline bench reads.
+//
+// Determinism: everything here is a pure function of (params, input bytes). The model cache
+// only skips work: an entry is reused when it provably holds the tensors of an input message
+// (same size and same XXH64 trailer of the checksummed encoding, ml/serialize.h), so a cold
+// daemon (after recovery) computes the same bytes as a warm one.
+//
+// Thread-safety: the caches are safe to use from every worker thread of a daemon; a leased
+// model is used by one vertex at a time.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "ml/dataset.h"
+#include "ml/optimizer.h"
+#include "ml/sequential.h"
+#include "vertex/program.h"
+
+namespace copse::ml::programs {
+
+/// The training settings of a generated graph, carried in every ML vertex's params.
+struct TrainSettings {
+  std::string model = "mlp";
+  uint64_t seed = 1;
+  std::string data_dir = kFashionMnistDir;
+  int64_t limit = -1;       // training images (all when < 0)
+  int64_t test_limit = -1;  // test images (all when < 0)
+  int64_t batch = 128;      // global batch
+  std::string optimizer = "sgd";
+  float lr = 0.05f, momentum = 0.9f, weight_decay = 0.0f;
+  int64_t train_size = 0;       // images in the (limited) training set
+  int64_t steps_per_epoch = 0;  // ceil(train_size / batch)
+};
+
+Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx);
+
+/// The (limited) Fashion-MNIST split, loaded once per process.
+Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& dir, Split split,
+                                                     int64_t limit);
+
+/// Dataset indices of global step `step` (0-based over all epochs), part `part` of `parts`
+/// (ShardBatch: contiguous, sizes differing by at most one). `batch_size` gets the size of
+/// the whole global batch (the loss normalizer).
+Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, int part,
+                                         int parts, int64_t* batch_size);
+/// Epoch (from 1) and step within the epoch (from 1) of a global step.
+std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step);
+
+/// Identity of a checksummed tensor message: its size and XXH64 trailer (0 when too short).
+uint64_t MessageKey(std::string_view bytes);
+
+/// One cached model slice (layers [begin, end) of `model`) with an optional optimizer. The
+/// keys say which message each part of the state equals (0 = unknown).
+struct CachedModel {
+  Sequential model;
+  std::unique_ptr<Optimizer> optimizer;
+  uint64_t params_key = 0, grads_key = 0, state_key = 0;
+  std::vector<float> grads_loss{0, 0};  // "__loss" of the message grads_key names
+};
+
+/// A model taken from the cache for one vertex; returned on destruction. Keys are reset unless
+/// Commit() was called, so a failed vertex never leaves a half-updated entry behind.
+class ModelLease {
+ public:
+  ModelLease(std::string cache_key, std::unique_ptr<CachedModel> entry);
+  ~ModelLease();
+  ModelLease(ModelLease&&) = default;
+  CachedModel* operator->() const { return entry_.get(); }
+  CachedModel& operator*() const { return *entry_; }
+  void Commit() { committed_ = true; }
+
+ private:
+  std::string cache_key_;
+  std::unique_ptr<CachedModel> entry_;
+  bool committed_ = false;
+};
+
+/// A model slice whose parameters equal `params_msg` (decoded only when no cached entry holds
+/// them already). `grads_key` prefers an entry whose gradients equal that message.
+Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
+                              std::string_view params_msg, uint64_t grads_key = 0);
+
+/// Parameter gradients of `m` (no copies: the handles of the gradients), plus `extra`.
+NamedTensors GradientHandles(const Sequential& m);
+NamedTensors ParameterHandles(const Sequential& m);
+
+/// Reads every message of input `port`.
+Result<std::vector<chan::Buffer>> ReadAll(vertex::VertexContext& ctx, size_t port);
+/// Reads exactly one message of input `port`.
+Result<chan::Buffer> ReadOne(vertex::VertexContext& ctx, size_t port);
+
+/// Appends "<vertex> <start_us> <end_us> <pid>" to $COPSE_ML_TRACE when set (wall clock, so
+/// several daemons on one host share a time base). For the bench's bubble figure.
+class TraceSpan {
+ public:
+  explicit TraceSpan(const vertex::VertexContext& ctx);
+  ~TraceSpan();
+
+ private:
+  std::string name_;
+  int64_t start_us_;
+};
+
+/// Wall-clock microseconds since the epoch.
+int64_t WallMicros();
+
+}  // namespace copse::ml::programs
