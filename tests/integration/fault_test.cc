@@ -8,15 +8,19 @@
 namespace copse::testing {
 namespace {
 
+/// The declared output `output` of `job` run without faults.
+std::string FaultFreeOutput(TestCluster& cluster, Json job, const std::string& output) {
+  job.erase("faults");
+  uint64_t id = cluster.Submit(job);
+  Json st = cluster.Wait(id);
+  REQUIRE_MESSAGE(st["state"] == "completed", st.dump());
+  return cluster.Output(id, output);
+}
+
 /// Runs `job` without its faults, then with them, on one cluster; returns the faulted run's
 /// final status after checking every declared output is identical.
 Json RunWithAndWithoutFaults(TestCluster& cluster, Json job, const std::string& output) {
-  Json clean = job;
-  clean.erase("faults");
-  uint64_t a = cluster.Submit(clean);
-  Json sa = cluster.Wait(a);
-  REQUIRE_MESSAGE(sa["state"] == "completed", sa.dump());
-  std::string expected = cluster.Output(a, output);
+  std::string expected = FaultFreeOutput(cluster, job, output);
   uint64_t b = cluster.Submit(job);
   Json sb = cluster.Wait(b);
   REQUIRE_MESSAGE(sb["state"] == "completed", sb.dump(2));
@@ -131,9 +135,7 @@ TEST_CASE("Faults.AJobManagerKilledAndRestartedResumesItsJobs") {
   job["stages"].push_back({{"name", "sink"}, {"program", "checksum"}});
   job["edges"].push_back({{"from", "s" + std::to_string(steps - 1)}, {"to", "sink"}, {"pattern", "gather"}});
   job["outputs"] = {{{"from", "sink"}, {"path", "digest.txt"}}};
-  uint64_t clean = cluster.Submit(job);
-  REQUIRE(cluster.Wait(clean)["state"] == "completed");
-  std::string expected = cluster.Output(clean, "digest.txt");
+  std::string expected = FaultFreeOutput(cluster, job, "digest.txt");
 
   uint64_t id = cluster.Submit(job);
   size_t done_before = 0;
@@ -189,9 +191,7 @@ int Chaos(TestCluster& cluster, const std::string& args) {
 TEST_CASE("Faults.SeededRandomChaosFromTheCliLeavesOutputsIdentical") {
   TestCluster cluster(3, 2);
   Json job = SlowDag();
-  uint64_t clean = cluster.Submit(job);
-  REQUIRE(cluster.Wait(clean)["state"] == "completed");
-  std::string expected = cluster.Output(clean, "digest.txt");
+  std::string expected = FaultFreeOutput(cluster, job, "digest.txt");
   uint64_t id = cluster.Submit(job);
   REQUIRE(Chaos(cluster, "random --seed 7 --interval-ms 60 --duration-s 20 --kinds fail,delay,corrupt,cut --cut-ms 300") == 0);
   Json st = cluster.Wait(id, std::chrono::seconds(120));
@@ -206,9 +206,7 @@ TEST_CASE("Faults.SeededRandomChaosFromTheCliLeavesOutputsIdentical") {
 TEST_CASE("Faults.ChaosKillsADaemonByNameMidJob") {
   TestCluster cluster(3, 2);
   Json job = SlowDag();
-  uint64_t clean = cluster.Submit(job);
-  REQUIRE(cluster.Wait(clean)["state"] == "completed");
-  std::string expected = cluster.Output(clean, "digest.txt");
+  std::string expected = FaultFreeOutput(cluster, job, "digest.txt");
   uint64_t id = cluster.Submit(job);
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
   REQUIRE(Chaos(cluster, "kill d1") == 0);
