@@ -149,7 +149,7 @@ double Percentile(std::vector<double> v, double p) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   int runs = 50, vertices = 200, daemons = 3, cpus = 2;
   uint32_t seed = 1;
   bool keep = false;
@@ -242,4 +242,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const copse::soak::Failure& e) {
+    std::fprintf(stderr, "soak_bench: %s\n", e.what());
+    return 1;
+  }
 }

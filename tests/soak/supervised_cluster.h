@@ -16,10 +16,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,10 +35,12 @@ namespace copse::soak {
 
 using Clock = std::chrono::steady_clock;
 
-inline void Die(const std::string& why) {
-  std::fprintf(stderr, "%s\n", why.c_str());
-  std::exit(1);
-}
+/// Thrown on a setup or bench failure; main catches it, so every cluster's destructor stops
+/// its processes on the way out.
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+[[noreturn]] inline void Die(const std::string& why) { throw Failure(why); }
 
 /// posix_spawn (safe from a second thread, unlike fork + stdio) of `copse args…`, stdout and
 /// stderr appended to `log`.
@@ -111,7 +115,7 @@ class SupervisedCluster {
       if (s.pid > 0) waitpid(s.pid, nullptr, 0);
     }
     waitpid(jm_pid_, nullptr, 0);
-    if (!keep_) {
+    if (!keep_ && std::uncaught_exceptions() == 0) {
       std::error_code ec;
       std::filesystem::remove_all(dir_, ec);
     } else {
@@ -154,11 +158,18 @@ class SupervisedCluster {
     }
   }
 
-  /// Starts a daemon that is not running (after KillDaemon without supervision).
+  /// Starts again a daemon that KillDaemon (or a fault) SIGKILLed, in a cluster without
+  /// supervision: reaps it if the supervisor has not yet, then starts it.
   void RestartDaemon(const std::string& name) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& s : slots_) {
-      if (s.config.name == name && s.pid <= 0) Start(s);
+      if (s.config.name != name) continue;
+      if (s.pid > 0) {
+        waitpid(s.pid, nullptr, 0);
+        ++deaths_;
+        s.pid = 0;
+      }
+      Start(s);
     }
   }
 
@@ -207,8 +218,12 @@ class SupervisedCluster {
           if (s.pid == 0 && respawn_ && !stop_) {
             bool quick_death = s.died - s.started < std::chrono::milliseconds(500);
             if (!quick_death || now - s.died > std::chrono::milliseconds(100)) {
-              Start(s);
-              ++respawns_;
+              try {
+                Start(s);
+                ++respawns_;
+              } catch (const Failure& e) {
+                std::fprintf(stderr, "supervisor: %s\n", e.what());
+              }
             }
           }
         }
