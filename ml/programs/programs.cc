@@ -11,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <fstream>
 
@@ -54,9 +56,16 @@ std::vector<float> ReadScalars(const Tensor* t, size_t n) {
 Result<std::pair<int, int>> LayerRange(const VertexContext& ctx, const TrainSettings& s) {
   int begin = ctx.param<int>("begin", 0);
   int end = ctx.param<int>("end", -1);
-  if (end < 0) {
-    COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModel(s.model, s.seed));
-    end = static_cast<int>(m.size());
+  if (end < 0) {  // the layer count of the model, built once per process
+    static std::mutex mu;
+    static std::map<std::string, int> layers;
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = layers.find(s.model);
+    if (it == layers.end()) {
+      COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModel(s.model, s.seed));
+      it = layers.emplace(s.model, static_cast<int>(m.size())).first;
+    }
+    end = it->second;
   }
   return std::make_pair(begin, end);
 }
@@ -171,8 +180,8 @@ class InitProgram final : public VertexProgram {
  public:
   Status Run(VertexContext& ctx) override {
     TraceSpan span(ctx);
-    const int64_t t0 = WallMicros();
     COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
+    const int64_t t0 = WallMicros();  // training starts now (the dataset is loaded)
     COPSE_ASSIGN_OR_RETURN(auto range, LayerRange(ctx, s));
     COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModel(s.model, s.seed));
     Sequential stage = full.Slice(range.first, range.second);

@@ -1,0 +1,236 @@
+// Training as graphs vs single-process training vs PyTorch (docs/ml-graphs.md).
+//
+//   cmake --build build --target copse ml_graph_bench && ./build/bench/ml_graph_bench
+//
+// Prints in one run: images/s of single-process copse (`copse train`), data-parallel 2
+// (tree and ps reducers), pipeline 2 with GPipe and 1F1B at M = 4, 8, 16, and PyTorch CPU on
+// the same images; test accuracy of each; the measured pipeline bubble vs the theoretical
+// (p-1)/(m+p-1); and the share of wall time the scheduler adds on the critical path.
+//
+// Every graph runs with `copse run --daemons 2` (real processes on loopback). Vertex timings
+// come from the ML programs' own spans ($COPSE_ML_TRACE, wall clock). Bubble of stage s in
+// step t: 1 - (busy time of s's forward/backward vertices of t) / (span of step t, first
+// forward start to last backward end over all stages); averaged over stages and steps (the
+// first step excluded: warm-up). Critical path: from the last update back through the
+// predecessor (data or order edge) that finished last; the scheduler's share is the sum of
+// the gaps between a vertex's start and its critical predecessor's end, over the path's span.
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ml/dataset.h"
+#include "ml/graph_gen.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+std::string Run(const std::string& cmd, int* rc = nullptr) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return "";
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int r = pclose(p);
+  if (rc) *rc = r;
+  return out;
+}
+
+std::string Copse() { return std::string(COPSE_BINARY_DIR) + "/cli/copse"; }
+
+std::string Python() {
+  return fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+}
+
+struct Span {
+  int64_t start, end;
+};
+
+struct GraphResult {
+  bool ok = false;
+  double images_per_s = 0, accuracy = 0;
+  double bubble = -1, scheduler_share = -1;
+};
+
+GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int daemons) {
+  GraphResult res;
+  auto job = copse::ml::GenerateTrainingGraph(o);
+  if (!job.ok()) {
+    std::fprintf(stderr, "generate: %s\n", job.status().ToString().c_str());
+    return res;
+  }
+  fs::create_directories(dir);
+  const fs::path file = dir / "job.json", trace = dir / "trace.txt", out = dir / "out";
+  std::ofstream(file) << job->dump();
+  fs::remove(trace);
+  int rc = 0;
+  Run("COPSE_ML_TRACE=" + trace.string() + " " + Copse() + " run " + file.string() + " --daemons " +
+          std::to_string(daemons) + " --output " + out.string() + " -o json 2>/dev/null",
+      &rc);
+  if (rc != 0) return res;
+  std::ifstream mf(out / "metrics.json");
+  const Json metrics = Json::parse(mf, nullptr, false);
+  if (metrics.is_discarded()) return res;
+  res.ok = true;
+  res.images_per_s = metrics.value("images_per_s", 0.0);
+  res.accuracy = metrics.value("test_accuracy", 0.0);
+  // Spans by vertex.
+  std::map<std::string, Span> spans;
+  std::ifstream tf(trace);
+  std::string name;
+  int64_t s, e, pid;
+  while (tf >> name >> s >> e >> pid) spans[name] = {s, e};  // the last attempt wins
+  // Bubble (pipelines).
+  if (o.kind == "pipeline") {
+    const int P = o.stages, M = o.microbatches;
+    double bubble_sum = 0;
+    int n = 0;
+    for (int64_t t = 1;; ++t) {
+      int64_t lo = INT64_MAX, hi = 0;
+      std::vector<double> busy(static_cast<size_t>(P), 0.0);
+      bool complete = true;
+      for (int st = 0; st < P && complete; ++st)
+        for (const char* kind : {"fwd", "bwd"})
+          for (int m = 0; m < M; ++m) {
+            auto it = spans.find(std::string(kind) + std::to_string(st) + "[" + std::to_string(t * M + m) + "]");
+            if (it == spans.end()) {
+              complete = false;
+              break;
+            }
+            lo = std::min(lo, it->second.start);
+            hi = std::max(hi, it->second.end);
+            busy[static_cast<size_t>(st)] += static_cast<double>(it->second.end - it->second.start);
+          }
+      if (!complete) break;
+      for (int st = 0; st < P; ++st) bubble_sum += 1.0 - busy[static_cast<size_t>(st)] / static_cast<double>(hi - lo);
+      n += P;
+    }
+    if (n > 0) res.bubble = bubble_sum / n;
+  }
+  // Critical path through data and order edges, back from the vertex that ended last
+  // (eval excluded: it runs after the clock stops).
+  std::map<std::string, std::vector<std::string>> preds;
+  for (const auto& edge : (*job)["edges"]) preds[edge["to"].get<std::string>()].push_back(edge["from"]);
+  std::string cur;
+  int64_t last_end = 0;
+  for (const auto& [v, sp] : spans)
+    if (v.rfind("eval", 0) != 0 && sp.end > last_end) last_end = sp.end, cur = v;
+  double gaps = 0;
+  int64_t path_end = last_end, path_start = last_end;
+  while (!cur.empty()) {
+    std::string best;
+    int64_t best_end = -1;
+    for (const auto& p : preds[cur]) {
+      std::string key = p.find('[') == std::string::npos ? p + "[0]" : p;
+      auto it = spans.find(key);
+      if (it != spans.end() && it->second.end > best_end) best_end = it->second.end, best = key;
+    }
+    const Span sp = spans[cur];
+    path_start = sp.start;
+    if (best.empty() || best.rfind("init", 0) == 0) break;  // the clock starts after init
+    gaps += static_cast<double>(std::max<int64_t>(0, sp.start - best_end));
+    cur = best;
+  }
+  if (path_end > path_start) res.scheduler_share = gaps / static_cast<double>(path_end - path_start);
+  return res;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t steps = 60;
+  int daemons = 2;
+  std::string model = "mlp";
+  bool torch = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc) steps = std::atoll(argv[++i]);
+    else if (a == "--model" && i + 1 < argc) model = argv[++i];
+    else if (a == "--no-torch") torch = false;
+    else {
+      std::fprintf(stderr, "usage: ml_graph_bench [--steps N] [--model mlp|cnn] [--no-torch]\n");
+      return 2;
+    }
+  }
+  const int batch = 128;
+  const int64_t images = steps * batch;
+  char tmpl[] = "/tmp/copse-mlgraph-bench-XXXXXX";
+  if (!mkdtemp(tmpl)) return 1;
+  const fs::path dir = tmpl;
+  std::printf("ml_graph_bench: model %s, batch %d, %lld steps (%lld images), SGD lr 0.05 momentum 0.9, "
+              "copse run --daemons %d (2 cpus each), 1 thread per vertex\n",
+              model.c_str(), batch, static_cast<long long>(steps), static_cast<long long>(images), daemons);
+
+  // Single process.
+  Json single = Json::parse(Run(Copse() + " train --model " + model + " --epochs 1 --batch 128 --threads 2 --limit " +
+                                std::to_string(images) + " -o json 2>/dev/null"),
+                            nullptr, false);
+  double torch_ips = -1;
+  if (torch) {
+    const std::string out = Run("OMP_WAIT_POLICY=passive " + Python() + " " + COPSE_SOURCE_DIR +
+                                "/scripts/torch_bench.py --model " + model + " --threads 2 --images " +
+                                std::to_string(images) + " --runs 3 2>/dev/null");
+    const Json t = Json::parse(out, nullptr, false);
+    if (!t.is_discarded() && t.contains("median")) torch_ips = t["median"].get<double>();
+  }
+  std::printf("\n%-34s %12s %10s %9s %10s %12s\n", "configuration", "images/s", "vs torch", "accuracy",
+              "bubble", "sched share");
+  auto row = [&](const std::string& name, double ips, double acc, double bubble, double theory, double share) {
+    std::printf("%-34s %12.0f ", name.c_str(), ips);
+    if (torch_ips > 0) std::printf("%9.2fx ", ips / torch_ips); else std::printf("%10s ", "-");
+    if (acc >= 0) std::printf("%8.2f%% ", 100 * acc); else std::printf("%9s ", "-");
+    if (bubble >= 0) std::printf("%4.1f/%4.1f%% ", 100 * bubble, 100 * theory); else std::printf("%10s ", "-");
+    if (share >= 0) std::printf("%11.1f%%", 100 * share);
+    std::printf("\n");
+    std::fflush(stdout);
+  };
+  if (torch_ips > 0) row("PyTorch CPU (2 threads)", torch_ips, -1, -1, 0, -1);
+  if (!single.is_discarded() && single.contains("images_per_s"))
+    row("copse single process (2 threads)", single["images_per_s"].get<double>(),
+        single.value("test_accuracy", 0.0), -1, 0, -1);
+
+  copse::ml::GraphOptions base;
+  base.model = model;
+  base.batch = batch;
+  base.limit = images;
+  base.epochs = 1;
+  base.steps = steps;
+  for (const char* reducer : {"tree", "ps"}) {
+    copse::ml::GraphOptions o = base;
+    o.kind = "data-parallel";
+    o.workers = 2;
+    o.reducer = reducer;
+    const GraphResult r = RunGraph(o, dir / ("dp2-" + std::string(reducer)), daemons);
+    if (r.ok) row(std::string("data-parallel 2 (") + reducer + ")", r.images_per_s, r.accuracy, -1, 0, r.scheduler_share);
+    else row(std::string("data-parallel 2 (") + reducer + ") FAILED", 0, -1, -1, 0, -1);
+  }
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    for (int m : {4, 8, 16}) {
+      copse::ml::GraphOptions o = base;
+      o.kind = "pipeline";
+      o.stages = 2;
+      o.microbatches = m;
+      o.schedule = schedule;
+      const std::string name = std::string("pipeline 2 ") + schedule + " M=" + std::to_string(m);
+      const GraphResult r = RunGraph(o, dir / ("p2-" + std::string(schedule) + std::to_string(m)), daemons);
+      const double theory = 1.0 / (m + 1);
+      if (r.ok) row(name, r.images_per_s, r.accuracy, r.bubble, theory, r.scheduler_share);
+      else row(name + " FAILED", 0, -1, -1, 0, -1);
+    }
+  }
+  std::printf("\nbubble: measured/theoretical (p-1)/(m+p-1); sched share: scheduler gaps on the critical "
+              "path / its span\n");
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  return 0;
+}
