@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -148,11 +149,25 @@ int RunJob(const RunOpts& o) {
       return 1;
     }
     summary["outputs"] = *outputs;
+    // Training jobs (copse graph …) write metrics.json: its figures belong in the summary.
+    for (const auto& out : *outputs) {
+      std::string path = out["path"];
+      if (std::filesystem::path(path).filename() != "metrics.json") continue;
+      if (auto metrics = ReadJsonFile(path); metrics.ok() && metrics->is_object()) {
+        for (const char* key : {"test_accuracy", "images_per_s", "final_loss", "train_images", "parameter_digest"}) {
+          if (metrics->contains(key)) summary[key] = (*metrics)[key];
+        }
+      }
+    }
   }
   if (json) {
     std::cout << summary.dump(2) << "\n";
   } else {
     if (!isatty(2)) std::cerr << RenderJobStatus(summary, false);
+    if (summary.contains("test_accuracy")) {
+      std::cerr << "  test accuracy " << summary["test_accuracy"].get<double>() * 100 << " %, "
+                << static_cast<int64_t>(summary.value("images_per_s", 0.0)) << " images/s\n";
+    }
     for (const auto& out : summary.value("outputs", Json::array())) {
       std::cerr << "  output " << out["path"].get<std::string>() << " (" << out["bytes"].get<uint64_t>() << " bytes)\n";
     }

@@ -181,6 +181,10 @@ class JmServer::Impl : public DaemonSink {
       return;
     }
     if (!peer.daemon.valid()) return conn->SendErrorAndClose("register first");
+    if (op == "nccl_id") {
+      scheduler_.RelayNcclId(msg.at("group").get<std::string>(), msg.at("id").get<std::string>(), peer.daemon);
+      return;
+    }
     if (op == "report") {
       for (const auto& a : msg.at("attempts")) {
         AttemptReport r;

@@ -169,7 +169,7 @@ StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults
   s.timeout_s = defaults.timeout_s;
   ObjectReader r(j, ptr, diags,
                  {"name", "program", "replicas", "params", "resources", "max_attempts", "timeout_s",
-                  "affinity", "input_hosts", "description"});
+                  "affinity", "input_hosts", "retain", "description"});
   if (!r.IsObject("a stage")) return s;
   r.RejectUnknownKeys();
   if (auto name = r.String("name", true)) {
@@ -198,6 +198,10 @@ StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults
   if (auto v = r.Integer("max_attempts", 1, 1000)) s.max_attempts = static_cast<int>(*v);
   if (auto v = r.Number("timeout_s", 0, 1e9)) s.timeout_s = *v;
   if (auto a = r.String("affinity", false)) s.affinity = *a;
+  if (const Json* keep = r.Find("retain")) {
+    if (keep->is_boolean()) s.retain = keep->get<bool>();
+    else diags.Error(r.PointerOf("retain"), "expected true or false, got " + JsonTypeName(*keep));
+  }
   if (const Json* h = r.Find("input_hosts")) {
     if (h->is_string()) {
       s.input_hosts.push_back(h->get<std::string>());

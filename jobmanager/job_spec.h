@@ -46,6 +46,9 @@ struct StageSpec {
   int max_attempts = 4;
   double timeout_s = 0;  // 0: no timeout
   std::string affinity;  // "" when none
+  /// Keep this stage's outputs until the job ends instead of releasing them once consumed, so
+  /// recovery can re-run consumers from them without walking further upstream.
+  bool retain = false;
   /// Hosts holding each replica's input: one entry (may contain {replica}) or one per replica.
   std::vector<std::string> input_hosts;
 };

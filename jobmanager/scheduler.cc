@@ -603,7 +603,10 @@ void Scheduler::ReleaseConsumedInputs(Job& job, VertexId v) {
   for (ChannelId in : g.vertex(v).inputs) {
     VertexId p = g.channel(in).from;
     Run& pr = job.runs[p.value()];
-    if (pr.released || job.declared[p.value()] || !pr.daemon.valid() || !daemons_[pr.daemon.value()]->alive) continue;
+    if (pr.released || job.declared[p.value()] || g.stage_of(p).retain || !pr.daemon.valid() ||
+        !daemons_[pr.daemon.value()]->alive) {
+      continue;
+    }
     bool all_done = true;
     for (const auto& port : g.vertex(p).outputs) {
       for (ChannelId ch : port) all_done = all_done && job.runs[g.channel(ch).to.value()].state == VertexState::kCompleted;
@@ -823,6 +826,48 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   return true;
 }
 
+void Scheduler::AddNcclInfo(Job& job, VertexId v, uint32_t version, Json& task) {
+  // Ranks: the gang's members that nccl channels touch, in vertex-id order.
+  const JobGraph& g = job.g();
+  std::vector<VertexId> ranked;
+  for (VertexId m : g.gangs()[g.vertex(v).gang.value()].members) {
+    const VertexNode& n = g.vertex(m);
+    bool nccl = false;
+    for (ChannelId ch : n.inputs) nccl = nccl || g.channel(ch).kind == ChannelKind::kNccl;
+    for (const auto& port : n.outputs) {
+      for (ChannelId ch : port) nccl = nccl || g.channel(ch).kind == ChannelKind::kNccl;
+    }
+    if (nccl) ranked.push_back(m);
+  }
+  auto rank_of = [&](VertexId m) { return static_cast<int>(std::find(ranked.begin(), ranked.end(), m) - ranked.begin()); };
+  int rank = rank_of(v);
+  if (rank == static_cast<int>(ranked.size())) return;
+  std::string group = "job" + std::to_string(job.id.value()) + "-gang" + std::to_string(g.vertex(v).gang.value()) + "-v" +
+                      std::to_string(version);
+  task["nccl"] = {{"group", group}, {"rank", rank}, {"nranks", ranked.size()}};
+  nccl_groups_[group].insert(job.runs[v.value()].daemon);
+  const VertexNode& node = g.vertex(v);
+  for (size_t port = 0; port < node.inputs.size(); ++port) {
+    const ChannelEdge& c = g.channel(node.inputs[port]);
+    if (c.kind == ChannelKind::kNccl) task["inputs"][port]["peer_rank"] = rank_of(c.from);
+  }
+  for (size_t port = 0; port < node.outputs.size(); ++port) {
+    if (node.outputs[port].empty() || g.channel(node.outputs[port].front()).kind != ChannelKind::kNccl) continue;
+    for (size_t i = 0; i < node.outputs[port].size(); ++i) {
+      task["outputs"][port]["channels"][i]["peer_rank"] = rank_of(g.channel(node.outputs[port][i]).to);
+    }
+  }
+}
+
+void Scheduler::RelayNcclId(const std::string& group, const std::string& id, DaemonId from) {
+  auto it = nccl_groups_.find(group);
+  if (it == nccl_groups_.end()) return;
+  for (DaemonId d : it->second) {
+    if (d != from && daemons_[d.value()]->alive) sink_.SendToDaemon(d, {{"op", "nccl_id"}, {"group", group}, {"id", id}});
+  }
+  nccl_groups_.erase(it);
+}
+
 bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
   const JobGraph& g = job.g();
   const auto& members = g.gangs()[gang.value()].members;
@@ -948,8 +993,9 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
   }
   Json task = {{"job", job.id.value()},     {"vertex", v.value()},         {"version", version},
                {"name", node.name},         {"program", stage.program},    {"replica", node.replica},
-               {"params", *node.params},    {"job_dir", job.job_dir},      {"threads", std::max(1, static_cast<int>(stage.resources.cpus))},
+               {"params", *node.params},    {"job_dir", job.job_dir},      {"threads", std::max(1, static_cast<int>(stage.resources.cpus))}, {"gpus", stage.resources.gpus},
                {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
+  if (node.gang.valid()) AddNcclInfo(job, v, version, task);
   // Faults the job file injects into this attempt.
   const auto& faults = job.faults;
   for (size_t i = 0; i < faults.size(); ++i) {
@@ -1180,7 +1226,9 @@ void Scheduler::RandomChaosStep() {
   std::vector<uint32_t> targets;
   for (uint32_t v = 0; v < job.runs.size(); ++v) {
     const Run& r = job.runs[v];
-    bool waiting = r.state == VertexState::kWaiting || r.state == VertexState::kReady;
+    // Random chaos proves a job survives faults: it never spends a vertex's last attempt.
+    bool spare = r.charged + 1 < job.g().stage_of(VertexId(v)).max_attempts;
+    bool waiting = (r.state == VertexState::kWaiting || r.state == VertexState::kReady) && (kind != "fail" || spare);
     bool stored = r.state == VertexState::kCompleted && OutputNeeded(job, VertexId(v)) && !job.g().vertex(VertexId(v)).gang.valid();
     if (kind == "corrupt" ? stored : waiting) targets.push_back(v);
   }

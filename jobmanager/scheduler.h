@@ -144,6 +144,8 @@ class Scheduler {
   Json DaemonsTable() const;
   /// Event log of a job (state transitions, errors), optionally of one vertex.
   Json Logs(JobId job, const std::string& vertex) const;
+  /// NCCL bootstrap: rank 0's daemon created `id` for `group`; the other members' daemons get it.
+  void RelayNcclId(const std::string& group, const std::string& id, DaemonId from);
   /// The job's attempts as Chrome/Perfetto trace events: one span per vertex execution per
   /// daemon, so pipeline bubbles and recoveries are visible.
   Result<Json> Trace(JobId job) const;
@@ -165,6 +167,8 @@ class Scheduler {
   void MakeReady(Job& job, VertexId v);
   void Schedule();
   bool TryPlace(Job& job, VertexId v);
+  /// Ranks and peer ranks for the nccl channels of a gang member's task.
+  void AddNcclInfo(Job& job, VertexId v, uint32_t version, Json& task);
   /// Places every member of a gang at once, or none.
   bool TryPlaceGang(Job& job, GangId gang);
   /// Cancels a gang's running members and sends every member back to waiting.
@@ -212,6 +216,7 @@ class Scheduler {
     int64_t cut_ms = 1000;
   };
   std::optional<RandomChaos> chaos_;
+  std::map<std::string, std::set<DaemonId>> nccl_groups_;  // group -> daemons awaiting its id
   TimePoint restored_at_{};
   std::map<DaemonId, Json> outbox_;          // per daemon: {"op":"run","tasks":[…]}
   std::map<DaemonId, Json> release_outbox_;  // per daemon: {"op":"release","keys":[…]}

@@ -16,6 +16,10 @@
 #include "channels/remote_reader.h"
 #include "channels/shm_registry.h"
 #include "channels/stream_hub.h"
+#ifdef COPSE_HAVE_NCCL
+#include "channels/nccl/nccl_channel.h"
+#include "channels/nccl/nccl_group.h"
+#endif
 #include "common/auth.h"
 #include "common/framed_connection.h"
 #include "common/logging.h"
@@ -86,6 +90,21 @@ class TeeWriter final : public chan::ChannelWriter {
  private:
   std::vector<std::unique_ptr<chan::ChannelWriter>> outs_;
 };
+
+#ifdef COPSE_HAVE_NCCL
+/// The gang's NCCL group as the vertex API's Collective.
+class NcclCollective final : public Collective {
+ public:
+  NcclCollective(chan::nccl::NcclGroup& group, int device) : group_(group), device_(device) {}
+  int rank() const override { return group_.rank(); }
+  int size() const override { return group_.nranks(); }
+  Status AllReduceSum(float* data, size_t count) override { return chan::nccl::AllReduceHost(group_, data, count, device_); }
+
+ private:
+  chan::nccl::NcclGroup& group_;
+  int device_;
+};
+#endif
 
 /// An input the job manager knows to be empty: end of stream at once, no fetch.
 class EmptyReader final : public chan::ChannelReader {
@@ -231,6 +250,11 @@ class Daemon::Impl {
   struct Task {
     Json spec;
     std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
+#ifdef COPSE_HAVE_NCCL
+    std::unique_ptr<chan::nccl::NcclGroup> nccl;  // this attempt's group, when it has nccl channels
+#endif
+    std::unique_ptr<Collective> collective;
+    int device = -1;
   };
 
   void Heartbeat() {
@@ -270,6 +294,10 @@ class Daemon::Impl {
         for (const auto& k : msg["keys"]) {
           if (auto key = chan::OutputKey::FromJson(k); key.ok()) store_->Drop(*key);
         }
+      } else if (op == "nccl_id") {
+        std::lock_guard<std::mutex> lock(mu_);
+        nccl_ids_[msg["group"].get<std::string>()] = msg["id"].get<std::string>();
+        nccl_cv_.notify_all();
       } else if (op == "cut") {
         // Injected network partition from the job manager: drop the connection and stay away.
         int64_t ms = msg.value("ms", int64_t{1000});
@@ -340,6 +368,62 @@ class Daemon::Impl {
     if (!attempts.empty() && conn_ && conn_->open()) conn_->Send({{"op", "report"}, {"attempts", std::move(attempts)}});
   }
 
+  /// A GPU of this daemon for one attempt (the job manager never over-commits them).
+  class GpuLease {
+   public:
+    GpuLease(Impl& d, int gpus) : d_(d) {
+      if (gpus <= 0) return;
+      std::lock_guard<std::mutex> lock(d_.mu_);
+      for (int i = 0; i < d_.options_.gpus; ++i) {
+        if (!d_.gpu_busy_.count(i)) {
+          device_ = i;
+          d_.gpu_busy_.insert(i);
+          break;
+        }
+      }
+    }
+    ~GpuLease() {
+      if (device_ < 0) return;
+      std::lock_guard<std::mutex> lock(d_.mu_);
+      d_.gpu_busy_.erase(device_);
+    }
+    int device() const { return device_; }
+
+   private:
+    Impl& d_;
+    int device_ = -1;
+  };
+
+  /// Joins this attempt's NCCL group: rank 0 creates the unique id and hands it to the job
+  /// manager, which relays it to the other members' daemons.
+  Status JoinNcclGroup(const Json& nccl, int device, Task& task) {
+#ifdef COPSE_HAVE_NCCL
+    if (device < 0) return Status::FailedPrecondition("an nccl vertex needs resources.gpus >= 1");
+    std::string group = nccl.at("group");
+    int rank = nccl.at("rank"), nranks = nccl.at("nranks");
+    std::string id;
+    if (rank == 0) {
+      COPSE_ASSIGN_OR_RETURN(id, chan::nccl::NcclUniqueId());
+      asio::post(io_, [this, group, id] { conn_->Send({{"op", "nccl_id"}, {"group", group}, {"id", id}}); });
+    } else {
+      std::unique_lock<std::mutex> lock(mu_);
+      bool got = nccl_cv_.wait_for(lock, std::chrono::seconds(60), [&] { return nccl_ids_.count(group) || task.cancel->load(); });
+      if (!got || !nccl_ids_.count(group)) return Status::Unavailable("no NCCL id for " + group + " from rank 0");
+      id = nccl_ids_[group];
+      nccl_ids_.erase(group);
+    }
+    chan::nccl::NcclOptions options;
+    options.cancel = task.cancel.get();
+    COPSE_ASSIGN_OR_RETURN(task.nccl, chan::nccl::NcclGroup::Create(id, rank, nranks, device, options));
+    task.device = device;
+    task.collective = std::make_unique<NcclCollective>(*task.nccl, device);
+    return Status::OK();
+#else
+    (void)nccl, (void)device, (void)task;
+    return Status::FailedPrecondition("this daemon was built without NCCL; nccl channels need a CUDA build");
+#endif
+  }
+
   chan::StreamOptions LiveOptions(const Task& task) const {
     chan::StreamOptions o;
     o.cancel = task.cancel.get();
@@ -348,16 +432,19 @@ class Daemon::Impl {
   }
 
   /// The reading end of a stream or shm channel of this vertex's gang.
-  Result<std::unique_ptr<chan::ChannelReader>> OpenLiveReader(const Json& in, const Task& task) {
+  Result<std::unique_ptr<chan::ChannelReader>> OpenLiveReader(const Json& in, Task& task) {
     COPSE_ASSIGN_OR_RETURN(auto key, chan::StreamKey::FromJson(in.at("key")));
     std::string kind = in.at("live");
     if (kind == "stream") return hub_->OpenReader(key, LiveOptions(task));
     if (kind == "shm") return shm_.OpenReader(key, LiveOptions(task));
+#ifdef COPSE_HAVE_NCCL
+    if (kind == "nccl" && task.nccl) return chan::nccl::MakeNcclReader(*task.nccl, in.at("peer_rank"), task.device);
+#endif
     return Status::FailedPrecondition("this daemon cannot run " + kind + " channels (built without GPU support)");
   }
 
   /// The writing end of a live output port: one channel, or a tee over several.
-  Result<std::unique_ptr<chan::ChannelWriter>> OpenLiveWriter(const Json& out, const Task& task) {
+  Result<std::unique_ptr<chan::ChannelWriter>> OpenLiveWriter(const Json& out, Task& task) {
     std::string kind = out.at("live");
     std::vector<std::unique_ptr<chan::ChannelWriter>> writers;
     for (const auto& ch : out.at("channels")) {
@@ -367,6 +454,9 @@ class Daemon::Impl {
           : kind == "shm"  ? shm_.OpenWriter(key, LiveOptions(task))
                            : Result<std::unique_ptr<chan::ChannelWriter>>(Status::FailedPrecondition(
                                  "this daemon cannot run " + kind + " channels (built without GPU support)"));
+#ifdef COPSE_HAVE_NCCL
+      if (kind == "nccl" && task.nccl) w = chan::nccl::MakeNcclWriter(*task.nccl, ch.at("peer_rank"), task.device);
+#endif
       if (!w.ok()) return w.status();
       writers.push_back(std::move(*w));
     }
@@ -375,7 +465,7 @@ class Daemon::Impl {
   }
 
   /// Runs one attempt and returns its report. Never throws.
-  Json Execute(const Task& task) {
+  Json Execute(Task& task) {
     const Json& spec = task.spec;
     auto started = std::chrono::steady_clock::now();
     Json report = {{"job", spec["job"]}, {"vertex", spec["vertex"]}, {"version", spec["version"]}, {"ok", false}};
@@ -402,6 +492,11 @@ class Daemon::Impl {
       uint32_t vertex = spec["vertex"].get<uint32_t>();
       uint32_t version = spec["version"].get<uint32_t>();
       int lost_port = -1;
+      GpuLease gpu(*this, spec.value("gpus", 0));
+      if (spec.contains("nccl")) {
+        Status st = JoinNcclGroup(spec["nccl"], gpu.device(), task);
+        if (!st.ok()) return fail("input_lost", "nccl group: " + st.message());
+      }
       std::vector<std::unique_ptr<chan::ChannelReader>> readers;
       for (size_t port = 0; port < spec["inputs"].size(); ++port) {
         const Json& in = spec["inputs"][port];
@@ -456,6 +551,8 @@ class Daemon::Impl {
       ctx.scratch_dir = scratch;
       ctx.job_dir = spec.value("job_dir", std::string());
       ctx.threads = spec.value("threads", 1u);
+      ctx.gpu = gpu.device();
+      ctx.collective = task.collective.get();
       Status st;
       try {
         st = (*program)->Run(ctx);
@@ -501,6 +598,9 @@ class Daemon::Impl {
   std::unique_ptr<chan::OutputStore> store_;
   std::unique_ptr<chan::DataServer> data_server_;
   std::unique_ptr<chan::StreamHub> hub_;
+  std::set<int> gpu_busy_;                      // guarded by mu_
+  std::map<std::string, std::string> nccl_ids_;  // group -> unique id, guarded by mu_
+  std::condition_variable nccl_cv_;
   chan::ShmRegistry shm_;
   std::vector<std::thread> workers_;
   std::mutex mu_;

@@ -31,6 +31,17 @@
 
 namespace copse::vertex {
 
+/// A collective group over the GPU vertices of this vertex's gang that `nccl` channels join
+/// (ranks in vertex-id order). Owned by the host for the duration of Run.
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// In-place sum of `count` host floats over every member; every member must call it.
+  virtual Status AllReduceSum(float* data, size_t count) = 0;
+};
+
 /// Everything one execution (one version) of a vertex may use. Owned by the host; valid for
 /// the duration of Run.
 class VertexContext {
@@ -46,6 +57,8 @@ class VertexContext {
   std::filesystem::path scratch_dir;          // private directory; see MakeScratchDir()
   std::filesystem::path job_dir;              // the submitted job file's directory
   unsigned threads = 1;                       // cpus granted to this vertex
+  int gpu = -1;                               // the CUDA device granted to it (resources.gpus > 0)
+  Collective* collective = nullptr;           // with nccl channels: the gang's group
 
   chan::ChannelReader& input(size_t port) { return *inputs.at(port); }
   chan::ChannelWriter& output(size_t port) { return *outputs.at(port); }

@@ -240,6 +240,19 @@ TEST_CASE("Scheduler.ConsumedOutputsAreReleasedAndRegeneratedWhenNeededAgain") {
   CHECK(h.sched.JobStatus(job)["stages"][2]["failed_attempts"] == 0);
 }
 
+TEST_CASE("Scheduler.RetainedStagesAreNotReleased") {
+  Harness h;
+  h.AddDaemon("d0");
+  h.Submit(R"({"stages": [{"name": "a", "program": "noop", "retain": true}, {"name": "b", "program": "noop"},
+                          {"name": "c", "program": "noop"}],
+               "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}]})");
+  h.Finish(h.sink.TakeTasks()[0].second, true);
+  h.Finish(h.sink.TakeTasks()[0].second, true);
+  CHECK(h.sink.WithOp("release").empty());  // a is retained
+  h.Finish(h.sink.TakeTasks()[0].second, true);
+  CHECK(h.sink.WithOp("release").size() == 1);  // b is not
+}
+
 TEST_CASE("Scheduler.TimeoutsFailTheAttemptAndCancelIt") {
   Harness h;
   h.AddDaemon("d0");
@@ -327,6 +340,49 @@ TEST_CASE("Scheduler.GangsArePlacedWholeShareAVersionAndRestartTogether") {
   CHECK(st["stages"][2]["failed_attempts"] == 1);
   for (auto& [d, t] : again) h.Finish(t, true);
   CHECK(h.State(job) == "completed");
+}
+
+TEST_CASE("Scheduler.NcclGangsGetRanksAndTheUniqueIdIsRelayed") {
+  Harness h;
+  DaemonSpec spec;
+  for (const char* name : {"g0", "g1", "g2"}) {
+    spec.name = name;
+    spec.cpus = 1;
+    spec.gpus = 1;
+    REQUIRE(h.sched.AddDaemon(spec).ok());
+  }
+  // A ring of three GPU replicas joined by nccl channels: one gang, ranks 0..2.
+  h.Submit(R"({"stages": [{"name": "w", "program": "noop", "replicas": 3, "resources": {"gpus": 1}}],
+               "edges": [{"from": "w[0]", "to": "w[1]", "channel": "nccl"}, {"from": "w[1]", "to": "w[2]", "channel": "nccl"},
+                         {"from": "w[2]", "to": "w[0]", "channel": "nccl"}]})");
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 3);
+  std::set<int> ranks;
+  std::set<DaemonId> daemons;
+  for (auto& [d, t] : tasks) {
+    REQUIRE(t.contains("nccl"));
+    CHECK(t["nccl"]["nranks"] == 3);
+    ranks.insert(t["nccl"]["rank"].get<int>());
+    daemons.insert(d);
+    if (t["name"] == "w[1]") {
+      CHECK(t["inputs"][0]["peer_rank"] == 0);
+      CHECK(t["outputs"][0]["channels"][0]["peer_rank"] == 2);
+    }
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2});
+  CHECK(daemons.size() == 3);  // one GPU each
+  std::string group = tasks[0].second["nccl"]["group"];
+  DaemonId rank0 = tasks[0].first;
+  for (auto& [d, t] : tasks) {
+    if (t["nccl"]["rank"] == 0) rank0 = d;
+  }
+  h.sched.RelayNcclId(group, "abcd", rank0);
+  auto relayed = h.sink.WithOp("nccl_id");
+  CHECK(relayed.size() == 2);
+  for (auto& [d, m] : relayed) {
+    CHECK(d != rank0);
+    CHECK(m["id"] == "abcd");
+  }
 }
 
 TEST_CASE("Scheduler.AGangThatDoesNotFitHoldsNoSlot") {
