@@ -110,6 +110,7 @@ class Cluster {
     pid_t pid = fork();
     if (pid == 0) {
       for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+      setenv("COPSE_DIE_WITH_PARENT", "1", 1);
       if (!freopen(log.c_str(), "a", stdout) || !freopen(log.c_str(), "a", stderr)) _exit(126);
       std::vector<char*> a = {copse.data()};
       for (auto& arg : args) a.push_back(arg.data());

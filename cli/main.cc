@@ -1,4 +1,8 @@
 // The `copse` command: one binary for the job manager, the daemons and every client verb.
+#include <sys/prctl.h>
+
+#include <csignal>
+#include <cstdlib>
 #include <iostream>
 
 #include "cli/commands.h"
@@ -14,6 +18,9 @@ int& ExitCode() {
 }  // namespace copse::cli
 
 int main(int argc, char** argv) {
+  // Tests and benchmarks that start copse processes set this, so a crashed test never leaves
+  // a job manager or daemon behind (the same guarantee `copse run` gives its children).
+  if (std::getenv("COPSE_DIE_WITH_PARENT")) prctl(PR_SET_PDEATHSIG, SIGKILL);
   CLI::App app{"copse: a Dryad-style DAG job scheduler for ML workloads"};
   app.require_subcommand(1);
   std::string log_level;

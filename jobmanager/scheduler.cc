@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <queue>
 
 #include "common/logging.h"
 #include "common/text_util.h"
@@ -96,7 +97,9 @@ struct Scheduler::Job {
   JobState state = JobState::kRunning;
   std::string failure;
   std::vector<Run> runs;
-  std::deque<VertexId> ready;
+  /// Ready vertices, smallest priority first (see Priorities).
+  std::priority_queue<std::pair<uint32_t, uint32_t>, std::vector<std::pair<uint32_t, uint32_t>>, std::greater<>> ready;
+  std::vector<uint32_t> priority;  // per vertex
   std::set<uint32_t> running;
   size_t completed = 0;
   size_t completions = 0;  // every successful attempt, for fault triggers
@@ -336,6 +339,49 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
 
 // ---- jobs ------------------------------------------------------------------------------------
 
+std::vector<uint32_t> Scheduler::Priorities(const JobGraph& g) {
+  // Depth first, as Dask orders tasks: number vertices in the post-order of a DFS from each
+  // sink through its inputs in port order. A subtree's vertices get consecutive numbers, so a
+  // consumer becomes the most urgent ready vertex as soon as its inputs exist: outputs are
+  // consumed (and released) early, fewer are held at any time, and a lost daemon takes fewer
+  // unconsumed outputs with it.
+  size_t n = g.vertices().size();
+  std::vector<uint32_t> prio(n, UINT32_MAX);
+  std::vector<char> has_consumer(n, 0);
+  for (const auto& ch : g.channels()) has_consumer[ch.from.value()] = 1;
+  uint32_t next = 0;
+  std::vector<std::pair<uint32_t, size_t>> stack;  // (vertex, next predecessor index)
+  auto preds = [&](uint32_t v, size_t i) -> std::optional<uint32_t> {
+    const VertexNode& node = g.vertex(VertexId(v));
+    if (i < node.inputs.size()) return g.channel(node.inputs[i]).from.value();
+    i -= node.inputs.size();
+    if (i < node.order_in.size()) return g.channel(node.order_in[i]).from.value();
+    return std::nullopt;
+  };
+  std::vector<char> entered(n, 0);
+  auto visit = [&](uint32_t root) {
+    if (entered[root]) return;
+    entered[root] = 1;
+    stack.emplace_back(root, 0);
+    while (!stack.empty()) {
+      auto& [v, i] = stack.back();
+      auto p = preds(v, i++);
+      if (!p) {
+        prio[v] = next++;
+        stack.pop_back();
+      } else if (!entered[*p]) {
+        entered[*p] = 1;
+        stack.emplace_back(*p, 0);
+      }
+    }
+  };
+  for (uint32_t v = 0; v < n; ++v) {
+    if (!has_consumer[v]) visit(v);
+  }
+  for (uint32_t v = 0; v < n; ++v) visit(v);  // cycles through live channels (rings) only
+  return prio;
+}
+
 Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> graph, std::string job_dir) {
   auto job = std::make_unique<Job>();
   job->id = id;
@@ -348,6 +394,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   job->declared.assign(job->runs.size(), 0);
   job->stage_seconds.resize(job->g().spec().stages.size());
   job->gang_version.assign(job->g().gangs().size(), 0);
+  job->priority = Priorities(job->g());
   for (const auto& o : job->g().spec().outputs) job->declared[job->g().FindVertex(o.from.ToString()).value()] = 1;
   Job& j = *job;
   jobs_[j.id] = std::move(job);
@@ -405,7 +452,7 @@ void Scheduler::RecomputePending(Job& job) {
 void Scheduler::MakeReady(Job& job, VertexId v) {
   job.runs[v.value()].state = VertexState::kReady;
   job.runs[v.value()].ready_since = clock_.Now();
-  job.ready.push_back(v);
+  job.ready.emplace(job.priority[v.value()], v.value());
 }
 
 Status Scheduler::Cancel(JobId id) {
@@ -717,7 +764,7 @@ void Scheduler::FinishJob(Job& job, JobState state, const std::string& reason) {
   job.failure = reason;
   job.finished = clock_.Now();
   Journal({{"t", "end"}, {"job", job.id.value()}, {"state", JobStateName(state)}, {"failure", reason}});
-  job.ready.clear();
+  job.ready = {};
   Log(job, VertexId::Invalid(), std::string(JobStateName(state)) + (reason.empty() ? "" : ": " + reason));
   std::set<DaemonId> busy;
   for (uint32_t v : std::vector<uint32_t>(job.running.begin(), job.running.end())) {
@@ -752,8 +799,8 @@ void Scheduler::Schedule() {
     if (job.state != JobState::kRunning) continue;
     std::vector<VertexId> blocked;
     while (!job.ready.empty() && blocked.size() < kMaxBlockedScan) {
-      VertexId v = job.ready.front();
-      job.ready.pop_front();
+      VertexId v(job.ready.top().second);
+      job.ready.pop();
       if (job.runs[v.value()].state != VertexState::kReady) continue;  // stale entry
       GangId gang = job.g().vertex(v).gang;
       if (gang.valid()) {
@@ -768,7 +815,7 @@ void Scheduler::Schedule() {
       if (!TryPlace(job, v)) blocked.push_back(v);
       if (job.state != JobState::kRunning) break;
     }
-    job.ready.insert(job.ready.begin(), blocked.begin(), blocked.end());
+    for (VertexId b : blocked) job.ready.emplace(job.priority[b.value()], b.value());
     // A fault aimed at a vertex fires at the first chance after it is placed.
     if (job.state == JobState::kRunning &&
         std::find(job.fault_fired.begin(), job.fault_fired.end(), 0) != job.fault_fired.end()) {

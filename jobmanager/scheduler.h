@@ -158,6 +158,7 @@ class Scheduler {
   struct Run;
 
   Job& NewJob(JobId id, std::shared_ptr<const JobGraph> graph, std::string job_dir);
+  static std::vector<uint32_t> Priorities(const JobGraph& g);
   DaemonId PlaceholderDaemon(const std::string& name);
   void Journal(const Json& record) {
     if (journal_) journal_->Record(record);

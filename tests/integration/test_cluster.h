@@ -30,6 +30,7 @@ inline pid_t Spawn(std::vector<std::string> args, const std::string& log, const 
   std::vector<std::string> env_s;
   for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
   if (!token_file.empty()) env_s.push_back("COPSE_TOKEN_FILE=" + token_file);
+  env_s.push_back("COPSE_DIE_WITH_PARENT=1");
   std::vector<char*> envp;
   for (auto& e : env_s) envp.push_back(e.data());
   envp.push_back(nullptr);

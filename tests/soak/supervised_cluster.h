@@ -51,6 +51,7 @@ inline pid_t SpawnCopse(std::vector<std::string> args, const std::string& log, c
   argv.push_back(nullptr);
   std::vector<std::string> env_s;
   for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
+  env_s.emplace_back("COPSE_DIE_WITH_PARENT=1");  // nothing outlives a crashed bench
   if (!token_file.empty()) env_s.push_back("COPSE_TOKEN_FILE=" + token_file);
   std::vector<char*> envp;
   for (auto& e : env_s) envp.push_back(e.data());
