@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "cli/jm_client.h"
+#include "cli/process_util.h"
 
 using copse::Json;
 using Clock = std::chrono::steady_clock;
@@ -104,21 +105,14 @@ class Cluster {
   copse::net::BlockingClient& client() { return *client_; }
 
  private:
-  void Spawn(std::vector<std::string> args, const std::map<std::string, std::string>& env, const std::string& log) {
-    std::string copse = std::string(COPSE_BINARY_DIR) + "/cli/copse";
-    std::fflush(nullptr);  // or the child's freopen flushes our buffered output a second time
-    pid_t pid = fork();
-    if (pid == 0) {
-      for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-      setenv("COPSE_DIE_WITH_PARENT", "1", 1);
-      if (!freopen(log.c_str(), "a", stdout) || !freopen(log.c_str(), "a", stderr)) _exit(126);
-      std::vector<char*> a = {copse.data()};
-      for (auto& arg : args) a.push_back(arg.data());
-      a.push_back(nullptr);
-      execv(copse.c_str(), a.data());
-      _exit(127);
+  void Spawn(std::vector<std::string> args, std::map<std::string, std::string> env, const std::string& log) {
+    env["COPSE_DIE_WITH_PARENT"] = "1";
+    auto pid = copse::cli::SpawnProcess(std::string(COPSE_BINARY_DIR) + "/cli/copse", args, env, log);
+    if (!pid.ok()) {
+      std::fprintf(stderr, "%s\n", pid.status().ToString().c_str());
+      std::exit(1);
     }
-    pids_.push_back(pid);
+    pids_.push_back(*pid);
   }
 
   std::filesystem::path dir_;

@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,12 +25,8 @@ void StopOnSignals(std::function<void()> stop) {
   }).detach();
 }
 
-Result<pid_t> SpawnSelf(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-                        const std::string& log_file) {
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n <= 0) return Status::Internal("cannot find the copse binary (/proc/self/exe)");
-  exe[n] = '\0';
+Result<pid_t> SpawnProcess(const std::string& exe, const std::vector<std::string>& args,
+                           const std::map<std::string, std::string>& env, const std::string& log_file) {
   std::vector<std::string> argv_s = {exe};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -45,26 +41,34 @@ Result<pid_t> SpawnSelf(const std::vector<std::string>& args, const std::map<std
   std::vector<char*> envp;
   for (auto& e : env_s) envp.push_back(e.data());
   envp.push_back(nullptr);
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) return Status::Internal(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive `copse run`
-    if (getppid() != parent) _exit(1);
-    sigset_t none;
-    sigemptyset(&none);
-    pthread_sigmask(SIG_SETMASK, &none, nullptr);
-    int fd = open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, 0);
-    execve(exe, argv.data(), envp.data());
-    _exit(127);
-  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  // The child starts with no signals blocked, whatever this thread has blocked.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, exe.c_str(), &fa, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return Status::Internal("cannot start " + exe + ": " + std::strerror(rc));
   return pid;
+}
+
+Result<pid_t> SpawnSelf(const std::vector<std::string>& args, std::map<std::string, std::string> env,
+                        const std::string& log_file) {
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return Status::Internal("cannot find the copse binary (/proc/self/exe)");
+  exe[n] = '\0';
+  env["COPSE_DIE_WITH_PARENT"] = "1";  // never outlive `copse run`
+  return SpawnProcess(exe, args, env, log_file);
 }
 
 bool ChildExited(pid_t pid) {

@@ -15,9 +15,14 @@ namespace copse::cli {
 /// from a dedicated thread when one arrives. Call before starting worker threads.
 void StopOnSignals(std::function<void()> stop);
 
+/// Starts `exe args…` with this process's environment plus `env`, its standard output and
+/// error appended to `log_file` (posix_spawn: safe from any thread of a multi-threaded
+/// process). A copse child with COPSE_DIE_WITH_PARENT set dies with its parent.
+Result<pid_t> SpawnProcess(const std::string& exe, const std::vector<std::string>& args,
+                           const std::map<std::string, std::string>& env, const std::string& log_file);
+
 /// Starts this copse binary with `args` as a child that dies with its parent.
-/// `log_file` receives its stdout and stderr.
-Result<pid_t> SpawnSelf(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+Result<pid_t> SpawnSelf(const std::vector<std::string>& args, std::map<std::string, std::string> env,
                         const std::string& log_file);
 
 /// SIGTERM, then SIGKILL after `grace_ms`; reaps the children.

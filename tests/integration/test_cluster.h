@@ -2,7 +2,6 @@
 // A job manager and daemons started as separate `copse` processes on 127.0.0.1, for
 // integration tests. Every process is stopped by its pid when the cluster is destroyed.
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include <doctest/doctest.h>
 
 #include "cli/jm_client.h"
+#include "cli/process_util.h"
 #include "common/json_util.h"
 
 namespace copse::testing {
@@ -23,26 +23,11 @@ namespace copse::testing {
 inline std::string CopseBinary() { return std::string(COPSE_BINARY_DIR) + "/cli/copse"; }
 
 inline pid_t Spawn(std::vector<std::string> args, const std::string& log, const std::string& token_file = "") {
-  args.insert(args.begin(), CopseBinary());
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_s;
-  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
-  if (!token_file.empty()) env_s.push_back("COPSE_TOKEN_FILE=" + token_file);
-  env_s.push_back("COPSE_DIE_WITH_PARENT=1");
-  std::vector<char*> envp;
-  for (auto& e : env_s) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  REQUIRE(rc == 0);
-  return pid;
+  std::map<std::string, std::string> env = {{"COPSE_DIE_WITH_PARENT", "1"}};
+  if (!token_file.empty()) env["COPSE_TOKEN_FILE"] = token_file;
+  auto pid = cli::SpawnProcess(CopseBinary(), args, env, log);
+  REQUIRE_MESSAGE(pid.ok(), pid.status().ToString());
+  return *pid;
 }
 
 class TestCluster {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cli/jm_client.h"
+#include "cli/process_util.h"
 #include "common/json_util.h"
 
 extern char** environ;
@@ -42,29 +43,14 @@ struct Failure : std::runtime_error {
 };
 [[noreturn]] inline void Die(const std::string& why) { throw Failure(why); }
 
-/// posix_spawn (safe from a second thread, unlike fork + stdio) of `copse args…`, stdout and
-/// stderr appended to `log`.
+/// Starts `copse args…` (cli::SpawnProcess: safe from the supervisor thread), stdout and
+/// stderr appended to `log`; it dies with this process.
 inline pid_t SpawnCopse(std::vector<std::string> args, const std::string& log, const std::string& token_file = "") {
-  args.insert(args.begin(), std::string(COPSE_BINARY_DIR) + "/cli/copse");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_s;
-  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
-  env_s.emplace_back("COPSE_DIE_WITH_PARENT=1");  // nothing outlives a crashed bench
-  if (!token_file.empty()) env_s.push_back("COPSE_TOKEN_FILE=" + token_file);
-  std::vector<char*> envp;
-  for (auto& e : env_s) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) Die("posix_spawn " + args[0] + " failed: " + std::strerror(rc));
-  return pid;
+  std::map<std::string, std::string> env = {{"COPSE_DIE_WITH_PARENT", "1"}};
+  if (!token_file.empty()) env["COPSE_TOKEN_FILE"] = token_file;
+  auto pid = cli::SpawnProcess(std::string(COPSE_BINARY_DIR) + "/cli/copse", args, env, log);
+  if (!pid.ok()) Die(pid.status().ToString());
+  return *pid;
 }
 
 struct DaemonConfig {
