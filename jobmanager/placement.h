@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
@@ -18,8 +19,8 @@ namespace copse::jm {
 /// A live daemon as placement sees it.
 struct PlacementDaemon {
   DaemonId id;
-  std::string host;  // its "host" label ("" when none)
-  std::string rack;  // its "rack" label
+  std::string_view host;  // its "host" label ("" when none); valid during the call
+  std::string_view rack;  // its "rack" label
   double free_cpus = 0;
   bool fits = false;  // passes the hard constraints for this vertex now
 };

@@ -13,6 +13,8 @@ namespace {
 
 constexpr size_t kMaxLogLines = 20000;
 constexpr size_t kMaxSpans = 1'000'000;
+const std::string kHostLabel = "host";
+const std::string kRackLabel = "rack";
 constexpr size_t kMaxBlockedScan = 64;  // ready vertices tried per job per pass when slots are short
 
 std::shared_ptr<spdlog::logger> SchedLog() {
@@ -798,7 +800,7 @@ void Scheduler::Schedule() {
     Job& job = *job_ptr;
     if (job.state != JobState::kRunning) continue;
     std::vector<VertexId> blocked;
-    while (!job.ready.empty() && blocked.size() < kMaxBlockedScan) {
+    while (!job.ready.empty() && blocked.size() < kMaxBlockedScan && AnySlotFree()) {
       VertexId v(job.ready.top().second);
       job.ready.pop();
       if (job.runs[v.value()].state != VertexState::kReady) continue;  // stale entry
@@ -841,6 +843,8 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
     Dispatch(job, v, *pinned, /*duplicate=*/false);
     return true;
   }
+  // The common case on a busy cluster: no daemon has room. Say so before building a request.
+  if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return fits(*d); })) return false;
   PlacementRequest request;
   for (ChannelId ch : g.vertex(v).inputs) {
     const ChannelEdge& c = g.channel(ch);
@@ -859,11 +863,11 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   std::vector<PlacementDaemon> candidates;
   for (const auto& d : daemons_) {
     if (!d->alive) continue;
-    auto label = [&](const char* key) {
+    auto label = [&](const std::string& key) -> std::string_view {
       auto it = d->spec.labels.find(key);
-      return it == d->spec.labels.end() ? std::string() : it->second;
+      return it == d->spec.labels.end() ? std::string_view() : std::string_view(it->second);
     };
-    candidates.push_back({d->id, label("host"), label("rack"), d->free_cpus, fits(*d)});
+    candidates.push_back({d->id, label(kHostLabel), label(kRackLabel), d->free_cpus, fits(*d)});
   }
   auto chosen = policy_->Choose(request, candidates);
   if (!chosen) return false;
@@ -913,6 +917,13 @@ void Scheduler::RelayNcclId(const std::string& group, const std::string& id, Dae
     if (d != from && daemons_[d.value()]->alive) sink_.SendToDaemon(d, {{"op", "nccl_id"}, {"group", group}, {"id", id}});
   }
   nccl_groups_.erase(it);
+}
+
+bool Scheduler::AnySlotFree() const {
+  for (const auto& d : daemons_) {
+    if (d->alive && (d->free_cpus > 1e-9 || d->free_gpus > 0)) return true;
+  }
+  return false;
 }
 
 bool Scheduler::TryPlaceGang(Job& job, GangId gang) {

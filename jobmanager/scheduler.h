@@ -168,6 +168,8 @@ class Scheduler {
   void MakeReady(Job& job, VertexId v);
   void Schedule();
   bool TryPlace(Job& job, VertexId v);
+  /// Whether any live daemon has a free cpu or gpu (else placing anything is pointless).
+  bool AnySlotFree() const;
   /// Ranks and peer ranks for the nccl channels of a gang member's task.
   void AddNcclInfo(Job& job, VertexId v, uint32_t version, Json& task);
   /// Places every member of a gang at once, or none.
