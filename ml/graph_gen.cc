@@ -18,11 +18,14 @@ std::string V(const std::string& stage, int64_t replica) {
 /// unless given.
 class JobBuilder {
  public:
+  /// `retain`: keep the stage's outputs until the job ends, so recovery of a lost daemon re-runs
+  /// only the lost stage's work from its neighbours' retained outputs.
   void Stage(const std::string& name, const std::string& program, int64_t replicas, Json params,
-             double cpus, const std::string& affinity = "") {
+             double cpus, const std::string& affinity = "", bool retain = false) {
     Json st = {{"name", name}, {"program", program}, {"replicas", replicas}, {"params", std::move(params)},
                {"resources", {{"cpus", cpus}}}};
     if (!affinity.empty()) st["affinity"] = affinity;
+    if (retain) st["retain"] = true;
     stages_.push_back(std::move(st));
   }
   /// A data edge from `from` (output `from_port`, or the next free one when < 0) to input
@@ -270,16 +273,20 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
   for (int s = 0; s < P; ++s) {
     const Json layers = {{"begin", split[s]}, {"end", split[s + 1]}};
     const std::string group = "stage" + std::to_string(s);
+    // Pipeline stages retain their outputs: a lost stage re-runs from its neighbours' outputs
+    // instead of walking back through every stage to init.
     b.Stage(Iname(s), "ml.init", 1, With(With(common, layers), {{"clock", s == 0}}), o.daemon_cpus,
-            group + (W > 1 ? "w0" : ""));
+            group + (W > 1 ? "w0" : ""), /*retain=*/true);
     for (int w = 0; w < W; ++w) {
       const Json pos = {{"stage", s}, {"stages", P}, {"microbatches", M}, {"workers", W}, {"worker", w},
                         {"recompute", o.recompute}};
-      b.Stage(F(s, w), "ml.forward", steps * M, With(With(common, layers), pos), o.threads, group + (W > 1 ? "w" + std::to_string(w) : ""));
-      b.Stage(B(s, w), "ml.backward", steps * M, With(With(common, layers), pos), o.threads, group + (W > 1 ? "w" + std::to_string(w) : ""));
+      b.Stage(F(s, w), "ml.forward", steps * M, With(With(common, layers), pos), o.threads,
+              group + (W > 1 ? "w" + std::to_string(w) : ""), /*retain=*/true);
+      b.Stage(B(s, w), "ml.backward", steps * M, With(With(common, layers), pos), o.threads,
+              group + (W > 1 ? "w" + std::to_string(w) : ""), /*retain=*/true);
     }
     b.Stage(Uname(s), "ml.update", steps, UpdateParams(o, common, split[s], split[s + 1], steps), o.threads,
-            group + (W > 1 ? "w0" : ""));
+            group + (W > 1 ? "w0" : ""), /*retain=*/true);
   }
   for (int64_t t = 0; t < steps; ++t) {
     for (int s = 0; s < P; ++s) {

@@ -238,6 +238,12 @@ TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::t
   CHECK(r.digest == clean.digest);
   CHECK(r.metrics["test_accuracy"] == clean.metrics["test_accuracy"]);
   REQUIRE(r.summary["recoveries"].size() > 0);
+  // Only the lost stage's work re-runs: stage 0's retained outputs feed stage 1's recovery.
+  for (const auto& rec : r.summary["recoveries"]) {
+    std::string v = rec["vertex"];
+    CHECK_MESSAGE(v.find('0') != 3, "a stage-0 vertex was recovered: " << rec.dump());  // fwd0, bwd0, upd0
+    CHECK_MESSAGE(v.rfind("init0", 0) != 0, rec.dump());
+  }
 }
 
 }  // namespace
