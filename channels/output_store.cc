@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "channels/iovec_util.h"
 #include "channels/record_format.h"
 #include "common/logging.h"
 
@@ -24,19 +25,6 @@ constexpr size_t kDirectWriteBytes = 256 << 10;  // messages at least this big s
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
-Status WriteFully(int fd, const char* p, size_t n, const std::string& what) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Status::IOError(Errno("writing " + what));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::OK();
-}
-
 Status WriteVFully(int fd, iovec* iov, int count, const std::string& what) {
   while (count > 0) {
     ssize_t w = ::writev(fd, iov, count);
@@ -44,18 +32,14 @@ Status WriteVFully(int fd, iovec* iov, int count, const std::string& what) {
       if (errno == EINTR) continue;
       return Status::IOError(Errno("writing " + what));
     }
-    auto left = static_cast<size_t>(w);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    AdvanceIovec(iov, count, static_cast<size_t>(w));
   }
   return Status::OK();
+}
+
+Status WriteFully(int fd, const char* p, size_t n, const std::string& what) {
+  iovec iov{const_cast<char*>(p), n};
+  return WriteVFully(fd, &iov, 1, what);
 }
 
 Result<uint64_t> GetUnsigned(const Json& j, const char* name, uint64_t max) {

@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "channels/iovec_util.h"
+
 namespace copse::chan::internal {
 namespace {
 
@@ -158,16 +160,7 @@ Status Socket::WriteV(iovec* iov, size_t count) {
       if (errno == EINTR) continue;
       return Status::Unavailable(std::string("connection lost: ") + std::strerror(errno));
     }
-    auto left = static_cast<size_t>(w);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    AdvanceIovec(iov, count, static_cast<size_t>(w));
   }
   return Status::OK();
 }
