@@ -18,6 +18,7 @@
 #include <map>
 #include <thread>
 
+#include "bench/noop_dag.h"
 #include "cli/jm_client.h"
 #include "cli/process_util.h"
 
@@ -25,22 +26,6 @@ using copse::Json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-Json NoopDag(int layers, int width) {
-  Json job = {{"name", "noop-dag"}, {"stages", Json::array()}, {"edges", Json::array()}};
-  for (int l = 0; l < layers; ++l) {
-    std::string name = "L" + std::to_string(l);
-    job["stages"].push_back({{"name", name}, {"program", "noop"}, {"replicas", width}});
-    if (l == 0) continue;
-    std::string prev = "L" + std::to_string(l - 1);
-    for (int i = 0; i < width; ++i) {
-      for (int k : {i, (i + 1) % width}) {
-        job["edges"].push_back({{"from", prev + "[" + std::to_string(k) + "]"}, {"to", name + "[" + std::to_string(i) + "]"}});
-      }
-    }
-  }
-  return job;
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -128,7 +113,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--daemons")) daemons = std::atoi(argv[i + 1]);
   }
-  Json dag = NoopDag(100, 100);
+  Json dag = copse::bench::NoopDag(100, 100);
   std::printf("cluster_bench: job manager + %d daemons on 127.0.0.1, %d runs per setting\n", daemons, runs);
   std::printf("  10,000-vertex noop DAG (100 x 100, 2 inputs each), target >= 20,000 vertices/s:\n");
   for (int cpus : {1, 2, 4}) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/noop_dag.h"
 #include "cli/program_catalog.h"
 #include "jobmanager/job_loader.h"
 
@@ -37,26 +38,6 @@ Json MakeJob(int vertices) {
       job["edges"].push_back({{"from", "layer" + std::to_string(l)}, {"to", ck}, {"pattern", "gather"}});
       job["edges"].push_back({{"from", ck}, {"to", "layer" + std::to_string(l + 1)}, {"pattern", "broadcast"},
                               {"channel", "memory"}});
-    }
-  }
-  return job;
-}
-
-/// The same vertex count as 100 layers whose every vertex depends on 2 vertices of the previous
-/// layer through vertex-level edges: a large file (one JSON edge per channel).
-Json MakeVertexLevelJob(int vertices) {
-  const int layers = 100;
-  const int width = std::max(2, vertices / layers);
-  Json job = {{"version", 1}, {"name", "bench-vertex-edges"}, {"stages", Json::array()}, {"edges", Json::array()}};
-  for (int l = 0; l < layers; ++l) {
-    std::string name = "layer" + std::to_string(l);
-    job["stages"].push_back({{"name", name}, {"program", "noop"}, {"replicas", width}});
-    if (l == 0) continue;
-    std::string prev = "layer" + std::to_string(l - 1);
-    for (int i = 0; i < width; ++i) {
-      for (int k : {i, (i + 1) % width}) {
-        job["edges"].push_back({{"from", prev + "[" + std::to_string(k) + "]"}, {"to", name + "[" + std::to_string(i) + "]"}});
-      }
     }
   }
   return job;
@@ -108,6 +89,6 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[i + 1]);
   }
   int rc = Measure("stage edges (all four patterns)", MakeJob(vertices).dump(), runs);
-  rc |= Measure("vertex-level edges (2 inputs per vertex)", MakeVertexLevelJob(vertices).dump(), runs);
+  rc |= Measure("vertex-level edges (2 inputs per vertex)", copse::bench::NoopDag(100, std::max(2, vertices / 100)).dump(), runs);
   return rc;
 }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <deque>
 
+#include "bench/noop_dag.h"
 #include "cli/program_catalog.h"
 #include "jobmanager/job_loader.h"
 #include "jobmanager/scheduler.h"
@@ -24,26 +25,10 @@ class QueueSink final : public jm::DaemonSink {
   std::deque<std::string> tasks;
 };
 
-Json NoopDag(int layers, int width) {
-  Json job = {{"name", "noop-dag"}, {"stages", Json::array()}, {"edges", Json::array()}};
-  for (int l = 0; l < layers; ++l) {
-    std::string name = "L" + std::to_string(l);
-    job["stages"].push_back({{"name", name}, {"program", "noop"}, {"replicas", width}});
-    if (l == 0) continue;
-    std::string prev = "L" + std::to_string(l - 1);
-    for (int i = 0; i < width; ++i) {
-      for (int k : {i, (i + 1) % width}) {
-        job["edges"].push_back({{"from", prev + "[" + std::to_string(k) + "]"}, {"to", name + "[" + std::to_string(i) + "]"}});
-      }
-    }
-  }
-  return job;
-}
-
 }  // namespace
 
 int main() {
-  auto load = jm::LoadJobJson(NoopDag(100, 100), "bench", copse::cli::Catalog());
+  auto load = jm::LoadJobJson(copse::bench::NoopDag(100, 100), "bench", copse::cli::Catalog());
   if (!load.ok()) return 1;
   std::vector<double> us;
   for (int run = 0; run < 5; ++run) {
