@@ -4,6 +4,8 @@
 #include <numeric>
 #include <queue>
 
+#include <fmt/format.h>
+
 #include "common/logging.h"
 #include "common/text_util.h"
 #include "jobmanager/job_loader.h"
@@ -662,10 +664,10 @@ void Scheduler::ReleaseConsumedInputs(Job& job, VertexId v) {
     }
     if (!all_done) continue;
     pr.released = true;
-    Json& batch = release_outbox_[pr.daemon];
-    if (batch.is_null()) batch = {{"op", "release"}, {"keys", Json::array()}};
     for (size_t port = 0; port < g.vertex(p).outputs.size(); ++port) {
       if (pr.output_messages.size() > port && pr.output_messages[port] == 0) continue;  // nothing stored
+      Json& batch = release_outbox_[pr.daemon];
+      if (batch.is_null()) batch = {{"op", "release"}, {"keys", Json::array()}};
       batch["keys"].push_back({{"job", job.id.value()}, {"vertex", p.value()}, {"version", pr.version}, {"port", port}});
     }
   }
@@ -689,63 +691,55 @@ void Scheduler::ResetGang(Job& job, GangId gang, VertexId cause, const std::stri
   Log(job, cause, "gang of " + std::to_string(g.gangs()[gang.value()].members.size()) + " restarts: " + why);
 }
 
+void Scheduler::RecordRecovery(Job& job, VertexId v, uint32_t version, std::string_view reason, const std::string& detail,
+                               bool charged) {
+  job.recoveries.push_back({{"vertex", job.g().vertex(v).name},
+                            {"failed_version", version},
+                            {"reason", reason},
+                            {"detail", detail},
+                            {"charged", charged},
+                            {"at_ms", ElapsedMs(job)}});
+}
+
 void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge) {
-  if (GangId gang = job.g().vertex(v).gang; gang.valid()) {
+  Run& r = job.runs[v.value()];
+  const std::string& name = job.g().vertex(v).name;
+  const GangId gang = job.g().vertex(v).gang;
+  std::string detail = error;
+  if (gang.valid()) {
     // Live channels cannot be replayed: the whole gang runs again with a new version. Only a
     // member's own error or timeout is charged, not the peers it took down.
-    Run& r = job.runs[v.value()];
     if (r.state != VertexState::kRunning) return;  // already reset with its gang
-    r.last_error = error;
     charge = charge && (cls == FailureClass::kProgramError || cls == FailureClass::kTimeout);
-    if (charge) ++r.charged;
-    const StageSpec& stage = job.g().stage_of(v);
-    ResetGang(job, gang, v, job.g().vertex(v).name + " failed (" + std::string(FailureClassName(cls)) + "): " + error);
-    if (charge && r.charged >= stage.max_attempts) {
-      FinishJob(job, JobState::kFailed,
-                "vertex " + job.g().vertex(v).name + " failed " + std::to_string(r.charged) + " of " +
-                    std::to_string(stage.max_attempts) + " attempts (" + std::string(FailureClassName(cls)) + "): " + error);
-      return;
-    }
-    job.recoveries.push_back({{"vertex", job.g().vertex(v).name},
-                              {"failed_version", r.version},
-                              {"reason", FailureClassName(cls)},
-                              {"detail", error + " (its gang of " + std::to_string(job.g().gangs()[gang.value()].members.size()) +
-                                             " restarts)"},
-                              {"charged", charge},
-                              {"at_ms", ElapsedMs(job)}});
-    RecomputePending(job);
-    return;
-  }
-  ReleaseSlots(job, v);
-  Run& r = job.runs[v.value()];
-  r.last_error = error;
-  const StageSpec& stage = job.g().stage_of(v);
-  if (charge) ++r.charged;
-  Log(job, v, "version " + std::to_string(r.version) + " failed (" + std::string(FailureClassName(cls)) + "): " + error);
-  if (charge && r.charged >= stage.max_attempts) {
+    ResetGang(job, gang, v, name + " failed (" + std::string(FailureClassName(cls)) + "): " + error);
+    detail += " (its gang of " + std::to_string(job.g().gangs()[gang.value()].members.size()) + " restarts)";
+  } else {
+    ReleaseSlots(job, v);
     r.state = VertexState::kWaiting;
+    Log(job, v, "version " + std::to_string(r.version) + " failed (" + std::string(FailureClassName(cls)) + "): " + error);
+  }
+  r.last_error = error;
+  if (charge) ++r.charged;
+  const int max_attempts = job.g().stage_of(v).max_attempts;
+  if (charge && r.charged >= max_attempts) {
     FinishJob(job, JobState::kFailed,
-              "vertex " + job.g().vertex(v).name + " failed " + std::to_string(r.charged) + " of " +
-                  std::to_string(stage.max_attempts) + " attempts (" + std::string(FailureClassName(cls)) +
-                  "): " + error);
+              "vertex " + name + " failed " + std::to_string(r.charged) + " of " + std::to_string(max_attempts) +
+                  " attempts (" + std::string(FailureClassName(cls)) + "): " + error);
     return;
   }
-  job.recoveries.push_back({{"vertex", job.g().vertex(v).name},
-                            {"failed_version", r.version},
-                            {"reason", FailureClassName(cls)},
-                            {"detail", error},
-                            {"charged", charge},
-                            {"at_ms", ElapsedMs(job)}});
-  r.state = VertexState::kWaiting;
-  if (r.pending == 0) MakeReady(job, v);
+  RecordRecovery(job, v, r.version, FailureClassName(cls), detail, charge);
+  if (gang.valid()) {
+    RecomputePending(job);
+  } else if (r.pending == 0) {
+    MakeReady(job, v);
+  }
 }
 
 void Scheduler::Regenerate(Job& job, VertexId v, const std::string& why) {
   Run& r = job.runs[v.value()];
   if (r.state != VertexState::kCompleted) return;
   if (GangId gang = job.g().vertex(v).gang; gang.valid()) {
-    job.recoveries.push_back({{"vertex", job.g().vertex(v).name}, {"failed_version", r.version}, {"reason", "output_lost"},
-                              {"detail", why + " (its gang restarts)"}, {"charged", false}, {"at_ms", ElapsedMs(job)}});
+    RecordRecovery(job, v, r.version, "output_lost", why + " (its gang restarts)", false);
     ResetGang(job, gang, v, why);
     return;
   }
@@ -753,12 +747,7 @@ void Scheduler::Regenerate(Job& job, VertexId v, const std::string& why) {
   --job.completed;
   Journal({{"t", "regen"}, {"job", job.id.value()}, {"v", v.value()}});
   Log(job, v, "output of version " + std::to_string(r.version) + " lost, re-running: " + why);
-  job.recoveries.push_back({{"vertex", job.g().vertex(v).name},
-                            {"failed_version", r.version},
-                            {"reason", "output_lost"},
-                            {"detail", why},
-                            {"charged", false},
-                            {"at_ms", ElapsedMs(job)}});
+  RecordRecovery(job, v, r.version, "output_lost", why, false);
 }
 
 void Scheduler::FinishJob(Job& job, JobState state, const std::string& reason) {
@@ -1084,7 +1073,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
   }
   if (job.spans.size() < kMaxSpans) {
     job.open_spans[{v.value(), version}] = job.spans.size();
-    job.spans.push_back({v.value(), version, d.id, ElapsedMs(job)});
+    job.spans.push_back({v.value(), version, d.id, ElapsedMs(job), -1, ""});
   }
   Json& batch = outbox_[d.id];
   if (batch.is_null()) batch = {{"op", "run"}, {"tasks", Json::array()}};
@@ -1174,8 +1163,7 @@ void Scheduler::LaunchDuplicates(Job& job) {
     char why[160];
     std::snprintf(why, sizeof(why), "running %.2f s, %.1fx its stage's median of %.3f s", elapsed, elapsed / std::max(m->second, 1e-9),
                   m->second);
-    job.recoveries.push_back({{"vertex", g.vertex(VertexId(v)).name}, {"failed_version", r.version}, {"reason", "straggler"},
-                              {"detail", why}, {"charged", false}, {"at_ms", ElapsedMs(job)}});
+    RecordRecovery(job, VertexId(v), r.version, "straggler", why, false);
     Dispatch(job, VertexId(v), *target, /*duplicate=*/true);
   }
 }
@@ -1374,7 +1362,7 @@ Json Scheduler::JobStatus(JobId id) const {
     const Run& r = job.runs[v.id.value()];
     if (r.state == VertexState::kReady) {
       const auto& res = g.stage_of(v.id).resources;
-      waiting.push_back({{"vertex", v.name}, {"reason", "ready; no daemon has " + std::to_string(res.cpus).substr(0, 4) +
+      waiting.push_back({{"vertex", v.name}, {"reason", "ready; no daemon has " + fmt::format("{:g}", res.cpus) +
                                                             " free cpus" + (res.gpus ? " and " + std::to_string(res.gpus) + " gpus" : "")}});
     } else if (r.state == VertexState::kWaiting) {
       std::string on;

@@ -187,6 +187,9 @@ class Scheduler {
   void Complete(Job& job, VertexId v, const AttemptReport& report);
   void Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge);
   void FinishJob(Job& job, JobState state, const std::string& reason);
+  /// Adds one entry to the job's recoveries: what re-runs and why.
+  void RecordRecovery(Job& job, VertexId v, uint32_t version, std::string_view reason, const std::string& detail,
+                      bool charged);
   void ReleaseSlots(Job& job, VertexId v);
   /// Marks v's outputs lost and schedules it again; consumers that were waiting on nothing
   /// else go back to waiting.
