@@ -131,6 +131,16 @@ TEST_CASE("Validation.ReportsEveryErrorNotOnlyTheFirst") {
   CHECK_ERROR(load, "/version", "unsupported version 2");
 }
 
+TEST_CASE("Validation.RetainAndInputHostsAreTypeChecked") {
+  auto load = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 3, "retain": "yes",
+                                  "input_hosts": ["h0", "h1"]}]})");
+  CHECK_ERROR(load, "/stages/0/retain", "expected true or false, got string");
+  CHECK_ERROR(load, "/stages/0/input_hosts", "an array of 3 host names, one per replica");
+  auto ok = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 3, "retain": true,
+                                "input_hosts": "node-{replica}"}]})");
+  CHECK(ok.ok());
+}
+
 TEST_CASE("Validation.ExplicitPortsMustBeDenseAndUnique") {
   auto load = Load(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}, {"name": "c", "program": "noop"}],
                        "edges": [{"from": "a", "to": "c", "to_port": 0}, {"from": "b", "to": "c", "to_port": 0}]})");
