@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 #include <iostream>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/jm_client.h"
@@ -27,6 +28,19 @@ std::unique_ptr<net::BlockingClient> ConnectOrReport(const JmAddressOptions& opt
 int Report(const Status& st) {
   std::cerr << "copse: " << st.message() << "\n";
   return 1;
+}
+
+/// One request to the job manager; on any failure prints why, sets exit code 1, and returns
+/// nothing.
+std::optional<Json> CallOrReport(const JmAddressOptions& opts, const Json& request) {
+  auto client = ConnectOrReport(opts);
+  if (!client) return std::nullopt;
+  auto reply = client->Call(request);
+  if (!reply.ok()) {
+    ExitCode() = Report(reply.status());
+    return std::nullopt;
+  }
+  return std::move(*reply);
 }
 
 }  // namespace
@@ -104,10 +118,8 @@ void AddClientCommands(CLI::App& app) {
     AddJmAddressFlags(cmd, *jm);
     cmd->add_option("JOB", *job, "job id")->required();
     cmd->callback([jm, job] {
-      auto client = ConnectOrReport(*jm);
-      if (!client) return;
-      auto reply = client->Call({{"op", "cancel"}, {"job", *job}});
-      if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
+      auto reply = CallOrReport(*jm, {{"op", "cancel"}, {"job", *job}});
+      if (!reply) return;
       std::cout << "cancelled job " << *job << "\n";
     });
   }
@@ -118,10 +130,8 @@ void AddClientCommands(CLI::App& app) {
     AddJmAddressFlags(cmd, *jm);
     cmd->add_option("-o,--format", *format, "text or json")->check(CLI::IsMember({"text", "json"}));
     cmd->callback([jm, format] {
-      auto client = ConnectOrReport(*jm);
-      if (!client) return;
-      auto reply = client->Call({{"op", "daemons"}});
-      if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
+      auto reply = CallOrReport(*jm, {{"op", "daemons"}});
+      if (!reply) return;
       std::cout << (*format == "json" ? (*reply)["daemons"].dump(2) + "\n" : RenderDaemonsTable((*reply)["daemons"]));
     });
   }
@@ -130,10 +140,8 @@ void AddClientCommands(CLI::App& app) {
     cmd->require_subcommand(1);
     auto jm = std::make_shared<JmAddressOptions>();
     auto send = [jm](Json request) {
-      auto client = ConnectOrReport(*jm);
-      if (!client) return;
-      auto reply = client->Call(request);
-      if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
+      auto reply = CallOrReport(*jm, request);
+      if (!reply) return;
       std::cout << (*reply)["done"].dump() << "\n";
     };
     struct Opts {
@@ -194,10 +202,8 @@ void AddClientCommands(CLI::App& app) {
     cmd->add_option("JOB", *job, "job id")->required();
     cmd->add_option("-f,--file", *out, "write here instead of standard output (open in ui.perfetto.dev or chrome://tracing)");
     cmd->callback([jm, job, out] {
-      auto client = ConnectOrReport(*jm);
-      if (!client) return;
-      auto reply = client->Call({{"op", "trace"}, {"job", *job}});
-      if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
+      auto reply = CallOrReport(*jm, {{"op", "trace"}, {"job", *job}});
+      if (!reply) return;
       std::string text = (*reply)["trace"].dump() + "\n";
       if (out->empty()) {
         std::cout << text;
@@ -215,10 +221,8 @@ void AddClientCommands(CLI::App& app) {
     cmd->add_option("JOB", *job, "job id")->required();
     cmd->add_option("VERTEX", *vertex, "only this vertex, e.g. count[1]");
     cmd->callback([jm, job, vertex] {
-      auto client = ConnectOrReport(*jm);
-      if (!client) return;
-      auto reply = client->Call({{"op", "logs"}, {"job", *job}, {"vertex", *vertex}});
-      if (!reply.ok()) return void(ExitCode() = Report(reply.status()));
+      auto reply = CallOrReport(*jm, {{"op", "logs"}, {"job", *job}, {"vertex", *vertex}});
+      if (!reply) return;
       for (const auto& line : (*reply)["lines"]) std::cout << line.get<std::string>() << "\n";
     });
   }
