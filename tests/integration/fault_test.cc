@@ -166,7 +166,7 @@ TEST_CASE("Faults.AJobManagerKilledAndRestartedResumesItsJobs") {
   CHECK(placed > 0);
 }
 
-/// A 120-vertex layered checksum DAG taking a couple of seconds on a small cluster.
+/// A 120-vertex layered checksum DAG that keeps running for at least 1.5 s.
 Json SlowDag() {
   Json job = {{"name", "chaos"}, {"stages", Json::array()}, {"edges", Json::array()}};
   for (int l = 0; l < 12; ++l) {
@@ -178,6 +178,9 @@ Json SlowDag() {
   job["stages"].push_back({{"name", "sink"}, {"program", "checksum"}});
   job["edges"].push_back({{"from", "l11"}, {"to", "sink"}, {"pattern", "gather"}});
   job["outputs"] = {{{"from", "sink"}, {"path", "digest.txt"}}};
+  // The sink's first attempt waits 1.5 s, so the job is certainly still running when a test
+  // injects faults into it, however fast the machine (chaos records faults in running jobs).
+  job["faults"] = {{{"delay", "sink"}, {"ms", 1500}}};
   return job;
 }
 

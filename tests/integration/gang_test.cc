@@ -90,7 +90,9 @@ TEST_CASE("Gangs.KillingAGangMembersDaemonRestartsTheGangWithIdenticalOutput") {
   uint64_t clean = cluster.Submit(job);
   REQUIRE(cluster.Wait(clean)["state"] == "completed");
   std::string expected = cluster.Output(clean, "digest.txt");
-  job["faults"] = {{{"kill_daemon_of", "relay"}, {"when", {{"after_ms", 150}}}}};
+  // consume's first attempt starts reading 1 s late: back-pressure holds the whole gang
+  // running, so the kill at 150 ms always lands mid-stream.
+  job["faults"] = {{{"delay", "consume"}, {"ms", 1000}}, {{"kill_daemon_of", "relay"}, {"when", {{"after_ms", 150}}}}};
   uint64_t id = cluster.Submit(job);
   Json st = cluster.Wait(id, std::chrono::seconds(120));
   REQUIRE_MESSAGE(st["state"] == "completed", st.dump(2));
