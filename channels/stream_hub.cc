@@ -37,6 +37,10 @@ constexpr auto kIdleDealer = std::chrono::seconds(5);
 constexpr auto kCancelPoll = milliseconds(5);
 constexpr auto kIdlePoll = milliseconds(50);
 constexpr size_t kMaxReason = 1024;
+// Abort reasons that mean "this job is over here", not "something broke": the other end
+// reports them as Cancelled, exactly as its own DropJob would, whichever arrives first.
+constexpr std::string_view kConsumerDroppedJob = "consumer dropped the job";
+constexpr std::string_view kProducerDroppedJob = "producer dropped the job";
 // Messages up to this size are copied into ZeroMQ; larger ones are sent zero-copy.
 constexpr size_t kZeroCopyMin = 4096;
 
@@ -155,6 +159,7 @@ struct StreamHub::Impl {
   std::vector<Cmd> cmds;
   std::map<StreamKey, std::shared_ptr<InChan>> in;
   std::set<StreamKey> in_closed;  // keys whose reader finished or was dropped: later opens are refused
+  std::set<uint64_t> dropped_jobs;  // jobs DropJob ended here: a late open is told so (Cancelled)
   std::map<std::string, Clock::time_point> producers;  // routing id -> last heard
   size_t buffered = 0;
   std::map<StreamKey, std::shared_ptr<OutChan>> out;
@@ -392,6 +397,10 @@ void StreamHub::Impl::HandleRouter(std::vector<zmq::message_t>& parts) {
         log->warn("stream hub: refused an open of {} with a bad MAC", key.ToString());
         return Drop("bad MAC");
       }
+      if (dropped_jobs.count(key.job)) {
+        abort_reason = kConsumerDroppedJob;
+        break;
+      }
       if (in_closed.count(key)) {
         abort_reason = "the consumer of stream " + key.ToString() + " is gone";
         break;
@@ -443,8 +452,12 @@ void StreamHub::Impl::HandleRouter(std::vector<zmq::message_t>& parts) {
       }
       break;
     case Type::kAbort:
-      c.error = Status::Unavailable("the producer of stream " + key.ToString() +
-                                    " failed: " + std::string(Extra(parts[1]).substr(0, kMaxReason)));
+      if (Extra(parts[1]) == kProducerDroppedJob) {
+        c.cancelled = true;
+      } else {
+        c.error = Status::Unavailable("the producer of stream " + key.ToString() +
+                                      " failed: " + std::string(Extra(parts[1]).substr(0, kMaxReason)));
+      }
       break;
     default:
       return Drop("unexpected frame type from a producer");
@@ -472,9 +485,12 @@ void StreamHub::Impl::HandleDealer(PeerConn& peer, std::vector<zmq::message_t>& 
     c.in_flight_messages -= msgs;
     in_flight -= bytes;
   } else if (type == Type::kAbort) {
-    if (c.error.ok())
+    if (Extra(parts[0]) == kConsumerDroppedJob) {
+      c.cancelled = true;
+    } else if (c.error.ok()) {
       c.error = Status::Unavailable("the consumer of stream " + key.ToString() +
                                     " is gone: " + std::string(Extra(parts[0]).substr(0, kMaxReason)));
+    }
   } else {
     return Drop("unexpected frame type from a consumer");
   }
@@ -763,6 +779,7 @@ Result<std::unique_ptr<ChannelReader>> StreamHub::OpenReader(const StreamKey& ke
 void StreamHub::DropJob(uint64_t job) {
   auto& h = *impl_;
   std::lock_guard lock(h.mu);
+  h.dropped_jobs.insert(job);
   for (auto it = h.in.lower_bound(StreamKey{job, 0, 0}); it != h.in.end() && it->first.job == job;) {
     auto& c = it->second;
     c->cancelled = true;
@@ -770,7 +787,7 @@ void StreamHub::DropJob(uint64_t job) {
     c->bytes = 0;
     c->queue.clear();
     if (!c->producer.empty() && !c->ended)
-      h.Push(Cmd{CmdKind::kAbortToProducer, c->key, c->producer, {}, 0, 0, "consumer dropped the job"});
+      h.Push(Cmd{CmdKind::kAbortToProducer, c->key, c->producer, {}, 0, 0, std::string(kConsumerDroppedJob)});
     c->cv.notify_all();
     h.in_closed.insert(it->first);
     it = h.in.erase(it);
@@ -778,7 +795,7 @@ void StreamHub::DropJob(uint64_t job) {
   for (auto it = h.out.lower_bound(StreamKey{job, 0, 0}); it != h.out.end() && it->first.job == job; ++it) {
     auto& c = it->second;
     if (!c->cancelled && !c->closed)
-      h.Push(Cmd{CmdKind::kAbortToConsumer, c->key, c->peer->endpoint, {}, 0, 0, "producer dropped the job"});
+      h.Push(Cmd{CmdKind::kAbortToConsumer, c->key, c->peer->endpoint, {}, 0, 0, std::string(kProducerDroppedJob)});
     c->cancelled = true;
     c->cv.notify_all();
   }
