@@ -199,8 +199,12 @@ StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults
   if (auto v = r.Number("timeout_s", 0, 1e9)) s.timeout_s = *v;
   if (auto a = r.String("affinity", false)) s.affinity = *a;
   if (const Json* keep = r.Find("retain")) {
-    if (keep->is_boolean()) s.retain = keep->get<bool>();
-    else diags.Error(r.PointerOf("retain"), "expected true or false, got " + JsonTypeName(*keep));
+    const bool ports = keep->is_array() && std::all_of(keep->begin(), keep->end(), [](const Json& x) {
+      return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < 65536;
+    });
+    if (keep->is_boolean()) s.retain_all = keep->get<bool>();
+    else if (ports) s.retain_ports = keep->get<std::vector<int>>();
+    else diags.Error(r.PointerOf("retain"), "expected true, false or an array of output ports, got " + JsonTypeName(*keep));
   }
   if (const Json* h = r.Find("input_hosts")) {
     if (h->is_string()) {

@@ -2,6 +2,7 @@
 // JobSpec: a job file as the user wrote it, parsed and type-checked but not yet expanded into
 // vertices (see job_graph.h for that). Every element remembers its JSON pointer so later
 // checks can name the place. Plain data; thread-compatible.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -47,8 +48,14 @@ struct StageSpec {
   double timeout_s = 0;  // 0: no timeout
   std::string affinity;  // "" when none
   /// Keep this stage's outputs until the job ends instead of releasing them once consumed, so
-  /// recovery can re-run consumers from them without walking further upstream.
-  bool retain = false;
+  /// recovery can re-run consumers from them without walking further upstream: every port
+  /// (`"retain": true`) or the listed ones (`"retain": [1]`, e.g. only what crosses to another
+  /// daemon, since a lost daemon's own outputs are gone anyway).
+  bool retain_all = false;
+  std::vector<int> retain_ports;
+  bool Retains(size_t port) const {
+    return retain_all || std::find(retain_ports.begin(), retain_ports.end(), static_cast<int>(port)) != retain_ports.end();
+  }
   /// Hosts holding each replica's input: one entry (may contain {replica}) or one per replica.
   std::vector<std::string> input_hosts;
 };

@@ -87,7 +87,7 @@ struct Scheduler::Run {
   DaemonId daemon;       // running there, or holding the outputs
   std::vector<uint64_t> output_bytes;
   std::vector<uint64_t> output_messages;
-  bool released = false;  // outputs garbage-collected: every consumer had completed
+  bool released = false;  // outputs garbage-collected (retained ports excepted): every consumer had completed
   TimePoint ready_since{};
   TimePoint started{};
   double duration_ms = 0;
@@ -430,7 +430,11 @@ void Scheduler::RecomputePending(Job& job) {
     const Run& r = job.runs[it->value()];
     if (r.state == VertexState::kCompleted || r.state == VertexState::kRunning) continue;
     for (ChannelId ch : g.vertex(*it).inputs) {
-      VertexId p = g.channel(ch).from;
+      const ChannelEdge& c = g.channel(ch);
+      // Ordering edges carry no data; a retained port is still stored even when the
+      // producer's other outputs were released.
+      if (c.kind == ChannelKind::kOrder || g.stage_of(c.from).Retains(static_cast<size_t>(c.from_port))) continue;
+      VertexId p = c.from;
       Run& pr = job.runs[p.value()];
       if (pr.state == VertexState::kCompleted && pr.released) {
         pr.released = false;
@@ -654,7 +658,7 @@ void Scheduler::ReleaseConsumedInputs(Job& job, VertexId v) {
   for (ChannelId in : g.vertex(v).inputs) {
     VertexId p = g.channel(in).from;
     Run& pr = job.runs[p.value()];
-    if (pr.released || job.declared[p.value()] || g.stage_of(p).retain || !pr.daemon.valid() ||
+    if (pr.released || job.declared[p.value()] || g.stage_of(p).retain_all || !pr.daemon.valid() ||
         !daemons_[pr.daemon.value()]->alive) {
       continue;
     }
@@ -666,6 +670,7 @@ void Scheduler::ReleaseConsumedInputs(Job& job, VertexId v) {
     pr.released = true;
     for (size_t port = 0; port < g.vertex(p).outputs.size(); ++port) {
       if (pr.output_messages.size() > port && pr.output_messages[port] == 0) continue;  // nothing stored
+      if (g.stage_of(p).Retains(port)) continue;  // kept until the job ends
       Json& batch = release_outbox_[pr.daemon];
       if (batch.is_null()) batch = {{"op", "release"}, {"keys", Json::array()}};
       batch["keys"].push_back({{"job", job.id.value()}, {"vertex", p.value()}, {"version", pr.version}, {"port", port}});

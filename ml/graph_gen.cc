@@ -18,14 +18,14 @@ std::string V(const std::string& stage, int64_t replica) {
 /// unless given.
 class JobBuilder {
  public:
-  /// `retain`: keep the stage's outputs until the job ends, so recovery of a lost daemon re-runs
-  /// only the lost stage's work from its neighbours' retained outputs.
+  /// `retain`: output ports kept until the job ends, so recovery of a lost daemon re-runs only
+  /// the lost stage's work from its neighbours' retained outputs.
   void Stage(const std::string& name, const std::string& program, int64_t replicas, Json params,
-             double cpus, const std::string& affinity = "", bool retain = false) {
+             double cpus, const std::string& affinity = "", std::vector<int> retain = {}) {
     Json st = {{"name", name}, {"program", program}, {"replicas", replicas}, {"params", std::move(params)},
                {"resources", {{"cpus", cpus}}}};
     if (!affinity.empty()) st["affinity"] = affinity;
-    if (retain) st["retain"] = true;
+    if (!retain.empty()) st["retain"] = retain;
     stages_.push_back(std::move(st));
   }
   /// A data edge from `from` (output `from_port`, or the next free one when < 0) to input
@@ -273,20 +273,23 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
   for (int s = 0; s < P; ++s) {
     const Json layers = {{"begin", split[s]}, {"end", split[s + 1]}};
     const std::string group = "stage" + std::to_string(s);
-    // Pipeline stages retain their outputs: a lost stage re-runs from its neighbours' outputs
-    // instead of walking back through every stage to init.
+    // What crosses to a neighbour stage is retained (the activation, port 1 of a forward; dL/dx,
+    // port 1 of a backward): a lost stage re-runs its own history from its neighbours' outputs
+    // instead of walking back through every stage to init. Outputs that stay within a stage are
+    // released as usual — they would die with the stage's daemon anyway.
+    const std::vector<int> crossing = {1};
     b.Stage(Iname(s), "ml.init", 1, With(With(common, layers), {{"clock", s == 0}}), o.daemon_cpus,
-            group + (W > 1 ? "w0" : ""), /*retain=*/true);
+            group + (W > 1 ? "w0" : ""));
     for (int w = 0; w < W; ++w) {
       const Json pos = {{"stage", s}, {"stages", P}, {"microbatches", M}, {"workers", W}, {"worker", w},
                         {"recompute", o.recompute}};
       b.Stage(F(s, w), "ml.forward", steps * M, With(With(common, layers), pos), o.threads,
-              group + (W > 1 ? "w" + std::to_string(w) : ""), /*retain=*/true);
+              group + (W > 1 ? "w" + std::to_string(w) : ""), s + 1 < P ? crossing : std::vector<int>{});
       b.Stage(B(s, w), "ml.backward", steps * M, With(With(common, layers), pos), o.threads,
-              group + (W > 1 ? "w" + std::to_string(w) : ""), /*retain=*/true);
+              group + (W > 1 ? "w" + std::to_string(w) : ""), s > 0 ? crossing : std::vector<int>{});
     }
     b.Stage(Uname(s), "ml.update", steps, UpdateParams(o, common, split[s], split[s + 1], steps), o.threads,
-            group + (W > 1 ? "w0" : ""), /*retain=*/true);
+            group + (W > 1 ? "w0" : ""));
   }
   for (int64_t t = 0; t < steps; ++t) {
     for (int s = 0; s < P; ++s) {

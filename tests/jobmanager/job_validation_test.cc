@@ -134,7 +134,9 @@ TEST_CASE("Validation.ReportsEveryErrorNotOnlyTheFirst") {
 TEST_CASE("Validation.RetainAndInputHostsAreTypeChecked") {
   auto load = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 3, "retain": "yes",
                                   "input_hosts": ["h0", "h1"]}]})");
-  CHECK_ERROR(load, "/stages/0/retain", "expected true or false, got string");
+  CHECK_ERROR(load, "/stages/0/retain", "expected true, false or an array of output ports, got string");
+  auto negative = Load(R"({"stages": [{"name": "a", "program": "noop", "retain": [0, -1]}]})");
+  CHECK_ERROR(negative, "/stages/0/retain", "an array of output ports");
   CHECK_ERROR(load, "/stages/0/input_hosts", "an array of 3 host names, one per replica");
   auto ok = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 3, "retain": true,
                                 "input_hosts": "node-{replica}"}]})");

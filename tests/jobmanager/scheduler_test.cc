@@ -253,6 +253,29 @@ TEST_CASE("Scheduler.RetainedStagesAreNotReleased") {
   CHECK(h.sink.WithOp("release").size() == 1);  // b is not
 }
 
+TEST_CASE("Scheduler.RetainedPortsOutliveTheirProducersOtherOutputs") {
+  Harness h;
+  h.AddDaemon("d0");
+  h.Submit(R"({"stages": [{"name": "a", "program": "noop", "retain": [1]}, {"name": "b", "program": "noop"},
+                          {"name": "c", "program": "noop"}, {"name": "d", "program": "noop"}],
+               "edges": [{"from": "a", "from_port": 0, "to": "b"}, {"from": "a", "from_port": 1, "to": "c"},
+                         {"from": "c", "to": "d", "to_port": 0}, {"from": "b", "to": "d", "to_port": 1}]})");
+  Json a = h.sink.TakeTasks()[0].second;
+  h.Finish(a, true);
+  for (int i = 0; i < 2; ++i) h.Finish(h.sink.TakeTasks().at(0).second, true);  // b, then c
+  // Both of a's consumers completed: port 0 is released, the retained port 1 is not.
+  auto releases = h.sink.WithOp("release");
+  REQUIRE(releases.size() == 1);
+  REQUIRE(releases[0].second["keys"].size() == 1);
+  CHECK(releases[0].second["keys"][0]["vertex"] == a["vertex"]);
+  CHECK(releases[0].second["keys"][0]["port"] == 0);
+  // d loses c's output: c re-runs from a's retained port, without regenerating a.
+  h.Finish(h.sink.TakeTasks()[0].second, false, {}, FailureClass::kInputLost, 0);
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 1);
+  CHECK(tasks[0].second["name"] == "c[0]");
+}
+
 TEST_CASE("Scheduler.TimeoutsFailTheAttemptAndCancelIt") {
   Harness h;
   h.AddDaemon("d0");
