@@ -233,7 +233,7 @@ bool DataServer::Impl::Fetch(Socket& sock, const OutputKey& key) {
   if (stored->memory) {
     const StoredMessages& m = *stored->memory;
     for (size_t i = 0; i < m.messages.size(); ++i) {
-      if (!sender.Add(m.messages[i], m.checksums[i]).ok()) return false;
+      if (!sender.Add(m.messages[i], m.ChecksumOf(i)).ok()) return false;
     }
     messages = m.messages.size();
     bytes = m.bytes;

@@ -209,6 +209,10 @@ class OutputStore::FileWriter final : public ChannelWriter {
 
 // ---- the memory writer -----------------------------------------------------------------------
 
+uint64_t StoredMessages::ChecksumOf(size_t i) const {
+  return messages[i].payload() ? Checksum(messages[i].view()) : checksums[i];
+}
+
 class OutputStore::MemoryWriter final : public ChannelWriter {
  public:
   MemoryWriter(OutputStore* store, OutputKey key)
@@ -217,7 +221,9 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
 
   Status Write(Buffer message) override {
     if (closed_) return Status::FailedPrecondition("write after close on " + key_.ToString());
-    uint64_t checksum = Checksum(message.view());
+    // A payload stays an object in memory: hashed only if its bytes are ever made.
+    const bool object = message.payload() != nullptr;
+    const uint64_t checksum = object && !sink_ ? 0 : Checksum(message.view());
     if (!sink_ && store_->TryReserve(message.size())) {
       reserved_ += message.size();
       stored_->bytes += message.size();
@@ -226,7 +232,7 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
       return Status::OK();
     }
     if (!sink_) COPSE_RETURN_NOT_OK(Spill());
-    return sink_->Append(message, checksum);
+    return sink_->Append(message, object ? Checksum(message.view()) : checksum);
   }
 
   Status Close() override {
@@ -258,7 +264,7 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
                           key_.ToString(), stored_->bytes, store_->memory_budget_bytes(), store_->memory_bytes());
     sink_ = std::make_unique<FileSink>(store_, key_);
     for (size_t i = 0; i < stored_->messages.size(); ++i) {
-      COPSE_RETURN_NOT_OK(sink_->Append(stored_->messages[i], stored_->checksums[i]));
+      COPSE_RETURN_NOT_OK(sink_->Append(stored_->messages[i], stored_->ChecksumOf(i)));
     }
     stored_ = std::make_shared<StoredMessages>();
     store_->Release(reserved_);
@@ -285,7 +291,7 @@ class MemoryReader final : public ChannelReader {
   Result<std::optional<Buffer>> Next() override {
     if (next_ >= stored_->messages.size()) return std::optional<Buffer>();
     const Buffer& m = stored_->messages[next_];
-    if (verify_ && Checksum(m.view()) != stored_->checksums[next_]) {
+    if (verify_ && !m.payload() && Checksum(m.view()) != stored_->checksums[next_]) {
       return Status::DataLoss("output " + what_ + ": message " + std::to_string(next_) +
                               " failed its checksum (memory)");
     }
@@ -560,8 +566,10 @@ Status OutputStore::Corrupt(const OutputKey& key) {
     // Buffers are immutable and shared with readers: replace one by a damaged copy, keeping
     // the original checksum, in a new message list (open readers keep the old one).
     auto msgs = std::make_shared<StoredMessages>(*old.memory);
-    for (auto& m : msgs->messages) {
+    for (size_t i = 0; i < msgs->messages.size(); ++i) {
+      Buffer& m = msgs->messages[i];
       if (m.empty()) continue;
+      msgs->checksums[i] = msgs->ChecksumOf(i);  // a payload becomes damaged bytes
       std::string bytes(m.view());
       bytes[bytes.size() / 2] = static_cast<char>(~bytes[bytes.size() / 2]);
       m = Buffer(std::move(bytes));

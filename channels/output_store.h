@@ -7,6 +7,8 @@
 //
 //  * `memory` outputs keep the writer's Buffers (no copy) and an xxh3 checksum per message;
 //    local readers get the same Buffers back (zero-copy) after the checksum is verified.
+//    Payload messages (objects, buffer.h) are kept and handed back as objects, never encoded
+//    or hashed here unless they spill, are fetched remotely, or are corrupted on purpose.
 //    Memory is budgeted: a writer reserves its bytes as it writes; when the budget cannot hold
 //    the next message the *new* output spills — what it holds so far and everything after goes
 //    to a file, and it reads back like a file output. Outputs already stored stay in memory
@@ -71,8 +73,13 @@ struct OutputInfo {
 /// The messages of a memory output, immutable once stored (shared with readers).
 struct StoredMessages {
   std::vector<Buffer> messages;
-  std::vector<uint64_t> checksums;  // xxh3 of each message, computed when it was written
+  /// xxh3 of each byte message, computed when it was written. Payload messages (in-process
+  /// objects, see buffer.h) have no bytes to protect until they are encoded: 0 here, and
+  /// ChecksumOf computes theirs when bytes leave the process.
+  std::vector<uint64_t> checksums;
   uint64_t bytes = 0;
+  /// The checksum of message i's bytes (encoding a payload message first).
+  uint64_t ChecksumOf(size_t i) const;
 };
 
 class OutputStore {

@@ -48,11 +48,15 @@ Status Loss(const std::string& what) { return Status::DataLoss("tensor bytes: " 
 
 uint64_t Checksum(std::string_view bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
 
-std::string SerializeTensors(const NamedTensors& tensors) {
+size_t EncodedSize(const NamedTensors& tensors) {
   size_t total = sizeof(kMagic) + 8 + 8;
   for (const auto& [name, t] : tensors) total += 8 + name.size() + 8 * t.ndim() + t.bytes();
+  return total;
+}
+
+std::string SerializeTensors(const NamedTensors& tensors) {
   std::string out;
-  out.reserve(total);
+  out.reserve(EncodedSize(tensors));
   out.append(kMagic, sizeof(kMagic));
   Put<uint32_t>(out, kVersion);
   Put<uint32_t>(out, static_cast<uint32_t>(tensors.size()));

@@ -18,6 +18,8 @@ namespace copse::ml {
 
 /// Encodes (copies device tensors to the host first).
 std::string SerializeTensors(const NamedTensors& tensors);
+/// SerializeTensors(tensors).size(), without encoding.
+size_t EncodedSize(const NamedTensors& tensors);
 /// Decodes onto `device`.
 Result<NamedTensors> DeserializeTensors(std::string_view bytes, Device* device = CpuDevice());
 

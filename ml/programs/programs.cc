@@ -1,6 +1,7 @@
 // The ML vertex programs (see register.h for the list, docs/ml-graphs.md for the graphs).
 //
-// Messages (all ml/serialize.h tensor sets, checksummed):
+// Messages (all tensor sets, ml/tensor_message.h: objects for consumers on the producer's daemon,
+// ml/serialize.h bytes, checksummed, for everyone else):
 //   params   the parameters of one stage, named as in Sequential ("3.weight")
 //   chain    three messages: params, optimizer state, stats {"__stats": [epoch loss sum,
 //            epoch images, epoch, total images]}; flows update(t-1) -> update(t) -> eval
@@ -24,6 +25,7 @@
 #include "ml/programs/register.h"
 #include "ml/programs/support.h"
 #include "ml/serialize.h"
+#include "ml/tensor_message.h"
 #include "ml/trainer.h"
 
 namespace copse::ml {
@@ -102,7 +104,7 @@ Result<Batch> LoadPart(VertexContext& ctx, const TrainSettings& s, int64_t step,
                        int loader_port, int64_t* batch_size) {
   if (loader_port >= 0) {
     COPSE_ASSIGN_OR_RETURN(chan::Buffer msg, ReadOne(ctx, static_cast<size_t>(loader_port)));
-    COPSE_ASSIGN_OR_RETURN(NamedTensors set, DeserializeTensors(msg.view()));
+    COPSE_ASSIGN_OR_RETURN(NamedTensors set, ReadTensorMessage(msg));
     const Tensor* x = Find(set, "images");
     const Tensor* y = Find(set, "labels");
     const Tensor* n = Find(set, "batch");
@@ -185,9 +187,9 @@ class InitProgram final : public VertexProgram {
     COPSE_ASSIGN_OR_RETURN(auto range, LayerRange(ctx, s));
     COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModel(s.model, s.seed));
     Sequential stage = full.Slice(range.first, range.second);
-    const chan::Buffer params(SerializeTensors(ParameterHandles(stage)));
-    const chan::Buffer state(SerializeTensors({}));
-    const chan::Buffer stats(SerializeTensors({{"__stats", Scalars({0, 0, 0, 0})}}));
+    const chan::Buffer params = TensorMessage(ParameterHandles(stage));  // `stage` dies here
+    const chan::Buffer state = TensorMessage({});
+    const chan::Buffer stats = TensorMessage({{"__stats", Scalars({0, 0, 0, 0})}});
     std::vector<size_t> skip;
     if (ctx.param<bool>("clock", false) && ctx.num_outputs() > 0) {
       skip.push_back(ctx.num_outputs() - 1);
@@ -210,9 +212,9 @@ class LoadProgram final : public VertexProgram {
     int64_t batch_size = 0;
     COPSE_ASSIGN_OR_RETURN(Batch b, LoadPart(ctx, s, step, ctx.param<int>("worker", 0), parts, -1, &batch_size));
     std::vector<float> labels(b.labels.begin(), b.labels.end());
-    const chan::Buffer msg(SerializeTensors({{"images", b.images},
-                                             {"labels", Scalars(labels)},
-                                             {"batch", Scalars({static_cast<float>(batch_size)})}}));
+    const chan::Buffer msg = TensorMessage({{"images", b.images},
+                                            {"labels", Scalars(labels)},
+                                            {"batch", Scalars({static_cast<float>(batch_size)})}});
     COPSE_RETURN_NOT_OK(ctx.WriteAll(msg));
     return ctx.CloseOutputs();
   }
@@ -235,7 +237,7 @@ class GradProgram final : public VertexProgram {
     int64_t batch_size = 0;
     COPSE_ASSIGN_OR_RETURN(Batch b, LoadPart(ctx, s, step, w, workers, ctx.param<bool>("loader", false) ? 1 : -1,
                                              &batch_size));
-    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params.view()));
+    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
     Sequential& m = lease->model;
     lease->grads_key = 0;
     double loss_sum = 0;
@@ -249,10 +251,10 @@ class GradProgram final : public VertexProgram {
     } else {
       m.ZeroGrad();
     }
-    NamedTensors grads = GradientHandles(m);
+    NamedTensors grads = Clones(GradientHandles(m));  // the model keeps its own
     grads.emplace_back("__loss", Scalars({static_cast<float>(loss_sum), static_cast<float>(b.size())}));
-    const chan::Buffer out(SerializeTensors(grads));
-    lease->grads_key = MessageKey(out.view());
+    const chan::Buffer out = TensorMessage(std::move(grads));
+    lease->grads_key = TensorMessageKey(out);
     lease->grads_loss = {static_cast<float>(loss_sum), static_cast<float>(b.size())};
     lease.Commit();
     COPSE_RETURN_NOT_OK(ctx.WriteAll(out));
@@ -264,9 +266,11 @@ class GradProgram final : public VertexProgram {
 /// sum is the same bits on every run).
 Result<NamedTensors> SumGradients(const std::vector<chan::Buffer>& msgs) {
   if (msgs.empty()) return Status::InvalidArgument("no gradients to sum");
-  COPSE_ASSIGN_OR_RETURN(NamedTensors acc, DeserializeTensors(msgs[0].view()));
+  bool shared = false;
+  COPSE_ASSIGN_OR_RETURN(NamedTensors acc, ReadTensorMessage(msgs[0], &shared));
+  if (shared && msgs.size() > 1) acc = Clones(acc);  // the producer's tensors are read-only
   for (size_t i = 1; i < msgs.size(); ++i) {
-    COPSE_ASSIGN_OR_RETURN(NamedTensors g, DeserializeTensors(msgs[i].view()));
+    COPSE_ASSIGN_OR_RETURN(NamedTensors g, ReadTensorMessage(msgs[i]));
     if (g.size() != acc.size()) return Status::DataLoss("gradient sets of different sizes");
     for (size_t k = 0; k < acc.size(); ++k) {
       if (g[k].first != acc[k].first || g[k].second.shape() != acc[k].second.shape())
@@ -297,7 +301,7 @@ class ReduceProgram final : public VertexProgram {
       COPSE_RETURN_NOT_OK(ctx.WriteAll(msgs[0]));
     } else {
       COPSE_ASSIGN_OR_RETURN(NamedTensors sum, SumGradients(msgs));
-      COPSE_RETURN_NOT_OK(ctx.WriteAll(chan::Buffer(SerializeTensors(sum))));
+      COPSE_RETURN_NOT_OK(ctx.WriteAll(TensorMessage(std::move(sum))));
     }
     return ctx.CloseOutputs();
   }
@@ -321,8 +325,10 @@ class RingReduceProgram final : public VertexProgram {
     const int w = ctx.param<int>("worker", 0);
     COPSE_ASSIGN_OR_RETURN(chan::Buffer own_msg, ReadOne(ctx, 0));
     COPSE_ASSIGN_OR_RETURN(chan::Buffer recv_msg, ReadOne(ctx, 1));
-    COPSE_ASSIGN_OR_RETURN(NamedTensors own, DeserializeTensors(own_msg.view()));
-    COPSE_ASSIGN_OR_RETURN(NamedTensors recv, DeserializeTensors(recv_msg.view()));
+    bool shared = false;
+    COPSE_ASSIGN_OR_RETURN(NamedTensors own, ReadTensorMessage(own_msg, &shared));
+    if (shared) own = Clones(own);  // written below; the producer's tensors are read-only
+    COPSE_ASSIGN_OR_RETURN(NamedTensors recv, ReadTensorMessage(recv_msg));
     std::vector<std::pair<float*, int64_t>> flat;
     int64_t total = 0;
     for (auto& [n, t] : own) flat.emplace_back(t.data(), t.numel()), total += t.numel();
@@ -364,14 +370,14 @@ class RingReduceProgram final : public VertexProgram {
       }
     });
     // What this worker sends in round k+1: the chunk it just completed.
-    COPSE_RETURN_NOT_OK(ctx.output(0).Write(chan::Buffer(SerializeTensors(own))));
+    COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(std::move(own))));
     if (k + 1 < rounds && ctx.num_outputs() > 1) {
       const auto [slo, shi] = chunk_range(recv_chunk);
       std::vector<float> send(static_cast<size_t>(shi - slo));
       for_range(slo, shi, [&](float* p, int64_t off, int64_t n) {
         std::memcpy(send.data() + (off - slo), p, sizeof(float) * n);
       });
-      COPSE_RETURN_NOT_OK(ctx.output(1).Write(chan::Buffer(SerializeTensors({{"chunk", Scalars(send)}}))));
+      COPSE_RETURN_NOT_OK(ctx.output(1).Write(TensorMessage({{"chunk", Scalars(send)}})));
     }
     return ctx.CloseOutputs();
   }
@@ -393,8 +399,8 @@ class UpdateProgram final : public VertexProgram {
     if (chain.size() != 3) return Status::DataLoss(ctx.name + ": the chain input needs params, state, stats");
     COPSE_ASSIGN_OR_RETURN(auto grads, ReadEveryInput(ctx, 1));
     if (grads.empty()) return Status::InvalidArgument(ctx.name + ": no gradient inputs");
-    const uint64_t grads_key = grads.size() == 1 ? MessageKey(grads[0].view()) : 0;
-    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, chain[0].view(), grads_key));
+    const uint64_t grads_key = grads.size() == 1 ? TensorMessageKey(grads[0]) : 0;
+    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, chain[0], grads_key));
     Sequential& m = lease->model;
     std::vector<float> loss;
     if (grads_key == 0 || lease->grads_key != grads_key) {
@@ -406,11 +412,11 @@ class UpdateProgram final : public VertexProgram {
       loss = lease->grads_loss;  // the entry holds exactly these gradients
     }
     // Optimizer state: reuse the cached optimizer when it holds exactly the chain's state.
-    const uint64_t state_key = MessageKey(chain[1].view());
-    COPSE_ASSIGN_OR_RETURN(NamedTensors stats_set, DeserializeTensors(chain[2].view()));
+    const uint64_t state_key = TensorMessageKey(chain[1]);
+    COPSE_ASSIGN_OR_RETURN(NamedTensors stats_set, ReadTensorMessage(chain[2]));
     std::vector<float> stats = ReadScalars(Find(stats_set, "__stats"), 4);
     if (!lease->optimizer || lease->state_key != state_key) {
-      COPSE_ASSIGN_OR_RETURN(NamedTensors state, DeserializeTensors(chain[1].view()));
+      COPSE_ASSIGN_OR_RETURN(NamedTensors state, ReadTensorMessage(chain[1]));
       lease->state_key = 0;
       if (s.optimizer == "adam") {
         AdamOptions a;
@@ -432,11 +438,13 @@ class UpdateProgram final : public VertexProgram {
     stats[0] += loss[0];
     stats[1] += loss[1];
     stats[3] += loss[1];
-    const chan::Buffer params_out(SerializeTensors(ParameterHandles(m)));
-    const chan::Buffer state_out(SerializeTensors(lease->optimizer->ExportState()));
-    const chan::Buffer stats_out(SerializeTensors({{"__stats", Scalars(stats)}}));
-    lease->params_key = MessageKey(params_out.view());
-    lease->state_key = MessageKey(state_out.view());
+    // The model keeps its parameters (the next update steps them in place): hand out copies.
+    // ExportState copies already.
+    const chan::Buffer params_out = TensorMessage(Clones(ParameterHandles(m)));
+    const chan::Buffer state_out = TensorMessage(lease->optimizer->ExportState());
+    const chan::Buffer stats_out = TensorMessage({{"__stats", Scalars(stats)}});
+    lease->params_key = TensorMessageKey(params_out);
+    lease->state_key = TensorMessageKey(state_out);
     lease.Commit();
     COPSE_RETURN_NOT_OK(WriteChainAndParams(ctx, params_out, state_out, stats_out));
     return ctx.CloseOutputs();
@@ -487,14 +495,14 @@ class ForwardProgram final : public VertexProgram {
       x = b.images;
     } else {
       COPSE_ASSIGN_OR_RETURN(chan::Buffer act, ReadOne(ctx, 1));
-      COPSE_ASSIGN_OR_RETURN(x, DeserializeTensor(act.view()));
+      COPSE_ASSIGN_OR_RETURN(x, ReadSingleTensor(act));
     }
     if (stage == stages - 1 && stage != 0) {  // labels of this micro-batch
       COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.data_dir, Split::kTrain, s.limit));
       COPSE_ASSIGN_OR_RETURN(auto idx, StepIndices(s, pos.step, pos.part(), pos.parts(), &batch_size));
       for (int64_t i : idx) b.labels.push_back(train->labels()[static_cast<size_t>(i)]);
     }
-    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params.view()));
+    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
     Stash stash;
     const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
     NamedTensors out;
@@ -521,10 +529,11 @@ class ForwardProgram final : public VertexProgram {
       out.emplace_back("__loss", Scalars({static_cast<float>(loss_sum), static_cast<float>(b.size())}));
     }
     lease.Commit();  // forward changes no parameters or gradients
-    COPSE_RETURN_NOT_OK(ctx.output(0).Write(chan::Buffer(SerializeTensors(out))));
+    // The stash and y are this forward's own tensors: handed over as they are.
+    COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(std::move(out))));
     if (stage < stages - 1) {
       if (ctx.num_outputs() < 2) return Status::InvalidArgument(ctx.name + ": needs an activation output");
-      COPSE_RETURN_NOT_OK(ctx.output(1).Write(chan::Buffer(SerializeTensor(y))));
+      COPSE_RETURN_NOT_OK(ctx.output(1).Write(SingleTensorMessage(y)));
     }
     return ctx.CloseOutputs();
   }
@@ -548,11 +557,11 @@ class BackwardProgram final : public VertexProgram {
     size_t port = 0;
     COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadOne(ctx, port++));
     COPSE_ASSIGN_OR_RETURN(chan::Buffer stash_msg, ReadOne(ctx, port++));
-    COPSE_ASSIGN_OR_RETURN(NamedTensors stash_set, DeserializeTensors(stash_msg.view()));
+    COPSE_ASSIGN_OR_RETURN(NamedTensors stash_set, ReadTensorMessage(stash_msg));
     Tensor dy;
     if (stage < stages - 1) {
       COPSE_ASSIGN_OR_RETURN(chan::Buffer dy_msg, ReadOne(ctx, port++));
-      COPSE_ASSIGN_OR_RETURN(dy, DeserializeTensor(dy_msg.view()));
+      COPSE_ASSIGN_OR_RETURN(dy, ReadSingleTensor(dy_msg));
     } else {
       const Tensor* t = Find(stash_set, "dy");
       if (!t) return Status::DataLoss(ctx.name + ": the last stage's stash lacks dy");
@@ -563,8 +572,8 @@ class BackwardProgram final : public VertexProgram {
       COPSE_ASSIGN_OR_RETURN(chan::Buffer a, ReadOne(ctx, port++));
       acc_msg = std::move(a);
     }
-    const uint64_t acc_key = acc_msg ? MessageKey(acc_msg->view()) : 0;
-    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params.view(), acc_key));
+    const uint64_t acc_key = acc_msg ? TensorMessageKey(*acc_msg) : 0;
+    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params, acc_key));
     Sequential& m = lease->model;
     std::vector<float> loss = ReadScalars(Find(stash_set, "__loss"), 2);
     bool accumulate = false;
@@ -572,7 +581,7 @@ class BackwardProgram final : public VertexProgram {
       accumulate = true;
       if (lease->grads_key != acc_key) {  // not the entry the previous micro-batch left: decode
         lease->grads_key = 0;
-        COPSE_ASSIGN_OR_RETURN(NamedTensors acc, DeserializeTensors(acc_msg->view()));
+        COPSE_ASSIGN_OR_RETURN(NamedTensors acc, ReadTensorMessage(*acc_msg));
         COPSE_RETURN_NOT_OK(m.ImportGradients(acc));
         const auto prev = ReadScalars(Find(acc, "__loss"), 2);
         loss[0] += prev[0], loss[1] += prev[1];
@@ -599,16 +608,16 @@ class BackwardProgram final : public VertexProgram {
       if (!accumulate) m.ZeroGrad();
       if (stage > 0) dx = Tensor::Zeros({0});
     }
-    NamedTensors grads = GradientHandles(m);
+    NamedTensors grads = Clones(GradientHandles(m));  // the model accumulates on into its own
     grads.emplace_back("__loss", Scalars(loss));
-    const chan::Buffer out(SerializeTensors(grads));
-    lease->grads_key = MessageKey(out.view());
+    const chan::Buffer out = TensorMessage(std::move(grads));
+    lease->grads_key = TensorMessageKey(out);
     lease->grads_loss = loss;
     lease.Commit();
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(out));
     if (stage > 0) {
       if (ctx.num_outputs() < 2) return Status::InvalidArgument(ctx.name + ": needs a gradient output");
-      COPSE_RETURN_NOT_OK(ctx.output(1).Write(chan::Buffer(SerializeTensor(dx))));
+      COPSE_RETURN_NOT_OK(ctx.output(1).Write(SingleTensorMessage(dx)));
     }
     return ctx.CloseOutputs();
   }
@@ -635,9 +644,9 @@ class EvalProgram final : public VertexProgram {
     for (; port < ctx.num_inputs(); ++port) {
       COPSE_ASSIGN_OR_RETURN(auto chain, ReadAll(ctx, port));
       if (chain.size() != 3) return Status::DataLoss(ctx.name + ": a chain input needs params, state, stats");
-      COPSE_ASSIGN_OR_RETURN(NamedTensors p, DeserializeTensors(chain[0].view()));
+      COPSE_ASSIGN_OR_RETURN(NamedTensors p, ReadTensorMessage(chain[0]));
       for (auto& kv : p) all.push_back(std::move(kv));
-      COPSE_ASSIGN_OR_RETURN(NamedTensors st, DeserializeTensors(chain[2].view()));
+      COPSE_ASSIGN_OR_RETURN(NamedTensors st, ReadTensorMessage(chain[2]));
       const auto sv = ReadScalars(Find(st, "__stats"), 4);
       if (sv[1] > 0) stats = sv;  // the stage that computes the loss
     }

@@ -10,7 +10,7 @@
 #include <tuple>
 
 #include "ml/models.h"
-#include "ml/serialize.h"
+#include "ml/tensor_message.h"
 
 namespace copse::ml::programs {
 
@@ -89,13 +89,6 @@ Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, i
   return ShardBatch(batch, part, parts);
 }
 
-uint64_t MessageKey(std::string_view bytes) {
-  if (bytes.size() < 8) return 0;
-  uint64_t h;
-  std::memcpy(&h, bytes.data() + bytes.size() - 8, 8);
-  return h ^ (static_cast<uint64_t>(bytes.size()) * 0x9e3779b97f4a7c15ULL) ^ 1;
-}
-
 // ---- model cache --------------------------------------------------------------------------
 
 namespace {
@@ -118,10 +111,10 @@ ModelLease::~ModelLease() {
 }
 
 Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
-                              std::string_view params_msg, uint64_t grads_key) {
+                              const chan::Buffer& params_msg, uint64_t grads_key) {
   const std::string cache_key =
       s.model + "/" + std::to_string(begin) + "-" + std::to_string(end) + "/" + s.optimizer;
-  const uint64_t params_key = MessageKey(params_msg);
+  const uint64_t params_key = TensorMessageKey(params_msg);
   std::unique_ptr<CachedModel> entry;
   {
     std::lock_guard<std::mutex> lock(g_model_mu);
@@ -150,11 +143,18 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
   ModelLease lease(cache_key, std::move(entry));
   if (lease->params_key != params_key) {
     lease->params_key = 0;
-    COPSE_ASSIGN_OR_RETURN(NamedTensors params, DeserializeTensors(params_msg));
+    COPSE_ASSIGN_OR_RETURN(NamedTensors params, ReadTensorMessage(params_msg));
     COPSE_RETURN_NOT_OK(lease->model.ImportParameters(params));
     lease->params_key = params_key;
   }
   return lease;
+}
+
+NamedTensors Clones(const NamedTensors& tensors) {
+  NamedTensors out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) out.emplace_back(name, t.Clone());
+  return out;
 }
 
 NamedTensors GradientHandles(const Sequential& m) {

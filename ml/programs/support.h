@@ -6,8 +6,8 @@
 //
 // Determinism: everything here is a pure function of (params, input bytes). The model cache
 // only skips work: an entry is reused when it provably holds the tensors of an input message
-// (same size and same XXH64 trailer of the checksummed encoding, ml/serialize.h), so a cold
-// daemon (after recovery) computes the same bytes as a warm one.
+// (same TensorMessageKey, ml/tensor_message.h), so a cold daemon (after recovery) computes the
+// same bytes as a warm one.
 //
 // Thread-safety: the caches are safe to use from every worker thread of a daemon; a leased
 // model is used by one vertex at a time.
@@ -54,9 +54,6 @@ Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, i
 /// Epoch (from 1) and step within the epoch (from 1) of a global step.
 std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step);
 
-/// Identity of a checksummed tensor message: its size and XXH64 trailer (0 when too short).
-uint64_t MessageKey(std::string_view bytes);
-
 /// One cached model slice (layers [begin, end) of `model`) with an optional optimizer. The
 /// keys say which message each part of the state equals (0 = unknown).
 struct CachedModel {
@@ -83,10 +80,13 @@ class ModelLease {
   bool committed_ = false;
 };
 
-/// A model slice whose parameters equal `params_msg` (decoded only when no cached entry holds
+/// A model slice whose parameters equal `params_msg` (read only when no cached entry holds
 /// them already). `grads_key` prefers an entry whose gradients equal that message.
 Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
-                              std::string_view params_msg, uint64_t grads_key = 0);
+                              const chan::Buffer& params_msg, uint64_t grads_key = 0);
+
+/// Deep copies of `tensors` (for handing a model's own tensors to a TensorMessage).
+NamedTensors Clones(const NamedTensors& tensors);
 
 /// Parameter gradients of `m` (no copies: the handles of the gradients), plus `extra`.
 NamedTensors GradientHandles(const Sequential& m);

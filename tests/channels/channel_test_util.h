@@ -66,4 +66,19 @@ inline Status DrainStatus(ChannelReader& r) {
   }
 }
 
+/// A payload whose encoding is `text`, counting how often it was encoded.
+class CountingPayload final : public Payload {
+ public:
+  explicit CountingPayload(std::string text) : text_(std::move(text)) {}
+  size_t EncodedSize() const override { return text_.size(); }
+  std::string Encode() const override {
+    ++encodes;
+    return text_;
+  }
+  mutable std::atomic<int> encodes{0};
+
+ private:
+  std::string text_;
+};
+
 }  // namespace copse::chan::testing

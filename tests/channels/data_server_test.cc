@@ -126,6 +126,20 @@ TEST_CASE("RemoteFetch.RoundTripBothKinds" * doctest::timeout(20)) {
   CHECK(Fetch(d, {1, 0, 0, 0}) == msgs);  // the connection is still good after a refusal
 }
 
+TEST_CASE("RemoteFetch.PayloadsAreEncodedOnceForRemoteReaders" * doctest::timeout(20)) {
+  Daemon d;
+  auto object = std::make_shared<testing::CountingPayload>(Pattern(3 << 20, 9, 0));
+  auto w = d.store->CreateWriter({3, 0, 0, 0}, StorageKind::kMemory);
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Write(Buffer("plain")).ok());
+  REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(object))).ok());
+  REQUIRE((*w)->Close().ok());
+  const std::vector<std::string> want = {"plain", Pattern(3 << 20, 9, 0)};
+  CHECK(Fetch(d, {3, 0, 0, 0}) == want);
+  CHECK(Fetch(d, {3, 0, 0, 0}) == want);
+  CHECK(object->encodes == 1);
+}
+
 TEST_CASE("RemoteFetch.MessageLargerThanAFrame" * doctest::timeout(20)) {
   Daemon d;
   std::vector<std::string> msgs = {"head", std::string(internal::kMaxPieceBytes * 2 + 12345, 'z'), "tail"};

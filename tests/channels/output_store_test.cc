@@ -120,6 +120,40 @@ TEST_CASE("OutputStore.MemoryReadsShareBuffers" * doctest::timeout(5)) {
   CHECK(store->memory_bytes() == 0);
 }
 
+TEST_CASE("OutputStore.PayloadsStayObjectsUntilBytesAreNeeded" * doctest::timeout(10)) {
+  TempDir dir;
+  auto store = MakeStore(dir, 1 << 20);
+  auto object = std::make_shared<testing::CountingPayload>(Pattern(1000, 7, 0));
+  OutputKey key{1, 2, 1, 0};
+  auto w = store->CreateWriter(key, StorageKind::kMemory);
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(object))).ok());
+  REQUIRE((*w)->Close().ok());
+  CHECK(store->Info(key)->bytes == 1000);  // the encoded size, known without encoding
+  auto r = store->OpenReader(key);
+  REQUIRE(r.ok());
+  auto m = (*r)->Next();
+  REQUIRE((m.ok() && m->has_value()));
+  CHECK((*m)->payload() == object.get());  // the object itself: no encoding, copy or hash
+  CHECK(object->encodes == 0);
+  CHECK((*m)->view() == Pattern(1000, 7, 0));  // bytes on demand, once
+  CHECK((*m)->view() == Pattern(1000, 7, 0));
+  CHECK(object->encodes == 1);
+  // Damaging a payload output damages its bytes: the next read is DataLoss.
+  REQUIRE(store->Corrupt(key).ok());
+  auto bad = store->OpenReader(key);
+  CHECK((bad.ok() ? DrainStatus(**bad) : bad.status()).code() == StatusCode::kDataLoss);
+  // An output over the budget spills: its payloads are encoded to the file and read back as bytes.
+  auto big = std::make_shared<testing::CountingPayload>(Pattern(2 << 20, 8, 0));
+  OutputKey spilled{1, 3, 1, 0};
+  auto w2 = store->CreateWriter(spilled, StorageKind::kMemory);
+  REQUIRE(w2.ok());
+  REQUIRE((*w2)->Write(Buffer(std::shared_ptr<const Payload>(big))).ok());
+  REQUIRE((*w2)->Close().ok());
+  CHECK(!store->Info(spilled)->in_memory);
+  CHECK(ReadAll(*store, spilled) == std::vector<std::string>{Pattern(2 << 20, 8, 0)});
+}
+
 TEST_CASE("OutputStore.IncompleteWritersAreInvisible" * doctest::timeout(5)) {
   TempDir dir;
   auto store = MakeStore(dir);

@@ -1,10 +1,12 @@
 #include <doctest/doctest.h>
 
 #include "ml/serialize.h"
+#include "ml/tensor_message.h"
 #include "tests/ml/test_util.h"
 
 using namespace copse::ml;
 using copse::ml::testing::RandomTensor;
+namespace chan = copse::chan;
 
 TEST_CASE("Serialize.RoundTripsTensorsBitExactly") {
   NamedTensors in{{"0.weight", RandomTensor({3, 4}, 1)},
@@ -40,4 +42,30 @@ TEST_CASE("Serialize.CorruptionIsDataLossNeverACrash") {
   // Two tensors where one is expected.
   const std::string two = SerializeTensors({{"a", Tensor::Zeros({1})}, {"b", Tensor::Zeros({1})}});
   CHECK(DeserializeTensor(two).status().code() == copse::StatusCode::kDataLoss);
+}
+
+TEST_CASE("TensorMessage.LocalReadersShareTheTensorsAndRemoteOnesGetTheSameBytes") {
+  const NamedTensors in = {{"w", RandomTensor({3, 4}, 5)}, {"b", RandomTensor({4}, 6)}};
+  const chan::Buffer msg = TensorMessage(in);
+  bool shared = false;
+  auto local = ReadTensorMessage(msg, &shared);
+  REQUIRE(local.ok());
+  CHECK(shared);
+  CHECK((*local)[0].second.data() == in[0].second.data());  // the very tensors: no copy
+  CHECK(msg.size() == SerializeTensors(in).size());          // known without encoding
+  CHECK(msg.view() == SerializeTensors(in));                  // what a remote reader receives
+  auto remote = ReadTensorMessage(chan::Buffer(std::string(msg.view())), &shared);
+  REQUIRE(remote.ok());
+  CHECK(!shared);
+  CHECK(Digest(*remote) == Digest(in));
+  // Cache keys: stable per message, distinct between messages and between an object and bytes.
+  const chan::Buffer again = TensorMessage(in);
+  CHECK(TensorMessageKey(msg) == TensorMessageKey(msg));
+  CHECK(TensorMessageKey(msg) != TensorMessageKey(again));
+  CHECK(TensorMessageKey(msg) != TensorMessageKey(chan::Buffer(std::string(msg.view()))));
+  // One tensor: SerializeTensor's encoding.
+  const chan::Buffer one = SingleTensorMessage(in[1].second);
+  CHECK(one.view() == SerializeTensor(in[1].second));
+  CHECK(ReadSingleTensor(one)->data() == in[1].second.data());
+  CHECK(ReadSingleTensor(msg).status().code() == copse::StatusCode::kDataLoss);
 }
