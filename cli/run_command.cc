@@ -32,6 +32,7 @@ struct RunOpts {
   std::string keep_dir;
   std::string trace_file;
   int heartbeat_timeout_ms = 1000;
+  bool chain_dispatch = true;
 };
 
 /// The local cluster's processes and files; torn down on destruction.
@@ -54,9 +55,10 @@ class LocalCluster {
       std::filesystem::create_directories(dir_);
     }
     auto state = dir_ / "jm";
-    COPSE_ASSIGN_OR_RETURN(pid_t jm, SpawnSelf({"jm", "--listen", "127.0.0.1:0", "--state-dir", state.string(),
-                                                "--heartbeat-timeout-ms", std::to_string(o.heartbeat_timeout_ms)},
-                                               {}, (dir_ / "jm.log").string()));
+    std::vector<std::string> jm_args = {"jm", "--listen", "127.0.0.1:0", "--state-dir", state.string(),
+                                        "--heartbeat-timeout-ms", std::to_string(o.heartbeat_timeout_ms)};
+    if (!o.chain_dispatch) jm_args.push_back("--no-chain-dispatch");
+    COPSE_ASSIGN_OR_RETURN(pid_t jm, SpawnSelf(jm_args, {}, (dir_ / "jm.log").string()));
     pids_.push_back(jm);
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (!std::filesystem::exists(state / "jm.addr")) {
@@ -189,6 +191,8 @@ void AddRunCommand(CLI::App& app) {
   cmd->add_option("--trace", o->trace_file, "write the job's execution trace (Chrome/Perfetto JSON) here");
   cmd->add_option("--keep", o->keep_dir, "keep the cluster's state, logs and outputs in this directory");
   cmd->add_option("--heartbeat-timeout-ms", o->heartbeat_timeout_ms, "a daemon silent this long is lost")->check(CLI::Range(50, 600000));
+  cmd->add_flag("!--no-chain-dispatch", o->chain_dispatch,
+                "send every vertex only once its inputs are complete (see copse jm --no-chain-dispatch)");
   cmd->callback([o] { ExitCode() = RunJob(*o); });
 }
 

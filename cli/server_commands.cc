@@ -23,6 +23,7 @@ void AddJmCommand(CLI::App& app) {
     int locality_wait_ms = 100;
     double straggler_factor = 4.0;
     int straggler_min_ms = 2000;
+    bool chain_dispatch = true;
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any; the address goes to STATE_DIR/jm.addr)");
@@ -37,6 +38,8 @@ void AddJmCommand(CLI::App& app) {
       ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--straggler-min-ms", opts->straggler_min_ms, "never duplicate an attempt younger than this")
       ->check(CLI::Range(0, 86400000));
+  cmd->add_flag("!--no-chain-dispatch", opts->chain_dispatch,
+                "do not send a vertex ahead to the daemon where its last unfinished predecessor runs");
   cmd->callback([opts] {
     auto hp = net::ParseHostPort(opts->listen, "--listen");
     if (!hp.ok()) {
@@ -54,6 +57,7 @@ void AddJmCommand(CLI::App& app) {
     o.scheduler.locality_wait = std::chrono::milliseconds(opts->locality_wait_ms);
     o.scheduler.straggler_factor = opts->straggler_factor;
     o.scheduler.straggler_min = std::chrono::milliseconds(opts->straggler_min_ms);
+    o.scheduler.chain_dispatch = opts->chain_dispatch;
     auto server = jm::JmServer::Start(std::move(o));
     if (!server.ok()) {
       std::cerr << "copse jm: " << server.status().message() << "\n";

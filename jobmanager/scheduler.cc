@@ -24,6 +24,18 @@ std::shared_ptr<spdlog::logger> SchedLog() {
   return log;
 }
 
+/// Calls fn for every vertex that reads v's outputs (not live ones) or is ordered after it; a
+/// vertex with several such edges is visited once per edge.
+template <typename Fn>
+void ForEachSuccessor(const JobGraph& g, VertexId v, Fn&& fn) {
+  for (const auto& port : g.vertex(v).outputs) {
+    for (ChannelId ch : port) {
+      if (!IsLive(g.channel(ch).kind)) fn(g.channel(ch).to);
+    }
+  }
+  for (ChannelId ch : g.vertex(v).order_out) fn(g.channel(ch).to);
+}
+
 }  // namespace
 
 std::string_view VertexStateName(VertexState s) {
@@ -90,6 +102,7 @@ struct Scheduler::Run {
   bool released = false;  // outputs garbage-collected (retained ports excepted): every consumer had completed
   TimePoint ready_since{};
   TimePoint started{};
+  VertexId chained_after;  // dispatched chained: waits on its daemon for this vertex to succeed
   double duration_ms = 0;
   std::string last_error;
 };
@@ -587,6 +600,11 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     Schedule();
     return;
   }
+  if (!rep.ok && r.chained_after.valid()) {  // never started: its predecessor failed there
+    Unchain(*job, rep.vertex);
+    Schedule();
+    return;
+  }
   if (rep.ok) {
     Complete(*job, rep.vertex, rep);
   } else if (rep.failure == FailureClass::kInputLost && rep.lost_input_port >= 0 &&
@@ -634,12 +652,82 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
     for (ChannelId ch : port) release(ch);
   }
   for (ChannelId ch : node.order_out) release(ch);
+  // Successors chained after v started on its daemon just now: their clocks (timeouts,
+  // stragglers, trace spans) start here.
+  std::vector<VertexId> started;
+  ForEachSuccessor(job.g(), v, [&](VertexId u) {
+    Run& c = job.runs[u.value()];
+    if (c.chained_after != v) return;
+    started.push_back(u);
+    c.chained_after = VertexId();
+    c.started = clock_.Now();
+    auto span = job.open_spans.find({u.value(), c.version});
+    if (span != job.open_spans.end()) job.spans[span->second].start_ms = ElapsedMs(job);
+  });
   ReleaseConsumedInputs(job, v);
   if (job.completed == job.runs.size()) {
     FinishJob(job, JobState::kCompleted, "");
     return;
   }
   CheckFaults(job);
+  // v's slot is free: what waits on v, or on what started in its place, may chain now.
+  if (job.state == JobState::kRunning) ChainSuccessors(job, v);
+  for (VertexId u : started) {
+    if (job.state == JobState::kRunning) ChainSuccessors(job, u);
+  }
+}
+
+void Scheduler::ChainSuccessors(Job& job, VertexId v) {
+  if (!options_.chain_dispatch) return;
+  ForEachSuccessor(job.g(), v, [&](VertexId u) {
+    const Run& c = job.runs[u.value()];
+    if (c.state == VertexState::kWaiting && c.pending == 1) TryChain(job, u);
+  });
+}
+
+void Scheduler::TryChain(Job& job, VertexId u) {
+  const JobGraph& g = job.g();
+  const VertexNode& node = g.vertex(u);
+  const StageSpec& stage = g.stage_of(u);
+  Run& r = job.runs[u.value()];
+  if (!options_.chain_dispatch || job.state != JobState::kRunning || r.state != VertexState::kWaiting ||
+      r.pending != 1 || node.gang.valid() || stage.affinity.empty()) {
+    return;
+  }
+  // The one unfinished predecessor, running (not as a duplicate pair) on u's pinned daemon.
+  VertexId last;
+  bool live = false;
+  auto visit = [&](ChannelId ch) {
+    const ChannelEdge& c = g.channel(ch);
+    live = live || IsLive(c.kind);
+    if (job.runs[c.from.value()].state != VertexState::kCompleted) last = c.from;
+  };
+  for (ChannelId ch : node.inputs) visit(ch);
+  for (ChannelId ch : node.order_in) visit(ch);
+  for (const auto& port : node.outputs) {
+    for (ChannelId ch : port) live = live || IsLive(g.channel(ch).kind);
+  }
+  if (live || !last.valid()) return;
+  const Run& p = job.runs[last.value()];
+  if (p.state != VertexState::kRunning || p.dup_version || g.vertex(last).gang.valid()) return;
+  auto pinned = job.affinity.find(stage.affinity);
+  if (pinned == job.affinity.end() || pinned->second != p.daemon) return;
+  Daemon& d = *daemons_[p.daemon.value()];
+  if (!d.alive || d.awaiting || d.free_cpus + 1e-9 < stage.resources.cpus || d.free_gpus < stage.resources.gpus) return;
+  Dispatch(job, u, d, /*duplicate=*/false, last);
+}
+
+void Scheduler::Unchain(Job& job, VertexId u) {
+  Run& r = job.runs[u.value()];
+  ReleaseSlots(job, u);
+  r.state = VertexState::kWaiting;
+  r.chained_after = VertexId();
+  Log(job, u, "version " + std::to_string(r.version) + " withdrawn: the vertex it was chained after did not succeed");
+  if (r.pending == 0) {
+    MakeReady(job, u);
+  } else {
+    TryChain(job, u);
+  }
 }
 
 bool Scheduler::OutputNeeded(const Job& job, VertexId v) const {
@@ -721,6 +809,7 @@ void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& 
   } else {
     ReleaseSlots(job, v);
     r.state = VertexState::kWaiting;
+    r.chained_after = VertexId();
     Log(job, v, "version " + std::to_string(r.version) + " failed (" + std::string(FailureClassName(cls)) + "): " + error);
   }
   r.last_error = error;
@@ -986,7 +1075,7 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
   return true;
 }
 
-void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
+void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, VertexId after) {
   const JobGraph& g = job.g();
   const VertexNode& node = g.vertex(v);
   const StageSpec& stage = g.stage_of(v);
@@ -1002,6 +1091,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
     r.version = version;
     r.daemon = d.id;
     r.started = clock_.Now();
+    r.chained_after = after;
     job.running.insert(v.value());
   }
   d.free_cpus -= stage.resources.cpus;
@@ -1048,6 +1138,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
                {"params", *node.params},    {"job_dir", job.job_dir},      {"threads", std::max(1, static_cast<int>(stage.resources.cpus))}, {"gpus", stage.resources.gpus},
                {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
   if (node.gang.valid()) AddNcclInfo(job, v, version, task);
+  if (after.valid()) task["after"] = {{"vertex", after.value()}, {"version", job.runs[after.value()].version}};
   // Faults the job file injects into this attempt.
   const auto& faults = job.faults;
   for (size_t i = 0; i < faults.size(); ++i) {
@@ -1083,7 +1174,9 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate) {
   Json& batch = outbox_[d.id];
   if (batch.is_null()) batch = {{"op", "run"}, {"tasks", Json::array()}};
   batch["tasks"].push_back(std::move(task));
-  Log(job, v, "version " + std::to_string(version) + (duplicate ? " (straggler duplicate)" : "") + " placed on " + d.spec.name);
+  Log(job, v, "version " + std::to_string(version) + (duplicate ? " (straggler duplicate)" : "") + " placed on " + d.spec.name +
+                  (after.valid() ? " chained after " + g.vertex(after).name : ""));
+  if (!duplicate && !node.gang.valid()) ChainSuccessors(job, v);
 }
 
 void Scheduler::Flush() {
@@ -1118,6 +1211,7 @@ void Scheduler::Tick() {
     for (uint32_t v : std::vector<uint32_t>(job.running.begin(), job.running.end())) {
       Run& r = job.runs[v];
       double timeout_s = job.g().stage_of(VertexId(v)).timeout_s;
+      if (r.chained_after.valid()) continue;  // not started yet
       if (timeout_s <= 0 || now - r.started < std::chrono::duration<double>(timeout_s)) continue;
       sink_.SendToDaemon(r.daemon, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", v}, {"version", r.version}});
       Fail(job, VertexId(v), FailureClass::kTimeout, "ran longer than timeout_s=" + std::to_string(timeout_s), true);
@@ -1140,6 +1234,7 @@ void Scheduler::LaunchDuplicates(Job& job) {
   for (uint32_t v : std::vector<uint32_t>(job.running.begin(), job.running.end())) {
     Run& r = job.runs[v];
     if (r.dup_version || g.vertex(VertexId(v)).gang.valid()) continue;  // gangs restart whole instead
+    if (r.chained_after.valid()) continue;                               // not started yet
     int stage = g.vertex(VertexId(v)).stage;
     auto& done = job.stage_seconds[stage];
     int replicas = g.spec().stages[stage].replicas;

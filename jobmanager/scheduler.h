@@ -88,6 +88,10 @@ struct SchedulerOptions {
   double straggler_factor = 4.0;
   Duration straggler_min = std::chrono::seconds(2);
   double straggler_fraction = 0.5;
+  /// Chained dispatch: a vertex whose last unfinished predecessor is running on the daemon its
+  /// affinity pins it to is sent there at once, to start the moment that predecessor succeeds
+  /// there, without a report -> job manager -> run round trip (a pipeline stage's chain).
+  bool chain_dispatch = true;
   /// After a restart, how long daemons named in the journal have to come back before their
   /// outputs count as lost.
   Duration recovery_grace = std::chrono::seconds(3);
@@ -177,7 +181,16 @@ class Scheduler {
   /// Cancels a gang's running members and sends every member back to waiting.
   void ResetGang(Job& job, GangId gang, VertexId cause, const std::string& why);
   /// Sends attempt max(version, dup_version)+1 of v to d; a duplicate runs beside the current one.
-  void Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate);
+  /// With `after` valid (chained dispatch), d starts it once that vertex's current attempt has
+  /// succeeded there.
+  void Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, VertexId after = VertexId());
+  /// Chained dispatch of waiting vertex u (see SchedulerOptions::chain_dispatch), if it applies.
+  void TryChain(Job& job, VertexId u);
+  /// Chains the waiting successors of v that have nothing else left to wait for.
+  void ChainSuccessors(Job& job, VertexId v);
+  /// A chained attempt that never started (its predecessor failed there): back to waiting,
+  /// neither charged nor counted as a recovery.
+  void Unchain(Job& job, VertexId u);
   /// Stragglers: running attempts far slower than their completed stage peers get a duplicate.
   void LaunchDuplicates(Job& job);
   /// A report from a vertex with two attempts running; true when it needs nothing more.

@@ -139,6 +139,10 @@ Json UpdateParams(const GraphOptions& o, const Json& common, int begin, int end,
                        {"checkpoint_every", o.checkpoint_every}});
 }
 
+/// An update is on the critical path with nothing beside it on its daemon (the next step's
+/// vertices wait for its parameters): it takes the whole daemon for its memory-bound loops.
+double UpdateCpus(const GraphOptions& o) { return std::max<double>(o.threads, o.daemon_cpus); }
+
 void AddCheckpoints(JobBuilder& b, const GraphOptions& o, const std::string& update_stage, const std::string& name,
                     int64_t steps) {
   const auto ckpts = CheckpointSteps(o, steps);
@@ -168,7 +172,7 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
   auto upd = [&](int w) { return ring ? upd_prefix + std::to_string(w) : upd_prefix; };
   for (int w = 0; w < U; ++w)
     b.Stage(upd(w), o.reducer == "ps" ? "ml.ps" : "ml.update", steps, UpdateParams(o, common, 0, -1, steps),
-            o.threads, ring ? "w" + std::to_string(w) : "params");
+            UpdateCpus(o), ring ? "w" + std::to_string(w) : "params");
   // Reducers.
   const int rounds = 2 * (W - 1);
   std::vector<std::vector<int>> levels;  // tree: nodes per level, as counts of children
@@ -288,7 +292,7 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
       b.Stage(B(s, w), "ml.backward", steps * M, With(With(common, layers), pos), o.threads,
               group + (W > 1 ? "w" + std::to_string(w) : ""), s > 0 ? crossing : std::vector<int>{});
     }
-    b.Stage(Uname(s), "ml.update", steps, UpdateParams(o, common, split[s], split[s + 1], steps), o.threads,
+    b.Stage(Uname(s), "ml.update", steps, UpdateParams(o, common, split[s], split[s + 1], steps), UpdateCpus(o),
             group + (W > 1 ? "w0" : ""));
   }
   for (int64_t t = 0; t < steps; ++t) {

@@ -7,9 +7,12 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include <asio.hpp>
 
@@ -246,6 +249,7 @@ class Daemon::Impl {
   void CancelEverything() {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.clear();
+    held_.clear();
     for (auto& [key, flag] : cancel_flags_) flag->store(true);
     reports_.clear();
   }
@@ -287,7 +291,22 @@ class Daemon::Impl {
         for (auto& spec : msg["tasks"]) {
           Task t;
           t.spec = std::move(spec);
-          queue_.push_back(std::move(t));
+          if (!t.spec.contains("after")) {
+            queue_.push_back(std::move(t));
+            continue;
+          }
+          // Chained: runs once the named attempt has succeeded here (it may already have).
+          const Json& after = t.spec["after"];
+          auto done = finished_.find({t.spec["job"].get<uint64_t>(), after["vertex"].get<uint32_t>(),
+                                      after["version"].get<uint32_t>()});
+          if (done == finished_.end()) {
+            held_.push_back(std::move(t));
+          } else if (done->second) {
+            queue_.push_back(std::move(t));
+          } else {
+            reports_.push_back(Withdrawn(t.spec));
+            PostReports();
+          }
         }
         cv_.notify_all();
       } else if (op == "cancel") {
@@ -300,6 +319,10 @@ class Daemon::Impl {
         uint64_t job = msg["job"].get<uint64_t>();
         for (const auto& key : store_->List(job)) {
           if (!keep.count(key)) store_->Drop(key);
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          finished_.erase(finished_.lower_bound({job, 0, 0}), finished_.lower_bound({job + 1, 0, 0}));
         }
         hub_->DropJob(job);
         shm_.DropJob(job);
@@ -337,11 +360,11 @@ class Daemon::Impl {
 
   void CancelMatching(uint64_t job, int64_t vertex) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = queue_.begin(); it != queue_.end();) {
-      bool match = it->spec["job"].get<uint64_t>() == job &&
-                   (vertex < 0 || it->spec["vertex"].get<int64_t>() == vertex);
-      it = match ? queue_.erase(it) : std::next(it);
-    }
+    auto match = [&](const Task& t) {
+      return t.spec["job"].get<uint64_t>() == job && (vertex < 0 || t.spec["vertex"].get<int64_t>() == vertex);
+    };
+    std::erase_if(queue_, match);
+    std::erase_if(held_, match);
     for (auto& [key, flag] : cancel_flags_) {
       if (key.first == job && (vertex < 0 || key.second == static_cast<uint32_t>(vertex))) flag->store(true);
     }
@@ -362,13 +385,50 @@ class Daemon::Impl {
       Json report = Execute(task);
       {
         std::lock_guard<std::mutex> lock(mu_);
-        cancel_flags_.erase({task.spec["job"].get<uint64_t>(), task.spec["vertex"].get<uint32_t>()});
-        reports_.push_back(std::move(report));
-        if (report_posted_) continue;
-        report_posted_ = true;
+        const uint64_t job = task.spec["job"].get<uint64_t>();
+        const uint32_t vertex = task.spec["vertex"].get<uint32_t>(), version = task.spec["version"].get<uint32_t>();
+        cancel_flags_.erase({job, vertex});
+        const bool ok = report["ok"].get<bool>();
+        reports_.push_back(std::move(report));  // before any chained successor's report
+        finished_[{job, vertex, version}] = ok;
+        ReleaseHeld(job, vertex, version, ok);
+        PostReports();
       }
-      asio::post(io_, [this] { SendReports(); });
     }
+  }
+
+  /// Tasks chained after attempt (job, vertex, version), which just ended here: queued next when
+  /// it succeeded, else reported withdrawn. Requires mu_.
+  void ReleaseHeld(uint64_t job, uint32_t vertex, uint32_t version, bool ok) {
+    for (auto it = held_.begin(); it != held_.end();) {
+      const Json& after = it->spec["after"];
+      if (it->spec["job"].get<uint64_t>() != job || after["vertex"].get<uint32_t>() != vertex ||
+          after["version"].get<uint32_t>() != version) {
+        ++it;
+        continue;
+      }
+      if (ok) {
+        queue_.push_front(std::move(*it));  // the job manager chains only what runs next
+        cv_.notify_one();
+      } else {
+        reports_.push_back(Withdrawn(it->spec));
+      }
+      it = held_.erase(it);
+    }
+  }
+
+  /// The report of a chained task that never ran because the attempt it waited for failed.
+  static Json Withdrawn(const Json& spec) {
+    return {{"job", spec["job"]},  {"vertex", spec["vertex"]}, {"version", spec["version"]}, {"ok", false},
+            {"class", "cancelled"}, {"error", "withdrawn: the attempt it was chained after failed"},
+            {"duration_ms", 0.0}};
+  }
+
+  /// Has the io thread send what reports_ holds (once per batch). Requires mu_.
+  void PostReports() {
+    if (report_posted_) return;
+    report_posted_ = true;
+    asio::post(io_, [this] { SendReports(); });
   }
 
   void SendReports() {
@@ -620,6 +680,10 @@ class Daemon::Impl {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
+  /// Chained tasks (with "after") waiting for that attempt of this daemon to end.
+  std::vector<Task> held_;  // guarded by mu_
+  /// How each attempt run here ended (true: succeeded), for chained tasks arriving after it.
+  std::map<std::tuple<uint64_t, uint32_t, uint32_t>, bool> finished_;  // guarded by mu_
   std::map<std::pair<uint64_t, uint32_t>, std::shared_ptr<std::atomic<bool>>> cancel_flags_;
   std::vector<Json> reports_;
   bool report_posted_ = false;

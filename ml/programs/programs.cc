@@ -282,6 +282,27 @@ Result<NamedTensors> SumGradients(const std::vector<chan::Buffer>& msgs) {
   return acc;
 }
 
+/// SumGradients straight into the model's gradients (the same sums in the same order, without
+/// an intermediate set); returns the summed "__loss".
+Result<std::vector<float>> SumGradientsInto(Sequential& m, const std::vector<chan::Buffer>& msgs) {
+  if (msgs.empty()) return Status::InvalidArgument("no gradients to sum");
+  COPSE_ASSIGN_OR_RETURN(NamedTensors first, ReadTensorMessage(msgs[0]));
+  COPSE_RETURN_NOT_OK(m.ImportGradients(first));
+  std::vector<float> loss = ReadScalars(Find(first, "__loss"), 2);
+  const NamedTensors mine = GradientHandles(m);
+  for (size_t i = 1; i < msgs.size(); ++i) {
+    COPSE_ASSIGN_OR_RETURN(NamedTensors g, ReadTensorMessage(msgs[i]));
+    for (const auto& [name, dst] : mine) {
+      const Tensor* src = Find(g, name);
+      if (!src || src->shape() != dst.shape()) return Status::DataLoss("gradient sets disagree at '" + name + "'");
+      CpuDevice()->Axpy(1.0f, src->data(), static_cast<size_t>(src->numel()), dst.data());
+    }
+    const auto l = ReadScalars(Find(g, "__loss"), 2);
+    loss[0] += l[0], loss[1] += l[1];
+  }
+  return loss;
+}
+
 Result<std::vector<chan::Buffer>> ReadEveryInput(VertexContext& ctx, size_t from) {
   std::vector<chan::Buffer> msgs;
   for (size_t p = from; p < ctx.num_inputs(); ++p) {
@@ -405,9 +426,7 @@ class UpdateProgram final : public VertexProgram {
     std::vector<float> loss;
     if (grads_key == 0 || lease->grads_key != grads_key) {
       lease->grads_key = 0;
-      COPSE_ASSIGN_OR_RETURN(NamedTensors sum, SumGradients(grads));
-      COPSE_RETURN_NOT_OK(m.ImportGradients(sum));
-      loss = ReadScalars(Find(sum, "__loss"), 2);
+      COPSE_ASSIGN_OR_RETURN(loss, SumGradientsInto(m, grads));
     } else {
       loss = lease->grads_loss;  // the entry holds exactly these gradients
     }

@@ -276,6 +276,75 @@ TEST_CASE("Scheduler.RetainedPortsOutliveTheirProducersOtherOutputs") {
   CHECK(tasks[0].second["name"] == "c[0]");
 }
 
+const char* kPinnedChain = R"({"stages": [{"name": "a", "program": "noop", "affinity": "g"},
+                                          {"name": "b", "program": "noop", "affinity": "g"},
+                                          {"name": "c", "program": "noop", "affinity": "g"}],
+                              "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c", "channel": "order"}]})";
+
+TEST_CASE("Scheduler.ChainedDispatchSendsTheNextVertexOfAPinnedChainAhead") {
+  Harness h;
+  h.AddDaemon("d0", 2);
+  JobId job = h.Submit(kPinnedChain);
+  // a runs; b, whose only unfinished predecessor is a, goes to the same daemon at once, to
+  // start there when a succeeds. c would need a third slot: not yet.
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 2);
+  CHECK(tasks[0].second["name"] == "a[0]");
+  CHECK(tasks[1].second["name"] == "b[0]");
+  CHECK(tasks[1].second["after"]["vertex"] == tasks[0].second["vertex"]);
+  CHECK(tasks[1].second["after"]["version"] == tasks[0].second["version"]);
+  // a's input key in b's task names a's attempt, to be read locally.
+  CHECK(tasks[1].second["inputs"][0]["local"] == true);
+  h.Finish(tasks[0].second, true);
+  // a's slot is free and b has started: c chains after b.
+  auto next = h.sink.TakeTasks();
+  REQUIRE(next.size() == 1);
+  CHECK(next[0].second["name"] == "c[0]");
+  CHECK(next[0].second["after"]["vertex"] == tasks[1].second["vertex"]);
+  h.Finish(tasks[1].second, true);
+  h.Finish(next[0].second, true);
+  CHECK(h.State(job) == "completed");
+  CHECK(h.sched.JobStatus(job)["recoveries"].empty());
+}
+
+TEST_CASE("Scheduler.AChainedVertexWhosePredecessorFailedIsWithdrawnUncharged") {
+  Harness h;
+  h.AddDaemon("d0", 2);
+  JobId job = h.Submit(kPinnedChain);
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 2);
+  h.Finish(tasks[0].second, false);  // a fails; its daemon withdraws b
+  h.Finish(tasks[1].second, false, {}, FailureClass::kCancelled);
+  // a runs again with b chained again; b's withdrawal is neither charged nor a recovery.
+  auto again = h.sink.TakeTasks();
+  REQUIRE(again.size() == 2);
+  CHECK(again[0].second["name"] == "a[0]");
+  CHECK(again[0].second["version"] == 2);
+  CHECK(again[1].second["name"] == "b[0]");
+  CHECK(again[1].second["after"]["version"] == 2);
+  Json st = h.sched.JobStatus(job);
+  REQUIRE(st["recoveries"].size() == 1);
+  CHECK(st["recoveries"][0]["vertex"] == "a[0]");
+  for (auto& [d, t] : again) h.Finish(t, true);
+  h.Finish(h.sink.TakeTasks().at(0).second, true);
+  CHECK(h.State(job) == "completed");
+}
+
+TEST_CASE("Scheduler.ChainedDispatchCanBeTurnedOff") {
+  FakeSink sink;
+  ManualClock clock;
+  SchedulerOptions o;
+  o.chain_dispatch = false;
+  Scheduler sched(sink, clock, o);
+  DaemonSpec spec;
+  spec.name = "d0";
+  spec.cpus = 2;
+  REQUIRE(sched.AddDaemon(spec).ok());
+  sched.Submit(testing::MustLoad(kPinnedChain), "/tmp");
+  sched.Flush();
+  CHECK(sink.TakeTasks().size() == 1);
+}
+
 TEST_CASE("Scheduler.TimeoutsFailTheAttemptAndCancelIt") {
   Harness h;
   h.AddDaemon("d0");
