@@ -29,6 +29,7 @@
 
 #include "ml/dataset.h"
 #include "ml/graph_gen.h"
+#include "ml/pipeline_bubble.h"
 
 namespace {
 
@@ -52,7 +53,7 @@ std::string Python() {
   return fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
 }
 
-struct Span {
+struct MicrosSpan {
   int64_t start, end;
 };
 
@@ -62,7 +63,8 @@ struct GraphResult {
   double bubble = -1, scheduler_share = -1;
 };
 
-GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int daemons) {
+GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int daemons,
+                     const std::string& run_flags = "") {
   GraphResult res;
   auto job = copse::ml::GenerateTrainingGraph(o);
   if (!job.ok()) {
@@ -75,7 +77,7 @@ GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int 
   fs::remove(trace);
   int rc = 0;
   Run("COPSE_ML_TRACE=" + trace.string() + " " + Copse() + " run " + file.string() + " --daemons " +
-          std::to_string(daemons) + " --output " + out.string() + " -o json 2>/dev/null",
+          std::to_string(daemons) + " --output " + out.string() + " -o json " + run_flags + " 2>/dev/null",
       &rc);
   if (rc != 0) return res;
   std::ifstream mf(out / "metrics.json");
@@ -85,37 +87,16 @@ GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int 
   res.images_per_s = metrics.value("images_per_s", 0.0);
   res.accuracy = metrics.value("test_accuracy", 0.0);
   // Spans by vertex.
-  std::map<std::string, Span> spans;
+  std::map<std::string, MicrosSpan> spans;
   std::ifstream tf(trace);
   std::string name;
   int64_t s, e, pid;
   while (tf >> name >> s >> e >> pid) spans[name] = {s, e};  // the last attempt wins
-  // Bubble (pipelines).
+  // Bubble (pipelines): the same measure `copse run` prints, on the programs' own spans.
   if (o.kind == "pipeline") {
-    const int P = o.stages, M = o.microbatches;
-    double bubble_sum = 0;
-    int n = 0;
-    for (int64_t t = 1;; ++t) {
-      int64_t lo = INT64_MAX, hi = 0;
-      std::vector<double> busy(static_cast<size_t>(P), 0.0);
-      bool complete = true;
-      for (int st = 0; st < P && complete; ++st)
-        for (const char* kind : {"fwd", "bwd"})
-          for (int m = 0; m < M; ++m) {
-            auto it = spans.find(std::string(kind) + std::to_string(st) + "[" + std::to_string(t * M + m) + "]");
-            if (it == spans.end()) {
-              complete = false;
-              break;
-            }
-            lo = std::min(lo, it->second.start);
-            hi = std::max(hi, it->second.end);
-            busy[static_cast<size_t>(st)] += static_cast<double>(it->second.end - it->second.start);
-          }
-      if (!complete) break;
-      for (int st = 0; st < P; ++st) bubble_sum += 1.0 - busy[static_cast<size_t>(st)] / static_cast<double>(hi - lo);
-      n += P;
-    }
-    if (n > 0) res.bubble = bubble_sum / n;
+    std::map<std::string, copse::ml::Span> times;
+    for (const auto& [v, sp] : spans) times[v] = {static_cast<double>(sp.start), static_cast<double>(sp.end)};
+    if (auto b = copse::ml::MeasuredBubble(times, o.stages, o.microbatches)) res.bubble = *b;
   }
   // Critical path through data and order edges, back from the vertex that ended last
   // (eval excluded: it runs after the clock stops).
@@ -135,7 +116,7 @@ GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int 
       auto it = spans.find(key);
       if (it != spans.end() && it->second.end > best_end) best_end = it->second.end, best = key;
     }
-    const Span sp = spans[cur];
+    const MicrosSpan sp = spans[cur];
     path_start = sp.start;
     if (best.empty() || best.rfind("init", 0) == 0) break;  // the clock starts after init
     gaps += static_cast<double>(std::max<int64_t>(0, sp.start - best_end));
@@ -183,10 +164,10 @@ int main(int argc, char** argv) {
     const Json t = Json::parse(out, nullptr, false);
     if (!t.is_discarded() && t.contains("median")) torch_ips = t["median"].get<double>();
   }
-  std::printf("\n%-34s %12s %10s %9s %10s %12s\n", "configuration", "images/s", "vs torch", "accuracy",
+  std::printf("\n%-42s %12s %10s %9s %10s %12s\n", "configuration", "images/s", "vs torch", "accuracy",
               "bubble", "sched share");
   auto row = [&](const std::string& name, double ips, double acc, double bubble, double theory, double share) {
-    std::printf("%-34s %12.0f ", name.c_str(), ips);
+    std::printf("%-42s %12.0f ", name.c_str(), ips);
     if (torch_ips > 0) std::printf("%9.2fx ", ips / torch_ips); else std::printf("%10s ", "-");
     if (acc >= 0) std::printf("%8.2f%% ", 100 * acc); else std::printf("%9s ", "-");
     if (bubble >= 0) std::printf("%4.1f/%4.1f%% ", 100 * bubble, 100 * theory); else std::printf("%10s ", "-");
@@ -227,6 +208,15 @@ int main(int argc, char** argv) {
       if (r.ok) row(name, r.images_per_s, r.accuracy, r.bubble, theory, r.scheduler_share);
       else row(name + " FAILED", 0, -1, -1, 0, -1);
     }
+  }
+  {  // The job manager's part: the same graph with every vertex sent only once its inputs are complete.
+    copse::ml::GraphOptions o = base;
+    o.kind = "pipeline";
+    o.stages = 2;
+    o.microbatches = 8;
+    o.schedule = "1f1b";
+    const GraphResult r = RunGraph(o, dir / "p2-1f1b8-nochain", daemons, "--no-chain-dispatch");
+    if (r.ok) row("pipeline 2 1f1b M=8, no chained dispatch", r.images_per_s, r.accuracy, r.bubble, 1.0 / 9, r.scheduler_share);
   }
   std::printf("\nbubble: measured/theoretical (p-1)/(m+p-1); sched share: scheduler gaps on the critical "
               "path / its span\n");

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
@@ -17,6 +19,7 @@
 #include "cli/status_view.h"
 #include "common/auth.h"
 #include "jobmanager/job_loader.h"
+#include "ml/pipeline_bubble.h"
 
 namespace copse::cli {
 namespace {
@@ -34,6 +37,25 @@ struct RunOpts {
   int heartbeat_timeout_ms = 1000;
   bool chain_dispatch = true;
 };
+
+/// For a pipeline training job (metrics.json's config), the bubble measured from the job
+/// manager's per-attempt spans next to the theory; nullopt for other jobs.
+std::optional<Json> PipelineBubble(net::BlockingClient& client, uint64_t job, const Json& config) {
+  if (config.value("kind", "") != "pipeline") return std::nullopt;
+  const int stages = config.value("stages", 0), microbatches = config.value("microbatches", 0);
+  auto trace = client.Call({{"op", "trace"}, {"job", job}});
+  if (!trace.ok() || stages < 1 || microbatches < 1) return std::nullopt;
+  std::map<std::string, ml::Span> spans;
+  for (const auto& e : (*trace)["trace"].value("traceEvents", Json::array())) {
+    if (e.value("ph", "") != "X" || e["args"].value("outcome", "") != "completed") continue;
+    const double ts = e.value("ts", 0.0), dur = e.value("dur", 0.0);
+    spans[e.value("name", "")] = {ts, ts + dur};  // the last completed attempt
+  }
+  auto measured = ml::MeasuredBubble(spans, stages, microbatches);
+  if (!measured) return std::nullopt;
+  return Json{{"measured", *measured}, {"theory", ml::TheoreticalBubble(stages, microbatches)},
+              {"stages", stages}, {"microbatches", microbatches}};
+}
 
 /// The local cluster's processes and files; torn down on destruction.
 class LocalCluster {
@@ -159,6 +181,9 @@ int RunJob(const RunOpts& o) {
         for (const char* key : {"test_accuracy", "images_per_s", "final_loss", "train_images", "parameter_digest"}) {
           if (metrics->contains(key)) summary[key] = (*metrics)[key];
         }
+        if (auto bubble = PipelineBubble(cluster.client(), *job, metrics->value("config", Json::object()))) {
+          summary["pipeline_bubble"] = *bubble;
+        }
       }
     }
   }
@@ -169,6 +194,12 @@ int RunJob(const RunOpts& o) {
     if (summary.contains("test_accuracy")) {
       std::cerr << "  test accuracy " << summary["test_accuracy"].get<double>() * 100 << " %, "
                 << static_cast<int64_t>(summary.value("images_per_s", 0.0)) << " images/s\n";
+    }
+    if (summary.contains("pipeline_bubble")) {
+      const Json& b = summary["pipeline_bubble"];
+      std::fprintf(stderr, "  pipeline bubble %.1f %% measured, %.1f %% in theory ((p-1)/(m+p-1), p=%d, m=%d)\n",
+                   100 * b["measured"].get<double>(), 100 * b["theory"].get<double>(), b["stages"].get<int>(),
+                   b["microbatches"].get<int>());
     }
     for (const auto& out : summary.value("outputs", Json::array())) {
       std::cerr << "  output " << out["path"].get<std::string>() << " (" << out["bytes"].get<uint64_t>() << " bytes)\n";

@@ -487,11 +487,15 @@ Status Scheduler::Cancel(JobId id) {
   return Status::OK();
 }
 
-void Scheduler::CloseSpan(Job& job, VertexId v, uint32_t version, const std::string& outcome) {
+void Scheduler::CloseSpan(Job& job, VertexId v, uint32_t version, const std::string& outcome, double ran_ms) {
   auto it = job.open_spans.find({v.value(), version});
   if (it == job.open_spans.end()) return;
-  job.spans[it->second].end_ms = ElapsedMs(job);
-  job.spans[it->second].outcome = outcome;
+  auto& span = job.spans[it->second];
+  span.end_ms = ElapsedMs(job);
+  // The daemon measured how long the attempt ran: the span covers that, not the dispatch and
+  // report latencies (or a chained attempt's wait), shifted by one report's latency.
+  if (ran_ms >= 0) span.start_ms = std::max(span.start_ms, span.end_ms - ran_ms);
+  span.outcome = outcome;
   job.open_spans.erase(it);
 }
 
@@ -593,7 +597,8 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
   Job* job = FindJob(rep.job);
   if (!job || job->state != JobState::kRunning || rep.vertex.value() >= job->runs.size()) return;
   Run& r = job->runs[rep.vertex.value()];
-  CloseSpan(*job, rep.vertex, rep.version, rep.ok ? "completed" : std::string(FailureClassName(rep.failure)));
+  CloseSpan(*job, rep.vertex, rep.version, rep.ok ? "completed" : std::string(FailureClassName(rep.failure)),
+            rep.duration_ms > 0 ? rep.duration_ms : -1);
   bool current = r.version == rep.version || (r.dup_version && r.dup_version == rep.version);
   if (r.state != VertexState::kRunning || !current) return;  // a stale attempt
   if (ResolveDuplicate(*job, rep.vertex, rep)) {

@@ -196,7 +196,8 @@ class Scheduler {
   /// A report from a vertex with two attempts running; true when it needs nothing more.
   bool ResolveDuplicate(Job& job, VertexId v, const AttemptReport& report);
   void FreeSlot(Job& job, VertexId v, DaemonId daemon);
-  void CloseSpan(Job& job, VertexId v, uint32_t version, const std::string& outcome);
+  /// Ends the trace span of an attempt; `ran_ms` >= 0 is how long its daemon says it ran.
+  void CloseSpan(Job& job, VertexId v, uint32_t version, const std::string& outcome, double ran_ms = -1);
   void Complete(Job& job, VertexId v, const AttemptReport& report);
   void Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge);
   void FinishJob(Job& job, JobState state, const std::string& reason);

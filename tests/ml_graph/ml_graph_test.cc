@@ -184,6 +184,12 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
     MESSAGE("pipeline P=" << c.stages << " M=" << c.micro << " " << c.schedule << (c.recompute ? " recompute" : "")
                           << ": relative difference " << rel);
     CHECK(rel < kTolerance);
+    // The summary measures the bubble from the job manager's spans, next to the theory.
+    REQUIRE(r.summary.contains("pipeline_bubble"));
+    const Json& bubble = r.summary["pipeline_bubble"];
+    CHECK(bubble["theory"].get<double>() == doctest::Approx((c.stages - 1.0) / (c.micro + c.stages - 1.0)));
+    CHECK(bubble["measured"].get<double>() > 0);
+    CHECK(bubble["measured"].get<double>() < 1);
     // The schedule and recomputation change when work runs, not what is summed in which order.
     if (c.stages == 2) {
       if (digest_1f1b.empty()) digest_1f1b = r.digest;
