@@ -27,6 +27,21 @@ std::string Fmt(const char* fmt, double a) {
 
 }  // namespace
 
+/// "progress: step 37/50, loss 0.6120, 9310 images/s" from whatever figures the job reported.
+std::string RenderProgress(const Json& p) {
+  std::string out = "progress:";
+  const char* sep = " ";
+  if (p.contains("step") && p["step"].is_number()) {
+    out += sep + Fmt("step %.0f", p["step"].get<double>());
+    if (p.contains("steps") && p["steps"].is_number()) out += Fmt("/%.0f", p["steps"].get<double>());
+    sep = ", ";
+  }
+  if (p.contains("loss") && p["loss"].is_number()) out += sep + Fmt("loss %.4f", p["loss"].get<double>()), sep = ", ";
+  if (p.contains("images_per_s") && p["images_per_s"].is_number())
+    out += sep + Fmt("%.0f images/s", p["images_per_s"].get<double>());
+  return out;
+}
+
 std::string RenderJobStatus(const Json& job, bool color) {
   std::string out = "job " + std::to_string(job["id"].get<uint64_t>()) + " \"" + job["name"].get<std::string>() + "\": " +
                     job["state"].get<std::string>() + ", " + Fmt("%.2f", job["elapsed_s"].get<double>()) + " s, " +
@@ -43,6 +58,7 @@ std::string RenderJobStatus(const Json& job, bool color) {
     if (failed) out += ", " + std::to_string(failed) + " failed attempts";
     out += "\n";
   }
+  if (job.contains("progress")) out += "  " + RenderProgress(job["progress"]) + "\n";
   if (job.contains("failure")) out += "  failure: " + job["failure"].get<std::string>() + "\n";
   for (const auto& w : job["waiting"]) {
     out += "  " + w["vertex"].get<std::string>() + ": " + w["reason"].get<std::string>() + "\n";

@@ -198,6 +198,7 @@ class JmServer::Impl : public DaemonSink {
         r.output_bytes = a.value("output_bytes", std::vector<uint64_t>{});
         r.output_messages = a.value("output_messages", std::vector<uint64_t>{});
         r.duration_ms = a.value("duration_ms", 0.0);
+        if (auto it = a.find("progress"); it != a.end() && it->is_object()) r.progress = *it;
         scheduler_.OnAttemptFinished(r);
       }
       return;

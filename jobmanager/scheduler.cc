@@ -140,6 +140,10 @@ struct Scheduler::Job {
   std::vector<std::vector<double>> stage_seconds;  // per stage: wall time of completed attempts
   std::vector<char> declared;  // per vertex: a job output reads it, so it is never released
   uint64_t local_input_bytes = 0, remote_input_bytes = 0;  // what placement achieved
+  /// The newest progress figures a program reported (by "step" when they carry one), and when
+  /// the first and newest "images" counts arrived, for a live images/s.
+  Json progress;
+  double first_images = -1, first_images_ms = 0, last_images = 0, last_images_ms = 0;
 
   const JobGraph& g() const { return *graph; }
 };
@@ -644,6 +648,7 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   Journal({{"t", "done"}, {"job", job.id.value()}, {"v", v.value()}, {"ver", r.version},
            {"daemon", daemons_[r.daemon.value()]->spec.name}, {"bytes", r.output_bytes}, {"msgs", r.output_messages}});
   r.duration_ms = rep.duration_ms;
+  if (rep.progress.is_object()) NoteProgress(job, rep.progress);
   ++job.completed;
   ++job.completions;
   const VertexNode& node = job.g().vertex(v);
@@ -732,6 +737,18 @@ void Scheduler::Unchain(Job& job, VertexId u) {
     MakeReady(job, u);
   } else {
     TryChain(job, u);
+  }
+}
+
+void Scheduler::NoteProgress(Job& job, const Json& figures) {
+  // A re-run (recovery) reports an older step: the newest figures stay.
+  auto step = [](const Json& j) { return j.contains("step") && j["step"].is_number() ? j["step"].get<double>() : -1.0; };
+  if (job.progress.is_object() && step(figures) < step(job.progress)) return;
+  job.progress = figures;
+  if (figures.contains("images") && figures["images"].is_number()) {
+    const double images = figures["images"].get<double>(), now = ElapsedMs(job);
+    if (job.first_images < 0) job.first_images = images, job.first_images_ms = now;
+    job.last_images = images, job.last_images_ms = now;
   }
 }
 
@@ -1494,6 +1511,13 @@ Json Scheduler::JobStatus(JobId id) const {
               {"faults", job.faults_log},
               {"recoveries", job.recoveries}};
   if (!job.failure.empty()) out["failure"] = job.failure;
+  if (job.progress.is_object()) {
+    Json progress = job.progress;
+    if (job.last_images_ms > job.first_images_ms) {
+      progress["images_per_s"] = (job.last_images - job.first_images) / ((job.last_images_ms - job.first_images_ms) / 1000.0);
+    }
+    out["progress"] = std::move(progress);
+  }
   return out;
 }
 

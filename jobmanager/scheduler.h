@@ -73,6 +73,7 @@ struct AttemptReport {
   std::vector<uint64_t> output_bytes;     // per output port
   std::vector<uint64_t> output_messages;  // per output port; 0 lets consumers skip the fetch
   double duration_ms = 0;
+  Json progress;  // the program's progress figures (an object), or null
 };
 
 struct SchedulerOptions {
@@ -199,6 +200,8 @@ class Scheduler {
   /// Ends the trace span of an attempt; `ran_ms` >= 0 is how long its daemon says it ran.
   void CloseSpan(Job& job, VertexId v, uint32_t version, const std::string& outcome, double ran_ms = -1);
   void Complete(Job& job, VertexId v, const AttemptReport& report);
+  /// Keeps the newest progress figures a completed attempt reported (see VertexContext::progress).
+  void NoteProgress(Job& job, const Json& figures);
   void Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge);
   void FinishJob(Job& job, JobState state, const std::string& reason);
   /// Adds one entry to the job's recoveries: what re-runs and why.

@@ -53,7 +53,9 @@ case "$cmd" in
     install_missing
     configure_and_build
     out="${COPSE_OUTPUT_DIR:-$build/example-output}"
-    "$build/cli/copse" run "$src/examples/wordcount/wordcount.json" --daemons 2 --output "$out"
+    # The main example: pipeline-parallel training of an MLP on Fashion-MNIST (2 stages x 8
+    # micro-batches, 1F1B) with live progress, then test accuracy and the pipeline bubble.
+    "$build/cli/copse" run "$src/examples/ml/mlp-pipeline2-1f1b-m8.json" --daemons 2 --output "$out"
     echo "copse: outputs in $out"
     ;;
   test)

@@ -654,6 +654,7 @@ class Daemon::Impl {
         messages.push_back(w->messages());
       }
       report["ok"] = true;
+      if (ctx.progress.is_object()) report["progress"] = std::move(ctx.progress);
       report["output_bytes"] = std::move(bytes);
       report["output_messages"] = std::move(messages);
       report["duration_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();

@@ -59,6 +59,10 @@ class VertexContext {
   unsigned threads = 1;                       // cpus granted to this vertex
   int gpu = -1;                               // the CUDA device granted to it (resources.gpus > 0)
   Collective* collective = nullptr;           // with nccl channels: the gang's group
+  /// What a successful attempt tells about the job's progress: a small JSON object (a training
+  /// update sets {"step", "steps", "loss", "images"}). It travels with the attempt's report and
+  /// shows in `copse status` / `copse run` while the job runs.
+  Json progress;
 
   chan::ChannelReader& input(size_t port) { return *inputs.at(port); }
   chan::ChannelWriter& output(size_t port) { return *outputs.at(port); }

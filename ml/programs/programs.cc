@@ -464,6 +464,10 @@ class UpdateProgram final : public VertexProgram {
     const chan::Buffer stats_out = TensorMessage({{"__stats", Scalars(stats)}});
     lease->params_key = TensorMessageKey(params_out);
     lease->state_key = TensorMessageKey(state_out);
+    if (stats[1] > 0) {  // the stage that computes the loss reports the run's progress
+      ctx.progress = {{"step", step + 1}, {"steps", ctx.param<int64_t>("steps", 0)},
+                      {"loss", stats[0] / stats[1]}, {"epoch", static_cast<int64_t>(stats[2])}, {"images", stats[3]}};
+    }
     lease.Commit();
     COPSE_RETURN_NOT_OK(WriteChainAndParams(ctx, params_out, state_out, stats_out));
     return ctx.CloseOutputs();

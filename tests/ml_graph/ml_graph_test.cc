@@ -190,6 +190,10 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
     CHECK(bubble["theory"].get<double>() == doctest::Approx((c.stages - 1.0) / (c.micro + c.stages - 1.0)));
     CHECK(bubble["measured"].get<double>() > 0);
     CHECK(bubble["measured"].get<double>() < 1);
+    // The loss stage's updates report live progress; the summary keeps the last step's.
+    REQUIRE(r.summary.contains("progress"));
+    CHECK(r.summary["progress"]["step"] == r.summary["progress"]["steps"]);
+    CHECK(r.summary["progress"]["loss"].get<double>() > 0);
     // The schedule and recomputation change when work runs, not what is summed in which order.
     if (c.stages == 2) {
       if (digest_1f1b.empty()) digest_1f1b = r.digest;
