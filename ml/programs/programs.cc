@@ -251,7 +251,7 @@ class GradProgram final : public VertexProgram {
     } else {
       m.ZeroGrad();
     }
-    NamedTensors grads = Clones(GradientHandles(m));  // the model keeps its own
+    NamedTensors grads = m.ExportGradients();  // copies: the model keeps its own
     grads.emplace_back("__loss", Scalars({static_cast<float>(loss_sum), static_cast<float>(b.size())}));
     const chan::Buffer out = TensorMessage(std::move(grads));
     lease->grads_key = TensorMessageKey(out);
@@ -457,9 +457,9 @@ class UpdateProgram final : public VertexProgram {
     stats[0] += loss[0];
     stats[1] += loss[1];
     stats[3] += loss[1];
-    // The model keeps its parameters (the next update steps them in place): hand out copies.
-    // ExportState copies already.
-    const chan::Buffer params_out = TensorMessage(Clones(ParameterHandles(m)));
+    // The model keeps its parameters (the next update steps them in place): hand out copies
+    // (both exports copy).
+    const chan::Buffer params_out = TensorMessage(m.ExportParameters());
     const chan::Buffer state_out = TensorMessage(lease->optimizer->ExportState());
     const chan::Buffer stats_out = TensorMessage({{"__stats", Scalars(stats)}});
     lease->params_key = TensorMessageKey(params_out);
@@ -631,7 +631,7 @@ class BackwardProgram final : public VertexProgram {
       if (!accumulate) m.ZeroGrad();
       if (stage > 0) dx = Tensor::Zeros({0});
     }
-    NamedTensors grads = Clones(GradientHandles(m));  // the model accumulates on into its own
+    NamedTensors grads = m.ExportGradients();  // copies: the model accumulates on into its own
     grads.emplace_back("__loss", Scalars(loss));
     const chan::Buffer out = TensorMessage(std::move(grads));
     lease->grads_key = TensorMessageKey(out);

@@ -85,7 +85,7 @@ class ModelLease {
 Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
                               const chan::Buffer& params_msg, uint64_t grads_key = 0);
 
-/// Deep copies of `tensors` (for handing a model's own tensors to a TensorMessage).
+/// Deep copies of `tensors` (to write to tensors a TensorMessage shares read-only).
 NamedTensors Clones(const NamedTensors& tensors);
 
 /// Parameter gradients of `m` (no copies: the handles of the gradients), plus `extra`.
