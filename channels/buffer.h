@@ -49,8 +49,14 @@ class Buffer {
   }
   bool empty() const { return size() == 0; }
   // The bytes; a payload is encoded on the first call.
-  const char* data() const { return Bytes() ? Bytes()->data() : nullptr; }
-  std::string_view view() const { return Bytes() ? std::string_view(*Bytes()) : std::string_view(); }
+  const char* data() const {
+    const auto& bytes = Bytes();
+    return bytes ? bytes->data() : nullptr;
+  }
+  std::string_view view() const {
+    const auto& bytes = Bytes();
+    return bytes ? std::string_view(*bytes) : std::string_view();
+  }
   const std::shared_ptr<const std::string>& storage() const { return Bytes(); }
 
  private:

@@ -221,10 +221,9 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
 
   Status Write(Buffer message) override {
     if (closed_) return Status::FailedPrecondition("write after close on " + key_.ToString());
-    // A payload stays an object in memory: hashed only if its bytes are ever made.
-    const bool object = message.payload() != nullptr;
-    const uint64_t checksum = object && !sink_ ? 0 : Checksum(message.view());
     if (!sink_ && store_->TryReserve(message.size())) {
+      // A payload stays an object in memory: hashed only if its bytes are ever made (ChecksumOf).
+      const uint64_t checksum = message.payload() ? 0 : Checksum(message.view());
       reserved_ += message.size();
       stored_->bytes += message.size();
       stored_->messages.push_back(std::move(message));
@@ -232,7 +231,7 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
       return Status::OK();
     }
     if (!sink_) COPSE_RETURN_NOT_OK(Spill());
-    return sink_->Append(message, object ? Checksum(message.view()) : checksum);
+    return sink_->Append(message, Checksum(message.view()));
   }
 
   Status Close() override {
