@@ -651,28 +651,20 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   if (rep.progress.is_object()) NoteProgress(job, rep.progress);
   ++job.completed;
   ++job.completions;
-  const VertexNode& node = job.g().vertex(v);
-  auto release = [&](ChannelId ch) {
-    if (IsLive(job.g().channel(ch).kind)) return;
-    Run& c = job.runs[job.g().channel(ch).to.value()];
-    if (c.state == VertexState::kCompleted || c.pending == 0) return;
-    if (--c.pending == 0 && c.state == VertexState::kWaiting) MakeReady(job, job.g().channel(ch).to);
-  };
-  for (const auto& port : node.outputs) {
-    for (ChannelId ch : port) release(ch);
-  }
-  for (ChannelId ch : node.order_out) release(ch);
-  // Successors chained after v started on its daemon just now: their clocks (timeouts,
-  // stragglers, trace spans) start here.
+  // Successors wait for one predecessor fewer. Those chained after v started on its daemon
+  // just now: their clocks (timeouts, stragglers, trace spans) start here.
   std::vector<VertexId> started;
   ForEachSuccessor(job.g(), v, [&](VertexId u) {
     Run& c = job.runs[u.value()];
-    if (c.chained_after != v) return;
-    started.push_back(u);
-    c.chained_after = VertexId();
-    c.started = clock_.Now();
-    auto span = job.open_spans.find({u.value(), c.version});
-    if (span != job.open_spans.end()) job.spans[span->second].start_ms = ElapsedMs(job);
+    if (c.chained_after == v) {
+      started.push_back(u);
+      c.chained_after = VertexId();
+      c.started = clock_.Now();
+      auto span = job.open_spans.find({u.value(), c.version});
+      if (span != job.open_spans.end()) job.spans[span->second].start_ms = ElapsedMs(job);
+    }
+    if (c.state == VertexState::kCompleted || c.pending == 0) return;
+    if (--c.pending == 0 && c.state == VertexState::kWaiting) MakeReady(job, u);
   });
   ReleaseConsumedInputs(job, v);
   if (job.completed == job.runs.size()) {
