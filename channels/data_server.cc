@@ -7,7 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <list>
 #include <mutex>
@@ -28,6 +30,7 @@ using wire::FrameType;
 namespace {
 
 constexpr uint32_t kMaxRequestBytes = 64 << 10;
+constexpr uint64_t kMaxFetchWaitMs = 5'000;  // the longest a fetch waits for its output to appear
 
 Json EndBody(const Status& st) {
   return Json{{"ok", false}, {"code", std::string(StatusCodeName(st.code()))}, {"message", st.message()}};
@@ -130,6 +133,8 @@ struct DataServer::Impl {
   bool Handshake(BufferedSocket& in, const std::string& peer);
   /// Streams one output; false when the connection is no longer usable.
   bool Fetch(Socket& sock, const OutputKey& key);
+  /// Waits up to wait_ms for `key` to be stored (or removed); false when it was not by then.
+  bool WaitForOutput(const OutputKey& key, uint64_t wait_ms);
 };
 
 void DataServer::Impl::AcceptLoop() {
@@ -212,6 +217,22 @@ void DataServer::Impl::Serve(Socket& sock) {
         (void)internal::WriteJson(out, Json{{"op", "error"}, {"message", key.status().message()}});
         return;
       }
+      // "wait_ms": the consumer asks before the producer has finished (chained dispatch); the
+      // answer waits up to that long for the output to appear (capped, and cut short by Stop).
+      uint64_t wait_ms = 0;
+      if (auto wait = req->find("wait_ms"); wait != req->end()) {
+        if (!wait->is_number_unsigned()) {
+          (void)internal::WriteJson(out, Json{{"op", "error"}, {"message", "\"wait_ms\" must be a non-negative integer"}});
+          return;
+        }
+        wait_ms = std::min<uint64_t>(wait->get<uint64_t>(), kMaxFetchWaitMs);
+      }
+      if (wait_ms > 0 && !WaitForOutput(*key, wait_ms)) {
+        // Not produced yet (its producer may still run): the consumer asks again.
+        auto st = Status::Timeout("output " + key->ToString() + " is not produced yet");
+        if (!internal::WriteFrame(out, FrameType::kEnd, EndBody(st).dump()).ok()) return;
+        continue;
+      }
       if (!Fetch(out, *key)) return;
     } else if (op == "ping") {
       if (!internal::WriteJson(out, Json{{"op", "pong"}}).ok()) return;
@@ -220,6 +241,16 @@ void DataServer::Impl::Serve(Socket& sock) {
       return;
     }
   }
+}
+
+bool DataServer::Impl::WaitForOutput(const OutputKey& key, uint64_t wait_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  while (!stopping) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return store.WaitFor(key, std::chrono::milliseconds(0));
+    if (store.WaitFor(key, std::min(left, std::chrono::milliseconds(50)))) return true;  // slices: Stop is noticed
+  }
+  return false;
 }
 
 bool DataServer::Impl::Fetch(Socket& sock, const OutputKey& key) {

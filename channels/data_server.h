@@ -6,7 +6,11 @@
 //   client -> {"op":"auth","role":"peer"|"client","mac":HMAC(secret,N)}
 //   server -> {"op":"welcome"}, or {"op":"error","message":…} and closes
 //   then, repeatedly:
-//   client -> {"op":"fetch","key":{"job":…,"vertex":…,"version":…,"port":…}}
+//   client -> {"op":"fetch","key":{"job":…,"vertex":…,"version":…,"port":…}[,"wait_ms":W]}
+//             (with wait_ms, an output not stored yet is waited for up to W ms, at most 5 s,
+//             before the answer: a consumer chained after a producer still running. One that
+//             has not appeared by then ends {"ok":false,"code":"Timeout"}, and the
+//             consumer asks again; one removed meanwhile (a fault) ends "NotFound".)
 //   server -> kData frames (record_format.h: batches of whole messages, or pieces of a large
 //             one; every message carries its xxh3), then one kEnd frame whose body is
 //             {"ok":true,"messages":N,"bytes":B} or {"ok":false,"code":"NotFound","message":…}

@@ -461,6 +461,7 @@ Status OutputStore::Publish(const OutputKey& key, std::shared_ptr<const Entry> e
   std::lock_guard lock(mu_);
   auto [it, inserted] = entries_.emplace(key, std::move(entry));
   if (!inserted) return Status::AlreadyExists("output " + key.ToString() + " already exists");
+  published_.notify_all();
   return Status::OK();
 }
 
@@ -503,6 +504,11 @@ bool OutputStore::Contains(const OutputKey& key) const {
   return entries_.count(key) > 0;
 }
 
+bool OutputStore::WaitFor(const OutputKey& key, std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(mu_);
+  return published_.wait_for(lock, timeout, [&] { return entries_.count(key) > 0 || removed_.count(key) > 0; });
+}
+
 std::vector<OutputKey> OutputStore::List(std::optional<uint64_t> job) const {
   std::lock_guard lock(mu_);
   std::vector<OutputKey> out;
@@ -540,6 +546,7 @@ void OutputStore::DropJob(uint64_t job) {
       dropped.push_back(std::move(it->second));
       it = entries_.erase(it);
     }
+    removed_.erase(removed_.lower_bound(OutputKey{job, 0, 0, 0}), removed_.lower_bound(OutputKey{job + 1, 0, 0, 0}));
   }
   for (const auto& e : dropped) Forget(e);
   std::error_code ec;
@@ -549,6 +556,11 @@ void OutputStore::DropJob(uint64_t job) {
 Status OutputStore::Remove(const OutputKey& key) {
   auto e = Unlink(key);
   if (!e) return Status::NotFound("output " + key.ToString() + " is not stored here");
+  {
+    std::lock_guard lock(mu_);
+    removed_.insert(key);
+  }
+  published_.notify_all();
   Forget(e);
   Logger("chan")->info("fault injection: removed output {}", key.ToString());
   return Status::OK();

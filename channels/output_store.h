@@ -28,6 +28,8 @@
 // by one thread at a time; a reader stays valid (and keeps reading the data it opened) after
 // the output is dropped, removed or corrupted.
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <compare>
 #include <cstdint>
 #include <filesystem>
@@ -35,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -104,6 +107,10 @@ class OutputStore {
   /// Bytes, messages and storage of a complete output; NotFound when absent.
   Result<OutputInfo> Info(const OutputKey& key) const;
   bool Contains(const OutputKey& key) const;
+  /// Waits until `key` is complete here, or was removed by Remove (a fault), or `timeout`
+  /// passes; false only in the last case. For a consumer that asks for an output before its
+  /// producer has finished (chained dispatch): a removed output will not come.
+  bool WaitFor(const OutputKey& key, std::chrono::milliseconds timeout) const;
   /// Every complete output of `job` (all jobs when nullopt), in key order.
   std::vector<OutputKey> List(std::optional<uint64_t> job = std::nullopt) const;
 
@@ -161,7 +168,9 @@ class OutputStore {
   std::atomic<uint64_t> next_file_id_{0};
   std::atomic<bool> verify_memory_reads_{true};
   mutable std::mutex mu_;
+  mutable std::condition_variable published_;  // notified whenever an output is published
   std::map<OutputKey, std::shared_ptr<const Entry>> entries_;  // guarded by mu_
+  std::set<OutputKey> removed_;  // by Remove, until their job is dropped; guarded by mu_
 };
 
 /// One stored message with the checksum it was written with.

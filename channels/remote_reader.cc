@@ -1,5 +1,6 @@
 #include "channels/remote_reader.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -29,7 +30,7 @@ struct Conn {
 
 StatusCode CodeFromName(const std::string& name) {
   for (auto c : {StatusCode::kNotFound, StatusCode::kDataLoss, StatusCode::kInvalidArgument, StatusCode::kUnavailable,
-                 StatusCode::kPermissionDenied, StatusCode::kIOError, StatusCode::kInternal, StatusCode::kCancelled}) {
+                 StatusCode::kPermissionDenied, StatusCode::kIOError, StatusCode::kInternal, StatusCode::kCancelled, StatusCode::kTimeout}) {
     if (StatusCodeName(c) == name) return c;
   }
   return StatusCode::kUnavailable;
@@ -273,7 +274,9 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
                                                         const std::string& secret, const RemoteReaderOptions& o) {
   const std::string peer = PeerName(host, port);
   const std::string pool_key = peer + "\n" + auth::Mac(secret, "copse-pool");  // the secret itself is not kept
-  const std::string request = Json{{"op", "fetch"}, {"key", key.ToJson()}}.dump();
+  Json fetch = {{"op", "fetch"}, {"key", key.ToJson()}};
+  if (o.wait_ms > 0) fetch["wait_ms"] = o.wait_ms;
+  const std::string request = fetch.dump();
   for (int attempt = 0;; ++attempt) {
     // A pooled connection may have been closed by the peer while idle: that shows on first use,
     // before any byte of the answer, and is retried once on a fresh connection.
@@ -283,7 +286,8 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
       COPSE_ASSIGN_OR_RETURN(conn, Dial(host, port, secret, pool_key, o));
     }
     Status st = internal::WriteFrame(conn->in.socket(), FrameType::kJson, request);
-    Result<wire::FrameHeader> first = st.ok() ? internal::ReadHeader(conn->in, wire::kMaxDataBytes, o.read_timeout_ms,
+    Result<wire::FrameHeader> first = st.ok() ? internal::ReadHeader(conn->in, wire::kMaxDataBytes,
+                                                                     o.read_timeout_ms + std::max(o.wait_ms, 0),
                                                                      o.read_timeout_ms)
                                               : Result<wire::FrameHeader>(st);
     if (!first.ok()) {

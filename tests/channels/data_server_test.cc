@@ -163,6 +163,49 @@ TEST_CASE("RemoteFetch.CorruptedOutputIsDataLoss" * doctest::timeout(10)) {
   CHECK(FetchStatus(d.server->port(), {3, 0, 0, 0}).code() == StatusCode::kNotFound);
 }
 
+TEST_CASE("RemoteFetch.AWaitingFetchGetsAnOutputWrittenAfterItAsked" * doctest::timeout(20)) {
+  Daemon d;
+  const OutputKey key{4, 1, 1, 0};
+  RemoteReaderOptions waiting = Quick();
+  waiting.wait_ms = 3000;
+  // Not produced within the wait: Timeout (the consumer asks again), not NotFound.
+  RemoteReaderOptions brief = Quick();
+  brief.wait_ms = 50;
+  auto early = OpenRemoteReader(kHost, d.server->port(), key, kSecret, brief);
+  REQUIRE_FALSE(early.ok());
+  CHECK(early.status().code() == StatusCode::kTimeout);
+  // Produced while the fetch waits: it arrives whole, as soon as it is written.
+  std::thread producer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    d.Put(key, StorageKind::kMemory, {"late", "but whole"});
+  });
+  const auto asked = Clock::now();
+  auto r = OpenRemoteReader(kHost, d.server->port(), key, kSecret, waiting);
+  producer.join();
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  CHECK(Drain(**r) == std::vector<std::string>{"late", "but whole"});
+  CHECK(Clock::now() - asked < std::chrono::milliseconds(2500));
+  // Removed (a fault) while a fetch waits for it: NotFound at once, not a wait to the end.
+  const OutputKey gone{4, 2, 1, 0};
+  d.Put(gone, StorageKind::kMemory, {"x"});
+  REQUIRE(d.store->Remove(gone).ok());
+  auto removed = OpenRemoteReader(kHost, d.server->port(), gone, kSecret, waiting);
+  REQUIRE_FALSE(removed.ok());
+  CHECK(removed.status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("DataServer.ABadWaitIsRefused" * doctest::timeout(10)) {
+  Daemon d;
+  Raw raw(d.server->port());
+  raw.Authenticate();
+  Json fetch = {{"op", "fetch"}, {"key", OutputKey{1, 0, 0, 0}.ToJson()}, {"wait_ms", -5}};
+  raw.Send(wire::EncodeFrame(wire::FrameType::kJson, fetch.dump()));
+  Json error = raw.ReadJson();
+  CHECK(error["op"] == "error");
+  CHECK(error["message"].get<std::string>().find("wait_ms") != std::string::npos);
+  CHECK(raw.Closed());
+}
+
 TEST_CASE("RemoteFetch.PooledConnectionsAreReused" * doctest::timeout(20)) {
   Daemon d;
   for (uint32_t v = 0; v < 10; ++v) d.Put({4, v, 0, 0}, StorageKind::kMemory, {Pattern(100, v, 0)});
