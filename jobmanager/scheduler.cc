@@ -576,6 +576,7 @@ bool Scheduler::ResolveDuplicate(Job& job, VertexId v, const AttemptReport& rep)
     }
     FreeSlot(job, v, other);
     if (from_dup) {
+      WithdrawRemoteChains(job, v);  // they wait for the original's outputs
       r.version = r.dup_version;
       r.daemon = r.dup_daemon;
     }
@@ -609,8 +610,10 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     Schedule();
     return;
   }
-  if (!rep.ok && r.chained_after.valid()) {  // never started: its predecessor failed there
-    Unchain(*job, rep.vertex);
+  if (!rep.ok && r.chained_after.valid()) {  // never started: its predecessor did not deliver
+    // Chained on another daemon, it may have found that daemon gone before this job manager
+    // did: it waits for the predecessor's report rather than chaining after it again.
+    Unchain(*job, rep.vertex, /*rechain=*/job->runs[r.chained_after.value()].daemon == r.daemon);
     Schedule();
     return;
   }
@@ -713,13 +716,33 @@ void Scheduler::TryChain(Job& job, VertexId u) {
   const Run& p = job.runs[last.value()];
   if (p.state != VertexState::kRunning || p.dup_version || g.vertex(last).gang.valid()) return;
   auto pinned = job.affinity.find(stage.affinity);
-  if (pinned == job.affinity.end() || pinned->second != p.daemon) return;
-  Daemon& d = *daemons_[p.daemon.value()];
+  if (pinned == job.affinity.end()) return;
+  if (pinned->second != p.daemon) {
+    // On another daemon, u learns that p succeeded from p's outputs (fetched as they are
+    // written): it must read one.
+    bool reads_p = false;
+    for (ChannelId ch : node.inputs) reads_p = reads_p || g.channel(ch).from == last;
+    if (!reads_p || !daemons_[p.daemon.value()]->alive) return;
+  }
+  Daemon& d = *daemons_[pinned->second.value()];
   if (!d.alive || d.awaiting || d.free_cpus + 1e-9 < stage.resources.cpus || d.free_gpus < stage.resources.gpus) return;
   Dispatch(job, u, d, /*duplicate=*/false, last);
 }
 
-void Scheduler::Unchain(Job& job, VertexId u) {
+void Scheduler::WithdrawRemoteChains(Job& job, VertexId v) {
+  const DaemonId where = job.runs[v.value()].daemon;
+  ForEachSuccessor(job.g(), v, [&](VertexId u) {
+    Run& c = job.runs[u.value()];
+    if (c.chained_after != v || c.daemon == where) return;
+    Flush();  // u's "run" may still wait in the outbox: it must not arrive after its cancel
+    if (daemons_[c.daemon.value()]->alive) {
+      sink_.SendToDaemon(c.daemon, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", u.value()}, {"version", c.version}});
+    }
+    Unchain(job, u, /*rechain=*/false);
+  });
+}
+
+void Scheduler::Unchain(Job& job, VertexId u, bool rechain) {
   Run& r = job.runs[u.value()];
   ReleaseSlots(job, u);
   r.state = VertexState::kWaiting;
@@ -727,8 +750,8 @@ void Scheduler::Unchain(Job& job, VertexId u) {
   Log(job, u, "version " + std::to_string(r.version) + " withdrawn: the vertex it was chained after did not succeed");
   if (r.pending == 0) {
     MakeReady(job, u);
-  } else {
-    TryChain(job, u);
+  } else if (rechain) {
+    TryChain(job, u);  // its predecessor may run again already
   }
 }
 
@@ -824,6 +847,7 @@ void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& 
     ReleaseSlots(job, v);
     r.state = VertexState::kWaiting;
     r.chained_after = VertexId();
+    WithdrawRemoteChains(job, v);
     Log(job, v, "version " + std::to_string(r.version) + " failed (" + std::string(FailureClassName(cls)) + "): " + error);
   }
   r.last_error = error;
@@ -1121,7 +1145,8 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, Vertex
                         {"key", {{"job", job.id.value()}, {"channel", ch.value()}, {"version", version}}}});
       continue;
     }
-    if (static_cast<size_t>(c.from_port) < p.output_messages.size() && p.output_messages[c.from_port] == 0) {
+    if (c.from != after && static_cast<size_t>(c.from_port) < p.output_messages.size() &&
+        p.output_messages[c.from_port] == 0) {
       inputs.push_back({{"empty", true}});  // nothing to fetch: the reader ends at once
       continue;
     }
@@ -1152,7 +1177,11 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, Vertex
                {"params", *node.params},    {"job_dir", job.job_dir},      {"threads", std::max(1, static_cast<int>(stage.resources.cpus))}, {"gpus", stage.resources.gpus},
                {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
   if (node.gang.valid()) AddNcclInfo(job, v, version, task);
-  if (after.valid()) task["after"] = {{"vertex", after.value()}, {"version", job.runs[after.value()].version}};
+  if (after.valid()) {
+    const Run& p = job.runs[after.value()];
+    task["after"] = {{"vertex", after.value()}, {"version", p.version}};
+    if (p.daemon != d.id) task["after"]["remote"] = true;
+  }
   // Faults the job file injects into this attempt.
   const auto& faults = job.faults;
   for (size_t i = 0; i < faults.size(); ++i) {

@@ -89,9 +89,12 @@ struct SchedulerOptions {
   double straggler_factor = 4.0;
   Duration straggler_min = std::chrono::seconds(2);
   double straggler_fraction = 0.5;
-  /// Chained dispatch: a vertex whose last unfinished predecessor is running on the daemon its
-  /// affinity pins it to is sent there at once, to start the moment that predecessor succeeds
-  /// there, without a report -> job manager -> run round trip (a pipeline stage's chain).
+  /// Chained dispatch: a vertex whose last unfinished predecessor is running is sent at once to
+  /// the daemon its affinity pins it to, to start the moment that predecessor succeeds, without
+  /// a report -> job manager -> run round trip (a pipeline stage's chain). On the predecessor's
+  /// daemon it starts when that attempt ends there; on another daemon (a predecessor it reads
+  /// data from: the next pipeline stage), when that attempt's outputs arrive, fetched as they
+  /// are written (vertex/input_prefetcher.h).
   bool chain_dispatch = true;
   /// After a restart, how long daemons named in the journal have to come back before their
   /// outputs count as lost.
@@ -189,9 +192,13 @@ class Scheduler {
   void TryChain(Job& job, VertexId u);
   /// Chains the waiting successors of v that have nothing else left to wait for.
   void ChainSuccessors(Job& job, VertexId v);
-  /// A chained attempt that never started (its predecessor failed there): back to waiting,
-  /// neither charged nor counted as a recovery.
-  void Unchain(Job& job, VertexId u);
+  /// A chained attempt that never started (its predecessor failed): back to waiting, neither
+  /// charged nor counted as a recovery; chained again at once when `rechain` and it applies.
+  void Unchain(Job& job, VertexId u, bool rechain);
+  /// The attempts chained after v's current one on daemons other than v's: v will not deliver
+  /// (it failed, or a duplicate won), and they learn it from no one else. Cancelled there and
+  /// unchained.
+  void WithdrawRemoteChains(Job& job, VertexId v);
   /// Stragglers: running attempts far slower than their completed stage peers get a duplicate.
   void LaunchDuplicates(Job& job);
   /// A report from a vertex with two attempts running; true when it needs nothing more.

@@ -28,6 +28,7 @@
 #include "common/auth.h"
 #include "common/framed_connection.h"
 #include "common/logging.h"
+#include "vertex/input_prefetcher.h"
 
 namespace copse::vertex {
 namespace {
@@ -160,7 +161,9 @@ class Daemon::Impl {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
       for (auto& [key, flag] : cancel_flags_) flag->store(true);
+      for (auto& t : held_) t.cancel->store(true);
     }
+    prefetcher_.reset();  // joins the fetch threads; their callbacks take mu_, so not under it
     cv_.notify_all();
     for (auto& t : workers_) t.join();
     if (data_server_) data_server_->Stop();
@@ -173,6 +176,7 @@ class Daemon::Impl {
     COPSE_ASSIGN_OR_RETURN(store_, chan::OutputStore::Make(options_.work_dir / "outputs", options_.memory_budget_bytes));
     COPSE_ASSIGN_OR_RETURN(data_server_, chan::DataServer::Start(*store_, options_.data_host, 0, options_.secret));
     COPSE_ASSIGN_OR_RETURN(hub_, chan::StreamHub::Start(options_.data_host, 0, options_.work_dir / "ipc", options_.secret));
+    prefetcher_ = std::make_unique<InputPrefetcher>(options_.secret);
     COPSE_RETURN_NOT_OK(Register());
     for (int i = 0; i < std::max(1, options_.cpus); ++i) workers_.emplace_back([this] { WorkerLoop(); });
     return Status::OK();
@@ -249,6 +253,7 @@ class Daemon::Impl {
   void CancelEverything() {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.clear();
+    for (auto& t : held_) t.cancel->store(true);
     held_.clear();
     for (auto& [key, flag] : cancel_flags_) flag->store(true);
     reports_.clear();
@@ -272,6 +277,7 @@ class Daemon::Impl {
 #endif
     std::unique_ptr<Collective> collective;
     int device = -1;
+    std::shared_ptr<PrefetchedInputs> prefetched;  // remote inputs fetched while it was held
   };
 
   void Heartbeat() {
@@ -295,16 +301,33 @@ class Daemon::Impl {
             queue_.push_back(std::move(t));
             continue;
           }
-          // Chained: runs once the named attempt has succeeded here (it may already have).
           const Json& after = t.spec["after"];
-          auto done = finished_.find({t.spec["job"].get<uint64_t>(), after["vertex"].get<uint32_t>(),
-                                      after["version"].get<uint32_t>()});
+          const uint64_t job = t.spec["job"].get<uint64_t>();
+          const uint32_t after_vertex = after["vertex"].get<uint32_t>(), after_version = after["version"].get<uint32_t>();
+          if (after.value("remote", false)) {
+            // Chained after an attempt on another daemon: runs once that attempt's outputs
+            // have arrived here (OnRemoteAfter); its other remote inputs come meanwhile.
+            const uint32_t vertex = t.spec["vertex"].get<uint32_t>(), version = t.spec["version"].get<uint32_t>();
+            t.prefetched = prefetcher_->Start(
+                t.spec["inputs"], InputPrefetcher::After{after_vertex, after_version}, t.cancel,
+                [this, job, vertex, version](const Status& st) { OnRemoteAfter(job, vertex, version, st); });
+            if (!t.prefetched) {
+              reports_.push_back(Withdrawn(t.spec, "none of its inputs is on another daemon"));
+              PostReports();
+              continue;
+            }
+            held_.push_back(std::move(t));
+            continue;
+          }
+          // Chained: runs once the named attempt has succeeded here (it may already have).
+          auto done = finished_.find({job, after_vertex, after_version});
           if (done == finished_.end()) {
+            t.prefetched = prefetcher_->Start(t.spec["inputs"], std::nullopt, t.cancel, nullptr);
             held_.push_back(std::move(t));
           } else if (done->second) {
             queue_.push_back(std::move(t));
           } else {
-            reports_.push_back(Withdrawn(t.spec));
+            reports_.push_back(Withdrawn(t.spec, "the attempt it was chained after failed"));
             PostReports();
           }
         }
@@ -363,6 +386,9 @@ class Daemon::Impl {
     auto match = [&](const Task& t) {
       return t.spec["job"].get<uint64_t>() == job && (vertex < 0 || t.spec["vertex"].get<int64_t>() == vertex);
     };
+    for (auto& t : held_) {
+      if (match(t)) t.cancel->store(true);  // stops its prefetch
+    }
     std::erase_if(queue_, match);
     std::erase_if(held_, match);
     for (auto& [key, flag] : cancel_flags_) {
@@ -411,17 +437,39 @@ class Daemon::Impl {
         queue_.push_front(std::move(*it));  // the job manager chains only what runs next
         cv_.notify_one();
       } else {
-        reports_.push_back(Withdrawn(it->spec));
+        it->cancel->store(true);
+        reports_.push_back(Withdrawn(it->spec, "the attempt it was chained after failed"));
       }
       it = held_.erase(it);
     }
   }
 
-  /// The report of a chained task that never ran because the attempt it waited for failed.
-  static Json Withdrawn(const Json& spec) {
+  /// A task chained after an attempt on another daemon: that attempt's outputs have arrived
+  /// here (it succeeded), or cannot be had (`st`). Called from a fetch thread.
+  void OnRemoteAfter(uint64_t job, uint32_t vertex, uint32_t version, const Status& st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    auto it = std::find_if(held_.begin(), held_.end(), [&](const Task& t) {
+      return t.spec["job"].get<uint64_t>() == job && t.spec["vertex"].get<uint32_t>() == vertex &&
+             t.spec["version"].get<uint32_t>() == version;
+    });
+    if (it == held_.end()) return;  // cancelled meanwhile
+    if (st.ok()) {
+      queue_.push_front(std::move(*it));
+      cv_.notify_one();
+    } else {
+      it->cancel->store(true);
+      reports_.push_back(Withdrawn(it->spec, "the outputs of the attempt it was chained after cannot be had: " + st.ToString()));
+      PostReports();
+    }
+    held_.erase(it);
+  }
+
+  /// The report of a chained task that never ran: the attempt it waited for did not deliver.
+  /// Uncharged (class cancelled); the job manager places it again.
+  static Json Withdrawn(const Json& spec, const std::string& why) {
     return {{"job", spec["job"]},  {"vertex", spec["vertex"]}, {"version", spec["version"]}, {"ok", false},
-            {"class", "cancelled"}, {"error", "withdrawn: the attempt it was chained after failed"},
-            {"duration_ms", 0.0}};
+            {"class", "cancelled"}, {"error", "withdrawn: " + why}, {"duration_ms", 0.0}};
   }
 
   /// Has the io thread send what reports_ holds (once per batch). Requires mu_.
@@ -586,6 +634,10 @@ class Daemon::Impl {
         }
         auto key = chan::OutputKey::FromJson(in["key"]);
         if (!key.ok()) return fail("program_error", key.status().message());
+        if (auto prefetched = task.prefetched ? task.prefetched->Take(port) : nullptr) {
+          readers.push_back(std::move(prefetched));
+          continue;
+        }
         auto reader = in["local"].get<bool>()
                           ? store_->OpenReader(*key)
                           : chan::OpenRemoteReader(in["host"].get<std::string>(), in["port"].get<uint16_t>(), *key,
@@ -673,6 +725,7 @@ class Daemon::Impl {
   std::unique_ptr<chan::OutputStore> store_;
   std::unique_ptr<chan::DataServer> data_server_;
   std::unique_ptr<chan::StreamHub> hub_;
+  std::unique_ptr<InputPrefetcher> prefetcher_;  // remote inputs of held (chained) tasks
   std::set<int> gpu_busy_;                      // guarded by mu_
   std::map<std::string, std::string> nccl_ids_;  // group -> unique id, guarded by mu_
   std::condition_variable nccl_cv_;

@@ -330,6 +330,104 @@ TEST_CASE("Scheduler.AChainedVertexWhosePredecessorFailedIsWithdrawnUncharged") 
   CHECK(h.State(job) == "completed");
 }
 
+// p1 runs where g0 is pinned; q1, pinned by g1 to the other daemon, reads it.
+const char* kTwoPinnedChains = R"({"stages": [{"name": "p0", "program": "noop", "affinity": "g0"},
+                                              {"name": "q0", "program": "noop", "affinity": "g1"},
+                                              {"name": "p1", "program": "noop", "affinity": "g0"},
+                                              {"name": "q1", "program": "noop", "affinity": "g1"}],
+  "edges": [{"from": "p0", "to": "p1"}, {"from": "q0", "to": "q1", "to_port": 0},
+            {"from": "p1", "to": "q1", "to_port": 1}]})";
+
+/// Runs p0 and q0 of kTwoPinnedChains on different daemons; returns p1's task then q1's.
+std::pair<Json, Json> StartTwoPinnedChains(Harness& h) {
+  h.AddDaemon("d0");
+  h.AddDaemon("d1");
+  h.Submit(kTwoPinnedChains);
+  auto first = h.sink.TakeTasks();
+  REQUIRE(first.size() == 2);
+  CHECK(first[0].first != first[1].first);
+  for (auto& [d, t] : first) {
+    if (t["name"] == "q0[0]") h.Finish(t, true);
+  }
+  for (auto& [d, t] : first) {
+    if (t["name"] == "p0[0]") h.Finish(t, true);
+  }
+  auto next = h.sink.TakeTasks();
+  REQUIRE(next.size() == 2);
+  if (next[0].second["name"] == "q1[0]") std::swap(next[0], next[1]);  // batches go out by daemon
+  return {next[0].second, next[1].second};
+}
+
+TEST_CASE("Scheduler.ChainedDispatchReachesAcrossDaemonsThroughData") {
+  Harness h;
+  auto [p1, q1] = StartTwoPinnedChains(h);
+  // q1 goes to g1's daemon while p1 still runs on the other: it starts there when p1's output
+  // arrives, fetched from p1's daemon as it is written.
+  CHECK(p1["name"] == "p1[0]");
+  CHECK(q1["name"] == "q1[0]");
+  CHECK(q1["after"]["vertex"] == p1["vertex"]);
+  CHECK(q1["after"]["version"] == p1["version"]);
+  CHECK(q1["after"]["remote"] == true);
+  const Json& from_p1 = q1["inputs"][1];
+  CHECK(from_p1["local"] == false);
+  CHECK(from_p1["key"]["version"] == p1["version"]);
+  CHECK_FALSE(from_p1.contains("empty"));
+  h.Finish(p1, true);
+  CHECK(h.sink.TakeTasks().empty());  // q1 is already there
+  h.Finish(q1, true);
+  JobId job(q1["job"].get<uint64_t>());
+  CHECK(h.State(job) == "completed");
+  CHECK(h.sched.JobStatus(job)["recoveries"].empty());
+}
+
+TEST_CASE("Scheduler.ARemoteChainIsCancelledWhenItsPredecessorFails") {
+  Harness h;
+  auto [p1, q1] = StartTwoPinnedChains(h);
+  h.sink.sent.clear();
+  // p1 fails: q1's daemon would wait for its output forever, so it is told to drop q1, which
+  // is chained again after p1's next attempt.
+  h.Finish(p1, false);
+  auto cancels = h.sink.WithOp("cancel");
+  REQUIRE(cancels.size() == 1);
+  CHECK(cancels[0].second["vertex"] == q1["vertex"]);
+  auto again = h.sink.TakeTasks();
+  REQUIRE(again.size() == 2);
+  if (again[0].second["name"] == "q1[0]") std::swap(again[0], again[1]);
+  CHECK(again[0].second["name"] == "p1[0]");
+  CHECK(again[1].second["name"] == "q1[0]");
+  CHECK(cancels[0].first == again[1].first);  // q1's pinned daemon, not p1's
+  CHECK(cancels[0].first != again[0].first);
+  CHECK(again[1].second["after"]["version"] == again[0].second["version"]);
+  // The cancelled attempt's own report comes late and changes nothing.
+  h.Finish(q1, false, {}, FailureClass::kCancelled);
+  CHECK(h.sink.TakeTasks().empty());
+  h.Finish(again[0].second, true);
+  h.Finish(again[1].second, true);
+  JobId job(q1["job"].get<uint64_t>());
+  CHECK(h.State(job) == "completed");
+  Json st = h.sched.JobStatus(job);
+  REQUIRE(st["recoveries"].size() == 1);
+  CHECK(st["recoveries"][0]["vertex"] == "p1[0]");
+}
+
+TEST_CASE("Scheduler.ARemoteChainWithdrawnByItsDaemonWaitsForThePredecessor") {
+  Harness h;
+  auto [p1, q1] = StartTwoPinnedChains(h);
+  // q1's daemon could not reach p1's (gone before the job manager noticed): q1 is not chained
+  // again after the same attempt, but placed when p1 completes.
+  h.Finish(q1, false, {}, FailureClass::kCancelled);
+  CHECK(h.sink.TakeTasks().empty());
+  h.Finish(p1, true);
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 1);
+  CHECK(tasks[0].second["name"] == "q1[0]");
+  CHECK_FALSE(tasks[0].second.contains("after"));
+  h.Finish(tasks[0].second, true);
+  JobId job(q1["job"].get<uint64_t>());
+  CHECK(h.State(job) == "completed");
+  CHECK(h.sched.JobStatus(job)["recoveries"].empty());
+}
+
 TEST_CASE("Scheduler.ChainedDispatchCanBeTurnedOff") {
   FakeSink sink;
   ManualClock clock;

@@ -1,0 +1,141 @@
+#include "vertex/input_prefetcher.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "channels/memory_queue.h"
+#include "channels/remote_reader.h"
+#include "common/logging.h"
+
+namespace copse::vertex {
+
+std::unique_ptr<chan::ChannelReader> PrefetchedInputs::Take(size_t port) {
+  std::unique_lock lock(mu_);
+  if (port >= slots_.size()) return nullptr;
+  Slot& slot = slots_[port];
+  settled_.wait(lock, [&] { return slot.state != State::kFetching; });
+  if (slot.state != State::kArrived) return nullptr;
+  auto log = std::make_shared<chan::MessageLog>();
+  log->messages = std::move(slot.messages);
+  log->closed = true;
+  slot.state = State::kNone;
+  return std::make_unique<chan::MessageLogReader>(std::move(log));
+}
+
+void PrefetchedInputs::Settle(size_t port, State state, std::vector<chan::Buffer> messages) {
+  {
+    std::lock_guard lock(mu_);
+    slots_[port].state = state;
+    slots_[port].messages = std::move(messages);
+  }
+  settled_.notify_all();
+}
+
+InputPrefetcher::~InputPrefetcher() {
+  std::lock_guard lock(mu_);
+  for (auto& f : fetchers_) f.cancel->store(true);
+  for (auto& f : fetchers_) f.thread.join();
+}
+
+namespace {
+
+struct PlannedFetch {
+  size_t port;
+  chan::OutputKey key;
+  std::string host;
+  uint16_t data_port;
+  bool from_after;
+};
+
+}  // namespace
+
+std::shared_ptr<PrefetchedInputs> InputPrefetcher::Start(const Json& inputs, std::optional<After> after,
+                                                         std::shared_ptr<std::atomic<bool>> cancel,
+                                                         std::function<void(const Status&)> on_after) {
+  // What to fetch: every stored input of another daemon; those that exist already first.
+  std::vector<PlannedFetch> plan;
+  for (size_t port = 0; port < inputs.size(); ++port) {
+    const Json& in = inputs[port];
+    if (!in.is_object() || in.contains("live") || in.value("empty", false) || in.value("local", true)) continue;
+    auto key = chan::OutputKey::FromJson(in.value("key", Json()));
+    if (!key.ok() || !in.contains("host") || !in["host"].is_string() || !in.contains("port") ||
+        !in["port"].is_number_unsigned()) {
+      continue;  // the task itself reports what is wrong with it
+    }
+    const bool from_after = after && key->vertex == after->vertex && key->version == after->version;
+    plan.push_back({port, *key, in["host"].get<std::string>(), in["port"].get<uint16_t>(), from_after});
+  }
+  if (plan.empty()) return nullptr;
+  std::stable_partition(plan.begin(), plan.end(), [](const PlannedFetch& f) { return !f.from_after; });
+  auto prefetched = std::make_shared<PrefetchedInputs>(inputs.size());
+  for (const auto& f : plan) prefetched->slots_[f.port].state = PrefetchedInputs::State::kFetching;
+
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::lock_guard lock(mu_);
+  // Join the fetchers that have finished: their threads end as soon as `done` is set.
+  for (auto it = fetchers_.begin(); it != fetchers_.end();) {
+    if (!it->done->load()) {
+      ++it;
+      continue;
+    }
+    it->thread.join();
+    it = fetchers_.erase(it);
+  }
+  fetchers_.push_back({std::thread([this, plan = std::move(plan), after, cancel, on_after = std::move(on_after),
+                                    prefetched, done] {
+                         Status after_status = Status::OK();
+                         bool any_from_after = false;
+                         for (const auto& f : plan) {
+                           Status st = FetchOne(f.host, f.data_port, f.key, f.from_after, *cancel, *prefetched, f.port);
+                           any_from_after = any_from_after || f.from_after;
+                           if (f.from_after && after_status.ok()) after_status = st;
+                         }
+                         if (after && !any_from_after) {
+                           after_status = Status::FailedPrecondition(
+                               "none of its inputs comes from the attempt it is chained after");
+                         }
+                         if (after) on_after(after_status);
+                         done->store(true);
+                       }),
+                       cancel, done});
+  return prefetched;
+}
+
+Status InputPrefetcher::FetchOne(const std::string& host, uint16_t port, const chan::OutputKey& key, bool from_after,
+                                 const std::atomic<bool>& cancel, PrefetchedInputs& into, size_t slot) const {
+  using State = PrefetchedInputs::State;
+  chan::RemoteReaderOptions options;
+  if (from_after) options.wait_ms = kWaitSliceMs;
+  while (true) {
+    if (cancel.load()) {
+      into.Settle(slot, State::kNotKept);
+      return Status::Cancelled("the task was cancelled");
+    }
+    auto reader = chan::OpenRemoteReader(host, port, key, secret_, options);
+    if (!reader.ok()) {
+      if (from_after && reader.status().code() == StatusCode::kTimeout) continue;  // not produced yet
+      into.Settle(slot, State::kNotKept);
+      return reader.status();
+    }
+    std::vector<chan::Buffer> messages;
+    uint64_t bytes = 0;
+    while (true) {
+      auto m = (*reader)->Next();
+      if (!m.ok()) {
+        into.Settle(slot, State::kNotKept);
+        return m.status();
+      }
+      if (!m->has_value()) break;
+      bytes += (*m)->size();
+      if (bytes > kMaxPrefetchBytes) {
+        into.Settle(slot, State::kNotKept);  // it exists: the task streams it when it runs
+        return Status::OK();
+      }
+      messages.push_back(std::move(**m));
+    }
+    into.Settle(slot, State::kArrived, std::move(messages));
+    return Status::OK();
+  }
+}
+
+}  // namespace copse::vertex
