@@ -32,9 +32,30 @@ void PrefetchedInputs::Settle(size_t port, State state, std::vector<chan::Buffer
 }
 
 InputPrefetcher::~InputPrefetcher() {
-  std::lock_guard lock(mu_);
-  for (auto& f : fetchers_) f.cancel->store(true);
-  for (auto& f : fetchers_) f.thread.join();
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    pending_.clear();
+    threads.swap(threads_);
+  }
+  work_.notify_all();
+  for (auto& t : threads) t.join();
+}
+
+void InputPrefetcher::WorkerLoop() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    ++idle_;
+    work_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+    --idle_;
+    if (stopping_) return;
+    auto job = std::move(pending_.front());
+    pending_.pop_front();
+    lock.unlock();
+    job();
+    lock.lock();
+  }
 }
 
 namespace {
@@ -70,34 +91,25 @@ std::shared_ptr<PrefetchedInputs> InputPrefetcher::Start(const Json& inputs, std
   auto prefetched = std::make_shared<PrefetchedInputs>(inputs.size());
   for (const auto& f : plan) prefetched->slots_[f.port].state = PrefetchedInputs::State::kFetching;
 
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  std::lock_guard lock(mu_);
-  // Join the fetchers that have finished: their threads end as soon as `done` is set.
-  for (auto it = fetchers_.begin(); it != fetchers_.end();) {
-    if (!it->done->load()) {
-      ++it;
-      continue;
+  auto job = [this, plan = std::move(plan), after, cancel, on_after = std::move(on_after), prefetched] {
+    Status after_status = Status::OK();
+    bool any_from_after = false;
+    for (const auto& f : plan) {
+      Status st = FetchOne(f.host, f.data_port, f.key, f.from_after, *cancel, *prefetched, f.port);
+      any_from_after = any_from_after || f.from_after;
+      if (f.from_after && after_status.ok()) after_status = st;
     }
-    it->thread.join();
-    it = fetchers_.erase(it);
+    if (after && !any_from_after) {
+      after_status = Status::FailedPrecondition("none of its inputs comes from the attempt it is chained after");
+    }
+    if (after) on_after(after_status);
+  };
+  {
+    std::lock_guard lock(mu_);
+    pending_.push_back(std::move(job));
+    if (idle_ < pending_.size()) threads_.emplace_back([this] { WorkerLoop(); });
   }
-  fetchers_.push_back({std::thread([this, plan = std::move(plan), after, cancel, on_after = std::move(on_after),
-                                    prefetched, done] {
-                         Status after_status = Status::OK();
-                         bool any_from_after = false;
-                         for (const auto& f : plan) {
-                           Status st = FetchOne(f.host, f.data_port, f.key, f.from_after, *cancel, *prefetched, f.port);
-                           any_from_after = any_from_after || f.from_after;
-                           if (f.from_after && after_status.ok()) after_status = st;
-                         }
-                         if (after && !any_from_after) {
-                           after_status = Status::FailedPrecondition(
-                               "none of its inputs comes from the attempt it is chained after");
-                         }
-                         if (after) on_after(after_status);
-                         done->store(true);
-                       }),
-                       cancel, done});
+  work_.notify_one();
   return prefetched;
 }
 
@@ -107,7 +119,7 @@ Status InputPrefetcher::FetchOne(const std::string& host, uint16_t port, const c
   chan::RemoteReaderOptions options;
   if (from_after) options.wait_ms = kWaitSliceMs;
   while (true) {
-    if (cancel.load()) {
+    if (cancel.load() || stopping_.load()) {
       into.Settle(slot, State::kNotKept);
       return Status::Cancelled("the task was cancelled");
     }

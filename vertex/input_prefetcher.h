@@ -13,15 +13,16 @@
 // Whole outputs are held in memory: one larger than kMaxPrefetchBytes is not kept (the task
 // reads it from the producer as usual) but still counts as arrived for `on_after`.
 //
-// Threads: one per task with remote inputs, for as long as its fetches take. The destructor
-// cancels every fetch still going and joins the threads (a waiting fetch notices within
-// kWaitSliceMs).
+// Threads: a task's fetches run on one thread, taken from those kept idle by earlier tasks or
+// started when none is (starting a thread costs up to a millisecond on a busy machine: the
+// pool grows to the most tasks that have waited at once, a handful). The destructor cancels
+// every fetch still going and joins the threads (a waiting fetch notices within kWaitSliceMs).
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <deque>
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -76,7 +77,7 @@ class InputPrefetcher {
   };
 
   /// Starts fetching the remote inputs of a task (`inputs`: its "inputs" array, see
-  /// Scheduler::Dispatch) on a thread of their own. `after`: the remote attempt the task is
+  /// Scheduler::Dispatch) on a thread of the pool. `after`: the remote attempt the task is
   /// chained after; its outputs are waited for, and `on_after` is called (from that thread)
   /// once they have all arrived, or with why one cannot be had. `cancel`: the task's flag, which
   /// stops the fetches. Returns nullptr, and calls nothing, when the task has no remote input.
@@ -86,19 +87,19 @@ class InputPrefetcher {
                                           std::function<void(const Status&)> on_after);
 
  private:
-  struct Fetcher {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> cancel;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
+  void WorkerLoop();
   /// Fetches one output whole into slot `slot` of `into`; waits for it when `from_after`. OK
   /// when it arrived, or exists but is too large to keep.
   Status FetchOne(const std::string& host, uint16_t port, const chan::OutputKey& key, bool from_after,
                   const std::atomic<bool>& cancel, PrefetchedInputs& into, size_t slot) const;
 
   const std::string secret_;
+  std::atomic<bool> stopping_{false};
   std::mutex mu_;
-  std::list<Fetcher> fetchers_;  // guarded by mu_; finished ones are joined by the next Start
+  std::condition_variable work_;
+  std::deque<std::function<void()>> pending_;  // guarded by mu_
+  size_t idle_ = 0;                            // threads waiting for work; guarded by mu_
+  std::vector<std::thread> threads_;           // guarded by mu_
 };
 
 }  // namespace copse::vertex
