@@ -588,6 +588,7 @@ bool Scheduler::ResolveDuplicate(Job& job, VertexId v, const AttemptReport& rep)
   // One of two attempts failed: the other carries on, and nothing is charged.
   FreeSlot(job, v, from_dup ? r.dup_daemon : r.daemon);
   if (!from_dup) {
+    WithdrawRemoteChains(job, v);  // they wait for the failed original's outputs
     r.version = r.dup_version;
     r.daemon = r.dup_daemon;
     r.started = r.dup_started;
