@@ -748,6 +748,7 @@ void Scheduler::Unchain(Job& job, VertexId u, bool rechain) {
   ReleaseSlots(job, u);
   r.state = VertexState::kWaiting;
   r.chained_after = VertexId();
+  WithdrawRemoteChains(job, u);  // u will not run: nor will what waits for it elsewhere
   Log(job, u, "version " + std::to_string(r.version) + " withdrawn: the vertex it was chained after did not succeed");
   if (r.pending == 0) {
     MakeReady(job, u);

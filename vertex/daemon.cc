@@ -386,14 +386,23 @@ class Daemon::Impl {
     auto match = [&](const Task& t) {
       return t.spec["job"].get<uint64_t>() == job && (vertex < 0 || t.spec["vertex"].get<int64_t>() == vertex);
     };
+    // Cancelled before they ran: they end here as failed, for what is chained after them.
+    std::vector<AttemptKey> ended;
     for (auto& t : held_) {
-      if (match(t)) t.cancel->store(true);  // stops its prefetch
+      if (!match(t)) continue;
+      t.cancel->store(true);  // stops its prefetch
+      ended.push_back(KeyOf(t));
+    }
+    for (const auto& t : queue_) {
+      if (match(t)) ended.push_back(KeyOf(t));
     }
     std::erase_if(queue_, match);
     std::erase_if(held_, match);
     for (auto& [key, flag] : cancel_flags_) {
       if (key.first == job && (vertex < 0 || key.second == static_cast<uint32_t>(vertex))) flag->store(true);
     }
+    WithdrawChainedAfter(std::move(ended));
+    if (!reports_.empty()) PostReports();
   }
 
   void WorkerLoop() {
@@ -423,24 +432,54 @@ class Daemon::Impl {
     }
   }
 
+  using AttemptKey = std::tuple<uint64_t, uint32_t, uint32_t>;  // job, vertex, version
+  static AttemptKey KeyOf(const Task& t) {
+    return {t.spec["job"].get<uint64_t>(), t.spec["vertex"].get<uint32_t>(), t.spec["version"].get<uint32_t>()};
+  }
+  static bool IsChainedAfter(const Task& t, const AttemptKey& attempt) {
+    const Json& after = t.spec["after"];
+    return t.spec["job"].get<uint64_t>() == std::get<0>(attempt) && after["vertex"].get<uint32_t>() == std::get<1>(attempt) &&
+           after["version"].get<uint32_t>() == std::get<2>(attempt);
+  }
+
   /// Tasks chained after attempt (job, vertex, version), which just ended here: queued next when
-  /// it succeeded, else reported withdrawn. Requires mu_.
+  /// it succeeded, else withdrawn. Requires mu_.
   void ReleaseHeld(uint64_t job, uint32_t vertex, uint32_t version, bool ok) {
+    const AttemptKey ended{job, vertex, version};
+    if (!ok) {
+      WithdrawChainedAfter({ended});
+      return;
+    }
     for (auto it = held_.begin(); it != held_.end();) {
-      const Json& after = it->spec["after"];
-      if (it->spec["job"].get<uint64_t>() != job || after["vertex"].get<uint32_t>() != vertex ||
-          after["version"].get<uint32_t>() != version) {
+      if (!IsChainedAfter(*it, ended)) {
         ++it;
         continue;
       }
-      if (ok) {
-        queue_.push_front(std::move(*it));  // the job manager chains only what runs next
-        cv_.notify_one();
-      } else {
-        it->cancel->store(true);
-        reports_.push_back(Withdrawn(it->spec, "the attempt it was chained after failed"));
-      }
+      queue_.push_front(std::move(*it));  // the job manager chains only what runs next
+      cv_.notify_one();
       it = held_.erase(it);
+    }
+  }
+
+  /// Attempts that ended here without succeeding (failed, cancelled or withdrawn): every held
+  /// task chained after one of them is reported withdrawn and ends likewise, down the chain — a
+  /// task held after a withdrawn one would otherwise wait for ever. Each is remembered as
+  /// failed, for chained tasks that arrive later. Requires mu_.
+  void WithdrawChainedAfter(std::vector<AttemptKey> ended) {
+    while (!ended.empty()) {
+      const AttemptKey key = ended.back();
+      ended.pop_back();
+      finished_.emplace(key, false);  // one that ran keeps the report's verdict
+      for (auto it = held_.begin(); it != held_.end();) {
+        if (!IsChainedAfter(*it, key)) {
+          ++it;
+          continue;
+        }
+        it->cancel->store(true);  // stops its prefetch
+        reports_.push_back(Withdrawn(it->spec, "the attempt it was chained after failed"));
+        ended.push_back(KeyOf(*it));
+        it = held_.erase(it);
+      }
     }
   }
 
@@ -457,12 +496,15 @@ class Daemon::Impl {
     if (st.ok()) {
       queue_.push_front(std::move(*it));
       cv_.notify_one();
-    } else {
-      it->cancel->store(true);
-      reports_.push_back(Withdrawn(it->spec, "the outputs of the attempt it was chained after cannot be had: " + st.ToString()));
-      PostReports();
+      held_.erase(it);
+      return;
     }
+    it->cancel->store(true);
+    reports_.push_back(Withdrawn(it->spec, "the outputs of the attempt it was chained after cannot be had: " + st.ToString()));
+    const AttemptKey key = KeyOf(*it);
     held_.erase(it);
+    WithdrawChainedAfter({key});
+    PostReports();
   }
 
   /// The report of a chained task that never ran: the attempt it waited for did not deliver.
@@ -737,7 +779,7 @@ class Daemon::Impl {
   /// Chained tasks (with "after") waiting for that attempt of this daemon to end.
   std::vector<Task> held_;  // guarded by mu_
   /// How each attempt run here ended (true: succeeded), for chained tasks arriving after it.
-  std::map<std::tuple<uint64_t, uint32_t, uint32_t>, bool> finished_;  // guarded by mu_
+  std::map<AttemptKey, bool> finished_;  // guarded by mu_
   std::map<std::pair<uint64_t, uint32_t>, std::shared_ptr<std::atomic<bool>>> cancel_flags_;
   std::vector<Json> reports_;
   bool report_posted_ = false;
