@@ -1147,7 +1147,9 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, Vertex
                         {"key", {{"job", job.id.value()}, {"channel", ch.value()}, {"version", version}}}});
       continue;
     }
-    if (c.from != after && static_cast<size_t>(c.from_port) < p.output_messages.size() &&
+    // A producer still running (v is chained after it) has no counts yet: those it has are an
+    // earlier attempt's.
+    if (p.state == VertexState::kCompleted && static_cast<size_t>(c.from_port) < p.output_messages.size() &&
         p.output_messages[c.from_port] == 0) {
       inputs.push_back({{"empty", true}});  // nothing to fetch: the reader ends at once
       continue;
