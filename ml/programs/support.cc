@@ -157,21 +157,21 @@ NamedTensors Clones(const NamedTensors& tensors) {
   return out;
 }
 
-NamedTensors GradientHandles(const Sequential& m) {
+namespace {
+
+/// Each parameter's `field` (value or grad) under its name, sharing storage.
+NamedTensors Handles(const Sequential& m, Tensor Parameter::*field) {
   NamedTensors out;
   const auto names = m.ParameterNames();
   const auto params = m.Parameters();
-  for (size_t i = 0; i < params.size(); ++i) out.emplace_back(names[i], params[i]->grad);
+  for (size_t i = 0; i < params.size(); ++i) out.emplace_back(names[i], params[i]->*field);
   return out;
 }
 
-NamedTensors ParameterHandles(const Sequential& m) {
-  NamedTensors out;
-  const auto names = m.ParameterNames();
-  const auto params = m.Parameters();
-  for (size_t i = 0; i < params.size(); ++i) out.emplace_back(names[i], params[i]->value);
-  return out;
-}
+}  // namespace
+
+NamedTensors GradientHandles(const Sequential& m) { return Handles(m, &Parameter::grad); }
+NamedTensors ParameterHandles(const Sequential& m) { return Handles(m, &Parameter::value); }
 
 Result<std::vector<chan::Buffer>> ReadAll(vertex::VertexContext& ctx, size_t port) {
   if (port >= ctx.num_inputs())
