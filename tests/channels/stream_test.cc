@@ -454,8 +454,11 @@ TEST_CASE("Stream.OneGiBBetweenProcessesInBoundedMemory" * doctest::timeout(60))
   constexpr int kMessages = 1024;
   constexpr size_t kSize = 1 << 20;
   StreamKey key{7, 1, 0};
-  ChildProducer child([key](StreamHub& hub, const Json& peer) {
-    auto w = hub.OpenWriter(peer, key, {});
+  // About memory, not liveness: a loaded CI machine may starve a heartbeat past the default 1 s.
+  StreamOptions patient;
+  patient.peer_timeout = std::chrono::seconds(10);
+  ChildProducer child([key, patient](StreamHub& hub, const Json& peer) {
+    auto w = hub.OpenWriter(peer, key, patient);
     if (!w.ok()) return false;
     std::string base = Pattern(kSize, 7, 0);
     for (uint64_t i = 0; i < kMessages; ++i) {
@@ -473,7 +476,7 @@ TEST_CASE("Stream.OneGiBBetweenProcessesInBoundedMemory" * doctest::timeout(60))
   }
   size_t rss_before = PeakRssKiB();
   child.SendPeer(TcpOnly(hub->endpoints()));
-  auto r = hub->OpenReader(key, {});
+  auto r = hub->OpenReader(key, patient);
   REQUIRE(r.ok());
   auto start = Clock::now();
   std::string base = Pattern(kSize, 7, 0);
