@@ -529,6 +529,29 @@ class CpuDeviceImpl final : public Device {
     });
   }
 
+  // One pass over memory: each block of the summed gradient, p and buf is assembled in a stack
+  // buffer (L1) and stepped there by SgdRange, so the arithmetic is SgdStep's exactly.
+  void SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads, const float* buf,
+                         size_t n, float lr, float momentum, float dampening, float weight_decay,
+                         bool nesterov, bool first, float* p_out, float* buf_out) override {
+    Pool().For(static_cast<int64_t>(n), kGrain, [=](int64_t b, int64_t e) {
+      constexpr size_t kBlock = 1024;
+      alignas(64) float g[kBlock];
+      for (size_t i = static_cast<size_t>(b); i < static_cast<size_t>(e); i += kBlock) {
+        const size_t len = std::min(kBlock, static_cast<size_t>(e) - i);
+        std::copy(grads[0] + i, grads[0] + i + len, g);
+        for (int k = 1; k < ngrads; ++k) {  // Axpy(1, ...): 1 * x is x exactly
+          const float* __restrict x = grads[k] + i;
+          for (size_t j = 0; j < len; ++j) g[j] += x[j];
+        }
+        std::copy(p + i, p + i + len, p_out + i);
+        if (buf_out && !first) std::copy(buf + i, buf + i + len, buf_out + i);
+        SgdRange(p_out + i, g, buf_out ? buf_out + i : nullptr, len, lr, momentum, dampening,
+                 weight_decay, nesterov, first);
+      }
+    });
+  }
+
   // Branches hoisted out of the loops and restrict pointers, so that GCC vectorizes each case.
   static void SgdRange(float* __restrict p, const float* __restrict g, float* __restrict buf,
                        size_t n, float lr, float momentum, float dampening, float wd,

@@ -19,6 +19,20 @@ std::atomic<int> cpu_threads{0};
 
 Device* CpuDevice() { return internal::MakeCpuDevice(); }
 
+void Device::SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads, const float* buf,
+                               size_t n, float lr, float momentum, float dampening,
+                               float weight_decay, bool nesterov, bool first, float* p_out,
+                               float* buf_out) {
+  const size_t bytes = n * sizeof(float);
+  float* g = static_cast<float*>(Allocate(bytes));
+  CopyOnDevice(g, grads[0], bytes);
+  for (int k = 1; k < ngrads; ++k) Axpy(1.0f, grads[k], n, g);
+  CopyOnDevice(p_out, p, bytes);
+  if (buf_out && !first) CopyOnDevice(buf_out, buf, bytes);
+  SgdStep(p_out, g, buf_out, n, lr, momentum, dampening, weight_decay, nesterov, first);
+  Free(g, bytes);
+}
+
 Result<Device*> CudaDevice(int ordinal) {
 #if COPSE_HAVE_CUDA
   return cuda::GetCudaDevice(ordinal);

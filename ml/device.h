@@ -112,6 +112,15 @@ class Device {
   /// p -= lr * (nesterov ? g' + momentum*buf : buf) (buf unused when momentum == 0).
   virtual void SgdStep(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
                        float dampening, float weight_decay, bool nesterov, bool first) = 0;
+  /// SgdStep out of place, on the sum of `ngrads` gradients: g = grads[0] + grads[1] + ...
+  /// (added in that order, as Axpy would), reading p and buf and writing p_out and buf_out, so
+  /// p, buf and the gradients are never written (messages may share them). The same bits as
+  /// summing into one buffer and calling SgdStep. buf and buf_out are null when momentum == 0;
+  /// buf is not read on the first step. The default composes the kernels above; devices fuse it.
+  virtual void SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads,
+                                 const float* buf, size_t n, float lr, float momentum,
+                                 float dampening, float weight_decay, bool nesterov, bool first,
+                                 float* p_out, float* buf_out);
   /// PyTorch Adam (L2 weight decay folded into g), step counts from 1.
   virtual void AdamStep(float* p, const float* g, float* m, float* v, size_t n, float lr,
                         float beta1, float beta2, float eps, float weight_decay, int64_t step) = 0;

@@ -38,7 +38,10 @@ void Sgd::Step() {
   const bool first = momentum_.empty();
   if (first && options_.momentum != 0.0f) {
     for (Parameter* p : params_) momentum_.push_back(Tensor::Empty(p->value.shape(), p->value.device()));
+  } else if (state_shared_) {
+    for (Tensor& m : momentum_) m = m.Clone();
   }
+  state_shared_ = false;
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter* p = params_[i];
     p->value.device()->SgdStep(p->value.data(), p->grad.data(),
@@ -50,11 +53,41 @@ void Sgd::Step() {
   ++steps_;
 }
 
+void Sgd::StepOutOfPlace(const std::vector<std::vector<const float*>>& grads) {
+  const bool first = momentum_.empty();
+  const bool with_momentum = options_.momentum != 0.0f;
+  std::vector<Tensor> momentum;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter* p = params_[i];
+    Device* dev = p->value.device();
+    Tensor value = Tensor::Empty(p->value.shape(), dev);
+    Tensor buf = with_momentum ? Tensor::Empty(p->value.shape(), dev) : Tensor();
+    dev->SgdStepOutOfPlace(p->value.data(), grads.at(i).data(), static_cast<int>(grads[i].size()),
+                           first || !with_momentum ? nullptr : momentum_[i].data(),
+                           static_cast<size_t>(p->value.numel()), lr_, options_.momentum,
+                           options_.dampening, options_.weight_decay, options_.nesterov, first,
+                           value.data(), buf.data());
+    p->value = std::move(value);
+    if (with_momentum) momentum.push_back(std::move(buf));
+  }
+  momentum_ = std::move(momentum);
+  state_shared_ = false;
+  ++steps_;
+}
+
 NamedTensors Sgd::ExportState() const {
   NamedTensors out;
   out.emplace_back("step", StepTensor(steps_));
   for (size_t i = 0; i < momentum_.size(); ++i)
     out.emplace_back("momentum." + std::to_string(i), momentum_[i].To(CpuDevice()));
+  return out;
+}
+
+NamedTensors Sgd::StateHandles() {
+  NamedTensors out;
+  out.emplace_back("step", StepTensor(steps_));
+  for (size_t i = 0; i < momentum_.size(); ++i) out.emplace_back("momentum." + std::to_string(i), momentum_[i]);
+  state_shared_ = true;
   return out;
 }
 

@@ -30,7 +30,7 @@ struct AdamOptions {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  /// Updates every bound parameter from its gradient (gradients are left as they are).
+  /// Updates every bound parameter from its gradient, in place (gradients are left as they are).
   virtual void Step() = 0;
   /// Steps taken so far.
   int64_t steps() const { return steps_; }
@@ -51,12 +51,22 @@ class Sgd final : public Optimizer {
  public:
   Sgd(std::vector<Parameter*> params, const SgdOptions& options);
   void Step() override;
+  /// Step() out of place, for parameter values and state that messages share: parameter i's
+  /// gradient is the sum, in order, of the device buffers grads[i][0], grads[i][1], ... (each of
+  /// the parameter's size). The new values and momentum go to fresh tensors that replace the
+  /// parameters' values and the momentum; nothing is written in place, and p->grad is not used.
+  /// The same bits as summing the gradients into each p->grad and calling Step().
+  void StepOutOfPlace(const std::vector<std::vector<const float*>>& grads);
   NamedTensors ExportState() const override;
+  /// ExportState without copies: the momentum tensors themselves. A later in-place Step() first
+  /// gives the optimizer its own copy, so what was handed out is never written.
+  NamedTensors StateHandles();
   Status ImportState(const NamedTensors& state) override;
 
  private:
   SgdOptions options_;
   std::vector<Tensor> momentum_;  // empty until the first step, as in PyTorch
+  bool state_shared_ = false;     // momentum_ handed out by StateHandles
 };
 
 class Adam final : public Optimizer {

@@ -114,24 +114,49 @@ static NamedTensors Export(const Sequential& m, bool host, bool grads) {
 NamedTensors Sequential::ExportParameters(bool host) const { return Export(*this, host, false); }
 NamedTensors Sequential::ExportGradients(bool host) const { return Export(*this, host, true); }
 
-static Status Import(const Sequential& m, const NamedTensors& in, bool grads) {
+/// The tensor of `in` for each parameter of `m` (in Parameters() order), checked against the
+/// parameter's `field` (value or grad): every one present with the right shape.
+static Result<std::vector<const Tensor*>> Match(const Sequential& m, const NamedTensors& in,
+                                                Tensor Parameter::*field) {
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : in) by_name[name] = &t;
   const auto names = m.ParameterNames();
   const auto params = m.Parameters();
+  std::vector<const Tensor*> out;
   for (size_t i = 0; i < params.size(); ++i) {
     auto it = by_name.find(names[i]);
     if (it == by_name.end())
       return Status::InvalidArgument("parameter set lacks '" + names[i] + "'");
-    Tensor& dst = grads ? params[i]->grad : params[i]->value;
+    const Tensor& dst = params[i]->*field;
     if (it->second->shape() != dst.shape())
       return Status::InvalidArgument("parameter '" + names[i] + "' has shape " +
                                      ShapeToString(it->second->shape()) + ", expected " +
                                      ShapeToString(dst.shape()));
+    out.push_back(it->second);
   }
-  for (size_t i = 0; i < params.size(); ++i)
-    (grads ? params[i]->grad : params[i]->value).CopyFrom(*by_name[names[i]]);
+  return out;
+}
+
+static Status Import(const Sequential& m, const NamedTensors& in, bool grads) {
+  Tensor Parameter::*field = grads ? &Parameter::grad : &Parameter::value;
+  COPSE_ASSIGN_OR_RETURN(auto src, Match(m, in, field));
+  const auto params = m.Parameters();
+  for (size_t i = 0; i < params.size(); ++i) (params[i]->*field).CopyFrom(*src[i]);
   return Status::OK();
+}
+
+Status Sequential::ShareParameters(const NamedTensors& params) const {
+  COPSE_ASSIGN_OR_RETURN(auto src, Match(*this, params, &Parameter::value));
+  const auto mine = Parameters();
+  for (size_t i = 0; i < mine.size(); ++i) {
+    Device* dev = mine[i]->value.device();
+    mine[i]->value = src[i]->device() == dev ? *src[i] : src[i]->To(dev);
+  }
+  return Status::OK();
+}
+
+void Sequential::FreshGradients() const {
+  for (Parameter* p : Parameters()) p->grad = Tensor::Empty(p->grad.shape(), p->grad.device());
 }
 
 Status Sequential::ImportParameters(const NamedTensors& params) const {

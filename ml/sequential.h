@@ -65,6 +65,14 @@ class Sequential {
   Status ImportParameters(const NamedTensors& params) const;
   /// Overwrites gradients likewise (e.g. after an all-reduce).
   Status ImportGradients(const NamedTensors& grads) const;
+  /// Makes each parameter's value the tensor of its name in `params`, sharing its storage (no
+  /// copy; a tensor on another device is copied there). Checks like ImportParameters. The
+  /// values are then shared: write them in place only after giving the model its own copies.
+  Status ShareParameters(const NamedTensors& params) const;
+  /// Gives every parameter a new, uninitialized gradient tensor, so that the old ones (which
+  /// messages may share) are never written again. For writers that overwrite every gradient
+  /// (Backward with accumulate = false, ZeroGrad, ImportGradients).
+  void FreshGradients() const;
   std::string Describe() const;
 
  private:

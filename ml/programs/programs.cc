@@ -240,6 +240,7 @@ class GradProgram final : public VertexProgram {
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
     Sequential& m = lease->model;
     lease->grads_key = 0;
+    m.FreshGradients();  // the last ones went out as a message
     double loss_sum = 0;
     if (b.size() > 0) {
       Stash stash;
@@ -251,7 +252,7 @@ class GradProgram final : public VertexProgram {
     } else {
       m.ZeroGrad();
     }
-    NamedTensors grads = m.ExportGradients();  // copies: the model keeps its own
+    NamedTensors grads = GradientHandles(m);  // no copies: renewed before the next write
     grads.emplace_back("__loss", Scalars({static_cast<float>(loss_sum), static_cast<float>(b.size())}));
     const chan::Buffer out = TensorMessage(std::move(grads));
     lease->grads_key = TensorMessageKey(out);
@@ -287,6 +288,7 @@ Result<NamedTensors> SumGradients(const std::vector<chan::Buffer>& msgs) {
 Result<std::vector<float>> SumGradientsInto(Sequential& m, const std::vector<chan::Buffer>& msgs) {
   if (msgs.empty()) return Status::InvalidArgument("no gradients to sum");
   COPSE_ASSIGN_OR_RETURN(NamedTensors first, ReadTensorMessage(msgs[0]));
+  m.FreshGradients();  // the model's may be a message's
   COPSE_RETURN_NOT_OK(m.ImportGradients(first));
   std::vector<float> loss = ReadScalars(Find(first, "__loss"), 2);
   const NamedTensors mine = GradientHandles(m);
@@ -300,6 +302,37 @@ Result<std::vector<float>> SumGradientsInto(Sequential& m, const std::vector<cha
     const auto l = ReadScalars(Find(g, "__loss"), 2);
     loss[0] += l[0], loss[1] += l[1];
   }
+  return loss;
+}
+
+/// SGD's update in one pass over memory: each parameter's gradient is the sum of the messages'
+/// tensors in port order (as SumGradientsInto adds them, read in place), stepped out of place
+/// (Sgd::StepOutOfPlace). Returns the summed "__loss".
+Result<std::vector<float>> SgdStepOnGradients(const Sequential& m, Sgd& sgd,
+                                              const std::vector<chan::Buffer>& msgs) {
+  const auto names = m.ParameterNames();
+  const auto params = m.Parameters();
+  std::vector<NamedTensors> sets;  // holds the tensors the pointers below point into
+  std::vector<std::vector<const float*>> grads(params.size());
+  std::vector<float> loss;
+  for (size_t k = 0; k < msgs.size(); ++k) {
+    COPSE_ASSIGN_OR_RETURN(NamedTensors g, ReadTensorMessage(msgs[k]));
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Tensor* t = Find(g, names[i]);
+      if (!t || t->shape() != params[i]->value.shape() || t->device() != params[i]->value.device())
+        return Status::DataLoss("gradient set " + std::to_string(k) + " lacks '" + names[i] + "' of shape " +
+                                ShapeToString(params[i]->value.shape()));
+      grads[i].push_back(t->data());
+    }
+    const auto l = ReadScalars(Find(g, "__loss"), 2);
+    if (k == 0) {
+      loss = l;
+    } else {
+      loss[0] += l[0], loss[1] += l[1];
+    }
+    sets.push_back(std::move(g));
+  }
+  sgd.StepOutOfPlace(grads);
   return loss;
 }
 
@@ -423,13 +456,6 @@ class UpdateProgram final : public VertexProgram {
     const uint64_t grads_key = grads.size() == 1 ? TensorMessageKey(grads[0]) : 0;
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, chain[0], grads_key));
     Sequential& m = lease->model;
-    std::vector<float> loss;
-    if (grads_key == 0 || lease->grads_key != grads_key) {
-      lease->grads_key = 0;
-      COPSE_ASSIGN_OR_RETURN(loss, SumGradientsInto(m, grads));
-    } else {
-      loss = lease->grads_loss;  // the entry holds exactly these gradients
-    }
     // Optimizer state: reuse the cached optimizer when it holds exactly the chain's state.
     const uint64_t state_key = TensorMessageKey(chain[1]);
     COPSE_ASSIGN_OR_RETURN(NamedTensors stats_set, ReadTensorMessage(chain[2]));
@@ -451,16 +477,30 @@ class UpdateProgram final : public VertexProgram {
       }
       if (!state.empty()) COPSE_RETURN_NOT_OK(lease->optimizer->ImportState(state));
     }
-    lease->optimizer->Step();
+    auto* sgd = dynamic_cast<Sgd*>(lease->optimizer.get());
+    std::vector<float> loss;
+    if (sgd) {
+      COPSE_ASSIGN_OR_RETURN(loss, SgdStepOnGradients(m, *sgd, grads));
+    } else {
+      if (grads_key == 0 || lease->grads_key != grads_key) {
+        lease->grads_key = 0;
+        COPSE_ASSIGN_OR_RETURN(loss, SumGradientsInto(m, grads));
+      } else {
+        loss = lease->grads_loss;  // the entry holds exactly these gradients
+      }
+      // An in-place step: first copies of the values, which messages may share.
+      COPSE_RETURN_NOT_OK(m.ShareParameters(Clones(ParameterHandles(m))));
+      lease->optimizer->Step();
+    }
     const int64_t epoch = EpochAndStep(s, step).first;
     if (static_cast<int64_t>(stats[2]) != epoch) stats[0] = stats[1] = 0, stats[2] = static_cast<float>(epoch);
     stats[0] += loss[0];
     stats[1] += loss[1];
     stats[3] += loss[1];
-    // The model keeps its parameters (the next update steps them in place): hand out copies
-    // (both exports copy).
-    const chan::Buffer params_out = TensorMessage(m.ExportParameters());
-    const chan::Buffer state_out = TensorMessage(lease->optimizer->ExportState());
+    // No copies: the next update replaces the values and SGD's momentum instead of writing them
+    // (the sharing contract in support.h); Adam's state is stepped in place, so it is copied.
+    const chan::Buffer params_out = TensorMessage(ParameterHandles(m));
+    const chan::Buffer state_out = TensorMessage(sgd ? sgd->StateHandles() : lease->optimizer->ExportState());
     const chan::Buffer stats_out = TensorMessage({{"__stats", Scalars(stats)}});
     lease->params_key = TensorMessageKey(params_out);
     lease->state_key = TensorMessageKey(state_out);
@@ -604,6 +644,7 @@ class BackwardProgram final : public VertexProgram {
       accumulate = true;
       if (lease->grads_key != acc_key) {  // not the entry the previous micro-batch left: decode
         lease->grads_key = 0;
+        m.FreshGradients();  // the entry's may be a message's
         COPSE_ASSIGN_OR_RETURN(NamedTensors acc, ReadTensorMessage(*acc_msg));
         COPSE_RETURN_NOT_OK(m.ImportGradients(acc));
         const auto prev = ReadScalars(Find(acc, "__loss"), 2);
@@ -611,6 +652,8 @@ class BackwardProgram final : public VertexProgram {
       } else {  // the entry holds exactly these gradients (and their loss)
         loss[0] += lease->grads_loss[0], loss[1] += lease->grads_loss[1];
       }
+    } else {
+      m.FreshGradients();  // overwritten below; the entry's may be a message's
     }
     lease->grads_key = 0;
     Stash stash;

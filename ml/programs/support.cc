@@ -144,7 +144,7 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
   if (lease->params_key != params_key) {
     lease->params_key = 0;
     COPSE_ASSIGN_OR_RETURN(NamedTensors params, ReadTensorMessage(params_msg));
-    COPSE_RETURN_NOT_OK(lease->model.ImportParameters(params));
+    COPSE_RETURN_NOT_OK(lease->model.ShareParameters(params));
     lease->params_key = params_key;
   }
   return lease;

@@ -56,6 +56,13 @@ std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step);
 
 /// One cached model slice (layers [begin, end) of `model`) with an optional optimizer. The
 /// keys say which message each part of the state equals (0 = unknown).
+///
+/// Sharing contract: an entry's parameter values, gradients and optimizer state may be the very
+/// tensors of messages (LeaseModel shares the params message; programs send gradients and the
+/// update's outputs as handles), and message tensors are immutable. So nothing writes them in
+/// place: parameters are replaced (Sgd::StepOutOfPlace, or copies before an in-place step),
+/// gradients are renewed (Sequential::FreshGradients) before they are overwritten, and only
+/// an accumulation this entry produced itself and sent as a copy continues in place.
 struct CachedModel {
   Sequential model;
   std::unique_ptr<Optimizer> optimizer;
@@ -80,8 +87,9 @@ class ModelLease {
   bool committed_ = false;
 };
 
-/// A model slice whose parameters equal `params_msg` (read only when no cached entry holds
-/// them already). `grads_key` prefers an entry whose gradients equal that message.
+/// A model slice whose parameters are those of `params_msg` (shared, not copied; read only
+/// when no cached entry holds them already). `grads_key` prefers an entry whose gradients equal
+/// that message.
 Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
                               const chan::Buffer& params_msg, uint64_t grads_key = 0);
 

@@ -101,3 +101,102 @@ TEST_CASE("Optimizer.StateRoundTrips") {
   ob.Step();
   CHECK(Digest(a.ExportParameters()) == Digest(b.ExportParameters()));
 }
+
+namespace {
+
+/// Random gradients for every parameter of `m`, one set per seed.
+std::vector<NamedTensors> RandomGradientSets(const Sequential& m, int sets, uint64_t seed) {
+  std::vector<NamedTensors> out(static_cast<size_t>(sets));
+  const auto names = m.ParameterNames();
+  const auto params = m.Parameters();
+  for (int k = 0; k < sets; ++k)
+    for (size_t i = 0; i < params.size(); ++i)
+      out[static_cast<size_t>(k)].emplace_back(names[i], RandomTensor(params[i]->value.shape(), seed + 100 * k + i));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Optimizer.SgdStepOutOfPlaceIsSumThenStepBitForBit") {
+  const SgdOptions cases[] = {{0.1f, 0.0f, 0.0f, 0.0f, false},
+                              {0.1f, 0.9f, 0.0f, 0.0f, false},
+                              {0.05f, 0.9f, 0.1f, 1e-3f, false},
+                              {0.05f, 0.9f, 0.0f, 1e-3f, true}};
+  for (const SgdOptions& o : cases) {
+    for (int ngrads = 1; ngrads <= 3; ++ngrads) {
+      CAPTURE(o.momentum);
+      CAPTURE(o.nesterov);
+      CAPTURE(ngrads);
+      // mlp:784-64-10's first weight (50,176 floats) spans several of the kernel's work items.
+      Sequential a = *BuildModel("mlp:784-64-10", 3), b = *BuildModel("mlp:784-64-10", 3);
+      Sgd in_place(a.Parameters(), o), out_of_place(b.Parameters(), o);
+      for (int step = 0; step < 3; ++step) {
+        const auto sets = RandomGradientSets(a, ngrads, 10 * step + 1);
+        REQUIRE(a.ImportGradients(sets[0]).ok());
+        for (int k = 1; k < ngrads; ++k)
+          for (size_t i = 0; i < sets[0].size(); ++i)
+            CpuDevice()->Axpy(1.0f, sets[k][i].second.data(), static_cast<size_t>(sets[k][i].second.numel()),
+                              a.Parameters()[i]->grad.data());
+        in_place.Step();
+        const NamedTensors before = b.ExportParameters();
+        const NamedTensors old_values = b.ExportParameters(false);
+        const NamedTensors old_state = out_of_place.StateHandles();
+        const std::string old_state_digest = Digest(out_of_place.ExportState());
+        std::vector<std::vector<const float*>> grads(b.Parameters().size());
+        for (size_t i = 0; i < grads.size(); ++i)
+          for (int k = 0; k < ngrads; ++k) grads[i].push_back(sets[k][i].second.data());
+        out_of_place.StepOutOfPlace(grads);
+        CHECK(Digest(a.ExportParameters()) == Digest(b.ExportParameters()));
+        CHECK(Digest(in_place.ExportState()) == Digest(out_of_place.ExportState()));
+        // Nothing that was handed out was written.
+        CHECK(Digest(old_values) == Digest(before));
+        CHECK(Digest(old_state) == old_state_digest);
+      }
+    }
+  }
+}
+
+TEST_CASE("Optimizer.DeviceDefaultSgdStepOutOfPlaceMatchesTheCpuKernel") {
+  const size_t n = 100'000;
+  const Tensor p = RandomTensor({static_cast<int64_t>(n)}, 1), buf = RandomTensor({static_cast<int64_t>(n)}, 2);
+  const Tensor g0 = RandomTensor({static_cast<int64_t>(n)}, 3), g1 = RandomTensor({static_cast<int64_t>(n)}, 4);
+  const float* grads[] = {g0.data(), g1.data()};
+  Tensor p1 = Tensor::Empty({static_cast<int64_t>(n)}), b1 = Tensor::Empty({static_cast<int64_t>(n)});
+  Tensor p2 = Tensor::Empty({static_cast<int64_t>(n)}), b2 = Tensor::Empty({static_cast<int64_t>(n)});
+  Device* cpu = CpuDevice();
+  cpu->SgdStepOutOfPlace(p.data(), grads, 2, buf.data(), n, 0.1f, 0.9f, 0.0f, 1e-4f, false, false, p1.data(), b1.data());
+  cpu->Device::SgdStepOutOfPlace(p.data(), grads, 2, buf.data(), n, 0.1f, 0.9f, 0.0f, 1e-4f, false, false, p2.data(),
+                                 b2.data());
+  CHECK(p1.ToVector() == p2.ToVector());
+  CHECK(b1.ToVector() == b2.ToVector());
+}
+
+TEST_CASE("Sequential.SharedParametersAndFreshGradientsLeaveHandedOutTensorsAlone") {
+  Sequential a = *BuildModel("mlp:784-32-10", 1), b = *BuildModel("mlp:784-32-10", 2);
+  const NamedTensors values = a.ExportParameters();
+  REQUIRE(b.ShareParameters(values).ok());
+  for (size_t i = 0; i < values.size(); ++i) CHECK(b.Parameters()[i]->value.data() == values[i].second.data());
+  // Gradients handed out (as a message would carry them) survive the next backward.
+  const Tensor x = RandomTensor({4, 1, 28, 28}, 2, 0, 1);
+  const std::vector<int32_t> labels{0, 1, 2, 3};
+  auto backward = [&] {
+    Stash s;
+    auto loss = CrossEntropyLoss(*b.Forward(x, {}, &s), labels);
+    REQUIRE(b.Backward(loss->grad, s, false, /*accumulate=*/false).ok());
+  };
+  backward();
+  NamedTensors handed_out;
+  for (size_t i = 0; i < b.Parameters().size(); ++i)
+    handed_out.emplace_back(b.ParameterNames()[i], b.Parameters()[i]->grad);
+  const std::string digest = Digest(handed_out);
+  b.FreshGradients();
+  for (Parameter* p : b.Parameters()) p->grad.Fill(7.0f);
+  backward();
+  CHECK(Digest(handed_out) == digest);
+  CHECK(Digest(b.ExportGradients()) == digest);  // the same gradients again, in new tensors
+  // Shapes are checked as ImportParameters checks them.
+  Sequential c = *BuildModel("mlp:784-16-10", 1);
+  auto bad = c.ShareParameters(values);
+  CHECK(bad.code() == copse::StatusCode::kInvalidArgument);
+  CHECK(bad.message().find("shape") != std::string::npos);
+}

@@ -138,3 +138,30 @@ TEST_CASE("Cuda.AdamMatchesCpu") {
   const NamedTensors pc = cpu.ExportParameters(), pg = gpu.ExportParameters();
   for (size_t i = 0; i < pc.size(); ++i) CHECK(RelativeError(pg[i].second, pc[i].second) < 1e-5);
 }
+
+TEST_CASE("Cuda.SgdStepOutOfPlaceMatchesCpu") {
+  Sequential cpu = *BuildModel("mlp:784-32-10", 4), gpu = *BuildModel("mlp:784-32-10", 4);
+  gpu.To(Gpu());
+  Sgd oc(cpu.Parameters(), SgdOptions{0.05f, 0.9f, 0.0f, 1e-3f, false});
+  Sgd og(gpu.Parameters(), SgdOptions{0.05f, 0.9f, 0.0f, 1e-3f, false});
+  for (int step = 0; step < 3; ++step) {
+    std::vector<Tensor> keep;  // the gradients: two sets, on each device
+    std::vector<std::vector<const float*>> gc, gg;
+    for (Parameter* p : cpu.Parameters()) {
+      gc.emplace_back(), gg.emplace_back();
+      for (int k = 0; k < 2; ++k) {
+        const Tensor g = RandomTensor(p->value.shape(), 30 + 10 * step + k);
+        keep.push_back(g), keep.push_back(G(g));
+        gc.back().push_back(keep[keep.size() - 2].data());
+        gg.back().push_back(keep.back().data());
+      }
+    }
+    const Tensor before = gpu.Parameters()[0]->value;
+    const std::vector<float> before_values = before.ToVector();
+    oc.StepOutOfPlace(gc);
+    og.StepOutOfPlace(gg);
+    CHECK(before.ToVector() == before_values);  // replaced, not written
+  }
+  const NamedTensors pc = cpu.ExportParameters(), pg = gpu.ExportParameters();
+  for (size_t i = 0; i < pc.size(); ++i) CHECK(RelativeError(pg[i].second, pc[i].second) < 1e-5);
+}
