@@ -697,7 +697,7 @@ void Scheduler::TryChain(Job& job, VertexId u) {
   const StageSpec& stage = g.stage_of(u);
   Run& r = job.runs[u.value()];
   if (!options_.chain_dispatch || job.state != JobState::kRunning || r.state != VertexState::kWaiting ||
-      r.pending != 1 || node.gang.valid() || stage.affinity.empty()) {
+      r.pending != 1 || node.gang.valid()) {
     return;
   }
   // The one unfinished predecessor, running (not as a duplicate pair) on u's pinned daemon.
@@ -716,17 +716,38 @@ void Scheduler::TryChain(Job& job, VertexId u) {
   if (live || !last.valid()) return;
   const Run& p = job.runs[last.value()];
   if (p.state != VertexState::kRunning || p.dup_version || g.vertex(last).gang.valid()) return;
-  auto pinned = job.affinity.find(stage.affinity);
-  if (pinned == job.affinity.end()) return;
-  if (pinned->second != p.daemon) {
+  bool reads_p = false;
+  for (ChannelId ch : node.inputs) reads_p = reads_p || g.channel(ch).from == last;
+  DaemonId where;
+  if (!stage.affinity.empty()) {
+    auto pinned = job.affinity.find(stage.affinity);
+    if (pinned == job.affinity.end()) return;
+    where = pinned->second;
     // On another daemon, u learns that p succeeded from p's outputs (fetched as they are
     // written): it must read one.
-    bool reads_p = false;
-    for (ChannelId ch : node.inputs) reads_p = reads_p || g.channel(ch).from == last;
-    if (!reads_p || !daemons_[p.daemon.value()]->alive) return;
+    if (where != p.daemon && (!reads_p || !daemons_[p.daemon.value()]->alive)) return;
+  } else {
+    // Unpinned: on p's daemon, where placement would put it once p completes (the daemon
+    // holding the most of its inputs) — provided it reads p's output and nothing from elsewhere.
+    if (!reads_p) return;
+    for (ChannelId ch : node.inputs) {
+      const Run& q = job.runs[g.channel(ch).from.value()];
+      if (q.daemon != p.daemon) return;
+    }
+    where = p.daemon;
   }
-  Daemon& d = *daemons_[pinned->second.value()];
-  if (!d.alive || d.awaiting || d.free_cpus + 1e-9 < stage.resources.cpus || d.free_gpus < stage.resources.gpus) return;
+  Daemon& d = *daemons_[where.value()];
+  // A task chained on p's daemon starts only after p has ended there, so it may take p's slots
+  // once p has started (not while p itself waits, chained: that would chain a whole schedule
+  // ahead). free_cpus already counts what earlier tasks chained after p took (it goes negative
+  // until p ends), so free + p's own bounds what they take together.
+  double cpus = d.free_cpus;
+  int gpus = d.free_gpus;
+  if (where == p.daemon && !p.chained_after.valid()) {
+    cpus += g.stage_of(last).resources.cpus;
+    gpus += g.stage_of(last).resources.gpus;
+  }
+  if (!d.alive || d.awaiting || cpus + 1e-9 < stage.resources.cpus || gpus < stage.resources.gpus) return;
   Dispatch(job, u, d, /*duplicate=*/false, last);
 }
 
@@ -1558,7 +1579,8 @@ Json Scheduler::JobsTable() const {
 Json Scheduler::DaemonsTable() const {
   Json rows = Json::array();
   for (const auto& d : daemons_) {
-    rows.push_back({{"name", d->spec.name}, {"alive", d->alive}, {"cpus", d->spec.cpus}, {"free_cpus", d->free_cpus},
+    // Tasks chained after an attempt take its slots ahead of time: free_cpus dips below 0 until it ends.
+    rows.push_back({{"name", d->spec.name}, {"alive", d->alive}, {"cpus", d->spec.cpus}, {"free_cpus", std::max(0.0, d->free_cpus)},
                     {"gpus", d->spec.gpus}, {"running", d->running}, {"labels", d->spec.labels},
                     {"data", d->spec.data_host + ":" + std::to_string(d->spec.data_port)}});
   }

@@ -90,11 +90,12 @@ struct SchedulerOptions {
   Duration straggler_min = std::chrono::seconds(2);
   double straggler_fraction = 0.5;
   /// Chained dispatch: a vertex whose last unfinished predecessor is running is sent at once to
-  /// the daemon its affinity pins it to, to start the moment that predecessor succeeds, without
-  /// a report -> job manager -> run round trip (a pipeline stage's chain). On the predecessor's
-  /// daemon it starts when that attempt ends there; on another daemon (a predecessor it reads
-  /// data from: the next pipeline stage), when that attempt's outputs arrive, fetched as they
-  /// are written (vertex/input_prefetcher.h).
+  /// the daemon its affinity pins it to (unpinned: the predecessor's, when all it reads is
+  /// there), to start the moment that predecessor succeeds, without a report -> job manager ->
+  /// run round trip (a pipeline stage's chain, a data-parallel step). On the predecessor's
+  /// daemon it starts when that attempt ends there, and may take its slots; on another daemon
+  /// (a predecessor it reads data from: the next pipeline stage), when that attempt's outputs
+  /// arrive, fetched as they are written (vertex/input_prefetcher.h).
   bool chain_dispatch = true;
   /// After a restart, how long daemons named in the journal have to come back before their
   /// outputs count as lost.

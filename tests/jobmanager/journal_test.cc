@@ -99,9 +99,12 @@ TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
   REQUIRE(restored.AddDaemon(d, inventory).ok());
   restored.Flush();
   REQUIRE(sink.runs.size() == 1);
-  REQUIRE(sink.runs[0]["tasks"].size() == 1);
-  CHECK(sink.runs[0]["tasks"][0]["name"] == "b[0]");  // a is not re-run
-  CHECK(sink.runs[0]["tasks"][0]["version"].get<uint32_t>() > 1);
+  const Json& tasks = sink.runs[0]["tasks"];
+  REQUIRE(tasks.size() == 2);  // b, and c chained after it
+  CHECK(tasks[0]["name"] == "b[0]");  // a is not re-run
+  CHECK(tasks[0]["version"].get<uint32_t>() > 1);
+  CHECK(tasks[1]["name"] == "c[0]");
+  CHECK(tasks[1]["after"]["vertex"] == tasks[0]["vertex"]);
 }
 
 }  // namespace

@@ -56,6 +56,25 @@ struct Harness {
     sched.Flush();
     return id;
   }
+  /// The task sent for vertex `name`, whenever it was sent (a chained task arrives before its
+  /// predecessor ends), as (daemon, task); taken from what was sent and not taken yet.
+  std::pair<DaemonId, Json> Next(const std::string& name) {
+    for (auto& t : sink.TakeTasks()) unclaimed.push_back(std::move(t));
+    auto it = std::find_if(unclaimed.begin(), unclaimed.end(), [&](const auto& t) { return t.second["name"] == name; });
+    REQUIRE_MESSAGE(it != unclaimed.end(), "no task for " << name);
+    auto t = *it;
+    unclaimed.erase(it);
+    return t;
+  }
+  /// The first task sent and not taken yet (chained tasks are sent after their predecessor).
+  std::pair<DaemonId, Json> Next() {
+    for (auto& t : sink.TakeTasks()) unclaimed.push_back(std::move(t));
+    REQUIRE_MESSAGE(!unclaimed.empty(), "no task was sent");
+    auto t = unclaimed.front();
+    unclaimed.erase(unclaimed.begin());
+    return t;
+  }
+  std::vector<std::pair<DaemonId, Json>> unclaimed;
   /// Reports a task's attempt as finished and flushes what the scheduler sends in answer.
   void Finish(const Json& task, bool ok, std::vector<uint64_t> bytes = {}, FailureClass cls = FailureClass::kProgramError,
               int lost_input = -1) {
@@ -86,12 +105,11 @@ TEST_CASE("Scheduler.RunsAChainToCompletion") {
   h.AddDaemon("d0");
   JobId job = h.Submit(kChain);
   for (const char* name : {"a[0]", "b[0]", "c[0]"}) {
-    auto tasks = h.sink.TakeTasks();
-    REQUIRE(tasks.size() == 1);
-    CHECK(tasks[0].second["name"] == name);
-    CHECK(tasks[0].second["version"] == 1);
-    h.Finish(tasks[0].second, true);
+    Json t = h.Next(name).second;
+    CHECK(t["version"] == 1);
+    h.Finish(t, true);
   }
+  CHECK(h.sink.TakeTasks().empty());
   CHECK(h.State(job) == "completed");
   auto outputs = h.sched.OutputLocations(job);
   REQUIRE(outputs.ok());
@@ -130,8 +148,8 @@ TEST_CASE("Scheduler.TraceHasASpanPerAttemptInLanesPerDaemon") {
   auto tasks = h.sink.TakeTasks();
   h.clock.Advance(std::chrono::milliseconds(10));
   for (auto& [d, t] : tasks) h.Finish(t, true);
-  h.Finish(h.sink.TakeTasks()[0].second, false);  // t, attempt 1 (injected)
-  h.Finish(h.sink.TakeTasks()[0].second, true);   // t, attempt 2
+  h.Finish(h.Next().second, false);  // t, attempt 1 (injected)
+  h.Finish(h.Next().second, true);   // t, attempt 2
   auto trace = h.sched.Trace(job);
   REQUIRE(trace.ok());
   int spans = 0, failed = 0;
@@ -167,9 +185,9 @@ TEST_CASE("Scheduler.StaleReportsOfOldVersionsAreIgnored") {
   Harness h;
   h.AddDaemon("d0");
   JobId job = h.Submit(R"({"stages": [{"name": "x", "program": "noop"}]})");
-  Json first = h.sink.TakeTasks()[0].second;
+  Json first = h.Next().second;
   h.Finish(first, false);
-  Json second = h.sink.TakeTasks()[0].second;
+  Json second = h.Next().second;
   h.Finish(first, true);  // a late success of version 1 must not complete version 2
   CHECK(h.State(job) == "running");
   h.Finish(second, true);
@@ -180,21 +198,21 @@ TEST_CASE("Scheduler.ADaemonLossRegeneratesLostOutputsUpstream") {
   Harness h;
   DaemonId d0 = h.AddDaemon("d0");
   JobId job = h.Submit(kChain);
-  h.Finish(h.sink.TakeTasks()[0].second, true);  // a on d0
-  h.Finish(h.sink.TakeTasks()[0].second, true);  // b on d0
-  Json c = h.sink.TakeTasks()[0].second;         // c running on d0
+  h.Finish(h.Next("a[0]").second, true);  // a on d0
+  h.Finish(h.Next("b[0]").second, true);  // b on d0
+  Json c = h.Next("c[0]").second;         // c running on d0 (chained after b)
   DaemonId d1 = h.AddDaemon("d1");
   h.sched.DaemonLost(d0, "test");
   h.sched.Flush();
-  // c failed with its daemon (not charged); b and a lost their outputs: a runs again first.
-  auto tasks = h.sink.TakeTasks();
-  REQUIRE(tasks.size() == 1);
-  CHECK(tasks[0].first == d1);
-  CHECK(tasks[0].second["name"] == "a[0]");
-  CHECK(tasks[0].second["version"] == 2);
-  h.Finish(tasks[0].second, true);
-  h.Finish(h.sink.TakeTasks()[0].second, true);  // b again
-  Json c2 = h.sink.TakeTasks()[0].second;
+  // c failed with its daemon (not charged); b and a lost their outputs: a runs again first
+  // (b is chained after it).
+  auto [where, a2] = h.Next("a[0]");
+  CHECK(where == d1);
+  CHECK(a2["version"] == 2);
+  CHECK(h.unclaimed.size() == 1);
+  h.Finish(a2, true);
+  h.Finish(h.Next("b[0]").second, true);  // b again
+  Json c2 = h.Next("c[0]").second;
   CHECK(c2["version"] == 2);
   h.Finish(c2, true);
   CHECK(h.State(job) == "completed");
@@ -214,9 +232,9 @@ TEST_CASE("Scheduler.ConsumedOutputsAreReleasedAndRegeneratedWhenNeededAgain") {
   Harness h;
   h.AddDaemon("d0");
   JobId job = h.Submit(kChain);
-  Json a = h.sink.TakeTasks()[0].second;
+  Json a = h.Next("a[0]").second;
   h.Finish(a, true);
-  Json b = h.sink.TakeTasks()[0].second;
+  Json b = h.Next("b[0]").second;
   h.Finish(b, true);
   // b consumed a's output: a's output is released; b's is still needed by c.
   auto releases = h.sink.WithOp("release");
@@ -224,15 +242,13 @@ TEST_CASE("Scheduler.ConsumedOutputsAreReleasedAndRegeneratedWhenNeededAgain") {
   REQUIRE(releases[0].second["keys"].size() == 1);
   CHECK(releases[0].second["keys"][0]["vertex"] == a["vertex"]);
   // c cannot read b's output (corrupted, say): b re-runs, and so must a, whose output is gone.
-  Json c = h.sink.TakeTasks()[0].second;
+  Json c = h.Next("c[0]").second;
   h.Finish(c, false, {}, FailureClass::kInputLost, 0);
-  auto tasks = h.sink.TakeTasks();
-  REQUIRE(tasks.size() == 1);
-  CHECK(tasks[0].second["name"] == "a[0]");
-  h.Finish(tasks[0].second, true);
-  h.Finish(h.sink.TakeTasks()[0].second, true);  // b
-  Json c2 = h.sink.TakeTasks()[0].second;
-  CHECK(c2["name"] == "c[0]");
+  Json a2 = h.Next("a[0]").second;
+  CHECK(h.unclaimed.size() == 1);  // b, chained after a
+  h.Finish(a2, true);
+  h.Finish(h.Next("b[0]").second, true);
+  Json c2 = h.Next("c[0]").second;
   CHECK(c2["version"] == 2);
   h.Finish(c2, true);
   CHECK(h.State(job) == "completed");
@@ -246,10 +262,10 @@ TEST_CASE("Scheduler.RetainedStagesAreNotReleased") {
   h.Submit(R"({"stages": [{"name": "a", "program": "noop", "retain": true}, {"name": "b", "program": "noop"},
                           {"name": "c", "program": "noop"}],
                "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}]})");
-  h.Finish(h.sink.TakeTasks()[0].second, true);
-  h.Finish(h.sink.TakeTasks()[0].second, true);
+  h.Finish(h.Next().second, true);
+  h.Finish(h.Next().second, true);
   CHECK(h.sink.WithOp("release").empty());  // a is retained
-  h.Finish(h.sink.TakeTasks()[0].second, true);
+  h.Finish(h.Next().second, true);
   CHECK(h.sink.WithOp("release").size() == 1);  // b is not
 }
 
@@ -260,9 +276,9 @@ TEST_CASE("Scheduler.RetainedPortsOutliveTheirProducersOtherOutputs") {
                           {"name": "c", "program": "noop"}, {"name": "d", "program": "noop"}],
                "edges": [{"from": "a", "from_port": 0, "to": "b"}, {"from": "a", "from_port": 1, "to": "c"},
                          {"from": "c", "to": "d", "to_port": 0}, {"from": "b", "to": "d", "to_port": 1}]})");
-  Json a = h.sink.TakeTasks()[0].second;
+  Json a = h.Next().second;
   h.Finish(a, true);
-  for (int i = 0; i < 2; ++i) h.Finish(h.sink.TakeTasks().at(0).second, true);  // b, then c
+  for (int i = 0; i < 2; ++i) h.Finish(h.Next().second, true);  // b (chained after a), then c
   // Both of a's consumers completed: port 0 is released, the retained port 1 is not.
   auto releases = h.sink.WithOp("release");
   REQUIRE(releases.size() == 1);
@@ -270,10 +286,10 @@ TEST_CASE("Scheduler.RetainedPortsOutliveTheirProducersOtherOutputs") {
   CHECK(releases[0].second["keys"][0]["vertex"] == a["vertex"]);
   CHECK(releases[0].second["keys"][0]["port"] == 0);
   // d loses c's output: c re-runs from a's retained port, without regenerating a.
-  h.Finish(h.sink.TakeTasks()[0].second, false, {}, FailureClass::kInputLost, 0);
-  auto tasks = h.sink.TakeTasks();
-  REQUIRE(tasks.size() == 1);
-  CHECK(tasks[0].second["name"] == "c[0]");
+  h.Finish(h.Next("d[0]").second, false, {}, FailureClass::kInputLost, 0);
+  h.Next("c[0]");
+  CHECK(h.unclaimed.size() == 1);  // d, chained after c
+  CHECK(h.unclaimed[0].second["name"] == "d[0]");
 }
 
 const char* kPinnedChain = R"({"stages": [{"name": "a", "program": "noop", "affinity": "g"},
@@ -343,19 +359,19 @@ std::pair<Json, Json> StartTwoPinnedChains(Harness& h) {
   h.AddDaemon("d0");
   h.AddDaemon("d1");
   h.Submit(kTwoPinnedChains);
-  auto first = h.sink.TakeTasks();
-  REQUIRE(first.size() == 2);
-  CHECK(first[0].first != first[1].first);
-  for (auto& [d, t] : first) {
-    if (t["name"] == "q0[0]") h.Finish(t, true);
-  }
-  for (auto& [d, t] : first) {
-    if (t["name"] == "p0[0]") h.Finish(t, true);
-  }
-  auto next = h.sink.TakeTasks();
-  REQUIRE(next.size() == 2);
-  if (next[0].second["name"] == "q1[0]") std::swap(next[0], next[1]);  // batches go out by daemon
-  return {next[0].second, next[1].second};
+  auto [p0_daemon, p0] = h.Next("p0[0]");
+  auto [q0_daemon, q0] = h.Next("q0[0]");
+  CHECK(p0_daemon != q0_daemon);
+  // p1 is chained after p0 at once, on p0's slot; q1 waits for q0's.
+  auto [p1_daemon, p1] = h.Next("p1[0]");
+  CHECK(p1_daemon == p0_daemon);
+  CHECK(p1["after"]["vertex"] == p0["vertex"]);
+  CHECK(h.unclaimed.empty());
+  h.Finish(q0, true);
+  h.Finish(p0, true);
+  Json q1 = h.Next("q1[0]").second;
+  CHECK(h.unclaimed.empty());
+  return {p1, q1};
 }
 
 TEST_CASE("Scheduler.ChainedDispatchReachesAcrossDaemonsThroughData") {
@@ -428,6 +444,59 @@ TEST_CASE("Scheduler.ARemoteChainWithdrawnByItsDaemonWaitsForThePredecessor") {
   CHECK(h.sched.JobStatus(job)["recoveries"].empty());
 }
 
+TEST_CASE("Scheduler.TasksChainedOnAPredecessorsDaemonTakeItsSlotsAheadOfTime") {
+  // A data-parallel step: the update holds the whole daemon; the next step's gradient
+  // vertices (unpinned, reading only the update) are chained on its slots, a third does not fit.
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0", 2);
+  h.AddDaemon("d1", 2);
+  JobId job = h.Submit(R"({"stages": [{"name": "upd", "program": "noop", "resources": {"cpus": 2}},
+                                      {"name": "grad", "program": "noop", "replicas": 3}],
+                           "edges": [{"from": "upd", "to": "grad", "pattern": "broadcast"}]})");
+  auto [where, upd] = h.Next("upd[0]");
+  std::vector<std::pair<DaemonId, Json>> chained = h.unclaimed;
+  for (auto& t : h.sink.TakeTasks()) chained.push_back(t);
+  h.unclaimed.clear();
+  REQUIRE(chained.size() == 2);
+  for (auto& [d, t] : chained) {
+    CHECK(d == where);
+    CHECK(t["after"]["vertex"] == upd["vertex"]);
+    CHECK(t["inputs"][0]["local"] == true);
+  }
+  CHECK(h.sched.DaemonsTable()[where.value()]["free_cpus"] == 0);  // shown as full, not as -2
+  h.Finish(upd, true);
+  CHECK(h.sink.TakeTasks().empty());  // the third waits for a slot where its input is
+  for (auto& [d, t] : chained) h.Finish(t, true);
+  auto third = h.Next();
+  CHECK(third.first == where);
+  CHECK_FALSE(third.second.contains("after"));
+  h.Finish(third.second, true);
+  CHECK(h.State(job) == "completed");
+  CHECK(h.sched.JobStatus(job)["recoveries"].empty());
+  (void)d0;
+}
+
+TEST_CASE("Scheduler.AnUnpinnedVertexIsChainedOnlyWhereAllItsInputsAre") {
+  Harness h;
+  h.AddDaemon("d0", 2);
+  h.AddDaemon("d1", 2);
+  JobId job = h.Submit(R"({"stages": [{"name": "p", "program": "noop"}, {"name": "q", "program": "noop"},
+                                      {"name": "u", "program": "noop"}],
+                           "edges": [{"from": "p", "to": "u", "to_port": 0}, {"from": "q", "to": "u", "to_port": 1}]})");
+  auto [p_daemon, p] = h.Next("p[0]");
+  auto [q_daemon, q] = h.Next("q[0]");
+  REQUIRE(p_daemon != q_daemon);
+  h.Finish(q, true);
+  // u's only unfinished predecessor is p, but q's output is on the other daemon: placement,
+  // which weighs both inputs' bytes, decides when p completes.
+  CHECK(h.sink.TakeTasks().empty());
+  h.Finish(p, true);
+  Json u = h.Next("u[0]").second;
+  CHECK_FALSE(u.contains("after"));
+  h.Finish(u, true);
+  CHECK(h.State(job) == "completed");
+}
+
 TEST_CASE("Scheduler.ChainedDispatchCanBeTurnedOff") {
   FakeSink sink;
   ManualClock clock;
@@ -464,10 +533,10 @@ TEST_CASE("Scheduler.InjectedFaultsFromTheJobFile") {
   JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
                            "edges": [{"from": "a", "to": "b"}],
                            "faults": [{"fail": "a", "attempts": [1]}, {"kill_daemon_of": "b", "when": {"completed": 1}}]})");
-  Json a1 = h.sink.TakeTasks()[0].second;
+  Json a1 = h.Next().second;
   CHECK(a1.contains("inject_failure"));
   h.Finish(a1, false);
-  Json a2 = h.sink.TakeTasks()[0].second;
+  Json a2 = h.Next().second;
   CHECK_FALSE(a2.contains("inject_failure"));
   h.Finish(a2, true);
   REQUIRE(h.sink.TakeTasks().size() == 1);  // b placed: now its daemon is killed
@@ -512,7 +581,7 @@ TEST_CASE("Scheduler.GangsArePlacedWholeShareAVersionAndRestartTogether") {
   JobId job = h.Submit(R"({"stages": [{"name": "src", "program": "noop"}, {"name": "p", "program": "noop"},
                                       {"name": "q", "program": "noop", "max_attempts": 2}],
                            "edges": [{"from": "src", "to": "p"}, {"from": "p", "to": "q", "channel": "stream"}]})");
-  h.Finish(h.sink.TakeTasks()[0].second, true);  // src
+  h.Finish(h.Next().second, true);  // src
   auto gang = h.sink.TakeTasks();
   REQUIRE(gang.size() == 2);  // p and q together, once p's file input is there
   CHECK(gang[0].second["version"] == gang[1].second["version"]);
