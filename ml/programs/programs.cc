@@ -267,17 +267,24 @@ class GradProgram final : public VertexProgram {
 /// sum is the same bits on every run).
 Result<NamedTensors> SumGradients(const std::vector<chan::Buffer>& msgs) {
   if (msgs.empty()) return Status::InvalidArgument("no gradients to sum");
-  bool shared = false;
-  COPSE_ASSIGN_OR_RETURN(NamedTensors acc, ReadTensorMessage(msgs[0], &shared));
-  if (shared && msgs.size() > 1) acc = Clones(acc);  // the producer's tensors are read-only
+  COPSE_ASSIGN_OR_RETURN(NamedTensors acc, ReadTensorMessage(msgs[0]));
   for (size_t i = 1; i < msgs.size(); ++i) {
     COPSE_ASSIGN_OR_RETURN(NamedTensors g, ReadTensorMessage(msgs[i]));
     if (g.size() != acc.size()) return Status::DataLoss("gradient sets of different sizes");
     for (size_t k = 0; k < acc.size(); ++k) {
       if (g[k].first != acc[k].first || g[k].second.shape() != acc[k].second.shape())
         return Status::DataLoss("gradient sets disagree at '" + acc[k].first + "'");
-      CpuDevice()->Axpy(1.0f, g[k].second.data(), static_cast<size_t>(g[k].second.numel()),
-                        acc[k].second.data());
+      const float* __restrict a = acc[k].second.data();
+      const float* __restrict b = g[k].second.data();
+      if (i == 1) {  // the inputs' tensors are read-only: the first sum goes to a fresh one
+        Tensor sum = Tensor::Empty(acc[k].second.shape());
+        float* __restrict out = sum.data();
+        const int64_t n = sum.numel();
+        for (int64_t j = 0; j < n; ++j) out[j] = a[j] + b[j];  // Axpy(1, b, a)'s bits
+        acc[k].second = std::move(sum);
+      } else {
+        CpuDevice()->Axpy(1.0f, b, static_cast<size_t>(g[k].second.numel()), acc[k].second.data());
+      }
     }
   }
   return acc;
