@@ -496,7 +496,7 @@ class UpdateProgram final : public VertexProgram {
         loss = lease->grads_loss;  // the entry holds exactly these gradients
       }
       // An in-place step: first copies of the values, which messages may share.
-      COPSE_RETURN_NOT_OK(m.ShareParameters(Clones(ParameterHandles(m))));
+      COPSE_RETURN_NOT_OK(m.ShareParameters(m.ExportParameters(/*host=*/false)));
       lease->optimizer->Step();
     }
     const int64_t epoch = EpochAndStep(s, step).first;
