@@ -39,6 +39,9 @@ class PlacementPolicy {
   /// because none fits).
   virtual std::optional<DaemonId> Choose(const PlacementRequest& request,
                                          const std::vector<PlacementDaemon>& daemons) const = 0;
+  /// Whether a vertex whose every input is on one daemon goes there when it fits: what
+  /// chained dispatch of a vertex without affinity anticipates, before its inputs are complete.
+  virtual bool FollowsInputs() const = 0;
 };
 
 /// Locality first: input bytes on the daemon, then on the same host label, then on the same
@@ -51,6 +54,7 @@ class LocalityPolicy final : public PlacementPolicy {
   std::string name() const override { return "locality"; }
   std::optional<DaemonId> Choose(const PlacementRequest& request,
                                  const std::vector<PlacementDaemon>& daemons) const override;
+  bool FollowsInputs() const override { return true; }
 
  private:
   Duration locality_wait_;
@@ -63,6 +67,7 @@ class LoadPolicy final : public PlacementPolicy {
   std::string name() const override { return "load"; }
   std::optional<DaemonId> Choose(const PlacementRequest& request,
                                  const std::vector<PlacementDaemon>& daemons) const override;
+  bool FollowsInputs() const override { return false; }
 };
 
 /// "locality" or "load"; nullptr for an unknown name.

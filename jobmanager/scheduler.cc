@@ -700,7 +700,7 @@ void Scheduler::TryChain(Job& job, VertexId u) {
       r.pending != 1 || node.gang.valid()) {
     return;
   }
-  // The one unfinished predecessor, running (not as a duplicate pair) on u's pinned daemon.
+  // The one unfinished predecessor, running (not as a duplicate pair).
   VertexId last;
   bool live = false;
   auto visit = [&](ChannelId ch) {
@@ -728,8 +728,9 @@ void Scheduler::TryChain(Job& job, VertexId u) {
     if (where != p.daemon && (!reads_p || !daemons_[p.daemon.value()]->alive)) return;
   } else {
     // Unpinned: on p's daemon, where placement would put it once p completes (the daemon
-    // holding the most of its inputs) — provided it reads p's output and nothing from elsewhere.
-    if (!reads_p) return;
+    // holding the most of its inputs) — provided it reads p's output and nothing from elsewhere,
+    // names no input hosts of its own, and the policy places by inputs at all.
+    if (!reads_p || !stage.input_hosts.empty() || !policy_->FollowsInputs()) return;
     for (ChannelId ch : node.inputs) {
       const Run& q = job.runs[g.channel(ch).from.value()];
       if (q.daemon != p.daemon) return;

@@ -497,6 +497,33 @@ TEST_CASE("Scheduler.AnUnpinnedVertexIsChainedOnlyWhereAllItsInputsAre") {
   CHECK(h.State(job) == "completed");
 }
 
+TEST_CASE("Scheduler.AnUnpinnedVertexIsNotChainedWherePlacementMightNotPutIt") {
+  // Chaining anticipates placement by inputs: not under the locality-blind policy, nor for a
+  // stage that names input hosts of its own.
+  const char* two = R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
+                        "edges": [{"from": "a", "to": "b"}]})";
+  const char* hosted = R"({"stages": [{"name": "a", "program": "noop"},
+                                      {"name": "b", "program": "noop", "input_hosts": ["h1"]}],
+                           "edges": [{"from": "a", "to": "b"}]})";
+  for (const auto& [placement, job_text] : {std::pair{"load", two}, std::pair{"locality", hosted}}) {
+    CAPTURE(placement);
+    FakeSink sink;
+    ManualClock clock;
+    SchedulerOptions o;
+    o.placement = placement;
+    Scheduler sched(sink, clock, o);
+    DaemonSpec spec;
+    spec.name = "d0";
+    spec.cpus = 2;
+    REQUIRE(sched.AddDaemon(spec).ok());
+    sched.Submit(testing::MustLoad(job_text), "/tmp");
+    sched.Flush();
+    auto tasks = sink.TakeTasks();
+    REQUIRE(tasks.size() == 1);
+    CHECK(tasks[0].second["name"] == "a[0]");
+  }
+}
+
 TEST_CASE("Scheduler.ChainedDispatchCanBeTurnedOff") {
   FakeSink sink;
   ManualClock clock;
