@@ -263,7 +263,7 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
   if (split.empty()) {
     COPSE_ASSIGN_OR_RETURN(split, BalancedSplit(o.model, P));
   }
-  COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModel(o.model, o.seed));
+  COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModelLayers(o.model));
   if (static_cast<int>(split.size()) != P + 1 || split.front() != 0 ||
       split.back() != static_cast<int>(full.size()) || !std::is_sorted(split.begin(), split.end()) ||
       std::adjacent_find(split.begin(), split.end()) != split.end())
@@ -362,7 +362,7 @@ std::vector<std::pair<char, int>> ScheduleOrder(const std::string& schedule, int
 }
 
 Result<std::vector<int>> BalancedSplit(const std::string& model, int stages) {
-  COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModel(model, 1));
+  COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModelLayers(model));
   const int n = static_cast<int>(m.size());
   if (stages > n)
     return Status::InvalidArgument("--stages: model " + model + " has only " + std::to_string(n) + " layers");
@@ -401,7 +401,7 @@ Result<std::vector<int>> BalancedSplit(const std::string& model, int stages) {
 
 Result<Json> GenerateTrainingGraph(const GraphOptions& o) {
   COPSE_RETURN_NOT_OK(Check(o));
-  COPSE_RETURN_NOT_OK(BuildModel(o.model, o.seed).status());
+  COPSE_RETURN_NOT_OK(BuildModelLayers(o.model).status());
   COPSE_ASSIGN_OR_RETURN(int64_t train_size, TrainSize(o));
   const int64_t steps_per_epoch = (train_size + o.batch - 1) / o.batch;
   int64_t steps = steps_per_epoch * o.epochs;

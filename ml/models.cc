@@ -30,7 +30,7 @@ Sequential Cnn() {
 
 }  // namespace
 
-Result<Sequential> BuildModel(const std::string& name, uint64_t seed) {
+Result<Sequential> BuildModelLayers(const std::string& name) {
   Sequential m;
   if (name == "mlp") {
     m = Mlp({784, 1024, 1024, 10});
@@ -52,6 +52,11 @@ Result<Sequential> BuildModel(const std::string& name, uint64_t seed) {
   } else {
     return Status::InvalidArgument("model '" + name + "': expected mlp, cnn or mlp:A-B-...");
   }
+  return m;
+}
+
+Result<Sequential> BuildModel(const std::string& name, uint64_t seed) {
+  COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModelLayers(name));
   m.InitParameters(seed);
   return m;
 }

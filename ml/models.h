@@ -15,4 +15,8 @@ namespace copse::ml {
 /// Builds and initializes the named model on the CPU.
 Result<Sequential> BuildModel(const std::string& name, uint64_t seed);
 
+/// Builds the named model's layers with zeroed parameters, skipping initialization (about 20 ms
+/// for "mlp"): for callers that need only its shapes or set every parameter right after.
+Result<Sequential> BuildModelLayers(const std::string& name);
+
 }  // namespace copse::ml

@@ -64,7 +64,7 @@ Result<std::pair<int, int>> LayerRange(const VertexContext& ctx, const TrainSett
     std::lock_guard<std::mutex> lock(mu);
     auto it = layers.find(s.model);
     if (it == layers.end()) {
-      COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModel(s.model, s.seed));
+      COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModelLayers(s.model));
       it = layers.emplace(s.model, static_cast<int>(m.size())).first;
     }
     end = it->second;
@@ -723,7 +723,7 @@ class EvalProgram final : public VertexProgram {
       const auto sv = ReadScalars(Find(st, "__stats"), 4);
       if (sv[1] > 0) stats = sv;  // the stage that computes the loss
     }
-    COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModel(s.model, s.seed));
+    COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModelLayers(s.model));  // every parameter is imported
     COPSE_RETURN_NOT_OK(model.ImportParameters(all));
     const NamedTensors params = model.ExportParameters();
     const std::string digest = Digest(params);

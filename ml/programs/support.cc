@@ -132,7 +132,8 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
     }
   }
   if (!entry) {
-    COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModel(s.model, s.seed));
+    // The params message sets every parameter below, so the layers are built uninitialized.
+    COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModelLayers(s.model));
     if (begin < 0 || end > static_cast<int>(full.size()) || begin >= end)
       return Status::InvalidArgument("layers [" + std::to_string(begin) + ", " + std::to_string(end) +
                                      ") out of range for model " + s.model + " (" +

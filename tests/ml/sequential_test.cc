@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "ml/loss.h"
 #include "ml/models.h"
 #include "ml/optimizer.h"
@@ -56,6 +58,20 @@ TEST_CASE("Sequential.InitDependsOnlyOnSeedAndLayerIndex") {
   CHECK(hi <= 1.0f / 28.0f);
   CHECK(lo >= -1.0f / 28.0f);
   CHECK(hi > 0.9f / 28.0f);
+}
+
+TEST_CASE("Sequential.UninitializedLayersTakeAnyInitializedModelsParameters") {
+  for (const char* name : {"mlp", "cnn"}) {
+    CAPTURE(name);
+    Sequential init = *BuildModel(name, 7), layers = *BuildModelLayers(name);
+    CHECK(layers.Describe() == init.Describe());
+    CHECK(layers.ParameterNames() == init.ParameterNames());
+    const std::vector<float> w = layers.Parameters()[0]->value.ToVector();
+    CHECK(std::all_of(w.begin(), w.end(), [](float v) { return v == 0.0f; }));  // not initialized
+    REQUIRE(layers.ImportParameters(init.ExportParameters()).ok());
+    CHECK(Digest(layers.ExportParameters()) == Digest(init.ExportParameters()));
+  }
+  CHECK(!BuildModelLayers("resnet").ok());
 }
 
 TEST_CASE("Sequential.MicroBatchGradientsSumToTheBatchGradient") {
