@@ -36,6 +36,12 @@ void ForEachSuccessor(const JobGraph& g, VertexId v, Fn&& fn) {
   for (ChannelId ch : g.vertex(v).order_out) fn(g.channel(ch).to);
 }
 
+std::string NameList(const JobGraph& g, const std::vector<VertexId>& vertices) {
+  std::string out;
+  for (VertexId v : vertices) out += (out.empty() ? "" : ", ") + g.vertex(v).name;
+  return out;
+}
+
 }  // namespace
 
 std::string_view VertexStateName(VertexState s) {
@@ -102,7 +108,9 @@ struct Scheduler::Run {
   bool released = false;  // outputs garbage-collected (retained ports excepted): every consumer had completed
   TimePoint ready_since{};
   TimePoint started{};
-  VertexId chained_after;  // dispatched chained: waits on its daemon for this vertex to succeed
+  // Dispatched chained: waits on its daemon for these predecessors' current attempts to
+  // succeed (at most one of them elsewhere); empty once it has started.
+  std::vector<VertexId> chained_after;
   double duration_ms = 0;
   std::string last_error;
 };
@@ -611,10 +619,12 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     Schedule();
     return;
   }
-  if (!rep.ok && r.chained_after.valid()) {  // never started: its predecessor did not deliver
-    // Chained on another daemon, it may have found that daemon gone before this job manager
-    // did: it waits for the predecessor's report rather than chaining after it again.
-    Unchain(*job, rep.vertex, /*rechain=*/job->runs[r.chained_after.value()].daemon == r.daemon);
+  if (!rep.ok && !r.chained_after.empty()) {  // never started: a predecessor did not deliver
+    // Chained after one on another daemon, it may have found that daemon gone before this job
+    // manager did: it waits for the predecessor's report rather than chaining after it again.
+    const bool all_local = std::all_of(r.chained_after.begin(), r.chained_after.end(),
+                                       [&](VertexId p) { return job->runs[p.value()].daemon == r.daemon; });
+    Unchain(*job, rep.vertex, /*rechain=*/all_local);
     Schedule();
     return;
   }
@@ -660,9 +670,8 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   std::vector<VertexId> started;
   ForEachSuccessor(job.g(), v, [&](VertexId u) {
     Run& c = job.runs[u.value()];
-    if (c.chained_after == v) {
+    if (std::erase(c.chained_after, v) && c.chained_after.empty()) {
       started.push_back(u);
-      c.chained_after = VertexId();
       c.started = clock_.Now();
       auto span = job.open_spans.find({u.value(), c.version});
       if (span != job.open_spans.end()) job.spans[span->second].start_ms = ElapsedMs(job);
@@ -687,7 +696,7 @@ void Scheduler::ChainSuccessors(Job& job, VertexId v) {
   if (!options_.chain_dispatch) return;
   ForEachSuccessor(job.g(), v, [&](VertexId u) {
     const Run& c = job.runs[u.value()];
-    if (c.state == VertexState::kWaiting && c.pending == 1) TryChain(job, u);
+    if (c.state == VertexState::kWaiting && c.pending > 0) TryChain(job, u);
   });
 }
 
@@ -697,66 +706,83 @@ void Scheduler::TryChain(Job& job, VertexId u) {
   const StageSpec& stage = g.stage_of(u);
   Run& r = job.runs[u.value()];
   if (!options_.chain_dispatch || job.state != JobState::kRunning || r.state != VertexState::kWaiting ||
-      r.pending != 1 || node.gang.valid()) {
+      r.pending == 0 || node.gang.valid()) {
     return;
   }
-  // The one unfinished predecessor, running (not as a duplicate pair).
-  VertexId last;
+  // Every unfinished predecessor must be running (not as a duplicate pair, not in a gang).
+  std::vector<VertexId> after;
   bool live = false;
   auto visit = [&](ChannelId ch) {
     const ChannelEdge& c = g.channel(ch);
     live = live || IsLive(c.kind);
-    if (job.runs[c.from.value()].state != VertexState::kCompleted) last = c.from;
+    if (job.runs[c.from.value()].state != VertexState::kCompleted &&
+        std::find(after.begin(), after.end(), c.from) == after.end()) {
+      after.push_back(c.from);
+    }
   };
   for (ChannelId ch : node.inputs) visit(ch);
   for (ChannelId ch : node.order_in) visit(ch);
   for (const auto& port : node.outputs) {
     for (ChannelId ch : port) live = live || IsLive(g.channel(ch).kind);
   }
-  if (live || !last.valid()) return;
-  const Run& p = job.runs[last.value()];
-  if (p.state != VertexState::kRunning || p.dup_version || g.vertex(last).gang.valid()) return;
-  bool reads_p = false;
-  for (ChannelId ch : node.inputs) reads_p = reads_p || g.channel(ch).from == last;
+  if (live || after.empty()) return;
+  for (VertexId a : after) {
+    const Run& p = job.runs[a.value()];
+    if (p.state != VertexState::kRunning || p.dup_version || g.vertex(a).gang.valid()) return;
+  }
+  auto reads = [&](VertexId a) {
+    return std::any_of(node.inputs.begin(), node.inputs.end(), [&](ChannelId ch) { return g.channel(ch).from == a; });
+  };
   DaemonId where;
   if (!stage.affinity.empty()) {
     auto pinned = job.affinity.find(stage.affinity);
     if (pinned == job.affinity.end()) return;
     where = pinned->second;
-    // On another daemon, u learns that p succeeded from p's outputs (fetched as they are
-    // written): it must read one.
-    if (where != p.daemon && (!reads_p || !daemons_[p.daemon.value()]->alive)) return;
-  } else {
-    // Unpinned: on p's daemon, where placement would put it once p completes (the daemon
-    // holding the most of its inputs) — provided it reads p's output and nothing from elsewhere,
-    // names no input hosts of its own, and the policy places by inputs at all.
-    if (!reads_p || !stage.input_hosts.empty() || !policy_->FollowsInputs()) return;
-    for (ChannelId ch : node.inputs) {
-      const Run& q = job.runs[g.channel(ch).from.value()];
-      if (q.daemon != p.daemon) return;
+    // On another daemon, u learns that a predecessor succeeded from its outputs (fetched as
+    // they are written): it must read one, and the daemon watches one such predecessor.
+    int remote = 0;
+    for (VertexId a : after) {
+      const Run& p = job.runs[a.value()];
+      if (p.daemon == where) continue;
+      if (++remote > 1 || !reads(a) || !daemons_[p.daemon.value()]->alive) return;
     }
-    where = p.daemon;
+  } else {
+    // Unpinned: on the predecessors' daemon, where placement would put it once they complete
+    // (the daemon holding the most of its inputs) — provided they share one daemon, u reads one
+    // of them and nothing from elsewhere, names no input hosts of its own, and the policy places
+    // by inputs at all.
+    where = job.runs[after.front().value()].daemon;
+    if (std::none_of(after.begin(), after.end(), reads) || !stage.input_hosts.empty() || !policy_->FollowsInputs()) return;
+    for (ChannelId ch : node.inputs) {
+      if (job.runs[g.channel(ch).from.value()].daemon != where) return;
+    }
+    for (VertexId a : after) {
+      if (job.runs[a.value()].daemon != where) return;
+    }
   }
   Daemon& d = *daemons_[where.value()];
-  // A task chained on p's daemon starts only after p has ended there, so it may take p's slots
-  // once p has started (not while p itself waits, chained: that would chain a whole schedule
-  // ahead). free_cpus already counts what earlier tasks chained after p took (it goes negative
-  // until p ends), so free + p's own bounds what they take together.
+  // A task chained on its predecessors' daemon starts only after they have all ended there, so
+  // it may take their slots once they have started (not while one itself waits, chained: that
+  // would chain a whole schedule ahead). free_cpus already counts what earlier chained tasks
+  // took (it goes negative until their predecessors end), so free + theirs bounds what they
+  // take together.
   double cpus = d.free_cpus;
   int gpus = d.free_gpus;
-  if (where == p.daemon && !p.chained_after.valid()) {
-    cpus += g.stage_of(last).resources.cpus;
-    gpus += g.stage_of(last).resources.gpus;
+  for (VertexId a : after) {
+    const Run& p = job.runs[a.value()];
+    if (p.daemon != where || !p.chained_after.empty()) continue;
+    cpus += g.stage_of(a).resources.cpus;
+    gpus += g.stage_of(a).resources.gpus;
   }
   if (!d.alive || d.awaiting || cpus + 1e-9 < stage.resources.cpus || gpus < stage.resources.gpus) return;
-  Dispatch(job, u, d, /*duplicate=*/false, last);
+  Dispatch(job, u, d, /*duplicate=*/false, after);
 }
 
 void Scheduler::WithdrawRemoteChains(Job& job, VertexId v) {
   const DaemonId where = job.runs[v.value()].daemon;
   ForEachSuccessor(job.g(), v, [&](VertexId u) {
     Run& c = job.runs[u.value()];
-    if (c.chained_after != v || c.daemon == where) return;
+    if (c.daemon == where || std::find(c.chained_after.begin(), c.chained_after.end(), v) == c.chained_after.end()) return;
     Flush();  // u's "run" may still wait in the outbox: it must not arrive after its cancel
     if (daemons_[c.daemon.value()]->alive) {
       sink_.SendToDaemon(c.daemon, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", u.value()}, {"version", c.version}});
@@ -769,7 +795,7 @@ void Scheduler::Unchain(Job& job, VertexId u, bool rechain) {
   Run& r = job.runs[u.value()];
   ReleaseSlots(job, u);
   r.state = VertexState::kWaiting;
-  r.chained_after = VertexId();
+  r.chained_after.clear();
   WithdrawRemoteChains(job, u);  // u will not run: nor will what waits for it elsewhere
   Log(job, u, "version " + std::to_string(r.version) + " withdrawn: the vertex it was chained after did not succeed");
   if (r.pending == 0) {
@@ -870,7 +896,7 @@ void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& 
   } else {
     ReleaseSlots(job, v);
     r.state = VertexState::kWaiting;
-    r.chained_after = VertexId();
+    r.chained_after.clear();
     WithdrawRemoteChains(job, v);
     Log(job, v, "version " + std::to_string(r.version) + " failed (" + std::string(FailureClassName(cls)) + "): " + error);
   }
@@ -1137,7 +1163,7 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
   return true;
 }
 
-void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, VertexId after) {
+void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const std::vector<VertexId>& after) {
   const JobGraph& g = job.g();
   const VertexNode& node = g.vertex(v);
   const StageSpec& stage = g.stage_of(v);
@@ -1203,10 +1229,13 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, Vertex
                {"params", *node.params},    {"job_dir", job.job_dir},      {"threads", std::max(1, static_cast<int>(stage.resources.cpus))}, {"gpus", stage.resources.gpus},
                {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
   if (node.gang.valid()) AddNcclInfo(job, v, version, task);
-  if (after.valid()) {
-    const Run& p = job.runs[after.value()];
-    task["after"] = {{"vertex", after.value()}, {"version", p.version}};
-    if (p.daemon != d.id) task["after"]["remote"] = true;
+  if (!after.empty()) {
+    Json& list = task["after"] = Json::array();
+    for (VertexId a : after) {
+      const Run& p = job.runs[a.value()];
+      list.push_back({{"vertex", a.value()}, {"version", p.version}});
+      if (p.daemon != d.id) list.back()["remote"] = true;
+    }
   }
   // Faults the job file injects into this attempt.
   const auto& faults = job.faults;
@@ -1244,7 +1273,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, Vertex
   if (batch.is_null()) batch = {{"op", "run"}, {"tasks", Json::array()}};
   batch["tasks"].push_back(std::move(task));
   Log(job, v, "version " + std::to_string(version) + (duplicate ? " (straggler duplicate)" : "") + " placed on " + d.spec.name +
-                  (after.valid() ? " chained after " + g.vertex(after).name : ""));
+                  (after.empty() ? "" : " chained after " + NameList(g, after)));
   if (!duplicate && !node.gang.valid()) ChainSuccessors(job, v);
 }
 
@@ -1280,7 +1309,7 @@ void Scheduler::Tick() {
     for (uint32_t v : std::vector<uint32_t>(job.running.begin(), job.running.end())) {
       Run& r = job.runs[v];
       double timeout_s = job.g().stage_of(VertexId(v)).timeout_s;
-      if (r.chained_after.valid()) continue;  // not started yet
+      if (!r.chained_after.empty()) continue;  // not started yet
       if (timeout_s <= 0 || now - r.started < std::chrono::duration<double>(timeout_s)) continue;
       sink_.SendToDaemon(r.daemon, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", v}, {"version", r.version}});
       Fail(job, VertexId(v), FailureClass::kTimeout, "ran longer than timeout_s=" + std::to_string(timeout_s), true);
@@ -1303,7 +1332,7 @@ void Scheduler::LaunchDuplicates(Job& job) {
   for (uint32_t v : std::vector<uint32_t>(job.running.begin(), job.running.end())) {
     Run& r = job.runs[v];
     if (r.dup_version || g.vertex(VertexId(v)).gang.valid()) continue;  // gangs restart whole instead
-    if (r.chained_after.valid()) continue;                               // not started yet
+    if (!r.chained_after.empty()) continue;                              // not started yet
     int stage = g.vertex(VertexId(v)).stage;
     auto& done = job.stage_seconds[stage];
     int replicas = g.spec().stages[stage].replicas;

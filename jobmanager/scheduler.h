@@ -89,13 +89,13 @@ struct SchedulerOptions {
   double straggler_factor = 4.0;
   Duration straggler_min = std::chrono::seconds(2);
   double straggler_fraction = 0.5;
-  /// Chained dispatch: a vertex whose last unfinished predecessor is running is sent at once to
-  /// the daemon its affinity pins it to (unpinned: the predecessor's, when all it reads is
-  /// there), to start the moment that predecessor succeeds, without a report -> job manager ->
-  /// run round trip (a pipeline stage's chain, a data-parallel step). On the predecessor's
-  /// daemon it starts when that attempt ends there, and may take its slots; on another daemon
-  /// (a predecessor it reads data from: the next pipeline stage), when that attempt's outputs
-  /// arrive, fetched as they are written (vertex/input_prefetcher.h).
+  /// Chained dispatch: a vertex whose unfinished predecessors are all running is sent at once to
+  /// the daemon its affinity pins it to (unpinned: the predecessors' one daemon, when all it
+  /// reads is there), to start the moment they have succeeded, without a report -> job manager
+  /// -> run round trip (a pipeline stage's chain, a data-parallel step). Predecessors on that
+  /// daemon are waited for there, and it may take their slots; at most one on another daemon
+  /// (one it reads data from: the previous pipeline stage) is seen succeeding by its outputs
+  /// arriving, fetched as they are written (vertex/input_prefetcher.h).
   bool chain_dispatch = true;
   /// After a restart, how long daemons named in the journal have to come back before their
   /// outputs count as lost.
@@ -186,12 +186,12 @@ class Scheduler {
   /// Cancels a gang's running members and sends every member back to waiting.
   void ResetGang(Job& job, GangId gang, VertexId cause, const std::string& why);
   /// Sends attempt max(version, dup_version)+1 of v to d; a duplicate runs beside the current one.
-  /// With `after` valid (chained dispatch), d starts it once that vertex's current attempt has
-  /// succeeded there.
-  void Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, VertexId after = VertexId());
+  /// With `after` (chained dispatch), d starts it once those vertices' current attempts have all
+  /// succeeded (each on d, or — at most one — elsewhere, seen by its outputs arriving).
+  void Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const std::vector<VertexId>& after = {});
   /// Chained dispatch of waiting vertex u (see SchedulerOptions::chain_dispatch), if it applies.
   void TryChain(Job& job, VertexId u);
-  /// Chains the waiting successors of v that have nothing else left to wait for.
+  /// Chains the waiting successors of v whose unfinished predecessors all run.
   void ChainSuccessors(Job& job, VertexId v);
   /// A chained attempt that never started (its predecessor failed): back to waiting, neither
   /// charged nor counted as a recovery; chained again at once when `rechain` and it applies.

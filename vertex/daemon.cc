@@ -269,6 +269,8 @@ class Daemon::Impl {
   }
 
  private:
+  using AttemptKey = std::tuple<uint64_t, uint32_t, uint32_t>;  // job, vertex, version
+
   struct Task {
     Json spec;
     std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
@@ -278,6 +280,10 @@ class Daemon::Impl {
     std::unique_ptr<Collective> collective;
     int device = -1;
     std::shared_ptr<PrefetchedInputs> prefetched;  // remote inputs fetched while it was held
+    // Held (chained): the attempts here it still waits for, and whether it still waits for the
+    // outputs of one on another daemon. Queued when neither is left.
+    std::vector<AttemptKey> waiting_for;
+    bool remote_pending = false;
   };
 
   void Heartbeat() {
@@ -297,38 +303,10 @@ class Daemon::Impl {
         for (auto& spec : msg["tasks"]) {
           Task t;
           t.spec = std::move(spec);
-          if (!t.spec.contains("after")) {
-            queue_.push_back(std::move(t));
-            continue;
-          }
-          const Json& after = t.spec["after"];
-          const uint64_t job = t.spec["job"].get<uint64_t>();
-          const uint32_t after_vertex = after["vertex"].get<uint32_t>(), after_version = after["version"].get<uint32_t>();
-          if (after.value("remote", false)) {
-            // Chained after an attempt on another daemon: runs once that attempt's outputs
-            // have arrived here (OnRemoteAfter); its other remote inputs come meanwhile.
-            const uint32_t vertex = t.spec["vertex"].get<uint32_t>(), version = t.spec["version"].get<uint32_t>();
-            t.prefetched = prefetcher_->Start(
-                t.spec["inputs"], InputPrefetcher::After{after_vertex, after_version}, t.cancel,
-                [this, job, vertex, version](const Status& st) { OnRemoteAfter(job, vertex, version, st); });
-            if (!t.prefetched) {
-              reports_.push_back(Withdrawn(t.spec, "none of its inputs is on another daemon"));
-              PostReports();
-              continue;
-            }
-            held_.push_back(std::move(t));
-            continue;
-          }
-          // Chained: runs once the named attempt has succeeded here (it may already have).
-          auto done = finished_.find({job, after_vertex, after_version});
-          if (done == finished_.end()) {
-            t.prefetched = prefetcher_->Start(t.spec["inputs"], std::nullopt, t.cancel, nullptr);
-            held_.push_back(std::move(t));
-          } else if (done->second) {
-            queue_.push_back(std::move(t));
+          if (t.spec.contains("after")) {
+            HoldChained(std::move(t));
           } else {
-            reports_.push_back(Withdrawn(t.spec, "the attempt it was chained after failed"));
-            PostReports();
+            queue_.push_back(std::move(t));
           }
         }
         cv_.notify_all();
@@ -379,6 +357,56 @@ class Daemon::Impl {
     } catch (const Json::exception& e) {
       DaemonLog()->error("daemon {}: malformed \"{}\" from the job manager: {}", options_.name, op, e.what());
     }
+  }
+
+  /// A chained task (its "after": the attempts it runs after, each on this daemon or — at most
+  /// one, "remote" — elsewhere): queued at once when they have all succeeded here already,
+  /// withdrawn when one failed, else held until they have. Requires mu_. Throws Json::exception
+  /// on a malformed "after".
+  void HoldChained(Task t) {
+    const uint64_t job = t.spec["job"].get<uint64_t>();
+    Json after = t.spec["after"];
+    if (after.is_object()) after = Json::array({after});
+    std::optional<InputPrefetcher::After> remote;
+    for (const Json& a : after) {
+      const uint32_t vertex = a.at("vertex").get<uint32_t>(), version = a.at("version").get<uint32_t>();
+      if (a.value("remote", false)) {
+        if (remote) {
+          reports_.push_back(Withdrawn(t.spec, "chained after more than one attempt on other daemons"));
+          PostReports();
+          return;
+        }
+        remote = InputPrefetcher::After{vertex, version};
+        continue;
+      }
+      auto done = finished_.find({job, vertex, version});
+      if (done == finished_.end()) {
+        t.waiting_for.emplace_back(job, vertex, version);
+      } else if (!done->second) {
+        reports_.push_back(Withdrawn(t.spec, "the attempt it was chained after failed"));
+        PostReports();
+        return;
+      }
+    }
+    if (remote) {
+      // Runs once that attempt's outputs have arrived here (OnRemoteAfter); its other remote
+      // inputs come meanwhile.
+      const uint32_t vertex = t.spec["vertex"].get<uint32_t>(), version = t.spec["version"].get<uint32_t>();
+      t.remote_pending = true;
+      t.prefetched = prefetcher_->Start(t.spec["inputs"], remote, t.cancel,
+                                        [this, job, vertex, version](const Status& st) { OnRemoteAfter(job, vertex, version, st); });
+      if (!t.prefetched) {
+        reports_.push_back(Withdrawn(t.spec, "none of its inputs is on another daemon"));
+        PostReports();
+        return;
+      }
+    } else if (t.waiting_for.empty()) {
+      queue_.push_back(std::move(t));
+      return;
+    } else {
+      t.prefetched = prefetcher_->Start(t.spec["inputs"], std::nullopt, t.cancel, nullptr);
+    }
+    held_.push_back(std::move(t));
   }
 
   void CancelMatching(uint64_t job, int64_t vertex) {
@@ -432,18 +460,15 @@ class Daemon::Impl {
     }
   }
 
-  using AttemptKey = std::tuple<uint64_t, uint32_t, uint32_t>;  // job, vertex, version
   static AttemptKey KeyOf(const Task& t) {
     return {t.spec["job"].get<uint64_t>(), t.spec["vertex"].get<uint32_t>(), t.spec["version"].get<uint32_t>()};
   }
   static bool IsChainedAfter(const Task& t, const AttemptKey& attempt) {
-    const Json& after = t.spec["after"];
-    return t.spec["job"].get<uint64_t>() == std::get<0>(attempt) && after["vertex"].get<uint32_t>() == std::get<1>(attempt) &&
-           after["version"].get<uint32_t>() == std::get<2>(attempt);
+    return std::find(t.waiting_for.begin(), t.waiting_for.end(), attempt) != t.waiting_for.end();
   }
 
   /// Tasks chained after attempt (job, vertex, version), which just ended here: queued next when
-  /// it succeeded, else withdrawn. Requires mu_.
+  /// it succeeded and they wait for nothing else, else withdrawn. Requires mu_.
   void ReleaseHeld(uint64_t job, uint32_t vertex, uint32_t version, bool ok) {
     const AttemptKey ended{job, vertex, version};
     if (!ok) {
@@ -452,6 +477,11 @@ class Daemon::Impl {
     }
     for (auto it = held_.begin(); it != held_.end();) {
       if (!IsChainedAfter(*it, ended)) {
+        ++it;
+        continue;
+      }
+      std::erase(it->waiting_for, ended);
+      if (!it->waiting_for.empty() || it->remote_pending) {
         ++it;
         continue;
       }
@@ -494,6 +524,8 @@ class Daemon::Impl {
     });
     if (it == held_.end()) return;  // cancelled meanwhile
     if (st.ok()) {
+      it->remote_pending = false;
+      if (!it->waiting_for.empty()) return;  // still waits for attempts here
       queue_.push_front(std::move(*it));
       cv_.notify_one();
       held_.erase(it);

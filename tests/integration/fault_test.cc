@@ -95,6 +95,33 @@ TEST_CASE("Faults.AVertexFailingTwiceThenSucceeding") {
   CHECK(st["recoveries"].size() == 2);
 }
 
+TEST_CASE("Faults.AVertexChainedAfterSeveralPredecessorsOnADaemonRunsAfterAllOrIsWithdrawn") {
+  // One daemon, two slots: c (gathering b[0] and b[1]) is chained after both b attempts as soon
+  // as they are placed, and held there until they have succeeded; when b[1]'s attempt fails,
+  // the daemon withdraws c, which is chained again. The output equals the fault-free run's.
+  TestCluster cluster(1, 2);
+  Json job = {{"name", "gather"},
+              {"stages", {{{"name", "b"}, {"program", "checksum"}, {"replicas", 2}, {"params", {{"bytes", 100000}}}},
+                          {{"name", "c"}, {"program", "checksum"}}}},
+              {"edges", {{{"from", "b"}, {"to", "c"}, {"pattern", "gather"}}}},
+              {"outputs", {{{"from", "c"}, {"path", "digest.txt"}}}},
+              {"faults", {{{"fail", "b[1]"}, {"attempts", {1}}}}}};
+  Json st = RunWithAndWithoutFaults(cluster, job, "digest.txt");
+  CHECK(st["stages"][0]["failed_attempts"] == 1);
+  CHECK(st["stages"][1]["failed_attempts"] == 0);  // withdrawn, not charged
+  auto logs = cluster.client().Call({{"op", "logs"}, {"job", st["id"]}, {"vertex", "c[0]"}});
+  REQUIRE(logs.ok());
+  int chained_after_both = 0, withdrawn = 0;
+  for (const auto& line : (*logs)["lines"]) {
+    const std::string text = line.dump();
+    chained_after_both += text.find("chained after b[0], b[1]") != std::string::npos ||
+                          text.find("chained after b[1], b[0]") != std::string::npos;
+    withdrawn += text.find("withdrawn") != std::string::npos;
+  }
+  CHECK(chained_after_both >= 1);
+  CHECK(withdrawn >= 1);
+}
+
 TEST_CASE("Faults.AVertexFailingEveryAttemptFailsItsJobWithTheReason") {
   TestCluster cluster(2);
   Json job = ChecksumChain(2);

@@ -104,7 +104,7 @@ TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
   CHECK(tasks[0]["name"] == "b[0]");  // a is not re-run
   CHECK(tasks[0]["version"].get<uint32_t>() > 1);
   CHECK(tasks[1]["name"] == "c[0]");
-  CHECK(tasks[1]["after"]["vertex"] == tasks[0]["vertex"]);
+  CHECK(tasks[1]["after"][0]["vertex"] == tasks[0]["vertex"]);
 }
 
 }  // namespace

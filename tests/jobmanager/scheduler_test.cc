@@ -145,10 +145,12 @@ TEST_CASE("Scheduler.TraceHasASpanPerAttemptInLanesPerDaemon") {
   h.AddDaemon("d0", 2);
   JobId job = h.Submit(R"({"stages": [{"name": "s", "program": "noop", "replicas": 2}, {"name": "t", "program": "noop"}],
                            "edges": [{"from": "s", "to": "t", "pattern": "gather"}], "faults": [{"fail": "t"}]})");
-  auto tasks = h.sink.TakeTasks();
+  auto s0 = h.Next("s[0]").second, s1 = h.Next("s[1]").second;
+  auto t1 = h.Next("t[0]").second;  // chained after both s attempts, on their slots
   h.clock.Advance(std::chrono::milliseconds(10));
-  for (auto& [d, t] : tasks) h.Finish(t, true);
-  h.Finish(h.Next().second, false);  // t, attempt 1 (injected)
+  h.Finish(s0, true);
+  h.Finish(s1, true);
+  h.Finish(t1, false);               // t, attempt 1 (injected)
   h.Finish(h.Next().second, true);   // t, attempt 2
   auto trace = h.sched.Trace(job);
   REQUIRE(trace.ok());
@@ -307,8 +309,8 @@ TEST_CASE("Scheduler.ChainedDispatchSendsTheNextVertexOfAPinnedChainAhead") {
   REQUIRE(tasks.size() == 2);
   CHECK(tasks[0].second["name"] == "a[0]");
   CHECK(tasks[1].second["name"] == "b[0]");
-  CHECK(tasks[1].second["after"]["vertex"] == tasks[0].second["vertex"]);
-  CHECK(tasks[1].second["after"]["version"] == tasks[0].second["version"]);
+  CHECK(tasks[1].second["after"][0]["vertex"] == tasks[0].second["vertex"]);
+  CHECK(tasks[1].second["after"][0]["version"] == tasks[0].second["version"]);
   // a's input key in b's task names a's attempt, to be read locally.
   CHECK(tasks[1].second["inputs"][0]["local"] == true);
   h.Finish(tasks[0].second, true);
@@ -316,7 +318,7 @@ TEST_CASE("Scheduler.ChainedDispatchSendsTheNextVertexOfAPinnedChainAhead") {
   auto next = h.sink.TakeTasks();
   REQUIRE(next.size() == 1);
   CHECK(next[0].second["name"] == "c[0]");
-  CHECK(next[0].second["after"]["vertex"] == tasks[1].second["vertex"]);
+  CHECK(next[0].second["after"][0]["vertex"] == tasks[1].second["vertex"]);
   h.Finish(tasks[1].second, true);
   h.Finish(next[0].second, true);
   CHECK(h.State(job) == "completed");
@@ -337,7 +339,7 @@ TEST_CASE("Scheduler.AChainedVertexWhosePredecessorFailedIsWithdrawnUncharged") 
   CHECK(again[0].second["name"] == "a[0]");
   CHECK(again[0].second["version"] == 2);
   CHECK(again[1].second["name"] == "b[0]");
-  CHECK(again[1].second["after"]["version"] == 2);
+  CHECK(again[1].second["after"][0]["version"] == 2);
   Json st = h.sched.JobStatus(job);
   REQUIRE(st["recoveries"].size() == 1);
   CHECK(st["recoveries"][0]["vertex"] == "a[0]");
@@ -362,15 +364,21 @@ std::pair<Json, Json> StartTwoPinnedChains(Harness& h) {
   auto [p0_daemon, p0] = h.Next("p0[0]");
   auto [q0_daemon, q0] = h.Next("q0[0]");
   CHECK(p0_daemon != q0_daemon);
-  // p1 is chained after p0 at once, on p0's slot; q1 waits for q0's.
+  // p1 is chained after p0 at once, on p0's slot; q1 after q0, on its slot, and after p1 (on
+  // the other daemon, running chained).
   auto [p1_daemon, p1] = h.Next("p1[0]");
   CHECK(p1_daemon == p0_daemon);
-  CHECK(p1["after"]["vertex"] == p0["vertex"]);
+  CHECK(p1["after"].size() == 1);
+  CHECK(p1["after"][0]["vertex"] == p0["vertex"]);
+  auto [q1_daemon, q1] = h.Next("q1[0]");
+  CHECK(q1_daemon == q0_daemon);
+  REQUIRE(q1["after"].size() == 2);
+  CHECK(q1["after"][0]["vertex"] == q0["vertex"]);
+  CHECK_FALSE(q1["after"][0].contains("remote"));
   CHECK(h.unclaimed.empty());
   h.Finish(q0, true);
   h.Finish(p0, true);
-  Json q1 = h.Next("q1[0]").second;
-  CHECK(h.unclaimed.empty());
+  CHECK(h.sink.TakeTasks().empty());
   return {p1, q1};
 }
 
@@ -381,9 +389,9 @@ TEST_CASE("Scheduler.ChainedDispatchReachesAcrossDaemonsThroughData") {
   // arrives, fetched from p1's daemon as it is written.
   CHECK(p1["name"] == "p1[0]");
   CHECK(q1["name"] == "q1[0]");
-  CHECK(q1["after"]["vertex"] == p1["vertex"]);
-  CHECK(q1["after"]["version"] == p1["version"]);
-  CHECK(q1["after"]["remote"] == true);
+  CHECK(q1["after"][1]["vertex"] == p1["vertex"]);
+  CHECK(q1["after"][1]["version"] == p1["version"]);
+  CHECK(q1["after"][1]["remote"] == true);
   const Json& from_p1 = q1["inputs"][1];
   CHECK(from_p1["local"] == false);
   CHECK(from_p1["key"]["version"] == p1["version"]);
@@ -413,7 +421,7 @@ TEST_CASE("Scheduler.ARemoteChainIsCancelledWhenItsPredecessorFails") {
   CHECK(again[1].second["name"] == "q1[0]");
   CHECK(cancels[0].first == again[1].first);  // q1's pinned daemon, not p1's
   CHECK(cancels[0].first != again[0].first);
-  CHECK(again[1].second["after"]["version"] == again[0].second["version"]);
+  CHECK(again[1].second["after"][0]["version"] == again[0].second["version"]);
   // The cancelled attempt's own report comes late and changes nothing.
   h.Finish(q1, false, {}, FailureClass::kCancelled);
   CHECK(h.sink.TakeTasks().empty());
@@ -460,7 +468,7 @@ TEST_CASE("Scheduler.TasksChainedOnAPredecessorsDaemonTakeItsSlotsAheadOfTime") 
   REQUIRE(chained.size() == 2);
   for (auto& [d, t] : chained) {
     CHECK(d == where);
-    CHECK(t["after"]["vertex"] == upd["vertex"]);
+    CHECK(t["after"][0]["vertex"] == upd["vertex"]);
     CHECK(t["inputs"][0]["local"] == true);
   }
   CHECK(h.sched.DaemonsTable()[where.value()]["free_cpus"] == 0);  // shown as full, not as -2
@@ -474,6 +482,71 @@ TEST_CASE("Scheduler.TasksChainedOnAPredecessorsDaemonTakeItsSlotsAheadOfTime") 
   CHECK(h.State(job) == "completed");
   CHECK(h.sched.JobStatus(job)["recoveries"].empty());
   (void)d0;
+}
+
+TEST_CASE("Scheduler.AVertexIsChainedAfterAllItsRunningPredecessorsOnTheirDaemon") {
+  // A data-parallel update (both cpus) gathering two gradient vertices running on one daemon is
+  // chained after both at once, on their slots; it starts when both have succeeded.
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0", 2);
+  JobId job = h.Submit(R"({"stages": [{"name": "grad", "program": "noop", "replicas": 2},
+                                      {"name": "upd", "program": "noop", "resources": {"cpus": 2}}],
+                           "edges": [{"from": "grad", "to": "upd", "pattern": "gather"}]})");
+  Json g0 = h.Next("grad[0]").second, g1 = h.Next("grad[1]").second;
+  auto [where, upd] = h.Next("upd[0]");
+  CHECK(where == d0);
+  REQUIRE(upd["after"].size() == 2);
+  std::set<Json> after{upd["after"][0]["vertex"], upd["after"][1]["vertex"]};
+  CHECK(after == std::set<Json>{g0["vertex"], g1["vertex"]});
+  CHECK(upd["inputs"][0]["local"] == true);
+  CHECK(h.sched.DaemonsTable()[0]["free_cpus"] == 0);
+  // grad[1] fails: its daemon withdraws the update (reported as cancelled), which gives back
+  // the slots; grad[1] runs again and the update is chained after grad[0] and that attempt.
+  h.Finish(g1, false);
+  CHECK(h.sink.TakeTasks().empty());  // the update holds the slots until it is withdrawn
+  h.Finish(upd, false, {}, FailureClass::kCancelled);
+  Json g1b = h.Next("grad[1]").second;
+  Json upd2 = h.Next("upd[0]").second;
+  REQUIRE(upd2["after"].size() == 2);
+  for (const Json& a : upd2["after"]) {
+    if (a["vertex"] == g1b["vertex"]) CHECK(a["version"] == g1b["version"]);
+  }
+  h.Finish(g0, true);
+  h.Finish(g1b, true);
+  CHECK(h.sink.TakeTasks().empty());  // the update is already there
+  h.Finish(upd2, true);
+  CHECK(h.State(job) == "completed");
+  Json st = h.sched.JobStatus(job);
+  CHECK(st["stages"][1]["failed_attempts"] == 0);  // withdrawn, not charged
+}
+
+TEST_CASE("Scheduler.AVertexIsNotChainedAfterTwoPredecessorsOnOtherDaemons") {
+  // u is pinned with z; p and q, which it reads, run on two other daemons: its daemon can watch
+  // one remote predecessor's outputs, so u is chained only once one of them has completed.
+  Harness h;
+  h.AddDaemon("d0");
+  h.AddDaemon("d1");
+  h.AddDaemon("d2");
+  JobId job = h.Submit(R"({"stages": [{"name": "z", "program": "noop", "affinity": "c"},
+                                      {"name": "p", "program": "noop", "affinity": "a"},
+                                      {"name": "q", "program": "noop", "affinity": "b"},
+                                      {"name": "u", "program": "noop", "affinity": "c"}],
+                           "edges": [{"from": "z", "to": "u", "to_port": 0}, {"from": "p", "to": "u", "to_port": 1},
+                                     {"from": "q", "to": "u", "to_port": 2}]})");
+  auto [z_daemon, z] = h.Next("z[0]");
+  Json p = h.Next("p[0]").second, q = h.Next("q[0]").second;
+  CHECK(h.unclaimed.empty());
+  h.Finish(z, true);
+  CHECK(h.sink.TakeTasks().empty());
+  h.Finish(p, true);
+  auto [u_daemon, u] = h.Next("u[0]");
+  CHECK(u_daemon == z_daemon);
+  REQUIRE(u["after"].size() == 1);
+  CHECK(u["after"][0]["vertex"] == q["vertex"]);
+  CHECK(u["after"][0]["remote"] == true);
+  h.Finish(q, true);
+  h.Finish(u, true);
+  CHECK(h.State(job) == "completed");
 }
 
 TEST_CASE("Scheduler.AnUnpinnedVertexIsChainedOnlyWhereAllItsInputsAre") {
