@@ -112,7 +112,7 @@ void AddGraphCommand(CLI::App& app) {
   auto dp = std::make_shared<GraphFlags>();
   CLI::App* d = graph->add_subcommand("data-parallel", "W workers, gradients reduced by a tree, a ring or a parameter server");
   d->add_option("--workers", dp->o.workers, "Data-parallel workers")->check(CLI::Range(1, 64))->capture_default_str();
-  d->add_option("--reducer", dp->o.reducer, "tree, ring or ps")->check(CLI::IsMember({"tree", "ring", "ps"}))->capture_default_str();
+  d->add_option("--reducer", dp->o.reducer, "tree, ring, ps or nccl (GPU gangs)")->check(CLI::IsMember({"tree", "ring", "ps", "nccl"}))->capture_default_str();
   d->add_option("--fanin", dp->o.fanin, "Fan-in of the reduction tree")->check(CLI::Range(2, 64))->capture_default_str();
   d->add_flag("--loader-vertices", dp->o.loader_vertices, "A shard-loader vertex feeds each gradient vertex");
   AddTrainingFlags(d, *dp);

@@ -11,6 +11,8 @@
 #include <optional>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "cli/commands.h"
 #include "cli/jm_client.h"
 #include "cli/job_watch.h"
@@ -30,6 +32,7 @@ struct RunOpts {
   std::string file;
   int daemons = 2;
   int cpus = 2;
+  int gpus = 0;
   std::string output_dir = "copse-output";
   std::string format = "text";
   std::string keep_dir;
@@ -94,10 +97,16 @@ class LocalCluster {
     address_.jm = text.substr(0, text.find('\n'));
     for (int i = 0; i < o.daemons; ++i) {
       std::string name = "d" + std::to_string(i);
+      std::map<std::string, std::string> env = {{"COPSE_TOKEN_FILE", (state / auth::kSecretFileName).string()}};
+      if (o.gpus > 0) {  // daemon i's own devices: i*G .. i*G+G-1 (NCCL wants one rank per GPU)
+        std::string devices;
+        for (int k = 0; k < o.gpus; ++k) devices += (k ? "," : "") + std::to_string(i * o.gpus + k);
+        env["CUDA_VISIBLE_DEVICES"] = devices;
+      }
       COPSE_ASSIGN_OR_RETURN(pid_t d, SpawnSelf({"daemon", "--jm", address_.jm, "--name", name, "--cpus", std::to_string(o.cpus),
-                                                 "--work-dir", (dir_ / name).string(), "--label", "host=local"},
-                                                {{"COPSE_TOKEN_FILE", (state / auth::kSecretFileName).string()}},
-                                                (dir_ / (name + ".log")).string()));
+                                                 "--gpus", std::to_string(o.gpus), "--work-dir", (dir_ / name).string(),
+                                                 "--label", "host=local"},
+                                                env, (dir_ / (name + ".log")).string()));
       pids_.push_back(d);
     }
     COPSE_ASSIGN_OR_RETURN(client_, ConnectToJm(address_));
@@ -133,6 +142,14 @@ int RunJob(const RunOpts& o) {
     } else {
       std::cerr << load.status().message() << "\n";
     }
+    return 1;
+  }
+  // A vertex bigger than every local daemon would wait for ever: say so now.
+  for (const auto& stage : load.graph->spec().stages) {
+    if (stage.resources.cpus <= o.cpus + 1e-9 && stage.resources.gpus <= o.gpus) continue;
+    std::cerr << "copse run: stage " << stage.name << " needs " << fmt::format("{:g}", stage.resources.cpus) << " cpus and "
+              << stage.resources.gpus << " gpus per vertex; each local daemon offers " << o.cpus << " (--cpus) and "
+              << o.gpus << " (--gpus)\n";
     return 1;
   }
   signal(SIGINT, [](int) { g_interrupted = true; });
@@ -216,6 +233,7 @@ void AddRunCommand(CLI::App& app) {
   cmd->add_option("FILE", o->file, "job file")->required();
   cmd->add_option("--daemons", o->daemons, "local daemons to start (named d0 … d<N-1>)")->check(CLI::Range(1, 256));
   cmd->add_option("--cpus", o->cpus, "vertex slots per daemon")->check(CLI::Range(1, 4096));
+  cmd->add_option("--gpus", o->gpus, "GPUs per daemon (daemon i gets CUDA devices i*G .. i*G+G-1)")->check(CLI::Range(0, 64));
   cmd->add_option("--output", o->output_dir, "directory for the declared outputs");
   cmd->add_option("-o,--format", o->format, "text or json (the final job summary as one JSON value)")
       ->check(CLI::IsMember({"text", "json"}));

@@ -28,6 +28,12 @@ class JobBuilder {
     if (!retain.empty()) st["retain"] = retain;
     stages_.push_back(std::move(st));
   }
+  /// Gives the last stage added `gpus` GPUs per vertex.
+  void Gpus(int gpus) { stages_.back()["resources"]["gpus"] = gpus; }
+  /// An `nccl` edge: joins `from` and `to` into one gang's NCCL group.
+  void NcclEdge(const std::string& from, int from_port, const std::string& to, int to_port) {
+    edges_.push_back({{"from", from}, {"to", to}, {"from_port", from_port}, {"to_port", to_port}, {"channel", "nccl"}});
+  }
   /// A data edge from `from` (output `from_port`, or the next free one when < 0) to input
   /// `to_port` of `to`.
   void Edge(const std::string& from, int from_port, const std::string& to, int to_port) {
@@ -70,8 +76,10 @@ Status Check(const GraphOptions& o) {
   if (o.stages < 1 || o.stages > 64) return bad("--stages", "1..64");
   if (o.microbatches < 1 || o.microbatches > 256) return bad("--microbatches", "1..256");
   if (o.schedule != "gpipe" && o.schedule != "1f1b") return bad("--schedule", "gpipe or 1f1b");
-  if (o.reducer != "tree" && o.reducer != "ring" && o.reducer != "ps") return bad("--reducer", "tree, ring or ps");
-  if (o.reducer == "ring" && o.workers < 2) return bad("--reducer ring", "--workers >= 2");
+  if (o.reducer != "tree" && o.reducer != "ring" && o.reducer != "ps" && o.reducer != "nccl")
+    return bad("--reducer", "tree, ring, ps or nccl");
+  if ((o.reducer == "ring" || o.reducer == "nccl") && o.workers < 2) return bad("--reducer " + o.reducer, "--workers >= 2");
+  if (o.reducer == "nccl" && o.kind != "data-parallel") return bad("--reducer nccl", "data-parallel");
   if (o.fanin < 2) return bad("--fanin", ">= 2");
   if (o.epochs < 1) return bad("--epochs", ">= 1");
   if (o.batch < 1) return bad("--batch", ">= 1");
@@ -158,21 +166,22 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
   JobBuilder b;
   const Json common = CommonParams(o);
   const int W = o.workers;
-  const bool ring = o.reducer == "ring";
+  const bool ring = o.reducer == "ring", nccl = o.reducer == "nccl";
+  const bool replicated = ring || nccl;  // every worker steps its own copy of the parameters
   const std::string upd_prefix = o.reducer == "ps" ? "ps" : "update";
-  b.Stage("init", "ml.init", 1, With(common, {{"clock", true}, {"chain_ports", ring ? W : 1}}), o.daemon_cpus);
+  b.Stage("init", "ml.init", 1, With(common, {{"clock", true}, {"chain_ports", replicated ? W : 1}}), o.daemon_cpus);
   for (int w = 0; w < W; ++w) {
     Json gp = With(common, {{"workers", W}, {"worker", w}, {"loader", o.loader_vertices}});
     if (o.loader_vertices)
       b.Stage("load" + std::to_string(w), "ml.load", steps, With(common, {{"workers", W}, {"worker", w}}), 0.1);
-    b.Stage("grad" + std::to_string(w), "ml.grad", steps, gp, o.threads, ring ? "w" + std::to_string(w) : "");
+    b.Stage("grad" + std::to_string(w), "ml.grad", steps, gp, o.threads, replicated ? "w" + std::to_string(w) : "");
   }
-  // Updates: one per step ("params" affinity), or with a ring one per worker and step.
-  const int U = ring ? W : 1;
-  auto upd = [&](int w) { return ring ? upd_prefix + std::to_string(w) : upd_prefix; };
+  // Updates: one per step ("params" affinity), or with a ring or NCCL one per worker and step.
+  const int U = replicated ? W : 1;
+  auto upd = [&](int w) { return replicated ? upd_prefix + std::to_string(w) : upd_prefix; };
   for (int w = 0; w < U; ++w)
     b.Stage(upd(w), o.reducer == "ps" ? "ml.ps" : "ml.update", steps, UpdateParams(o, common, 0, -1, steps),
-            UpdateCpus(o), ring ? "w" + std::to_string(w) : "params");
+            UpdateCpus(o), replicated ? "w" + std::to_string(w) : "params");
   // Reducers.
   const int rounds = 2 * (W - 1);
   std::vector<std::vector<int>> levels;  // tree: nodes per level, as counts of children
@@ -190,6 +199,11 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
     for (int w = 0; w < W; ++w)
       b.Stage("ring" + std::to_string(w), "ml.ring_reduce", steps * rounds, {{"workers", W}, {"worker", w}}, 0.5,
               "w" + std::to_string(w));
+  } else if (nccl) {  // per step a gang of W all-reduce vertices, one GPU each
+    for (int w = 0; w < W; ++w) {
+      b.Stage("allreduce" + std::to_string(w), "ml.allreduce", steps, Json::object(), 0.5, "w" + std::to_string(w));
+      b.Gpus(1);
+    }
   }
   for (int64_t t = 0; t < steps; ++t) {
     for (int w = 0; w < U; ++w) {  // the chain: init's outputs 0..U-1, or output 0 of the last update
@@ -200,7 +214,7 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
     if (t == 0) b.Reserve("init", U);
     for (int w = 0; w < W; ++w) {
       const std::string g = V("grad" + std::to_string(w), t);
-      const std::string src = t == 0 ? "init" : V(upd(ring ? w : 0), t - 1);
+      const std::string src = t == 0 ? "init" : V(upd(replicated ? w : 0), t - 1);
       b.Edge(src, -1, g, 0);
       if (o.loader_vertices) b.Edge(V("load" + std::to_string(w), t), 0, g, 1);
     }
@@ -221,6 +235,13 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
         inputs = std::move(next);
       }
       b.Edge(inputs[0], 0, V(upd(0), t), 1);
+    } else if (nccl) {  // rank 0's nccl channels to the others make the step's gang
+      for (int w = 0; w < W; ++w) {
+        const std::string r = V("allreduce" + std::to_string(w), t);
+        b.Edge(V("grad" + std::to_string(w), t), 0, r, 0);
+        b.Edge(r, 0, V(upd(w), t), 1);
+        if (w > 0) b.NcclEdge(V("allreduce0", t), 1, r, 1);
+      }
     } else {  // ring: round k of worker w reads its own buffer and its left neighbour's send
       for (int k = 0; k < rounds; ++k) {
         for (int w = 0; w < W; ++w) {
@@ -239,7 +260,8 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
         b.Edge(V("ring" + std::to_string(w), t * rounds + rounds - 1), 0, V(upd(w), t), 1);
     }
   }
-  for (int w = 0; w < U; ++w) AddCheckpoints(b, o, upd(w), "ckpt" + (ring ? std::to_string(w) : std::string()), steps);
+  for (int w = 0; w < U; ++w)
+    AddCheckpoints(b, o, upd(w), "ckpt" + (replicated ? std::to_string(w) : std::string()), steps);
   b.Stage("eval", "ml.eval", 1,
           With(common, {{"clock", true}, {"train_images", train_images}, {"config", Config(o, steps)}}), o.threads);
   b.Edge("init", b.NextPort("init"), "eval", 0);

@@ -22,6 +22,7 @@
 #include "ml/loss.h"
 #include "ml/models.h"
 #include "ml/philox.h"
+#include "ml/programs/allreduce.h"
 #include "ml/programs/register.h"
 #include "ml/programs/support.h"
 #include "ml/serialize.h"
@@ -790,6 +791,7 @@ void RegisterMlPrograms(vertex::ProgramRegistry& registry) {
   add("ml.backward", [] { return std::make_unique<BackwardProgram>(); });
   add("ml.reduce", [] { return std::make_unique<ReduceProgram>(); });
   add("ml.ring_reduce", [] { return std::make_unique<RingReduceProgram>(); });
+  add("ml.allreduce", [] { return MakeAllReduceProgram(); });
   add("ml.update", [] { return std::make_unique<UpdateProgram>(); });
   add("ml.ps", [] { return std::make_unique<UpdateProgram>(); });
   add("ml.eval", [] { return std::make_unique<EvalProgram>(); });
