@@ -18,6 +18,7 @@ constexpr size_t kMaxSpans = 1'000'000;
 const std::string kHostLabel = "host";
 const std::string kRackLabel = "rack";
 constexpr size_t kMaxBlockedScan = 64;  // ready vertices tried per job per pass when slots are short
+constexpr uint32_t kMaxChainedAfter = 8;  // unfinished input edges a vertex may be chained after
 
 std::shared_ptr<spdlog::logger> SchedLog() {
   static auto log = Logger("sched");
@@ -705,8 +706,10 @@ void Scheduler::TryChain(Job& job, VertexId u) {
   const VertexNode& node = g.vertex(u);
   const StageSpec& stage = g.stage_of(u);
   Run& r = job.runs[u.value()];
+  // A vertex waiting for many predecessors (a wide gather) is not chained: the daemon would
+  // hold a long list, and each predecessor's dispatch would scan all of u's inputs again.
   if (!options_.chain_dispatch || job.state != JobState::kRunning || r.state != VertexState::kWaiting ||
-      r.pending == 0 || node.gang.valid()) {
+      r.pending == 0 || r.pending > kMaxChainedAfter || node.gang.valid()) {
     return;
   }
   // Every unfinished predecessor must be running (not as a duplicate pair, not in a gang).

@@ -520,6 +520,23 @@ TEST_CASE("Scheduler.AVertexIsChainedAfterAllItsRunningPredecessorsOnTheirDaemon
   CHECK(st["stages"][1]["failed_attempts"] == 0);  // withdrawn, not charged
 }
 
+TEST_CASE("Scheduler.AWideGatherIsNotChained") {
+  // Chaining after up to 8 running predecessors; a wider gather waits for them as usual (its
+  // daemon would hold a long list, and every predecessor's dispatch would rescan its inputs).
+  for (int width : {8, 9}) {
+    CAPTURE(width);
+    Harness h;
+    h.AddDaemon("d0", 16);
+    h.Submit(R"({"stages": [{"name": "g", "program": "noop", "replicas": )" + std::to_string(width) + R"(},
+                             {"name": "u", "program": "noop"}],
+                 "edges": [{"from": "g", "to": "u", "pattern": "gather"}]})");
+    for (int i = 0; i < width; ++i) (void)h.Next("g[" + std::to_string(i) + "]");
+    const bool chained = !h.unclaimed.empty();
+    CHECK(chained == (width <= 8));
+    if (chained) CHECK(h.unclaimed[0].second["after"].size() == static_cast<size_t>(width));
+  }
+}
+
 TEST_CASE("Scheduler.AVertexIsNotChainedAfterTwoPredecessorsOnOtherDaemons") {
   // u is pinned with z; p and q, which it reads, run on two other daemons: its daemon can watch
   // one remote predecessor's outputs, so u is chained only once one of them has completed.
