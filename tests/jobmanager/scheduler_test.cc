@@ -37,6 +37,8 @@ class FakeSink final : public DaemonSink {
 };
 
 struct Harness {
+  Harness() = default;
+  explicit Harness(const SchedulerOptions& options) : sched(sink, clock, options) {}
   FakeSink sink;
   ManualClock clock;
   Scheduler sched{sink, clock};
@@ -597,36 +599,24 @@ TEST_CASE("Scheduler.AnUnpinnedVertexIsNotChainedWherePlacementMightNotPutIt") {
                            "edges": [{"from": "a", "to": "b"}]})";
   for (const auto& [placement, job_text] : {std::pair{"load", two}, std::pair{"locality", hosted}}) {
     CAPTURE(placement);
-    FakeSink sink;
-    ManualClock clock;
     SchedulerOptions o;
     o.placement = placement;
-    Scheduler sched(sink, clock, o);
-    DaemonSpec spec;
-    spec.name = "d0";
-    spec.cpus = 2;
-    REQUIRE(sched.AddDaemon(spec).ok());
-    sched.Submit(testing::MustLoad(job_text), "/tmp");
-    sched.Flush();
-    auto tasks = sink.TakeTasks();
+    Harness h(o);
+    h.AddDaemon("d0", 2);
+    h.Submit(job_text);
+    auto tasks = h.sink.TakeTasks();
     REQUIRE(tasks.size() == 1);
     CHECK(tasks[0].second["name"] == "a[0]");
   }
 }
 
 TEST_CASE("Scheduler.ChainedDispatchCanBeTurnedOff") {
-  FakeSink sink;
-  ManualClock clock;
   SchedulerOptions o;
   o.chain_dispatch = false;
-  Scheduler sched(sink, clock, o);
-  DaemonSpec spec;
-  spec.name = "d0";
-  spec.cpus = 2;
-  REQUIRE(sched.AddDaemon(spec).ok());
-  sched.Submit(testing::MustLoad(kPinnedChain), "/tmp");
-  sched.Flush();
-  CHECK(sink.TakeTasks().size() == 1);
+  Harness h(o);
+  h.AddDaemon("d0", 2);
+  h.Submit(kPinnedChain);
+  CHECK(h.sink.TakeTasks().size() == 1);
 }
 
 TEST_CASE("Scheduler.TimeoutsFailTheAttemptAndCancelIt") {
