@@ -359,23 +359,21 @@ class Daemon::Impl {
     }
   }
 
-  /// A chained task (its "after": the attempts it runs after, each on this daemon or — at most
-  /// one, "remote" — elsewhere): queued at once when they have all succeeded here already,
+  /// A chained task (its "after": an array of the attempts it runs after, each on this daemon
+  /// or — at most one, "remote" — elsewhere): queued at once when they have all succeeded here already,
   /// withdrawn when one failed, else held until they have. Requires mu_. Throws Json::exception
   /// on a malformed "after".
   void HoldChained(Task t) {
     const uint64_t job = t.spec["job"].get<uint64_t>();
-    Json after = t.spec["after"];
-    if (after.is_object()) after = Json::array({after});
+    auto withdraw = [&](const std::string& why) {
+      reports_.push_back(Withdrawn(t.spec, why));
+      PostReports();
+    };
     std::optional<InputPrefetcher::After> remote;
-    for (const Json& a : after) {
+    for (const Json& a : t.spec["after"]) {
       const uint32_t vertex = a.at("vertex").get<uint32_t>(), version = a.at("version").get<uint32_t>();
       if (a.value("remote", false)) {
-        if (remote) {
-          reports_.push_back(Withdrawn(t.spec, "chained after more than one attempt on other daemons"));
-          PostReports();
-          return;
-        }
+        if (remote) return withdraw("chained after more than one attempt on other daemons");
         remote = InputPrefetcher::After{vertex, version};
         continue;
       }
@@ -383,9 +381,7 @@ class Daemon::Impl {
       if (done == finished_.end()) {
         t.waiting_for.emplace_back(job, vertex, version);
       } else if (!done->second) {
-        reports_.push_back(Withdrawn(t.spec, "the attempt it was chained after failed"));
-        PostReports();
-        return;
+        return withdraw("the attempt it was chained after failed");
       }
     }
     if (remote) {
@@ -395,11 +391,7 @@ class Daemon::Impl {
       t.remote_pending = true;
       t.prefetched = prefetcher_->Start(t.spec["inputs"], remote, t.cancel,
                                         [this, job, vertex, version](const Status& st) { OnRemoteAfter(job, vertex, version, st); });
-      if (!t.prefetched) {
-        reports_.push_back(Withdrawn(t.spec, "none of its inputs is on another daemon"));
-        PostReports();
-        return;
-      }
+      if (!t.prefetched) return withdraw("none of its inputs is on another daemon");
     } else if (t.waiting_for.empty()) {
       queue_.push_back(std::move(t));
       return;
