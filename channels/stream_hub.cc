@@ -296,8 +296,21 @@ void StreamHub::Impl::Run() {
       std::this_thread::sleep_for(milliseconds(1));
     }
   }
-  // Dealers keep their linger (1 s) so end-of-stream frames queued just before the hub stops
-  // still reach their consumers.
+  // Commands queued just before the stop (a writer's last messages and end-of-stream, when its
+  // process closes the hub right after Close) are still handed to the dealers, which keep their
+  // linger (1 s) so the frames reach their consumers.
+  batch.clear();
+  {
+    std::lock_guard lock(mu);
+    batch.swap(cmds);
+  }
+  for (auto& c : batch) {
+    try {
+      Execute(c, dealers);
+    } catch (const std::exception& e) {
+      log->warn("stream hub: I/O error while stopping: {}", e.what());
+    }
+  }
   dealers.clear();
   router.close();
 }

@@ -76,6 +76,29 @@ TEST_CASE("Stream.EndpointsAndKeys" * doctest::timeout(10)) {
   CHECK(p.prod->OpenWriter(Json{{"tcp", 5}}, k, {}).status().code() == StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("Stream.WhatAWriterClosedJustBeforeItsHubStopsIsDelivered" * doctest::timeout(60)) {
+  // A producer process closes its writer and exits at once: messages and end-of-stream still
+  // queued as hub commands when the hub stops must be sent, not dropped (a race: many rounds).
+  TempDir dir;
+  auto cons = StartHub(dir.path() / "c");
+  for (uint32_t round = 0; round < 100; ++round) {
+    CAPTURE(round);
+    StreamKey key{8, 1, round};
+    auto r = cons->OpenReader(key, Quick());
+    REQUIRE(r.ok());
+    auto prod = StartHub(dir.path() / ("p" + std::to_string(round)));
+    auto w = prod->OpenWriter(TcpOnly(cons->endpoints()), key, Quick());
+    REQUIRE(w.ok());
+    for (int i = 0; i < 3; ++i) REQUIRE((*w)->Write(Buffer(Pattern(1000, round, i))).ok());
+    REQUIRE((*w)->Close().ok());
+    w->reset();
+    prod.reset();  // stops the hub right after Close
+    auto got = Drain(**r);
+    REQUIRE(got.size() == 3);
+    for (int i = 0; i < 3; ++i) CHECK(got[i] == Pattern(1000, round, i));
+  }
+}
+
 TEST_CASE("Stream.OrderAndBoundariesOverTcpAndIpc" * doctest::timeout(20)) {
   Pair p;
   for (bool ipc : {false, true}) {
