@@ -90,10 +90,11 @@ struct OutputStore::Entry {
 
 // ---- the file writer (file outputs, and memory outputs once spilled) -------------------------
 
-/// Appends records to a temp file, created at the first message; Finish() renames it.
+/// Appends records to a temp file, created at the first message; Finish() renames it. The file
+/// is a fresh one in the store's job directory, or `at` (a durable copy) when given.
 class FileSink {
  public:
-  FileSink(OutputStore* store, OutputKey key) : store_(store), key_(key) {}
+  FileSink(OutputStore* store, OutputKey key, fs::path at = {}) : store_(store), key_(key), at_(std::move(at)) {}
   ~FileSink() { Abort(); }
 
   Status Append(const Buffer& m, uint64_t checksum) {
@@ -157,6 +158,7 @@ class FileSink {
 
   OutputStore* store_;
   OutputKey key_;
+  fs::path at_;
   int fd_ = -1;
   fs::path tmp_, final_;
   std::string buf_;
@@ -165,7 +167,14 @@ class FileSink {
 };
 
 Status FileSink::OpenFile() {
-  COPSE_ASSIGN_OR_RETURN(final_, store_->NewFilePath(key_));
+  if (at_.empty()) {
+    COPSE_ASSIGN_OR_RETURN(final_, store_->NewFilePath(key_));
+  } else {
+    std::error_code ec;
+    fs::create_directories(at_.parent_path(), ec);
+    if (ec) return Status::IOError("cannot create " + at_.parent_path().string() + ": " + ec.message());
+    final_ = at_;
+  }
   tmp_ = final_;
   tmp_ += ".tmp";
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -215,12 +224,15 @@ uint64_t StoredMessages::ChecksumOf(size_t i) const {
 
 class OutputStore::MemoryWriter final : public ChannelWriter {
  public:
-  MemoryWriter(OutputStore* store, OutputKey key)
-      : store_(store), key_(key), stored_(std::make_shared<StoredMessages>()) {}
+  MemoryWriter(OutputStore* store, OutputKey key, fs::path durable_copy)
+      : store_(store), key_(key), stored_(std::make_shared<StoredMessages>()) {
+    if (!durable_copy.empty()) durable_ = std::make_unique<FileSink>(store, key, std::move(durable_copy));
+  }
   ~MemoryWriter() override { store_->Release(reserved_); }
 
   Status Write(Buffer message) override {
     if (closed_) return Status::FailedPrecondition("write after close on " + key_.ToString());
+    if (durable_) COPSE_RETURN_NOT_OK(durable_->Append(message, Checksum(message.view())));
     if (!sink_ && store_->TryReserve(message.size())) {
       // A payload stays an object in memory: hashed only if its bytes are ever made (ChecksumOf).
       const uint64_t checksum = message.payload() ? 0 : Checksum(message.view());
@@ -237,6 +249,7 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
   Status Close() override {
     if (closed_) return Status::FailedPrecondition("output " + key_.ToString() + " closed twice");
     closed_ = true;
+    if (durable_) COPSE_RETURN_NOT_OK(durable_->Finish());  // in place before anyone hears of it
     auto e = std::make_shared<Entry>();
     if (sink_) {
       COPSE_RETURN_NOT_OK(sink_->Finish());
@@ -274,7 +287,8 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
   OutputStore* store_;
   OutputKey key_;
   std::shared_ptr<StoredMessages> stored_;
-  std::unique_ptr<FileSink> sink_;  // set once spilled
+  std::unique_ptr<FileSink> sink_;     // set once spilled
+  std::unique_ptr<FileSink> durable_;  // the durable copy, when asked for
   uint64_t reserved_ = 0;
   bool closed_ = false;
 };
@@ -451,9 +465,15 @@ Result<fs::path> OutputStore::NewFilePath(const OutputKey& key) {
               "." + std::to_string(next_file_id_.fetch_add(1)) + ".out");
 }
 
-Result<std::unique_ptr<ChannelWriter>> OutputStore::CreateWriter(const OutputKey& key, StorageKind kind) {
+Result<std::unique_ptr<ChannelWriter>> OutputStore::CreateWriter(const OutputKey& key, StorageKind kind,
+                                                                 fs::path durable_copy) {
   if (Contains(key)) return Status::AlreadyExists("output " + key.ToString() + " already exists");
-  if (kind == StorageKind::kMemory) return std::unique_ptr<ChannelWriter>(new MemoryWriter(this, key));
+  if (!durable_copy.empty() && kind != StorageKind::kMemory) {
+    return Status::InvalidArgument("output " + key.ToString() + ": only a memory output has a durable copy");
+  }
+  if (kind == StorageKind::kMemory) {
+    return std::unique_ptr<ChannelWriter>(new MemoryWriter(this, key, std::move(durable_copy)));
+  }
   return std::unique_ptr<ChannelWriter>(new FileWriter(this, key));
 }
 
@@ -484,6 +504,11 @@ Result<std::unique_ptr<ChannelReader>> OutputStore::OpenReader(const OutputKey& 
   }
   if (s.file.empty()) return std::unique_ptr<ChannelReader>(new EmptyReader());
   COPSE_ASSIGN_OR_RETURN(auto r, FileRecordReader::Open(s.file, key.ToString(), true));
+  return std::unique_ptr<ChannelReader>(new FileReader(std::move(r)));
+}
+
+Result<std::unique_ptr<ChannelReader>> OutputStore::OpenDurableCopy(const fs::path& file, const OutputKey& key) {
+  COPSE_ASSIGN_OR_RETURN(auto r, FileRecordReader::Open(file, key.ToString() + " (durable copy)", true));
   return std::unique_ptr<ChannelReader>(new FileReader(std::move(r)));
 }
 

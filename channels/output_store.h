@@ -98,7 +98,15 @@ class OutputStore {
   /// A writer for a new output. Data becomes readable only after Close(); an output whose
   /// writer is destroyed without Close is discarded. AlreadyExists if the key is already
   /// complete (checked again at Close, where a second writer of the same key loses).
-  Result<std::unique_ptr<ChannelWriter>> CreateWriter(const OutputKey& key, StorageKind kind);
+  /// `durable_copy` (memory outputs only): also write every message to that file (same layout
+  /// as a file output, through a temp name renamed at Close, parent directories created). The
+  /// store never deletes it: it outlives this process, for readers on any daemon
+  /// (OpenDurableCopy), and whoever named it removes it.
+  Result<std::unique_ptr<ChannelWriter>> CreateWriter(const OutputKey& key, StorageKind kind,
+                                                      std::filesystem::path durable_copy = {});
+  /// A reader of the durable copy `file` of output `key`, written by any store; DataLoss or
+  /// IOError (naming the key and the file) when it is gone or fails a checksum.
+  static Result<std::unique_ptr<ChannelReader>> OpenDurableCopy(const std::filesystem::path& file, const OutputKey& key);
   /// A reader of a complete local output. NotFound when absent or incomplete; DataLoss when a
   /// message fails its checksum or the file is gone.
   Result<std::unique_ptr<ChannelReader>> OpenReader(const OutputKey& key);

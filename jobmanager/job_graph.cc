@@ -374,6 +374,20 @@ class JobGraph::Builder {
           g_.channels_[ch.value()].from_port = static_cast<int>(port);
         }
       }
+      // A port is written once, as one kind of output, whatever number of edges read it.
+      for (size_t port = 0; port < v.outputs.size(); ++port) {
+        if (v.outputs[port].empty()) continue;
+        const ChannelEdge& first = g_.channels_[v.outputs[port].front().value()];
+        for (ChannelId ch : v.outputs[port]) {
+          const ChannelEdge& c = g_.channels_[ch.value()];
+          if (c.kind == first.kind) continue;
+          diags_.Error(PointerAppend(spec_.edges[c.edge].pointer, "channel"),
+                       "output port " + std::to_string(port) + " of " + v.name + " is already a " +
+                           std::string(ChannelKindName(first.kind)) + " channel (" + spec_.edges[first.edge].pointer +
+                           "), not " + std::string(ChannelKindName(c.kind)) + ": a port is written once, as one kind");
+          break;
+        }
+      }
     }
     in_req_.clear();
     out_req_.clear();
@@ -591,7 +605,7 @@ std::shared_ptr<const JobGraph> JobGraph::Build(std::shared_ptr<const JobSpec> s
 }
 
 std::vector<size_t> JobGraph::ChannelCounts() const {
-  std::vector<size_t> counts(6, 0);
+  std::vector<size_t> counts(kChannelKinds, 0);
   for (const auto& ch : channels_) ++counts[static_cast<size_t>(ch.kind)];
   return counts;
 }

@@ -135,7 +135,7 @@ std::optional<ChannelKind> ReadChannel(ObjectReader& r, Diagnostics& diags) {
   if (!text) return std::nullopt;
   auto kind = ParseChannelKind(*text);
   if (!kind) {
-    std::vector<std::string> names = {"file", "memory", "stream", "shm", "nccl", "order"};
+    std::vector<std::string> names = {"file", "memory", "durable", "stream", "shm", "nccl", "order"};
     std::string msg = "unknown channel kind \"" + *text + "\"; expected one of: " + Join(names, ", ");
     if (auto g = DidYouMean(*text, names); !g.empty()) msg = "unknown channel kind \"" + *text + "\"; did you mean \"" + g + "\"?";
     diags.Error(r.PointerOf("channel"), msg);
@@ -355,7 +355,7 @@ JobSpec ParseJobSpec(const Json& doc, const ProgramCatalog& catalog, Diagnostics
   JobSpec spec;
   spec.source = doc;
   ObjectReader top(doc, "", diags,
-                   {"version", "name", "description", "defaults", "stages", "edges", "outputs", "faults"});
+                   {"version", "name", "description", "defaults", "durable_dir", "stages", "edges", "outputs", "faults"});
   if (!top.IsObject("a job")) return spec;
   top.RejectUnknownKeys();
   if (auto v = top.Integer("version", 1, INT32_MAX, false)) {
@@ -364,6 +364,10 @@ JobSpec ParseJobSpec(const Json& doc, const ProgramCatalog& catalog, Diagnostics
   if (auto n = top.String("name", false)) spec.name = *n;
   if (spec.name.empty()) spec.name = "job";
   top.String("description", false);
+  if (auto d = top.String("durable_dir", false)) {
+    if (d->empty()) diags.Error("/durable_dir", "expected a directory (relative to the job file), got \"\"");
+    else spec.durable_dir = *d;
+  }
   if (const Json* d = top.Find("defaults")) ParseDefaults(*d, spec.defaults, diags);
 
   ForEachInArray(top, doc, "stages", true, diags, [&](const Json& j, std::string ptr) {

@@ -12,13 +12,14 @@ std::string_view ChannelKindName(ChannelKind kind) {
     case ChannelKind::kShm: return "shm";
     case ChannelKind::kNccl: return "nccl";
     case ChannelKind::kOrder: return "order";
+    case ChannelKind::kDurable: return "durable";
   }
   return "?";
 }
 
 std::optional<ChannelKind> ParseChannelKind(std::string_view name) {
   for (auto k : {ChannelKind::kFile, ChannelKind::kMemory, ChannelKind::kStream, ChannelKind::kShm,
-                 ChannelKind::kNccl, ChannelKind::kOrder}) {
+                 ChannelKind::kNccl, ChannelKind::kOrder, ChannelKind::kDurable}) {
     if (ChannelKindName(k) == name) return k;
   }
   return std::nullopt;

@@ -16,7 +16,11 @@
 namespace copse::jm {
 
 /// How data moves along an edge. `kOrder` carries no data: it only sequences two vertices.
-enum class ChannelKind : uint8_t { kFile, kMemory, kStream, kShm, kNccl, kOrder };
+/// `kDurable` is a memory channel whose producer also writes a copy under the job's durable
+/// directory (shared storage): the copy outlives the producer's daemon, so recovery reads it
+/// instead of re-running the producer, and lineage stops there (a checkpoint).
+enum class ChannelKind : uint8_t { kFile, kMemory, kStream, kShm, kNccl, kOrder, kDurable };
+inline constexpr size_t kChannelKinds = 7;
 /// How the replicas of two stages are joined by an edge.
 enum class EdgePattern : uint8_t { kPointwise, kAllToAll, kBroadcast, kGather };
 
@@ -121,6 +125,9 @@ struct JobDefaults {
 struct JobSpec {
   int version = 1;
   std::string name;
+  /// Where `durable` channels keep their copies, relative to the job file's directory; every
+  /// daemon must be able to read and write it (a shared filesystem on a multi-host cluster).
+  std::string durable_dir = "durable";
   JobDefaults defaults;
   std::vector<StageSpec> stages;
   std::vector<EdgeSpec> edges;

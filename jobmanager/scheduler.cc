@@ -1,6 +1,7 @@
 #include "jobmanager/scheduler.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <numeric>
 #include <queue>
 
@@ -120,6 +121,8 @@ struct Scheduler::Job {
   JobId id;
   std::shared_ptr<const JobGraph> graph;
   std::string job_dir;
+  /// Where this job's `durable` channels keep their copies (empty when it has none).
+  std::string durable_dir;
   JobState state = JobState::kRunning;
   std::string failure;
   std::vector<Run> runs;
@@ -208,7 +211,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
       if (job.state != JobState::kRunning) continue;
       for (const auto& v : job.g().vertices()) {
         Run& r = job.runs[v.id.value()];
-        if (r.state != VertexState::kCompleted || r.daemon != d->id || !OutputNeeded(job, v.id)) continue;
+        if (r.state != VertexState::kCompleted || r.daemon != d->id || !OutputNeeded(job, v.id, false)) continue;
         for (size_t port = 0; port < r.output_messages.size(); ++port) {
           if (r.output_messages[port] == 0) continue;
           if (!inventory.count({job.id.value(), v.id.value(), r.version, static_cast<uint32_t>(port)})) {
@@ -278,7 +281,8 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
       VertexId v = *it;
       Run& r = job.runs[v.value()];
       if (r.state != VertexState::kCompleted || r.daemon != id || r.released) continue;
-      if (OutputNeeded(job, v)) Regenerate(job, v, "its outputs were on lost daemon " + d.spec.name);
+      // Durable channels have their copies: lineage stops at them (a checkpoint).
+      if (OutputNeeded(job, v, /*count_durable=*/false)) Regenerate(job, v, "its outputs were on lost daemon " + d.spec.name);
     }
     RecomputePending(job);
   }
@@ -417,6 +421,12 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   job->id = id;
   job->graph = std::move(graph);
   job->job_dir = std::move(job_dir);
+  if (job->g().ChannelCounts()[static_cast<size_t>(ChannelKind::kDurable)] > 0) {
+    job->durable_dir = (std::filesystem::path(job->job_dir) / job->g().spec().durable_dir /
+                        ("job" + std::to_string(id.value())))
+                           .lexically_normal()
+                           .string();
+  }
   job->started = clock_.Now();
   job->runs.resize(job->g().vertices().size());
   job->faults = job->g().spec().faults;
@@ -434,6 +444,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
 JobId Scheduler::Submit(std::shared_ptr<const JobGraph> graph, std::string job_dir) {
   Journal({{"t", "job"}, {"job", next_job_}, {"doc", graph->spec().source}, {"job_dir", job_dir}});
   Job& j = NewJob(JobId(next_job_++), std::move(graph), std::move(job_dir));
+  RemoveDurableCopies(j);  // an earlier job manager's job of the same id left them
   Log(j, VertexId::Invalid(), "submitted: " + std::to_string(j.runs.size()) + " vertices, " +
                                   std::to_string(j.g().channels().size()) + " channels");
   if (j.runs.empty()) {
@@ -458,8 +469,10 @@ void Scheduler::RecomputePending(Job& job) {
     for (ChannelId ch : g.vertex(*it).inputs) {
       const ChannelEdge& c = g.channel(ch);
       // Ordering edges carry no data; a retained port is still stored even when the
-      // producer's other outputs were released.
-      if (c.kind == ChannelKind::kOrder || g.stage_of(c.from).Retains(static_cast<size_t>(c.from_port))) continue;
+      // producer's other outputs were released, and a durable one has its copy.
+      if (c.kind == ChannelKind::kOrder || c.kind == ChannelKind::kDurable ||
+          g.stage_of(c.from).Retains(static_cast<size_t>(c.from_port)))
+        continue;
       VertexId p = c.from;
       Run& pr = job.runs[p.value()];
       if (pr.state == VertexState::kCompleted && pr.released) {
@@ -820,15 +833,30 @@ void Scheduler::NoteProgress(Job& job, const Json& figures) {
   }
 }
 
-bool Scheduler::OutputNeeded(const Job& job, VertexId v) const {
+bool Scheduler::OutputNeeded(const Job& job, VertexId v, bool count_durable) const {
   if (job.declared[v.value()]) return true;
   const JobGraph& g = job.g();
   for (const auto& port : g.vertex(v).outputs) {
     for (ChannelId ch : port) {
-      if (job.runs[g.channel(ch).to.value()].state != VertexState::kCompleted) return true;
+      const ChannelEdge& c = g.channel(ch);
+      if (!count_durable && c.kind == ChannelKind::kDurable) continue;
+      if (job.runs[c.to.value()].state != VertexState::kCompleted) return true;
     }
   }
   return false;
+}
+
+std::string Scheduler::DurablePath(const Job& job, VertexId v, uint32_t version, int port) const {
+  return job.durable_dir + "/v" + std::to_string(v.value()) + "." + std::to_string(version) + ".p" +
+         std::to_string(port) + ".out";
+}
+
+void Scheduler::RemoveDurableCopies(const Job& job) {
+  if (job.durable_dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(job.durable_dir, ec);
+  if (ec) SchedLog()->warn("job={} cannot remove {}: {}", job.id.value(), job.durable_dir, ec.message());
+  std::filesystem::remove(std::filesystem::path(job.durable_dir).parent_path(), ec);  // only when empty
 }
 
 void Scheduler::ReleaseConsumedInputs(Job& job, VertexId v) {
@@ -965,6 +993,7 @@ void Scheduler::FinishJob(Job& job, JobState state, const std::string& reason) {
     Flush();  // tasks queued before the GC message must not be reordered after it
     sink_.SendToDaemon(d->id, {{"op", "gc"}, {"job", job.id.value()}, {"keep", keep.count(d->id) ? keep[d->id] : Json::array()}});
   }
+  RemoveDurableCopies(job);  // checkpoints for recovery only: the job needs them no more
 }
 
 // ---- placement -------------------------------------------------------------------------------
@@ -1206,7 +1235,20 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
       continue;
     }
     const Daemon& pd = *daemons_[p.daemon.value()];
-    inputs.push_back({{"key", {{"job", job.id.value()}, {"vertex", c.from.value()}, {"version", p.version}, {"port", c.from_port}}},
+    Json key = {{"job", job.id.value()}, {"vertex", c.from.value()}, {"version", p.version}, {"port", c.from_port}};
+    if (c.kind == ChannelKind::kDurable) {
+      // The copy serves when the producer's store cannot: its daemon is gone, or the memory
+      // output was released once its consumers had completed.
+      const std::string copy = DurablePath(job, c.from, p.version, c.from_port);
+      if (!pd.alive || (p.released && p.state == VertexState::kCompleted)) {
+        inputs.push_back({{"key", std::move(key)}, {"durable", copy}});
+        continue;
+      }
+      inputs.push_back({{"key", std::move(key)}, {"local", p.daemon == d.id}, {"host", pd.spec.data_host},
+                        {"port", pd.spec.data_port}, {"durable", copy}});
+      continue;
+    }
+    inputs.push_back({{"key", std::move(key)},
                       {"local", p.daemon == d.id},
                       {"host", pd.spec.data_host},
                       {"port", pd.spec.data_port}});
@@ -1214,6 +1256,10 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
   Json outputs = Json::array();
   for (const auto& port : node.outputs) {
     ChannelKind kind = port.empty() ? ChannelKind::kFile : g.channel(port.front()).kind;
+    if (kind == ChannelKind::kDurable) {  // a memory output with a copy there
+      outputs.push_back({{"durable", DurablePath(job, v, version, static_cast<int>(outputs.size()))}});
+      continue;
+    }
     if (!IsLive(kind)) {
       outputs.push_back(ChannelKindName(kind));
       continue;

@@ -224,8 +224,13 @@ class Scheduler {
   /// dropped from their daemons (never a declared job output). Should one be needed again,
   /// RecomputePending re-runs its producer.
   void ReleaseConsumedInputs(Job& job, VertexId v);
-  /// Whether v's outputs are still needed: a consumer has not completed, or a job output reads it.
-  bool OutputNeeded(const Job& job, VertexId v) const;
+  /// Whether v's outputs are still needed: a consumer has not completed, or a job output reads
+  /// it. `count_durable` false: consumers of durable ports do not count (their copies serve).
+  bool OutputNeeded(const Job& job, VertexId v, bool count_durable = true) const;
+  /// The durable copy of output `port` of version `version` of v.
+  std::string DurablePath(const Job& job, VertexId v, uint32_t version, int port) const;
+  /// Deletes the job's durable directory (and the durable root when it is left empty).
+  void RemoveDurableCopies(const Job& job);
   void CheckFaults(Job& job);
   void RandomChaosStep();
   void Log(Job& job, VertexId v, std::string text);

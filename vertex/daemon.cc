@@ -704,7 +704,10 @@ class Daemon::Impl {
           readers.push_back(std::move(prefetched));
           continue;
         }
-        auto reader = in["local"].get<bool>()
+        // A durable input whose producer's store no longer has it is read from its copy.
+        auto reader = in.contains("durable")
+                          ? chan::OutputStore::OpenDurableCopy(in["durable"].get<std::string>(), *key)
+                      : in["local"].get<bool>()
                           ? store_->OpenReader(*key)
                           : chan::OpenRemoteReader(in["host"].get<std::string>(), in["port"].get<uint16_t>(), *key,
                                                    options_.secret);
@@ -716,14 +719,19 @@ class Daemon::Impl {
       }
       std::vector<std::unique_ptr<CountingWriter>> writers;
       for (size_t port = 0; port < spec["outputs"].size(); ++port) {
-        if (spec["outputs"][port].is_object()) {
-          auto writer = OpenLiveWriter(spec["outputs"][port], task);
+        const Json& out = spec["outputs"][port];
+        if (out.is_object() && out.contains("live")) {
+          auto writer = OpenLiveWriter(out, task);
           if (!writer.ok()) return fail("input_lost", "output " + std::to_string(port) + ": " + writer.status().message());
           writers.push_back(std::make_unique<CountingWriter>(std::move(*writer)));
           continue;
         }
-        auto kind = spec["outputs"][port] == "memory" ? chan::StorageKind::kMemory : chan::StorageKind::kFile;
-        auto writer = store_->CreateWriter({job, vertex, version, static_cast<uint32_t>(port)}, kind);
+        // "file", "memory", or {"durable": path}: a memory output with a copy at path.
+        const bool durable = out.is_object() && out.contains("durable");
+        auto kind = durable || out == "memory" ? chan::StorageKind::kMemory : chan::StorageKind::kFile;
+        auto writer = store_->CreateWriter({job, vertex, version, static_cast<uint32_t>(port)}, kind,
+                                           durable ? std::filesystem::path(out["durable"].get<std::string>())
+                                                   : std::filesystem::path());
         if (!writer.ok()) return fail("program_error", writer.status().message());
         writers.push_back(std::make_unique<CountingWriter>(std::move(*writer)));
       }

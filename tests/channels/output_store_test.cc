@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <thread>
 
 #include "tests/channels/channel_test_util.h"
@@ -269,6 +270,51 @@ TEST_CASE("OutputStore.DropJobDeletesFiles" * doctest::timeout(5)) {
   CHECK(store->List(6).empty());
   CHECK(store->memory_bytes() == 0);
   CHECK(ReadAll(*store, {8, 0, 0, 0}) == std::vector<std::string>{"other job"});
+}
+
+TEST_CASE("OutputStore.ADurableCopyOutlivesItsStore" * doctest::timeout(10)) {
+  TempDir dir;
+  const auto copy = dir.path() / "shared" / "job4" / "v1.1.p0.out";
+  const OutputKey key{4, 1, 1, 0};
+  const std::vector<std::string> msgs = Messages();
+  {
+    auto store = MakeStore(dir, 1 << 20);  // a 1 MiB budget: the output spills as well
+    auto object = std::make_shared<testing::CountingPayload>(Pattern(5000, 9, 0));
+    auto w = store->CreateWriter(key, StorageKind::kMemory, copy);
+    REQUIRE_MESSAGE(w.ok(), w.status().ToString());
+    REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(object))).ok());
+    for (const auto& m : msgs) REQUIRE((*w)->Write(Buffer(m)).ok());
+    CHECK(!std::filesystem::exists(copy));  // complete or nothing, like the output itself
+    REQUIRE((*w)->Close().ok());
+    REQUIRE(std::filesystem::exists(copy));
+    auto expected = msgs;
+    expected.insert(expected.begin(), Pattern(5000, 9, 0));
+    CHECK(ReadAll(*store, key) == expected);
+    auto r = OutputStore::OpenDurableCopy(copy, key);
+    REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+    CHECK(Drain(**r) == expected);
+    store->DropJob(4);  // the store never deletes a copy: whoever named it does
+    CHECK(std::filesystem::exists(copy));
+    CHECK(!store->CreateWriter({4, 2, 1, 0}, StorageKind::kFile, copy).ok());  // only memory outputs have copies
+  }
+  // Another process's store reads it where it lies; damage is DataLoss naming the key.
+  auto other = MakeStore(dir);
+  auto r = OutputStore::OpenDurableCopy(copy, key);
+  REQUIRE(r.ok());
+  CHECK(Drain(**r).size() == msgs.size() + 1);
+  {
+    std::fstream f(copy, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.put('\x5a');
+  }
+  auto bad = OutputStore::OpenDurableCopy(copy, key);
+  const Status st = bad.ok() ? DrainStatus(**bad) : bad.status();
+  CHECK(st.code() == StatusCode::kDataLoss);
+  CHECK(st.message().find(key.ToString()) != std::string::npos);
+  std::filesystem::remove(copy);
+  auto gone = OutputStore::OpenDurableCopy(copy, key);
+  CHECK(!gone.ok());
+  CHECK(gone.status().message().find(copy.string()) != std::string::npos);
 }
 
 TEST_CASE("OutputStore.ConcurrentWritersAndReaders" * doctest::timeout(20)) {

@@ -143,6 +143,19 @@ TEST_CASE("Validation.RetainAndInputHostsAreTypeChecked") {
   CHECK(ok.ok());
 }
 
+TEST_CASE("Validation.AnOutputPortIsOneKindOfChannel") {
+  auto mixed = Load(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
+                                   {"name": "c", "program": "noop"}],
+                        "edges": [{"from": "a", "from_port": 0, "to": "b", "channel": "durable"},
+                                  {"from": "a", "from_port": 0, "to": "c", "channel": "memory"}]})");
+  CHECK_ERROR(mixed, "/edges/1/channel", "output port 0 of a[0] is already a durable channel (/edges/0), not memory");
+  auto dir = Load(R"({"durable_dir": "", "stages": [{"name": "a", "program": "noop"}]})");
+  CHECK_ERROR(dir, "/durable_dir", "expected a directory");
+  auto kind = Load(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
+                       "edges": [{"from": "a", "to": "b", "channel": "durabel"}]})");
+  CHECK_ERROR(kind, "/edges/0/channel", "did you mean \"durable\"");
+}
+
 TEST_CASE("Validation.ExplicitPortsMustBeDenseAndUnique") {
   auto load = Load(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}, {"name": "c", "program": "noop"}],
                        "edges": [{"from": "a", "to": "c", "to_port": 0}, {"from": "b", "to": "c", "to_port": 0}]})");

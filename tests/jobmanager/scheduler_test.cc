@@ -1,6 +1,9 @@
 // The job manager's state machine, driven directly: a fake daemon sink records what would be
 // sent, a ManualClock stands in for time, and the test plays the daemons' part.
 #include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "jobmanager/scheduler.h"
 #include "tests/jobmanager/job_test_util.h"
@@ -53,8 +56,8 @@ struct Harness {
     REQUIRE(id.ok());
     return *id;
   }
-  JobId Submit(const std::string& text) {
-    JobId id = sched.Submit(testing::MustLoad(text), "/tmp");
+  JobId Submit(const std::string& text, const std::string& job_dir = "/tmp") {
+    JobId id = sched.Submit(testing::MustLoad(text), job_dir);
     sched.Flush();
     return id;
   }
@@ -294,6 +297,67 @@ TEST_CASE("Scheduler.RetainedPortsOutliveTheirProducersOtherOutputs") {
   h.Next("c[0]");
   CHECK(h.unclaimed.size() == 1);  // d, chained after c
   CHECK(h.unclaimed[0].second["name"] == "d[0]");
+}
+
+const char* kDurableChain = R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
+                                           {"name": "c", "program": "noop"}],
+                                "durable_dir": "ckpt",
+                                "edges": [{"from": "a", "to": "b", "channel": "durable"}, {"from": "b", "to": "c"}]})";
+
+TEST_CASE("Scheduler.ADurableOutputOutlivesItsDaemonAndStopsLineage") {
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0");
+  JobId job = h.Submit(kDurableChain, "/jobs/x");
+  Json a = h.Next("a[0]").second;
+  // A memory output with its copy under <job dir>/<durable_dir>/job<J>.
+  const std::string copy = "/jobs/x/ckpt/job" + std::to_string(job.value()) + "/v0.1.p0.out";
+  CHECK(a["outputs"][0] == Json{{"durable", copy}});
+  h.Finish(a, true);
+  Json b = h.Next("b[0]").second;  // on d0, where a's memory output is: read there, copy as fallback
+  CHECK(b["inputs"][0]["local"] == true);
+  CHECK(b["inputs"][0]["durable"] == copy);
+  DaemonId d1 = h.AddDaemon("d1");
+  h.sched.DaemonLost(d0, "test");
+  h.sched.Flush();
+  // b (and c, chained after it) died with d0; a's output is lost with d0's store but its copy
+  // is not: a does not re-run.
+  auto [where, b2] = h.Next("b[0]");
+  CHECK(where == d1);
+  for (const auto& [d, t] : h.unclaimed) CHECK(t["name"] == "c[0]");  // chained after b, then b2
+  CHECK(b2["inputs"][0] == Json{{"key", {{"job", job.value()}, {"vertex", 0}, {"version", 1}, {"port", 0}}}, {"durable", copy}});
+  h.Finish(b2, true);
+  h.Finish(h.unclaimed.back().second, true);
+  CHECK(h.State(job) == "completed");
+  for (const auto& r : h.sched.JobStatus(job)["recoveries"]) {
+    CHECK(r["vertex"] != "a[0]");
+    CHECK(r["reason"] == "daemon_lost");
+  }
+}
+
+TEST_CASE("Scheduler.AReleasedDurableOutputIsReadFromItsCopyWithoutRerunningItsProducer") {
+  Harness h;
+  h.AddDaemon("d0");
+  const auto dir = std::filesystem::temp_directory_path() / ("copse-sched-durable-" + std::to_string(::getpid()));
+  JobId job = h.Submit(kDurableChain, dir.string());
+  const auto job_copies = dir / "ckpt" / ("job" + std::to_string(job.value()));
+  std::filesystem::create_directories(job_copies);  // what a daemon would have written
+  h.Finish(h.Next("a[0]").second, true);
+  h.Finish(h.Next("b[0]").second, true);
+  // a's memory output is released once b completed; its copy stays.
+  REQUIRE(h.sink.WithOp("release").size() == 1);
+  // c cannot read b's output: b re-runs, reading a's copy; a does not re-run.
+  h.Finish(h.Next("c[0]").second, false, {}, FailureClass::kInputLost, 0);
+  Json b2 = h.Next("b[0]").second;
+  CHECK(h.unclaimed.size() == 1);  // c, chained after b
+  CHECK(b2["inputs"][0].contains("durable"));
+  CHECK(!b2["inputs"][0].contains("local"));
+  h.Finish(b2, true);
+  h.Finish(h.Next("c[0]").second, true);
+  CHECK(h.State(job) == "completed");
+  // The job's copies are deleted when it ends, and the durable directory once empty.
+  CHECK(!std::filesystem::exists(dir / "ckpt"));
+  CHECK(std::filesystem::exists(dir));
+  std::filesystem::remove_all(dir);
 }
 
 const char* kPinnedChain = R"({"stages": [{"name": "a", "program": "noop", "affinity": "g"},
