@@ -18,6 +18,8 @@ std::string V(const std::string& stage, int64_t replica) {
 /// unless given.
 class JobBuilder {
  public:
+  /// `durable_dir`: where the job keeps its durable channels' copies (relative to the job file).
+  explicit JobBuilder(std::string durable_dir) : durable_dir_(std::move(durable_dir)) {}
   /// `retain`: output ports kept until the job ends, so recovery of a lost daemon re-runs only
   /// the lost stage's work from its neighbours' retained outputs.
   void Stage(const std::string& name, const std::string& program, int64_t replicas, Json params,
@@ -35,13 +37,18 @@ class JobBuilder {
     edges_.push_back({{"from", from}, {"to", to}, {"from_port", from_port}, {"to_port", to_port}, {"channel", "nccl"}});
   }
   /// A data edge from `from` (output `from_port`, or the next free one when < 0) to input
-  /// `to_port` of `to`.
+  /// `to_port` of `to`. Output 0 of a Durable vertex is read by all its consumers.
   void Edge(const std::string& from, int from_port, const std::string& to, int to_port) {
+    const bool durable = durable_.count(from) && from_port <= 0;
+    if (durable) from_port = 0;
     if (from_port < 0) from_port = next_out_[from]++;
     edges_.push_back({{"from", from}, {"to", to}, {"from_port", from_port}, {"to_port", to_port},
-                      {"channel", "memory"}});
+                      {"channel", durable ? "durable" : "memory"}});
     data_pairs_.insert({from, to});
   }
+  /// Output 0 of `v` becomes a durable channel (a copy under durable_dir that outlives its
+  /// daemon, where recovery stops), and every later edge from `v` without a port reads it.
+  void Durable(const std::string& v) { durable_.insert(v); }
   /// Reserves output ports [0, n) of `v` (their edges come later with explicit ports).
   void Reserve(const std::string& v, int n) { next_out_[v] = std::max(next_out_[v], n); }
   int NextPort(const std::string& v) { return next_out_[v]++; }
@@ -51,16 +58,20 @@ class JobBuilder {
     edges_.push_back({{"from", from}, {"to", to}, {"channel", "order"}});
   }
   Json Finish(const std::string& name, const std::string& description, Json outputs) {
-    return {{"version", 1},
-            {"name", name},
-            {"description", description},
-            {"defaults", {{"channel", "memory"}, {"max_attempts", 4}}},
-            {"stages", stages_},
-            {"edges", edges_},
-            {"outputs", std::move(outputs)}};
+    Json job = {{"version", 1},
+                {"name", name},
+                {"description", description},
+                {"defaults", {{"channel", "memory"}, {"max_attempts", 4}}},
+                {"stages", stages_},
+                {"edges", edges_},
+                {"outputs", std::move(outputs)}};
+    if (!durable_.empty()) job["durable_dir"] = durable_dir_;
+    return job;
   }
 
  private:
+  std::string durable_dir_;
+  std::set<std::string> durable_;
   Json stages_ = Json::array(), edges_ = Json::array();
   std::map<std::string, int> next_out_;
   std::set<std::pair<std::string, std::string>> data_pairs_;
@@ -114,19 +125,16 @@ Result<int64_t> TrainSize(const GraphOptions& o) {
   return train.size();
 }
 
-/// Per-stage checkpoint vertices read output 1 of the update after every K-th and the last step.
-std::vector<int64_t> CheckpointSteps(const GraphOptions& o, int64_t steps) {
-  std::vector<int64_t> out;
-  if (o.checkpoint_every <= 0) return out;
-  for (int64_t t = 0; t < steps; ++t)
-    if ((t + 1) % o.checkpoint_every == 0 || t + 1 == steps) out.push_back(t);
-  return out;
+/// Whether step t (0-based) is checkpointed: every K-th and the last.
+bool IsCheckpointStep(const GraphOptions& o, int64_t t, int64_t steps) {
+  return o.checkpoint_every > 0 && ((t + 1) % o.checkpoint_every == 0 || t + 1 == steps);
 }
 
-/// Outputs of update t that carry the chain: 0 (next update or eval), and 1 when a checkpoint
-/// reads it (mirrors WriteChainAndParams in ml/programs/programs.cc).
-int ChainPorts(const GraphOptions& o, int64_t t, int64_t steps) {
-  return o.checkpoint_every > 0 && ((t + 1) % o.checkpoint_every == 0 || t + 1 == steps) ? 2 : 1;
+/// The update of a checkpoint step writes its chain to a durable channel (output 0) that the
+/// next step's vertices, the checkpoint vertex and eval all read: a lost stage resumes from it
+/// instead of re-running its history from init. Called before any edge leaves the update.
+void MarkCheckpoint(JobBuilder& b, const GraphOptions& o, const std::string& update, int64_t t, int64_t steps) {
+  if (IsCheckpointStep(o, t, steps)) b.Durable(update);
 }
 
 Json Config(const GraphOptions& o, int64_t steps) {
@@ -143,27 +151,33 @@ Json Config(const GraphOptions& o, int64_t steps) {
 }
 
 Json UpdateParams(const GraphOptions& o, const Json& common, int begin, int end, int64_t steps) {
-  return With(common, {{"begin", begin}, {"end", end}, {"is_update", true}, {"steps", steps},
-                       {"checkpoint_every", o.checkpoint_every}});
+  return With(common, {{"begin", begin}, {"end", end}, {"steps", steps}});
 }
 
 /// An update is on the critical path with nothing beside it on its daemon (the next step's
 /// vertices wait for its parameters): it takes the whole daemon for its memory-bound loops.
 double UpdateCpus(const GraphOptions& o) { return std::max<double>(o.threads, o.daemon_cpus); }
 
+/// Per-stage checkpoint vertices: replica i writes the durable chain of the i-th checkpoint
+/// step's update to a file of its own.
 void AddCheckpoints(JobBuilder& b, const GraphOptions& o, const std::string& update_stage, const std::string& name,
                     int64_t steps) {
-  const auto ckpts = CheckpointSteps(o, steps);
+  std::vector<int64_t> ckpts;
+  for (int64_t t = 0; t < steps; ++t)
+    if (IsCheckpointStep(o, t, steps)) ckpts.push_back(t);
   if (ckpts.empty()) return;
   b.Stage(name, "ml.checkpoint", static_cast<int64_t>(ckpts.size()),
           {{"path", o.checkpoint_dir + "/" + name + "-{replica}.bin"}}, 0.1);
-  for (size_t i = 0; i < ckpts.size(); ++i) b.Edge(V(update_stage, ckpts[i]), 1, V(name, static_cast<int64_t>(i)), 0);
+  for (size_t i = 0; i < ckpts.size(); ++i) {
+    MarkCheckpoint(b, o, V(update_stage, ckpts[i]), ckpts[i], steps);
+    b.Edge(V(update_stage, ckpts[i]), 0, V(name, static_cast<int64_t>(i)), 0);
+  }
 }
 
 // ---- data-parallel ------------------------------------------------------------------------
 
 Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_images) {
-  JobBuilder b;
+  JobBuilder b(o.checkpoint_dir + "/durable");
   const Json common = CommonParams(o);
   const int W = o.workers;
   const bool ring = o.reducer == "ring", nccl = o.reducer == "nccl";
@@ -208,8 +222,9 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
   for (int64_t t = 0; t < steps; ++t) {
     for (int w = 0; w < U; ++w) {  // the chain: init's outputs 0..U-1, or output 0 of the last update
       const std::string prev = t == 0 ? "init" : V(upd(w), t - 1);
+      if (t > 0) MarkCheckpoint(b, o, prev, t - 1, steps);
       b.Edge(prev, t == 0 ? w : 0, V(upd(w), t), 0);
-      if (t > 0) b.Reserve(prev, ChainPorts(o, t - 1, steps));
+      if (t > 0) b.Reserve(prev, 1);
     }
     if (t == 0) b.Reserve("init", U);
     for (int w = 0; w < W; ++w) {
@@ -278,7 +293,7 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
 // ---- pipeline (and data-parallel pipelines) -----------------------------------------------
 
 Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images) {
-  JobBuilder b;
+  JobBuilder b(o.checkpoint_dir + "/durable");
   const Json common = CommonParams(o);
   const int P = o.stages, M = o.microbatches, W = o.kind == "hybrid" ? o.workers : 1;
   std::vector<int> split = o.split;
@@ -320,7 +335,8 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
   for (int64_t t = 0; t < steps; ++t) {
     for (int s = 0; s < P; ++s) {
       const std::string src = t == 0 ? Iname(s) : V(Uname(s), t - 1);
-      b.Reserve(src, t == 0 ? 1 : ChainPorts(o, t - 1, steps));
+      if (t > 0) MarkCheckpoint(b, o, src, t - 1, steps);
+      b.Reserve(src, 1);
       b.Edge(src, 0, V(Uname(s), t), 0);  // the chain
       for (int w = 0; w < W; ++w) {
         for (int m = 0; m < M; ++m) {

@@ -76,18 +76,12 @@ Result<std::pair<int, int>> LayerRange(const VertexContext& ctx, const TrainSett
 /// Sets the process-wide CPU thread count to the vertex's grant (results do not depend on it).
 void UseThreads(const VertexContext& ctx) { SetCpuThreads(static_cast<int>(std::max(1u, ctx.threads))); }
 
-/// Writes the chain (params, state, stats) to output 0 (and 1 when a checkpoint follows) and
-/// `params` alone to the others.
+/// Writes the chain (params, state, stats) to outputs [0, params.chain_ports) (default 1) and
+/// `params` alone to the others. A checkpoint step's output 0 is a durable channel that every
+/// consumer reads (see ReadParams).
 Status WriteChainAndParams(VertexContext& ctx, const chan::Buffer& params, const chan::Buffer& state,
                            const chan::Buffer& stats, const std::vector<size_t>& extra_skip = {}) {
-  size_t chain_ports = static_cast<size_t>(ctx.param<int>("chain_ports", 1));
-  // A checkpoint vertex reads the chain on output 1 after every params.checkpoint_every-th step
-  // (and the last, params.steps).
-  const int64_t every = ctx.param<int64_t>("checkpoint_every", 0);
-  if (every > 0 && ctx.param<bool>("is_update", false)) {
-    const int64_t done = ctx.replica + 1, steps = ctx.param<int64_t>("steps", 0);
-    if (done % every == 0 || done == steps) chain_ports = 2;
-  }
+  const size_t chain_ports = static_cast<size_t>(ctx.param<int>("chain_ports", 1));
   for (size_t p = 0; p < ctx.num_outputs(); ++p) {
     if (std::find(extra_skip.begin(), extra_skip.end(), p) != extra_skip.end()) continue;
     COPSE_RETURN_NOT_OK(ctx.output(p).Write(params));
@@ -234,7 +228,7 @@ class GradProgram final : public VertexProgram {
     const int workers = ctx.param<int>("workers", 1);
     const int64_t step = ctx.param<int64_t>("first_step", 0) + ctx.replica;
     const int w = ctx.param<int>("worker", 0);
-    COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadOne(ctx, 0));
+    COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadParams(ctx, 0));
     int64_t batch_size = 0;
     COPSE_ASSIGN_OR_RETURN(Batch b, LoadPart(ctx, s, step, w, workers, ctx.param<bool>("loader", false) ? 1 : -1,
                                              &batch_size));
@@ -556,7 +550,7 @@ class ForwardProgram final : public VertexProgram {
     const int stage = ctx.param<int>("stage", 0), stages = ctx.param<int>("stages", 1);
     const bool recompute = ctx.param<bool>("recompute", false);
     const MicroPos pos = PosOf(ctx);
-    COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadOne(ctx, 0));
+    COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadParams(ctx, 0));
     Tensor x;
     Batch b;
     int64_t batch_size = 0;
@@ -626,7 +620,7 @@ class BackwardProgram final : public VertexProgram {
     const bool recompute = ctx.param<bool>("recompute", false);
     const MicroPos pos = PosOf(ctx);
     size_t port = 0;
-    COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadOne(ctx, port++));
+    COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadParams(ctx, port++));
     COPSE_ASSIGN_OR_RETURN(chan::Buffer stash_msg, ReadOne(ctx, port++));
     COPSE_ASSIGN_OR_RETURN(NamedTensors stash_set, ReadTensorMessage(stash_msg));
     Tensor dy;

@@ -194,6 +194,14 @@ Result<chan::Buffer> ReadOne(vertex::VertexContext& ctx, size_t port) {
   return all[0];
 }
 
+Result<chan::Buffer> ReadParams(vertex::VertexContext& ctx, size_t port) {
+  COPSE_ASSIGN_OR_RETURN(auto all, ReadAll(ctx, port));
+  if (all.size() != 1 && all.size() != 3)
+    return Status::DataLoss(ctx.name + ": input " + std::to_string(port) + " has " + std::to_string(all.size()) +
+                            " messages, expected parameters (1) or a chain (3)");
+  return all[0];
+}
+
 int64_t WallMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())

@@ -104,6 +104,9 @@ NamedTensors ParameterHandles(const Sequential& m);
 Result<std::vector<chan::Buffer>> ReadAll(vertex::VertexContext& ctx, size_t port);
 /// Reads exactly one message of input `port`.
 Result<chan::Buffer> ReadOne(vertex::VertexContext& ctx, size_t port);
+/// The parameters on input `port`: a params message, or the first of a chain (params, state,
+/// stats), which is what every consumer of a checkpoint step's update reads (its durable output).
+Result<chan::Buffer> ReadParams(vertex::VertexContext& ctx, size_t port);
 
 /// Appends "<vertex> <start_us> <end_us> <pid>" to $COPSE_ML_TRACE when set (wall clock, so
 /// several daemons on one host share a time base). For the bench's bubble figure.

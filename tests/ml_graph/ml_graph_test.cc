@@ -240,9 +240,10 @@ TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::t
   REQUIRE(job.ok());
   TempDir clean_dir, fault_dir;
   const RunResult clean = RunJob(*job, clean_dir.path, 3);
-  // Kill the daemon of pipeline stage 1 halfway through the epoch (step 4 of 8).
+  // Kill the daemon of pipeline stage 1 halfway through the epoch, once step 6 of 8 (whose
+  // micro-batch 0 is fwd1[20]) is placed: step 4's update, a checkpoint, has completed by then.
   Json faulty = *job;
-  faulty["faults"] = Json::array({{{"kill_daemon_of", "fwd1[16]"}, {"when", {{"completed", 70}}}}});
+  faulty["faults"] = Json::array({{{"kill_daemon_of", "fwd1[20]"}, {"when", {{"completed", 70}}}}});
   const RunResult r = RunJob(faulty, fault_dir.path, 3);
   REQUIRE(r.summary["faults"].size() == 1);
   CHECK(r.digest == clean.digest);
@@ -255,7 +256,19 @@ TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::t
     std::string v = rec["vertex"];
     const bool stage0 = v.find('0') == 3 || v.rfind("init0", 0) == 0;  // fwd0, bwd0, upd0, init0
     CHECK_MESSAGE((!stage0 || rec["reason"] == "input_lost"), "stage-0 work was re-run: " << rec.dump());
+    // Stage 1 resumes from its checkpoint after step 4 (upd1[3], a durable channel): nothing of
+    // steps 1-4 re-runs, nor init1.
+    if (v.rfind("init1", 0) == 0) FAIL_CHECK("stage 1 re-ran from init: " << rec.dump());
+    const size_t open = v.find('[');
+    if (open == std::string::npos) continue;
+    const int replica = std::stoi(v.substr(open + 1));
+    const std::string stage = v.substr(0, open);
+    if (stage == "upd1") CHECK_MESSAGE(replica >= 4, "re-ran before the checkpoint: " << rec.dump());
+    if (stage == "fwd1" || stage == "bwd1") CHECK_MESSAGE(replica >= 16, "re-ran before the checkpoint: " << rec.dump());
   }
+  // The checkpoint files are the chains' copies; the job's durable copies are gone at its end.
+  CHECK(std::filesystem::exists(fault_dir.path / "checkpoints" / "ckpt1-0.bin"));
+  CHECK(!std::filesystem::exists(fault_dir.path / "checkpoints" / "durable"));
 }
 
 }  // namespace
