@@ -512,6 +512,46 @@ Result<std::unique_ptr<ChannelReader>> OutputStore::OpenDurableCopy(const fs::pa
   return std::unique_ptr<ChannelReader>(new FileReader(std::move(r)));
 }
 
+namespace {
+
+/// Reads `primary` and, should it fail, the durable copy from the same message on: the copy
+/// holds the same messages, so skipping those already delivered resumes exactly.
+class FallbackReader final : public ChannelReader {
+ public:
+  FallbackReader(std::unique_ptr<ChannelReader> primary, fs::path copy, OutputKey key)
+      : current_(std::move(primary)), copy_(std::move(copy)), key_(key) {}
+  Result<std::optional<Buffer>> Next() override {
+    auto m = current_->Next();
+    if (m.ok() || on_copy_) {
+      if (m.ok() && *m) ++delivered_;
+      return m;
+    }
+    on_copy_ = true;
+    auto copy = OutputStore::OpenDurableCopy(copy_, key_);
+    if (!copy.ok()) return Status(m.status().code(), m.status().message() + "; " + copy.status().message());
+    current_ = std::move(*copy);
+    for (uint64_t i = 0; i < delivered_; ++i) {
+      COPSE_ASSIGN_OR_RETURN(auto skipped, current_->Next());
+      if (!skipped) return Status::DataLoss("output " + key_.ToString() + ": its durable copy is shorter than the output");
+    }
+    return Next();
+  }
+
+ private:
+  std::unique_ptr<ChannelReader> current_;
+  fs::path copy_;
+  OutputKey key_;
+  uint64_t delivered_ = 0;
+  bool on_copy_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<ChannelReader> OutputStore::WithDurableFallback(std::unique_ptr<ChannelReader> primary,
+                                                                const fs::path& copy, const OutputKey& key) {
+  return std::make_unique<FallbackReader>(std::move(primary), copy, key);
+}
+
 Result<uint64_t> OutputStore::Size(const OutputKey& key) const {
   COPSE_ASSIGN_OR_RETURN(OutputInfo info, Info(key));
   return info.bytes;

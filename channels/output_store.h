@@ -107,6 +107,10 @@ class OutputStore {
   /// A reader of the durable copy `file` of output `key`, written by any store; DataLoss or
   /// IOError (naming the key and the file) when it is gone or fails a checksum.
   static Result<std::unique_ptr<ChannelReader>> OpenDurableCopy(const std::filesystem::path& file, const OutputKey& key);
+  /// `primary` (a reader of output `key` from a store), continued from the durable copy `copy`
+  /// should it fail part-way (a damaged message, a lost connection).
+  static std::unique_ptr<ChannelReader> WithDurableFallback(std::unique_ptr<ChannelReader> primary,
+                                                            const std::filesystem::path& copy, const OutputKey& key);
   /// A reader of a complete local output. NotFound when absent or incomplete; DataLoss when a
   /// message fails its checksum or the file is gone.
   Result<std::unique_ptr<ChannelReader>> OpenReader(const OutputKey& key);

@@ -317,6 +317,42 @@ TEST_CASE("OutputStore.ADurableCopyOutlivesItsStore" * doctest::timeout(10)) {
   CHECK(gone.status().message().find(copy.string()) != std::string::npos);
 }
 
+TEST_CASE("OutputStore.AFailingReadContinuesFromTheDurableCopy" * doctest::timeout(10)) {
+  TempDir dir;
+  auto store = MakeStore(dir);
+  const auto copy = dir.path() / "shared" / "v1.1.p0.out";
+  const OutputKey key{4, 1, 1, 0};
+  const std::vector<std::string> msgs = {"m0", Pattern(100000, 1, 1), "m2", "m3"};
+  auto w = store->CreateWriter(key, StorageKind::kMemory, copy);
+  REQUIRE(w.ok());
+  for (const auto& m : msgs) REQUIRE((*w)->Write(Buffer(m)).ok());
+  REQUIRE((*w)->Close().ok());
+  /// Delivers the first `good` messages, then fails as a damaged or cut-off read does.
+  class Failing final : public ChannelReader {
+   public:
+    Failing(std::vector<std::string> m, size_t good) : m_(std::move(m)), good_(good) {}
+    Result<std::optional<Buffer>> Next() override {
+      if (next_ == good_) return Status::DataLoss("message " + std::to_string(next_) + " failed its checksum");
+      return std::optional<Buffer>(Buffer(m_[next_++]));
+    }
+
+   private:
+    std::vector<std::string> m_;
+    size_t good_, next_ = 0;
+  };
+  for (size_t good : {size_t{0}, size_t{2}}) {
+    auto r = OutputStore::WithDurableFallback(std::make_unique<Failing>(msgs, good), copy, key);
+    CHECK(Drain(*r) == msgs);  // every message once, in order
+  }
+  // Without a readable copy the read fails, naming both causes.
+  std::filesystem::remove(copy);
+  auto r = OutputStore::WithDurableFallback(std::make_unique<Failing>(msgs, 1), copy, key);
+  const Status st = DrainStatus(*r);
+  CHECK(st.code() == StatusCode::kDataLoss);
+  CHECK(st.message().find("failed its checksum") != std::string::npos);
+  CHECK(st.message().find(copy.string()) != std::string::npos);
+}
+
 TEST_CASE("OutputStore.ConcurrentWritersAndReaders" * doctest::timeout(20)) {
   TempDir dir;
   auto store = MakeStore(dir, 4 << 20);

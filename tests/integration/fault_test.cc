@@ -76,6 +76,33 @@ TEST_CASE("Faults.KillingTheDaemonThatHoldsNeededOutputsCascadesUpstream") {
   CHECK_MESSAGE(HasRecovery(st, "a[0]", "output_lost"), st["recoveries"].dump(2));
 }
 
+/// ChecksumChain with durable channels from a to b: a's outputs have copies under durable_dir.
+Json DurableChecksumChain(int width) {
+  Json job = ChecksumChain(width);
+  job["edges"][0]["channel"] = "durable";
+  return job;
+}
+
+TEST_CASE("Faults.LineageStopsAtADurableOutputWhoseDaemonWasKilled") {
+  TestCluster cluster(3);
+  Json job = DurableChecksumChain(4);
+  // As in the cascade above, b[0]'s output is lost with its daemon, but a[0]'s copy is read
+  // instead of re-running a[0].
+  job["faults"] = {{{"delay", "c"}, {"ms", 700}}, {{"kill_daemon_of", "b[0]"}, {"when", {{"completed", 8}}}}};
+  Json st = RunWithAndWithoutFaults(cluster, job, "digest.txt");
+  CHECK_MESSAGE(HasRecovery(st, "b[0]", "output_lost"), st["recoveries"].dump(2));
+  for (const auto& r : st["recoveries"]) CHECK_MESSAGE(r["vertex"].get<std::string>()[0] != 'a', st["recoveries"].dump(2));
+  CHECK(!std::filesystem::exists(cluster.dir() / "durable"));  // removed with the job
+}
+
+TEST_CASE("Faults.ACorruptedDurableOutputIsReadFromItsCopy") {
+  TestCluster cluster(2);
+  Json job = DurableChecksumChain(2);
+  job["faults"] = {{{"delay", "b[0]"}, {"ms", 300}}, {{"corrupt_output_of", "a[0]"}}};
+  Json st = RunWithAndWithoutFaults(cluster, job, "digest.txt");
+  CHECK_MESSAGE(st["recoveries"].empty(), st["recoveries"].dump(2));  // the store failed, the copy served
+}
+
 TEST_CASE("Faults.ACorruptedStoredOutputIsDetectedAndRegenerated") {
   TestCluster cluster(2);
   Json job = ChecksumChain(2);
