@@ -136,7 +136,7 @@ TEST_CASE("MlGraph.DataParallelMatchesSingleProcessTraining" * doctest::timeout(
   const NamedTensors reference = SingleProcess(base);
   struct Case {
     int workers;
-    const char* reducer;
+    std::string reducer;
   };
   for (Case c : {Case{2, "tree"}, Case{4, "tree"}, Case{2, "ps"}, Case{3, "ring"}}) {
     CAPTURE(c.workers);
@@ -163,7 +163,7 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
   const NamedTensors reference = SingleProcess(base);
   struct Case {
     int stages, micro;
-    const char* schedule;
+    std::string schedule;
     bool recompute;
   };
   std::string digest_1f1b;
@@ -181,7 +181,7 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
     TempDir dir;
     const RunResult r = RunJob(*job, dir.path, c.stages);
     const double rel = RelativeDifference(r.params, reference);
-    MESSAGE("pipeline P=" << c.stages << " M=" << c.micro << " " << c.schedule << (c.recompute ? " recompute" : "")
+    MESSAGE("pipeline P=" << c.stages << " M=" << c.micro << " " << c.schedule << std::string(c.recompute ? " recompute" : "")
                           << ": relative difference " << rel);
     CHECK(rel < kTolerance);
     // The summary measures the bubble from the job manager's spans, next to the theory.
