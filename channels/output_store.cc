@@ -232,10 +232,12 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
 
   Status Write(Buffer message) override {
     if (closed_) return Status::FailedPrecondition("write after close on " + key_.ToString());
-    if (durable_) COPSE_RETURN_NOT_OK(durable_->Append(message, Checksum(message.view())));
+    // Hashed once, for every copy. A payload stays an object in memory: hashed only if its
+    // bytes are made (a durable copy, a spill, ChecksumOf).
+    const bool hashed = durable_ || !message.payload();
+    const uint64_t checksum = hashed ? Checksum(message.view()) : 0;
+    if (durable_) COPSE_RETURN_NOT_OK(durable_->Append(message, checksum));
     if (!sink_ && store_->TryReserve(message.size())) {
-      // A payload stays an object in memory: hashed only if its bytes are ever made (ChecksumOf).
-      const uint64_t checksum = message.payload() ? 0 : Checksum(message.view());
       reserved_ += message.size();
       stored_->bytes += message.size();
       stored_->messages.push_back(std::move(message));
@@ -243,7 +245,7 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
       return Status::OK();
     }
     if (!sink_) COPSE_RETURN_NOT_OK(Spill());
-    return sink_->Append(message, Checksum(message.view()));
+    return sink_->Append(message, hashed ? checksum : Checksum(message.view()));
   }
 
   Status Close() override {

@@ -77,8 +77,8 @@ struct OutputInfo {
 struct StoredMessages {
   std::vector<Buffer> messages;
   /// xxh3 of each byte message, computed when it was written. Payload messages (in-process
-  /// objects, see buffer.h) have no bytes to protect until they are encoded: 0 here, and
-  /// ChecksumOf computes theirs when bytes leave the process.
+  /// objects, see buffer.h) have no bytes to protect until they are encoded: 0 here (unless a
+  /// durable copy hashed them), and ChecksumOf computes theirs when bytes leave the process.
   std::vector<uint64_t> checksums;
   uint64_t bytes = 0;
   /// The checksum of message i's bytes (encoding a payload message first).
