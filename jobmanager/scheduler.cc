@@ -211,7 +211,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
       if (job.state != JobState::kRunning) continue;
       for (const auto& v : job.g().vertices()) {
         Run& r = job.runs[v.id.value()];
-        if (r.state != VertexState::kCompleted || r.daemon != d->id || !OutputNeeded(job, v.id, false)) continue;
+        if (r.state != VertexState::kCompleted || r.daemon != d->id || !OutputNeeded(job, v.id, /*count_durable=*/false)) continue;
         for (size_t port = 0; port < r.output_messages.size(); ++port) {
           if (r.output_messages[port] == 0) continue;
           if (!inventory.count({job.id.value(), v.id.value(), r.version, static_cast<uint32_t>(port)})) {
@@ -1235,23 +1235,19 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
       continue;
     }
     const Daemon& pd = *daemons_[p.daemon.value()];
-    Json key = {{"job", job.id.value()}, {"vertex", c.from.value()}, {"version", p.version}, {"port", c.from_port}};
-    if (c.kind == ChannelKind::kDurable) {
-      // The copy serves when the producer's store cannot: its daemon is gone, or the memory
-      // output was released once its consumers had completed.
-      const std::string copy = DurablePath(job, c.from, p.version, c.from_port);
-      if (!pd.alive || (p.released && p.state == VertexState::kCompleted)) {
-        inputs.push_back({{"key", std::move(key)}, {"durable", copy}});
-        continue;
-      }
-      inputs.push_back({{"key", std::move(key)}, {"local", p.daemon == d.id}, {"host", pd.spec.data_host},
-                        {"port", pd.spec.data_port}, {"durable", copy}});
-      continue;
+    Json in = {{"key", {{"job", job.id.value()}, {"vertex", c.from.value()}, {"version", p.version}, {"port", c.from_port}}}};
+    // A durable input names its copy too: the only source once the producer's store cannot
+    // serve it (its daemon is gone, or the memory output was released after its consumers
+    // completed), else the daemon's fallback.
+    const bool durable = c.kind == ChannelKind::kDurable;
+    if (durable) in["durable"] = DurablePath(job, c.from, p.version, c.from_port);
+    const bool store_serves = pd.alive && !(p.released && p.state == VertexState::kCompleted);
+    if (!durable || store_serves) {
+      in["local"] = p.daemon == d.id;
+      in["host"] = pd.spec.data_host;
+      in["port"] = pd.spec.data_port;
     }
-    inputs.push_back({{"key", std::move(key)},
-                      {"local", p.daemon == d.id},
-                      {"host", pd.spec.data_host},
-                      {"port", pd.spec.data_port}});
+    inputs.push_back(std::move(in));
   }
   Json outputs = Json::array();
   for (const auto& port : node.outputs) {

@@ -150,7 +150,7 @@ Json Config(const GraphOptions& o, int64_t steps) {
   return c;
 }
 
-Json UpdateParams(const GraphOptions& o, const Json& common, int begin, int end, int64_t steps) {
+Json UpdateParams(const Json& common, int begin, int end, int64_t steps) {
   return With(common, {{"begin", begin}, {"end", end}, {"steps", steps}});
 }
 
@@ -194,7 +194,7 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
   const int U = replicated ? W : 1;
   auto upd = [&](int w) { return replicated ? upd_prefix + std::to_string(w) : upd_prefix; };
   for (int w = 0; w < U; ++w)
-    b.Stage(upd(w), o.reducer == "ps" ? "ml.ps" : "ml.update", steps, UpdateParams(o, common, 0, -1, steps),
+    b.Stage(upd(w), o.reducer == "ps" ? "ml.ps" : "ml.update", steps, UpdateParams(common, 0, -1, steps),
             UpdateCpus(o), replicated ? "w" + std::to_string(w) : "params");
   // Reducers.
   const int rounds = 2 * (W - 1);
@@ -329,7 +329,7 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
       b.Stage(B(s, w), "ml.backward", steps * M, With(With(common, layers), pos), o.threads,
               group + (W > 1 ? "w" + std::to_string(w) : ""), s > 0 ? crossing : std::vector<int>{});
     }
-    b.Stage(Uname(s), "ml.update", steps, UpdateParams(o, common, split[s], split[s + 1], steps), UpdateCpus(o),
+    b.Stage(Uname(s), "ml.update", steps, UpdateParams(common, split[s], split[s + 1], steps), UpdateCpus(o),
             group + (W > 1 ? "w0" : ""));
   }
   for (int64_t t = 0; t < steps; ++t) {

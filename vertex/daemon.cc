@@ -707,15 +707,16 @@ class Daemon::Impl {
         // A durable input comes from its producer's store like a memory one, and from its copy
         // when the job manager sends no store (its daemon is gone, or it was released) or the
         // store cannot deliver it.
-        const bool durable = in.contains("durable"), copy_only = durable && !in.contains("local");
-        auto reader = copy_only ? chan::OutputStore::OpenDurableCopy(in["durable"].get<std::string>(), *key)
+        const std::string copy = in.value("durable", std::string());
+        const bool copy_only = !copy.empty() && !in.contains("local");
+        auto reader = copy_only ? chan::OutputStore::OpenDurableCopy(copy, *key)
                       : in["local"].get<bool>()
                           ? store_->OpenReader(*key)
                           : chan::OpenRemoteReader(in["host"].get<std::string>(), in["port"].get<uint16_t>(), *key,
                                                    options_.secret);
-        if (durable && !copy_only) {
-          reader = reader.ok() ? chan::OutputStore::WithDurableFallback(std::move(*reader), in["durable"].get<std::string>(), *key)
-                               : chan::OutputStore::OpenDurableCopy(in["durable"].get<std::string>(), *key);
+        if (!copy.empty() && !copy_only) {
+          reader = reader.ok() ? chan::OutputStore::WithDurableFallback(std::move(*reader), copy, *key)
+                               : chan::OutputStore::OpenDurableCopy(copy, *key);
         }
         if (!reader.ok()) {
           return fail("input_lost", "input " + std::to_string(port) + " (" + key->ToString() + "): " + reader.status().message(),
