@@ -6,7 +6,6 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <doctest/doctest.h>
@@ -20,6 +19,7 @@
 #include "common/auth.h"
 #include "common/wire.h"
 #include "tests/channels/channel_test_util.h"
+#include "tests/child_process.h"
 
 namespace copse::chan {
 namespace {
@@ -367,37 +367,33 @@ TEST_CASE("RemoteFetch.UnreachablePeerIsUnavailable" * doctest::timeout(10)) {
 
 namespace {
 
-/// A producer daemon in a child process with a 96 MiB output; returns its pid and port.
-std::pair<pid_t, uint16_t> StartChildDaemon(const TempDir& dir) {
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(fds[0]);
-    auto store = OutputStore::Make(dir.path() / "child", 1ull << 30);
-    if (!store.ok()) ::_exit(1);
-    auto w = (*store)->CreateWriter({9, 0, 0, 0}, StorageKind::kMemory);
-    for (int i = 0; i < 96; ++i) (void)(*w)->Write(Buffer(Pattern(1 << 20, 9, i)));
-    (void)(*w)->Close();
-    auto srv = DataServer::Start(**store, kHost, 0, kSecret);
-    if (!srv.ok()) ::_exit(1);
-    uint16_t port = (*srv)->port();
-    (void)!::write(fds[1], &port, sizeof port);
-    for (;;) ::pause();
-  }
-  ::close(fds[1]);
-  uint16_t port = 0;
-  REQUIRE(::read(fds[0], &port, sizeof port) == static_cast<ssize_t>(sizeof port));
-  ::close(fds[0]);
-  return {pid, port};
+// A producer daemon in a child process (tests/child_process.h) with a 96 MiB output: it
+// receives a scratch directory, serves the output and answers with its data server's port.
+COPSE_TEST_CHILD(data_server_96mib) {
+  std::filesystem::path dir = copse::testing::ReceiveFromParent();
+  auto store = OutputStore::Make(dir / "child", 1ull << 30);
+  if (!store.ok()) return 1;
+  auto w = (*store)->CreateWriter({9, 0, 0, 0}, StorageKind::kMemory);
+  for (int i = 0; i < 96; ++i) (void)(*w)->Write(Buffer(Pattern(1 << 20, 9, i)));
+  (void)(*w)->Close();
+  auto srv = DataServer::Start(**store, kHost, 0, kSecret);
+  if (!srv.ok()) return 1;
+  if (!copse::testing::SendToParent(std::to_string((*srv)->port()))) return 1;
+  for (;;) ::pause();
+}
+
+/// Starts the child daemon; its port.
+uint16_t StartChildDaemon(copse::testing::ChildProcess& child, const TempDir& dir) {
+  child.Send(dir.path().string());
+  return static_cast<uint16_t>(std::stoi(child.Receive()));
 }
 
 }  // namespace
 
 TEST_CASE("RemoteFetch.PeerKilledMidStreamIsUnavailable" * doctest::timeout(20)) {
   TempDir dir;
-  auto [pid, port] = StartChildDaemon(dir);
+  copse::testing::ChildProcess child("data_server_96mib");
+  uint16_t port = StartChildDaemon(child, dir);
   auto r = OpenRemoteReader(kHost, port, {9, 0, 0, 0}, kSecret, Quick());
   REQUIRE_MESSAGE(r.ok(), r.status().ToString());
   for (int i = 0; i < 3; ++i) {
@@ -405,8 +401,7 @@ TEST_CASE("RemoteFetch.PeerKilledMidStreamIsUnavailable" * doctest::timeout(20))
     REQUIRE(m.ok());
     CHECK((*m)->view() == Pattern(1 << 20, 9, i));
   }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
+  child.Kill();
   auto t0 = Clock::now();
   Status st = DrainStatus(**r);
   CHECK(st.code() == StatusCode::kUnavailable);
@@ -417,17 +412,17 @@ TEST_CASE("RemoteFetch.PeerKilledMidStreamIsUnavailable" * doctest::timeout(20))
 
 TEST_CASE("RemoteFetch.StalledPeerTimesOut" * doctest::timeout(20)) {
   TempDir dir;
-  auto [pid, port] = StartChildDaemon(dir);
+  copse::testing::ChildProcess child("data_server_96mib");
+  uint16_t port = StartChildDaemon(child, dir);
   RemoteReaderOptions o{2000, 500};
   auto r = OpenRemoteReader(kHost, port, {9, 0, 0, 0}, kSecret, o);
   REQUIRE(r.ok());
   REQUIRE((*r)->Next().ok());
-  ::kill(pid, SIGSTOP);
+  ::kill(child.pid(), SIGSTOP);
   Status st = DrainStatus(**r);
   CHECK(st.code() == StatusCode::kUnavailable);
   MESSAGE(st.ToString());
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
+  child.Kill();
 }
 
 }  // namespace copse::chan

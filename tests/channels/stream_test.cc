@@ -1,6 +1,6 @@
 // `stream` channels: live ZeroMQ pipes between daemons' stream hubs (channels/stream_hub.h).
 // Hubs in this process talk over 127.0.0.1 (tcp://) or a socket file (ipc://); the fault cases
-// fork a producer "daemon" and SIGKILL it. Every wait is bounded.
+// run a producer "daemon" in a child process and SIGKILL it. Every wait is bounded.
 #include "channels/stream_hub.h"
 
 #include <signal.h>
@@ -19,6 +19,7 @@
 #include <zmq.hpp>
 
 #include "tests/channels/channel_test_util.h"
+#include "tests/child_process.h"
 
 namespace copse::chan {
 namespace {
@@ -372,59 +373,57 @@ TEST_CASE("Stream.ConsumerHubNeverAnswers" * doctest::timeout(10)) {
 
 // ---- two processes -----------------------------------------------------------------------------
 
-// A producer "daemon" in a forked child: it reads the consumer hub's endpoints from a pipe,
-// starts its own hub and runs `body`; then it exits (0 when body returned true). Killed by the
-// guard's destructor if still running.
-struct ChildProducer {
-  pid_t pid = -1;
-  int to_child = -1;
+// A producer "daemon" in a child process (tests/child_process.h): it receives the consumer
+// hub's endpoints, starts its own hub and runs `body`, then exits 0 when body returned true.
+int RunProducer(const std::function<bool(StreamHub&, const Json&)>& body) {
+  std::string peer = copse::testing::ReceiveFromParent();
+  if (peer.empty()) return 2;
+  auto hub = StreamHub::Start(kHost, 0, {}, kSecret);
+  if (!hub.ok()) return 3;
+  bool ok = body(**hub, Json::parse(peer));
+  hub->reset();  // flushes what is queued (linger)
+  return ok ? 0 : 1;
+}
 
-  ChildProducer(std::function<bool(StreamHub&, const Json&)> body) {
-    int fds[2];
-    REQUIRE(::pipe(fds) == 0);
-    pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      ::close(fds[1]);
-      uint32_t len = 0;
-      std::string text;
-      if (::read(fds[0], &len, sizeof len) != sizeof len) ::_exit(2);
-      text.resize(len);
-      size_t got = 0;
-      while (got < len) {
-        auto n = ::read(fds[0], text.data() + got, len - got);
-        if (n <= 0) ::_exit(2);
-        got += static_cast<size_t>(n);
-      }
-      auto hub = StreamHub::Start(kHost, 0, {}, kSecret);
-      if (!hub.ok()) ::_exit(3);
-      bool ok = body(**hub, Json::parse(text));
-      hub->reset();  // flushes what is queued (linger)
-      ::_exit(ok ? 0 : 1);
+constexpr StreamKey kBlockedKey{6, 1, 0};
+
+// Writes 5 messages through a 4-message window (the 5th blocks) and then idles until killed.
+COPSE_TEST_CHILD(stream_blocked_producer) {
+  return RunProducer([](StreamHub& hub, const Json& peer) {
+    StreamOptions o;
+    o.window_messages = 4;
+    auto w = hub.OpenWriter(peer, kBlockedKey, o);
+    if (!w.ok()) return false;
+    for (int i = 0; i < 5; ++i) (void)(*w)->Write(Buffer(Pattern(100, 6, i)));
+    for (;;) ::pause();
+  });
+}
+
+constexpr StreamKey kGiBKey{7, 1, 0};
+constexpr int kGiBMessages = 1024;
+constexpr size_t kGiBMessageSize = 1 << 20;
+
+// About memory, not liveness: a loaded CI machine may starve a heartbeat past the default 1 s.
+StreamOptions Patient() {
+  StreamOptions o;
+  o.peer_timeout = std::chrono::seconds(10);
+  return o;
+}
+
+// Writes 1 GiB as 1 MiB messages, each stamped with its index.
+COPSE_TEST_CHILD(stream_gib_producer) {
+  return RunProducer([](StreamHub& hub, const Json& peer) {
+    auto w = hub.OpenWriter(peer, kGiBKey, Patient());
+    if (!w.ok()) return false;
+    std::string base = Pattern(kGiBMessageSize, 7, 0);
+    for (uint64_t i = 0; i < kGiBMessages; ++i) {
+      std::string m = base;
+      std::memcpy(m.data(), &i, sizeof i);
+      if (!(*w)->Write(Buffer(std::move(m))).ok()) return false;
     }
-    ::close(fds[0]);
-    to_child = fds[1];
-  }
-  void SendPeer(const Json& peer) {
-    std::string text = peer.dump();
-    uint32_t len = static_cast<uint32_t>(text.size());
-    REQUIRE(::write(to_child, &len, sizeof len) == sizeof len);
-    REQUIRE(::write(to_child, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
-  }
-  int Wait() {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    pid = -1;
-    return status;
-  }
-  ~ChildProducer() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-    if (to_child >= 0) ::close(to_child);
-  }
-};
+    return (*w)->Close().ok();
+  });
+}
 
 size_t PeakRssKiB() {
   std::ifstream f("/proc/self/status");
@@ -435,21 +434,12 @@ size_t PeakRssKiB() {
 }
 
 TEST_CASE("Stream.KilledProducerIsUnavailableWithinPeerTimeout" * doctest::timeout(15)) {
-  StreamKey key{6, 1, 0};
-  // Fork before this process starts any hub thread.
-  ChildProducer child([key](StreamHub& hub, const Json& peer) {
-    StreamOptions o;
-    o.window_messages = 4;
-    auto w = hub.OpenWriter(peer, key, o);
-    if (!w.ok()) return false;
-    for (int i = 0; i < 5; ++i) (void)(*w)->Write(Buffer(Pattern(100, 6, i)));  // the 5th blocks: window
-    for (;;) ::pause();
-  });
+  copse::testing::ChildProcess child("stream_blocked_producer");
   TempDir dir;
   auto hub = StartHub(dir.path());
-  child.SendPeer(TcpOnly(hub->endpoints()));
+  child.Send(TcpOnly(hub->endpoints()).dump());
   StreamOptions o = Quick();  // peer_timeout 500 ms
-  auto r = hub->OpenReader(key, o);
+  auto r = hub->OpenReader(kBlockedKey, o);
   REQUIRE(r.ok());
   for (int i = 0; i < 3; ++i) {
     auto m = (*r)->Next();
@@ -463,7 +453,7 @@ TEST_CASE("Stream.KilledProducerIsUnavailableWithinPeerTimeout" * doctest::timeo
     REQUIRE_MESSAGE(m.ok(), m.status().ToString());
     REQUIRE(m->has_value());
   }
-  ::kill(child.pid, SIGKILL);
+  ::kill(child.pid(), SIGKILL);
   auto killed = Clock::now();
   auto e = (*r)->Next();
   double waited = SecondsSince(killed);
@@ -474,23 +464,9 @@ TEST_CASE("Stream.KilledProducerIsUnavailableWithinPeerTimeout" * doctest::timeo
 }
 
 TEST_CASE("Stream.OneGiBBetweenProcessesInBoundedMemory" * doctest::timeout(60)) {
-  constexpr int kMessages = 1024;
-  constexpr size_t kSize = 1 << 20;
-  StreamKey key{7, 1, 0};
-  // About memory, not liveness: a loaded CI machine may starve a heartbeat past the default 1 s.
-  StreamOptions patient;
-  patient.peer_timeout = std::chrono::seconds(10);
-  ChildProducer child([key, patient](StreamHub& hub, const Json& peer) {
-    auto w = hub.OpenWriter(peer, key, patient);
-    if (!w.ok()) return false;
-    std::string base = Pattern(kSize, 7, 0);
-    for (uint64_t i = 0; i < kMessages; ++i) {
-      std::string m = base;
-      std::memcpy(m.data(), &i, sizeof i);
-      if (!(*w)->Write(Buffer(std::move(m))).ok()) return false;
-    }
-    return (*w)->Close().ok();
-  });
+  constexpr int kMessages = kGiBMessages;
+  constexpr size_t kSize = kGiBMessageSize;
+  copse::testing::ChildProcess child("stream_gib_producer");
   TempDir dir;
   auto hub = StartHub(dir.path());
   {
@@ -498,8 +474,8 @@ TEST_CASE("Stream.OneGiBBetweenProcessesInBoundedMemory" * doctest::timeout(60))
     clear << "5";  // resets VmHWM to the current RSS (Linux >= 4.0)
   }
   size_t rss_before = PeakRssKiB();
-  child.SendPeer(TcpOnly(hub->endpoints()));
-  auto r = hub->OpenReader(key, patient);
+  child.Send(TcpOnly(hub->endpoints()).dump());
+  auto r = hub->OpenReader(kGiBKey, Patient());
   REQUIRE(r.ok());
   auto start = Clock::now();
   std::string base = Pattern(kSize, 7, 0);
