@@ -20,6 +20,10 @@ const std::string kHostLabel = "host";
 const std::string kRackLabel = "rack";
 constexpr size_t kMaxBlockedScan = 64;  // ready vertices tried per job per pass when slots are short
 constexpr uint32_t kMaxChainedAfter = 8;  // unfinished input edges a vertex may be chained after
+// A consumer that cannot read its inputs this many times in a row (its producers re-run each
+// time, so the loss is persistent: an unreadable disk, a writer that fails verification)
+// fails the job instead of regenerating forever, like Spark's stage.maxConsecutiveAttempts.
+constexpr int kMaxInputLossesInARow = 8;
 
 std::shared_ptr<spdlog::logger> SchedLog() {
   static auto log = Logger("sched");
@@ -103,6 +107,7 @@ struct Scheduler::Run {
   DaemonId dup_daemon;
   TimePoint dup_started{};
   int charged = 0;       // failed attempts that count against max_attempts
+  int inputs_lost = 0;   // input_lost failures since it last completed (not charged)
   uint32_t pending = 0;  // predecessors not completed
   DaemonId daemon;       // running there, or holding the outputs
   std::vector<uint64_t> output_bytes;
@@ -651,6 +656,14 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     const auto& inputs = g.vertex(rep.vertex).inputs;
     if (static_cast<size_t>(rep.lost_input_port) < inputs.size()) {
       VertexId producer = g.channel(inputs[rep.lost_input_port]).from;
+      if (++r.inputs_lost >= kMaxInputLossesInARow) {
+        FinishJob(*job, JobState::kFailed,
+                  "vertex " + g.vertex(rep.vertex).name + " could not read input " +
+                      std::to_string(rep.lost_input_port) + " (from " + g.vertex(producer).name + ") " +
+                      std::to_string(r.inputs_lost) + " times in a row, its producer re-run each time: " + rep.error);
+        Schedule();
+        return;
+      }
       Fail(*job, rep.vertex, FailureClass::kInputLost, rep.error, /*charge=*/false);
       Regenerate(*job, producer, "consumer " + g.vertex(rep.vertex).name + " could not read it: " + rep.error);
       RecomputePending(*job);
@@ -668,6 +681,7 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   Run& r = job.runs[v.value()];
   job.stage_seconds[job.g().vertex(v).stage].push_back(std::chrono::duration<double>(clock_.Now() - r.started).count());
   r.state = VertexState::kCompleted;
+  r.inputs_lost = 0;
   r.output_bytes = rep.output_bytes;
   r.output_bytes.resize(job.g().vertex(v).outputs.size(), 0);
   r.output_messages = rep.output_messages;

@@ -263,6 +263,50 @@ TEST_CASE("Scheduler.ConsumedOutputsAreReleasedAndRegeneratedWhenNeededAgain") {
   CHECK(h.sched.JobStatus(job)["stages"][2]["failed_attempts"] == 0);
 }
 
+TEST_CASE("Scheduler.AnInputLostTimeAfterTimeFailsTheJobInsteadOfLoopingForever") {
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(kChain);
+  h.Finish(h.Next("a[0]").second, true);
+  h.Finish(h.Next("b[0]").second, true);
+  // c never reads b's output, whatever b's re-runs write (an unreadable disk, say): each
+  // loss re-runs b (and a, whose output was released), up to the bound.
+  for (int i = 1; i < 8; ++i) {
+    h.Finish(h.Next("c[0]").second, false, {}, FailureClass::kInputLost, 0);
+    REQUIRE(h.State(job) == "running");
+    h.Finish(h.Next("a[0]").second, true);
+    h.Finish(h.Next("b[0]").second, true);
+  }
+  h.Finish(h.Next("c[0]").second, false, {}, FailureClass::kInputLost, 0);
+  CHECK(h.State(job) == "failed");
+  std::string failure = h.sched.JobStatus(job)["failure"];
+  CHECK_MESSAGE(failure.find("c[0] could not read input 0 (from b[0]) 8 times in a row") != std::string::npos, failure);
+}
+
+TEST_CASE("Scheduler.InputLossesAreCountedInARowNotOverTheJob") {
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(kChain);
+  h.Finish(h.Next("a[0]").second, true);
+  // Each failure of b also ends c's task, chained after b, unstarted (as its daemon reports).
+  auto lose_b_input = [&] {
+    h.Finish(h.Next("b[0]").second, false, {}, FailureClass::kInputLost, 0);
+    h.Finish(h.Next("c[0]").second, false);
+    h.Finish(h.Next("a[0]").second, true);
+  };
+  // b loses its input 7 times, completes, and later loses its input once more (a re-run of b
+  // after c lost b's output): the count starts again.
+  for (int i = 0; i < 7; ++i) lose_b_input();
+  h.Finish(h.Next("b[0]").second, true);
+  h.Finish(h.Next("c[0]").second, false, {}, FailureClass::kInputLost, 0);
+  h.Finish(h.Next("a[0]").second, true);
+  lose_b_input();
+  CHECK(h.State(job) == "running");
+  h.Finish(h.Next("b[0]").second, true);
+  h.Finish(h.Next("c[0]").second, true);
+  CHECK(h.State(job) == "completed");
+}
+
 TEST_CASE("Scheduler.RetainedStagesAreNotReleased") {
   Harness h;
   h.AddDaemon("d0");
