@@ -161,6 +161,11 @@ int main(int argc, char** argv) {
   std::printf("ml_graph_bench: model %s, batch %d, %lld steps (%lld images), SGD lr 0.05 momentum 0.9, "
               "copse run --daemons %d (2 cpus each), 1 thread per vertex\n",
               model.c_str(), batch, static_cast<long long>(steps), static_cast<long long>(images), daemons);
+  // OpenBLAS's kernel set decides copse's products (PyTorch runs oneDNN's); a machine that
+  // pins OPENBLAS_CORETYPE to an older set than its CPU has runs copse's rows slower.
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("OpenBLAS kernels: %s\n", coretype ? (std::string(coretype) + " (OPENBLAS_CORETYPE)").c_str()
+                                                  : "chosen by OpenBLAS for this CPU");
 
   // Single process.
   Json single = Json::parse(Run(Copse() + " train --model " + model + " --epochs 1 --batch 128 --threads 2 --limit " +
