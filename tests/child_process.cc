@@ -106,7 +106,7 @@ ChildProcess::ChildProcess(const std::string& name) {
 }
 
 ChildProcess::~ChildProcess() {
-  if (pid_ > 0) Kill();
+  Kill();
   if (to_child_ >= 0) ::close(to_child_);
   if (from_child_ >= 0) ::close(from_child_);
 }
@@ -119,7 +119,10 @@ std::string ChildProcess::Receive() {
   return text;
 }
 
+// Both act on this child only: once it is reaped, pid_ is -1, which kill() and waitpid() would
+// read as "every process" and "any child".
 int ChildProcess::Wait() {
+  REQUIRE_MESSAGE(pid_ > 0, "test child already reaped");
   int status = 0;
   ::waitpid(pid_, &status, 0);
   pid_ = -1;
@@ -127,6 +130,7 @@ int ChildProcess::Wait() {
 }
 
 void ChildProcess::Kill() {
+  if (pid_ <= 0) return;
   ::kill(pid_, SIGKILL);
   ::waitpid(pid_, nullptr, 0);
   pid_ = -1;

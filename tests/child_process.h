@@ -44,9 +44,9 @@ class ChildProcess {
   void Send(const std::string& text);
   /// The child's next string; fails the test if the child ended without sending one.
   std::string Receive();
-  /// Waits for the child to end; its wait status.
+  /// Waits for the child to end; its wait status. Once only.
   int Wait();
-  /// SIGKILL and reap.
+  /// SIGKILL and reap (nothing once reaped).
   void Kill();
 
  private:
