@@ -7,6 +7,8 @@
 //   * a `file` output written and read back on the same daemon (page cache, checksums verified),
 //   * a remote fetch: a producer daemon (OutputStore + DataServer) in a forked child process, the
 //     consumer (its own OutputStore + DataServer) in this process, over TCP on 127.0.0.1,
+//   * the same fetch through the producer's same-host local socket (data_server.h: a memory
+//     output streamed over a Unix domain socket, a file output handed over as its descriptor),
 //   * raw ZeroMQ PUSH/PULL over TCP on 127.0.0.1 between the same two processes, zero-copy sends,
 //     as the yardstick for the remote fetch.
 // Prints the median of R runs (default 5) of each; GB/s means 1e9 bytes per second.
@@ -214,33 +216,35 @@ int main(int argc, char** argv) {
   pull.set(zmq::sockopt::rcvhwm, 64);
   pull.connect("tcp://127.0.0.1:" + std::to_string(ports.zmq));
 
-  std::vector<double> remote_mem, remote_file, zmq_rate;
+  std::vector<double> remote_mem, remote_file, local_mem, local_file, zmq_rate;
+  RemoteReaderOptions tcp, local;
+  tcp.local_socket = false;
+  local.local_socket = true;
+  // A fetch timed from the request to the last message read (and released).
+  auto fetch = [&](const OutputKey& key, const RemoteReaderOptions& o, std::vector<double>& rates, bool timed) {
+    auto t0 = Clock::now();
+    auto rd = Check(OpenRemoteReader(kHost, ports.data, key, kSecret, o), "open remote output");
+    uint64_t bytes = Drain(*rd);
+    rd.reset();
+    double s = Seconds(t0);
+    if (bytes != c.total_bytes()) std::exit(1);
+    if (timed) rates.push_back(gb / s);
+  };
   // One untimed warm-up of each (connection set-up, page faults in the producer), then
   // alternate so that noise on this shared machine hits every path alike.
   for (int r = -1; r < c.runs; ++r) {
+    fetch({1, 0, 0, 0}, tcp, remote_mem, r >= 0);
+    fetch({1, 1, 0, 0}, tcp, remote_file, r >= 0);
+    fetch({1, 0, 0, 0}, local, local_mem, r >= 0);
+    fetch({1, 1, 0, 0}, local, local_file, r >= 0);
+
     auto t0 = Clock::now();
-    auto rd = Check(OpenRemoteReader(kHost, ports.data, {1, 0, 0, 0}, kSecret), "open remote memory");
-    uint64_t bytes = Drain(*rd);
-    double s = Seconds(t0);
-    if (bytes != c.total_bytes()) return 1;
-    if (r >= 0) remote_mem.push_back(gb / s);
-
-    t0 = Clock::now();
-    rd = Check(OpenRemoteReader(kHost, ports.data, {1, 1, 0, 0}, kSecret), "open remote file");
-    bytes = Drain(*rd);
-    s = Seconds(t0);
-    if (bytes != c.total_bytes()) return 1;
-    if (r >= 0) remote_file.push_back(gb / s);
-
-    t0 = Clock::now();
     (void)!::write(cmd[1], "z", 1);
-    bytes = 0;
     for (size_t i = 0; i < c.messages(); ++i) {
       zmq::message_t m;
       (void)pull.recv(m, zmq::recv_flags::none);
-      bytes += m.size();
     }
-    s = Seconds(t0);
+    double s = Seconds(t0);
     if (r >= 0) zmq_rate.push_back(gb / s);
   }
   (void)!::write(cmd[1], "q", 1);
@@ -258,8 +262,12 @@ int main(int argc, char** argv) {
   row("file output: local read, checksums verified", file_read);
   row("remote fetch of a memory output (other process, TCP 127.0.0.1)", remote_mem);
   row("remote fetch of a file output (other process, TCP 127.0.0.1)", remote_file);
+  row("same-host fetch of a memory output (other process, local socket)", local_mem);
+  row("same-host fetch of a file output (other process, its descriptor)", local_file);
   row("raw ZeroMQ PUSH/PULL (other process, TCP 127.0.0.1, zero-copy send)", zmq_rate);
   std::printf("  remote fetch (memory output) / raw ZeroMQ: %.2f\n", Median(remote_mem) / Median(zmq_rate));
+  std::printf("  same-host / TCP fetch: memory output %.2f, file output %.2f\n",
+              Median(local_mem) / Median(remote_mem), Median(local_file) / Median(remote_file));
   std::filesystem::remove_all(c.dir);
   return 0;
 }

@@ -7,12 +7,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -30,7 +33,8 @@ using wire::FrameType;
 namespace {
 
 constexpr uint32_t kMaxRequestBytes = 64 << 10;
-constexpr uint64_t kMaxFetchWaitMs = 5'000;  // the longest a fetch waits for its output to appear
+constexpr uint64_t kMaxFetchWaitMs = 5'000;
+constexpr int kLocalSendBufferBytes = 4 << 20;  // the longest a fetch waits for its output to appear
 
 Json EndBody(const Status& st) {
   return Json{{"ok", false}, {"code", std::string(StatusCodeName(st.code()))}, {"message", st.message()}};
@@ -115,6 +119,7 @@ struct DataServer::Impl {
   std::string secret;
   DataServerOptions options;
   Socket listener;
+  Socket local_listener;  // not valid when the local fast path is off
   uint16_t port = 0;
   int wake_fd = -1;
   std::thread acceptor;
@@ -123,6 +128,7 @@ struct DataServer::Impl {
   std::atomic<bool> stopping{false};
   std::atomic<uint64_t> accepted{0};
   std::atomic<uint64_t> fetches{0};
+  std::atomic<uint64_t> handoffs{0};
 
   Impl(OutputStore& s, std::string sec, DataServerOptions o) : store(s), secret(std::move(sec)), options(o) {}
 
@@ -131,32 +137,46 @@ struct DataServer::Impl {
   void Serve(Socket& sock);
   /// Authenticates a new connection; false when it must be closed.
   bool Handshake(BufferedSocket& in, const std::string& peer);
-  /// Streams one output; false when the connection is no longer usable.
-  bool Fetch(Socket& sock, const OutputKey& key);
+  /// Streams one output (hands a file output over on a local connection); false when the
+  /// connection is no longer usable.
+  bool Fetch(Socket& sock, const OutputKey& key, bool local);
+  /// Answers a fetch of a file output on a local connection with the file's descriptor;
+  /// nullopt when the output must be streamed instead (in memory, empty, or its file is gone).
+  std::optional<bool> HandOff(Socket& sock, const OutputKey& key, const OutputStore::Stored& stored);
   /// Waits up to wait_ms for `key` to be stored (or removed); false when it was not by then.
   bool WaitForOutput(const OutputKey& key, uint64_t wait_ms);
 };
 
 void DataServer::Impl::AcceptLoop() {
   for (;;) {
-    pollfd fds[2] = {{listener.fd(), POLLIN, 0}, {wake_fd, POLLIN, 0}};
-    int n = ::poll(fds, 2, 1000);
+    // The local listener's slot stays (fd -1, ignored by poll) when the fast path is off.
+    pollfd fds[3] = {{wake_fd, POLLIN, 0}, {listener.fd(), POLLIN, 0}, {local_listener.fd(), POLLIN, 0}};
+    int n = ::poll(fds, 3, 1000);
     if (stopping) return;
     std::lock_guard lock(mu);
     ReapLocked();
-    if (n <= 0 || !(fds[0].revents & POLLIN)) continue;
-    int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    ++accepted;
-    Conn& c = conns.emplace_back();
-    c.sock = Socket(fd);
-    c.thread = std::thread([this, &c] {
-      Serve(c.sock);
-      c.sock.Shutdown();  // closed (after join) by the reaper or Stop
-      c.done = true;
-    });
+    if (n <= 0) continue;
+    for (int i = 1; i < 3; ++i) {
+      if (!(fds[i].revents & POLLIN)) continue;
+      const bool local = i == 2;
+      int fd = ::accept4(fds[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      if (!local) {
+        int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      } else {
+        int bytes = kLocalSendBufferBytes;
+        ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+      }
+      ++accepted;
+      Conn& c = conns.emplace_back();
+      c.sock = Socket(fd, local);
+      c.thread = std::thread([this, &c] {
+        Serve(c.sock);
+        c.sock.Shutdown();  // closed (after join) by the reaper or Stop
+        c.done = true;
+      });
+    }
   }
 }
 
@@ -197,7 +217,9 @@ bool DataServer::Impl::Handshake(BufferedSocket& in, const std::string& peer) {
 }
 
 void DataServer::Impl::Serve(Socket& sock) {
-  BufferedSocket in(Socket(::dup(sock.fd())), 64 << 10);  // own read buffer; `sock` stays owned by Conn
+  // Own read buffer; `sock` stays owned by Conn. Requests never carry descriptors: plain reads.
+  BufferedSocket in(Socket(::dup(sock.fd())), 64 << 10);
+  const bool local = sock.local();
   std::string peer = "connection " + std::to_string(accepted.load());
   if (!Handshake(in, peer)) return;
   Socket& out = in.socket();
@@ -233,7 +255,7 @@ void DataServer::Impl::Serve(Socket& sock) {
         if (!internal::WriteFrame(out, FrameType::kEnd, EndBody(st).dump()).ok()) return;
         continue;
       }
-      if (!Fetch(out, *key)) return;
+      if (!Fetch(out, *key, local)) return;
     } else if (op == "ping") {
       if (!internal::WriteJson(out, Json{{"op", "pong"}}).ok()) return;
     } else {
@@ -253,12 +275,26 @@ bool DataServer::Impl::WaitForOutput(const OutputKey& key, uint64_t wait_ms) {
   return false;
 }
 
-bool DataServer::Impl::Fetch(Socket& sock, const OutputKey& key) {
+std::optional<bool> DataServer::Impl::HandOff(Socket& sock, const OutputKey& key, const OutputStore::Stored& stored) {
+  if (stored.file.empty()) return std::nullopt;  // in memory (streamed) or without messages
+  const int fd = ::open(stored.file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;  // gone: the streamed path reports it
+  const Json body{{"ok", true}, {"messages", stored.info.messages}, {"bytes", stored.info.bytes}, {"handoff", true}};
+  const bool sent = internal::WriteFrameWithFd(sock, FrameType::kEnd, body.dump(), fd).ok();
+  ::close(fd);  // the reader holds its own duplicate
+  if (sent) ++handoffs;
+  return sent;
+}
+
+bool DataServer::Impl::Fetch(Socket& sock, const OutputKey& key, bool local) {
   ++fetches;
   auto end = [&](const Json& body) { return internal::WriteFrame(sock, FrameType::kEnd, body.dump()).ok(); };
   auto stored = store.Lookup(key);
   if (!stored.ok()) return end(EndBody(stored.status()));
   if (stored->damaged) return end(EndBody(Status::DataLoss("output " + key.ToString() + " is damaged")));
+  if (local) {
+    if (auto handed = HandOff(sock, key, *stored)) return *handed;
+  }
   FrameSender sender(sock);
   uint64_t messages = 0, bytes = 0;
   if (stored->memory) {
@@ -294,6 +330,14 @@ Result<std::unique_ptr<DataServer>> DataServer::Start(OutputStore& store, const 
   auto impl = std::make_unique<Impl>(store, std::move(secret), options);
   COPSE_ASSIGN_OR_RETURN(impl->listener, Socket::Listen(host, port));
   impl->port = impl->listener.LocalPort();
+  if (options.local_socket) {
+    auto local = Socket::ListenLocal(LocalSocketName(host, impl->port));
+    if (local.ok()) {
+      impl->local_listener = std::move(*local);
+    } else {  // e.g. another server in this network namespace serves the same address
+      Logger("chan")->warn("data server: no same-host fast path: {}", local.status().message());
+    }
+  }
   impl->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (impl->wake_fd < 0) return Status::Internal("eventfd failed");
   Impl* p = impl.get();
@@ -305,6 +349,12 @@ Result<std::unique_ptr<DataServer>> DataServer::Start(OutputStore& store, const 
 uint16_t DataServer::port() const { return impl_->port; }
 uint64_t DataServer::connections_accepted() const { return impl_->accepted; }
 uint64_t DataServer::fetches() const { return impl_->fetches; }
+uint64_t DataServer::handoffs() const { return impl_->handoffs; }
+bool DataServer::serves_local() const { return impl_->local_listener.valid(); }
+
+std::string LocalSocketName(const std::string& host, uint16_t port) {
+  return "copse-data/" + host + ":" + std::to_string(port);
+}
 
 void DataServer::Stop() {
   if (!impl_ || impl_->stopping.exchange(true)) return;
@@ -312,6 +362,7 @@ void DataServer::Stop() {
   (void)::write(impl_->wake_fd, &one, sizeof one);
   if (impl_->acceptor.joinable()) impl_->acceptor.join();
   impl_->listener.Close();
+  impl_->local_listener.Close();
   std::lock_guard lock(impl_->mu);
   for (auto& c : impl_->conns) c.sock.Shutdown();
   for (auto& c : impl_->conns) c.thread.join();

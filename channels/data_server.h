@@ -15,6 +15,15 @@
 //             one; every message carries its xxh3), then one kEnd frame whose body is
 //             {"ok":true,"messages":N,"bytes":B} or {"ok":false,"code":"NotFound","message":…}
 //   client -> {"op":"ping"}  server -> {"op":"pong"}
+//
+// Same host: the server also listens on a local (Unix domain) socket in Linux's abstract
+// namespace, LocalSocketName(host, port), reachable only from this host and network namespace.
+// The protocol there is the same, over a socket that skips the TCP/IP stack, except that a fetch
+// of a file output with messages is answered by one kEnd frame
+// {"ok":true,"messages":N,"bytes":B,"handoff":true} carrying the file's descriptor (SCM_RIGHTS),
+// opened read-only: the reader reads the page cache itself, and no byte crosses the socket. The
+// fast path for daemons on one host (`copse run`; one daemon per GPU).
+//
 // A peer that sends garbage, a wrong version, an oversized frame, an unknown op or a bad MAC
 // gets {"op":"error","message":…} (when the connection still allows it) and is disconnected.
 //
@@ -35,7 +44,12 @@ namespace copse::chan {
 struct DataServerOptions {
   int handshake_timeout_ms = 10'000;
   int frame_timeout_ms = 30'000;  // for the rest of a frame once its first byte arrived
+  /// Also serve readers on this host through LocalSocketName.
+  bool local_socket = true;
 };
+
+/// The abstract-namespace name of the local socket of the data server listening on host:port.
+std::string LocalSocketName(const std::string& host, uint16_t port);
 
 class DataServer {
  public:
@@ -54,6 +68,10 @@ class DataServer {
   uint64_t connections_accepted() const;
   /// Fetch requests served (complete or not).
   uint64_t fetches() const;
+  /// Fetches of file outputs answered with the file's descriptor (same-host readers).
+  uint64_t handoffs() const;
+  /// Whether the local socket is up (false when disabled or when its name was taken).
+  bool serves_local() const;
 
  private:
   struct Impl;

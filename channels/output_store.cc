@@ -346,12 +346,18 @@ Result<std::unique_ptr<FileRecordReader>> FileRecordReader::Open(const fs::path&
   if (fd < 0) {
     return Status::DataLoss("output " + what + ": cannot open " + file.string() + ": " + std::strerror(errno));
   }
+  auto r = Open(fd, what, verify);
+  if (!r.ok()) return Status::DataLoss(r.status().message() + " (" + file.string() + ")");
+  return r;
+}
+
+Result<std::unique_ptr<FileRecordReader>> FileRecordReader::Open(int fd, std::string what, bool verify) {
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   std::unique_ptr<FileRecordReader> r(new FileRecordReader(fd, std::move(what), verify));
   COPSE_RETURN_NOT_OK(r->Fill(sizeof internal::kFileMagic));
   if (r->end_ - r->begin_ < sizeof internal::kFileMagic ||
       std::memcmp(r->buf_.data() + r->begin_, internal::kFileMagic, sizeof internal::kFileMagic) != 0) {
-    return Status::DataLoss("output " + r->what_ + ": " + file.string() + " is not a copse output file");
+    return Status::DataLoss("output " + r->what_ + ": not a copse output file");
   }
   r->begin_ += sizeof internal::kFileMagic;
   return r;
@@ -511,6 +517,11 @@ Result<std::unique_ptr<ChannelReader>> OutputStore::OpenReader(const OutputKey& 
 
 Result<std::unique_ptr<ChannelReader>> OutputStore::OpenDurableCopy(const fs::path& file, const OutputKey& key) {
   COPSE_ASSIGN_OR_RETURN(auto r, FileRecordReader::Open(file, key.ToString() + " (durable copy)", true));
+  return std::unique_ptr<ChannelReader>(new FileReader(std::move(r)));
+}
+
+Result<std::unique_ptr<ChannelReader>> OutputStore::OpenOutputFile(int fd, std::string what) {
+  COPSE_ASSIGN_OR_RETURN(auto r, FileRecordReader::Open(fd, std::move(what), true));
   return std::unique_ptr<ChannelReader>(new FileReader(std::move(r)));
 }
 

@@ -107,6 +107,9 @@ class OutputStore {
   /// A reader of the durable copy `file` of output `key`, written by any store; DataLoss or
   /// IOError (naming the key and the file) when it is gone or fails a checksum.
   static Result<std::unique_ptr<ChannelReader>> OpenDurableCopy(const std::filesystem::path& file, const OutputKey& key);
+  /// A reader of an output file already open as `fd` (ownership taken), positioned at its
+  /// start: a file output handed over by a daemon on the same host (data_server.h).
+  static Result<std::unique_ptr<ChannelReader>> OpenOutputFile(int fd, std::string what);
   /// `primary` (a reader of output `key` from a store), continued from the durable copy `copy`
   /// should it fail part-way (a damaged message, a lost connection).
   static std::unique_ptr<ChannelReader> WithDurableFallback(std::unique_ptr<ChannelReader> primary,
@@ -199,6 +202,8 @@ class FileRecordReader {
  public:
   static Result<std::unique_ptr<FileRecordReader>> Open(const std::filesystem::path& file, std::string what,
                                                         bool verify);
+  /// The same over a descriptor open at the file's start (ownership taken, closed on failure).
+  static Result<std::unique_ptr<FileRecordReader>> Open(int fd, std::string what, bool verify);
   ~FileRecordReader();
   /// The next record, nullopt at the end; DataLoss on a bad checksum or a truncated file.
   Result<std::optional<Record>> Next();

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <vector>
 
+#include "channels/data_server.h"
 #include "channels/record_format.h"
 #include "channels/socket.h"
 #include "common/auth.h"
@@ -55,7 +56,7 @@ class Pool {
   }
 
   void Put(std::unique_ptr<Conn> c) {
-    if (c->in.buffered() != 0) return;  // out of step with the peer: never reuse
+    if (c->in.buffered() != 0 || c->in.socket().has_received_fds()) return;  // out of step: never reuse
     std::lock_guard lock(mu_);
     auto& v = idle_[c->pool_key];
     if (v.size() >= kMaxIdlePerPeer) return;
@@ -63,9 +64,10 @@ class Pool {
     ++stats_.idle;
   }
 
-  void CountOpened() {
+  void CountOpened(bool local) {
     std::lock_guard lock(mu_);
     ++stats_.connections_opened;
+    if (local) ++stats_.local_connections_opened;
   }
 
   RemotePoolStats Stats() {
@@ -87,10 +89,23 @@ class Pool {
 
 std::string PeerName(const std::string& host, uint16_t port) { return host + ":" + std::to_string(port); }
 
+/// The peer's local socket when it is on this host and `o` allows it, else TCP.
+Result<Socket> Connect(const std::string& host, uint16_t port, const RemoteReaderOptions& o) {
+  if (o.local_socket) {
+    auto local = Socket::ConnectLocal(LocalSocketName(host, port), o.connect_timeout_ms);
+    if (local.ok()) return local;
+    if (local.status().code() != StatusCode::kNotFound) {
+      Logger("chan")->debug("local socket of {}: {}; using TCP", PeerName(host, port), local.status().message());
+    }
+  }
+  return Socket::Connect(host, port, o.connect_timeout_ms);
+}
+
 Result<std::unique_ptr<Conn>> Dial(const std::string& host, uint16_t port, const std::string& secret,
                                    const std::string& pool_key, const RemoteReaderOptions& o) {
   std::string peer = PeerName(host, port);
-  COPSE_ASSIGN_OR_RETURN(Socket s, Socket::Connect(host, port, o.connect_timeout_ms));
+  COPSE_ASSIGN_OR_RETURN(Socket s, Connect(host, port, o));
+  const bool local = s.local();
   auto c = std::make_unique<Conn>(std::move(s), pool_key);
   auto hello = internal::ReadJson(c->in, kMaxEndBytes, o.connect_timeout_ms, o.connect_timeout_ms);
   if (!hello.ok()) return Status::Unavailable("handshake with " + peer + ": " + hello.status().message());
@@ -104,19 +119,58 @@ Result<std::unique_ptr<Conn>> Dial(const std::string& host, uint16_t port, const
   if (reply->value("op", "") != "welcome") {
     return Status::PermissionDenied(peer + " refused the connection: " + reply->value("message", reply->dump()));
   }
-  Pool::Get().CountOpened();
+  Pool::Get().CountOpened(local);
   return c;
 }
+
+/// Reads the body of a kEnd frame whose header was read: the peer's verdict.
+Result<Json> ReadEndBody(BufferedSocket& in, const wire::FrameHeader& h, int timeout_ms) {
+  if (h.length > kMaxEndBytes) return Status::InvalidArgument("oversized end frame");
+  std::string body(h.length, '\0');
+  COPSE_RETURN_NOT_OK(in.ReadFull(body.data(), body.size(), timeout_ms));
+  Json j = Json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument("malformed end frame");
+  return j;
+}
+
+Status PeerVerdict(const Json& end, const std::string& peer) {
+  if (end.value("ok", false)) return Status::OK();
+  return Status(CodeFromName(end.value("code", "")), peer + ": " + end.value("message", "fetch failed"));
+}
+
+class EmptyOutputReader final : public ChannelReader {
+ public:
+  Result<std::optional<Buffer>> Next() override { return std::optional<Buffer>(); }
+};
+
+/// A file output handed over by descriptor, checked to hold the messages its server announced.
+class HandedOverFileReader final : public ChannelReader {
+ public:
+  HandedOverFileReader(std::unique_ptr<ChannelReader> file, std::string what, uint64_t expected)
+      : file_(std::move(file)), what_(std::move(what)), expected_(expected) {}
+
+  Result<std::optional<Buffer>> Next() override {
+    COPSE_ASSIGN_OR_RETURN(auto m, file_->Next());
+    if (m ? ++seen_ > expected_ : seen_ != expected_) {
+      return Status::DataLoss("fetching " + what_ + ": the file handed over holds " + (m ? "more than " : "") +
+                              std::to_string(seen_) + " messages, not the " + std::to_string(expected_) +
+                              " announced");
+    }
+    return m;
+  }
+
+ private:
+  std::unique_ptr<ChannelReader> file_;
+  std::string what_;
+  uint64_t expected_;
+  uint64_t seen_ = 0;
+};
 
 class RemoteReader final : public ChannelReader {
  public:
   RemoteReader(std::unique_ptr<Conn> conn, OutputKey key, std::string peer, wire::FrameHeader first, int timeout_ms)
       : conn_(std::move(conn)), key_(key), peer_(std::move(peer)), timeout_ms_(timeout_ms), pending_(first),
         has_pending_(true) {}
-
-  /// Reads the kEnd body of a stream whose first frame was kEnd: the error, or OK (empty output).
-  Status FinishEmpty() { return ReadEnd(pending_); }
-  bool done() const { return done_; }
 
   Result<std::optional<Buffer>> Next() override {
     if (!failed_.ok()) return failed_;
@@ -141,16 +195,12 @@ class RemoteReader final : public ChannelReader {
 
   /// The kEnd frame: checks the peer's verdict and counts, then pools the connection.
   Status ReadEnd(const wire::FrameHeader& h) {
-    if (h.length > kMaxEndBytes) return Lost(Status::InvalidArgument("oversized end frame"));
-    std::string body(h.length, '\0');
-    COPSE_RETURN_NOT_OK(Read(body.data(), body.size()));
-    Json j = Json::parse(body, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return Lost(Status::InvalidArgument("malformed end frame"));
+    auto end = ReadEndBody(conn_->in, h, timeout_ms_);
+    if (!end.ok()) return Lost(end.status());
+    const Json& j = *end;
     done_ = true;
     Pool::Get().Put(std::move(conn_));  // a complete exchange: the connection is reusable
-    if (!j.value("ok", false)) {
-      return Status(CodeFromName(j.value("code", "")), peer_ + ": " + j.value("message", "fetch failed"));
-    }
+    COPSE_RETURN_NOT_OK(PeerVerdict(j, peer_));
     if (j.value("messages", uint64_t{0}) != messages_ || j.value("bytes", uint64_t{0}) != bytes_) {
       return Status::DataLoss("fetching " + What() + ": received " + std::to_string(messages_) +
                               " messages, the peer sent " + j.value("messages", Json()).dump());
@@ -263,6 +313,28 @@ class RemoteReader final : public ChannelReader {
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash_{XXH3_createState(), &XXH3_freeState};
 };
 
+/// An answer that is one kEnd frame: the peer's refusal (NotFound, DataLoss), an empty output,
+/// or a file output handed over by descriptor on a local connection.
+Result<std::unique_ptr<ChannelReader>> FinishUnstreamed(std::unique_ptr<Conn> conn, const wire::FrameHeader& h,
+                                                        const OutputKey& key, const std::string& peer,
+                                                        const RemoteReaderOptions& o) {
+  const std::string what = "output " + key.ToString() + " from " + peer;
+  auto end = ReadEndBody(conn->in, h, o.read_timeout_ms);
+  if (!end.ok()) return Status::Unavailable("fetching " + what + ": " + end.status().message());
+  const bool handoff = end->value("handoff", false);
+  const int fd = handoff ? conn->in.socket().TakeReceivedFd() : -1;
+  Pool::Get().Put(std::move(conn));  // a complete exchange: the connection is reusable
+  COPSE_RETURN_NOT_OK(PeerVerdict(*end, peer));
+  const uint64_t messages = end->value("messages", uint64_t{0});
+  if (!handoff) {
+    if (messages != 0) return Status::DataLoss("fetching " + what + ": the peer announced messages but sent none");
+    return std::unique_ptr<ChannelReader>(new EmptyOutputReader());
+  }
+  if (fd < 0) return Status::Unavailable("fetching " + what + ": the peer handed over no descriptor");
+  COPSE_ASSIGN_OR_RETURN(auto file, OutputStore::OpenOutputFile(fd, key.ToString() + " (handed over by " + peer + ")"));
+  return std::unique_ptr<ChannelReader>(new HandedOverFileReader(std::move(file), what, messages));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host, uint16_t port, const OutputKey& key,
@@ -273,7 +345,9 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
 Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host, uint16_t port, const OutputKey& key,
                                                         const std::string& secret, const RemoteReaderOptions& o) {
   const std::string peer = PeerName(host, port);
-  const std::string pool_key = peer + "\n" + auth::Mac(secret, "copse-pool");  // the secret itself is not kept
+  // The secret itself is not kept; readers that may not use a local connection never get one.
+  const std::string pool_key =
+      peer + (o.local_socket ? "\nlocal-ok\n" : "\ntcp\n") + auth::Mac(secret, "copse-pool");
   Json fetch = {{"op", "fetch"}, {"key", key.ToJson()}};
   if (o.wait_ms > 0) fetch["wait_ms"] = o.wait_ms;
   const std::string request = fetch.dump();
@@ -295,13 +369,9 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
       return Status::Unavailable("fetching output " + key.ToString() + " from " + peer + ": " +
                                  first.status().message());
     }
-    auto reader = std::make_unique<RemoteReader>(std::move(conn), key, peer, *first, o.read_timeout_ms);
-    if (first->type == FrameType::kEnd) {
-      // Nothing to stream: an empty output, or the peer's refusal (NotFound, DataLoss).
-      Status end = reader->FinishEmpty();
-      if (!end.ok()) return end;
-    }
-    return std::unique_ptr<ChannelReader>(std::move(reader));
+    if (first->type == FrameType::kEnd) return FinishUnstreamed(std::move(conn), *first, key, peer, o);
+    return std::unique_ptr<ChannelReader>(
+        std::make_unique<RemoteReader>(std::move(conn), key, peer, *first, o.read_timeout_ms));
   }
 }
 

@@ -8,6 +8,10 @@
 // past `read_timeout_ms`; NotFound/DataLoss when the peer does not hold the output;
 // PermissionDenied when it refuses the secret.
 //
+// Same host: when the peer's data server has a local socket (data_server.h), the reader
+// connects there instead of over TCP, and reads a file output from the descriptor the server
+// hands over; nothing changes for the caller.
+//
 // Connections are pooled per (host, port, secret) across readers and threads: a reader takes an
 // idle authenticated connection (or opens one), and returns it when it has read the whole
 // output. A reader destroyed mid-stream closes its connection instead. A pooled connection the
@@ -31,6 +35,8 @@ struct RemoteReaderOptions {
   /// > 0: an output the peer does not hold yet is waited for up to this long (data_server.h);
   /// Timeout when it has not appeared by then.
   int wait_ms = 0;
+  /// Use the peer's local socket when it is on this host (data_server.h).
+  bool local_socket = true;
 };
 
 /// A reader of `key` as stored on the daemon whose DataServer listens on host:port.
@@ -43,6 +49,7 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
 /// Pool figures, for tests and diagnostics.
 struct RemotePoolStats {
   uint64_t connections_opened = 0;
+  uint64_t local_connections_opened = 0;  // of which to a peer's local socket (same host)
   uint64_t connections_reused = 0;
   uint64_t idle = 0;
 };

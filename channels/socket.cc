@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -43,7 +44,10 @@ Socket& Socket::operator=(Socket&& o) noexcept {
   if (this != &o) {
     Close();
     fd_ = o.fd_;
+    local_ = o.local_;
+    received_fds_ = std::move(o.received_fds_);
     o.fd_ = -1;
+    o.received_fds_.clear();
   }
   return *this;
 }
@@ -51,6 +55,15 @@ Socket& Socket::operator=(Socket&& o) noexcept {
 void Socket::Close() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  for (int fd : received_fds_) ::close(fd);
+  received_fds_.clear();
+}
+
+int Socket::TakeReceivedFd() {
+  if (received_fds_.empty()) return -1;
+  int fd = received_fds_.front();
+  received_fds_.erase(received_fds_.begin());
+  return fd;
 }
 
 void Socket::Shutdown() {
@@ -132,9 +145,77 @@ Result<Socket> Socket::Listen(const std::string& host, uint16_t port) {
   return Status::Unavailable("cannot listen on " + Peer(host, port) + ": " + last);
 }
 
+namespace {
+
+/// An abstract-namespace address: a leading NUL, then the name (not NUL-terminated).
+Result<std::pair<sockaddr_un, socklen_t>> LocalAddress(const std::string& name) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (name.empty() || name.size() + 1 > sizeof a.sun_path) {
+    return Status::InvalidArgument("local socket name must be 1.." + std::to_string(sizeof a.sun_path - 1) +
+                                   " bytes: \"" + name + "\"");
+  }
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  return std::pair{a, static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())};
+}
+
+}  // namespace
+
+Result<Socket> Socket::ConnectLocal(const std::string& name, int timeout_ms) {
+  COPSE_ASSIGN_OR_RETURN(auto addr, LocalAddress(name));
+  Socket s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), /*local=*/true);
+  if (!s.valid()) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  // A blocking connect to a Unix socket returns at once unless the listener's backlog is full.
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  ::setsockopt(s.fd(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (::connect(s.fd(), reinterpret_cast<const sockaddr*>(&addr.first), addr.second) != 0) {
+    if (errno == ECONNREFUSED || errno == ENOENT) return Status::NotFound("no local socket \"" + name + "\"");
+    return Status::Unavailable("cannot connect to local socket \"" + name + "\": " + std::strerror(errno));
+  }
+  timeval none{};
+  ::setsockopt(s.fd(), SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+  return s;
+}
+
+Result<Socket> Socket::ListenLocal(const std::string& name) {
+  COPSE_ASSIGN_OR_RETURN(auto addr, LocalAddress(name));
+  Socket s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), /*local=*/true);
+  if (!s.valid()) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  if (::bind(s.fd(), reinterpret_cast<const sockaddr*>(&addr.first), addr.second) != 0) {
+    if (errno == EADDRINUSE) return Status::AlreadyExists("local socket \"" + name + "\" is taken");
+    return Status::Unavailable("cannot bind local socket \"" + name + "\": " + std::strerror(errno));
+  }
+  if (::listen(s.fd(), 512) != 0) return Status::Unavailable(std::string("listen: ") + std::strerror(errno));
+  return s;
+}
+
 Result<size_t> Socket::ReadSome(char* p, size_t n, int timeout_ms) {
   for (;;) {
-    ssize_t r = ::recv(fd_, p, n, MSG_DONTWAIT);
+    ssize_t r;
+    if (local_) {
+      // recvmsg, so that descriptors passed with these bytes are kept rather than dropped.
+      iovec iov{p, n};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      r = ::recvmsg(fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (r >= 0) {
+        for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+          if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+          const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          for (size_t i = 0; i < count; ++i) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            received_fds_.push_back(fd);
+          }
+        }
+      }
+    } else {
+      r = ::recv(fd_, p, n, MSG_DONTWAIT);
+    }
     if (r > 0) return static_cast<size_t>(r);
     if (r == 0) return Status::Unavailable("peer closed the connection");
     if (errno == EINTR) continue;
@@ -165,6 +246,28 @@ Status Socket::WriteV(iovec* iov, size_t count) {
   return Status::OK();
 }
 
+Status Socket::WriteVWithFd(iovec* iov, size_t count, int fd) {
+  if (count == 0) return Status::InvalidArgument("a descriptor needs at least one byte to travel with");
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = std::min<size_t>(count, IOV_MAX);
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  ssize_t w;
+  do {
+    w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+  } while (w < 0 && errno == EINTR);
+  if (w < 0) return Status::Unavailable(std::string("connection lost: ") + std::strerror(errno));
+  AdvanceIovec(iov, count, static_cast<size_t>(w));
+  return WriteV(iov, count);  // the rest, if the first sendmsg took only part
+}
+
 Status BufferedSocket::ReadFull(char* p, size_t n, int timeout_ms) {
   size_t have = std::min(n, end_ - begin_);
   std::memcpy(p, buf_.data() + begin_, have);
@@ -192,6 +295,12 @@ Status WriteFrame(Socket& s, wire::FrameType type, std::string_view body) {
   auto h = wire::EncodeHeader(type, static_cast<uint32_t>(body.size()));
   iovec iov[2] = {{h.data(), h.size()}, {const_cast<char*>(body.data()), body.size()}};
   return s.WriteV(iov, body.empty() ? 1 : 2);
+}
+
+Status WriteFrameWithFd(Socket& s, wire::FrameType type, std::string_view body, int fd) {
+  auto h = wire::EncodeHeader(type, static_cast<uint32_t>(body.size()));
+  iovec iov[2] = {{h.data(), h.size()}, {const_cast<char*>(body.data()), body.size()}};
+  return s.WriteVWithFd(iov, body.empty() ? 1 : 2, fd);
 }
 
 Result<wire::FrameHeader> ReadHeader(BufferedSocket& s, uint32_t max_body, int first_byte_timeout_ms,

@@ -1,6 +1,10 @@
 #pragma once
-// Internal: blocking TCP sockets with bounded waits, and copse frames over them — the one place
-// the data server and the remote reader touch POSIX networking.
+// Internal: blocking TCP and local (Unix domain) sockets with bounded waits, and copse frames
+// over them — the one place the data server and the remote reader touch POSIX networking.
+//
+// Local sockets live in Linux's abstract namespace (no file to clean up; reachable from the
+// same host and network namespace only) and can pass file descriptors (SCM_RIGHTS): a local
+// Socket keeps every descriptor that arrives with the bytes it reads until TakeReceivedFd().
 //
 // Reads wait at most `timeout_ms` for progress (negative: forever) and report a peer that
 // closed or reset the connection as Unavailable, a silent one as Timeout. Writes never raise
@@ -22,9 +26,12 @@ namespace copse::chan::internal {
 class Socket {
  public:
   Socket() = default;
-  explicit Socket(int fd) : fd_(fd) {}
+  explicit Socket(int fd, bool local = false) : fd_(fd), local_(local) {}
   ~Socket() { Close(); }
-  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Socket(Socket&& o) noexcept : fd_(o.fd_), local_(o.local_), received_fds_(std::move(o.received_fds_)) {
+    o.fd_ = -1;
+    o.received_fds_.clear();
+  }
   Socket& operator=(Socket&& o) noexcept;
   Socket(const Socket&) = delete;
   Socket& operator=(const Socket&) = delete;
@@ -33,9 +40,15 @@ class Socket {
   static Result<Socket> Connect(const std::string& host, uint16_t port, int timeout_ms);
   /// A listening socket bound to host:port (port 0: any free port).
   static Result<Socket> Listen(const std::string& host, uint16_t port);
+  /// Connects to the local socket `name` (abstract namespace) within `timeout_ms`;
+  /// NotFound when nothing on this host listens there.
+  static Result<Socket> ConnectLocal(const std::string& name, int timeout_ms);
+  /// A listening local socket `name` (abstract namespace); AlreadyExists when taken.
+  static Result<Socket> ListenLocal(const std::string& name);
 
   bool valid() const { return fd_ >= 0; }
   int fd() const { return fd_; }
+  bool local() const { return local_; }
   void Close();
   /// Ends both directions; a thread blocked in a read or write returns an error.
   void Shutdown();
@@ -47,9 +60,17 @@ class Socket {
   Status WriteAll(const char* p, size_t n);
   /// Writes every iovec in order; modifies `iov`.
   Status WriteV(iovec* iov, size_t count);
+  /// Local sockets: writes every iovec in order, passing a duplicate of `fd` with the first byte.
+  Status WriteVWithFd(iovec* iov, size_t count, int fd);
+  /// Local sockets: the oldest descriptor received and not yet taken (the caller owns it), or
+  /// -1. Descriptors never taken are closed with the socket.
+  int TakeReceivedFd();
+  bool has_received_fds() const { return !received_fds_.empty(); }
 
  private:
   int fd_ = -1;
+  bool local_ = false;
+  std::vector<int> received_fds_;
 };
 
 /// A socket with a read buffer: small reads (frame and record headers) come from the buffer,
@@ -70,6 +91,8 @@ class BufferedSocket {
 
 /// Writes one frame.
 Status WriteFrame(Socket& s, wire::FrameType type, std::string_view body);
+/// Writes one frame over a local socket with a duplicate of `fd` attached.
+Status WriteFrameWithFd(Socket& s, wire::FrameType type, std::string_view body, int fd);
 inline Status WriteJson(Socket& s, const Json& j) { return WriteFrame(s, wire::FrameType::kJson, j.dump()); }
 
 /// Reads a frame header: waits up to `first_byte_timeout_ms` for it to begin, then

@@ -3,6 +3,7 @@
 #include "channels/data_server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -55,7 +56,28 @@ struct Daemon {
   }
 };
 
-RemoteReaderOptions Quick() { return RemoteReaderOptions{2000, 2000}; }
+/// Whether readers use the same-host local socket (the default outside tests) or TCP.
+bool g_local_socket = false;
+
+/// For the rest of a test case: the transport its SUBCASE picked.
+struct TransportScope {
+  explicit TransportScope(bool local) { g_local_socket = local; }
+  ~TransportScope() { g_local_socket = false; }
+};
+
+/// Runs the rest of the test case twice: over TCP, then through the server's local socket (file
+/// outputs handed over by descriptor). `local` names the transport in the body.
+#define COPSE_FOR_BOTH_TRANSPORTS(local)           \
+  bool local = false;                              \
+  SUBCASE("over TCP") { local = false; }           \
+  SUBCASE("same-host socket") { local = true; }    \
+  TransportScope transport_scope_(local)
+
+RemoteReaderOptions Quick() {
+  RemoteReaderOptions o{2000, 2000};
+  o.local_socket = g_local_socket;
+  return o;
+}
 
 std::vector<std::string> Fetch(const Daemon& d, const OutputKey& key) {
   auto r = OpenRemoteReader(kHost, d.server->port(), key, kSecret, Quick());
@@ -112,6 +134,7 @@ std::vector<std::string> MixedMessages() {
 }  // namespace
 
 TEST_CASE("RemoteFetch.RoundTripBothKinds" * doctest::timeout(20)) {
+  COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
   auto msgs = MixedMessages();
   d.Put({1, 0, 0, 0}, StorageKind::kMemory, msgs);
@@ -124,9 +147,11 @@ TEST_CASE("RemoteFetch.RoundTripBothKinds" * doctest::timeout(20)) {
   CHECK(Fetch(d, {1, 3, 0, 0}).empty());
   CHECK(FetchStatus(d.server->port(), {1, 9, 0, 0}).code() == StatusCode::kNotFound);
   CHECK(Fetch(d, {1, 0, 0, 0}) == msgs);  // the connection is still good after a refusal
+  CHECK(d.server->handoffs() == (local ? 1u : 0u));  // the file output with messages, when local
 }
 
 TEST_CASE("RemoteFetch.PayloadsAreEncodedOnceForRemoteReaders" * doctest::timeout(20)) {
+  COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
   auto object = std::make_shared<testing::CountingPayload>(Pattern(3 << 20, 9, 0));
   auto w = d.store->CreateWriter({3, 0, 0, 0}, StorageKind::kMemory);
@@ -141,6 +166,7 @@ TEST_CASE("RemoteFetch.PayloadsAreEncodedOnceForRemoteReaders" * doctest::timeou
 }
 
 TEST_CASE("RemoteFetch.MessageLargerThanAFrame" * doctest::timeout(20)) {
+  COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
   std::vector<std::string> msgs = {"head", std::string(internal::kMaxPieceBytes * 2 + 12345, 'z'), "tail"};
   msgs[1][7] = 'a';
@@ -150,6 +176,7 @@ TEST_CASE("RemoteFetch.MessageLargerThanAFrame" * doctest::timeout(20)) {
 }
 
 TEST_CASE("RemoteFetch.CorruptedOutputIsDataLoss" * doctest::timeout(10)) {
+  COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
   auto msgs = MixedMessages();
   d.Put({3, 0, 0, 0}, StorageKind::kMemory, msgs);
@@ -164,6 +191,7 @@ TEST_CASE("RemoteFetch.CorruptedOutputIsDataLoss" * doctest::timeout(10)) {
 }
 
 TEST_CASE("RemoteFetch.AWaitingFetchGetsAnOutputWrittenAfterItAsked" * doctest::timeout(20)) {
+  COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
   const OutputKey key{4, 1, 1, 0};
   RemoteReaderOptions waiting = Quick();
@@ -207,6 +235,7 @@ TEST_CASE("DataServer.ABadWaitIsRefused" * doctest::timeout(10)) {
 }
 
 TEST_CASE("RemoteFetch.PooledConnectionsAreReused" * doctest::timeout(20)) {
+  COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
   for (uint32_t v = 0; v < 10; ++v) d.Put({4, v, 0, 0}, StorageKind::kMemory, {Pattern(100, v, 0)});
   auto before = GetRemotePoolStats();
@@ -236,6 +265,7 @@ TEST_CASE("RemoteFetch.PooledConnectionsAreReused" * doctest::timeout(20)) {
 }
 
 TEST_CASE("RemoteFetch.ManyThreads" * doctest::timeout(20)) {
+  COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
   auto msgs = MixedMessages();
   d.Put({5, 0, 0, 0}, StorageKind::kMemory, msgs);
@@ -265,6 +295,7 @@ TEST_CASE("RemoteFetch.ManyThreads" * doctest::timeout(20)) {
 }
 
 TEST_CASE("RemoteFetch.StalePooledConnectionIsReplaced" * doctest::timeout(20)) {
+  COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
   d.Put({6, 0, 0, 0}, StorageKind::kMemory, {"a", "b"});
   uint16_t port = d.server->port();
@@ -278,6 +309,7 @@ TEST_CASE("RemoteFetch.StalePooledConnectionIsReplaced" * doctest::timeout(20)) 
 }
 
 TEST_CASE("DataServer.BadMacIsRefused" * doctest::timeout(10)) {
+  COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
   d.Put({7, 0, 0, 0}, StorageKind::kMemory, {"secret data"});
   Status st = FetchStatus(d.server->port(), {7, 0, 0, 0}, "the-wrong-secret-the-wrong-secret");
@@ -367,15 +399,21 @@ TEST_CASE("RemoteFetch.UnreachablePeerIsUnavailable" * doctest::timeout(10)) {
 
 namespace {
 
-// A producer daemon in a child process (tests/child_process.h) with a 96 MiB output: it
+// A producer daemon in a child process (tests/child_process.h) with a 96 MiB memory output
+// {9,0,0,0} and the same as a file output {9,1,0,0}: it
 // receives a scratch directory, serves the output and answers with its data server's port.
 COPSE_TEST_CHILD(data_server_96mib) {
   std::filesystem::path dir = copse::testing::ReceiveFromParent();
   auto store = OutputStore::Make(dir / "child", 1ull << 30);
   if (!store.ok()) return 1;
   auto w = (*store)->CreateWriter({9, 0, 0, 0}, StorageKind::kMemory);
-  for (int i = 0; i < 96; ++i) (void)(*w)->Write(Buffer(Pattern(1 << 20, 9, i)));
+  auto f = (*store)->CreateWriter({9, 1, 0, 0}, StorageKind::kFile);
+  for (int i = 0; i < 96; ++i) {
+    (void)(*w)->Write(Buffer(Pattern(1 << 20, 9, i)));
+    (void)(*f)->Write(Buffer(Pattern(1 << 20, 9, i)));
+  }
   (void)(*w)->Close();
+  (void)(*f)->Close();
   auto srv = DataServer::Start(**store, kHost, 0, kSecret);
   if (!srv.ok()) return 1;
   if (!copse::testing::SendToParent(std::to_string((*srv)->port()))) return 1;
@@ -391,6 +429,7 @@ uint16_t StartChildDaemon(copse::testing::ChildProcess& child, const TempDir& di
 }  // namespace
 
 TEST_CASE("RemoteFetch.PeerKilledMidStreamIsUnavailable" * doctest::timeout(20)) {
+  COPSE_FOR_BOTH_TRANSPORTS(local);
   TempDir dir;
   copse::testing::ChildProcess child("data_server_96mib");
   uint16_t port = StartChildDaemon(child, dir);
@@ -415,6 +454,7 @@ TEST_CASE("RemoteFetch.StalledPeerTimesOut" * doctest::timeout(20)) {
   copse::testing::ChildProcess child("data_server_96mib");
   uint16_t port = StartChildDaemon(child, dir);
   RemoteReaderOptions o{2000, 500};
+  o.local_socket = false;  // a stream over TCP (a local hand-off does not depend on the peer once made)
   auto r = OpenRemoteReader(kHost, port, {9, 0, 0, 0}, kSecret, o);
   REQUIRE(r.ok());
   REQUIRE((*r)->Next().ok());
@@ -423,6 +463,120 @@ TEST_CASE("RemoteFetch.StalledPeerTimesOut" * doctest::timeout(20)) {
   CHECK(st.code() == StatusCode::kUnavailable);
   MESSAGE(st.ToString());
   child.Kill();
+}
+
+}  // namespace copse::chan
+
+namespace copse::chan {
+
+TEST_CASE("RemoteFetch.AFileOutputHandedOverOutlivesItsProducer" * doctest::timeout(20)) {
+  // Same host: a file output arrives as its file's descriptor, so it stays readable after the
+  // producer's process dies, where a stream would end Unavailable.
+  TempDir dir;
+  copse::testing::ChildProcess child("data_server_96mib");
+  uint16_t port = StartChildDaemon(child, dir);
+  const auto before = GetRemotePoolStats();
+  RemoteReaderOptions o = Quick();
+  o.local_socket = true;
+  auto r = OpenRemoteReader(kHost, port, {9, 1, 0, 0}, kSecret, o);
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  CHECK(GetRemotePoolStats().local_connections_opened == before.local_connections_opened + 1);
+  child.Kill();
+  for (int i = 0; i < 96; ++i) {
+    auto m = (*r)->Next();
+    REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+    REQUIRE(m->has_value());
+    CHECK((*m)->view() == Pattern(1 << 20, 9, i));
+  }
+  auto end = (*r)->Next();
+  REQUIRE(end.ok());
+  CHECK_FALSE(end->has_value());
+}
+
+namespace {
+
+/// A fake peer on the local socket of host:port that answers one fetch with `end` (a kEnd
+/// body), attaching `fd` when it is >= 0.
+std::thread FakeLocalPeer(internal::Socket& listener, Json end, int fd) {
+  return std::thread([&listener, end = std::move(end), fd] {
+    int c = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    REQUIRE(c >= 0);
+    internal::BufferedSocket in(internal::Socket(c, true));
+    REQUIRE(internal::WriteJson(in.socket(), Json{{"op", "hello"}, {"nonce", "n"}, {"version", 1}}).ok());
+    REQUIRE(internal::ReadJson(in, 1 << 16, 3000, 3000).ok());  // auth
+    REQUIRE(internal::WriteJson(in.socket(), Json{{"op", "welcome"}}).ok());
+    REQUIRE(internal::ReadJson(in, 1 << 16, 3000, 3000).ok());  // fetch
+    if (fd >= 0) {
+      REQUIRE(internal::WriteFrameWithFd(in.socket(), wire::FrameType::kEnd, end.dump(), fd).ok());
+    } else {
+      REQUIRE(internal::WriteFrame(in.socket(), wire::FrameType::kEnd, end.dump()).ok());
+    }
+    char byte;
+    (void)in.socket().ReadSome(&byte, 1, 3000);  // until the reader closes or pools
+  });
+}
+
+}  // namespace
+
+TEST_CASE("RemoteFetch.AHandOverThatDoesNotMatchItsAnnouncementIsRefused" * doctest::timeout(20)) {
+  Daemon d;
+  d.Put({1, 0, 0, 0}, StorageKind::kFile, {"one", "two"});
+  auto stored = d.store->Lookup({1, 0, 0, 0});
+  REQUIRE(stored.ok());
+  const uint16_t port = 1;  // nothing listens on TCP: only the fake local socket answers
+  auto listener = internal::Socket::ListenLocal(LocalSocketName(kHost, port));
+  REQUIRE_MESSAGE(listener.ok(), listener.status().ToString());
+  RemoteReaderOptions o = Quick();
+  o.local_socket = true;
+  auto fetch = [&](Json end, bool attach) {
+    const int fd = attach ? ::open(stored->file.c_str(), O_RDONLY | O_CLOEXEC) : -1;
+    std::thread peer = FakeLocalPeer(*listener, std::move(end), fd);
+    auto r = OpenRemoteReader(kHost, port, {1, 0, 0, 0}, kSecret, o);
+    Status st = r.ok() ? DrainStatus(**r) : r.status();
+    r = Status::Cancelled("closed");  // the reader (and its connection) go before the peer is joined
+    CloseIdleRemoteConnections();
+    peer.join();
+    if (fd >= 0) ::close(fd);
+    return st;
+  };
+  const Json handoff = {{"ok", true}, {"messages", 2}, {"bytes", 6}, {"handoff", true}};
+  CHECK(fetch(handoff, true).ok());
+  Json more = handoff;
+  more["messages"] = 3;
+  Status st = fetch(more, true);
+  CHECK(st.code() == StatusCode::kDataLoss);
+  CHECK(st.message().find("not the 3 announced") != std::string::npos);
+  Json fewer = handoff;
+  fewer["messages"] = 1;
+  CHECK(fetch(fewer, true).code() == StatusCode::kDataLoss);
+  st = fetch(handoff, false);
+  CHECK(st.code() == StatusCode::kUnavailable);
+  CHECK(st.message().find("no descriptor") != std::string::npos);
+  st = fetch(Json{{"ok", true}, {"messages", 2}, {"bytes", 6}}, false);  // messages, but no stream
+  CHECK(st.code() == StatusCode::kDataLoss);
+}
+
+TEST_CASE("RemoteFetch.AServerWithoutTheLocalSocketIsReachedOverTcp" * doctest::timeout(10)) {
+  TempDir dir;
+  auto store = OutputStore::Make(dir.path() / "outputs", 1 << 20);
+  REQUIRE(store.ok());
+  auto w = (*store)->CreateWriter({1, 0, 0, 0}, StorageKind::kMemory);
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Write(Buffer("over tcp")).ok());
+  REQUIRE((*w)->Close().ok());
+  DataServerOptions so;
+  so.local_socket = false;
+  auto srv = DataServer::Start(**store, kHost, 0, kSecret, so);
+  REQUIRE(srv.ok());
+  CHECK_FALSE((*srv)->serves_local());
+  const auto before = GetRemotePoolStats();
+  RemoteReaderOptions o = Quick();
+  o.local_socket = true;
+  auto r = OpenRemoteReader(kHost, (*srv)->port(), {1, 0, 0, 0}, kSecret, o);
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  CHECK(Drain(**r) == std::vector<std::string>{"over tcp"});
+  CHECK(GetRemotePoolStats().local_connections_opened == before.local_connections_opened);
+  CHECK((*srv)->handoffs() == 0);
 }
 
 }  // namespace copse::chan
