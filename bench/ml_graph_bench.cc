@@ -10,7 +10,9 @@
 // without checkpoints and with `--checkpoint-every 10` (a durable chain every 10 steps): the
 // run's images/s, vertices re-run, and whether its parameters equal its fault-free twin's.
 //
-// Every graph runs with `copse run --daemons 2` (real processes on loopback). Vertex timings
+// Every graph runs with `copse run --daemons 2` (real processes on loopback); DP-2 ps and 1F1B
+// M=8 run again with `--no-local-socket` (cross-daemon fetches over TCP, not the same-host
+// local socket), so the fast path's share shows in one run. Vertex timings
 // come from the ML programs' own spans ($COPSE_ML_TRACE, wall clock). Bubble of stage s in
 // step t: 1 - (busy time of s's forward/backward vertices of t) / (span of step t, first
 // forward start to last backward end over all stages); averaged over stages and steps (the
@@ -232,6 +234,21 @@ int main(int argc, char** argv) {
     o.schedule = "1f1b";
     const GraphResult r = RunGraph(o, dir / "p2-1f1b8-nochain", daemons, "--no-chain-dispatch");
     if (r.ok) row("pipeline 2 1f1b M=8, no chained dispatch", r.images_per_s, r.accuracy, r.bubble, 1.0 / 9, r.scheduler_share);
+  }
+  {  // The same-host fast path's part: daemons fetch each other's outputs over TCP instead.
+    copse::ml::GraphOptions dp = base;
+    dp.kind = "data-parallel";
+    dp.workers = 2;
+    dp.reducer = "ps";
+    GraphResult r = RunGraph(dp, dir / "dp2-ps-tcp", daemons, "--no-local-socket");
+    if (r.ok) row("data-parallel 2 (ps), fetches over TCP", r.images_per_s, r.accuracy, -1, 0, r.scheduler_share);
+    copse::ml::GraphOptions p = base;
+    p.kind = "pipeline";
+    p.stages = 2;
+    p.microbatches = 8;
+    p.schedule = "1f1b";
+    r = RunGraph(p, dir / "p2-1f1b8-tcp", daemons, "--no-local-socket");
+    if (r.ok) row("pipeline 2 1f1b M=8, fetches over TCP", r.images_per_s, r.accuracy, r.bubble, 1.0 / 9, r.scheduler_share);
   }
   std::printf("\nbubble: measured/theoretical (p-1)/(m+p-1); sched share: scheduler gaps on the critical "
               "path / its span\n");

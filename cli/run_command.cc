@@ -39,6 +39,7 @@ struct RunOpts {
   std::string trace_file;
   int heartbeat_timeout_ms = 1000;
   bool chain_dispatch = true;
+  bool local_socket = true;
 };
 
 /// For a pipeline training job (metrics.json's config), the bubble measured from the job
@@ -103,10 +104,11 @@ class LocalCluster {
         for (int k = 0; k < o.gpus; ++k) devices += (k ? "," : "") + std::to_string(i * o.gpus + k);
         env["CUDA_VISIBLE_DEVICES"] = devices;
       }
-      COPSE_ASSIGN_OR_RETURN(pid_t d, SpawnSelf({"daemon", "--jm", address_.jm, "--name", name, "--cpus", std::to_string(o.cpus),
-                                                 "--gpus", std::to_string(o.gpus), "--work-dir", (dir_ / name).string(),
-                                                 "--label", "host=local"},
-                                                env, (dir_ / (name + ".log")).string()));
+      std::vector<std::string> args = {"daemon", "--jm", address_.jm, "--name", name, "--cpus", std::to_string(o.cpus),
+                                       "--gpus", std::to_string(o.gpus), "--work-dir", (dir_ / name).string(),
+                                       "--label", "host=local"};
+      if (!o.local_socket) args.push_back("--no-local-socket");
+      COPSE_ASSIGN_OR_RETURN(pid_t d, SpawnSelf(args, env, (dir_ / (name + ".log")).string()));
       pids_.push_back(d);
     }
     COPSE_ASSIGN_OR_RETURN(client_, ConnectToJm(address_));
@@ -242,6 +244,8 @@ void AddRunCommand(CLI::App& app) {
   cmd->add_option("--heartbeat-timeout-ms", o->heartbeat_timeout_ms, "a daemon silent this long is lost")->check(CLI::Range(50, 600000));
   cmd->add_flag("!--no-chain-dispatch", o->chain_dispatch,
                 "send every vertex only once its inputs are complete (see copse jm --no-chain-dispatch)");
+  cmd->add_flag("!--no-local-socket", o->local_socket,
+                "daemons fetch each other's outputs over TCP (see copse daemon --no-local-socket)");
   cmd->callback([o] { ExitCode() = RunJob(*o); });
 }
 

@@ -82,6 +82,7 @@ void AddDaemonCommand(CLI::App& app) {
     std::string work_dir;
     std::string data_host = "127.0.0.1";
     uint64_t memory_budget_mb = 2048;
+    bool local_socket = true;
   };
   auto opts = std::make_shared<Opts>();
   AddJmAddressFlags(cmd, opts->jm);
@@ -93,6 +94,8 @@ void AddDaemonCommand(CLI::App& app) {
   cmd->add_option("--work-dir", opts->work_dir, "where outputs and scratch space live")->required();
   cmd->add_option("--data-host", opts->data_host, "address other daemons reach this one's outputs at");
   cmd->add_option("--memory-budget-mb", opts->memory_budget_mb, "memory outputs beyond this spill to disk");
+  cmd->add_flag("!--no-local-socket", opts->local_socket,
+                "serve daemons on this host over TCP too, not through a local socket");
   cmd->callback([opts] {
     vertex::DaemonOptions o;
     o.name = opts->name;
@@ -102,6 +105,7 @@ void AddDaemonCommand(CLI::App& app) {
     o.work_dir = opts->work_dir;
     o.data_host = opts->data_host;
     o.memory_budget_bytes = opts->memory_budget_mb << 20;
+    o.local_socket = opts->local_socket;
     o.programs = &Programs();
     for (const auto& l : opts->labels) {
       auto eq = l.find('=');

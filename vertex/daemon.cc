@@ -174,7 +174,10 @@ class Daemon::Impl {
     std::filesystem::create_directories(options_.work_dir / "scratch", ec);
     if (ec) return Status::IOError("cannot create work dir " + options_.work_dir.string() + ": " + ec.message());
     COPSE_ASSIGN_OR_RETURN(store_, chan::OutputStore::Make(options_.work_dir / "outputs", options_.memory_budget_bytes));
-    COPSE_ASSIGN_OR_RETURN(data_server_, chan::DataServer::Start(*store_, options_.data_host, 0, options_.secret));
+    chan::DataServerOptions data_options;
+    data_options.local_socket = options_.local_socket;
+    COPSE_ASSIGN_OR_RETURN(data_server_,
+                           chan::DataServer::Start(*store_, options_.data_host, 0, options_.secret, data_options));
     COPSE_ASSIGN_OR_RETURN(hub_, chan::StreamHub::Start(options_.data_host, 0, options_.work_dir / "ipc", options_.secret));
     prefetcher_ = std::make_unique<InputPrefetcher>(options_.secret);
     COPSE_RETURN_NOT_OK(Register());

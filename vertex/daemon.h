@@ -28,6 +28,8 @@ struct DaemonOptions {
   std::filesystem::path work_dir;
   std::string secret;
   std::string data_host = "127.0.0.1";  // where other daemons reach this one's outputs
+  /// Serve daemons on this host through a local socket too (channels/data_server.h).
+  bool local_socket = true;
   uint64_t memory_budget_bytes = 2ull << 30;
   std::chrono::milliseconds heartbeat_interval{200};
   /// How long to keep trying to reach a job manager that went away (a restart) before exiting.
