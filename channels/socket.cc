@@ -231,41 +231,31 @@ Status Socket::WriteAll(const char* p, size_t n) {
   return WriteV(&iov, 1);
 }
 
-Status Socket::WriteV(iovec* iov, size_t count) {
+Status Socket::WriteV(iovec* iov, size_t count, int pass_fd) {
+  if (pass_fd >= 0 && count == 0) return Status::InvalidArgument("a descriptor needs at least one byte to travel with");
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   while (count > 0) {
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = std::min<size_t>(count, IOV_MAX);
+    if (pass_fd >= 0) {  // with the first bytes sent only
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof pass_fd);
+    }
     ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
       return Status::Unavailable(std::string("connection lost: ") + std::strerror(errno));
     }
+    pass_fd = -1;
     AdvanceIovec(iov, count, static_cast<size_t>(w));
   }
   return Status::OK();
-}
-
-Status Socket::WriteVWithFd(iovec* iov, size_t count, int fd) {
-  if (count == 0) return Status::InvalidArgument("a descriptor needs at least one byte to travel with");
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = iov;
-  msg.msg_iovlen = std::min<size_t>(count, IOV_MAX);
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  ssize_t w;
-  do {
-    w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
-  } while (w < 0 && errno == EINTR);
-  if (w < 0) return Status::Unavailable(std::string("connection lost: ") + std::strerror(errno));
-  AdvanceIovec(iov, count, static_cast<size_t>(w));
-  return WriteV(iov, count);  // the rest, if the first sendmsg took only part
 }
 
 Status BufferedSocket::ReadFull(char* p, size_t n, int timeout_ms) {
@@ -291,16 +281,10 @@ Status BufferedSocket::ReadFull(char* p, size_t n, int timeout_ms) {
   return Status::OK();
 }
 
-Status WriteFrame(Socket& s, wire::FrameType type, std::string_view body) {
+Status WriteFrame(Socket& s, wire::FrameType type, std::string_view body, int pass_fd) {
   auto h = wire::EncodeHeader(type, static_cast<uint32_t>(body.size()));
   iovec iov[2] = {{h.data(), h.size()}, {const_cast<char*>(body.data()), body.size()}};
-  return s.WriteV(iov, body.empty() ? 1 : 2);
-}
-
-Status WriteFrameWithFd(Socket& s, wire::FrameType type, std::string_view body, int fd) {
-  auto h = wire::EncodeHeader(type, static_cast<uint32_t>(body.size()));
-  iovec iov[2] = {{h.data(), h.size()}, {const_cast<char*>(body.data()), body.size()}};
-  return s.WriteVWithFd(iov, body.empty() ? 1 : 2, fd);
+  return s.WriteV(iov, body.empty() ? 1 : 2, pass_fd);
 }
 
 Result<wire::FrameHeader> ReadHeader(BufferedSocket& s, uint32_t max_body, int first_byte_timeout_ms,

@@ -58,10 +58,9 @@ class Socket {
   /// Reads 1..n bytes.
   Result<size_t> ReadSome(char* p, size_t n, int timeout_ms);
   Status WriteAll(const char* p, size_t n);
-  /// Writes every iovec in order; modifies `iov`.
-  Status WriteV(iovec* iov, size_t count);
-  /// Local sockets: writes every iovec in order, passing a duplicate of `fd` with the first byte.
-  Status WriteVWithFd(iovec* iov, size_t count, int fd);
+  /// Writes every iovec in order; modifies `iov`. Local sockets: `pass_fd` >= 0 passes a
+  /// duplicate of that descriptor with the first bytes.
+  Status WriteV(iovec* iov, size_t count, int pass_fd = -1);
   /// Local sockets: the oldest descriptor received and not yet taken (the caller owns it), or
   /// -1. Descriptors never taken are closed with the socket.
   int TakeReceivedFd();
@@ -89,10 +88,8 @@ class BufferedSocket {
   size_t begin_ = 0, end_ = 0;
 };
 
-/// Writes one frame.
-Status WriteFrame(Socket& s, wire::FrameType type, std::string_view body);
-/// Writes one frame over a local socket with a duplicate of `fd` attached.
-Status WriteFrameWithFd(Socket& s, wire::FrameType type, std::string_view body, int fd);
+/// Writes one frame (over a local socket, with a duplicate of `pass_fd` attached when >= 0).
+Status WriteFrame(Socket& s, wire::FrameType type, std::string_view body, int pass_fd = -1);
 inline Status WriteJson(Socket& s, const Json& j) { return WriteFrame(s, wire::FrameType::kJson, j.dump()); }
 
 /// Reads a frame header: waits up to `first_byte_timeout_ms` for it to begin, then

@@ -506,11 +506,7 @@ std::thread FakeLocalPeer(internal::Socket& listener, Json end, int fd) {
     REQUIRE(internal::ReadJson(in, 1 << 16, 3000, 3000).ok());  // auth
     REQUIRE(internal::WriteJson(in.socket(), Json{{"op", "welcome"}}).ok());
     REQUIRE(internal::ReadJson(in, 1 << 16, 3000, 3000).ok());  // fetch
-    if (fd >= 0) {
-      REQUIRE(internal::WriteFrameWithFd(in.socket(), wire::FrameType::kEnd, end.dump(), fd).ok());
-    } else {
-      REQUIRE(internal::WriteFrame(in.socket(), wire::FrameType::kEnd, end.dump()).ok());
-    }
+    REQUIRE(internal::WriteFrame(in.socket(), wire::FrameType::kEnd, end.dump(), fd).ok());
     char byte;
     (void)in.socket().ReadSome(&byte, 1, 3000);  // until the reader closes or pools
   });
