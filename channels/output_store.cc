@@ -1,6 +1,7 @@
 #include "channels/output_store.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -521,6 +522,12 @@ Result<std::unique_ptr<ChannelReader>> OutputStore::OpenDurableCopy(const fs::pa
 }
 
 Result<std::unique_ptr<ChannelReader>> OutputStore::OpenOutputFile(int fd, std::string what) {
+  // A pipe or socket would block the reader until its writer felt like answering.
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::DataLoss("output " + what + ": the descriptor is not a regular file");
+  }
   COPSE_ASSIGN_OR_RETURN(auto r, FileRecordReader::Open(fd, std::move(what), true));
   return std::unique_ptr<ChannelReader>(new FileReader(std::move(r)));
 }

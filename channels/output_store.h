@@ -108,7 +108,8 @@ class OutputStore {
   /// IOError (naming the key and the file) when it is gone or fails a checksum.
   static Result<std::unique_ptr<ChannelReader>> OpenDurableCopy(const std::filesystem::path& file, const OutputKey& key);
   /// A reader of an output file already open as `fd` (ownership taken), positioned at its
-  /// start: a file output handed over by a daemon on the same host (data_server.h).
+  /// start: a file output handed over by a daemon on the same host (data_server.h). DataLoss
+  /// when it is not a regular file.
   static Result<std::unique_ptr<ChannelReader>> OpenOutputFile(int fd, std::string what);
   /// `primary` (a reader of output `key` from a store), continued from the durable copy `copy`
   /// should it fail part-way (a damaged message, a lost connection).

@@ -524,8 +524,8 @@ TEST_CASE("RemoteFetch.AHandOverThatDoesNotMatchItsAnnouncementIsRefused" * doct
   REQUIRE_MESSAGE(listener.ok(), listener.status().ToString());
   RemoteReaderOptions o = Quick();
   o.local_socket = true;
-  auto fetch = [&](Json end, bool attach) {
-    const int fd = attach ? ::open(stored->file.c_str(), O_RDONLY | O_CLOEXEC) : -1;
+  auto fetch = [&](Json end, bool attach, int fd_to_pass = -1) {
+    const int fd = fd_to_pass >= 0 ? fd_to_pass : attach ? ::open(stored->file.c_str(), O_RDONLY | O_CLOEXEC) : -1;
     std::thread peer = FakeLocalPeer(*listener, std::move(end), fd);
     auto r = OpenRemoteReader(kHost, port, {1, 0, 0, 0}, kSecret, o);
     Status st = r.ok() ? DrainStatus(**r) : r.status();
@@ -550,6 +550,13 @@ TEST_CASE("RemoteFetch.AHandOverThatDoesNotMatchItsAnnouncementIsRefused" * doct
   CHECK(st.message().find("no descriptor") != std::string::npos);
   st = fetch(Json{{"ok", true}, {"messages", 2}, {"bytes", 6}}, false);  // messages, but no stream
   CHECK(st.code() == StatusCode::kDataLoss);
+  // A pipe instead of a file would block the reader: refused at once.
+  int pipe_fds[2];
+  REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
+  st = fetch(handoff, true, pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  CHECK(st.code() == StatusCode::kDataLoss);
+  CHECK(st.message().find("not a regular file") != std::string::npos);
 }
 
 TEST_CASE("RemoteFetch.AServerWithoutTheLocalSocketIsReachedOverTcp" * doctest::timeout(10)) {
