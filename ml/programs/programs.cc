@@ -6,6 +6,8 @@
 //   chain    three messages: params, optimizer state, stats {"__stats": [epoch loss sum,
 //            epoch images, epoch, total images]}; flows update(t-1) -> update(t) -> eval
 //   grads    gradients of one stage plus "__loss" [loss sum, images]; sums of grads are grads
+//   log      a pipeline stage's gradient log of micro-batches 0..m plus "__loss": what rebuilds
+//            their accumulated grads (gradient_log.h); backward m -> backward m+1
 //   stash    what backward needs of one forward: per layer "s<i>.<j>" tensors, "s<i>.shape",
 //            "s<i>.seed"; or "x" alone with recomputation; the last stage adds "dy", "__loss"
 //   act      one tensor set {"x": activation} (forward) or {"dx": gradient} (backward)
@@ -23,6 +25,7 @@
 #include "ml/models.h"
 #include "ml/philox.h"
 #include "ml/programs/allreduce.h"
+#include "ml/programs/gradient_log.h"
 #include "ml/programs/register.h"
 #include "ml/programs/support.h"
 #include "ml/serialize.h"
@@ -604,11 +607,32 @@ class ForwardProgram final : public VertexProgram {
   }
 };
 
+/// Adds one micro-batch's parameter gradients to `m`'s (overwrites them when !accumulate) from
+/// what its backward reads: `stash_set` (the forward's stash message, or "x" alone when
+/// `recompute`: the forward runs again here with `fc`) and `dy`. Returns dL/dx when need_dx.
+/// Used for the micro-batch at hand and to replay a gradient log (gradient_log.h): the same
+/// calls in the same order, so a replay gives the same bits.
+Result<Tensor> MicroBatchBackward(Sequential& m, const NamedTensors& stash_set, const Tensor& dy, bool recompute,
+                                  const ForwardContext& fc, bool need_dx, bool accumulate) {
+  Stash stash;
+  if (recompute) {
+    const Tensor* x = Find(stash_set, "x");
+    if (!x) return Status::DataLoss("the stash lacks x");
+    if (x->dim(0) > 0) COPSE_RETURN_NOT_OK(m.Forward(*x, fc, &stash).status());
+  } else {
+    COPSE_ASSIGN_OR_RETURN(stash, ReadStash(stash_set, m.size()));
+  }
+  if (dy.dim(0) > 0) return m.Backward(dy, stash, need_dx, accumulate);
+  if (!accumulate) m.ZeroGrad();
+  return need_dx ? Tensor::Zeros({0}) : Tensor();
+}
+
 /// Backward of pipeline stage params.stage on one micro-batch. Inputs: 0 params, 1 the stash
 /// (from this micro-batch's forward), then dL/dy from the next stage's backward (not on the
-/// last stage), then the gradients accumulated over micro-batches 0..m-1 (not for m = 0).
-/// Outputs: 0 the gradients accumulated over 0..m (to backward m+1, or to the update/reducer
-/// after the last micro-batch), 1 dL/dx to the previous stage (not on stage 0).
+/// last stage), then the previous micro-batch's gradient log (not for m = 0). Outputs: 0 the
+/// gradient log of micro-batches 0..m (gradient_log.h) to backward m+1 — or, after the last
+/// micro-batch, the accumulated gradients to the update/reducer; 1 dL/dx to the previous stage
+/// (not on stage 0).
 class BackwardProgram final : public VertexProgram {
  public:
   Status Run(VertexContext& ctx) override {
@@ -633,52 +657,52 @@ class BackwardProgram final : public VertexProgram {
       dy = *t;
     }
     std::optional<chan::Buffer> acc_msg;
+    NamedTensors log;  // the previous micro-batches' gradient log
     if (pos.m > 0) {
       COPSE_ASSIGN_OR_RETURN(chan::Buffer a, ReadOne(ctx, port++));
       acc_msg = std::move(a);
+      COPSE_ASSIGN_OR_RETURN(log, ReadTensorMessage(*acc_msg));
+      if (!IsGradientLog(log)) return Status::DataLoss(ctx.name + ": input " + std::to_string(port - 1) + " is not a gradient log");
     }
     const uint64_t acc_key = acc_msg ? TensorMessageKey(*acc_msg) : 0;
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params, acc_key));
     Sequential& m = lease->model;
     std::vector<float> loss = ReadScalars(Find(stash_set, "__loss"), 2);
-    bool accumulate = false;
     if (acc_msg) {
-      accumulate = true;
-      if (lease->grads_key != acc_key) {  // not the entry the previous micro-batch left: decode
-        lease->grads_key = 0;
-        m.FreshGradients();  // the entry's may be a message's
-        COPSE_ASSIGN_OR_RETURN(NamedTensors acc, ReadTensorMessage(*acc_msg));
-        COPSE_RETURN_NOT_OK(m.ImportGradients(acc));
-        const auto prev = ReadScalars(Find(acc, "__loss"), 2);
-        loss[0] += prev[0], loss[1] += prev[1];
-      } else {  // the entry holds exactly these gradients (and their loss)
-        loss[0] += lease->grads_loss[0], loss[1] += lease->grads_loss[1];
+      const auto prev = ReadScalars(Find(log, "__loss"), 2);
+      loss[0] += prev[0], loss[1] += prev[1];
+    }
+    if (acc_msg && lease->grads_key != acc_key) {
+      // Not the entry the previous micro-batch left (a re-run, a cold daemon): replay the log.
+      lease->grads_key = 0;
+      m.FreshGradients();  // the entry's may be a message's
+      COPSE_ASSIGN_OR_RETURN(const size_t entries, GradientLogEntries(log));
+      if (entries != static_cast<size_t>(pos.m)) {
+        return Status::DataLoss(ctx.name + ": the gradient log has " + std::to_string(entries) + " entries, expected " +
+                                std::to_string(pos.m));
       }
-    } else {
+      for (size_t i = 0; i < entries; ++i) {
+        const NamedTensors entry = GradientLogEntry(log, i);
+        const ForwardContext fc{true, StepSeed(s, pos.step, pos.w * pos.M + static_cast<int>(i))};
+        COPSE_RETURN_NOT_OK(
+            MicroBatchBackward(m, entry, *Find(entry, "dy"), recompute, fc, false, i > 0).status());
+      }
+    } else if (!acc_msg) {
       m.FreshGradients();  // overwritten below; the entry's may be a message's
     }
+    // Else the entry holds exactly the log's sum (it made it) and accumulates on in place.
     lease->grads_key = 0;
-    Stash stash;
-    if (recompute) {
-      const Tensor* x = Find(stash_set, "x");
-      if (!x) return Status::DataLoss(ctx.name + ": the stash lacks x");
-      if (x->dim(0) > 0) {
-        const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
-        COPSE_RETURN_NOT_OK(m.Forward(*x, fc, &stash).status());
-      }
+    const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
+    COPSE_ASSIGN_OR_RETURN(Tensor dx, MicroBatchBackward(m, stash_set, dy, recompute, fc,
+                                                        /*need_dx=*/stage > 0, /*accumulate=*/acc_msg.has_value()));
+    NamedTensors out_set;
+    if (pos.m == pos.M - 1) {
+      out_set = GradientHandles(m);  // no copies: the next step renews them before writing
     } else {
-      COPSE_ASSIGN_OR_RETURN(stash, ReadStash(stash_set, m.size()));
+      COPSE_RETURN_NOT_OK(AppendGradientLog(log, stash_set, &dy, out_set));
     }
-    Tensor dx;
-    if (dy.dim(0) > 0) {
-      COPSE_ASSIGN_OR_RETURN(dx, m.Backward(dy, stash, /*need_input_grad=*/stage > 0, accumulate));
-    } else {
-      if (!accumulate) m.ZeroGrad();
-      if (stage > 0) dx = Tensor::Zeros({0});
-    }
-    NamedTensors grads = m.ExportGradients();  // copies: the model accumulates on into its own
-    grads.emplace_back("__loss", Scalars(loss));
-    const chan::Buffer out = TensorMessage(std::move(grads));
+    out_set.emplace_back("__loss", Scalars(loss));
+    const chan::Buffer out = TensorMessage(std::move(out_set));
     lease->grads_key = TensorMessageKey(out);
     lease->grads_loss = loss;
     lease.Commit();

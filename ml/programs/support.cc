@@ -97,6 +97,17 @@ std::mutex g_model_mu;
 std::map<std::string, std::vector<std::unique_ptr<CachedModel>>> g_models;  // idle entries
 constexpr size_t kMaxIdlePerKey = 4;
 
+/// COPSE_ML_MODEL_CACHE=off: every vertex builds its model slice from its input messages, as a
+/// cold daemon does after recovery (to show that the cache changes no result, and to test the
+/// paths that rebuild what it would have held).
+bool ModelCacheEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("COPSE_ML_MODEL_CACHE");
+    return v == nullptr || std::string_view(v) != "off";
+  }();
+  return enabled;
+}
+
 }  // namespace
 
 ModelLease::ModelLease(std::string cache_key, std::unique_ptr<CachedModel> entry)
@@ -105,6 +116,7 @@ ModelLease::ModelLease(std::string cache_key, std::unique_ptr<CachedModel> entry
 ModelLease::~ModelLease() {
   if (!entry_) return;
   if (!committed_) entry_->params_key = entry_->grads_key = entry_->state_key = 0;
+  if (!ModelCacheEnabled()) return;
   std::lock_guard<std::mutex> lock(g_model_mu);
   auto& idle = g_models[cache_key_];
   if (idle.size() < kMaxIdlePerKey) idle.push_back(std::move(entry_));

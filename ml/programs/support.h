@@ -62,7 +62,8 @@ std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step);
 /// update's outputs as handles), and message tensors are immutable. So nothing writes them in
 /// place: parameters are replaced (Sgd::StepOutOfPlace, or copies before an in-place step),
 /// gradients are renewed (Sequential::FreshGradients) before they are overwritten, and only
-/// an accumulation this entry produced itself and sent as a copy continues in place.
+/// an accumulation this entry produced itself and sent on as a gradient log (which shares none
+/// of the gradients, gradient_log.h) continues in place.
 struct CachedModel {
   Sequential model;
   std::unique_ptr<Optimizer> optimizer;
