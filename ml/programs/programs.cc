@@ -684,8 +684,8 @@ class BackwardProgram final : public VertexProgram {
       for (size_t i = 0; i < entries; ++i) {
         const NamedTensors entry = GradientLogEntry(log, i);
         const ForwardContext fc{true, StepSeed(s, pos.step, pos.w * pos.M + static_cast<int>(i))};
-        COPSE_RETURN_NOT_OK(
-            MicroBatchBackward(m, entry, *Find(entry, "dy"), recompute, fc, false, i > 0).status());
+        const Status st = MicroBatchBackward(m, entry, *Find(entry, "dy"), recompute, fc, false, i > 0).status();
+        if (!st.ok()) return st.WithContext(ctx.name + ": replaying gradient log entry " + std::to_string(i));
       }
     } else if (!acc_msg) {
       m.FreshGradients();  // overwritten below; the entry's may be a message's
@@ -693,8 +693,10 @@ class BackwardProgram final : public VertexProgram {
     // Else the entry holds exactly the log's sum (it made it) and accumulates on in place.
     lease->grads_key = 0;
     const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
-    COPSE_ASSIGN_OR_RETURN(Tensor dx, MicroBatchBackward(m, stash_set, dy, recompute, fc,
-                                                        /*need_dx=*/stage > 0, /*accumulate=*/acc_msg.has_value()));
+    auto backward = MicroBatchBackward(m, stash_set, dy, recompute, fc, /*need_dx=*/stage > 0,
+                                       /*accumulate=*/acc_msg.has_value());
+    if (!backward.ok()) return backward.status().WithContext(ctx.name);
+    const Tensor dx = std::move(backward).value();
     NamedTensors out_set;
     if (pos.m == pos.M - 1) {
       out_set = GradientHandles(m);  // no copies: the next step renews them before writing
