@@ -2,18 +2,14 @@
 
 #include <cmath>
 
+#include "ml/programs/support.h"
+
 namespace copse::ml::programs {
 namespace {
 
 constexpr char kEntries[] = "__log/entries";
 
 std::string EntryPrefix(size_t i) { return "__log/" + std::to_string(i) + "/"; }
-
-const Tensor* FindTensor(const NamedTensors& set, const std::string& name) {
-  for (const auto& [n, t] : set)
-    if (n == name) return &t;
-  return nullptr;
-}
 
 }  // namespace
 

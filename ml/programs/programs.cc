@@ -39,12 +39,6 @@ namespace {
 using vertex::VertexContext;
 using vertex::VertexProgram;
 
-const Tensor* Find(const NamedTensors& set, const std::string& name) {
-  for (const auto& [n, t] : set)
-    if (n == name) return &t;
-  return nullptr;
-}
-
 Tensor Scalars(const std::vector<float>& v) {
   return Tensor::FromVector({static_cast<int64_t>(v.size())}, v);
 }
@@ -103,9 +97,9 @@ Result<Batch> LoadPart(VertexContext& ctx, const TrainSettings& s, int64_t step,
   if (loader_port >= 0) {
     COPSE_ASSIGN_OR_RETURN(chan::Buffer msg, ReadOne(ctx, static_cast<size_t>(loader_port)));
     COPSE_ASSIGN_OR_RETURN(NamedTensors set, ReadTensorMessage(msg));
-    const Tensor* x = Find(set, "images");
-    const Tensor* y = Find(set, "labels");
-    const Tensor* n = Find(set, "batch");
+    const Tensor* x = FindTensor(set, "images");
+    const Tensor* y = FindTensor(set, "labels");
+    const Tensor* n = FindTensor(set, "batch");
     if (!x || !y || !n) return Status::DataLoss(ctx.name + ": loader message lacks images/labels/batch");
     Batch b;
     b.images = *x;
@@ -152,17 +146,17 @@ Result<Stash> ReadStash(const NamedTensors& set, size_t layers) {
     LayerStash& ls = stash.layers[i];
     const std::string p = "s" + std::to_string(i) + ".";
     for (size_t j = 0;; ++j) {
-      const Tensor* t = Find(set, p + std::to_string(j));
+      const Tensor* t = FindTensor(set, p + std::to_string(j));
       if (t) {
         ls.tensors.push_back(*t);
-      } else if (Find(set, p + std::to_string(j) + ".undefined")) {
+      } else if (FindTensor(set, p + std::to_string(j) + ".undefined")) {
         ls.tensors.emplace_back();
       } else {
         break;
       }
     }
-    const Tensor* shape = Find(set, p + "shape");
-    const Tensor* seed = Find(set, p + "seed");
+    const Tensor* shape = FindTensor(set, p + "shape");
+    const Tensor* seed = FindTensor(set, p + "seed");
     if (!shape || !seed) return Status::DataLoss("stash lacks layer " + std::to_string(i));
     if (!(shape->numel() == 1 && shape->data()[0] < 0))
       for (int64_t k = 0; k < shape->numel(); ++k) ls.shape.push_back(static_cast<int64_t>(shape->data()[k]));
@@ -295,16 +289,16 @@ Result<std::vector<float>> SumGradientsInto(Sequential& m, const std::vector<cha
   COPSE_ASSIGN_OR_RETURN(NamedTensors first, ReadTensorMessage(msgs[0]));
   m.FreshGradients();  // the model's may be a message's
   COPSE_RETURN_NOT_OK(m.ImportGradients(first));
-  std::vector<float> loss = ReadScalars(Find(first, "__loss"), 2);
+  std::vector<float> loss = ReadScalars(FindTensor(first, "__loss"), 2);
   const NamedTensors mine = GradientHandles(m);
   for (size_t i = 1; i < msgs.size(); ++i) {
     COPSE_ASSIGN_OR_RETURN(NamedTensors g, ReadTensorMessage(msgs[i]));
     for (const auto& [name, dst] : mine) {
-      const Tensor* src = Find(g, name);
+      const Tensor* src = FindTensor(g, name);
       if (!src || src->shape() != dst.shape()) return Status::DataLoss("gradient sets disagree at '" + name + "'");
       CpuDevice()->Axpy(1.0f, src->data(), static_cast<size_t>(src->numel()), dst.data());
     }
-    const auto l = ReadScalars(Find(g, "__loss"), 2);
+    const auto l = ReadScalars(FindTensor(g, "__loss"), 2);
     loss[0] += l[0], loss[1] += l[1];
   }
   return loss;
@@ -323,13 +317,13 @@ Result<std::vector<float>> SgdStepOnGradients(const Sequential& m, Sgd& sgd,
   for (size_t k = 0; k < msgs.size(); ++k) {
     COPSE_ASSIGN_OR_RETURN(NamedTensors g, ReadTensorMessage(msgs[k]));
     for (size_t i = 0; i < params.size(); ++i) {
-      const Tensor* t = Find(g, names[i]);
+      const Tensor* t = FindTensor(g, names[i]);
       if (!t || t->shape() != params[i]->value.shape() || t->device() != params[i]->value.device())
         return Status::DataLoss("gradient set " + std::to_string(k) + " lacks '" + names[i] + "' of shape " +
                                 ShapeToString(params[i]->value.shape()));
       grads[i].push_back(t->data());
     }
-    const auto l = ReadScalars(Find(g, "__loss"), 2);
+    const auto l = ReadScalars(FindTensor(g, "__loss"), 2);
     if (k == 0) {
       loss = l;
     } else {
@@ -415,7 +409,7 @@ class RingReduceProgram final : public VertexProgram {
         base += t.numel();
       }
     } else {
-      const Tensor* c = Find(recv, "chunk");
+      const Tensor* c = FindTensor(recv, "chunk");
       if (!c || c->numel() != rhi - rlo) return Status::DataLoss(ctx.name + ": bad ring chunk");
       std::memcpy(incoming.data(), c->data(), incoming.size() * sizeof(float));
     }
@@ -464,7 +458,7 @@ class UpdateProgram final : public VertexProgram {
     // Optimizer state: reuse the cached optimizer when it holds exactly the chain's state.
     const uint64_t state_key = TensorMessageKey(chain[1]);
     COPSE_ASSIGN_OR_RETURN(NamedTensors stats_set, ReadTensorMessage(chain[2]));
-    std::vector<float> stats = ReadScalars(Find(stats_set, "__stats"), 4);
+    std::vector<float> stats = ReadScalars(FindTensor(stats_set, "__stats"), 4);
     if (!lease->optimizer || lease->state_key != state_key) {
       COPSE_ASSIGN_OR_RETURN(NamedTensors state, ReadTensorMessage(chain[1]));
       lease->state_key = 0;
@@ -616,7 +610,7 @@ Result<Tensor> MicroBatchBackward(Sequential& m, const NamedTensors& stash_set, 
                                   const ForwardContext& fc, bool need_dx, bool accumulate) {
   Stash stash;
   if (recompute) {
-    const Tensor* x = Find(stash_set, "x");
+    const Tensor* x = FindTensor(stash_set, "x");
     if (!x) return Status::DataLoss("the stash lacks x");
     if (x->dim(0) > 0) COPSE_RETURN_NOT_OK(m.Forward(*x, fc, &stash).status());
   } else {
@@ -652,7 +646,7 @@ class BackwardProgram final : public VertexProgram {
       COPSE_ASSIGN_OR_RETURN(chan::Buffer dy_msg, ReadOne(ctx, port++));
       COPSE_ASSIGN_OR_RETURN(dy, ReadSingleTensor(dy_msg));
     } else {
-      const Tensor* t = Find(stash_set, "dy");
+      const Tensor* t = FindTensor(stash_set, "dy");
       if (!t) return Status::DataLoss(ctx.name + ": the last stage's stash lacks dy");
       dy = *t;
     }
@@ -667,16 +661,20 @@ class BackwardProgram final : public VertexProgram {
     const uint64_t acc_key = acc_msg ? TensorMessageKey(*acc_msg) : 0;
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params, acc_key));
     Sequential& m = lease->model;
-    std::vector<float> loss = ReadScalars(Find(stash_set, "__loss"), 2);
+    std::vector<float> loss = ReadScalars(FindTensor(stash_set, "__loss"), 2);
     if (acc_msg) {
-      const auto prev = ReadScalars(Find(log, "__loss"), 2);
+      const auto prev = ReadScalars(FindTensor(log, "__loss"), 2);
       loss[0] += prev[0], loss[1] += prev[1];
     }
-    if (acc_msg && lease->grads_key != acc_key) {
+    if (!acc_msg) {
+      m.FreshGradients();  // overwritten below; the entry's may be a message's
+    } else if (lease->grads_key != acc_key) {
       // Not the entry the previous micro-batch left (a re-run, a cold daemon): replay the log.
       lease->grads_key = 0;
       m.FreshGradients();  // the entry's may be a message's
-      COPSE_ASSIGN_OR_RETURN(const size_t entries, GradientLogEntries(log));
+      auto counted = GradientLogEntries(log);
+      if (!counted.ok()) return counted.status().WithContext(ctx.name + ": input " + std::to_string(port - 1));
+      const size_t entries = *counted;
       if (entries != static_cast<size_t>(pos.m)) {
         return Status::DataLoss(ctx.name + ": the gradient log has " + std::to_string(entries) + " entries, expected " +
                                 std::to_string(pos.m));
@@ -684,13 +682,10 @@ class BackwardProgram final : public VertexProgram {
       for (size_t i = 0; i < entries; ++i) {
         const NamedTensors entry = GradientLogEntry(log, i);
         const ForwardContext fc{true, StepSeed(s, pos.step, pos.w * pos.M + static_cast<int>(i))};
-        const Status st = MicroBatchBackward(m, entry, *Find(entry, "dy"), recompute, fc, false, i > 0).status();
+        const Status st = MicroBatchBackward(m, entry, *FindTensor(entry, "dy"), recompute, fc, false, i > 0).status();
         if (!st.ok()) return st.WithContext(ctx.name + ": replaying gradient log entry " + std::to_string(i));
       }
-    } else if (!acc_msg) {
-      m.FreshGradients();  // overwritten below; the entry's may be a message's
-    }
-    // Else the entry holds exactly the log's sum (it made it) and accumulates on in place.
+    }  // else the entry holds exactly the log's sum (it made it) and accumulates on in place
     lease->grads_key = 0;
     const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
     auto backward = MicroBatchBackward(m, stash_set, dy, recompute, fc, /*need_dx=*/stage > 0,
@@ -741,7 +736,7 @@ class EvalProgram final : public VertexProgram {
       COPSE_ASSIGN_OR_RETURN(NamedTensors p, ReadTensorMessage(chain[0]));
       for (auto& kv : p) all.push_back(std::move(kv));
       COPSE_ASSIGN_OR_RETURN(NamedTensors st, ReadTensorMessage(chain[2]));
-      const auto sv = ReadScalars(Find(st, "__stats"), 4);
+      const auto sv = ReadScalars(FindTensor(st, "__stats"), 4);
       if (sv[1] > 0) stats = sv;  // the stage that computes the loss
     }
     COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModelLayers(s.model));  // every parameter is imported

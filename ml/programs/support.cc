@@ -183,6 +183,12 @@ NamedTensors Handles(const Sequential& m, Tensor Parameter::*field) {
 
 }  // namespace
 
+const Tensor* FindTensor(const NamedTensors& set, std::string_view name) {
+  for (const auto& [n, t] : set)
+    if (n == name) return &t;
+  return nullptr;
+}
+
 NamedTensors GradientHandles(const Sequential& m) { return Handles(m, &Parameter::grad); }
 NamedTensors ParameterHandles(const Sequential& m) { return Handles(m, &Parameter::value); }
 

@@ -94,6 +94,9 @@ class ModelLease {
 Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
                               const chan::Buffer& params_msg, uint64_t grads_key = 0);
 
+/// The tensor named `name` in `set` (the first such), or null.
+const Tensor* FindTensor(const NamedTensors& set, std::string_view name);
+
 /// Deep copies of `tensors` (to write to tensors a TensorMessage shares read-only).
 NamedTensors Clones(const NamedTensors& tensors);
 

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include "ml/programs/gradient_log.h"
+#include "ml/programs/support.h"
 
 namespace copse::ml::programs {
 namespace {
@@ -15,12 +16,6 @@ Tensor Filled(const Shape& shape, float v) {
   Tensor t = Tensor::Empty(shape);
   for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = v + static_cast<float>(i);
   return t;
-}
-
-const Tensor* Named(const NamedTensors& set, const std::string& name) {
-  for (const auto& [n, t] : set)
-    if (n == name) return &t;
-  return nullptr;
 }
 
 TEST_CASE("GradientLog.EntriesShareTheTensorsTheyWereMadeOf") {
@@ -42,13 +37,13 @@ TEST_CASE("GradientLog.EntriesShareTheTensorsTheyWereMadeOf") {
   const NamedTensors e0 = GradientLogEntry(log2, 0), e1 = GradientLogEntry(log2, 1);
   CHECK(e0.size() == 3);  // s0.0, s0.shape, dy
   CHECK(e1.size() == 2);  // s0.0, dy
-  REQUIRE(Named(e0, "s0.0"));
-  REQUIRE(Named(e0, "dy"));
-  REQUIRE(Named(e1, "dy"));
-  CHECK(Named(e0, "s0.0")->data() == stash0[0].second.data());  // shared, not copied
-  CHECK(Named(e0, "dy")->data() == dy0.data());
-  CHECK(Named(e1, "dy")->data() == stash1[1].second.data());
-  CHECK(Named(e1, "__loss") == nullptr);
+  REQUIRE(FindTensor(e0, "s0.0"));
+  REQUIRE(FindTensor(e0, "dy"));
+  REQUIRE(FindTensor(e1, "dy"));
+  CHECK(FindTensor(e0, "s0.0")->data() == stash0[0].second.data());  // shared, not copied
+  CHECK(FindTensor(e0, "dy")->data() == dy0.data());
+  CHECK(FindTensor(e1, "dy")->data() == stash1[1].second.data());
+  CHECK(FindTensor(e1, "__loss") == nullptr);
   CHECK(GradientLogEntry(log2, 2).empty());
 }
 
