@@ -1,10 +1,10 @@
 // The matrix products of the MLP's pipeline stage 1 (Linear 1024->1024) on one thread, through
-// copse's CPU device (OpenBLAS), at a micro-batch of 16 rows (1F1B M=8 of a 128 batch) and a
+// copse's CPU device (oneDNN or OpenBLAS, as COPSE_ML_GEMM picks: cpu_device.h), at a micro-batch of 16 rows (1F1B M=8 of a 128 batch) and a
 // whole batch of 128: forward (x W^T), weight gradient (dz^T x, accumulated) and input
-// gradient (dz W). Prints the median of 300 runs in ms and GFLOP/s, and which OpenBLAS kernel
-// set OPENBLAS_CORETYPE pins (docs/ml-graphs.md compares them with PyTorch's oneDNN).
+// gradient (dz W). Prints the median of 300 runs in ms and GFLOP/s, the backend, and which
+// OpenBLAS kernel set OPENBLAS_CORETYPE pins (docs/ml-graphs.md compares them with PyTorch).
 //
-//   <build>/bench/gemm_bench
+//   <build>/bench/gemm_bench;  COPSE_ML_GEMM=openblas-split <build>/bench/gemm_bench
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +12,7 @@
 #include <functional>
 #include <vector>
 
+#include "ml/cpu_device.h"
 #include "ml/device.h"
 
 namespace {
@@ -34,8 +35,8 @@ int main() {
   using copse::ml::CpuDevice;
   copse::ml::SetCpuThreads(1);
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("gemm_bench: Linear 1024->1024, 1 thread; OpenBLAS kernels: %s\n\n",
-              coretype ? coretype : "chosen by OpenBLAS for this CPU");
+  std::printf("gemm_bench: Linear 1024->1024, 1 thread; products: %s; OpenBLAS kernels: %s\n\n",
+              copse::ml::internal::GemmBackend(), coretype ? coretype : "chosen by OpenBLAS for this CPU");
   constexpr int kF = 1024;
   std::vector<float> w(kF * kF, 0.01f), g(kF * kF, 0.f), x(128 * kF, 0.5f), dz(128 * kF, 0.2f), y(128 * kF);
   auto* dev = CpuDevice();

@@ -32,6 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ml/cpu_device.h"
 #include "ml/dataset.h"
 #include "ml/graph_gen.h"
 #include "ml/pipeline_bubble.h"
@@ -163,11 +164,12 @@ int main(int argc, char** argv) {
   std::printf("ml_graph_bench: model %s, batch %d, %lld steps (%lld images), SGD lr 0.05 momentum 0.9, "
               "copse run --daemons %d (2 cpus each), 1 thread per vertex\n",
               model.c_str(), batch, static_cast<long long>(steps), static_cast<long long>(images), daemons);
-  // OpenBLAS's kernel set decides copse's products (PyTorch runs oneDNN's); a machine that
-  // pins OPENBLAS_CORETYPE to an older set than its CPU has runs copse's rows slower.
+  // The products' backend (oneDNN, as PyTorch, or OpenBLAS: cpu_device.h) decides much of
+  // copse's rows; OPENBLAS_CORETYPE pins the kernels of OpenBLAS's share.
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("OpenBLAS kernels: %s\n", coretype ? (std::string(coretype) + " (OPENBLAS_CORETYPE)").c_str()
-                                                  : "chosen by OpenBLAS for this CPU");
+  std::printf("products: %s (the copse processes this bench starts inherit COPSE_ML_GEMM); OpenBLAS kernels: %s\n",
+              copse::ml::internal::GemmBackend(),
+              coretype ? (std::string(coretype) + " (OPENBLAS_CORETYPE)").c_str() : "chosen by OpenBLAS for this CPU");
 
   // Single process.
   Json single = Json::parse(Run(Copse() + " train --model " + model + " --epochs 1 --batch 128 --threads 2 --limit " +

@@ -15,6 +15,7 @@
 #include <new>
 
 #include "ml/caching_allocator.h"
+#include "ml/onednn_gemm.h"
 #include "ml/philox.h"
 
 namespace copse::ml::internal {
@@ -108,15 +109,26 @@ constexpr int64_t kGrain = 1 << 15;
 
 }  // namespace
 
+const char* GemmBackend() {
+  if (!SplitGemm()) return "openblas";
+  return OneDnnGemmEnabled() ? "onednn" : "openblas-split";
+}
+
 bool SplitGemm() {
   static const bool split = [] {
     const char* v = std::getenv("COPSE_ML_GEMM");
-    return !(v && std::string(v) == "openblas");
+    return !(v && std::string(v) == "openblas");  // "openblas-split" still splits
   }();
   return split;
 }
 
 namespace {  // elements per part below which splitting does not pay
+
+// Products with a shorter reduction go to OpenBLAS. Their cost is C's memory traffic (a
+// pipeline stage's weight gradient: 1024 x 1024 accumulated over a 16-row micro-batch), which
+// OpenBLAS's kernel reads and writes in one pass; oneDNN's matmul made a 1F1B stage's backward
+// ~0.4 ms slower there (docs/ml-graphs.md), while it wins at every reduction of 64 and more.
+constexpr int kMinOneDnnDepth = 32;
 
 class CpuDeviceImpl final : public Device {
  public:
@@ -152,13 +164,17 @@ class CpuDeviceImpl final : public Device {
         for (int j = 0; j < n; ++j) c[static_cast<size_t>(i) * ldc + j] *= beta;
       return;
     }
-    if (!SplitGemm() || CpuThreads() < 2 || int64_t{m} * n * k < (int64_t{1} << 22)) {
+    if (!SplitGemm()) {  // COPSE_ML_GEMM=openblas: OpenBLAS threads the product itself
       cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                   trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
                   ldc);
       return;
     }
-    // Split C into column or row blocks, one single-threaded sgemm per pool thread: every
+    if (CpuThreads() < 2 || int64_t{m} * n * k < (int64_t{1} << 22)) {
+      OneThreadGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    // Split C into column or row blocks, one single-threaded product per pool thread: every
     // element of C still comes from one full-K product, and no BLAS thread spins between calls.
     const bool split_rows = m >= n;
     const int64_t extent = split_rows ? m : n;
@@ -167,16 +183,25 @@ class CpuDeviceImpl final : public Device {
       if (hi <= lo) return;
       if (split_rows) {
         const float* ap = trans_a ? a + lo : a + static_cast<size_t>(lo) * lda;
-        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                    trans_b ? CblasTrans : CblasNoTrans, hi - lo, n, k, alpha, ap, lda, b, ldb,
-                    beta, c + static_cast<size_t>(lo) * ldc, ldc);
+        OneThreadGemm(trans_a, trans_b, hi - lo, n, k, alpha, ap, lda, b, ldb, beta,
+                      c + static_cast<size_t>(lo) * ldc, ldc);
       } else {
         const float* bp = trans_b ? b + static_cast<size_t>(lo) * ldb : b + lo;
-        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                    trans_b ? CblasTrans : CblasNoTrans, m, hi - lo, k, alpha, a, lda, bp, ldb,
-                    beta, c + lo, ldc);
+        OneThreadGemm(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, bp, ldb, beta, c + lo, ldc);
       }
     });
+  }
+
+  /// One thread's product: oneDNN where this build has it (and COPSE_ML_GEMM allows) and the
+  /// reduction is at least kMinOneDnnDepth long, else single-threaded OpenBLAS.
+  static void OneThreadGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                            const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                            int ldc) {
+    if (k >= kMinOneDnnDepth && OneDnnGemmEnabled() &&
+        OneDnnGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+      return;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 
   void BiasActivation(const float* x, const float* bias, int rows, int cols, Activation act,

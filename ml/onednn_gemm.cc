@@ -1,0 +1,112 @@
+#include "ml/onednn_gemm.h"
+
+#include <cstdlib>
+#include <string>
+
+#ifdef COPSE_HAVE_ONEDNN
+#include <omp.h>
+
+#include <map>
+#include <optional>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#endif
+
+namespace copse::ml::internal {
+
+#ifdef COPSE_HAVE_ONEDNN
+
+bool OneDnnGemmEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("COPSE_ML_GEMM");
+    return !(v && std::string(v).rfind("openblas", 0) == 0);
+  }();
+  return enabled;
+}
+
+namespace {
+
+using dnnl::memory;
+
+// What makes two products need different primitives: shape, transposes, leading dimensions
+// (the strides of the memory descriptors) and whether C is accumulated into.
+using Shape = std::tuple<bool, bool, int, int, int, int, int, int, bool>;
+
+struct Product {
+  dnnl::matmul primitive;
+  memory::desc a, b, c;
+  memory scratchpad;  // the primitive's own, kept: no allocation per product
+};
+
+// One per thread: a stream is not thread-safe, and oneDNN's OpenMP threading is set to the
+// calling thread only (omp_set_num_threads is per thread), before the first primitive is built.
+class ThreadProducts {
+ public:
+  ThreadProducts() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) { omp_set_num_threads(1); }
+
+  /// False when oneDNN has no matmul for this shape and these strides.
+  bool Run(const Shape& shape, const float* a, const float* b, float* c) {
+    auto it = products_.find(shape);
+    if (it == products_.end()) {
+      if (products_.size() >= kMaxProducts) products_.clear();  // a bound, not an LRU: shapes are few
+      it = products_.emplace(shape, Build(shape)).first;
+    }
+    if (!it->second) return false;
+    const Product& p = *it->second;
+    memory am(p.a, engine_, const_cast<float*>(a)), bm(p.b, engine_, const_cast<float*>(b)),
+        cm(p.c, engine_, c);
+    p.primitive.execute(stream_, {{DNNL_ARG_SRC, am},
+                                  {DNNL_ARG_WEIGHTS, bm},
+                                  {DNNL_ARG_DST, cm},
+                                  {DNNL_ARG_SCRATCHPAD, p.scratchpad}});
+    stream_.wait();
+    return true;
+  }
+
+ private:
+  static constexpr size_t kMaxProducts = 256;
+
+  std::optional<Product> Build(const Shape& shape) const try {
+    const auto [ta, tb, m, n, k, lda, ldb, ldc, accumulate] = shape;
+    // Row-major op(A) is m x k: element (i, l) at i*lda + l, or l*lda + i when transposed.
+    const memory::desc a({m, k}, memory::data_type::f32, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
+    const memory::desc b({k, n}, memory::data_type::f32, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
+    const memory::desc c({m, n}, memory::data_type::f32, memory::dims{ldc, 1});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine_);
+    return Product{dnnl::matmul(pd), a, b, c, memory(pd.scratchpad_desc(), engine_)};
+  } catch (const dnnl::error&) {
+    return std::nullopt;
+  }
+
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::map<Shape, std::optional<Product>> products_;
+};
+
+}  // namespace
+
+bool OneDnnGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                const float* b, int ldb, float beta, float* c, int ldc) {
+  if (alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) return false;
+  thread_local ThreadProducts products;
+  return products.Run(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, beta == 1.0f}, a, b, c);
+}
+
+#else  // !COPSE_HAVE_ONEDNN
+
+bool OneDnnGemmEnabled() { return false; }
+
+bool OneDnnGemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
+  return false;
+}
+
+#endif
+
+}  // namespace copse::ml::internal

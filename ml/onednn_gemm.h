@@ -1,0 +1,22 @@
+#pragma once
+// Single-threaded row-major sgemm through oneDNN's matmul primitive: the CPU product kernel
+// PyTorch uses, with AVX-512 micro-kernels (brgemm) that stay fast at micro-batch sizes, where
+// OpenBLAS spends much of a 16-row product packing the weight matrix (docs/ml-graphs.md has the
+// figures). The primitive for each shape is built (JIT-compiled) once per calling thread and
+// cached; oneDNN's own threading is held to the calling thread, so the CPU device's pool stays
+// the only source of parallelism and results do not depend on which thread runs a product.
+//
+// Built only where oneDNN was found (COPSE_HAVE_ONEDNN); cpu_device.cc falls back to OpenBLAS.
+
+namespace copse::ml::internal {
+
+/// True when this build has oneDNN and COPSE_ML_GEMM does not ask for OpenBLAS.
+bool OneDnnGemmEnabled();
+
+/// C = alpha * op(A) op(B) + beta * C, row-major, on the calling thread. Returns false (and
+/// touches nothing) for what the matmul primitive cannot express here (alpha != 1, beta other
+/// than 0 or 1, strides oneDNN rejects); the caller then uses OpenBLAS.
+bool OneDnnGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                const float* b, int ldb, float beta, float* c, int ldc);
+
+}  // namespace copse::ml::internal
