@@ -1,8 +1,9 @@
 // The matrix products of the MLP's pipeline stage 1 (Linear 1024->1024) on one thread, through
-// copse's CPU device (oneDNN or OpenBLAS, as COPSE_ML_GEMM picks: cpu_device.h), at a micro-batch of 16 rows (1F1B M=8 of a 128 batch) and a
-// whole batch of 128: forward (x W^T), weight gradient (dz^T x, accumulated) and input
-// gradient (dz W). Prints the median of 300 runs in ms and GFLOP/s, the backend, and which
-// OpenBLAS kernel set OPENBLAS_CORETYPE pins (docs/ml-graphs.md compares them with PyTorch).
+// copse's CPU device (oneDNN or OpenBLAS, as COPSE_ML_GEMM picks: cpu_device.h), at a
+// micro-batch of 16 rows (1F1B M=8 of a 128 batch) and a whole batch of 128: forward (x W^T),
+// weight gradient (dz^T x, accumulated) and input gradient (dz W). Prints the median of 300
+// runs in ms and GFLOP/s, the backend, and which OpenBLAS kernel set OPENBLAS_CORETYPE pins
+// (docs/ml-graphs.md compares them with PyTorch).
 //
 //   <build>/bench/gemm_bench;  COPSE_ML_GEMM=openblas-split <build>/bench/gemm_bench
 #include <algorithm>

@@ -8,8 +8,10 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -107,20 +109,29 @@ ThreadPool& Pool() {
 
 constexpr int64_t kGrain = 1 << 15;
 
+// COPSE_ML_GEMM, read once: unset picks oneDNN where built, else OpenBLAS over the pool. A value
+// this build cannot honour is reported once on stderr and treated as unset.
+const char* ChooseGemmBackend() {
+  const char* env = std::getenv("COPSE_ML_GEMM");
+  const std::string v = env ? env : "";
+  if (v == "openblas") return "openblas";
+  if (v == "openblas-split") return "openblas-split";
+  if (!v.empty() && (v != "onednn" || !OneDnnGemmBuilt()))
+    std::fprintf(stderr,
+                 "copse: COPSE_ML_GEMM=%s: expected onednn (in builds with oneDNN), openblas-split or "
+                 "openblas; using the default\n",
+                 v.c_str());
+  return OneDnnGemmBuilt() ? "onednn" : "openblas-split";
+}
+
 }  // namespace
 
 const char* GemmBackend() {
-  if (!SplitGemm()) return "openblas";
-  return OneDnnGemmEnabled() ? "onednn" : "openblas-split";
+  static const char* const backend = ChooseGemmBackend();
+  return backend;
 }
 
-bool SplitGemm() {
-  static const bool split = [] {
-    const char* v = std::getenv("COPSE_ML_GEMM");
-    return !(v && std::string(v) == "openblas");  // "openblas-split" still splits
-  }();
-  return split;
-}
+bool SplitGemm() { return std::strcmp(GemmBackend(), "openblas") != 0; }
 
 namespace {  // elements per part below which splitting does not pay
 
@@ -165,9 +176,7 @@ class CpuDeviceImpl final : public Device {
       return;
     }
     if (!SplitGemm()) {  // COPSE_ML_GEMM=openblas: OpenBLAS threads the product itself
-      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                  trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                  ldc);
+      BlasGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }
     if (CpuThreads() < 2 || int64_t{m} * n * k < (int64_t{1} << 22)) {
@@ -192,14 +201,21 @@ class CpuDeviceImpl final : public Device {
     });
   }
 
-  /// One thread's product: oneDNN where this build has it (and COPSE_ML_GEMM allows) and the
-  /// reduction is at least kMinOneDnnDepth long, else single-threaded OpenBLAS.
+  /// One thread's product: oneDNN where it is the backend in force and the reduction is at
+  /// least kMinOneDnnDepth long, else OpenBLAS (single-threaded: SetCpuThreads keeps it so).
   static void OneThreadGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                             const float* a, int lda, const float* b, int ldb, float beta, float* c,
                             int ldc) {
-    if (k >= kMinOneDnnDepth && OneDnnGemmEnabled() &&
+    static const bool onednn = std::strcmp(GemmBackend(), "onednn") == 0;
+    if (onednn && k >= kMinOneDnnDepth &&
         OneDnnGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
       return;
+    BlasGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+  static void BlasGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                       const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                       int ldc) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }

@@ -1,8 +1,5 @@
 #include "ml/onednn_gemm.h"
 
-#include <cstdlib>
-#include <string>
-
 #ifdef COPSE_HAVE_ONEDNN
 #include <omp.h>
 
@@ -16,13 +13,7 @@ namespace copse::ml::internal {
 
 #ifdef COPSE_HAVE_ONEDNN
 
-bool OneDnnGemmEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("COPSE_ML_GEMM");
-    return !(v && std::string(v).rfind("openblas", 0) == 0);
-  }();
-  return enabled;
-}
+bool OneDnnGemmBuilt() { return true; }
 
 namespace {
 
@@ -34,7 +25,7 @@ using Shape = std::tuple<bool, bool, int, int, int, int, int, int, bool>;
 
 struct Product {
   dnnl::matmul primitive;
-  memory::desc a, b, c;
+  memory a, b, c;     // their descriptors, kept; each product only points them at its data
   memory scratchpad;  // the primitive's own, kept: no allocation per product
 };
 
@@ -52,12 +43,13 @@ class ThreadProducts {
       it = products_.emplace(shape, Build(shape)).first;
     }
     if (!it->second) return false;
-    const Product& p = *it->second;
-    memory am(p.a, engine_, const_cast<float*>(a)), bm(p.b, engine_, const_cast<float*>(b)),
-        cm(p.c, engine_, c);
-    p.primitive.execute(stream_, {{DNNL_ARG_SRC, am},
-                                  {DNNL_ARG_WEIGHTS, bm},
-                                  {DNNL_ARG_DST, cm},
+    Product& p = *it->second;
+    p.a.set_data_handle(const_cast<float*>(a));
+    p.b.set_data_handle(const_cast<float*>(b));
+    p.c.set_data_handle(c);
+    p.primitive.execute(stream_, {{DNNL_ARG_SRC, p.a},
+                                  {DNNL_ARG_WEIGHTS, p.b},
+                                  {DNNL_ARG_DST, p.c},
                                   {DNNL_ARG_SCRATCHPAD, p.scratchpad}});
     stream_.wait();
     return true;
@@ -80,7 +72,8 @@ class ThreadProducts {
       attr.set_post_ops(ops);
     }
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine_);
-    return Product{dnnl::matmul(pd), a, b, c, memory(pd.scratchpad_desc(), engine_)};
+    return Product{dnnl::matmul(pd), memory(a, engine_, DNNL_MEMORY_NONE), memory(b, engine_, DNNL_MEMORY_NONE),
+                   memory(c, engine_, DNNL_MEMORY_NONE), memory(pd.scratchpad_desc(), engine_)};
   } catch (const dnnl::error&) {
     return std::nullopt;
   }
@@ -101,7 +94,7 @@ bool OneDnnGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, co
 
 #else  // !COPSE_HAVE_ONEDNN
 
-bool OneDnnGemmEnabled() { return false; }
+bool OneDnnGemmBuilt() { return false; }
 
 bool OneDnnGemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
   return false;

@@ -10,8 +10,8 @@
 
 namespace copse::ml::internal {
 
-/// True when this build has oneDNN and COPSE_ML_GEMM does not ask for OpenBLAS.
-bool OneDnnGemmEnabled();
+/// True when this build has oneDNN (COPSE_ML_GEMM, read by cpu_device.cc, decides its use).
+bool OneDnnGemmBuilt();
 
 /// C = alpha * op(A) op(B) + beta * C, row-major, on the calling thread. Returns false (and
 /// touches nothing) for what the matmul primitive cannot express here (alpha != 1, beta other
