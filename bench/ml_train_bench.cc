@@ -1,10 +1,12 @@
 // ml_train_bench: training throughput (images/s) of copse::ml's reference trainer for the MLP
-// (784-1024-1024-10) and the CNN of ml/models.h, next to PyTorch CPU on the same machine when
+// (784-1024-1024-10) and the CNN of ml/models.h, next to PyTorch on the same machine when
 // python3-torch is installed (scripts/torch_bench.py, run with OMP_WAIT_POLICY=passive, its best
 // setting here). Both sides: batch 128, SGD lr 0.05 momentum 0.9, the same Fashion-MNIST images,
-// the median of --runs runs. A benchmark: it prints figures and never fails on them.
+// the median of --runs runs. With --device cuda both train on the GPU (images in host memory,
+// each batch copied over) for a whole epoch. A benchmark: it prints figures and never fails on
+// them.
 //
-//   ml_train_bench [--threads 2] [--runs 5] [--model mlp|cnn|all] [--no-torch]
+//   ml_train_bench [--threads 2] [--runs 5] [--model mlp|cnn|all] [--device cpu|cuda] [--no-torch]
 //   ml_train_bench --accuracy-epochs 3 [--seeds 3] [--model mlp]   (test accuracy per epoch,
 //                                                                    copse and PyTorch, per seed)
 #include <unistd.h>
@@ -41,11 +43,11 @@ std::string Python() {
 }
 
 /// Median images/s of PyTorch, or a negative value when torch is unavailable.
-double TorchMedian(const std::string& model, int threads, int64_t images, int runs,
-                   const std::string& data_dir) {
+double TorchMedian(const std::string& model, const std::string& device, int threads,
+                   int64_t images, int runs, const std::string& data_dir) {
   const std::string cmd = "OMP_WAIT_POLICY=passive " + Python() + " " + COPSE_SOURCE_DIR +
-                          "/scripts/torch_bench.py --model " + model + " --threads " +
-                          std::to_string(threads) + " --images " + std::to_string(images) +
+                          "/scripts/torch_bench.py --model " + model + " --device " + device +
+                          " --threads " + std::to_string(threads) + " --images " + std::to_string(images) +
                           " --runs " + std::to_string(runs) + " --data-dir '" + data_dir +
                           "' 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
@@ -65,7 +67,7 @@ double TorchMedian(const std::string& model, int threads, int64_t images, int ru
 
 int main(int argc, char** argv) {
   int threads = 2, runs = 5;
-  std::string which = "all", data_dir = copse::ml::kFashionMnistDir;
+  std::string which = "all", device = "cpu", data_dir = copse::ml::kFashionMnistDir;
   bool torch = true;
   int accuracy_epochs = 0, seeds = 3;
   for (int i = 1; i < argc; ++i) {
@@ -81,12 +83,13 @@ int main(int argc, char** argv) {
     else if (a == "--runs") runs = std::stoi(next());
     else if (a == "--model") which = next();
     else if (a == "--data-dir") data_dir = next();
+    else if (a == "--device") device = next();
     else if (a == "--no-torch") torch = false;
     else if (a == "--accuracy-epochs") accuracy_epochs = std::stoi(next());
     else if (a == "--seeds") seeds = std::stoi(next());
     else {
       std::fprintf(stderr, "usage: %s [--threads N] [--runs N] [--model mlp|cnn|all] "
-                           "[--data-dir DIR] [--no-torch]\n", argv[0]);
+                           "[--device cpu|cuda] [--data-dir DIR] [--no-torch]\n", argv[0]);
       return 2;
     }
   }
@@ -139,16 +142,18 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  std::printf("ml_train_bench: batch 128, SGD lr 0.05 momentum 0.9, %d threads, median of %d runs\n",
-              threads, runs);
+  const bool gpu = device != "cpu";
+  std::printf("ml_train_bench: %s, batch 128, SGD lr 0.05 momentum 0.9, %d threads, median of %d runs\n",
+              device.c_str(), threads, runs);
   std::printf("%-5s %8s %14s %14s %7s\n", "model", "images", "copse img/s", "torch img/s", "ratio");
   for (const std::string model : {"mlp", "cnn"}) {
     if (which != "all" && which != model) continue;
     TrainOptions o;
     o.model = model;
+    o.device = device;
     o.threads = threads;
     o.data_dir = data_dir;
-    o.limit = model == "mlp" ? 12800 : 6400;
+    o.limit = gpu ? 60000 : model == "mlp" ? 12800 : 6400;  // a GPU step is short: a whole epoch
     o.evaluate = false;
     std::vector<double> rates;
     for (int r = 0; r < runs; ++r) {
@@ -161,7 +166,7 @@ int main(int argc, char** argv) {
       rates.push_back(report->images_per_s);
     }
     const double ours = Median(rates);
-    const double theirs = torch ? TorchMedian(model, threads, o.limit, runs, data_dir) : -1;
+    const double theirs = torch ? TorchMedian(model, device, threads, o.limit, runs, data_dir) : -1;
     if (theirs > 0) {
       std::printf("%-5s %8lld %14.0f %14.0f %7.2f\n", model.c_str(),
                   static_cast<long long>(o.limit), ours, theirs, ours / theirs);
