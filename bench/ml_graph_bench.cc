@@ -10,8 +10,9 @@
 // without checkpoints and with `--checkpoint-every 10` (a durable chain every 10 steps): the
 // run's images/s, vertices re-run, and whether its parameters equal its fault-free twin's.
 //
-// Every graph runs with `copse run --daemons 2` (real processes on loopback); DP-2 ps and 1F1B
-// M=8 run again with `--no-local-socket` (cross-daemon fetches over TCP, not the same-host
+// Every graph runs with `copse run --daemons 2` (real processes on loopback); 1F1B M=8 runs
+// again with per-micro-batch weight gradients (`--weight-grads per-microbatch`, the pipelines
+// otherwise batch them), and DP-2 ps and 1F1B M=8 with `--no-local-socket` (cross-daemon fetches over TCP, not the same-host
 // local socket), so the fast path's share shows in one run. Vertex timings
 // come from the ML programs' own spans ($COPSE_ML_TRACE, wall clock). Bubble of stage s in
 // step t: 1 - (busy time of s's forward/backward vertices of t) / (span of step t, first
@@ -227,6 +228,17 @@ int main(int argc, char** argv) {
       if (r.ok) row(name, r.images_per_s, r.accuracy, r.bubble, theory, r.scheduler_share);
       else row(name + " FAILED", 0, -1, -1, 0, -1);
     }
+  }
+  {  // Batched weight gradients' part: every backward accumulates its micro-batch's instead.
+    copse::ml::GraphOptions o = base;
+    o.kind = "pipeline";
+    o.stages = 2;
+    o.microbatches = 8;
+    o.schedule = "1f1b";
+    o.weight_grads = "per-microbatch";
+    const GraphResult r = RunGraph(o, dir / "p2-1f1b8-permb", daemons);
+    if (r.ok) row("pipeline 2 1f1b M=8, per-micro-batch weight grads", r.images_per_s, r.accuracy, r.bubble, 1.0 / 9,
+                  r.scheduler_share);
   }
   {  // The job manager's part: the same graph with every vertex sent only once its inputs are complete.
     copse::ml::GraphOptions o = base;

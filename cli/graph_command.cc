@@ -100,6 +100,11 @@ void AddPipelineFlags(CLI::App* cmd, GraphFlags& f) {
   cmd->add_option("--microbatches", o.microbatches, "Micro-batches per step")->check(CLI::Range(1, 256))->capture_default_str();
   cmd->add_option("--schedule", o.schedule, "gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"}))->capture_default_str();
   cmd->add_flag("--recompute", o.recompute, "Backward recomputes the forward instead of stashing activations");
+  cmd->add_option("--weight-grads", o.weight_grads,
+                  "batched (each stage's update computes the weight gradients of all micro-batches in one product, "
+                  "where its layers allow and activations are stashed) or per-microbatch")
+      ->check(CLI::IsMember({"batched", "per-microbatch"}))
+      ->capture_default_str();
   cmd->add_option("--split", f.split, "Stage boundaries as layer indices, e.g. 2 (default: balanced by cost)");
 }
 

@@ -87,6 +87,8 @@ Status Check(const GraphOptions& o) {
   if (o.stages < 1 || o.stages > 64) return bad("--stages", "1..64");
   if (o.microbatches < 1 || o.microbatches > 256) return bad("--microbatches", "1..256");
   if (o.schedule != "gpipe" && o.schedule != "1f1b") return bad("--schedule", "gpipe or 1f1b");
+  if (o.weight_grads != "batched" && o.weight_grads != "per-microbatch")
+    return bad("--weight-grads", "batched or per-microbatch");
   if (o.reducer != "tree" && o.reducer != "ring" && o.reducer != "ps" && o.reducer != "nccl")
     return bad("--reducer", "tree, ring, ps or nccl");
   if ((o.reducer == "ring" || o.reducer == "nccl") && o.workers < 2) return bad("--reducer " + o.reducer, "--workers >= 2");
@@ -146,6 +148,7 @@ Json Config(const GraphOptions& o, int64_t steps) {
     c["microbatches"] = o.microbatches;
     c["schedule"] = o.schedule;
     c["recompute"] = o.recompute;
+    c["weight_grads"] = o.weight_grads;
   }
   return c;
 }
@@ -319,6 +322,9 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
     // instead of walking back through every stage to init. Outputs that stay within a stage are
     // released as usual — they would die with the stage's daemon anyway.
     const std::vector<int> crossing = {1};
+    // Batched weight gradients need the stashed layer inputs and layers that can defer theirs.
+    const bool batched =
+        o.weight_grads == "batched" && !o.recompute && full.Slice(split[s], split[s + 1]).DefersWeightGradients();
     b.Stage(Iname(s), "ml.init", 1, With(With(common, layers), {{"clock", s == 0}}), o.daemon_cpus,
             group + (W > 1 ? "w0" : ""));
     for (int w = 0; w < W; ++w) {
@@ -326,7 +332,8 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
                         {"recompute", o.recompute}};
       b.Stage(F(s, w), "ml.forward", steps * M, With(With(common, layers), pos), o.threads,
               group + (W > 1 ? "w" + std::to_string(w) : ""), s + 1 < P ? crossing : std::vector<int>{});
-      b.Stage(B(s, w), "ml.backward", steps * M, With(With(common, layers), pos), o.threads,
+      b.Stage(B(s, w), "ml.backward", steps * M,
+              With(With(With(common, layers), pos), {{"weight_grads", batched ? "batched" : "per-microbatch"}}), o.threads,
               group + (W > 1 ? "w" + std::to_string(w) : ""), s > 0 ? crossing : std::vector<int>{});
     }
     b.Stage(Uname(s), "ml.update", steps, UpdateParams(common, split[s], split[s + 1], steps), UpdateCpus(o),

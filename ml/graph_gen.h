@@ -28,6 +28,10 @@ struct GraphOptions {
   int microbatches = 4;                // per step and pipeline
   std::string schedule = "1f1b";       // gpipe | 1f1b
   bool recompute = false;              // backward recomputes the forward from the stage input
+  // batched: a stage's backwards compute only dL/dx and its update computes the weight
+  // gradients of every micro-batch in one product (where the stage's layers allow it and
+  // activations are stashed); per-microbatch: each backward accumulates them.
+  std::string weight_grads = "batched";
   std::string reducer = "tree";        // tree | ring | ps (data-parallel)
   int fanin = 2;                       // tree reducer fan-in
   bool loader_vertices = false;        // data-parallel: a shard-loader vertex per grad vertex

@@ -44,6 +44,17 @@ void Layer::ZeroGrad() {
   for (Parameter& p : params_) p.grad.Fill(0.0f);
 }
 
+Result<Tensor> Layer::BackwardInput(const Tensor& dy, const LayerStash& stash, bool need_dx, Tensor* wgrad) {
+  if (!params_.empty()) return Status::FailedPrecondition(Describe() + " cannot defer its weight gradients");
+  *wgrad = Tensor();
+  return Backward(dy, stash, need_dx);
+}
+
+Status Layer::WeightGradients(const std::vector<std::pair<const LayerStash*, const Tensor*>>&) {
+  if (!params_.empty()) return Status::FailedPrecondition(Describe() + " cannot defer its weight gradients");
+  return Status::OK();
+}
+
 Parameter& Layer::AddParameter(const std::string& name, const Shape& shape) {
   params_.push_back(Parameter{name, Tensor::Zeros(shape, device_), Tensor::Zeros(shape, device_)});
   return params_.back();
@@ -105,12 +116,7 @@ Result<Tensor> Linear::Backward(const Tensor& dy, const LayerStash& stash, bool 
   if (dy.ndim() != 2 || dy.dim(0) != n || dy.dim(1) != out_)
     return BadInput(Describe() + " backward", ShapeToString({n, out_}), dy);
   Device* dev = device_;
-  Tensor dz = dy;
-  if (act_ != Activation::kNone) {
-    dz = Tensor::Empty(dy.shape(), dev);
-    dev->ActivationBackward(act_, stash.tensors[1].data(), dy.data(),
-                            static_cast<size_t>(dy.numel()), dz.data());
-  }
+  const Tensor dz = PreActivationGrad(dy, stash);
   const float beta = accumulate ? 1.0f : 0.0f;
   dev->Gemm(true, false, out_, in_, n, 1.0f, dz.data(), out_, x.data(), in_, beta,
             params_[0].grad.data(), in_);
@@ -120,6 +126,56 @@ Result<Tensor> Linear::Backward(const Tensor& dy, const LayerStash& stash, bool 
   dev->Gemm(false, false, n, in_, out_, 1.0f, dz.data(), out_, params_[0].value.data(), in_, 0.0f,
             dx.data(), in_);
   return dx;
+}
+
+Tensor Linear::PreActivationGrad(const Tensor& dy, const LayerStash& stash) const {
+  if (act_ == Activation::kNone) return dy;
+  Tensor dz = Tensor::Empty(dy.shape(), device_);
+  device_->ActivationBackward(act_, stash.tensors[1].data(), dy.data(), static_cast<size_t>(dy.numel()), dz.data());
+  return dz;
+}
+
+Result<Tensor> Linear::BackwardInput(const Tensor& dy, const LayerStash& stash, bool need_dx, Tensor* wgrad) {
+  if (stash.tensors.size() != 2) return Status::FailedPrecondition(Describe() + ": empty stash");
+  const int n = I(stash.tensors[0].dim(0));
+  if (dy.ndim() != 2 || dy.dim(0) != n || dy.dim(1) != out_)
+    return BadInput(Describe() + " backward", ShapeToString({n, out_}), dy);
+  *wgrad = PreActivationGrad(dy, stash);
+  if (!need_dx) return Tensor();
+  Tensor dx = Tensor::Empty({n, in_}, device_);
+  device_->Gemm(false, false, n, in_, out_, 1.0f, wgrad->data(), out_, params_[0].value.data(), in_, 0.0f,
+                dx.data(), in_);
+  return dx;
+}
+
+Status Linear::WeightGradients(const std::vector<std::pair<const LayerStash*, const Tensor*>>& parts) {
+  int64_t rows = 0;
+  for (const auto& [stash, dz] : parts) {
+    if (stash == nullptr || dz == nullptr || stash->tensors.size() != 2)
+      return Status::FailedPrecondition(Describe() + ": a part without stash or dL/dz");
+    const Tensor& x = stash->tensors[0];
+    if (x.ndim() != 2 || x.dim(1) != in_ || dz->ndim() != 2 || dz->dim(0) != x.dim(0) || dz->dim(1) != out_)
+      return BadInput(Describe() + " weight gradients", ShapeToString({x.dim(0), out_}), *dz);
+    rows += x.dim(0);
+  }
+  if (rows == 0) {
+    ZeroGrad();
+    return Status::OK();
+  }
+  // The parts' rows one after another: one product with a reduction over every row.
+  Tensor x_all = Tensor::Empty({rows, in_}, device_), dz_all = Tensor::Empty({rows, out_}, device_);
+  int64_t row = 0;
+  for (const auto& [stash, dz] : parts) {
+    const int64_t n = dz->dim(0);
+    device_->CopyOnDevice(x_all.data() + row * in_, stash->tensors[0].data(), static_cast<size_t>(n * in_) * sizeof(float));
+    device_->CopyOnDevice(dz_all.data() + row * out_, dz->data(), static_cast<size_t>(n * out_) * sizeof(float));
+    row += n;
+  }
+  const int n = I(rows);
+  device_->Gemm(true, false, out_, in_, n, 1.0f, dz_all.data(), out_, x_all.data(), in_, 0.0f,
+                params_[0].grad.data(), in_);
+  if (bias_) device_->ColumnSum(dz_all.data(), n, out_, 0.0f, params_[1].grad.data());
+  return Status::OK();
 }
 
 // ---- Activation ------------------------------------------------------------------------------

@@ -59,6 +59,23 @@ class Layer {
   /// Re-initializes the parameters from the stream of (seed, index()).
   virtual void InitParameters(uint64_t seed) {}
 
+  // Deferred weight gradients (the B/W split of zero-bubble pipelines): a pipeline stage's
+  // backward of each micro-batch computes only dL/dx, which the previous stage waits for, and
+  // keeps what the weight gradients need; once every micro-batch of the step is back, one
+  // WeightGradients call computes them for all micro-batches together (one product over all
+  // their rows instead of one per micro-batch).
+
+  /// Whether this layer can split its backward so. True for layers without parameters.
+  virtual bool DefersWeightGradients() const { return params_.empty(); }
+  /// Backward without the parameter gradients: returns dL/dx (undefined when !need_dx) and sets
+  /// `*wgrad` to what WeightGradients needs beside the stash (left undefined by layers without
+  /// parameters). Parameter gradients are not touched.
+  virtual Result<Tensor> BackwardInput(const Tensor& dy, const LayerStash& stash, bool need_dx, Tensor* wgrad);
+  /// Overwrites the parameter gradients with the sum over `parts` — one (stash, *wgrad) pair of
+  /// BackwardInput per micro-batch — in one pass. The same parts give the same bits whatever
+  /// their order of arrival, thread count or daemon.
+  virtual Status WeightGradients(const std::vector<std::pair<const LayerStash*, const Tensor*>>& parts);
+
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
   /// Position in the whole model (kept by Sequential::Slice).
@@ -89,8 +106,15 @@ class Linear final : public Layer {
   Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
                           bool accumulate = true) override;
   void InitParameters(uint64_t seed) override;
+  bool DefersWeightGradients() const override { return true; }
+  /// `*wgrad` is dL/dz, the gradient before the fused activation.
+  Result<Tensor> BackwardInput(const Tensor& dy, const LayerStash& stash, bool need_dx, Tensor* wgrad) override;
+  /// dW = dZ^T X and db = column sums of dZ over the rows of every part, as one product.
+  Status WeightGradients(const std::vector<std::pair<const LayerStash*, const Tensor*>>& parts) override;
 
  private:
+  /// dL/dz from dL/dy and the stash (dy itself without an activation).
+  Tensor PreActivationGrad(const Tensor& dy, const LayerStash& stash) const;
   int in_, out_;
   Activation act_;
   bool bias_;

@@ -1,5 +1,6 @@
 #include "ml/sequential.h"
 
+#include <algorithm>
 #include <map>
 
 namespace copse::ml {
@@ -73,6 +74,53 @@ Result<Tensor> Sequential::Backward(const Tensor& dy, const Stash& stash, bool n
     g = std::move(r).value();
   }
   return g;
+}
+
+bool Sequential::DefersWeightGradients() const {
+  return std::all_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->DefersWeightGradients(); });
+}
+
+Result<Tensor> Sequential::BackwardInputs(const Tensor& dy, const Stash& stash, bool need_input_grad,
+                                          std::vector<Tensor>* wgrads) const {
+  if (stash.layers.size() != layers_.size())
+    return Status::FailedPrecondition("Sequential::BackwardInputs: stash of " + std::to_string(stash.layers.size()) +
+                                      " layers for " + std::to_string(layers_.size()));
+  wgrads->assign(layers_.size(), Tensor());
+  size_t first_trainable = layers_.size();  // as in Backward: no dx before the first parameters
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (!layers_[i]->parameters().empty()) {
+      first_trainable = i;
+      break;
+    }
+  Tensor g = dy;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    const bool need_dx = need_input_grad || i > first_trainable;
+    if (!need_dx && layers_[i]->parameters().empty()) break;
+    auto r = layers_[i]->BackwardInput(g, stash.layers[i], need_dx, &(*wgrads)[i]);
+    if (!r.ok()) return r.status().WithContext("layer " + std::to_string(layers_[i]->index()));
+    g = std::move(r).value();
+  }
+  return g;
+}
+
+Status Sequential::WeightGradients(const std::vector<const Stash*>& stashes,
+                                   const std::vector<const std::vector<Tensor>*>& wgrads) const {
+  if (stashes.size() != wgrads.size())
+    return Status::InvalidArgument("Sequential::WeightGradients: " + std::to_string(stashes.size()) + " stashes for " +
+                                   std::to_string(wgrads.size()) + " gradient parts");
+  FreshGradients();
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (layers_[i]->parameters().empty()) continue;
+    std::vector<std::pair<const LayerStash*, const Tensor*>> parts;
+    for (size_t k = 0; k < stashes.size(); ++k) {
+      if (stashes[k]->layers.size() != layers_.size() || wgrads[k]->size() != layers_.size())
+        return Status::FailedPrecondition("Sequential::WeightGradients: micro-batch " + std::to_string(k) +
+                                          " does not match the model's " + std::to_string(layers_.size()) + " layers");
+      parts.emplace_back(&stashes[k]->layers[i], &(*wgrads[k])[i]);
+    }
+    COPSE_RETURN_NOT_OK(layers_[i]->WeightGradients(parts).WithContext("layer " + std::to_string(layers_[i]->index())));
+  }
+  return Status::OK();
 }
 
 std::vector<Parameter*> Sequential::Parameters() const {

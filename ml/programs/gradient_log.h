@@ -18,6 +18,10 @@
 // does) instead of dropping each after its backward; with recomputation a stash is only the
 // stage input "x", so the log stays as small as the activations it already keeps.
 //
+// With batched weight gradients (params.weight_grads "batched", docs/ml-graphs.md) an entry also
+// holds each layer's weight-gradient part "w<i>" (Sequential::BackwardInputs); such a log is
+// never replayed: the update computes the weight gradients of all its entries in one pass.
+//
 // Encoding (tensor-set names): "__log/<i>/<name>" for entry i's tensors, "__log/entries" =
 // [number of entries]. Entries are appended in micro-batch order; a log with m+1 entries extends
 // the one with m entries by sharing its tensors.

@@ -335,6 +335,53 @@ Result<std::vector<float>> SgdStepOnGradients(const Sequential& m, Sgd& sgd,
   return loss;
 }
 
+/// The gradients of `m` from gradient logs of a pipeline stage that batches its weight
+/// gradients (every message of `msgs` a log whose entries carry the layers' "w<i>" parts, see
+/// BackwardProgram): one Sequential::WeightGradients over every micro-batch of every log, in port
+/// and entry order. Returns the summed "__loss", or nullopt when the messages are not logs.
+Result<std::optional<std::vector<float>>> WeightGradientsFromLogs(const Sequential& m,
+                                                                  const std::vector<chan::Buffer>& msgs) {
+  std::vector<NamedTensors> logs;
+  for (size_t k = 0; k < msgs.size(); ++k) {
+    COPSE_ASSIGN_OR_RETURN(NamedTensors set, ReadTensorMessage(msgs[k]));
+    if (!IsGradientLog(set)) {
+      if (k == 0) return std::optional<std::vector<float>>();  // gradient sets: the caller sums them
+      return Status::DataLoss("gradient input " + std::to_string(k) + " is not a gradient log like input 0");
+    }
+    logs.push_back(std::move(set));
+  }
+  std::vector<float> loss(2, 0.0f);
+  std::vector<Stash> stashes;
+  std::vector<std::vector<Tensor>> wgrads;
+  for (size_t k = 0; k < logs.size(); ++k) {
+    auto counted = GradientLogEntries(logs[k]);
+    if (!counted.ok()) return counted.status().WithContext("gradient input " + std::to_string(k));
+    for (size_t i = 0; i < *counted; ++i) {
+      const NamedTensors entry = GradientLogEntry(logs[k], i);
+      if (FindTensor(entry, "dy")->dim(0) == 0) continue;  // an empty micro-batch adds nothing
+      const std::string where = "gradient input " + std::to_string(k) + ", entry " + std::to_string(i);
+      auto stash = ReadStash(entry, m.size());
+      if (!stash.ok()) return stash.status().WithContext(where);
+      std::vector<Tensor> parts(m.size());
+      for (size_t l = 0; l < m.size(); ++l) {
+        if (m.layer(l).parameters().empty()) continue;
+        const Tensor* w = FindTensor(entry, "w" + std::to_string(l));
+        if (!w) return Status::DataLoss(where + " lacks layer " + std::to_string(l) + "'s weight-gradient part");
+        parts[l] = *w;
+      }
+      stashes.push_back(std::move(stash).value());
+      wgrads.push_back(std::move(parts));
+    }
+    const auto l = ReadScalars(FindTensor(logs[k], "__loss"), 2);
+    loss[0] += l[0], loss[1] += l[1];
+  }
+  std::vector<const Stash*> stash_ptrs;
+  std::vector<const std::vector<Tensor>*> wgrad_ptrs;
+  for (size_t i = 0; i < stashes.size(); ++i) stash_ptrs.push_back(&stashes[i]), wgrad_ptrs.push_back(&wgrads[i]);
+  COPSE_RETURN_NOT_OK(m.WeightGradients(stash_ptrs, wgrad_ptrs));
+  return std::optional<std::vector<float>>(std::move(loss));
+}
+
 Result<std::vector<chan::Buffer>> ReadEveryInput(VertexContext& ctx, size_t from) {
   std::vector<chan::Buffer> msgs;
   for (size_t p = from; p < ctx.num_inputs(); ++p) {
@@ -438,7 +485,8 @@ class RingReduceProgram final : public VertexProgram {
 
 /// Optimizer step of one stage at step first_step + replica. Input 0: the chain (params,
 /// state, stats); inputs 1..: gradient sets, summed in port order (a parameter server when they
-/// come straight from the workers). Outputs: the chain to output 0 (and to output 1 when a
+/// come straight from the workers), or the gradient logs of a stage with batched weight
+/// gradients (WeightGradientsFromLogs). Outputs: the chain to output 0 (and to output 1 when a
 /// checkpoint is due, see WriteChainAndParams), the new parameters to the others.
 class UpdateProgram final : public VertexProgram {
  public:
@@ -477,11 +525,21 @@ class UpdateProgram final : public VertexProgram {
       if (!state.empty()) COPSE_RETURN_NOT_OK(lease->optimizer->ImportState(state));
     }
     auto* sgd = dynamic_cast<Sgd*>(lease->optimizer.get());
+    // A stage that batches its weight gradients sends its gradient log; they are computed here.
+    COPSE_ASSIGN_OR_RETURN(const std::optional<std::vector<float>> batched_loss, WeightGradientsFromLogs(m, grads));
+    if (batched_loss) lease->grads_key = 0;
     std::vector<float> loss;
-    if (sgd) {
+    if (sgd && batched_loss) {
+      loss = *batched_loss;
+      std::vector<std::vector<const float*>> own;
+      for (const Parameter* p : m.Parameters()) own.push_back({p->grad.data()});
+      sgd->StepOutOfPlace(own);
+    } else if (sgd) {
       COPSE_ASSIGN_OR_RETURN(loss, SgdStepOnGradients(m, *sgd, grads));
     } else {
-      if (grads_key == 0 || lease->grads_key != grads_key) {
+      if (batched_loss) {
+        loss = *batched_loss;
+      } else if (grads_key == 0 || lease->grads_key != grads_key) {
         lease->grads_key = 0;
         COPSE_ASSIGN_OR_RETURN(loss, SumGradientsInto(m, grads));
       } else {
@@ -625,8 +683,8 @@ Result<Tensor> MicroBatchBackward(Sequential& m, const NamedTensors& stash_set, 
 /// (from this micro-batch's forward), then dL/dy from the next stage's backward (not on the
 /// last stage), then the previous micro-batch's gradient log (not for m = 0). Outputs: 0 the
 /// gradient log of micro-batches 0..m (gradient_log.h) to backward m+1 — or, after the last
-/// micro-batch, the accumulated gradients to the update/reducer; 1 dL/dx to the previous stage
-/// (not on stage 0).
+/// micro-batch, the accumulated gradients to the update/reducer (with params.weight_grads
+/// "batched", the log again: see BatchedRun); 1 dL/dx to the previous stage (not on stage 0).
 class BackwardProgram final : public VertexProgram {
  public:
   Status Run(VertexContext& ctx) override {
@@ -658,14 +716,17 @@ class BackwardProgram final : public VertexProgram {
       COPSE_ASSIGN_OR_RETURN(log, ReadTensorMessage(*acc_msg));
       if (!IsGradientLog(log)) return Status::DataLoss(ctx.name + ": input " + std::to_string(port - 1) + " is not a gradient log");
     }
-    const uint64_t acc_key = acc_msg ? TensorMessageKey(*acc_msg) : 0;
-    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params, acc_key));
-    Sequential& m = lease->model;
     std::vector<float> loss = ReadScalars(FindTensor(stash_set, "__loss"), 2);
     if (acc_msg) {
       const auto prev = ReadScalars(FindTensor(log, "__loss"), 2);
       loss[0] += prev[0], loss[1] += prev[1];
     }
+    if (ctx.param<std::string>("weight_grads", "per-microbatch") == "batched") {
+      return BatchedRun(ctx, s, range, stage, pos, recompute, params, stash_set, dy, log, loss);
+    }
+    const uint64_t acc_key = acc_msg ? TensorMessageKey(*acc_msg) : 0;
+    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params, acc_key));
+    Sequential& m = lease->model;
     if (!acc_msg) {
       m.FreshGradients();  // overwritten below; the entry's may be a message's
     } else if (lease->grads_key != acc_key) {
@@ -703,6 +764,54 @@ class BackwardProgram final : public VertexProgram {
     lease->grads_key = TensorMessageKey(out);
     lease->grads_loss = loss;
     lease.Commit();
+    return WriteOutputs(ctx, stage, out, dx);
+  }
+
+ private:
+  /// params.weight_grads "batched": dL/dx only (Sequential::BackwardInputs); the weight
+  /// gradients of every micro-batch are computed together by the update, from the gradient log
+  /// this backward extends with its stash, dy and each layer's weight-gradient part ("w<i>").
+  /// Nothing accumulates in the cached model, so a re-run anywhere needs only its inputs.
+  static Status BatchedRun(VertexContext& ctx, const TrainSettings& s, std::pair<int, int> range, int stage,
+                           const MicroPos& pos, bool recompute, const chan::Buffer& params,
+                           const NamedTensors& stash_set, const Tensor& dy, const NamedTensors& log,
+                           const std::vector<float>& loss) {
+    if (recompute)
+      return Status::InvalidArgument(ctx.name + ": params.weight_grads \"batched\" needs stashed activations, not recompute");
+    if (pos.m > 0) {
+      auto counted = GradientLogEntries(log);
+      if (!counted.ok()) return counted.status().WithContext(ctx.name + ": the previous micro-batch's gradient log");
+      if (*counted != static_cast<size_t>(pos.m))
+        return Status::DataLoss(ctx.name + ": the gradient log has " + std::to_string(*counted) + " entries, expected " +
+                                std::to_string(pos.m));
+    }
+    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
+    const Sequential& m = lease->model;
+    if (!m.DefersWeightGradients())
+      return Status::InvalidArgument(ctx.name + ": params.weight_grads \"batched\" needs layers that can defer their weight gradients, not " +
+                                     m.Describe());
+    COPSE_ASSIGN_OR_RETURN(Stash stash, ReadStash(stash_set, m.size()));
+    std::vector<Tensor> wgrads;
+    Tensor dx;
+    if (dy.dim(0) > 0) {
+      auto r = m.BackwardInputs(dy, stash, /*need_input_grad=*/stage > 0, &wgrads);
+      if (!r.ok()) return r.status().WithContext(ctx.name);
+      dx = std::move(r).value();
+    } else if (stage > 0) {
+      dx = Tensor::Zeros({0});
+    }
+    lease.Commit();  // parameters and gradients untouched
+    NamedTensors entry = stash_set;
+    for (size_t l = 0; l < wgrads.size(); ++l)
+      if (wgrads[l].defined()) entry.emplace_back("w" + std::to_string(l), wgrads[l]);
+    NamedTensors out_set;
+    COPSE_RETURN_NOT_OK(AppendGradientLog(log, entry, &dy, out_set));
+    out_set.emplace_back("__loss", Scalars(loss));
+    return WriteOutputs(ctx, stage, TensorMessage(std::move(out_set)), dx);
+  }
+
+  /// Output 0 the log or gradients, output 1 dL/dx (not on stage 0).
+  static Status WriteOutputs(VertexContext& ctx, int stage, const chan::Buffer& out, const Tensor& dx) {
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(out));
     if (stage > 0) {
       if (ctx.num_outputs() < 2) return Status::InvalidArgument(ctx.name + ": needs a gradient output");

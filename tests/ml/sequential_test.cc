@@ -93,6 +93,63 @@ TEST_CASE("Sequential.MicroBatchGradientsSumToTheBatchGradient") {
   for (size_t i = 0; i < full.size(); ++i) CHECK(RelativeError(summed[i].second, full[i].second) < 1e-5);
 }
 
+// The B/W split of a pipeline stage: BackwardInputs per micro-batch (dL/dx only), then one
+// WeightGradients over every micro-batch, must give the batch's gradients.
+TEST_CASE("Sequential.BatchedWeightGradientsSumTheMicroBatches") {
+  Sequential model = *BuildModel("mlp:784-32-16-10", 5);
+  REQUIRE(model.DefersWeightGradients());
+  const Tensor x = RandomTensor({8, 1, 28, 28}, 2, 0, 1);
+  const std::vector<int32_t> labels{0, 1, 2, 3, 4, 5, 6, 7};
+  Stash s;
+  auto loss = CrossEntropyLoss(*model.Forward(x, {}, &s), labels);
+  REQUIRE(model.Backward(loss->grad, s, false, /*accumulate=*/false).ok());
+  const NamedTensors full = model.ExportGradients();
+
+  Sequential tail = model.Slice(2, model.size());  // a later stage: it needs dL/dx as well
+  std::vector<Stash> stashes(2), tail_stashes(2);
+  std::vector<std::vector<Tensor>> parts(2), tail_parts(2);
+  for (int m = 0; m < 2; ++m) {
+    const std::vector<int32_t> part(labels.begin() + 4 * m, labels.begin() + 4 * m + 4);
+    auto l = CrossEntropyLoss(*model.Forward(x.Rows(4 * m, 4 * m + 4), {}, &stashes[m]), part, 8);
+    const NamedTensors before = model.ExportGradients();
+    auto dx = model.BackwardInputs(l->grad, stashes[m], /*need_input_grad=*/false, &parts[m]);
+    REQUIRE(dx.ok());
+    CHECK(!dx->defined());
+    const NamedTensors after = model.ExportGradients();
+    for (size_t i = 0; i < before.size(); ++i) CHECK(after[i].second.BitwiseEquals(before[i].second));
+    CHECK(!parts[m][0].defined());  // Flatten has no parameters
+    CHECK(parts[m][1].shape() == Shape{4, 32});
+
+    // dL/dx of a later stage: the bits of the full backward's.
+    Stash ts;
+    const Tensor h = *model.Slice(0, 2).Forward(x.Rows(4 * m, 4 * m + 4), {}, &ts);
+    auto tl = CrossEntropyLoss(*tail.Forward(h, {}, &tail_stashes[m]), part, 8);
+    auto split_dx = tail.BackwardInputs(tl->grad, tail_stashes[m], true, &tail_parts[m]);
+    auto whole_dx = tail.Backward(tl->grad, tail_stashes[m], true);
+    REQUIRE(split_dx.ok());
+    REQUIRE(whole_dx.ok());
+    CHECK(split_dx->BitwiseEquals(*whole_dx));
+  }
+  REQUIRE(model.WeightGradients({&stashes[0], &stashes[1]}, {&parts[0], &parts[1]}).ok());
+  const NamedTensors batched = model.ExportGradients();
+  for (size_t i = 0; i < full.size(); ++i) {
+    CAPTURE(full[i].first);
+    CHECK(RelativeError(batched[i].second, full[i].second) < 1e-5);
+  }
+  REQUIRE(model.WeightGradients({&stashes[0], &stashes[1]}, {&parts[0], &parts[1]}).ok());
+  const NamedTensors again = model.ExportGradients();
+  for (size_t i = 0; i < full.size(); ++i) CHECK(again[i].second.BitwiseEquals(batched[i].second));
+  CHECK(!model.WeightGradients({&stashes[0]}, {}).ok());
+
+  // Layers that cannot split their backward say so instead of computing something else.
+  Sequential cnn = *BuildModel("cnn", 1);
+  CHECK(!cnn.DefersWeightGradients());
+  Stash cs;
+  const Tensor logits = *cnn.Forward(RandomTensor({2, 1, 28, 28}, 3, 0, 1), {}, &cs);
+  std::vector<Tensor> cp;
+  CHECK(cnn.BackwardInputs(logits, cs, false, &cp).status().code() == copse::StatusCode::kFailedPrecondition);
+}
+
 TEST_CASE("Sequential.BadInputIsAnError") {
   Sequential model = *BuildModel("mlp", 1);
   auto r = model.Predict(Tensor::Zeros({2, 1, 20, 20}));

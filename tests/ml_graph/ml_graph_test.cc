@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -166,24 +167,30 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
     int stages, micro;
     std::string schedule;
     bool recompute;
+    std::string weight_grads = "batched";
   };
-  std::string digest_1f1b;
-  for (Case c : {Case{2, 4, "1f1b", false}, Case{2, 4, "gpipe", true}, Case{3, 4, "1f1b", false}}) {
+  std::map<std::string, std::string> digest_of;  // two-stage runs, by how weight gradients are summed
+  for (Case c : {Case{2, 4, "1f1b", false}, Case{2, 4, "gpipe", false}, Case{2, 4, "gpipe", true},
+                 Case{2, 4, "1f1b", false, "per-microbatch"}, Case{3, 4, "1f1b", false}}) {
     CAPTURE(c.stages);
     CAPTURE(c.schedule);
+    CAPTURE(c.recompute);
+    CAPTURE(c.weight_grads);
     GraphOptions o = base;
     o.kind = "pipeline";
     o.stages = c.stages;
     o.microbatches = c.micro;
     o.schedule = c.schedule;
     o.recompute = c.recompute;
+    o.weight_grads = c.weight_grads;
     auto job = GenerateTrainingGraph(o);
     REQUIRE(job.ok());
     TempDir dir;
     const RunResult r = RunJob(*job, dir.path, c.stages);
     const double rel = RelativeDifference(r.params, reference);
     MESSAGE("pipeline P=" << c.stages << " M=" << c.micro << " " << c.schedule << std::string(c.recompute ? " recompute" : "")
-                          << ": relative difference " << rel);
+                          << (c.weight_grads == "batched" && !c.recompute ? " batched" : " per-micro-batch")
+                          << " weight gradients: relative difference " << rel);
     CHECK(rel < kTolerance);
     // The summary measures the bubble from the job manager's spans, next to the theory.
     REQUIRE(r.summary.contains("pipeline_bubble"));
@@ -195,12 +202,18 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
     REQUIRE(r.summary.contains("progress"));
     CHECK(r.summary["progress"]["step"] == r.summary["progress"]["steps"]);
     CHECK(r.summary["progress"]["loss"].get<double>() > 0);
-    // The schedule and recomputation change when work runs, not what is summed in which order.
+    // The schedule and recomputation change when work runs, not what is summed in which order;
+    // batching the weight gradients (one product over every micro-batch, never with
+    // recomputation) changes the order, so the bits.
     if (c.stages == 2) {
-      if (digest_1f1b.empty()) digest_1f1b = r.digest;
-      CHECK(r.digest == digest_1f1b);
+      const bool batched = c.weight_grads == "batched" && !c.recompute;
+      std::string& digest = digest_of[batched ? "batched" : "per-microbatch"];
+      if (digest.empty()) digest = r.digest;
+      CHECK(r.digest == digest);
     }
   }
+  REQUIRE(digest_of.size() == 2);
+  CHECK(digest_of["batched"] != digest_of["per-microbatch"]);  // the batched path really ran
 }
 
 // A pipeline stage's backward passes a gradient log, not its accumulated gradients, to the next
@@ -217,6 +230,7 @@ TEST_CASE("MlGraph.APipelineWithoutCachedModelsReplaysItsGradientLogsBitIdentica
     o.microbatches = 4;
     o.schedule = recompute ? "gpipe" : "1f1b";
     o.recompute = recompute;
+    o.weight_grads = "per-microbatch";  // batched weight gradients keep no sum to replay
     auto job = GenerateTrainingGraph(o);
     REQUIRE(job.ok());
     TempDir warm_dir, cold_dir;
@@ -251,6 +265,42 @@ TEST_CASE("MlGraph.ScheduleIsOrderingEdgesBetweenOneStagesVertices") {
     CHECK(from.substr(3, 1) == to.substr(3, 1));  // fwd0/bwd0 -> fwd0/bwd0: one stage
   }
   CHECK(order_edges > 0);
+}
+
+/// params.weight_grads of each stage's backward vertices, by stage index.
+std::map<int, std::string> WeightGradsByStage(const Json& job) {
+  std::map<int, std::string> out;
+  for (const auto& st : job["stages"]) {
+    if (st["program"] != "ml.backward") continue;
+    out[st["params"]["stage"].get<int>()] = st["params"]["weight_grads"].get<std::string>();
+  }
+  return out;
+}
+
+TEST_CASE("MlGraph.WeightGradientsAreBatchedWhereAStageAllowsIt") {
+  GraphOptions o = Small();
+  o.kind = "pipeline";
+  o.stages = 2;
+  o.steps = 1;
+  auto job = GenerateTrainingGraph(o);
+  REQUIRE(job.ok());
+  CHECK(WeightGradsByStage(*job) == std::map<int, std::string>{{0, "batched"}, {1, "batched"}});
+  o.weight_grads = "per-microbatch";
+  job = GenerateTrainingGraph(o);
+  REQUIRE(job.ok());
+  CHECK(WeightGradsByStage(*job) == std::map<int, std::string>{{0, "per-microbatch"}, {1, "per-microbatch"}});
+  o.weight_grads = "batched";
+  o.recompute = true;  // the update would need the activations it did not keep
+  job = GenerateTrainingGraph(o);
+  REQUIRE(job.ok());
+  CHECK(WeightGradsByStage(*job) == std::map<int, std::string>{{0, "per-microbatch"}, {1, "per-microbatch"}});
+  o.recompute = false;
+  o.model = "cnn";  // stage 0's convolutions accumulate per micro-batch; stage 1 is Linear only
+  job = GenerateTrainingGraph(o);
+  REQUIRE_MESSAGE(job.ok(), job.status().ToString());
+  CHECK(WeightGradsByStage(*job) == std::map<int, std::string>{{0, "per-microbatch"}, {1, "batched"}});
+  o.weight_grads = "later";
+  CHECK(GenerateTrainingGraph(o).status().message().find("--weight-grads") != std::string::npos);
 }
 
 TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::timeout(240)) {
