@@ -50,30 +50,42 @@ Result<Tensor> Sequential::Predict(const Tensor& x) const {
   return Forward(x, ctx, nullptr);
 }
 
-Result<Tensor> Sequential::Backward(const Tensor& dy, const Stash& stash, bool need_input_grad,
-                                    bool accumulate) const {
-  if (stash.layers.size() != layers_.size())
-    return Status::FailedPrecondition("Sequential::Backward: stash of " +
-                                      std::to_string(stash.layers.size()) + " layers for " +
-                                      std::to_string(layers_.size()));
-  // Without an input gradient, layers before the first one with parameters need no dx either
-  // (for an MLP that skips the largest product of the first Linear).
-  size_t first_trainable = layers_.size();
-  for (size_t i = 0; i < layers_.size(); ++i)
-    if (!layers_[i]->parameters().empty()) {
+namespace {
+
+/// A backward pass from the last layer to the first; `step(i, dy, need_dx)` runs layer i and
+/// returns its dL/dx. Without an input gradient, layers before the first one with parameters
+/// need no dx either (for an MLP that skips the largest product of the first Linear).
+template <typename Step>
+Result<Tensor> WalkBackward(const std::vector<std::shared_ptr<Layer>>& layers, const Stash& stash, const char* who,
+                            const Tensor& dy, bool need_input_grad, Step step) {
+  if (stash.layers.size() != layers.size())
+    return Status::FailedPrecondition(std::string(who) + ": stash of " + std::to_string(stash.layers.size()) +
+                                      " layers for " + std::to_string(layers.size()));
+  size_t first_trainable = layers.size();
+  for (size_t i = 0; i < layers.size(); ++i)
+    if (!layers[i]->parameters().empty()) {
       first_trainable = i;
       break;
     }
   Tensor g = dy;
-  for (size_t i = layers_.size(); i-- > 0;) {
+  for (size_t i = layers.size(); i-- > 0;) {
     const bool need_dx = need_input_grad || i > first_trainable;
-    if (!need_dx && layers_[i]->parameters().empty()) break;
-    auto r = layers_[i]->Backward(g, stash.layers[i], need_dx, accumulate);
-    if (!r.ok())
-      return r.status().WithContext("layer " + std::to_string(layers_[i]->index()));
+    if (!need_dx && layers[i]->parameters().empty()) break;
+    auto r = step(i, g, need_dx);
+    if (!r.ok()) return r.status().WithContext("layer " + std::to_string(layers[i]->index()));
     g = std::move(r).value();
   }
   return g;
+}
+
+}  // namespace
+
+Result<Tensor> Sequential::Backward(const Tensor& dy, const Stash& stash, bool need_input_grad,
+                                    bool accumulate) const {
+  return WalkBackward(layers_, stash, "Sequential::Backward", dy, need_input_grad,
+                      [&](size_t i, const Tensor& g, bool need_dx) {
+                        return layers_[i]->Backward(g, stash.layers[i], need_dx, accumulate);
+                      });
 }
 
 bool Sequential::DefersWeightGradients() const {
@@ -82,25 +94,11 @@ bool Sequential::DefersWeightGradients() const {
 
 Result<Tensor> Sequential::BackwardInputs(const Tensor& dy, const Stash& stash, bool need_input_grad,
                                           std::vector<Tensor>* wgrads) const {
-  if (stash.layers.size() != layers_.size())
-    return Status::FailedPrecondition("Sequential::BackwardInputs: stash of " + std::to_string(stash.layers.size()) +
-                                      " layers for " + std::to_string(layers_.size()));
   wgrads->assign(layers_.size(), Tensor());
-  size_t first_trainable = layers_.size();  // as in Backward: no dx before the first parameters
-  for (size_t i = 0; i < layers_.size(); ++i)
-    if (!layers_[i]->parameters().empty()) {
-      first_trainable = i;
-      break;
-    }
-  Tensor g = dy;
-  for (size_t i = layers_.size(); i-- > 0;) {
-    const bool need_dx = need_input_grad || i > first_trainable;
-    if (!need_dx && layers_[i]->parameters().empty()) break;
-    auto r = layers_[i]->BackwardInput(g, stash.layers[i], need_dx, &(*wgrads)[i]);
-    if (!r.ok()) return r.status().WithContext("layer " + std::to_string(layers_[i]->index()));
-    g = std::move(r).value();
-  }
-  return g;
+  return WalkBackward(layers_, stash, "Sequential::BackwardInputs", dy, need_input_grad,
+                      [&](size_t i, const Tensor& g, bool need_dx) {
+                        return layers_[i]->BackwardInput(g, stash.layers[i], need_dx, &(*wgrads)[i]);
+                      });
 }
 
 Status Sequential::WeightGradients(const std::vector<const Stash*>& stashes,
