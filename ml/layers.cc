@@ -110,29 +110,16 @@ Result<Tensor> Linear::Forward(const Tensor& x, const ForwardContext&, LayerStas
 
 Result<Tensor> Linear::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
                                      bool accumulate) {
-  if (stash.tensors.size() != 2) return Status::FailedPrecondition(Describe() + ": empty stash");
+  // dL/dx and dL/dz as a deferred backward computes them, then this micro-batch's weight
+  // gradients from dL/dz (the products are independent: their order changes no bits).
+  Tensor dz;
+  COPSE_ASSIGN_OR_RETURN(Tensor dx, BackwardInput(dy, stash, need_dx, &dz));
   const Tensor& x = stash.tensors[0];
   const int n = I(x.dim(0));
-  if (dy.ndim() != 2 || dy.dim(0) != n || dy.dim(1) != out_)
-    return BadInput(Describe() + " backward", ShapeToString({n, out_}), dy);
-  Device* dev = device_;
-  const Tensor dz = PreActivationGrad(dy, stash);
   const float beta = accumulate ? 1.0f : 0.0f;
-  dev->Gemm(true, false, out_, in_, n, 1.0f, dz.data(), out_, x.data(), in_, beta,
-            params_[0].grad.data(), in_);
-  if (bias_) dev->ColumnSum(dz.data(), n, out_, beta, params_[1].grad.data());
-  if (!need_dx) return Tensor();
-  Tensor dx = Tensor::Empty({n, in_}, dev);
-  dev->Gemm(false, false, n, in_, out_, 1.0f, dz.data(), out_, params_[0].value.data(), in_, 0.0f,
-            dx.data(), in_);
+  device_->Gemm(true, false, out_, in_, n, 1.0f, dz.data(), out_, x.data(), in_, beta, params_[0].grad.data(), in_);
+  if (bias_) device_->ColumnSum(dz.data(), n, out_, beta, params_[1].grad.data());
   return dx;
-}
-
-Tensor Linear::PreActivationGrad(const Tensor& dy, const LayerStash& stash) const {
-  if (act_ == Activation::kNone) return dy;
-  Tensor dz = Tensor::Empty(dy.shape(), device_);
-  device_->ActivationBackward(act_, stash.tensors[1].data(), dy.data(), static_cast<size_t>(dy.numel()), dz.data());
-  return dz;
 }
 
 Result<Tensor> Linear::BackwardInput(const Tensor& dy, const LayerStash& stash, bool need_dx, Tensor* wgrad) {
@@ -140,7 +127,12 @@ Result<Tensor> Linear::BackwardInput(const Tensor& dy, const LayerStash& stash, 
   const int n = I(stash.tensors[0].dim(0));
   if (dy.ndim() != 2 || dy.dim(0) != n || dy.dim(1) != out_)
     return BadInput(Describe() + " backward", ShapeToString({n, out_}), dy);
-  *wgrad = PreActivationGrad(dy, stash);
+  *wgrad = dy;
+  if (act_ != Activation::kNone) {
+    *wgrad = Tensor::Empty(dy.shape(), device_);
+    device_->ActivationBackward(act_, stash.tensors[1].data(), dy.data(), static_cast<size_t>(dy.numel()),
+                                wgrad->data());
+  }
   if (!need_dx) return Tensor();
   Tensor dx = Tensor::Empty({n, in_}, device_);
   device_->Gemm(false, false, n, in_, out_, 1.0f, wgrad->data(), out_, params_[0].value.data(), in_, 0.0f,

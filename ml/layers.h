@@ -113,8 +113,6 @@ class Linear final : public Layer {
   Status WeightGradients(const std::vector<std::pair<const LayerStash*, const Tensor*>>& parts) override;
 
  private:
-  /// dL/dz from dL/dy and the stash (dy itself without an activation).
-  Tensor PreActivationGrad(const Tensor& dy, const LayerStash& stash) const;
   int in_, out_;
   Activation act_;
   bool bias_;
