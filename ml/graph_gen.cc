@@ -336,7 +336,9 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
               With(With(With(common, layers), pos), {{"weight_grads", batched ? "batched" : "per-microbatch"}}), o.threads,
               group + (W > 1 ? "w" + std::to_string(w) : ""), s > 0 ? crossing : std::vector<int>{});
     }
-    b.Stage(Uname(s), "ml.update", steps, UpdateParams(common, split[s], split[s + 1], steps), UpdateCpus(o),
+    b.Stage(Uname(s), "ml.update", steps,
+            With(UpdateParams(common, split[s], split[s + 1], steps), {{"weight_grads", batched ? "batched" : "per-microbatch"}}),
+            UpdateCpus(o),
             group + (W > 1 ? "w0" : ""));
   }
   for (int64_t t = 0; t < steps; ++t) {

@@ -335,19 +335,16 @@ Result<std::vector<float>> SgdStepOnGradients(const Sequential& m, Sgd& sgd,
   return loss;
 }
 
-/// The gradients of `m` from gradient logs of a pipeline stage that batches its weight
+/// The gradients of `m` from the gradient logs of a pipeline stage that batches its weight
 /// gradients (every message of `msgs` a log whose entries carry the layers' "w<i>" parts, see
 /// BackwardProgram): one Sequential::WeightGradients over every micro-batch of every log, in port
-/// and entry order. Returns the summed "__loss", or nullopt when the messages are not logs.
-Result<std::optional<std::vector<float>>> WeightGradientsFromLogs(const Sequential& m,
-                                                                  const std::vector<chan::Buffer>& msgs) {
+/// and entry order. Returns the summed "__loss".
+Result<std::vector<float>> WeightGradientsFromLogs(const Sequential& m, const std::vector<chan::Buffer>& msgs) {
   std::vector<NamedTensors> logs;
   for (size_t k = 0; k < msgs.size(); ++k) {
     COPSE_ASSIGN_OR_RETURN(NamedTensors set, ReadTensorMessage(msgs[k]));
-    if (!IsGradientLog(set)) {
-      if (k == 0) return std::optional<std::vector<float>>();  // gradient sets: the caller sums them
-      return Status::DataLoss("gradient input " + std::to_string(k) + " is not a gradient log like input 0");
-    }
+    if (!IsGradientLog(set))
+      return Status::DataLoss("input " + std::to_string(k + 1) + " is not a gradient log (params.weight_grads is \"batched\")");
     logs.push_back(std::move(set));
   }
   std::vector<float> loss(2, 0.0f);
@@ -355,11 +352,11 @@ Result<std::optional<std::vector<float>>> WeightGradientsFromLogs(const Sequenti
   std::vector<std::vector<Tensor>> wgrads;
   for (size_t k = 0; k < logs.size(); ++k) {
     auto counted = GradientLogEntries(logs[k]);
-    if (!counted.ok()) return counted.status().WithContext("gradient input " + std::to_string(k));
+    if (!counted.ok()) return counted.status().WithContext("input " + std::to_string(k + 1));
     for (size_t i = 0; i < *counted; ++i) {
       const NamedTensors entry = GradientLogEntry(logs[k], i);
       if (FindTensor(entry, "dy")->dim(0) == 0) continue;  // an empty micro-batch adds nothing
-      const std::string where = "gradient input " + std::to_string(k) + ", entry " + std::to_string(i);
+      const std::string where = "input " + std::to_string(k + 1) + ", entry " + std::to_string(i);
       auto stash = ReadStash(entry, m.size());
       if (!stash.ok()) return stash.status().WithContext(where);
       std::vector<Tensor> parts(m.size());
@@ -379,7 +376,7 @@ Result<std::optional<std::vector<float>>> WeightGradientsFromLogs(const Sequenti
   std::vector<const std::vector<Tensor>*> wgrad_ptrs;
   for (size_t i = 0; i < stashes.size(); ++i) stash_ptrs.push_back(&stashes[i]), wgrad_ptrs.push_back(&wgrads[i]);
   COPSE_RETURN_NOT_OK(m.WeightGradients(stash_ptrs, wgrad_ptrs));
-  return std::optional<std::vector<float>>(std::move(loss));
+  return loss;
 }
 
 Result<std::vector<chan::Buffer>> ReadEveryInput(VertexContext& ctx, size_t from) {
@@ -485,8 +482,8 @@ class RingReduceProgram final : public VertexProgram {
 
 /// Optimizer step of one stage at step first_step + replica. Input 0: the chain (params,
 /// state, stats); inputs 1..: gradient sets, summed in port order (a parameter server when they
-/// come straight from the workers), or the gradient logs of a stage with batched weight
-/// gradients (WeightGradientsFromLogs). Outputs: the chain to output 0 (and to output 1 when a
+/// come straight from the workers), or with params.weight_grads "batched" the gradient logs of a
+/// stage that batches its weight gradients (WeightGradientsFromLogs). Outputs: the chain to output 0 (and to output 1 when a
 /// checkpoint is due, see WriteChainAndParams), the new parameters to the others.
 class UpdateProgram final : public VertexProgram {
  public:
@@ -526,8 +523,13 @@ class UpdateProgram final : public VertexProgram {
     }
     auto* sgd = dynamic_cast<Sgd*>(lease->optimizer.get());
     // A stage that batches its weight gradients sends its gradient log; they are computed here.
-    COPSE_ASSIGN_OR_RETURN(const std::optional<std::vector<float>> batched_loss, WeightGradientsFromLogs(m, grads));
-    if (batched_loss) lease->grads_key = 0;
+    std::optional<std::vector<float>> batched_loss;
+    if (ctx.param<std::string>("weight_grads", "per-microbatch") == "batched") {
+      auto l = WeightGradientsFromLogs(m, grads);
+      if (!l.ok()) return l.status().WithContext(ctx.name);
+      batched_loss = std::move(l).value();
+      lease->grads_key = 0;
+    }
     std::vector<float> loss;
     if (sgd && batched_loss) {
       loss = *batched_loss;

@@ -267,12 +267,18 @@ TEST_CASE("MlGraph.ScheduleIsOrderingEdgesBetweenOneStagesVertices") {
   CHECK(order_edges > 0);
 }
 
-/// params.weight_grads of each stage's backward vertices, by stage index.
+/// params.weight_grads of each stage's backward vertices, by stage index; its update must say
+/// the same (it computes the batched weight gradients).
 std::map<int, std::string> WeightGradsByStage(const Json& job) {
   std::map<int, std::string> out;
   for (const auto& st : job["stages"]) {
     if (st["program"] != "ml.backward") continue;
     out[st["params"]["stage"].get<int>()] = st["params"]["weight_grads"].get<std::string>();
+  }
+  for (const auto& st : job["stages"]) {
+    if (st["program"] != "ml.update") continue;
+    const std::string name = st["name"];
+    CHECK(st["params"]["weight_grads"] == out[std::stoi(name.substr(3))]);
   }
   return out;
 }
