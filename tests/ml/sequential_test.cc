@@ -74,14 +74,20 @@ TEST_CASE("Sequential.UninitializedLayersTakeAnyInitializedModelsParameters") {
   CHECK(!BuildModelLayers("resnet").ok());
 }
 
+/// The gradients of `model` on the whole batch (x, labels), in one forward and backward.
+NamedTensors BatchGradients(const Sequential& model, const Tensor& x, const std::vector<int32_t>& labels) {
+  Stash s;
+  auto loss = CrossEntropyLoss(*model.Forward(x, {}, &s), labels);
+  REQUIRE(loss.ok());
+  REQUIRE(model.Backward(loss->grad, s, false, /*accumulate=*/false).ok());
+  return model.ExportGradients();
+}
+
 TEST_CASE("Sequential.MicroBatchGradientsSumToTheBatchGradient") {
   Sequential model = *BuildModel("mlp:784-32-10", 5);
   const Tensor x = RandomTensor({8, 1, 28, 28}, 2, 0, 1);
   const std::vector<int32_t> labels{0, 1, 2, 3, 4, 5, 6, 7};
-  Stash s;
-  auto loss = CrossEntropyLoss(*model.Forward(x, {}, &s), labels);
-  REQUIRE(model.Backward(loss->grad, s, false, /*accumulate=*/false).ok());
-  const NamedTensors full = model.ExportGradients();
+  const NamedTensors full = BatchGradients(model, x, labels);
   model.ZeroGrad();
   for (int m = 0; m < 2; ++m) {
     Stash ms;
@@ -100,10 +106,7 @@ TEST_CASE("Sequential.BatchedWeightGradientsSumTheMicroBatches") {
   REQUIRE(model.DefersWeightGradients());
   const Tensor x = RandomTensor({8, 1, 28, 28}, 2, 0, 1);
   const std::vector<int32_t> labels{0, 1, 2, 3, 4, 5, 6, 7};
-  Stash s;
-  auto loss = CrossEntropyLoss(*model.Forward(x, {}, &s), labels);
-  REQUIRE(model.Backward(loss->grad, s, false, /*accumulate=*/false).ok());
-  const NamedTensors full = model.ExportGradients();
+  const NamedTensors full = BatchGradients(model, x, labels);
 
   Sequential tail = model.Slice(2, model.size());  // a later stage: it needs dL/dx as well
   std::vector<Stash> stashes(2), tail_stashes(2);
