@@ -370,6 +370,9 @@ class Daemon::Impl {
     const uint64_t job = t.spec["job"].get<uint64_t>();
     auto withdraw = [&](const std::string& why) {
       reports_.push_back(Withdrawn(t.spec, why));
+      // Remembered as failed, so that a task chained after this one (sent with it, or later)
+      // is withdrawn too rather than held for ever.
+      WithdrawChainedAfter({KeyOf(t)});
       PostReports();
     };
     std::optional<InputPrefetcher::After> remote;

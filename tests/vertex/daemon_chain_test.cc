@@ -1,0 +1,147 @@
+// A real Daemon (in-process) driven by a scripted job manager on 127.0.0.1: the chained-task
+// protocol as the daemon sees it, with message orders a live job manager only hits by chance.
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <asio.hpp>
+#include <doctest/doctest.h>
+
+#include "common/json_util.h"
+#include "common/wire.h"
+#include "vertex/daemon.h"
+
+namespace copse::vertex {
+namespace {
+
+/// Plays the job manager's side of one daemon connection, frame by frame.
+class ScriptedJobManager {
+ public:
+  ScriptedJobManager() : acceptor_(io_, {asio::ip::make_address("127.0.0.1"), 0}), socket_(io_) {}
+  uint16_t port() const { return acceptor_.local_endpoint().port(); }
+
+  /// Accepts the daemon and answers its handshake (hello, auth, register).
+  void Accept() {
+    acceptor_.accept(socket_);
+    Send({{"op", "hello"}, {"nonce", "n"}, {"version", 1}});
+    CHECK(Read()["op"] == "auth");
+    Send({{"op", "welcome"}});
+    CHECK(Read()["op"] == "register");
+    Send({{"op", "registered"}});
+  }
+  void Send(const Json& msg) {
+    std::string frame = wire::EncodeFrame(wire::FrameType::kJson, msg.dump());
+    asio::write(socket_, asio::buffer(frame));
+  }
+  Json Read() {
+    char header[wire::kHeaderBytes];
+    asio::read(socket_, asio::buffer(header));
+    auto h = wire::DecodeHeader(header, wire::kMaxControlBytes);
+    REQUIRE(h.ok());
+    std::string body(h->length, '\0');
+    asio::read(socket_, asio::buffer(body));
+    return Json::parse(body);
+  }
+  /// The next attempt reports, skipping heartbeats; fails the test after 10 s without one.
+  Json NextReport() {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (socket_.available() == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        continue;
+      }
+      Json msg = Read();
+      if (msg["op"] == "report") {
+        for (auto& a : msg["attempts"]) pending_.push_back(a);
+      }
+      if (!pending_.empty()) break;
+    }
+    REQUIRE_MESSAGE(!pending_.empty(), "no report within 10 s");
+    Json next = pending_.front();
+    pending_.erase(pending_.begin());
+    return next;
+  }
+
+ private:
+  asio::io_context io_;
+  asio::ip::tcp::acceptor acceptor_;
+  asio::ip::tcp::socket socket_;
+  std::vector<Json> pending_;
+};
+
+Json Task(uint32_t vertex, Json after = nullptr) {
+  Json t = {{"job", 1},      {"vertex", vertex}, {"version", 1},         {"name", "v" + std::to_string(vertex)},
+            {"program", "noop"}, {"params", Json::object()}, {"inputs", Json::array()}, {"outputs", Json::array()}};
+  if (!after.is_null()) t["after"] = std::move(after);
+  return t;
+}
+
+struct DaemonUnderTest {
+  explicit DaemonUnderTest(ScriptedJobManager& jm) {
+    dir = std::filesystem::temp_directory_path() / ("copse-daemon-test-" + std::to_string(::getpid()));
+    DaemonOptions o;
+    o.jm_port = jm.port();
+    o.name = "d0";
+    o.cpus = 2;
+    o.work_dir = dir;
+    o.reconnect_timeout = std::chrono::milliseconds(0);
+    std::thread accept([&] { jm.Accept(); });
+    auto started = Daemon::Start(o);
+    accept.join();
+    REQUIRE_MESSAGE(started.ok(), started.status().ToString());
+    daemon = std::move(*started);
+    runner = std::thread([this] { (void)daemon->Run(); });
+  }
+  ~DaemonUnderTest() {
+    daemon->Stop();
+    runner.join();
+    daemon.reset();
+    std::filesystem::remove_all(dir);
+  }
+  std::filesystem::path dir;
+  std::unique_ptr<Daemon> daemon;
+  std::thread runner;
+};
+
+TEST_CASE("Daemon.ATaskChainedAfterOneWithdrawnOnArrivalIsWithdrawnToo" * doctest::timeout(30)) {
+  // v1 fails and has ended before v2 (chained after it) and v3 (chained after v2) arrive: v2 is
+  // withdrawn as it arrives, and so must v3 be, in the same batch or a later one — not held
+  // for ever behind a task that will never run.
+  ScriptedJobManager jm;
+  DaemonUnderTest d(jm);
+  Json failing = Task(1);
+  failing["inject_failure"] = "boom";
+  jm.Send({{"op", "run"}, {"tasks", {failing}}});
+  Json r1 = jm.NextReport();
+  CHECK(r1["vertex"] == 1);
+  CHECK(r1["ok"] == false);
+
+  jm.Send({{"op", "run"}, {"tasks", {Task(2, {{{"vertex", 1}, {"version", 1}}}), Task(3, {{{"vertex", 2}, {"version", 1}}})}}});
+  Json r2 = jm.NextReport(), r3 = jm.NextReport();
+  CHECK(r2["vertex"] == 2);
+  CHECK(r2["class"] == "cancelled");
+  CHECK(r3["vertex"] == 3);
+  CHECK(r3["class"] == "cancelled");
+
+  jm.Send({{"op", "run"}, {"tasks", {Task(4, {{{"vertex", 3}, {"version", 1}}})}}});  // later still
+  Json r4 = jm.NextReport();
+  CHECK(r4["vertex"] == 4);
+  CHECK(r4["class"] == "cancelled");
+}
+
+TEST_CASE("Daemon.AChainTwoDeepRunsInOrderOnceItsHeadSucceeds" * doctest::timeout(30)) {
+  ScriptedJobManager jm;
+  DaemonUnderTest d(jm);
+  Json head = Task(1);
+  head["delay_ms"] = 50;  // still running when the chain arrives
+  jm.Send({{"op", "run"}, {"tasks", {head, Task(2, {{{"vertex", 1}, {"version", 1}}}),
+                                     Task(3, {{{"vertex", 2}, {"version", 1}}})}}});
+  for (uint32_t v : {1u, 2u, 3u}) {
+    Json r = jm.NextReport();
+    CHECK(r["vertex"] == v);
+    CHECK(r["ok"] == true);
+  }
+}
+
+}  // namespace
+}  // namespace copse::vertex
