@@ -20,6 +20,10 @@ const std::string kHostLabel = "host";
 const std::string kRackLabel = "rack";
 constexpr size_t kMaxBlockedScan = 64;  // ready vertices tried per job per pass when slots are short
 constexpr uint32_t kMaxChainedAfter = 8;  // unfinished input edges a vertex may be chained after
+// How deep chained tasks may wait behind a started one: a task chained after one that is itself
+// still held waits at depth 2. Two keeps the next task on its daemon one whole task ahead of
+// the job manager's round trip, without chaining a whole schedule ahead.
+constexpr int kMaxChainDepth = 2;
 // A consumer that cannot read its inputs this many times in a row (its producers re-run each
 // time, so the loss is persistent: an unreadable disk, a writer that fails verification)
 // fails the job instead of regenerating forever, like Spark's stage.maxConsecutiveAttempts.
@@ -693,16 +697,19 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   if (rep.progress.is_object()) NoteProgress(job, rep.progress);
   ++job.completed;
   ++job.completions;
-  // Successors wait for one predecessor fewer. Those chained after v started on its daemon
-  // just now: their clocks (timeouts, stragglers, trace spans) start here.
-  std::vector<VertexId> started;
+  // Successors wait for one predecessor fewer. Those chained after v now wait less deep, and
+  // those it was the last for started on its daemon just now: their clocks (timeouts,
+  // stragglers, trace spans) start here.
+  std::vector<VertexId> behind;
   ForEachSuccessor(job.g(), v, [&](VertexId u) {
     Run& c = job.runs[u.value()];
-    if (std::erase(c.chained_after, v) && c.chained_after.empty()) {
-      started.push_back(u);
-      c.started = clock_.Now();
-      auto span = job.open_spans.find({u.value(), c.version});
-      if (span != job.open_spans.end()) job.spans[span->second].start_ms = ElapsedMs(job);
+    if (std::erase(c.chained_after, v)) {
+      behind.push_back(u);
+      if (c.chained_after.empty()) {
+        c.started = clock_.Now();
+        auto span = job.open_spans.find({u.value(), c.version});
+        if (span != job.open_spans.end()) job.spans[span->second].start_ms = ElapsedMs(job);
+      }
     }
     if (c.state == VertexState::kCompleted || c.pending == 0) return;
     if (--c.pending == 0 && c.state == VertexState::kWaiting) MakeReady(job, u);
@@ -715,9 +722,27 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   CheckFaults(job);
   // v's slot is free: what waits on v, or on what started in its place, may chain now.
   if (job.state == JobState::kRunning) ChainSuccessors(job, v);
-  for (VertexId u : started) {
-    if (job.state == JobState::kRunning) ChainSuccessors(job, u);
+  for (VertexId u : behind) {
+    if (job.state == JobState::kRunning) ChainBehind(job, u);
   }
+}
+
+void Scheduler::ChainBehind(Job& job, VertexId u) {
+  // u waits one task less deep (a predecessor ended): so do the tasks chained after it, and
+  // what waits on either may chain now.
+  ChainSuccessors(job, u);
+  ForEachSuccessor(job.g(), u, [&](VertexId w) {
+    const Run& c = job.runs[w.value()];
+    if (c.state == VertexState::kRunning && std::find(c.chained_after.begin(), c.chained_after.end(), u) != c.chained_after.end()) {
+      ChainSuccessors(job, w);
+    }
+  });
+}
+
+int Scheduler::ChainDepth(const Job& job, VertexId v) const {
+  int depth = 0;
+  for (VertexId a : job.runs[v.value()].chained_after) depth = std::max(depth, 1 + ChainDepth(job, a));
+  return depth;
 }
 
 void Scheduler::ChainSuccessors(Job& job, VertexId v) {
@@ -759,6 +784,7 @@ void Scheduler::TryChain(Job& job, VertexId u) {
   for (VertexId a : after) {
     const Run& p = job.runs[a.value()];
     if (p.state != VertexState::kRunning || p.dup_version || g.vertex(a).gang.valid()) return;
+    if (ChainDepth(job, a) >= kMaxChainDepth) return;
   }
   auto reads = [&](VertexId a) {
     return std::any_of(node.inputs.begin(), node.inputs.end(), [&](ChannelId ch) { return g.channel(ch).from == a; });
@@ -791,16 +817,23 @@ void Scheduler::TryChain(Job& job, VertexId u) {
     }
   }
   Daemon& d = *daemons_[where.value()];
-  // A task chained on its predecessors' daemon starts only after they have all ended there, so
-  // it may take their slots once they have started (not while one itself waits, chained: that
-  // would chain a whole schedule ahead). free_cpus already counts what earlier chained tasks
-  // took (it goes negative until their predecessors end), so free + theirs bounds what they
-  // take together.
+  // A task chained on its predecessors' daemon starts only after they, and the tasks there they
+  // are chained after in turn, have all ended: it may take all their slots. free_cpus already
+  // counts what earlier chained tasks took (it goes negative until their predecessors end), so
+  // free + theirs bounds what they take together: one slot passes down one chain.
+  std::vector<VertexId> ahead;
+  std::vector<VertexId> todo(after.begin(), after.end());
+  while (!todo.empty()) {
+    VertexId a = todo.back();
+    todo.pop_back();
+    const Run& p = job.runs[a.value()];
+    if (p.daemon != where || std::find(ahead.begin(), ahead.end(), a) != ahead.end()) continue;
+    ahead.push_back(a);
+    todo.insert(todo.end(), p.chained_after.begin(), p.chained_after.end());
+  }
   double cpus = d.free_cpus;
   int gpus = d.free_gpus;
-  for (VertexId a : after) {
-    const Run& p = job.runs[a.value()];
-    if (p.daemon != where || !p.chained_after.empty()) continue;
+  for (VertexId a : ahead) {
     cpus += g.stage_of(a).resources.cpus;
     gpus += g.stage_of(a).resources.gpus;
   }

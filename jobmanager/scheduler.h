@@ -89,7 +89,8 @@ struct SchedulerOptions {
   double straggler_factor = 4.0;
   Duration straggler_min = std::chrono::seconds(2);
   double straggler_fraction = 0.5;
-  /// Chained dispatch: a vertex whose unfinished predecessors are all running is sent at once to
+  /// Chained dispatch: a vertex whose unfinished predecessors are all running (started, or
+  /// chained themselves behind started ones: at most two tasks deep) is sent at once to
   /// the daemon its affinity pins it to (unpinned: the predecessors' one daemon, when all it
   /// reads is there), to start the moment they have succeeded, without a report -> job manager
   /// -> run round trip (a pipeline stage's chain, a data-parallel step). Predecessors on that
@@ -193,6 +194,11 @@ class Scheduler {
   void TryChain(Job& job, VertexId u);
   /// Chains the waiting successors of v whose unfinished predecessors all run.
   void ChainSuccessors(Job& job, VertexId v);
+  /// After a predecessor of chained task u ended: chains what waits on u, or on the tasks
+  /// chained after u, now that they wait one task less deep.
+  void ChainBehind(Job& job, VertexId u);
+  /// How many held tasks deep v waits: 0 once it has started (or when not chained).
+  int ChainDepth(const Job& job, VertexId v) const;
   /// A chained attempt that never started (its predecessor failed): back to waiting, neither
   /// charged nor counted as a recovery; chained again at once when `rechain` and it applies.
   void Unchain(Job& job, VertexId u, bool rechain);

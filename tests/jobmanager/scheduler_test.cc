@@ -212,11 +212,11 @@ TEST_CASE("Scheduler.ADaemonLossRegeneratesLostOutputsUpstream") {
   h.sched.DaemonLost(d0, "test");
   h.sched.Flush();
   // c failed with its daemon (not charged); b and a lost their outputs: a runs again first
-  // (b is chained after it).
+  // (b is chained after it, and c after b).
   auto [where, a2] = h.Next("a[0]");
   CHECK(where == d1);
   CHECK(a2["version"] == 2);
-  CHECK(h.unclaimed.size() == 1);
+  CHECK(h.unclaimed.size() == 2);
   h.Finish(a2, true);
   h.Finish(h.Next("b[0]").second, true);  // b again
   Json c2 = h.Next("c[0]").second;
@@ -252,7 +252,7 @@ TEST_CASE("Scheduler.ConsumedOutputsAreReleasedAndRegeneratedWhenNeededAgain") {
   Json c = h.Next("c[0]").second;
   h.Finish(c, false, {}, FailureClass::kInputLost, 0);
   Json a2 = h.Next("a[0]").second;
-  CHECK(h.unclaimed.size() == 1);  // b, chained after a
+  CHECK(h.unclaimed.size() == 2);  // b, chained after a, and c after b
   h.Finish(a2, true);
   h.Finish(h.Next("b[0]").second, true);
   Json c2 = h.Next("c[0]").second;
@@ -414,25 +414,47 @@ TEST_CASE("Scheduler.ChainedDispatchSendsTheNextVertexOfAPinnedChainAhead") {
   h.AddDaemon("d0", 2);
   JobId job = h.Submit(kPinnedChain);
   // a runs; b, whose only unfinished predecessor is a, goes to the same daemon at once, to
-  // start there when a succeeds. c would need a third slot: not yet.
+  // start there when a succeeds, and c, chained after b, to start when b succeeds.
   auto tasks = h.sink.TakeTasks();
-  REQUIRE(tasks.size() == 2);
+  REQUIRE(tasks.size() == 3);
   CHECK(tasks[0].second["name"] == "a[0]");
   CHECK(tasks[1].second["name"] == "b[0]");
   CHECK(tasks[1].second["after"][0]["vertex"] == tasks[0].second["vertex"]);
   CHECK(tasks[1].second["after"][0]["version"] == tasks[0].second["version"]);
   // a's input key in b's task names a's attempt, to be read locally.
   CHECK(tasks[1].second["inputs"][0]["local"] == true);
-  h.Finish(tasks[0].second, true);
-  // a's slot is free and b has started: c chains after b.
-  auto next = h.sink.TakeTasks();
-  REQUIRE(next.size() == 1);
-  CHECK(next[0].second["name"] == "c[0]");
-  CHECK(next[0].second["after"][0]["vertex"] == tasks[1].second["vertex"]);
-  h.Finish(tasks[1].second, true);
-  h.Finish(next[0].second, true);
+  CHECK(tasks[2].second["name"] == "c[0]");
+  CHECK(tasks[2].second["after"][0]["vertex"] == tasks[1].second["vertex"]);
+  for (auto& [d, t] : tasks) h.Finish(t, true);
+  CHECK(h.sink.TakeTasks().empty());
   CHECK(h.State(job) == "completed");
   CHECK(h.sched.JobStatus(job)["recoveries"].empty());
+}
+
+TEST_CASE("Scheduler.AChainIsSentAtMostTwoTasksAheadOfOneThatStarted") {
+  Harness h;
+  h.AddDaemon("d0", 2);
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "affinity": "g"},
+                                      {"name": "b", "program": "noop", "affinity": "g"},
+                                      {"name": "c", "program": "noop", "affinity": "g"},
+                                      {"name": "d", "program": "noop", "affinity": "g"}],
+                           "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}, {"from": "c", "to": "d"}]})");
+  // a runs, b waits behind it and c behind b: d would wait three deep, so it is not sent.
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 3);
+  CHECK(tasks[2].second["name"] == "c[0]");
+  // a ends and b starts: c waits one deep, d two.
+  h.Finish(tasks[0].second, true);
+  auto next = h.sink.TakeTasks();
+  REQUIRE(next.size() == 1);
+  CHECK(next[0].second["name"] == "d[0]");
+  CHECK(next[0].second["after"][0]["vertex"] == tasks[2].second["vertex"]);
+  // The chain took its slots ahead of time: the daemon shows none free.
+  CHECK(h.sched.DaemonsTable()[0]["free_cpus"] == 0);
+  h.Finish(tasks[1].second, true);
+  h.Finish(tasks[2].second, true);
+  h.Finish(next[0].second, true);
+  CHECK(h.State(job) == "completed");
 }
 
 TEST_CASE("Scheduler.AChainedVertexWhosePredecessorFailedIsWithdrawnUncharged") {
@@ -440,21 +462,24 @@ TEST_CASE("Scheduler.AChainedVertexWhosePredecessorFailedIsWithdrawnUncharged") 
   h.AddDaemon("d0", 2);
   JobId job = h.Submit(kPinnedChain);
   auto tasks = h.sink.TakeTasks();
-  REQUIRE(tasks.size() == 2);
-  h.Finish(tasks[0].second, false);  // a fails; its daemon withdraws b
+  REQUIRE(tasks.size() == 3);
+  h.Finish(tasks[0].second, false);  // a fails; its daemon withdraws b, and c behind b
   h.Finish(tasks[1].second, false, {}, FailureClass::kCancelled);
-  // a runs again with b chained again; b's withdrawal is neither charged nor a recovery.
+  h.Finish(tasks[2].second, false, {}, FailureClass::kCancelled);
+  // a runs again with b and c chained again; their withdrawals are neither charged nor
+  // recoveries.
   auto again = h.sink.TakeTasks();
-  REQUIRE(again.size() == 2);
+  REQUIRE(again.size() == 3);
   CHECK(again[0].second["name"] == "a[0]");
   CHECK(again[0].second["version"] == 2);
   CHECK(again[1].second["name"] == "b[0]");
   CHECK(again[1].second["after"][0]["version"] == 2);
+  CHECK(again[2].second["name"] == "c[0]");
+  CHECK(again[2].second["version"] == 2);
   Json st = h.sched.JobStatus(job);
   REQUIRE(st["recoveries"].size() == 1);
   CHECK(st["recoveries"][0]["vertex"] == "a[0]");
   for (auto& [d, t] : again) h.Finish(t, true);
-  h.Finish(h.sink.TakeTasks().at(0).second, true);
   CHECK(h.State(job) == "completed");
 }
 
