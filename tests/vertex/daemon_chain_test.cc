@@ -1,71 +1,70 @@
 // A real Daemon (in-process) driven by a scripted job manager on 127.0.0.1: the chained-task
 // protocol as the daemon sees it, with message orders a live job manager only hits by chance.
+#include <sys/socket.h>
+
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
-#include <asio.hpp>
 #include <doctest/doctest.h>
 
+#include "channels/socket.h"
 #include "common/json_util.h"
-#include "common/wire.h"
 #include "vertex/daemon.h"
 
 namespace copse::vertex {
 namespace {
 
+using chan::internal::BufferedSocket;
+using chan::internal::Socket;
+
 /// Plays the job manager's side of one daemon connection, frame by frame.
 class ScriptedJobManager {
  public:
-  ScriptedJobManager() : acceptor_(io_, {asio::ip::make_address("127.0.0.1"), 0}), socket_(io_) {}
-  uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  ScriptedJobManager() : listener_(ListenOnLoopback()) {}
+  uint16_t port() const { return listener_.LocalPort(); }
 
   /// Accepts the daemon and answers its handshake (hello, auth, register).
   void Accept() {
-    acceptor_.accept(socket_);
+    conn_.emplace(Socket(::accept(listener_.fd(), nullptr, nullptr)));
+    REQUIRE(conn_->socket().valid());
     Send({{"op", "hello"}, {"nonce", "n"}, {"version", 1}});
     CHECK(Read()["op"] == "auth");
     Send({{"op", "welcome"}});
     CHECK(Read()["op"] == "register");
     Send({{"op", "registered"}});
   }
-  void Send(const Json& msg) {
-    std::string frame = wire::EncodeFrame(wire::FrameType::kJson, msg.dump());
-    asio::write(socket_, asio::buffer(frame));
-  }
+  void Send(const Json& msg) { REQUIRE(chan::internal::WriteJson(conn_->socket(), msg).ok()); }
+  /// The next frame, waiting at most 10 s for it.
   Json Read() {
-    char header[wire::kHeaderBytes];
-    asio::read(socket_, asio::buffer(header));
-    auto h = wire::DecodeHeader(header, wire::kMaxControlBytes);
-    REQUIRE(h.ok());
-    std::string body(h->length, '\0');
-    asio::read(socket_, asio::buffer(body));
-    return Json::parse(body);
+    auto msg = chan::internal::ReadJson(*conn_, wire::kMaxControlBytes, 10000, 10000);
+    REQUIRE_MESSAGE(msg.ok(), msg.status().ToString());
+    return *msg;
   }
-  /// The next attempt reports, skipping heartbeats; fails the test after 10 s without one.
+  /// The next attempt report, skipping heartbeats; fails the test after 10 s without one.
   Json NextReport() {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (socket_.available() == 0) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        continue;
-      }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (pending_.empty()) {
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "no report within 10 s");
       Json msg = Read();
       if (msg["op"] == "report") {
         for (auto& a : msg["attempts"]) pending_.push_back(a);
       }
-      if (!pending_.empty()) break;
     }
-    REQUIRE_MESSAGE(!pending_.empty(), "no report within 10 s");
     Json next = pending_.front();
     pending_.erase(pending_.begin());
     return next;
   }
 
  private:
-  asio::io_context io_;
-  asio::ip::tcp::acceptor acceptor_;
-  asio::ip::tcp::socket socket_;
+  static Socket ListenOnLoopback() {
+    auto s = Socket::Listen("127.0.0.1", 0);
+    REQUIRE_MESSAGE(s.ok(), s.status().ToString());
+    return std::move(*s);
+  }
+  Socket listener_;
+  std::optional<BufferedSocket> conn_;
   std::vector<Json> pending_;
 };
 
