@@ -716,7 +716,13 @@ class BackwardProgram final : public VertexProgram {
       COPSE_ASSIGN_OR_RETURN(chan::Buffer a, ReadOne(ctx, port++));
       acc_msg = std::move(a);
       COPSE_ASSIGN_OR_RETURN(log, ReadTensorMessage(*acc_msg));
-      if (!IsGradientLog(log)) return Status::DataLoss(ctx.name + ": input " + std::to_string(port - 1) + " is not a gradient log");
+      const std::string input = ctx.name + ": input " + std::to_string(port - 1);
+      if (!IsGradientLog(log)) return Status::DataLoss(input + " is not a gradient log");
+      auto counted = GradientLogEntries(log);
+      if (!counted.ok()) return counted.status().WithContext(input);
+      if (*counted != static_cast<size_t>(pos.m))
+        return Status::DataLoss(input + ": the gradient log has " + std::to_string(*counted) + " entries, expected " +
+                                std::to_string(pos.m));
     }
     std::vector<float> loss = ReadScalars(FindTensor(stash_set, "__loss"), 2);
     if (acc_msg) {
@@ -724,7 +730,7 @@ class BackwardProgram final : public VertexProgram {
       loss[0] += prev[0], loss[1] += prev[1];
     }
     if (ctx.param<std::string>("weight_grads", "per-microbatch") == "batched") {
-      return BatchedRun(ctx, s, range, stage, pos, recompute, params, stash_set, dy, log, loss);
+      return BatchedRun(ctx, s, range, stage, recompute, params, stash_set, dy, log, loss);
     }
     const uint64_t acc_key = acc_msg ? TensorMessageKey(*acc_msg) : 0;
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params, acc_key));
@@ -735,14 +741,7 @@ class BackwardProgram final : public VertexProgram {
       // Not the entry the previous micro-batch left (a re-run, a cold daemon): replay the log.
       lease->grads_key = 0;
       m.FreshGradients();  // the entry's may be a message's
-      auto counted = GradientLogEntries(log);
-      if (!counted.ok()) return counted.status().WithContext(ctx.name + ": input " + std::to_string(port - 1));
-      const size_t entries = *counted;
-      if (entries != static_cast<size_t>(pos.m)) {
-        return Status::DataLoss(ctx.name + ": the gradient log has " + std::to_string(entries) + " entries, expected " +
-                                std::to_string(pos.m));
-      }
-      for (size_t i = 0; i < entries; ++i) {
+      for (size_t i = 0; i < static_cast<size_t>(pos.m); ++i) {
         const NamedTensors entry = GradientLogEntry(log, i);
         const ForwardContext fc{true, StepSeed(s, pos.step, pos.w * pos.M + static_cast<int>(i))};
         const Status st = MicroBatchBackward(m, entry, *FindTensor(entry, "dy"), recompute, fc, false, i > 0).status();
@@ -775,18 +774,11 @@ class BackwardProgram final : public VertexProgram {
   /// this backward extends with its stash, dy and each layer's weight-gradient part ("w<i>").
   /// Nothing accumulates in the cached model, so a re-run anywhere needs only its inputs.
   static Status BatchedRun(VertexContext& ctx, const TrainSettings& s, std::pair<int, int> range, int stage,
-                           const MicroPos& pos, bool recompute, const chan::Buffer& params,
+                           bool recompute, const chan::Buffer& params,
                            const NamedTensors& stash_set, const Tensor& dy, const NamedTensors& log,
                            const std::vector<float>& loss) {
     if (recompute)
       return Status::InvalidArgument(ctx.name + ": params.weight_grads \"batched\" needs stashed activations, not recompute");
-    if (pos.m > 0) {
-      auto counted = GradientLogEntries(log);
-      if (!counted.ok()) return counted.status().WithContext(ctx.name + ": the previous micro-batch's gradient log");
-      if (*counted != static_cast<size_t>(pos.m))
-        return Status::DataLoss(ctx.name + ": the gradient log has " + std::to_string(*counted) + " entries, expected " +
-                                std::to_string(pos.m));
-    }
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
     const Sequential& m = lease->model;
     if (!m.DefersWeightGradients())
