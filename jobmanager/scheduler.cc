@@ -117,6 +117,7 @@ struct Scheduler::Run {
   std::vector<uint64_t> output_bytes;
   std::vector<uint64_t> output_messages;
   bool released = false;  // outputs garbage-collected (retained ports excepted): every consumer had completed
+  bool retained_released = false;  // its retained ports too: it settled (Settle)
   TimePoint ready_since{};
   TimePoint started{};
   // Dispatched chained: waits on its daemon for these predecessors' current attempts to
@@ -160,6 +161,7 @@ struct Scheduler::Job {
   std::map<std::pair<uint32_t, uint32_t>, size_t> open_spans;  // (vertex, version) -> index
   std::vector<std::vector<double>> stage_seconds;  // per stage: wall time of completed attempts
   std::vector<char> declared;  // per vertex: a job output reads it, so it is never released
+  std::vector<char> settled;   // per vertex: no fault can make it run again (Settle)
   uint64_t local_input_bytes = 0, remote_input_bytes = 0;  // what placement achieved
   /// The newest progress figures a program reported (by "step" when they carry one), and when
   /// the first and newest "images" counts arrived, for a live images/s.
@@ -441,6 +443,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   job->faults = job->g().spec().faults;
   job->fault_fired.assign(job->faults.size(), 0);
   job->declared.assign(job->runs.size(), 0);
+  job->settled.assign(job->runs.size(), 0);
   job->stage_seconds.resize(job->g().spec().stages.size());
   job->gang_version.assign(job->g().gangs().size(), 0);
   job->priority = Priorities(job->g());
@@ -477,15 +480,14 @@ void Scheduler::RecomputePending(Job& job) {
     if (r.state == VertexState::kCompleted || r.state == VertexState::kRunning) continue;
     for (ChannelId ch : g.vertex(*it).inputs) {
       const ChannelEdge& c = g.channel(ch);
-      // Ordering edges carry no data; a retained port is still stored even when the
-      // producer's other outputs were released, and a durable one has its copy.
-      if (c.kind == ChannelKind::kOrder || c.kind == ChannelKind::kDurable ||
-          g.stage_of(c.from).Retains(static_cast<size_t>(c.from_port)))
-        continue;
+      // Ordering edges carry no data, and a durable one has its copy. A retained port is
+      // still stored when the producer's other outputs were released, until it settled.
+      if (c.kind == ChannelKind::kOrder || c.kind == ChannelKind::kDurable) continue;
       VertexId p = c.from;
       Run& pr = job.runs[p.value()];
-      if (pr.state == VertexState::kCompleted && pr.released) {
-        pr.released = false;
+      const bool gone = g.stage_of(p).Retains(static_cast<size_t>(c.from_port)) ? pr.retained_released : pr.released;
+      if (pr.state == VertexState::kCompleted && gone) {
+        pr.released = pr.retained_released = false;
         Regenerate(job, p, "its released output is needed again by " + g.vertex(*it).name);
       }
     }
@@ -715,6 +717,7 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
     if (--c.pending == 0 && c.state == VertexState::kWaiting) MakeReady(job, u);
   });
   ReleaseConsumedInputs(job, v);
+  Settle(job, v);
   if (job.completed == job.runs.size()) {
     FinishJob(job, JobState::kCompleted, "");
     return;
@@ -931,6 +934,39 @@ void Scheduler::ReleaseConsumedInputs(Job& job, VertexId v) {
   }
 }
 
+void Scheduler::Settle(Job& job, VertexId v) {
+  const JobGraph& g = job.g();
+  std::vector<VertexId> work{v};
+  while (!work.empty()) {
+    const VertexId x = work.back();
+    work.pop_back();
+    Run& r = job.runs[x.value()];
+    if (job.settled[x.value()] || job.declared[x.value()] || r.state != VertexState::kCompleted) continue;
+    bool settles = true;
+    for (const auto& port : g.vertex(x).outputs) {
+      for (ChannelId ch : port) {
+        const ChannelEdge& c = g.channel(ch);
+        if (c.kind != ChannelKind::kOrder && c.kind != ChannelKind::kDurable && !job.settled[c.to.value()]) settles = false;
+      }
+    }
+    if (!settles) continue;
+    job.settled[x.value()] = 1;
+    for (ChannelId in : g.vertex(x).inputs) work.push_back(g.channel(in).from);
+    const StageSpec& stage = g.stage_of(x);
+    if (r.retained_released || !(stage.retain_all || !stage.retain_ports.empty()) || !r.daemon.valid() ||
+        !daemons_[r.daemon.value()]->alive) {
+      continue;
+    }
+    r.retained_released = true;
+    for (size_t port = 0; port < g.vertex(x).outputs.size(); ++port) {
+      if (!stage.Retains(port) || (r.output_messages.size() > port && r.output_messages[port] == 0)) continue;
+      Json& batch = release_outbox_[r.daemon];
+      if (batch.is_null()) batch = {{"op", "release"}, {"keys", Json::array()}};
+      batch["keys"].push_back({{"job", job.id.value()}, {"vertex", x.value()}, {"version", r.version}, {"port", port}});
+    }
+  }
+}
+
 void Scheduler::ResetGang(Job& job, GangId gang, VertexId cause, const std::string& why) {
   const JobGraph& g = job.g();
   for (VertexId m : g.gangs()[gang.value()].members) {
@@ -945,6 +981,7 @@ void Scheduler::ResetGang(Job& job, GangId gang, VertexId cause, const std::stri
       Journal({{"t", "regen"}, {"job", job.id.value()}, {"v", m.value()}});
     }
     r.state = VertexState::kWaiting;
+    job.settled[m.value()] = 0;
   }
   Log(job, cause, "gang of " + std::to_string(g.gangs()[gang.value()].members.size()) + " restarts: " + why);
 }
@@ -1004,6 +1041,7 @@ void Scheduler::Regenerate(Job& job, VertexId v, const std::string& why) {
     return;
   }
   r.state = VertexState::kWaiting;
+  job.settled[v.value()] = 0;
   --job.completed;
   Journal({{"t", "regen"}, {"job", job.id.value()}, {"v", v.value()}});
   Log(job, v, "output of version " + std::to_string(r.version) + " lost, re-running: " + why);
@@ -1288,7 +1326,8 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
     // completed), else the daemon's fallback.
     const bool durable = c.kind == ChannelKind::kDurable;
     if (durable) in["durable"] = DurablePath(job, c.from, p.version, c.from_port);
-    const bool store_serves = pd.alive && !(p.released && p.state == VertexState::kCompleted);
+    const bool gone = g.stage_of(c.from).Retains(static_cast<size_t>(c.from_port)) ? p.retained_released : p.released;
+    const bool store_serves = pd.alive && !(gone && p.state == VertexState::kCompleted);
     if (!durable || store_serves) {
       in["local"] = p.daemon == d.id;
       in["host"] = pd.spec.data_host;

@@ -230,6 +230,13 @@ class Scheduler {
   /// dropped from their daemons (never a declared job output). Should one be needed again,
   /// RecomputePending re-runs its producer.
   void ReleaseConsumedInputs(Job& job, VertexId v);
+  /// Settling: a completed vertex is settled once no fault can make it run again, because each
+  /// of its consumers reads a durable copy of its output or is settled itself (ordering edges
+  /// carry nothing); lineage then never needs its outputs again, so its retained ports
+  /// (job_spec.h `retain`, kept for recovery) are dropped too. Walks from v up through its
+  /// producers. Without durable channels nothing settles; with a checkpoint every K steps a
+  /// pipeline's retained cross-stage tensors are held about K steps instead of the whole job.
+  void Settle(Job& job, VertexId v);
   /// Whether v's outputs are still needed: a consumer has not completed, or a job output reads
   /// it. `count_durable` false: consumers of durable ports do not count (their copies serve).
   bool OutputNeeded(const Job& job, VertexId v, bool count_durable = true) const;

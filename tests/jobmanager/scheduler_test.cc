@@ -348,6 +348,47 @@ const char* kDurableChain = R"({"stages": [{"name": "a", "program": "noop"}, {"n
                                 "durable_dir": "ckpt",
                                 "edges": [{"from": "a", "to": "b", "channel": "durable"}, {"from": "b", "to": "c"}]})";
 
+TEST_CASE("Scheduler.ARetainedOutputIsDroppedOnceADurableCopySettlesItsConsumers") {
+  // a's retained output feeds b, whose output has a durable copy for c, then d reads c. Once b
+  // completed no fault can make it run again (c reads the copy when b's store is gone), so a's
+  // retained output can never be needed: dropped. c's consumer d has not run yet, so c stays
+  // unsettled and keeps its retained output (b's is released as usual once c has read it).
+  Harness h;
+  h.AddDaemon("d0");
+  h.Submit(R"({"stages": [{"name": "a", "program": "noop", "retain": true}, {"name": "b", "program": "noop"},
+                          {"name": "c", "program": "noop", "retain": true}, {"name": "d", "program": "noop"}],
+               "durable_dir": "ckpt",
+               "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c", "channel": "durable"},
+                         {"from": "c", "to": "d"}]})",
+           "/jobs/x");
+  Json a = h.Next("a[0]").second;
+  h.Finish(a, true);
+  CHECK(h.sink.WithOp("release").empty());  // retained, and b has not run
+  h.Finish(h.Next("b[0]").second, true);
+  auto releases = h.sink.WithOp("release");
+  REQUIRE(releases.size() == 1);
+  REQUIRE(releases[0].second["keys"].size() == 1);
+  CHECK(releases[0].second["keys"][0]["vertex"] == a["vertex"]);
+  h.Finish(h.Next("c[0]").second, true);
+  releases = h.sink.WithOp("release");
+  REQUIRE(releases.size() == 2);
+  for (const auto& key : releases[1].second["keys"]) CHECK(key["vertex"] == 1);  // b's, consumed; not c's
+}
+
+TEST_CASE("Scheduler.WithoutADurableCopyRetainedOutputsAreKept") {
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "retain": true}, {"name": "b", "program": "noop"},
+                                      {"name": "c", "program": "noop"}, {"name": "d", "program": "noop"}],
+                           "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}, {"from": "c", "to": "d"}]})");
+  for (const char* v : {"a[0]", "b[0]", "c[0]"}) h.Finish(h.Next(v).second, true);
+  // b was released once c completed; a is retained: every key released so far is b's.
+  for (const auto& [daemon, msg] : h.sink.WithOp("release")) {
+    for (const auto& key : msg["keys"]) CHECK(key["vertex"] == 1);
+  }
+  CHECK(h.State(job) == "running");
+}
+
 TEST_CASE("Scheduler.ADurableOutputOutlivesItsDaemonAndStopsLineage") {
   Harness h;
   DaemonId d0 = h.AddDaemon("d0");
