@@ -8,7 +8,9 @@
 // (p-1)/(m+p-1); and the share of wall time the scheduler adds on the critical path. Then
 // recovery: pipeline 2 1F1B M=8 on 3 daemons with stage 1's daemon killed at 3/4 of the run,
 // without checkpoints and with `--checkpoint-every 10` (a durable chain every 10 steps): the
-// run's images/s, vertices re-run, and whether its parameters equal its fault-free twin's.
+// run's images/s, vertices re-run, and whether its parameters equal its fault-free twin's; and
+// the fault-free twin's largest process's peak RSS (a daemon's: the retained cross-stage
+// tensors, which checkpoints let the job manager release, are most of what grows).
 //
 // Every graph runs with `copse run --daemons 2` (real processes on loopback); 1F1B M=8 runs
 // again with per-micro-batch weight gradients (`--weight-grads per-microbatch`, the pipelines
@@ -20,9 +22,14 @@
 // first step excluded: warm-up). Critical path: from the last update back through the
 // predecessor (data or order edge) that finished last; the scheduler's share is the sum of
 // the gaps between a vertex's start and its critical predecessor's end, over the path's span.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -54,6 +61,42 @@ std::string Run(const std::string& cmd, int* rc = nullptr) {
   return out;
 }
 
+/// Run in a forked helper, whose RUSAGE_CHILDREN then covers that command's processes alone:
+/// also returns the largest resident set (MiB) any of them reached (`copse run` waits for its
+/// daemons, so theirs counts).
+std::string RunMeasuringPeakRss(const std::string& cmd, int* rc, double* peak_mib) {
+  int fds[2];
+  if (::pipe(fds) != 0) return Run(cmd, rc);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    int r = 0;
+    const std::string out = Run(cmd, &r);
+    rusage u{};
+    ::getrusage(RUSAGE_CHILDREN, &u);
+    const int64_t head[3] = {r, u.ru_maxrss, static_cast<int64_t>(out.size())};
+    std::string msg(reinterpret_cast<const char*>(head), sizeof head);
+    msg += out;
+    for (size_t at = 0; at < msg.size();) {
+      const ssize_t n = ::write(fds[1], msg.data() + at, msg.size() - at);
+      if (n <= 0) break;
+      at += static_cast<size_t>(n);
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string msg;
+  std::array<char, 4096> buf;
+  for (ssize_t n; (n = ::read(fds[0], buf.data(), buf.size())) > 0;) msg.append(buf.data(), static_cast<size_t>(n));
+  ::close(fds[0]);
+  if (pid > 0) ::waitpid(pid, nullptr, 0);
+  int64_t head[3] = {-1, 0, 0};
+  if (msg.size() >= sizeof head) std::memcpy(head, msg.data(), sizeof head);
+  if (rc) *rc = static_cast<int>(head[0]);
+  if (peak_mib) *peak_mib = static_cast<double>(head[1]) / 1024.0;  // ru_maxrss is in KiB
+  return msg.size() > sizeof head ? msg.substr(sizeof head) : std::string();
+}
+
 std::string Copse() { return std::string(COPSE_BINARY_DIR) + "/cli/copse"; }
 
 std::string Python() {
@@ -69,11 +112,12 @@ struct GraphResult {
   double images_per_s = 0, accuracy = 0;
   double bubble = -1, scheduler_share = -1;
   size_t recoveries = 0;  // vertices re-run (the summary's recovery records)
+  double peak_rss_mib = 0;  // the largest process of the run (a daemon), when measured
   std::string digest;     // of the final parameters
 };
 
 GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int daemons,
-                     const std::string& run_flags = "", const Json& faults = Json()) {
+                     const std::string& run_flags = "", const Json& faults = Json(), bool measure_rss = false) {
   GraphResult res;
   auto job = copse::ml::GenerateTrainingGraph(o);
   if (!job.ok()) {
@@ -86,11 +130,10 @@ GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int 
   std::ofstream(file) << job->dump();
   fs::remove(trace);
   int rc = 0;
-  const Json summary = Json::parse(
-      Run("COPSE_ML_TRACE=" + trace.string() + " " + Copse() + " run " + file.string() + " --daemons " +
-              std::to_string(daemons) + " --output " + out.string() + " -o json " + run_flags + " 2>/dev/null",
-          &rc),
-      nullptr, false);
+  const std::string cmd = "COPSE_ML_TRACE=" + trace.string() + " " + Copse() + " run " + file.string() + " --daemons " +
+                          std::to_string(daemons) + " --output " + out.string() + " -o json " + run_flags + " 2>/dev/null";
+  const Json summary =
+      Json::parse(measure_rss ? RunMeasuringPeakRss(cmd, &rc, &res.peak_rss_mib) : Run(cmd, &rc), nullptr, false);
   if (rc != 0) return res;
   std::ifstream mf(out / "metrics.json");
   const Json metrics = Json::parse(mf, nullptr, false);
@@ -271,7 +314,8 @@ int main(int argc, char** argv) {
   const int64_t kill_step = steps * 3 / 4;
   std::printf("\nrecovery: pipeline 2 1f1b M=8, copse run --daemons 3, stage 1's daemon killed at step %lld of %lld\n",
               static_cast<long long>(kill_step + 1), static_cast<long long>(steps));
-  std::printf("%-42s %12s %10s %10s %s\n", "configuration", "images/s", "vs clean", "re-run", "parameters");
+  std::printf("%-42s %12s %10s %10s %s\n", "configuration", "images/s", "vs clean", "re-run",
+              "parameters (fault-free: largest process's peak RSS)");
   for (int every : {0, 10}) {
     copse::ml::GraphOptions o = base;
     o.kind = "pipeline";
@@ -281,7 +325,7 @@ int main(int argc, char** argv) {
     o.checkpoint_every = every;
     const std::string tag = every ? "checkpoint every " + std::to_string(every) : "no checkpoints";
     const fs::path d = dir / ("recovery-" + std::to_string(every));
-    const GraphResult clean = RunGraph(o, d / "clean", 3);
+    const GraphResult clean = RunGraph(o, d / "clean", 3, "", Json(), /*measure_rss=*/true);
     const Json faults = Json::array(
         {{{"kill_daemon_of", "fwd1[" + std::to_string(kill_step * o.microbatches) + "]"}}});
     const GraphResult hit = RunGraph(o, d / "faulted", 3, "", faults);
@@ -289,7 +333,8 @@ int main(int argc, char** argv) {
       std::printf("%-42s FAILED\n", tag.c_str());
       continue;
     }
-    std::printf("%-42s %12.0f %10s %10s %s\n", (tag + ", fault-free").c_str(), clean.images_per_s, "-", "-", "-");
+    std::printf("%-42s %12.0f %10s %10s peak RSS %.0f MiB\n", (tag + ", fault-free").c_str(), clean.images_per_s, "-",
+                "-", clean.peak_rss_mib);
     std::printf("%-42s %12.0f %9.2fx %10zu %s\n", (tag + ", daemon killed").c_str(), hit.images_per_s,
                 hit.images_per_s / clean.images_per_s, hit.recoveries,
                 hit.digest == clean.digest ? "bit-identical" : "DIFFER");
