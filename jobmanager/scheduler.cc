@@ -162,6 +162,7 @@ struct Scheduler::Job {
   std::vector<std::vector<double>> stage_seconds;  // per stage: wall time of completed attempts
   std::vector<char> declared;  // per vertex: a job output reads it, so it is never released
   std::vector<char> settled;   // per vertex: no fault can make it run again (Settle)
+  bool retains = false;        // a stage retains outputs: only then is settling worth its walk
   uint64_t local_input_bytes = 0, remote_input_bytes = 0;  // what placement achieved
   /// The newest progress figures a program reported (by "step" when they carry one), and when
   /// the first and newest "images" counts arrived, for a live images/s.
@@ -444,6 +445,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   job->fault_fired.assign(job->faults.size(), 0);
   job->declared.assign(job->runs.size(), 0);
   job->settled.assign(job->runs.size(), 0);
+  for (const auto& st : job->g().spec().stages) job->retains = job->retains || st.retain_all || !st.retain_ports.empty();
   job->stage_seconds.resize(job->g().spec().stages.size());
   job->gang_version.assign(job->g().gangs().size(), 0);
   job->priority = Priorities(job->g());
@@ -717,7 +719,7 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
     if (--c.pending == 0 && c.state == VertexState::kWaiting) MakeReady(job, u);
   });
   ReleaseConsumedInputs(job, v);
-  Settle(job, v);
+  if (job.retains) Settle(job, v);
   if (job.completed == job.runs.size()) {
     FinishJob(job, JobState::kCompleted, "");
     return;

@@ -234,8 +234,10 @@ class Scheduler {
   /// of its consumers reads a durable copy of its output or is settled itself (ordering edges
   /// carry nothing); lineage then never needs its outputs again, so its retained ports
   /// (job_spec.h `retain`, kept for recovery) are dropped too. Walks from v up through its
-  /// producers. Without durable channels nothing settles; with a checkpoint every K steps a
+  /// producers. Without durable channels a vertex settles only once everything downstream of
+  /// it completed, down to outputs no job output reads; with a checkpoint every K steps a
   /// pipeline's retained cross-stage tensors are held about K steps instead of the whole job.
+  /// Only walked for jobs that retain something.
   void Settle(Job& job, VertexId v);
   /// Whether v's outputs are still needed: a consumer has not completed, or a job output reads
   /// it. `count_durable` false: consumers of durable ports do not count (their copies serve).
