@@ -60,6 +60,7 @@ struct StageSpec {
   bool Retains(size_t port) const {
     return retain_all || std::find(retain_ports.begin(), retain_ports.end(), static_cast<int>(port)) != retain_ports.end();
   }
+  bool RetainsAny() const { return retain_all || !retain_ports.empty(); }
   /// Hosts holding each replica's input: one entry (may contain {replica}) or one per replica.
   std::vector<std::string> input_hosts;
 };

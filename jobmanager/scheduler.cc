@@ -445,7 +445,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   job->fault_fired.assign(job->faults.size(), 0);
   job->declared.assign(job->runs.size(), 0);
   job->settled.assign(job->runs.size(), 0);
-  for (const auto& st : job->g().spec().stages) job->retains = job->retains || st.retain_all || !st.retain_ports.empty();
+  for (const auto& st : job->g().spec().stages) job->retains = job->retains || st.RetainsAny();
   job->stage_seconds.resize(job->g().spec().stages.size());
   job->gang_version.assign(job->g().gangs().size(), 0);
   job->priority = Priorities(job->g());
@@ -487,8 +487,7 @@ void Scheduler::RecomputePending(Job& job) {
       if (c.kind == ChannelKind::kOrder || c.kind == ChannelKind::kDurable) continue;
       VertexId p = c.from;
       Run& pr = job.runs[p.value()];
-      const bool gone = g.stage_of(p).Retains(static_cast<size_t>(c.from_port)) ? pr.retained_released : pr.released;
-      if (pr.state == VertexState::kCompleted && gone) {
+      if (pr.state == VertexState::kCompleted && OutputReleased(g, p, pr, c.from_port)) {
         pr.released = pr.retained_released = false;
         Regenerate(job, p, "its released output is needed again by " + g.vertex(*it).name);
       }
@@ -928,12 +927,21 @@ void Scheduler::ReleaseConsumedInputs(Job& job, VertexId v) {
     pr.released = true;
     for (size_t port = 0; port < g.vertex(p).outputs.size(); ++port) {
       if (pr.output_messages.size() > port && pr.output_messages[port] == 0) continue;  // nothing stored
-      if (g.stage_of(p).Retains(port)) continue;  // kept until the job ends
-      Json& batch = release_outbox_[pr.daemon];
-      if (batch.is_null()) batch = {{"op", "release"}, {"keys", Json::array()}};
-      batch["keys"].push_back({{"job", job.id.value()}, {"vertex", p.value()}, {"version", pr.version}, {"port", port}});
+      if (g.stage_of(p).Retains(port)) continue;  // kept until it settles (Settle)
+      QueueRelease(job, p, port);
     }
   }
+}
+
+bool Scheduler::OutputReleased(const JobGraph& g, VertexId v, const Run& r, int port) {
+  return g.stage_of(v).Retains(static_cast<size_t>(port)) ? r.retained_released : r.released;
+}
+
+void Scheduler::QueueRelease(Job& job, VertexId v, size_t port) {
+  const Run& r = job.runs[v.value()];
+  Json& batch = release_outbox_[r.daemon];
+  if (batch.is_null()) batch = {{"op", "release"}, {"keys", Json::array()}};
+  batch["keys"].push_back({{"job", job.id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", port}});
 }
 
 void Scheduler::Settle(Job& job, VertexId v) {
@@ -955,16 +963,11 @@ void Scheduler::Settle(Job& job, VertexId v) {
     job.settled[x.value()] = 1;
     for (ChannelId in : g.vertex(x).inputs) work.push_back(g.channel(in).from);
     const StageSpec& stage = g.stage_of(x);
-    if (r.retained_released || !(stage.retain_all || !stage.retain_ports.empty()) || !r.daemon.valid() ||
-        !daemons_[r.daemon.value()]->alive) {
-      continue;
-    }
+    if (r.retained_released || !stage.RetainsAny() || !r.daemon.valid() || !daemons_[r.daemon.value()]->alive) continue;
     r.retained_released = true;
     for (size_t port = 0; port < g.vertex(x).outputs.size(); ++port) {
       if (!stage.Retains(port) || (r.output_messages.size() > port && r.output_messages[port] == 0)) continue;
-      Json& batch = release_outbox_[r.daemon];
-      if (batch.is_null()) batch = {{"op", "release"}, {"keys", Json::array()}};
-      batch["keys"].push_back({{"job", job.id.value()}, {"vertex", x.value()}, {"version", r.version}, {"port", port}});
+      QueueRelease(job, x, port);
     }
   }
 }
@@ -1328,8 +1331,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
     // completed), else the daemon's fallback.
     const bool durable = c.kind == ChannelKind::kDurable;
     if (durable) in["durable"] = DurablePath(job, c.from, p.version, c.from_port);
-    const bool gone = g.stage_of(c.from).Retains(static_cast<size_t>(c.from_port)) ? p.retained_released : p.released;
-    const bool store_serves = pd.alive && !(gone && p.state == VertexState::kCompleted);
+    const bool store_serves = pd.alive && !(p.state == VertexState::kCompleted && OutputReleased(g, c.from, p, c.from_port));
     if (!durable || store_serves) {
       in["local"] = p.daemon == d.id;
       in["host"] = pd.spec.data_host;

@@ -239,6 +239,11 @@ class Scheduler {
   /// pipeline's retained cross-stage tensors are held about K steps instead of the whole job.
   /// Only walked for jobs that retain something.
   void Settle(Job& job, VertexId v);
+  /// Whether output `port` of completed vertex v (run r) was dropped from its daemon: a
+  /// retained port once v settled, any other once its consumers completed.
+  static bool OutputReleased(const JobGraph& g, VertexId v, const Run& r, int port);
+  /// Adds output `port` of v's current version to its daemon's next "release" message.
+  void QueueRelease(Job& job, VertexId v, size_t port);
   /// Whether v's outputs are still needed: a consumer has not completed, or a job output reads
   /// it. `count_durable` false: consumers of durable ports do not count (their copies serve).
   bool OutputNeeded(const Job& job, VertexId v, bool count_durable = true) const;
