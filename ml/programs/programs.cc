@@ -379,6 +379,15 @@ Result<std::vector<float>> WeightGradientsFromLogs(const Sequential& m, const st
   return loss;
 }
 
+/// params.weight_grads of a pipeline stage's backward and update: true for "batched", false
+/// for "per-microbatch" (the default); anything else is an error naming the vertex.
+Result<bool> BatchedWeightGradients(const VertexContext& ctx) {
+  const auto v = ctx.param<std::string>("weight_grads", "per-microbatch");
+  if (v == "batched" || v == "per-microbatch") return v == "batched";
+  return Status::InvalidArgument(ctx.name + ": params.weight_grads is \"" + v +
+                                 "\"; expected \"batched\" or \"per-microbatch\"");
+}
+
 Result<std::vector<chan::Buffer>> ReadEveryInput(VertexContext& ctx, size_t from) {
   std::vector<chan::Buffer> msgs;
   for (size_t p = from; p < ctx.num_inputs(); ++p) {
@@ -490,6 +499,7 @@ class UpdateProgram final : public VertexProgram {
   Status Run(VertexContext& ctx) override {
     TraceSpan span(ctx);
     UseThreads(ctx);
+    COPSE_ASSIGN_OR_RETURN(const bool batched, BatchedWeightGradients(ctx));
     COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
     COPSE_ASSIGN_OR_RETURN(auto range, LayerRange(ctx, s));
     const int64_t step = ctx.param<int64_t>("first_step", 0) + ctx.replica;
@@ -524,7 +534,7 @@ class UpdateProgram final : public VertexProgram {
     auto* sgd = dynamic_cast<Sgd*>(lease->optimizer.get());
     // A stage that batches its weight gradients sends its gradient log; they are computed here.
     std::optional<std::vector<float>> batched_loss;
-    if (ctx.param<std::string>("weight_grads", "per-microbatch") == "batched") {
+    if (batched) {
       auto l = WeightGradientsFromLogs(m, grads);
       if (!l.ok()) return l.status().WithContext(ctx.name);
       batched_loss = std::move(l).value();
@@ -692,6 +702,7 @@ class BackwardProgram final : public VertexProgram {
   Status Run(VertexContext& ctx) override {
     TraceSpan span(ctx);
     UseThreads(ctx);
+    COPSE_ASSIGN_OR_RETURN(const bool batched, BatchedWeightGradients(ctx));
     COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
     COPSE_ASSIGN_OR_RETURN(auto range, LayerRange(ctx, s));
     const int stage = ctx.param<int>("stage", 0), stages = ctx.param<int>("stages", 1);
@@ -729,7 +740,7 @@ class BackwardProgram final : public VertexProgram {
       const auto prev = ReadScalars(FindTensor(log, "__loss"), 2);
       loss[0] += prev[0], loss[1] += prev[1];
     }
-    if (ctx.param<std::string>("weight_grads", "per-microbatch") == "batched") {
+    if (batched) {
       return BatchedRun(ctx, s, range, stage, recompute, params, stash_set, dy, log, loss);
     }
     const uint64_t acc_key = acc_msg ? TensorMessageKey(*acc_msg) : 0;

@@ -23,8 +23,10 @@
 
 #include "common/json_util.h"
 #include "ml/graph_gen.h"
+#include "ml/programs/register.h"
 #include "ml/serialize.h"
 #include "ml/trainer.h"
+#include "vertex/program_registry.h"
 
 namespace copse::ml {
 namespace {
@@ -307,6 +309,23 @@ TEST_CASE("MlGraph.WeightGradientsAreBatchedWhereAStageAllowsIt") {
   CHECK(WeightGradsByStage(*job) == std::map<int, std::string>{{0, "per-microbatch"}, {1, "batched"}});
   o.weight_grads = "later";
   CHECK(GenerateTrainingGraph(o).status().message().find("--weight-grads") != std::string::npos);
+}
+
+TEST_CASE("MlGraph.AnUnknownWeightGradsValueIsAnErrorNamingTheVertex") {
+  vertex::ProgramRegistry registry;
+  RegisterMlPrograms(registry);
+  for (const char* program : {"ml.backward", "ml.update"}) {
+    CAPTURE(program);
+    auto prog = registry.Create(program);
+    REQUIRE(prog.ok());
+    Json params = {{"weight_grads", "batch"}};
+    vertex::VertexContext ctx;
+    ctx.name = "v[3]";
+    ctx.params = &params;
+    const Status st = (*prog)->Run(ctx);
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK(st.message() == "v[3]: params.weight_grads is \"batch\"; expected \"batched\" or \"per-microbatch\"");
+  }
 }
 
 TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::timeout(240)) {
