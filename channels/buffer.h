@@ -4,14 +4,17 @@
 // Thread-safe to share; the bytes never change after construction.
 //
 // A Buffer may instead carry a Payload: an in-process object (say, a set of tensors) that
-// consumers on the producer's daemon use as is, with no encoding, copying or hashing. Its bytes
-// are produced on first demand (data(), view(), storage(): a remote reader's fetch, a spill to
-// disk, a stream channel) and cached, so every consumer sees the same bytes.
+// consumers on the producer's daemon use as is, with no encoding, copying or hashing. Senders
+// that can gather (a remote reader's fetch, a file written with writev) take its bytes in
+// place through spans(); anything that needs them contiguous (data(), view(), storage(): a
+// stream channel) has them encoded on first demand and cached, so every consumer sees the same
+// bytes.
 #include <cstddef>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace copse::chan {
 
@@ -23,6 +26,10 @@ class Payload {
   virtual ~Payload() = default;
   virtual size_t EncodedSize() const = 0;
   virtual std::string Encode() const = 0;
+  /// Encode()'s bytes without encoding: spans, in order, whose concatenation is exactly those
+  /// bytes, pointing into the payload (valid while it lives). Empty when the payload has no
+  /// such view of itself (say, tensors in device memory): callers then use Encode().
+  virtual std::vector<std::string_view> Spans() const { return {}; }
 };
 
 class Buffer {
@@ -58,6 +65,16 @@ class Buffer {
     return bytes ? std::string_view(*bytes) : std::string_view();
   }
   const std::shared_ptr<const std::string>& storage() const { return Bytes(); }
+  /// The bytes as spans to gather (a payload's in place, where it can: no encoding), else as
+  /// one span. Empty for an empty message. Valid while this Buffer (or a copy) lives.
+  std::vector<std::string_view> spans() const {
+    if (empty()) return {};
+    if (deferred_) {
+      auto in_place = deferred_->payload->Spans();
+      if (!in_place.empty()) return in_place;
+    }
+    return {view()};
+  }
 
  private:
   struct Deferred {

@@ -40,7 +40,8 @@ Json EndBody(const Status& st) {
 }
 
 /// Builds data frames out of records and writes them with one sendmsg each, pointing into the
-/// stored Buffers (no copy of message bytes in user space).
+/// stored Buffers (no copy of message bytes in user space; a payload's bytes are gathered in
+/// place, not encoded).
 class FrameSender {
  public:
   explicit FrameSender(Socket& s) : sock_(s) {}
@@ -67,7 +68,7 @@ class FrameSender {
     iov_.push_back({frame_head_.data(), frame_head_.size()});
     for (size_t i = 0; i < records_.size(); ++i) {
       iov_.push_back({headers_[i].data(), internal::kRecordHeaderBytes});
-      if (!records_[i].empty()) iov_.push_back({const_cast<char*>(records_[i].data()), records_[i].size()});
+      for (std::string_view span : records_[i].spans()) iov_.push_back({const_cast<char*>(span.data()), span.size()});
     }
     Status st = sock_.WriteV(iov_.data(), iov_.size());
     records_.clear();
@@ -77,6 +78,8 @@ class FrameSender {
 
  private:
   Status SendPieces(const Buffer& m, uint64_t checksum) {
+    const std::vector<std::string_view> spans = m.spans();
+    size_t span = 0, in_span = 0;  // where the next piece starts
     size_t off = 0;
     while (off < m.size()) {
       size_t piece = std::min(internal::kMaxPieceBytes, m.size() - off);
@@ -90,8 +93,15 @@ class FrameSender {
       auto h = wire::EncodeHeader(FrameType::kData, static_cast<uint32_t>(head_len - wire::kHeaderBytes + piece));
       std::memcpy(head, h.data(), h.size());
       head[wire::kHeaderBytes] = off == 0 ? internal::kTagFirstPiece : internal::kTagContinuation;
-      iovec iov[2] = {{head, head_len}, {const_cast<char*>(m.data() + off), piece}};
-      COPSE_RETURN_NOT_OK(sock_.WriteV(iov, 2));
+      std::vector<iovec> iov{{head, head_len}};
+      for (size_t left = piece; left > 0;) {
+        const size_t take = std::min(left, spans[span].size() - in_span);
+        iov.push_back({const_cast<char*>(spans[span].data() + in_span), take});
+        left -= take;
+        in_span += take;
+        if (in_span == spans[span].size()) ++span, in_span = 0;
+      }
+      COPSE_RETURN_NOT_OK(sock_.WriteV(iov.data(), iov.size()));
       off += piece;
     }
     return Status::OK();

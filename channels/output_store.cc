@@ -5,7 +5,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <limits>
 
@@ -28,7 +30,7 @@ std::string Errno(const std::string& what) { return what + ": " + std::strerror(
 
 Status WriteVFully(int fd, iovec* iov, int count, const std::string& what) {
   while (count > 0) {
-    ssize_t w = ::writev(fd, iov, count);
+    ssize_t w = ::writev(fd, iov, std::min(count, IOV_MAX));
     if (w < 0) {
       if (errno == EINTR) continue;
       return Status::IOError(Errno("writing " + what));
@@ -105,14 +107,16 @@ class FileSink {
     if (fd_ < 0) COPSE_RETURN_NOT_OK(OpenFile());
     char header[kRecordHeaderBytes];
     internal::EncodeRecordHeader(header, static_cast<uint32_t>(m.size()), checksum);
+    const std::vector<std::string_view> spans = m.spans();  // a payload's bytes in place
     if (m.size() >= kDirectWriteBytes) {
       COPSE_RETURN_NOT_OK(Flush());
-      iovec iov[2] = {{header, sizeof header}, {const_cast<char*>(m.data()), m.size()}};
-      COPSE_RETURN_NOT_OK(WriteVFully(fd_, iov, 2, tmp_.string()));
+      std::vector<iovec> iov{{header, sizeof header}};
+      for (std::string_view p : spans) iov.push_back({const_cast<char*>(p.data()), p.size()});
+      COPSE_RETURN_NOT_OK(WriteVFully(fd_, iov.data(), static_cast<int>(iov.size()), tmp_.string()));
     } else {
       if (buf_.size() + sizeof header + m.size() > kFileBufferBytes) COPSE_RETURN_NOT_OK(Flush());
       buf_.append(header, sizeof header);
-      buf_.append(m.view());
+      for (std::string_view p : spans) buf_.append(p);
     }
     bytes_ += m.size();
     ++messages_;
@@ -193,7 +197,7 @@ class OutputStore::FileWriter final : public ChannelWriter {
   FileWriter(OutputStore* store, OutputKey key) : store_(store), key_(key), sink_(store, key) {}
   Status Write(Buffer message) override {
     if (closed_) return Status::FailedPrecondition("write after close on " + key_.ToString());
-    return sink_.Append(message, Checksum(message.view()));
+    return sink_.Append(message, Checksum(message.spans()));
   }
   Status Close() override {
     if (closed_) return Status::FailedPrecondition("output " + key_.ToString() + " closed twice");
@@ -220,7 +224,7 @@ class OutputStore::FileWriter final : public ChannelWriter {
 // ---- the memory writer -----------------------------------------------------------------------
 
 uint64_t StoredMessages::ChecksumOf(size_t i) const {
-  return messages[i].payload() ? Checksum(messages[i].view()) : checksums[i];
+  return messages[i].payload() ? Checksum(messages[i].spans()) : checksums[i];
 }
 
 class OutputStore::MemoryWriter final : public ChannelWriter {
@@ -236,7 +240,7 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
     // Hashed once, for every copy. A payload stays an object in memory: hashed only if its
     // bytes are made (a durable copy, a spill, ChecksumOf).
     const bool hashed = durable_ || !message.payload();
-    const uint64_t checksum = hashed ? Checksum(message.view()) : 0;
+    const uint64_t checksum = hashed ? Checksum(message.spans()) : 0;
     if (durable_) COPSE_RETURN_NOT_OK(durable_->Append(message, checksum));
     if (!sink_ && store_->TryReserve(message.size())) {
       reserved_ += message.size();
@@ -246,7 +250,7 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
       return Status::OK();
     }
     if (!sink_) COPSE_RETURN_NOT_OK(Spill());
-    return sink_->Append(message, hashed ? checksum : Checksum(message.view()));
+    return sink_->Append(message, hashed ? checksum : Checksum(message.spans()));
   }
 
   Status Close() override {

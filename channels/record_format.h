@@ -8,8 +8,10 @@
 // `M` form (see data_server.h) is a tag byte followed by records in the same layout.
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <xxhash.h>
 
@@ -19,6 +21,16 @@ constexpr size_t kRecordHeaderBytes = 12;
 constexpr char kFileMagic[8] = {'C', 'P', 'S', 'E', 'O', 'U', 'T', '1'};
 
 inline uint64_t Checksum(std::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+
+/// Checksum() of the concatenation of `spans` (a message gathered in place: Buffer::spans()).
+inline uint64_t Checksum(const std::vector<std::string_view>& spans) {
+  if (spans.empty()) return Checksum(std::string_view());
+  if (spans.size() == 1) return Checksum(spans[0]);
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(), XXH3_freeState);
+  XXH3_64bits_reset(state.get());
+  for (std::string_view p : spans) XXH3_64bits_update(state.get(), p.data(), p.size());
+  return XXH3_64bits_digest(state.get());
+}
 
 inline void PutU32(char* p, uint32_t v) { std::memcpy(p, &v, 4); }  // x86-64/aarch64: little-endian
 inline void PutU64(char* p, uint64_t v) { std::memcpy(p, &v, 8); }

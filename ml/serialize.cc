@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 namespace copse::ml {
 namespace {
@@ -44,6 +45,22 @@ class Reader {
 
 Status Loss(const std::string& what) { return Status::DataLoss("tensor bytes: " + what); }
 
+void AppendPrefix(std::string& out, size_t count) {
+  out.append(kMagic, sizeof(kMagic));
+  Put<uint32_t>(out, kVersion);
+  Put<uint32_t>(out, static_cast<uint32_t>(count));
+}
+
+/// What comes before a tensor's data.
+void AppendTensorHeader(std::string& out, const std::string& name, const Tensor& t) {
+  Put<uint32_t>(out, static_cast<uint32_t>(name.size()));
+  out.append(name);
+  Put<uint8_t>(out, kFloat32);
+  Put<uint8_t>(out, static_cast<uint8_t>(t.ndim()));
+  Put<uint16_t>(out, 0);
+  for (int64_t d : t.shape()) Put<int64_t>(out, d);
+}
+
 }  // namespace
 
 uint64_t Checksum(std::string_view bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
@@ -57,22 +74,56 @@ size_t EncodedSize(const NamedTensors& tensors) {
 std::string SerializeTensors(const NamedTensors& tensors) {
   std::string out;
   out.reserve(EncodedSize(tensors));
-  out.append(kMagic, sizeof(kMagic));
-  Put<uint32_t>(out, kVersion);
-  Put<uint32_t>(out, static_cast<uint32_t>(tensors.size()));
+  AppendPrefix(out, tensors.size());
   for (const auto& [name, t] : tensors) {
-    Put<uint32_t>(out, static_cast<uint32_t>(name.size()));
-    out.append(name);
-    Put<uint8_t>(out, kFloat32);
-    Put<uint8_t>(out, static_cast<uint8_t>(t.ndim()));
-    Put<uint16_t>(out, 0);
-    for (int64_t d : t.shape()) Put<int64_t>(out, d);
-    const size_t at = out.size();
-    out.resize(at + t.bytes());
-    if (t.bytes() > 0) t.device()->CopyToHost(out.data() + at, t.data(), t.bytes());
+    AppendTensorHeader(out, name, t);
+    if (t.bytes() == 0) continue;
+    if (t.is_cpu()) {
+      out.append(reinterpret_cast<const char*>(t.data()), t.bytes());
+    } else {
+      const size_t at = out.size();
+      out.resize(at + t.bytes());
+      t.device()->CopyToHost(out.data() + at, t.data(), t.bytes());
+    }
   }
   Put<uint64_t>(out, Checksum(out));
   return out;
+}
+
+std::vector<std::string_view> SerializedSpans(const NamedTensors& tensors, std::string* scratch) {
+  for (const auto& [name, t] : tensors) {
+    if (t.bytes() > 0 && !t.is_cpu()) return {};
+  }
+  std::string headers;
+  std::vector<size_t> header_ends;  // headers[previous end, this end) comes before tensor i's data
+  AppendPrefix(headers, tensors.size());
+  for (const auto& [name, t] : tensors) {
+    AppendTensorHeader(headers, name, t);
+    header_ends.push_back(headers.size());
+  }
+  std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> hash(XXH64_createState(), XXH64_freeState);
+  XXH64_reset(hash.get(), 0);
+  size_t begin = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    XXH64_update(hash.get(), headers.data() + begin, header_ends[i] - begin);
+    XXH64_update(hash.get(), tensors[i].second.data(), tensors[i].second.bytes());
+    begin = header_ends[i];
+  }
+  XXH64_update(hash.get(), headers.data() + begin, headers.size() - begin);  // the prefix, when no tensors
+  Put<uint64_t>(headers, XXH64_digest(hash.get()));
+  *scratch = std::move(headers);
+
+  const std::string_view all(*scratch);
+  std::vector<std::string_view> spans;
+  begin = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    spans.push_back(all.substr(begin, header_ends[i] - begin));
+    if (tensors[i].second.bytes() > 0)
+      spans.emplace_back(reinterpret_cast<const char*>(tensors[i].second.data()), tensors[i].second.bytes());
+    begin = header_ends[i];
+  }
+  spans.push_back(all.substr(begin));  // the prefix (when no tensors) and the trailer
+  return spans;
 }
 
 Result<NamedTensors> DeserializeTensors(std::string_view bytes, Device* device) {

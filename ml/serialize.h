@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ml/tensor.h"
 
@@ -20,6 +21,11 @@ namespace copse::ml {
 std::string SerializeTensors(const NamedTensors& tensors);
 /// SerializeTensors(tensors).size(), without encoding.
 size_t EncodedSize(const NamedTensors& tensors);
+/// SerializeTensors(tensors) without copying the tensors' contents: spans whose concatenation
+/// is exactly those bytes, the headers and checksum trailer kept in `*scratch` (replaced), each
+/// tensor's data in place. Valid while `*scratch` lives and the tensors are unchanged. Host
+/// tensors only: empty, `*scratch` untouched, when any tensor is in device memory.
+std::vector<std::string_view> SerializedSpans(const NamedTensors& tensors, std::string* scratch);
 /// Decodes onto `device`.
 Result<NamedTensors> DeserializeTensors(std::string_view bytes, Device* device = CpuDevice());
 

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <random>
 
 #include "ml/serialize.h"
@@ -22,6 +23,12 @@ class TensorSetPayload final : public chan::Payload {
       : tensors_(std::move(tensors)), size_(ml::EncodedSize(tensors_)), id_(NextId()) {}
   size_t EncodedSize() const override { return size_; }
   std::string Encode() const override { return SerializeTensors(tensors_); }
+  /// The encoding with the tensors' data in place (a remote fetch, a durable copy): only the
+  /// headers and the checksum trailer are made, once.
+  std::vector<std::string_view> Spans() const override {
+    std::call_once(spans_once_, [this] { spans_ = SerializedSpans(tensors_, &span_headers_); });
+    return spans_;
+  }
   const NamedTensors& tensors() const { return tensors_; }
   uint64_t id() const { return id_; }
 
@@ -29,6 +36,9 @@ class TensorSetPayload final : public chan::Payload {
   const NamedTensors tensors_;
   const size_t size_;
   const uint64_t id_;
+  mutable std::once_flag spans_once_;
+  mutable std::string span_headers_;
+  mutable std::vector<std::string_view> spans_;
 };
 
 }  // namespace

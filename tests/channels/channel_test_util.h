@@ -5,6 +5,7 @@
 #include <atomic>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -79,6 +80,31 @@ class CountingPayload final : public Payload {
 
  private:
   std::string text_;
+};
+
+/// A payload that offers its encoding in place as `spans` (their concatenation), counting how
+/// often it was encoded instead.
+class SpannedPayload final : public Payload {
+ public:
+  explicit SpannedPayload(std::vector<std::string> spans) : spans_(std::move(spans)) {
+    for (const auto& s : spans_) size_ += s.size();
+  }
+  size_t EncodedSize() const override { return size_; }
+  std::string Encode() const override {
+    ++encodes;
+    return Joined();
+  }
+  std::vector<std::string_view> Spans() const override { return {spans_.begin(), spans_.end()}; }
+  std::string Joined() const {
+    std::string all;
+    for (const auto& s : spans_) all += s;
+    return all;
+  }
+  mutable std::atomic<int> encodes{0};
+
+ private:
+  std::vector<std::string> spans_;
+  size_t size_ = 0;
 };
 
 }  // namespace copse::chan::testing

@@ -165,6 +165,38 @@ TEST_CASE("RemoteFetch.PayloadsAreEncodedOnceForRemoteReaders" * doctest::timeou
   CHECK(object->encodes == 1);
 }
 
+TEST_CASE("RemoteFetch.PayloadsWithSpansAreSentInPlaceNotEncoded" * doctest::timeout(20)) {
+  COPSE_FOR_BOTH_TRANSPORTS(local);
+  Daemon d;
+  auto object = std::make_shared<testing::SpannedPayload>(
+      std::vector<std::string>{"head", "", Pattern(3 << 20, 5, 0), "tail"});
+  auto w = d.store->CreateWriter({3, 1, 0, 0}, StorageKind::kMemory);
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(object))).ok());
+  REQUIRE((*w)->Write(Buffer("plain")).ok());
+  REQUIRE((*w)->Close().ok());
+  const std::vector<std::string> want = {object->Joined(), "plain"};
+  CHECK(Fetch(d, {3, 1, 0, 0}) == want);
+  CHECK(Fetch(d, {3, 1, 0, 0}) == want);
+  CHECK(object->encodes == 0);
+}
+
+TEST_CASE("RemoteFetch.AMessageLargerThanAFrameIsGatheredFromItsSpans" * doctest::timeout(30)) {
+  COPSE_FOR_BOTH_TRANSPORTS(local);
+  Daemon d;
+  // The frame boundary (kMaxPieceBytes) falls inside the middle span.
+  std::string first(internal::kMaxPieceBytes - 10, 'x');
+  first[3] = 'a';
+  auto object = std::make_shared<testing::SpannedPayload>(
+      std::vector<std::string>{std::move(first), "0123456789abcdefghij", Pattern(100 << 10, 6, 0)});
+  auto w = d.store->CreateWriter({3, 2, 0, 0}, StorageKind::kMemory);
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(object))).ok());
+  REQUIRE((*w)->Close().ok());
+  CHECK(Fetch(d, {3, 2, 0, 0}) == std::vector<std::string>{object->Joined()});
+  CHECK(object->encodes == 0);
+}
+
 TEST_CASE("RemoteFetch.MessageLargerThanAFrame" * doctest::timeout(20)) {
   COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;

@@ -155,6 +155,36 @@ TEST_CASE("OutputStore.PayloadsStayObjectsUntilBytesAreNeeded" * doctest::timeou
   CHECK(ReadAll(*store, spilled) == std::vector<std::string>{Pattern(2 << 20, 8, 0)});
 }
 
+TEST_CASE("OutputStore.PayloadSpansAreWrittenToFilesInPlace" * doctest::timeout(10)) {
+  TempDir dir;
+  auto store = MakeStore(dir, 1 << 20);
+  // Spilled (over the memory budget), and a memory output with a durable copy: both write the
+  // spans as they are, with the checksum of their concatenation, and never encode.
+  auto big = std::make_shared<testing::SpannedPayload>(
+      std::vector<std::string>{"head", Pattern(2 << 20, 4, 0), "", "tail"});
+  OutputKey spilled{1, 4, 1, 0};
+  auto w = store->CreateWriter(spilled, StorageKind::kMemory);
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(big))).ok());
+  REQUIRE((*w)->Close().ok());
+  CHECK(!store->Info(spilled)->in_memory);
+  CHECK(ReadAll(*store, spilled) == std::vector<std::string>{big->Joined()});
+
+  auto small = std::make_shared<testing::SpannedPayload>(std::vector<std::string>{"a", Pattern(3000, 2, 0), "z"});
+  OutputKey durable{1, 5, 1, 0};
+  auto w2 = store->CreateWriter(durable, StorageKind::kMemory, dir.path() / "copy.out");
+  REQUIRE(w2.ok());
+  REQUIRE((*w2)->Write(Buffer(std::shared_ptr<const Payload>(small))).ok());
+  REQUIRE((*w2)->Close().ok());
+  auto copy = OutputStore::OpenDurableCopy(dir.path() / "copy.out", durable);  // checksums verified
+  REQUIRE(copy.ok());
+  auto rec = (*copy)->Next();
+  REQUIRE((rec.ok() && rec->has_value()));
+  CHECK((*rec)->view() == small->Joined());
+  CHECK(big->encodes == 0);
+  CHECK(small->encodes == 0);
+}
+
 TEST_CASE("OutputStore.IncompleteWritersAreInvisible" * doctest::timeout(5)) {
   TempDir dir;
   auto store = MakeStore(dir);

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "ml/serialize.h"
 #include "ml/tensor_message.h"
 #include "tests/ml/test_util.h"
@@ -44,6 +46,26 @@ TEST_CASE("Serialize.CorruptionIsDataLossNeverACrash") {
   CHECK(DeserializeTensor(two).status().code() == copse::StatusCode::kDataLoss);
 }
 
+TEST_CASE("Serialize.SpansAreTheEncodingWithTheTensorsInPlace") {
+  const NamedTensors sets[] = {
+      {{"0.weight", RandomTensor({3, 4}, 1)}, {"empty", Tensor::Zeros({0, 5})}, {"", RandomTensor({7}, 2)}},
+      {},  // no tensors: the prefix and the trailer
+  };
+  for (const NamedTensors& in : sets) {
+    std::string headers;
+    const std::vector<std::string_view> spans = SerializedSpans(in, &headers);
+    std::string joined;
+    for (std::string_view s : spans) joined += s;
+    CHECK(joined == SerializeTensors(in));
+    for (const auto& [name, t] : in) {  // the data is not copied: some span points at it
+      if (t.bytes() == 0) continue;
+      CHECK(std::any_of(spans.begin(), spans.end(), [&](std::string_view s) {
+        return s.data() == reinterpret_cast<const char*>(t.data()) && s.size() == t.bytes();
+      }));
+    }
+  }
+}
+
 TEST_CASE("TensorMessage.LocalReadersShareTheTensorsAndRemoteOnesGetTheSameBytes") {
   const NamedTensors in = {{"w", RandomTensor({3, 4}, 5)}, {"b", RandomTensor({4}, 6)}};
   const chan::Buffer msg = TensorMessage(in);
@@ -54,6 +76,9 @@ TEST_CASE("TensorMessage.LocalReadersShareTheTensorsAndRemoteOnesGetTheSameBytes
   CHECK((*local)[0].second.data() == in[0].second.data());  // the very tensors: no copy
   CHECK(msg.size() == SerializeTensors(in).size());          // known without encoding
   CHECK(msg.view() == SerializeTensors(in));                  // what a remote reader receives
+  std::string spanned;
+  for (std::string_view s : msg.spans()) spanned += s;  // what a fetch sends, gathered in place
+  CHECK(spanned == SerializeTensors(in));
   auto remote = ReadTensorMessage(chan::Buffer(std::string(msg.view())), &shared);
   REQUIRE(remote.ok());
   CHECK(!shared);
