@@ -279,7 +279,13 @@ class CpuDeviceImpl final : public Device {
         if (dx != dy) std::memcpy(dx, dy, n * sizeof(float));
         break;
       case Activation::kRelu:
-        for (size_t i = 0; i < n; ++i) dx[i] = saved[i] > 0.0f ? dy[i] : 0.0f;
+        // dy[i] is loaded unconditionally: a load under the condition is one GCC may not
+        // if-convert, and the branchy scalar loop it leaves mispredicts on half the elements
+        // (~5x slower at a 16 x 1024 micro-batch). Same bits either way.
+        for (size_t i = 0; i < n; ++i) {
+          const float g = dy[i];
+          dx[i] = saved[i] > 0.0f ? g : 0.0f;
+        }
         break;
       case Activation::kGelu:
         for (size_t i = 0; i < n; ++i) {
