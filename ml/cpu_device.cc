@@ -185,6 +185,8 @@ class CpuDeviceImpl final : public Device {
     }
     // Split C into column or row blocks, one single-threaded product per pool thread: every
     // element of C still comes from one full-K product, and no BLAS thread spins between calls.
+    // oneDNN may order a block's reduction by the block's shape, so the bits can differ from
+    // the unsplit product's: the same for a given thread count, not across counts (ml.md).
     const bool split_rows = m >= n;
     const int64_t extent = split_rows ? m : n;
     Pool().For((extent + 15) / 16, 1, [&](int64_t b0, int64_t b1) {

@@ -70,7 +70,8 @@ Result<std::pair<int, int>> LayerRange(const VertexContext& ctx, const TrainSett
   return std::make_pair(begin, end);
 }
 
-/// Sets the process-wide CPU thread count to the vertex's grant (results do not depend on it).
+/// Sets the process-wide CPU thread count to the vertex's grant: its resources.cpus, fixed by the
+/// job file, so a re-executed vertex computes with the same count and writes the same bits.
 void UseThreads(const VertexContext& ctx) { SetCpuThreads(static_cast<int>(std::max(1u, ctx.threads))); }
 
 /// Writes the chain (params, state, stats) to outputs [0, params.chain_ports) (default 1) and
