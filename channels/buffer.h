@@ -71,7 +71,10 @@ class Buffer {
     if (empty()) return {};
     if (deferred_) {
       auto in_place = deferred_->payload->Spans();
-      if (!in_place.empty()) return in_place;
+      size_t total = 0;
+      for (std::string_view s : in_place) total += s.size();
+      // Spans that do not add up to the size already framed would break the record: encode.
+      if (!in_place.empty() && total == size()) return in_place;
     }
     return {view()};
   }

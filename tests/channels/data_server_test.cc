@@ -181,6 +181,25 @@ TEST_CASE("RemoteFetch.PayloadsWithSpansAreSentInPlaceNotEncoded" * doctest::tim
   CHECK(object->encodes == 0);
 }
 
+TEST_CASE("RemoteFetch.PayloadSpansThatDoNotAddUpAreEncodedInstead" * doctest::timeout(20)) {
+  // A payload breaking its contract: its spans are shorter than its encoding. Sending them
+  // would frame a record of EncodedSize() bytes and write fewer.
+  class ShortSpans final : public Payload {
+   public:
+    size_t EncodedSize() const override { return 10; }
+    std::string Encode() const override { return "0123456789"; }
+    std::vector<std::string_view> Spans() const override { return {"0123"}; }
+  };
+  COPSE_FOR_BOTH_TRANSPORTS(local);
+  Daemon d;
+  auto w = d.store->CreateWriter({3, 3, 0, 0}, StorageKind::kMemory);
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(std::make_shared<ShortSpans>()))).ok());
+  REQUIRE((*w)->Write(Buffer("after")).ok());
+  REQUIRE((*w)->Close().ok());
+  CHECK(Fetch(d, {3, 3, 0, 0}) == std::vector<std::string>{"0123456789", "after"});
+}
+
 TEST_CASE("RemoteFetch.AMessageLargerThanAFrameIsGatheredFromItsSpans" * doctest::timeout(30)) {
   COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
