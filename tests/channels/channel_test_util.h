@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include "channels/channel.h"
+#include "channels/output_store.h"
 
 namespace copse::chan::testing {
 
@@ -65,6 +66,19 @@ inline Status DrainStatus(ChannelReader& r) {
     if (!m.ok()) return m.status();
     if (!m->has_value()) return Status::OK();
   }
+}
+
+/// A message carrying `payload` (an object, not bytes).
+inline Buffer PayloadMessage(std::shared_ptr<const Payload> payload) { return Buffer(std::move(payload)); }
+
+/// Writes `messages` as the memory output `key` of `store`, with a durable copy at
+/// `durable_copy` when one is named.
+inline void WriteMemoryOutput(OutputStore& store, const OutputKey& key, const std::vector<Buffer>& messages,
+                              const std::filesystem::path& durable_copy = {}) {
+  auto w = store.CreateWriter(key, StorageKind::kMemory, durable_copy);
+  REQUIRE(w.ok());
+  for (const Buffer& m : messages) REQUIRE((*w)->Write(m).ok());
+  REQUIRE((*w)->Close().ok());
 }
 
 /// A payload whose encoding is `text`, counting how often it was encoded.

@@ -28,7 +28,9 @@ namespace {
 using testing::Drain;
 using testing::DrainStatus;
 using testing::Pattern;
+using testing::PayloadMessage;
 using testing::TempDir;
+using testing::WriteMemoryOutput;
 using Clock = std::chrono::steady_clock;
 
 const std::string kSecret = "0123456789abcdef0123456789abcdef-test";
@@ -154,11 +156,7 @@ TEST_CASE("RemoteFetch.PayloadsAreEncodedOnceForRemoteReaders" * doctest::timeou
   COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
   auto object = std::make_shared<testing::CountingPayload>(Pattern(3 << 20, 9, 0));
-  auto w = d.store->CreateWriter({3, 0, 0, 0}, StorageKind::kMemory);
-  REQUIRE(w.ok());
-  REQUIRE((*w)->Write(Buffer("plain")).ok());
-  REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(object))).ok());
-  REQUIRE((*w)->Close().ok());
+  WriteMemoryOutput(*d.store, {3, 0, 0, 0}, {Buffer("plain"), PayloadMessage(object)});
   const std::vector<std::string> want = {"plain", Pattern(3 << 20, 9, 0)};
   CHECK(Fetch(d, {3, 0, 0, 0}) == want);
   CHECK(Fetch(d, {3, 0, 0, 0}) == want);
@@ -170,11 +168,7 @@ TEST_CASE("RemoteFetch.PayloadsWithSpansAreSentInPlaceNotEncoded" * doctest::tim
   Daemon d;
   auto object = std::make_shared<testing::SpannedPayload>(
       std::vector<std::string>{"head", "", Pattern(3 << 20, 5, 0), "tail"});
-  auto w = d.store->CreateWriter({3, 1, 0, 0}, StorageKind::kMemory);
-  REQUIRE(w.ok());
-  REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(object))).ok());
-  REQUIRE((*w)->Write(Buffer("plain")).ok());
-  REQUIRE((*w)->Close().ok());
+  WriteMemoryOutput(*d.store, {3, 1, 0, 0}, {PayloadMessage(object), Buffer("plain")});
   const std::vector<std::string> want = {object->Joined(), "plain"};
   CHECK(Fetch(d, {3, 1, 0, 0}) == want);
   CHECK(Fetch(d, {3, 1, 0, 0}) == want);
@@ -192,11 +186,7 @@ TEST_CASE("RemoteFetch.PayloadSpansThatDoNotAddUpAreEncodedInstead" * doctest::t
   };
   COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
-  auto w = d.store->CreateWriter({3, 3, 0, 0}, StorageKind::kMemory);
-  REQUIRE(w.ok());
-  REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(std::make_shared<ShortSpans>()))).ok());
-  REQUIRE((*w)->Write(Buffer("after")).ok());
-  REQUIRE((*w)->Close().ok());
+  WriteMemoryOutput(*d.store, {3, 3, 0, 0}, {PayloadMessage(std::make_shared<ShortSpans>()), Buffer("after")});
   CHECK(Fetch(d, {3, 3, 0, 0}) == std::vector<std::string>{"0123456789", "after"});
 }
 
@@ -208,10 +198,7 @@ TEST_CASE("RemoteFetch.AMessageLargerThanAFrameIsGatheredFromItsSpans" * doctest
   first[3] = 'a';
   auto object = std::make_shared<testing::SpannedPayload>(
       std::vector<std::string>{std::move(first), "0123456789abcdefghij", Pattern(100 << 10, 6, 0)});
-  auto w = d.store->CreateWriter({3, 2, 0, 0}, StorageKind::kMemory);
-  REQUIRE(w.ok());
-  REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(object))).ok());
-  REQUIRE((*w)->Close().ok());
+  WriteMemoryOutput(*d.store, {3, 2, 0, 0}, {PayloadMessage(object)});
   CHECK(Fetch(d, {3, 2, 0, 0}) == std::vector<std::string>{object->Joined()});
   CHECK(object->encodes == 0);
 }

@@ -15,7 +15,9 @@ namespace {
 using testing::Drain;
 using testing::DrainStatus;
 using testing::Pattern;
+using testing::PayloadMessage;
 using testing::TempDir;
+using testing::WriteMemoryOutput;
 
 std::unique_ptr<OutputStore> MakeStore(const TempDir& dir, uint64_t budget = 1ull << 30) {
   auto s = OutputStore::Make(dir.path() / "outputs", budget);
@@ -126,10 +128,7 @@ TEST_CASE("OutputStore.PayloadsStayObjectsUntilBytesAreNeeded" * doctest::timeou
   auto store = MakeStore(dir, 1 << 20);
   auto object = std::make_shared<testing::CountingPayload>(Pattern(1000, 7, 0));
   OutputKey key{1, 2, 1, 0};
-  auto w = store->CreateWriter(key, StorageKind::kMemory);
-  REQUIRE(w.ok());
-  REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(object))).ok());
-  REQUIRE((*w)->Close().ok());
+  WriteMemoryOutput(*store, key, {PayloadMessage(object)});
   CHECK(store->Info(key)->bytes == 1000);  // the encoded size, known without encoding
   auto r = store->OpenReader(key);
   REQUIRE(r.ok());
@@ -147,10 +146,7 @@ TEST_CASE("OutputStore.PayloadsStayObjectsUntilBytesAreNeeded" * doctest::timeou
   // An output over the budget spills: its payloads are encoded to the file and read back as bytes.
   auto big = std::make_shared<testing::CountingPayload>(Pattern(2 << 20, 8, 0));
   OutputKey spilled{1, 3, 1, 0};
-  auto w2 = store->CreateWriter(spilled, StorageKind::kMemory);
-  REQUIRE(w2.ok());
-  REQUIRE((*w2)->Write(Buffer(std::shared_ptr<const Payload>(big))).ok());
-  REQUIRE((*w2)->Close().ok());
+  WriteMemoryOutput(*store, spilled, {PayloadMessage(big)});
   CHECK(!store->Info(spilled)->in_memory);
   CHECK(ReadAll(*store, spilled) == std::vector<std::string>{Pattern(2 << 20, 8, 0)});
 }
@@ -163,19 +159,13 @@ TEST_CASE("OutputStore.PayloadSpansAreWrittenToFilesInPlace" * doctest::timeout(
   auto big = std::make_shared<testing::SpannedPayload>(
       std::vector<std::string>{"head", Pattern(2 << 20, 4, 0), "", "tail"});
   OutputKey spilled{1, 4, 1, 0};
-  auto w = store->CreateWriter(spilled, StorageKind::kMemory);
-  REQUIRE(w.ok());
-  REQUIRE((*w)->Write(Buffer(std::shared_ptr<const Payload>(big))).ok());
-  REQUIRE((*w)->Close().ok());
+  WriteMemoryOutput(*store, spilled, {PayloadMessage(big)});
   CHECK(!store->Info(spilled)->in_memory);
   CHECK(ReadAll(*store, spilled) == std::vector<std::string>{big->Joined()});
 
   auto small = std::make_shared<testing::SpannedPayload>(std::vector<std::string>{"a", Pattern(3000, 2, 0), "z"});
   OutputKey durable{1, 5, 1, 0};
-  auto w2 = store->CreateWriter(durable, StorageKind::kMemory, dir.path() / "copy.out");
-  REQUIRE(w2.ok());
-  REQUIRE((*w2)->Write(Buffer(std::shared_ptr<const Payload>(small))).ok());
-  REQUIRE((*w2)->Close().ok());
+  WriteMemoryOutput(*store, durable, {PayloadMessage(small)}, dir.path() / "copy.out");
   auto copy = OutputStore::OpenDurableCopy(dir.path() / "copy.out", durable);  // checksums verified
   REQUIRE(copy.ok());
   auto rec = (*copy)->Next();
