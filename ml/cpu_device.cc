@@ -578,25 +578,29 @@ class CpuDeviceImpl final : public Device {
     });
   }
 
-  // One pass over memory: each block of the summed gradient, p and buf is assembled in a stack
-  // buffer (L1) and stepped there by SgdRange, so the arithmetic is SgdStep's exactly.
+  // One pass over memory: p and buf are read where they lie and the results written straight to
+  // p_out and buf_out (no copies to step in place); with several gradients, each block of their
+  // sum is assembled in a stack buffer (L1). The arithmetic is SgdRange's, element by element,
+  // so the bits are SgdStep's.
   void SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads, const float* buf,
                          size_t n, float lr, float momentum, float dampening, float weight_decay,
                          bool nesterov, bool first, float* p_out, float* buf_out) override {
     Pool().For(static_cast<int64_t>(n), kGrain, [=](int64_t b, int64_t e) {
       constexpr size_t kBlock = 1024;
-      alignas(64) float g[kBlock];
+      alignas(64) float sum[kBlock];
       for (size_t i = static_cast<size_t>(b); i < static_cast<size_t>(e); i += kBlock) {
         const size_t len = std::min(kBlock, static_cast<size_t>(e) - i);
-        std::copy(grads[0] + i, grads[0] + i + len, g);
-        for (int k = 1; k < ngrads; ++k) {  // Axpy(1, ...): 1 * x is x exactly
-          const float* __restrict x = grads[k] + i;
-          for (size_t j = 0; j < len; ++j) g[j] += x[j];
+        const float* g = grads[0] + i;
+        if (ngrads > 1) {
+          std::copy(g, g + len, sum);
+          for (int k = 1; k < ngrads; ++k) {  // Axpy(1, ...): 1 * x is x exactly
+            const float* __restrict x = grads[k] + i;
+            for (size_t j = 0; j < len; ++j) sum[j] += x[j];
+          }
+          g = sum;
         }
-        std::copy(p + i, p + i + len, p_out + i);
-        if (buf_out && !first) std::copy(buf + i, buf + i + len, buf_out + i);
-        SgdRange(p_out + i, g, buf_out ? buf_out + i : nullptr, len, lr, momentum, dampening,
-                 weight_decay, nesterov, first);
+        SgdRangeOutOfPlace(p + i, g, first || !buf ? nullptr : buf + i, len, lr, momentum, dampening,
+                           weight_decay, nesterov, p_out + i, buf_out ? buf_out + i : nullptr);
       }
     });
   }
@@ -621,6 +625,31 @@ class CpuDeviceImpl final : public Device {
       for (size_t i = 0; i < n; ++i) p[i] -= lr * ((g[i] + wd * p[i]) + momentum * buf[i]);
     } else {
       for (size_t i = 0; i < n; ++i) p[i] -= lr * buf[i];
+    }
+  }
+
+  // SgdRange reading p and buf (nullptr on the first step) and writing p_out and buf_out:
+  // the same operations on each element, in the same order.
+  static void SgdRangeOutOfPlace(const float* __restrict p, const float* __restrict g,
+                                 const float* __restrict buf, size_t n, float lr, float momentum,
+                                 float dampening, float wd, bool nesterov, float* __restrict p_out,
+                                 float* __restrict buf_out) {
+    if (momentum == 0.0f) {
+      for (size_t i = 0; i < n; ++i) p_out[i] = p[i] - lr * (g[i] + wd * p[i]);
+      return;
+    }
+    const float keep = 1.0f - dampening;
+    if (buf == nullptr) {
+      for (size_t i = 0; i < n; ++i) buf_out[i] = g[i] + wd * p[i];
+    } else if (wd == 0.0f) {
+      for (size_t i = 0; i < n; ++i) buf_out[i] = momentum * buf[i] + keep * g[i];
+    } else {
+      for (size_t i = 0; i < n; ++i) buf_out[i] = momentum * buf[i] + keep * (g[i] + wd * p[i]);
+    }
+    if (nesterov) {
+      for (size_t i = 0; i < n; ++i) p_out[i] = p[i] - lr * ((g[i] + wd * p[i]) + momentum * buf_out[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) p_out[i] = p[i] - lr * buf_out[i];
     }
   }
 
