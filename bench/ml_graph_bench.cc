@@ -227,6 +227,7 @@ int main(int argc, char** argv) {
     const Json t = Json::parse(out, nullptr, false);
     if (!t.is_discarded() && t.contains("median")) torch_ips = t["median"].get<double>();
   }
+  if (!single.is_discarded()) std::printf("malloc of the copse binary: %s\n", single.value("allocator", "unknown").c_str());
   std::printf("\n%-42s %12s %10s %9s %10s %12s\n", "configuration", "images/s", "vs torch", "accuracy",
               "bubble", "sched share");
   auto row = [&](const std::string& name, double ips, double acc, double bubble, double theory, double share) {

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/allocator_name.h"
 #include "ml/trainer.h"
 
 namespace copse::cli {
@@ -50,6 +51,7 @@ int RunTrain(const TrainFlags& flags) {
         {"parameters", r.parameters},
         {"device", flags.options.device},
         {"threads", flags.options.threads},
+        {"allocator", AllocatorName()},
         {"seed", flags.options.seed},
         {"epochs", epochs},
         {"train_images", r.train_images},
