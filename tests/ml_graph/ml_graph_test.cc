@@ -354,6 +354,7 @@ TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::t
   // dL/dx when the daemon died (input_lost), or one chained after a stage-1 vertex whose daemon
   // it found gone (cancelled: withdrawn before it started) — never to regenerate completed
   // stage-0 work (output_lost).
+  INFO("every recovery: " << r.summary["recoveries"].dump());  // printed only on a failure
   for (const auto& rec : r.summary["recoveries"]) {
     std::string v = rec["vertex"];
     const bool stage0 = v.find('0') == 3 || v.rfind("init0", 0) == 0;  // fwd0, bwd0, upd0, init0
