@@ -89,6 +89,17 @@ class Pool {
 
 std::string PeerName(const std::string& host, uint16_t port) { return host + ":" + std::to_string(port); }
 
+/// The pool's name for a secret's connections: a MAC of it, so pool keys hold no secret. One
+/// HMAC costs more than the rest of a pooled fetch's bookkeeping, so each thread keeps its last.
+const std::string& PoolSecretTag(const std::string& secret) {
+  thread_local std::string cached_secret, cached_tag;
+  if (cached_tag.empty() || cached_secret != secret) {
+    cached_tag = auth::Mac(secret, "copse-pool");
+    cached_secret = secret;
+  }
+  return cached_tag;
+}
+
 /// The peer's local socket when it is on this host and `o` allows it, else TCP.
 Result<Socket> Connect(const std::string& host, uint16_t port, const RemoteReaderOptions& o) {
   if (o.local_socket) {
@@ -347,7 +358,7 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
   const std::string peer = PeerName(host, port);
   // The secret itself is not kept; readers that may not use a local connection never get one.
   const std::string pool_key =
-      peer + (o.local_socket ? "\nlocal-ok\n" : "\ntcp\n") + auth::Mac(secret, "copse-pool");
+      peer + (o.local_socket ? "\nlocal-ok\n" : "\ntcp\n") + PoolSecretTag(secret);
   Json fetch = {{"op", "fetch"}, {"key", key.ToJson()}};
   if (o.wait_ms > 0) fetch["wait_ms"] = o.wait_ms;
   const std::string request = fetch.dump();
