@@ -157,9 +157,14 @@ Json UpdateParams(const Json& common, int begin, int end, int64_t steps) {
   return With(common, {{"begin", begin}, {"end", end}, {"steps", steps}});
 }
 
-/// An update is on the critical path with nothing beside it on its daemon (the next step's
-/// vertices wait for its parameters): it takes the whole daemon for its memory-bound loops.
-double UpdateCpus(const GraphOptions& o) { return std::max<double>(o.threads, o.daemon_cpus); }
+/// A data-parallel update is on the critical path with nothing beside it on its daemon (the
+/// next step's gradient vertices wait for its parameters, chained on its slots): it takes the
+/// whole daemon for its memory-bound loops. A pipeline stage's update is not alone on its host
+/// when stages share one: it overlaps the other stages' last backwards and updates, so it runs
+/// on --threads like the stage's other vertices (1F1B M=8 with two daemons on two cores: a
+/// two-thread update contended with the other stage's, 1.07x slower in five A/B pairs).
+double DataParallelUpdateCpus(const GraphOptions& o) { return std::max<double>(o.threads, o.daemon_cpus); }
+double PipelineUpdateCpus(const GraphOptions& o) { return o.threads; }
 
 /// Per-stage checkpoint vertices: replica i writes the durable chain of the i-th checkpoint
 /// step's update to a file of its own.
@@ -198,7 +203,7 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
   auto upd = [&](int w) { return replicated ? upd_prefix + std::to_string(w) : upd_prefix; };
   for (int w = 0; w < U; ++w)
     b.Stage(upd(w), o.reducer == "ps" ? "ml.ps" : "ml.update", steps, UpdateParams(common, 0, -1, steps),
-            UpdateCpus(o), replicated ? "w" + std::to_string(w) : "params");
+            DataParallelUpdateCpus(o), replicated ? "w" + std::to_string(w) : "params");
   // Reducers.
   const int rounds = 2 * (W - 1);
   std::vector<std::vector<int>> levels;  // tree: nodes per level, as counts of children
@@ -338,7 +343,7 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
     }
     b.Stage(Uname(s), "ml.update", steps,
             With(UpdateParams(common, split[s], split[s + 1], steps), {{"weight_grads", batched ? "batched" : "per-microbatch"}}),
-            UpdateCpus(o),
+            PipelineUpdateCpus(o),
             group + (W > 1 ? "w0" : ""));
   }
   for (int64_t t = 0; t < steps; ++t) {

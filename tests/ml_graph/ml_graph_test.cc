@@ -311,6 +311,39 @@ TEST_CASE("MlGraph.WeightGradientsAreBatchedWhereAStageAllowsIt") {
   CHECK(GenerateTrainingGraph(o).status().message().find("--weight-grads") != std::string::npos);
 }
 
+/// resources.cpus of the generated stage named `name`.
+double CpusOf(const Json& job, const std::string& name) {
+  for (const auto& st : job["stages"]) {
+    if (st["name"] == name) return st["resources"]["cpus"].get<double>();
+  }
+  FAIL("no stage " << name);
+  return 0;
+}
+
+TEST_CASE("MlGraph.PipelineUpdatesRunOnTheVertexThreadsAndDataParallelOnesOnTheWholeDaemon") {
+  GraphOptions o = Small();
+  o.kind = "pipeline";
+  o.stages = 2;
+  o.steps = 1;
+  o.daemon_cpus = 4;
+  auto job = GenerateTrainingGraph(o);
+  REQUIRE(job.ok());
+  CHECK(CpusOf(*job, "upd0") == 1);
+  CHECK(CpusOf(*job, "upd1") == 1);
+  CHECK(CpusOf(*job, "init0") == 4);  // a stage still starts on a daemon of its own
+  o.threads = 2;
+  job = GenerateTrainingGraph(o);
+  REQUIRE(job.ok());
+  CHECK(CpusOf(*job, "upd1") == 2);
+  CHECK(CpusOf(*job, "fwd1") == 2);
+  o.kind = "data-parallel";
+  o.workers = 2;
+  o.threads = 1;
+  job = GenerateTrainingGraph(o);
+  REQUIRE(job.ok());
+  CHECK(CpusOf(*job, "update") == 4);
+}
+
 TEST_CASE("MlGraph.AnUnknownWeightGradsValueIsAnErrorNamingTheVertex") {
   vertex::ProgramRegistry registry;
   RegisterMlPrograms(registry);
