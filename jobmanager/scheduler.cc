@@ -260,6 +260,7 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   d.free_gpus = 0;
   SchedLog()->warn("daemon {} lost: {}", d.spec.name, why);
   outbox_.erase(id);
+  release_outbox_.erase(id);
   for (auto& [job_id, job_ptr] : jobs_) {
     Job& job = *job_ptr;
     if (job.state != JobState::kRunning) continue;
@@ -1418,16 +1419,22 @@ void Scheduler::Flush() {
   for (auto& [daemon, msg] : batches) {
     if (daemons_[daemon.value()]->alive) sink_.SendToDaemon(daemon, msg);
   }
-  auto releases = std::move(release_outbox_);
-  release_outbox_.clear();
-  for (auto& [daemon, msg] : releases) {
-    if (daemons_[daemon.value()]->alive && !msg["keys"].empty()) sink_.SendToDaemon(daemon, msg);
+  for (auto it = release_outbox_.begin(); it != release_outbox_.end();) {
+    const Json& msg = it->second;
+    if (!releases_due_ && msg["keys"].size() < kReleaseBatchKeys) {
+      ++it;
+      continue;
+    }
+    if (daemons_[it->first.value()]->alive && !msg["keys"].empty()) sink_.SendToDaemon(it->first, msg);
+    it = release_outbox_.erase(it);
   }
+  releases_due_ = false;
 }
 
 // ---- time and faults -------------------------------------------------------------------------
 
 void Scheduler::Tick() {
+  releases_due_ = true;
   RandomChaosStep();
   TimePoint now = clock_.Now();
   if (now - restored_at_ > options_.recovery_grace) {

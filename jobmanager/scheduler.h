@@ -139,9 +139,13 @@ class Scheduler {
   /// "cut_ms"} injects seeded random faults every interval; {"action": "stop"} ends that.
   /// Every fault shows in the running jobs' summaries.
   Result<Json> Chaos(const Json& request);
-  /// Timeouts, time-triggered faults, forgetting old jobs. Call periodically.
+  /// Timeouts, time-triggered faults, forgetting old jobs; releases the outputs held since the
+  /// last tick at the next Flush. Call periodically.
   void Tick();
-  /// Sends every message placed since the last flush.
+  /// Sends every message placed since the last flush, except releases of consumed outputs:
+  /// those wait for the next Tick (or until kReleaseBatchKeys of them are queued for a daemon).
+  /// Nothing waits on a release; sending one per completion cost the daemon a wakeup and the
+  /// job manager a send per vertex, and a tick of delay only keeps memory a little longer.
   void Flush();
 
   // ---- queries -------------------------------------------------------------------------------
@@ -276,6 +280,8 @@ class Scheduler {
   TimePoint restored_at_{};
   std::map<DaemonId, Json> outbox_;          // per daemon: {"op":"run","tasks":[…]}
   std::map<DaemonId, Json> release_outbox_;  // per daemon: {"op":"release","keys":[…]}
+  bool releases_due_ = false;                // a Tick since the last releases went out
+  static constexpr size_t kReleaseBatchKeys = 256;
 };
 
 }  // namespace copse::jm

@@ -56,6 +56,12 @@ struct Harness {
     REQUIRE(id.ok());
     return *id;
   }
+  /// Release messages sent so far, once the releases held for the next tick have gone out.
+  std::vector<std::pair<DaemonId, Json>> Releases() {
+    sched.Tick();
+    sched.Flush();
+    return sink.WithOp("release");
+  }
   JobId Submit(const std::string& text, const std::string& job_dir = "/tmp") {
     JobId id = sched.Submit(testing::MustLoad(text), job_dir);
     sched.Flush();
@@ -244,7 +250,7 @@ TEST_CASE("Scheduler.ConsumedOutputsAreReleasedAndRegeneratedWhenNeededAgain") {
   Json b = h.Next("b[0]").second;
   h.Finish(b, true);
   // b consumed a's output: a's output is released; b's is still needed by c.
-  auto releases = h.sink.WithOp("release");
+  auto releases = h.Releases();
   REQUIRE(releases.size() == 1);
   REQUIRE(releases[0].second["keys"].size() == 1);
   CHECK(releases[0].second["keys"][0]["vertex"] == a["vertex"]);
@@ -307,6 +313,21 @@ TEST_CASE("Scheduler.InputLossesAreCountedInARowNotOverTheJob") {
   CHECK(h.State(job) == "completed");
 }
 
+TEST_CASE("Scheduler.ReleasesWaitForATickAndGoOutAsOneMessagePerDaemon") {
+  Harness h;
+  h.AddDaemon("d0");
+  h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
+                          {"name": "c", "program": "noop"}, {"name": "d", "program": "noop"}],
+               "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}, {"from": "c", "to": "d"}]})");
+  for (const char* v : {"a[0]", "b[0]", "c[0]"}) h.Finish(h.Next(v).second, true);
+  CHECK(h.sink.WithOp("release").empty());  // a's and b's outputs are consumed; held until a tick
+  auto releases = h.Releases();
+  REQUIRE(releases.size() == 1);
+  CHECK(releases[0].second["keys"].size() == 2);
+  h.sched.Flush();
+  CHECK(h.sink.WithOp("release").size() == 1);  // sent once
+}
+
 TEST_CASE("Scheduler.RetainedStagesAreNotReleased") {
   Harness h;
   h.AddDaemon("d0");
@@ -315,9 +336,9 @@ TEST_CASE("Scheduler.RetainedStagesAreNotReleased") {
                "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}]})");
   h.Finish(h.Next().second, true);
   h.Finish(h.Next().second, true);
-  CHECK(h.sink.WithOp("release").empty());  // a is retained
+  CHECK(h.Releases().empty());  // a is retained
   h.Finish(h.Next().second, true);
-  CHECK(h.sink.WithOp("release").size() == 1);  // b is not
+  CHECK(h.Releases().size() == 1);  // b is not
 }
 
 TEST_CASE("Scheduler.RetainedPortsOutliveTheirProducersOtherOutputs") {
@@ -331,7 +352,7 @@ TEST_CASE("Scheduler.RetainedPortsOutliveTheirProducersOtherOutputs") {
   h.Finish(a, true);
   for (int i = 0; i < 2; ++i) h.Finish(h.Next().second, true);  // b (chained after a), then c
   // Both of a's consumers completed: port 0 is released, the retained port 1 is not.
-  auto releases = h.sink.WithOp("release");
+  auto releases = h.Releases();
   REQUIRE(releases.size() == 1);
   REQUIRE(releases[0].second["keys"].size() == 1);
   CHECK(releases[0].second["keys"][0]["vertex"] == a["vertex"]);
@@ -363,14 +384,14 @@ TEST_CASE("Scheduler.ARetainedOutputIsDroppedOnceADurableCopySettlesItsConsumers
            "/jobs/x");
   Json a = h.Next("a[0]").second;
   h.Finish(a, true);
-  CHECK(h.sink.WithOp("release").empty());  // retained, and b has not run
+  CHECK(h.Releases().empty());  // retained, and b has not run
   h.Finish(h.Next("b[0]").second, true);
-  auto releases = h.sink.WithOp("release");
+  auto releases = h.Releases();
   REQUIRE(releases.size() == 1);
   REQUIRE(releases[0].second["keys"].size() == 1);
   CHECK(releases[0].second["keys"][0]["vertex"] == a["vertex"]);
   h.Finish(h.Next("c[0]").second, true);
-  releases = h.sink.WithOp("release");
+  releases = h.Releases();
   REQUIRE(releases.size() == 2);
   for (const auto& key : releases[1].second["keys"]) CHECK(key["vertex"] == 1);  // b's, consumed; not c's
 }
@@ -383,7 +404,7 @@ TEST_CASE("Scheduler.WithoutADurableCopyRetainedOutputsAreKept") {
                            "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}, {"from": "c", "to": "d"}]})");
   for (const char* v : {"a[0]", "b[0]", "c[0]"}) h.Finish(h.Next(v).second, true);
   // b was released once c completed; a is retained: every key released so far is b's.
-  for (const auto& [daemon, msg] : h.sink.WithOp("release")) {
+  for (const auto& [daemon, msg] : h.Releases()) {
     for (const auto& key : msg["keys"]) CHECK(key["vertex"] == 1);
   }
   CHECK(h.State(job) == "running");
@@ -429,7 +450,7 @@ TEST_CASE("Scheduler.AReleasedDurableOutputIsReadFromItsCopyWithoutRerunningItsP
   h.Finish(h.Next("a[0]").second, true);
   h.Finish(h.Next("b[0]").second, true);
   // a's memory output is released once b completed; its copy stays.
-  REQUIRE(h.sink.WithOp("release").size() == 1);
+  REQUIRE(h.Releases().size() == 1);
   // c cannot read b's output: b re-runs, reading a's copy; a does not re-run.
   h.Finish(h.Next("c[0]").second, false, {}, FailureClass::kInputLost, 0);
   Json b2 = h.Next("b[0]").second;
