@@ -22,6 +22,7 @@
 #include "channels/socket.h"
 #include "common/auth.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 
 namespace copse::chan {
 
@@ -157,6 +158,7 @@ struct DataServer::Impl {
 };
 
 void DataServer::Impl::AcceptLoop() {
+  SetThreadName("copse-data-acc");
   for (;;) {
     // The local listener's slot stays (fd -1, ignored by poll) when the fast path is off.
     pollfd fds[3] = {{wake_fd, POLLIN, 0}, {listener.fd(), POLLIN, 0}, {local_listener.fd(), POLLIN, 0}};
@@ -181,6 +183,7 @@ void DataServer::Impl::AcceptLoop() {
       Conn& c = conns.emplace_back();
       c.sock = Socket(fd, local);
       c.thread = std::thread([this, &c] {
+        SetThreadName("copse-data-srv");
         Serve(c.sock);
         c.sock.Shutdown();  // closed (after join) by the reaper or Stop
         c.done = true;

@@ -18,6 +18,7 @@
 
 #include "common/auth.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 
 namespace copse::chan {
 
@@ -194,6 +195,7 @@ struct StreamHub::Impl {
 };
 
 void StreamHub::Impl::Run() {
+  SetThreadName("copse-streams");
   std::map<std::string, zmq::socket_t> dealers;  // by endpoint
   auto next_beat = Clock::now();
   std::vector<Cmd> batch;

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <thread>
 
+#include "common/thread_name.h"
+
 namespace copse::cli {
 
 void StopOnSignals(std::function<void()> stop) {
@@ -19,6 +21,7 @@ void StopOnSignals(std::function<void()> stop) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::thread([set, stop = std::move(stop)] {
+    SetThreadName("copse-signals");
     int sig = 0;
     sigwait(&set, &sig);
     stop();

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <new>
 
+#include "common/thread_name.h"
 #include "ml/caching_allocator.h"
 #include "ml/onednn_gemm.h"
 #include "ml/philox.h"
@@ -76,6 +77,7 @@ class ThreadPool {
   }
 
   void Loop(int id) {
+    SetThreadName("copse-ml-pool");
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {

@@ -28,6 +28,7 @@
 #include "common/auth.h"
 #include "common/framed_connection.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "vertex/input_prefetcher.h"
 
 namespace copse::vertex {
@@ -432,6 +433,7 @@ class Daemon::Impl {
   }
 
   void WorkerLoop() {
+    SetThreadName("copse-vertex");
     YieldToControlThreads();
     while (true) {
       Task task;

@@ -6,6 +6,7 @@
 #include "channels/memory_queue.h"
 #include "channels/remote_reader.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 
 namespace copse::vertex {
 
@@ -44,6 +45,7 @@ InputPrefetcher::~InputPrefetcher() {
 }
 
 void InputPrefetcher::WorkerLoop() {
+  SetThreadName("copse-prefetch");
   std::unique_lock lock(mu_);
   while (true) {
     ++idle_;

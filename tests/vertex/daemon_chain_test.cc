@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <thread>
 
@@ -140,6 +141,24 @@ TEST_CASE("Daemon.AChainTwoDeepRunsInOrderOnceItsHeadSucceeds" * doctest::timeou
     CHECK(r["vertex"] == v);
     CHECK(r["ok"] == true);
   }
+}
+
+/// How many threads of this process are named `name` (/proc/self/task/*/comm).
+int ThreadsNamed(const std::string& name) {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name) ++n;
+  }
+  return n;
+}
+
+TEST_CASE("Daemon.ItsThreadsAreNamedForProfiles" * doctest::timeout(30)) {
+  ScriptedJobManager jm;
+  DaemonUnderTest d(jm);
+  CHECK(ThreadsNamed("copse-vertex") == 2);  // one per cpu
+  CHECK(ThreadsNamed("copse-data-acc") == 1);
 }
 
 }  // namespace
