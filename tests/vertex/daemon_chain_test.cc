@@ -157,6 +157,12 @@ int ThreadsNamed(const std::string& name) {
 TEST_CASE("Daemon.ItsThreadsAreNamedForProfiles" * doctest::timeout(30)) {
   ScriptedJobManager jm;
   DaemonUnderTest d(jm);
+  // Each thread names itself as it starts: give them a moment.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((ThreadsNamed("copse-vertex") < 2 || ThreadsNamed("copse-data-acc") < 1) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   CHECK(ThreadsNamed("copse-vertex") == 2);  // one per cpu
   CHECK(ThreadsNamed("copse-data-acc") == 1);
 }
