@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <asio.hpp>
@@ -304,6 +305,7 @@ class Daemon::Impl {
     try {
       if (op == "run") {
         std::lock_guard<std::mutex> lock(mu_);
+        const size_t queued_before = queue_.size();
         for (auto& spec : msg["tasks"]) {
           Task t;
           t.spec = std::move(spec);
@@ -313,7 +315,9 @@ class Daemon::Impl {
             queue_.push_back(std::move(t));
           }
         }
-        cv_.notify_all();
+        // A worker per task queued now; a chained task that is only held wakes nobody (most
+        // tasks of a pipeline arrive so).
+        for (size_t i = queued_before; i < queue_.size(); ++i) cv_.notify_one();
       } else if (op == "cancel") {
         CancelMatching(msg["job"].get<uint64_t>(), msg.value("vertex", int64_t{-1}));
       } else if (op == "gc") {
@@ -468,13 +472,16 @@ class Daemon::Impl {
   }
 
   /// Tasks chained after attempt (job, vertex, version), which just ended here: queued next when
-  /// it succeeded and they wait for nothing else, else withdrawn. Requires mu_.
+  /// it succeeded and they wait for nothing else, else withdrawn. Requires mu_; called by the
+  /// worker that ran the attempt, which looks at the queue next and so runs the first task
+  /// released here itself: only the others wake a worker.
   void ReleaseHeld(uint64_t job, uint32_t vertex, uint32_t version, bool ok) {
     const AttemptKey ended{job, vertex, version};
     if (!ok) {
       WithdrawChainedAfter({ended});
       return;
     }
+    bool caller_runs_next = true;
     for (auto it = held_.begin(); it != held_.end();) {
       if (!IsChainedAfter(*it, ended)) {
         ++it;
@@ -486,7 +493,7 @@ class Daemon::Impl {
         continue;
       }
       queue_.push_front(std::move(*it));  // the job manager chains only what runs next
-      cv_.notify_one();
+      if (!std::exchange(caller_runs_next, false)) cv_.notify_one();
       it = held_.erase(it);
     }
   }
