@@ -494,8 +494,12 @@ Status OutputStore::Publish(const OutputKey& key, std::shared_ptr<const Entry> e
   std::lock_guard lock(mu_);
   auto [it, inserted] = entries_.emplace(key, std::move(entry));
   if (!inserted) return Status::AlreadyExists("output " + key.ToString() + " already exists");
-  published_.notify_all();
+  WakeWaitersOf(key);
   return Status::OK();
+}
+
+void OutputStore::WakeWaitersOf(const OutputKey& key) {
+  if (auto it = waiting_.find(key); it != waiting_.end()) it->second.cv.notify_all();
 }
 
 Result<OutputStore::Stored> OutputStore::Lookup(const OutputKey& key) const {
@@ -595,7 +599,13 @@ bool OutputStore::Contains(const OutputKey& key) const {
 
 bool OutputStore::WaitFor(const OutputKey& key, std::chrono::milliseconds timeout) const {
   std::unique_lock lock(mu_);
-  return published_.wait_for(lock, timeout, [&] { return entries_.count(key) > 0 || removed_.count(key) > 0; });
+  auto here = [&] { return entries_.count(key) > 0 || removed_.count(key) > 0; };
+  if (here() || timeout.count() <= 0) return here();
+  Waiters& waiters = waiting_[key];  // a map node: stays put while others come and go
+  ++waiters.count;
+  const bool arrived = waiters.cv.wait_for(lock, timeout, here);
+  if (--waiters.count == 0) waiting_.erase(key);
+  return arrived;
 }
 
 std::vector<OutputKey> OutputStore::List(std::optional<uint64_t> job) const {
@@ -648,8 +658,8 @@ Status OutputStore::Remove(const OutputKey& key) {
   {
     std::lock_guard lock(mu_);
     removed_.insert(key);
+    WakeWaitersOf(key);
   }
-  published_.notify_all();
   Forget(e);
   Logger("chan")->info("fault injection: removed output {}", key.ToString());
   return Status::OK();

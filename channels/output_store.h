@@ -184,7 +184,14 @@ class OutputStore {
   std::atomic<uint64_t> next_file_id_{0};
   std::atomic<bool> verify_memory_reads_{true};
   mutable std::mutex mu_;
-  mutable std::condition_variable published_;  // notified whenever an output is published
+  /// Those waiting in WaitFor, by key: Publish and Remove wake only the waiters of their key
+  /// (one condition for all woke every waiting data server thread at each publish).
+  struct Waiters {
+    std::condition_variable cv;
+    int count = 0;
+  };
+  mutable std::map<OutputKey, Waiters> waiting_;  // guarded by mu_; erased by its last waiter
+  void WakeWaitersOf(const OutputKey& key);                       // requires mu_
   std::map<OutputKey, std::shared_ptr<const Entry>> entries_;  // guarded by mu_
   std::set<OutputKey> removed_;  // by Remove, until their job is dropped; guarded by mu_
 };

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <fstream>
 #include <thread>
 
@@ -98,6 +99,30 @@ TEST_CASE("OutputStore.EmptyOutputsNeedNoFile" * doctest::timeout(5)) {
   CHECK(ReadAll(*store, {7, 100, 0, 0}).empty());
   CHECK(*store->Size({7, 5, 0, 0}) == 0);
   CHECK(store->List(7).size() == 101);
+}
+
+TEST_CASE("OutputStore.WaitForReturnsWhenItsOwnKeyArrives" * doctest::timeout(20)) {
+  TempDir dir;
+  auto store = MakeStore(dir);
+  const OutputKey a{7, 1, 1, 0}, b{7, 2, 1, 0}, c{7, 3, 1, 0};
+  std::atomic<int> a_seen{-1}, b_seen{-1};
+  std::thread wait_a([&] { a_seen = store->WaitFor(a, std::chrono::seconds(10)); });
+  std::thread wait_b([&] { b_seen = store->WaitFor(b, std::chrono::seconds(10)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  WriteMemoryOutput(*store, c, {Buffer("c")});  // another key: nobody returns
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(a_seen == -1);
+  CHECK(b_seen == -1);
+  WriteMemoryOutput(*store, a, {Buffer("a")});
+  wait_a.join();
+  CHECK(a_seen == 1);
+  CHECK(b_seen == -1);
+  WriteMemoryOutput(*store, b, {Buffer("b")});
+  wait_b.join();
+  CHECK(b_seen == 1);
+  REQUIRE(store->Remove(b).ok());  // removed by a fault: it will not come, so nobody waits
+  CHECK(store->WaitFor(b, std::chrono::seconds(10)));
+  CHECK(!store->WaitFor(OutputKey{7, 4, 1, 0}, std::chrono::milliseconds(20)));  // never comes
 }
 
 TEST_CASE("OutputStore.MemoryReadsShareBuffers" * doctest::timeout(5)) {
