@@ -689,6 +689,9 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   Run& r = job.runs[v.value()];
   job.stage_seconds[job.g().vertex(v).stage].push_back(std::chrono::duration<double>(clock_.Now() - r.started).count());
   r.state = VertexState::kCompleted;
+  // It ran, so what it was chained after delivered, whether or not that attempt's own report
+  // has come yet: a completed vertex is never withdrawn as a chain that did not start.
+  r.chained_after.clear();
   r.inputs_lost = 0;
   r.output_bytes = rep.output_bytes;
   r.output_bytes.resize(job.g().vertex(v).outputs.size(), 0);
@@ -850,7 +853,9 @@ void Scheduler::WithdrawRemoteChains(Job& job, VertexId v) {
   const DaemonId where = job.runs[v.value()].daemon;
   ForEachSuccessor(job.g(), v, [&](VertexId u) {
     Run& c = job.runs[u.value()];
-    if (c.daemon == where || std::find(c.chained_after.begin(), c.chained_after.end(), v) == c.chained_after.end()) return;
+    if (c.state != VertexState::kRunning || c.daemon == where ||
+        std::find(c.chained_after.begin(), c.chained_after.end(), v) == c.chained_after.end())
+      return;
     Flush();  // u's "run" may still wait in the outbox: it must not arrive after its cancel
     if (daemons_[c.daemon.value()]->alive) {
       sink_.SendToDaemon(c.daemon, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", u.value()}, {"version", c.version}});
@@ -1779,6 +1784,11 @@ Result<Json> Scheduler::OutputLocations(JobId id) const {
   Json out = Json::array();
   for (const auto& o : job->g().spec().outputs) {
     VertexId v = job->g().FindVertex(o.from.ToString());
+    if (!v.valid() || job->runs[v.value()].state != VertexState::kCompleted ||
+        job->runs[v.value()].daemon.value() >= daemons_.size()) {
+      return Status::Internal("job " + id.ToString() + " completed but its output " + o.from.ToString() +
+                              " has no completed attempt (a scheduler bug)");
+    }
     const Run& r = job->runs[v.value()];
     const Daemon& d = *daemons_[r.daemon.value()];
     out.push_back({{"path", o.path}, {"vertex", job->g().vertex(v).name}, {"host", d.spec.data_host},

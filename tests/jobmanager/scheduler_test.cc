@@ -649,6 +649,30 @@ TEST_CASE("Scheduler.ARemoteChainWithdrawnByItsDaemonWaitsForThePredecessor") {
   CHECK(h.sched.JobStatus(job)["recoveries"].empty());
 }
 
+TEST_CASE("Scheduler.ARemoteChainThatCompletedStaysCompletedWhenItsPredecessorsDaemonIsLost") {
+  // q1 read p1's output the moment it was written and reported first; p1's daemon died before
+  // p1's own report came. q1 must stay completed: withdrawing it as a chain that never ran
+  // counted its completion twice once it ran again, and the job "completed" one vertex short.
+  Harness h;
+  auto [p1, q1] = StartTwoPinnedChains(h);
+  const JobId job(q1["job"].get<uint64_t>());
+  const DaemonId p1_daemon(q1["inputs"][1]["port"] == 9000 + '0' ? 0 : 1);  // where q1 fetched from
+  h.Finish(q1, true);
+  h.sched.DaemonLost(p1_daemon, "test");
+  h.sched.Flush();
+  for (int i = 0; i < 10 && h.State(job) == "running"; ++i) {
+    auto [where, t] = h.Next();
+    CHECK(where != p1_daemon);
+    CHECK(t["name"] != "q1[0]");  // it completed with p1's output: nothing to run again
+    h.Finish(t, true);
+  }
+  const Json st = h.sched.JobStatus(job);
+  CHECK(st["state"] == "completed");
+  CHECK(st["vertices"]["completed"] == 4);
+  CHECK(st["vertices"]["waiting"] == 0);
+  CHECK(h.sink.TakeTasks().empty());
+}
+
 TEST_CASE("Scheduler.TasksChainedOnAPredecessorsDaemonTakeItsSlotsAheadOfTime") {
   // A data-parallel step: the update holds the whole daemon; the next step's gradient
   // vertices (unpinned, reading only the update) are chained on its slots, a third does not fit.
