@@ -261,6 +261,7 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   SchedLog()->warn("daemon {} lost: {}", d.spec.name, why);
   outbox_.erase(id);
   release_outbox_.erase(id);
+  release_bytes_.erase(id);
   for (auto& [job_id, job_ptr] : jobs_) {
     Job& job = *job_ptr;
     if (job.state != JobState::kRunning) continue;
@@ -948,6 +949,7 @@ void Scheduler::QueueRelease(Job& job, VertexId v, size_t port) {
   Json& batch = release_outbox_[r.daemon];
   if (batch.is_null()) batch = {{"op", "release"}, {"keys", Json::array()}};
   batch["keys"].push_back({{"job", job.id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", port}});
+  release_bytes_[r.daemon] += port < r.output_bytes.size() ? r.output_bytes[port] : 0;
 }
 
 void Scheduler::Settle(Job& job, VertexId v) {
@@ -1426,11 +1428,12 @@ void Scheduler::Flush() {
   }
   for (auto it = release_outbox_.begin(); it != release_outbox_.end();) {
     const Json& msg = it->second;
-    if (!releases_due_ && msg["keys"].size() < kReleaseBatchKeys) {
+    if (!releases_due_ && msg["keys"].size() < kReleaseBatchKeys && release_bytes_[it->first] < kReleaseBatchBytes) {
       ++it;
       continue;
     }
     if (daemons_[it->first.value()]->alive && !msg["keys"].empty()) sink_.SendToDaemon(it->first, msg);
+    release_bytes_.erase(it->first);
     it = release_outbox_.erase(it);
   }
   releases_due_ = false;

@@ -328,6 +328,17 @@ TEST_CASE("Scheduler.ReleasesWaitForATickAndGoOutAsOneMessagePerDaemon") {
   CHECK(h.sink.WithOp("release").size() == 1);  // sent once
 }
 
+TEST_CASE("Scheduler.AReleaseThatFreesAMebibyteGoesAtOnce") {
+  Harness h;
+  h.AddDaemon("d0");
+  h.Submit(kChain);
+  h.Finish(h.Next("a[0]").second, true, {2 << 20});  // a 2 MiB output
+  h.Finish(h.Next("b[0]").second, true);
+  auto releases = h.sink.WithOp("release");  // no tick: a's output is freed now
+  REQUIRE(releases.size() == 1);
+  CHECK(releases[0].second["keys"].size() == 1);
+}
+
 TEST_CASE("Scheduler.RetainedStagesAreNotReleased") {
   Harness h;
   h.AddDaemon("d0");
