@@ -69,6 +69,15 @@ GraphOptions Small() {
   return o;
 }
 
+/// Small() as a one-step pipeline of 2 stages: for tests of the generated graph's shape.
+GraphOptions SmallPipeline() {
+  GraphOptions o = Small();
+  o.kind = "pipeline";
+  o.stages = 2;
+  o.steps = 1;
+  return o;
+}
+
 /// Writes `job` into `dir`, runs it with `copse run` (`env`: "NAME=value " settings for the
 /// cluster's processes), returns the summary and eval's outputs.
 RunResult RunJob(const Json& job, const fs::path& dir, int daemons, int cpus = 2, const std::string& env = "") {
@@ -252,11 +261,8 @@ TEST_CASE("MlGraph.ScheduleIsOrderingEdgesBetweenOneStagesVertices") {
   s.clear();
   for (auto [k, m] : seq) s += k + std::to_string(m) + " ";
   CHECK(s == "F0 F1 B0 B1 ");
-  GraphOptions o = Small();
-  o.kind = "pipeline";
-  o.stages = 2;
+  GraphOptions o = SmallPipeline();
   o.microbatches = 4;
-  o.steps = 1;
   auto job = GenerateTrainingGraph(o);
   REQUIRE(job.ok());
   int order_edges = 0;
@@ -286,10 +292,7 @@ std::map<int, std::string> WeightGradsByStage(const Json& job) {
 }
 
 TEST_CASE("MlGraph.WeightGradientsAreBatchedWhereAStageAllowsIt") {
-  GraphOptions o = Small();
-  o.kind = "pipeline";
-  o.stages = 2;
-  o.steps = 1;
+  GraphOptions o = SmallPipeline();
   auto job = GenerateTrainingGraph(o);
   REQUIRE(job.ok());
   CHECK(WeightGradsByStage(*job) == std::map<int, std::string>{{0, "batched"}, {1, "batched"}});
@@ -321,10 +324,7 @@ double CpusOf(const Json& job, const std::string& name) {
 }
 
 TEST_CASE("MlGraph.PipelineUpdatesRunOnTheVertexThreadsAndDataParallelOnesOnTheWholeDaemon") {
-  GraphOptions o = Small();
-  o.kind = "pipeline";
-  o.stages = 2;
-  o.steps = 1;
+  GraphOptions o = SmallPipeline();
   o.daemon_cpus = 4;
   auto job = GenerateTrainingGraph(o);
   REQUIRE(job.ok());
