@@ -121,7 +121,8 @@ struct Scheduler::Run {
   TimePoint ready_since{};
   TimePoint started{};
   // Dispatched chained: waits on its daemon for these predecessors' current attempts to
-  // succeed (at most one of them elsewhere); empty once it has started.
+  // succeed (at most one of them elsewhere); empty once it has started, and once it completed
+  // (it may, before the report of a predecessor elsewhere arrives).
   std::vector<VertexId> chained_after;
   double duration_ms = 0;
   std::string last_error;
@@ -261,7 +262,6 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   SchedLog()->warn("daemon {} lost: {}", d.spec.name, why);
   outbox_.erase(id);
   release_outbox_.erase(id);
-  release_bytes_.erase(id);
   for (auto& [job_id, job_ptr] : jobs_) {
     Job& job = *job_ptr;
     if (job.state != JobState::kRunning) continue;
@@ -854,9 +854,7 @@ void Scheduler::WithdrawRemoteChains(Job& job, VertexId v) {
   const DaemonId where = job.runs[v.value()].daemon;
   ForEachSuccessor(job.g(), v, [&](VertexId u) {
     Run& c = job.runs[u.value()];
-    if (c.state != VertexState::kRunning || c.daemon == where ||
-        std::find(c.chained_after.begin(), c.chained_after.end(), v) == c.chained_after.end())
-      return;
+    if (c.daemon == where || std::find(c.chained_after.begin(), c.chained_after.end(), v) == c.chained_after.end()) return;
     Flush();  // u's "run" may still wait in the outbox: it must not arrive after its cancel
     if (daemons_[c.daemon.value()]->alive) {
       sink_.SendToDaemon(c.daemon, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", u.value()}, {"version", c.version}});
@@ -946,10 +944,10 @@ bool Scheduler::OutputReleased(const JobGraph& g, VertexId v, const Run& r, int 
 
 void Scheduler::QueueRelease(Job& job, VertexId v, size_t port) {
   const Run& r = job.runs[v.value()];
-  Json& batch = release_outbox_[r.daemon];
-  if (batch.is_null()) batch = {{"op", "release"}, {"keys", Json::array()}};
-  batch["keys"].push_back({{"job", job.id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", port}});
-  release_bytes_[r.daemon] += port < r.output_bytes.size() ? r.output_bytes[port] : 0;
+  PendingReleases& batch = release_outbox_[r.daemon];
+  if (batch.msg.is_null()) batch.msg = {{"op", "release"}, {"keys", Json::array()}};
+  batch.msg["keys"].push_back({{"job", job.id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", port}});
+  batch.bytes += port < r.output_bytes.size() ? r.output_bytes[port] : 0;
 }
 
 void Scheduler::Settle(Job& job, VertexId v) {
@@ -1427,13 +1425,12 @@ void Scheduler::Flush() {
     if (daemons_[daemon.value()]->alive) sink_.SendToDaemon(daemon, msg);
   }
   for (auto it = release_outbox_.begin(); it != release_outbox_.end();) {
-    const Json& msg = it->second;
-    if (!releases_due_ && msg["keys"].size() < kReleaseBatchKeys && release_bytes_[it->first] < kReleaseBatchBytes) {
+    const auto& [daemon, batch] = *it;
+    if (!releases_due_ && batch.msg["keys"].size() < kReleaseBatchKeys && batch.bytes < kReleaseBatchBytes) {
       ++it;
       continue;
     }
-    if (daemons_[it->first.value()]->alive && !msg["keys"].empty()) sink_.SendToDaemon(it->first, msg);
-    release_bytes_.erase(it->first);
+    if (daemons_[daemon.value()]->alive && !batch.msg["keys"].empty()) sink_.SendToDaemon(daemon, batch.msg);
     it = release_outbox_.erase(it);
   }
   releases_due_ = false;

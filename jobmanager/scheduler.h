@@ -281,9 +281,12 @@ class Scheduler {
   std::map<std::string, std::set<DaemonId>> nccl_groups_;  // group -> daemons awaiting its id
   TimePoint restored_at_{};
   std::map<DaemonId, Json> outbox_;          // per daemon: {"op":"run","tasks":[…]}
-  std::map<DaemonId, Json> release_outbox_;  // per daemon: {"op":"release","keys":[…]}
-  std::map<DaemonId, uint64_t> release_bytes_;  // per daemon: bytes its queued releases free
-  bool releases_due_ = false;                    // a Tick since the last releases went out
+  struct PendingReleases {
+    Json msg;            // {"op":"release","keys":[…]}
+    uint64_t bytes = 0;  // what dropping them frees
+  };
+  std::map<DaemonId, PendingReleases> release_outbox_;  // per daemon
+  bool releases_due_ = false;                           // a Tick since the last releases went out
   static constexpr size_t kReleaseBatchKeys = 256;
   static constexpr uint64_t kReleaseBatchBytes = 1 << 20;
 };
