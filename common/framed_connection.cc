@@ -1,5 +1,8 @@
 #include "common/framed_connection.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <charconv>
 
 #include "common/auth.h"
@@ -70,20 +73,52 @@ void FramedConnection::ReadBody(uint32_t length) {
 void FramedConnection::Send(const Json& message) { SendRaw(wire::EncodeFrame(wire::FrameType::kJson, message.dump())); }
 
 void FramedConnection::SendRaw(std::string frame) {
+  std::lock_guard<std::mutex> lock(write_mu_);
   if (!open_) return;
-  bool idle = out_.empty();
+  if (writing_) {
+    out_.push_back(std::move(frame));
+    return;
+  }
+  const size_t written = WriteWithoutBlocking(frame);
+  if (written == frame.size()) return;
+  // The socket is full (or failed: the asynchronous write reports it on the io thread).
+  frame.erase(0, written);
   out_.push_back(std::move(frame));
-  if (idle) WriteNext();
+  writing_ = true;
+  asio::post(socket_.get_executor(), [self = shared_from_this()] {
+    std::lock_guard<std::mutex> lock(self->write_mu_);
+    if (self->open_) self->WriteNext();
+  });
+}
+
+size_t FramedConnection::WriteWithoutBlocking(const std::string& frame) {
+  size_t done = 0;
+  while (done < frame.size()) {
+    const ssize_t n = ::send(socket_.native_handle(), frame.data() + done, frame.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      break;
+    }
+  }
+  return done;
 }
 
 void FramedConnection::WriteNext() {
   auto self = shared_from_this();
   asio::async_write(socket_, asio::buffer(out_.front()), [self](std::error_code ec, size_t) {
-    if (ec) return self->Close(Status::Unavailable(ec.message()));
+    std::unique_lock<std::mutex> lock(self->write_mu_);
+    if (ec) {
+      lock.unlock();
+      return self->Close(Status::Unavailable(ec.message()));
+    }
     self->out_.pop_front();
-    if (!self->out_.empty()) {
-      self->WriteNext();
-    } else if (self->close_after_write_) {
+    if (!self->out_.empty()) return self->WriteNext();
+    self->writing_ = false;
+    if (self->close_after_write_) {
+      lock.unlock();
       self->Close(Status::Cancelled("closed after error"));
     }
   });
@@ -93,8 +128,13 @@ void FramedConnection::SendErrorAndClose(const std::string& message) {
   if (!open_) return;
   Logger("net")->warn("disconnecting {}: {}", peer_, message);
   Send({{"op", "error"}, {"message", message}});
-  close_after_write_ = true;
-  if (out_.empty()) Close(Status::InvalidArgument(message));
+  bool written;
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    close_after_write_ = true;
+    written = !writing_;
+  }
+  if (written) Close(Status::InvalidArgument(message));
   // The close handler reports the protocol error, not the later socket shutdown.
   if (on_close_) {
     auto handler = std::move(on_close_);
@@ -104,11 +144,13 @@ void FramedConnection::SendErrorAndClose(const std::string& message) {
 }
 
 void FramedConnection::Close(const Status& why) {
-  if (!open_) return;
-  open_ = false;
-  std::error_code ec;
-  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
-  socket_.close(ec);
+  if (!open_.exchange(false)) return;
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    std::error_code ec;
+    socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+  }
   if (on_close_) {
     auto handler = std::move(on_close_);
     on_close_ = nullptr;

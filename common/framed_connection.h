@@ -1,17 +1,21 @@
 #pragma once
 // Framed JSON connections over TCP (common/wire.h frames), on both sides of the control plane.
 //
-// FramedConnection: an asynchronous connection owned by an asio::io_context thread. Messages
-// are queued and written in order; received frames are delivered to a handler on the io
-// thread. Not thread-safe: call Send() only on the io thread (post() there from others).
+// FramedConnection: an asynchronous connection owned by an asio::io_context thread. Received
+// frames are delivered to a handler on the io thread. Send() may be called from any thread:
+// messages are written in the order Send() was called, and while nothing is queued the calling
+// thread writes the frame itself (a worker's message needs no io-thread wakeup, which on a
+// busy host would take the worker's core). Start() and Close() belong to the io thread.
 // Any protocol violation (bad header, oversized frame, body that is not a JSON object) closes
 // the connection with a Status saying why; it never throws out of the io thread.
 //
 // BlockingClient: a synchronous client for CLIs and tests, with timeouts.
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <asio.hpp>
@@ -35,8 +39,9 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
 
   /// Starts reading; `on_message` gets each JSON object, `on_close` once when it ends.
   void Start(MessageHandler on_message, CloseHandler on_close);
+  /// Thread-safe (see above).
   void Send(const Json& message);
-  /// Sends an already-encoded frame (header + body).
+  /// Sends an already-encoded frame (header + body); thread-safe.
   void SendRaw(std::string frame);
   /// Sends {"op":"error","message":…} and closes once it is written.
   void SendErrorAndClose(const std::string& message);
@@ -47,16 +52,24 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
  private:
   void ReadHeader();
   void ReadBody(uint32_t length);
+  /// Writes out_.front() asynchronously. Requires write_mu_; on the io thread.
   void WriteNext();
+  /// Writes what the socket takes of `frame` now without blocking; the bytes written.
+  /// Requires write_mu_.
+  size_t WriteWithoutBlocking(const std::string& frame);
 
   asio::ip::tcp::socket socket_;
   uint32_t max_frame_bytes_;
   std::string peer_;
-  bool open_ = true;
-  bool close_after_write_ = false;
+  std::atomic<bool> open_{true};
   char header_[wire::kHeaderBytes];
   std::string body_;
-  std::deque<std::string> out_;
+  /// Guards the writing side: the queue, whether an asynchronous write owns it, and the socket's
+  /// closing (so no thread writes to a closed, possibly reused, descriptor).
+  std::mutex write_mu_;
+  std::deque<std::string> out_;  // frames not yet written; out_.front() is being written
+  bool writing_ = false;         // an asynchronous write (or one posted) owns out_
+  bool close_after_write_ = false;
   MessageHandler on_message_;
   CloseHandler on_close_;
 };

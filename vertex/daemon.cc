@@ -219,7 +219,9 @@ class Daemon::Impl {
     COPSE_ASSIGN_OR_RETURN(Json registered, ReadFrameSync(socket));
     if (registered.value("op", "") != "registered") return Status::Internal("unexpected reply to register");
     DaemonLog()->info("daemon {} registered; data server on {}:{}", options_.name, options_.data_host, data_server_->port());
-    conn_ = std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxControlBytes);
+    auto conn = std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxControlBytes);
+    std::lock_guard<std::mutex> lock(mu_);  // workers send their reports on it
+    conn_ = std::move(conn);
     return Status::OK();
   }
 
@@ -459,8 +461,8 @@ class Daemon::Impl {
         reports_.push_back(std::move(report));  // before any chained successor's report
         finished_[{job, vertex, version}] = ok;
         ReleaseHeld(job, vertex, version, ok);
-        PostReports();
       }
+      SendReports();  // from this thread: waking the io thread would cost this worker its core
     }
   }
 
@@ -553,22 +555,27 @@ class Daemon::Impl {
             {"class", "cancelled"}, {"error", "withdrawn: " + why}, {"duration_ms", 0.0}};
   }
 
-  /// Has the io thread send what reports_ holds (once per batch). Requires mu_.
+  /// Has the io thread send what reports_ holds (once per batch), for callers holding mu_.
   void PostReports() {
     if (report_posted_) return;
     report_posted_ = true;
     asio::post(io_, [this] { SendReports(); });
   }
 
+  /// Sends what reports_ holds, from any thread not holding mu_. Batches go out in the order
+  /// they were taken, so a chained task's report never overtakes its predecessor's.
   void SendReports() {
+    std::lock_guard<std::mutex> in_order(report_send_mu_);
     Json attempts = Json::array();
+    std::shared_ptr<net::FramedConnection> conn;
     {
       std::lock_guard<std::mutex> lock(mu_);
       report_posted_ = false;
       for (auto& r : reports_) attempts.push_back(std::move(r));
       reports_.clear();
+      conn = conn_;
     }
-    if (!attempts.empty() && conn_ && conn_->open()) conn_->Send({{"op", "report"}, {"attempts", std::move(attempts)}});
+    if (!attempts.empty() && conn && conn->open()) conn->Send({{"op", "report"}, {"attempts", std::move(attempts)}});
   }
 
   /// A GPU of this daemon for one attempt (the job manager never over-commits them).
@@ -817,7 +824,8 @@ class Daemon::Impl {
   asio::steady_timer heartbeat_;
   std::atomic<bool> stopping_requested_{false};
   std::chrono::steady_clock::time_point cut_until_{};
-  std::shared_ptr<net::FramedConnection> conn_;
+  std::shared_ptr<net::FramedConnection> conn_;  // replaced on the io thread under mu_
+  std::mutex report_send_mu_;  // held from taking reports_ until they are sent
   std::unique_ptr<chan::OutputStore> store_;
   std::unique_ptr<chan::DataServer> data_server_;
   std::unique_ptr<chan::StreamHub> hub_;
