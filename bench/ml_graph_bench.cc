@@ -19,7 +19,9 @@
 // come from the ML programs' own spans ($COPSE_ML_TRACE, wall clock). Bubble of stage s in
 // step t: 1 - (busy time of s's forward/backward vertices of t) / (span of step t, first
 // forward start to last backward end over all stages); averaged over stages and steps (the
-// first step excluded: warm-up). Critical path: from the last update back through the
+// first step excluded: warm-up); next to it, the same measure on the run replayed with every
+// vertex starting once its stage's previous vertex and its cross-stage predecessor ended
+// (ml::WithoutGaps: the bubble the stages' unequal costs leave). Critical path: from the last update back through the
 // predecessor (data or order edge) that finished last; the scheduler's share is the sum of
 // the gaps between a vertex's start and its critical predecessor's end, over the path's span.
 #include <sys/resource.h>
@@ -110,7 +112,7 @@ struct MicrosSpan {
 struct GraphResult {
   bool ok = false;
   double images_per_s = 0, accuracy = 0;
-  double bubble = -1, scheduler_share = -1;
+  double bubble = -1, bubble_without_gaps = -1, scheduler_share = -1;
   size_t recoveries = 0;  // vertices re-run (the summary's recovery records)
   double peak_rss_mib = 0;  // the largest process of the run (a daemon), when measured
   std::string digest;     // of the final parameters
@@ -153,7 +155,10 @@ GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int 
   if (o.kind == "pipeline") {
     std::map<std::string, copse::ml::Span> times;
     for (const auto& [v, sp] : spans) times[v] = {static_cast<double>(sp.start), static_cast<double>(sp.end)};
-    if (auto b = copse::ml::MeasuredBubble(times, o.stages, o.microbatches)) res.bubble = *b;
+    if (auto b = copse::ml::MeasuredBubble(times, o.stages, o.microbatches)) res.bubble = b->mean;
+    if (auto b = copse::ml::MeasuredBubble(copse::ml::WithoutGaps(times, o.stages), o.stages, o.microbatches)) {
+      res.bubble_without_gaps = b->mean;
+    }
   }
   // Critical path through data and order edges, back from the vertex that ended last
   // (eval excluded: it runs after the clock stops).
@@ -228,21 +233,23 @@ int main(int argc, char** argv) {
     if (!t.is_discarded() && t.contains("median")) torch_ips = t["median"].get<double>();
   }
   if (!single.is_discarded()) std::printf("malloc of the copse binary: %s\n", single.value("allocator", "unknown").c_str());
-  std::printf("\n%-42s %12s %10s %9s %10s %12s\n", "configuration", "images/s", "vs torch", "accuracy",
+  std::printf("\n%-42s %12s %10s %9s %15s %12s\n", "configuration", "images/s", "vs torch", "accuracy",
               "bubble", "sched share");
-  auto row = [&](const std::string& name, double ips, double acc, double bubble, double theory, double share) {
+  auto row = [&](const std::string& name, double ips, double acc, double bubble, double without_gaps, double theory,
+                 double share) {
     std::printf("%-42s %12.0f ", name.c_str(), ips);
     if (torch_ips > 0) std::printf("%9.2fx ", ips / torch_ips); else std::printf("%10s ", "-");
     if (acc >= 0) std::printf("%8.2f%% ", 100 * acc); else std::printf("%9s ", "-");
-    if (bubble >= 0) std::printf("%4.1f/%4.1f%% ", 100 * bubble, 100 * theory); else std::printf("%10s ", "-");
+    if (bubble >= 0) std::printf("%4.1f/%4.1f/%4.1f%% ", 100 * bubble, 100 * without_gaps, 100 * theory);
+    else std::printf("%15s ", "-");
     if (share >= 0) std::printf("%11.1f%%", 100 * share);
     std::printf("\n");
     std::fflush(stdout);
   };
-  if (torch_ips > 0) row("PyTorch CPU (2 threads)", torch_ips, -1, -1, 0, -1);
+  if (torch_ips > 0) row("PyTorch CPU (2 threads)", torch_ips, -1, -1, -1, 0, -1);
   if (!single.is_discarded() && single.contains("images_per_s"))
     row("copse single process (2 threads)", single["images_per_s"].get<double>(),
-        single.value("test_accuracy", 0.0), -1, 0, -1);
+        single.value("test_accuracy", 0.0), -1, -1, 0, -1);
 
   copse::ml::GraphOptions base;
   base.model = model;
@@ -256,8 +263,9 @@ int main(int argc, char** argv) {
     o.workers = 2;
     o.reducer = reducer;
     const GraphResult r = RunGraph(o, dir / ("dp2-" + std::string(reducer)), daemons);
-    if (r.ok) row(std::string("data-parallel 2 (") + reducer + ")", r.images_per_s, r.accuracy, -1, 0, r.scheduler_share);
-    else row(std::string("data-parallel 2 (") + reducer + ") FAILED", 0, -1, -1, 0, -1);
+    if (r.ok)
+      row(std::string("data-parallel 2 (") + reducer + ")", r.images_per_s, r.accuracy, -1, -1, 0, r.scheduler_share);
+    else row(std::string("data-parallel 2 (") + reducer + ") FAILED", 0, -1, -1, -1, 0, -1);
   }
   for (const char* schedule : {"gpipe", "1f1b"}) {
     for (int m : {4, 8, 16}) {
@@ -269,8 +277,8 @@ int main(int argc, char** argv) {
       const std::string name = std::string("pipeline 2 ") + schedule + " M=" + std::to_string(m);
       const GraphResult r = RunGraph(o, dir / ("p2-" + std::string(schedule) + std::to_string(m)), daemons);
       const double theory = 1.0 / (m + 1);
-      if (r.ok) row(name, r.images_per_s, r.accuracy, r.bubble, theory, r.scheduler_share);
-      else row(name + " FAILED", 0, -1, -1, 0, -1);
+      if (r.ok) row(name, r.images_per_s, r.accuracy, r.bubble, r.bubble_without_gaps, theory, r.scheduler_share);
+      else row(name + " FAILED", 0, -1, -1, -1, 0, -1);
     }
   }
   {  // Batched weight gradients' part: every backward accumulates its micro-batch's instead.
@@ -281,8 +289,9 @@ int main(int argc, char** argv) {
     o.schedule = "1f1b";
     o.weight_grads = "per-microbatch";
     const GraphResult r = RunGraph(o, dir / "p2-1f1b8-permb", daemons);
-    if (r.ok) row("pipeline 2 1f1b M=8, per-micro-batch weight grads", r.images_per_s, r.accuracy, r.bubble, 1.0 / 9,
-                  r.scheduler_share);
+    if (r.ok)
+      row("pipeline 2 1f1b M=8, per-micro-batch weight grads", r.images_per_s, r.accuracy, r.bubble,
+          r.bubble_without_gaps, 1.0 / 9, r.scheduler_share);
   }
   {  // The job manager's part: the same graph with every vertex sent only once its inputs are complete.
     copse::ml::GraphOptions o = base;
@@ -291,7 +300,9 @@ int main(int argc, char** argv) {
     o.microbatches = 8;
     o.schedule = "1f1b";
     const GraphResult r = RunGraph(o, dir / "p2-1f1b8-nochain", daemons, "--no-chain-dispatch");
-    if (r.ok) row("pipeline 2 1f1b M=8, no chained dispatch", r.images_per_s, r.accuracy, r.bubble, 1.0 / 9, r.scheduler_share);
+    if (r.ok)
+      row("pipeline 2 1f1b M=8, no chained dispatch", r.images_per_s, r.accuracy, r.bubble, r.bubble_without_gaps,
+          1.0 / 9, r.scheduler_share);
   }
   {  // The same-host fast path's part: daemons fetch each other's outputs over TCP instead.
     copse::ml::GraphOptions dp = base;
@@ -299,17 +310,19 @@ int main(int argc, char** argv) {
     dp.workers = 2;
     dp.reducer = "ps";
     GraphResult r = RunGraph(dp, dir / "dp2-ps-tcp", daemons, "--no-local-socket");
-    if (r.ok) row("data-parallel 2 (ps), fetches over TCP", r.images_per_s, r.accuracy, -1, 0, r.scheduler_share);
+    if (r.ok) row("data-parallel 2 (ps), fetches over TCP", r.images_per_s, r.accuracy, -1, -1, 0, r.scheduler_share);
     copse::ml::GraphOptions p = base;
     p.kind = "pipeline";
     p.stages = 2;
     p.microbatches = 8;
     p.schedule = "1f1b";
     r = RunGraph(p, dir / "p2-1f1b8-tcp", daemons, "--no-local-socket");
-    if (r.ok) row("pipeline 2 1f1b M=8, fetches over TCP", r.images_per_s, r.accuracy, r.bubble, 1.0 / 9, r.scheduler_share);
+    if (r.ok)
+      row("pipeline 2 1f1b M=8, fetches over TCP", r.images_per_s, r.accuracy, r.bubble, r.bubble_without_gaps,
+          1.0 / 9, r.scheduler_share);
   }
-  std::printf("\nbubble: measured/theoretical (p-1)/(m+p-1); sched share: scheduler gaps on the critical "
-              "path / its span\n");
+  std::printf("\nbubble: measured / replayed with no gaps between dependent vertices (the stages' own imbalance) /\n"
+              "theoretical (p-1)/(m+p-1) for equal stages; sched share: scheduler gaps on the critical path / its span\n");
 
   // Recovery: stage 1's daemon is killed once step 3/4 of the run is placed.
   const int64_t kill_step = steps * 3 / 4;

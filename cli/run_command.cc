@@ -42,8 +42,16 @@ struct RunOpts {
   bool local_socket = true;
 };
 
+/// "51.2 %" for 0.512.
+std::string FormatPercent(double share) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f %%", 100 * share);
+  return text;
+}
+
 /// For a pipeline training job (metrics.json's config), the bubble measured from the job
-/// manager's per-attempt spans next to the theory; nullopt for other jobs.
+/// manager's per-attempt spans (with each stage's idle share, and the bubble replayed without
+/// gaps: what the stages' own imbalance leaves) next to the theory; nullopt for other jobs.
 std::optional<Json> PipelineBubble(net::BlockingClient& client, uint64_t job, const Json& config) {
   if (config.value("kind", "") != "pipeline") return std::nullopt;
   const int stages = config.value("stages", 0), microbatches = config.value("microbatches", 0);
@@ -57,8 +65,15 @@ std::optional<Json> PipelineBubble(net::BlockingClient& client, uint64_t job, co
   }
   auto measured = ml::MeasuredBubble(spans, stages, microbatches);
   if (!measured) return std::nullopt;
-  return Json{{"measured", *measured}, {"theory", ml::TheoreticalBubble(stages, microbatches)},
-              {"stages", stages}, {"microbatches", microbatches}};
+  Json out = {{"measured", measured->mean},
+              {"stage_idle", measured->stage_idle},
+              {"theory", ml::TheoreticalBubble(stages, microbatches)},
+              {"stages", stages},
+              {"microbatches", microbatches}};
+  if (auto ideal = ml::MeasuredBubble(ml::WithoutGaps(spans, stages), stages, microbatches)) {
+    out["without_gaps"] = ideal->mean;
+  }
+  return out;
 }
 
 /// The local cluster's processes and files; torn down on destruction.
@@ -216,9 +231,17 @@ int RunJob(const RunOpts& o) {
     }
     if (summary.contains("pipeline_bubble")) {
       const Json& b = summary["pipeline_bubble"];
-      std::fprintf(stderr, "  pipeline bubble %.1f %% measured, %.1f %% in theory ((p-1)/(m+p-1), p=%d, m=%d)\n",
-                   100 * b["measured"].get<double>(), 100 * b["theory"].get<double>(), b["stages"].get<int>(),
-                   b["microbatches"].get<int>());
+      std::string line = "  pipeline bubble " + FormatPercent(b["measured"].get<double>()) + " measured (stages idle ";
+      for (size_t s = 0; s < b["stage_idle"].size(); ++s) {
+        line += (s ? " / " : "") + FormatPercent(b["stage_idle"][s].get<double>());
+      }
+      line += ")";
+      if (b.contains("without_gaps")) {
+        line += ", " + FormatPercent(b["without_gaps"].get<double>()) + " with no gaps between dependent vertices";
+      }
+      line += ", " + FormatPercent(b["theory"].get<double>()) + " in theory for equal stages ((p-1)/(m+p-1), p=" +
+              std::to_string(b["stages"].get<int>()) + ", m=" + std::to_string(b["microbatches"].get<int>()) + ")\n";
+      std::cerr << line;
     }
     for (const auto& out : summary.value("outputs", Json::array())) {
       std::cerr << "  output " << out["path"].get<std::string>() << " (" << out["bytes"].get<uint64_t>() << " bytes)\n";

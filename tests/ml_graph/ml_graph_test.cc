@@ -209,6 +209,11 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
     CHECK(bubble["theory"].get<double>() == doctest::Approx((c.stages - 1.0) / (c.micro + c.stages - 1.0)));
     CHECK(bubble["measured"].get<double>() > 0);
     CHECK(bubble["measured"].get<double>() < 1);
+    // Each stage's idle share, and the bubble replayed without gaps, which only removes idle time.
+    REQUIRE(bubble["stage_idle"].size() == static_cast<size_t>(c.stages));
+    REQUIRE(bubble.contains("without_gaps"));
+    CHECK(bubble["without_gaps"].get<double>() <= bubble["measured"].get<double>() + 1e-9);
+    CHECK(bubble["without_gaps"].get<double>() >= 0);
     // The loss stage's updates report live progress; the summary keeps the last step's.
     REQUIRE(r.summary.contains("progress"));
     CHECK(r.summary["progress"]["step"] == r.summary["progress"]["steps"]);
