@@ -21,9 +21,10 @@
 // forward start to last backward end over all stages); averaged over stages and steps (the
 // first step excluded: warm-up); next to it, the same measure on the run replayed with every
 // vertex starting once its stage's previous vertex and its cross-stage predecessor ended
-// (ml::WithoutGaps: the bubble the stages' unequal costs leave). Critical path: from the last update back through the
-// predecessor (data or order edge) that finished last; the scheduler's share is the sum of
-// the gaps between a vertex's start and its critical predecessor's end, over the path's span.
+// (ml::WithoutGaps: the bubble the stages' unequal costs leave). Critical path: from the last
+// update back through the predecessor (data or order edge) that finished last; the
+// scheduler's share is the sum of the gaps between a vertex's start and its critical
+// predecessor's end, over the path's span.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -94,7 +94,8 @@ void FramedConnection::SendRaw(std::string frame) {
 size_t FramedConnection::WriteWithoutBlocking(const std::string& frame) {
   size_t done = 0;
   while (done < frame.size()) {
-    const ssize_t n = ::send(socket_.native_handle(), frame.data() + done, frame.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+    const ssize_t n =
+        ::send(socket_.native_handle(), frame.data() + done, frame.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n > 0) {
       done += static_cast<size_t>(n);
     } else if (n < 0 && errno == EINTR) {

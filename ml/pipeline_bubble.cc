@@ -7,33 +7,48 @@
 
 namespace copse::ml {
 
-std::optional<Bubble> MeasuredBubble(const std::map<std::string, Span>& spans, int stages, int microbatches) {
-  std::vector<double> idle(static_cast<size_t>(std::max(stages, 0)), 0.0);
-  int steps = 0;
-  for (int64_t step = 1;; ++step) {
-    double lo = std::numeric_limits<double>::max(), hi = std::numeric_limits<double>::lowest();
-    std::vector<double> busy(idle.size(), 0.0);
-    bool complete = true;
-    for (int s = 0; s < stages && complete; ++s) {
-      for (const char* kind : {"fwd", "bwd"}) {
-        for (int m = 0; m < microbatches && complete; ++m) {
-          auto it = spans.find(kind + std::to_string(s) + "[" + std::to_string(step * microbatches + m) + "]");
-          if (it == spans.end()) {
-            complete = false;
-            break;
-          }
-          lo = std::min(lo, it->second.start);
-          hi = std::max(hi, it->second.end);
-          busy[static_cast<size_t>(s)] += it->second.end - it->second.start;
-        }
+namespace {
+
+/// The busy time of each stage in its forward and backward vertices of `step`, and the step's
+/// span (first forward start to last backward end); nullopt when one of them is missing.
+struct StepTimes {
+  std::vector<double> busy;
+  double span = 0;
+};
+
+std::optional<StepTimes> TimesOfStep(const std::map<std::string, Span>& spans, int64_t step, int stages,
+                                     int microbatches) {
+  StepTimes t{std::vector<double>(static_cast<size_t>(stages), 0.0), 0};
+  double lo = std::numeric_limits<double>::max(), hi = std::numeric_limits<double>::lowest();
+  for (int s = 0; s < stages; ++s) {
+    for (const char* kind : {"fwd", "bwd"}) {
+      for (int m = 0; m < microbatches; ++m) {
+        auto it = spans.find(kind + std::to_string(s) + "[" + std::to_string(step * microbatches + m) + "]");
+        if (it == spans.end()) return std::nullopt;
+        lo = std::min(lo, it->second.start);
+        hi = std::max(hi, it->second.end);
+        t.busy[static_cast<size_t>(s)] += it->second.end - it->second.start;
       }
     }
-    if (!complete) break;
-    if (hi <= lo) continue;
-    for (size_t s = 0; s < idle.size(); ++s) idle[s] += 1.0 - busy[s] / (hi - lo);
+  }
+  t.span = hi - lo;
+  return t;
+}
+
+}  // namespace
+
+std::optional<Bubble> MeasuredBubble(const std::map<std::string, Span>& spans, int stages, int microbatches) {
+  if (stages < 1) return std::nullopt;
+  std::vector<double> idle(static_cast<size_t>(stages), 0.0);
+  int steps = 0;
+  for (int64_t step = 1;; ++step) {
+    auto t = TimesOfStep(spans, step, stages, microbatches);
+    if (!t) break;
+    if (t->span <= 0) continue;
+    for (size_t s = 0; s < idle.size(); ++s) idle[s] += 1.0 - t->busy[s] / t->span;
     ++steps;
   }
-  if (steps == 0 || idle.empty()) return std::nullopt;
+  if (steps == 0) return std::nullopt;
   Bubble b;
   for (double& i : idle) {
     i /= steps;
@@ -70,24 +85,29 @@ std::optional<PipelineVertex> ParseName(const std::string& name) {
 
 std::map<std::string, Span> WithoutGaps(const std::map<std::string, Span>& spans, int stages) {
   // Each stage's vertices in the order it ran them.
-  std::vector<std::vector<std::pair<double, std::string>>> order(static_cast<size_t>(std::max(stages, 0)));
+  struct Ran {
+    double start;
+    PipelineVertex v;
+    const std::string* name;
+  };
+  std::vector<std::vector<Ran>> order(static_cast<size_t>(std::max(stages, 0)));
   for (const auto& [name, span] : spans) {
     auto v = ParseName(name);
-    if (v && v->stage >= 0 && v->stage < stages) order[static_cast<size_t>(v->stage)].emplace_back(span.start, name);
+    if (!v || v->stage < 0 || v->stage >= stages) continue;
+    order[static_cast<size_t>(v->stage)].push_back({span.start, *v, &name});
   }
   // Predecessors: the one before on the stage, and the one on the neighbouring stage.
-  std::map<std::string, std::vector<std::string>> preds;
-  std::map<std::string, std::vector<std::string>> succs;
+  std::map<std::string, std::vector<std::string>> preds, succs;
   for (auto& stage : order) {
-    std::sort(stage.begin(), stage.end());
+    std::sort(stage.begin(), stage.end(), [](const Ran& a, const Ran& b) { return a.start < b.start; });
     for (size_t i = 0; i < stage.size(); ++i) {
-      const std::string& name = stage[i].second;
-      auto& p = preds[name];
-      if (i > 0) p.push_back(stage[i - 1].second);
-      const PipelineVertex v = *ParseName(name);
+      const PipelineVertex& v = stage[i].v;
+      auto& p = preds[*stage[i].name];
+      if (i > 0) p.push_back(*stage[i - 1].name);
       const std::string idx = "[" + std::to_string(v.index) + "]";
       if (v.kind == 'f' && v.stage > 0) p.push_back("fwd" + std::to_string(v.stage - 1) + idx);
       if (v.kind == 'b' && v.stage + 1 < stages) p.push_back("bwd" + std::to_string(v.stage + 1) + idx);
+      for (const auto& q : p) succs[q].push_back(*stage[i].name);
     }
   }
   // Kahn's order over those edges; a vertex whose predecessor never ran is left out, and so
@@ -95,24 +115,18 @@ std::map<std::string, Span> WithoutGaps(const std::map<std::string, Span>& spans
   std::map<std::string, size_t> waiting;
   std::vector<std::string> ready;
   for (const auto& [name, p] : preds) {
-    size_t n = 0;
-    bool known = true;
-    for (const auto& q : p) {
-      if (!preds.count(q)) known = false;
-      succs[q].push_back(name);
-      ++n;
-    }
-    if (!known) continue;
-    waiting[name] = n;
-    if (n == 0) ready.push_back(name);
+    if (std::any_of(p.begin(), p.end(), [&](const std::string& q) { return !preds.count(q); })) continue;
+    waiting[name] = p.size();
+    if (p.empty()) ready.push_back(name);
   }
   std::map<std::string, Span> out;
   while (!ready.empty()) {
     const std::string name = std::move(ready.back());
     ready.pop_back();
     const Span& measured = spans.at(name);
-    double start = preds[name].empty() ? measured.start : std::numeric_limits<double>::lowest();
-    for (const auto& q : preds[name]) start = std::max(start, out.at(q).end);
+    const auto& p = preds.at(name);
+    double start = p.empty() ? measured.start : std::numeric_limits<double>::lowest();
+    for (const auto& q : p) start = std::max(start, out.at(q).end);
     out[name] = {start, start + (measured.end - measured.start)};
     for (const auto& s : succs[name]) {
       auto it = waiting.find(s);
