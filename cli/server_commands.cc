@@ -95,7 +95,7 @@ void AddDaemonCommand(CLI::App& app) {
   cmd->add_option("--data-host", opts->data_host, "address other daemons reach this one's outputs at");
   cmd->add_option("--memory-budget-mb", opts->memory_budget_mb, "memory outputs beyond this spill to disk");
   cmd->add_flag("!--no-local-socket", opts->local_socket,
-                "serve daemons on this host over TCP too, not through a local socket");
+                "reach the job manager and serve daemons on this host over TCP, not through local sockets");
   cmd->callback([opts] {
     vertex::DaemonOptions o;
     o.name = opts->name;

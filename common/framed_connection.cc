@@ -27,13 +27,30 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text, 
   return std::make_pair(host, static_cast<uint16_t>(port));
 }
 
-FramedConnection::FramedConnection(asio::ip::tcp::socket socket, uint32_t max_frame_bytes)
-    : socket_(std::move(socket)), max_frame_bytes_(max_frame_bytes) {
-  std::error_code ec;
-  auto ep = socket_.remote_endpoint(ec);
-  peer_ = ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
-  socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+std::string ControlLocalSocketName(const std::string& host, uint16_t port) {
+  return "copse-jm/" + host + ":" + std::to_string(port);
 }
+
+asio::local::stream_protocol::endpoint AbstractEndpoint(const std::string& name) {
+  return asio::local::stream_protocol::endpoint(std::string(1, '\0') + name);
+}
+
+namespace {
+
+std::string TcpPeerName(asio::ip::tcp::socket& socket) {
+  std::error_code ec;
+  auto ep = socket.remote_endpoint(ec);
+  socket.set_option(asio::ip::tcp::no_delay(true), ec);
+  return ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+
+}  // namespace
+
+FramedConnection::FramedConnection(asio::ip::tcp::socket socket, uint32_t max_frame_bytes)
+    : peer_(TcpPeerName(socket)), socket_(std::move(socket)), max_frame_bytes_(max_frame_bytes), local_(false) {}
+
+FramedConnection::FramedConnection(asio::local::stream_protocol::socket socket, uint32_t max_frame_bytes)
+    : peer_("local socket"), socket_(std::move(socket)), max_frame_bytes_(max_frame_bytes), local_(true) {}
 
 FramedConnection::~FramedConnection() = default;
 
@@ -149,7 +166,7 @@ void FramedConnection::Close(const Status& why) {
   {
     std::lock_guard<std::mutex> lock(write_mu_);
     std::error_code ec;
-    socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+    socket_.shutdown(asio::socket_base::shutdown_both, ec);
     socket_.close(ec);
   }
   if (on_close_) {

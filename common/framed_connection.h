@@ -1,5 +1,6 @@
 #pragma once
-// Framed JSON connections over TCP (common/wire.h frames), on both sides of the control plane.
+// Framed JSON connections (common/wire.h frames) over TCP, or over a local (Unix domain) socket
+// between processes on one host, on both sides of the control plane.
 //
 // FramedConnection: an asynchronous connection owned by an asio::io_context thread. Received
 // frames are delivered to a handler on the io thread. Send() may be called from any thread:
@@ -29,12 +30,25 @@ namespace copse::net {
 /// "host:port" -> (host, port); InvalidArgument naming `what` (e.g. "--jm") when malformed.
 Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text, const std::string& what);
 
+/// The abstract-namespace name (no leading NUL) of the local socket a control server listening
+/// on host:port (the job manager) offers beside it: clients on its host and in its network
+/// namespace reach it there without the TCP/IP stack.
+std::string ControlLocalSocketName(const std::string& host, uint16_t port);
+
+/// The endpoint of an abstract-namespace local socket named `name`.
+asio::local::stream_protocol::endpoint AbstractEndpoint(const std::string& name);
+
 class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
  public:
   using MessageHandler = std::function<void(Json)>;
   using CloseHandler = std::function<void(const Status&)>;
 
+  using Socket = asio::generic::stream_protocol::socket;
+
   FramedConnection(asio::ip::tcp::socket socket, uint32_t max_frame_bytes);
+  /// Over a local socket: no TCP/IP stack, so a send costs the sender a copy and a wakeup, not
+  /// the receiver's whole loopback path as well.
+  FramedConnection(asio::local::stream_protocol::socket socket, uint32_t max_frame_bytes);
   ~FramedConnection();
 
   /// Starts reading; `on_message` gets each JSON object, `on_close` once when it ends.
@@ -48,6 +62,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   void Close(const Status& why);
   bool open() const { return open_; }
   std::string peer() const { return peer_; }
+  /// Whether it runs over a local socket.
+  bool local() const { return local_; }
 
  private:
   void ReadHeader();
@@ -58,9 +74,10 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// Requires write_mu_.
   size_t WriteWithoutBlocking(const std::string& frame);
 
-  asio::ip::tcp::socket socket_;
+  std::string peer_;  // before socket_: a TCP peer's name is read before the socket moves in
+  Socket socket_;
   uint32_t max_frame_bytes_;
-  std::string peer_;
+  bool local_;
   std::atomic<bool> open_{true};
   char header_[wire::kHeaderBytes];
   std::string body_;

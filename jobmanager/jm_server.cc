@@ -31,7 +31,7 @@ JobId JobIdFrom(const Json& msg) {
 class JmServer::Impl : public DaemonSink {
  public:
   explicit Impl(JmServerOptions options)
-      : options_(std::move(options)), acceptor_(io_), tick_timer_(io_), scheduler_(*this, clock_, options_.scheduler) {}
+      : options_(std::move(options)), acceptor_(io_), local_acceptor_(io_), tick_timer_(io_), scheduler_(*this, clock_, options_.scheduler) {}
 
   Status Listen() {
     COPSE_ASSIGN_OR_RETURN(secret_, auth::LoadOrCreateSecret(options_.state_dir));
@@ -61,6 +61,7 @@ class JmServer::Impl : public DaemonSink {
     std::filesystem::rename(tmp, addr_file, ec);
     if (ec) return Status::IOError("cannot write " + addr_file.string());
     JmLog()->info("listening on {}:{}", options_.host, port());
+    ListenLocal();
     Accept();
     ScheduleTick();
     return Status::OK();
@@ -72,6 +73,7 @@ class JmServer::Impl : public DaemonSink {
     asio::post(io_, [this] {
       std::error_code ec;
       acceptor_.close(ec);
+      local_acceptor_.close(ec);
       tick_timer_.cancel();
       for (auto& [conn, peer] : peers_) conn->Close(Status::Cancelled("job manager stopping"));
       io_.stop();
@@ -92,22 +94,54 @@ class JmServer::Impl : public DaemonSink {
     std::chrono::steady_clock::time_point last_seen;
   };
 
+  /// The same service on a local socket (net::ControlLocalSocketName), for daemons on this host:
+  /// their reports and run messages skip the TCP/IP stack. Without it (the name is taken, e.g.
+  /// by a job manager in another state directory with the same address) they use TCP.
+  void ListenLocal() {
+    std::error_code ec;
+    const auto ep = net::AbstractEndpoint(net::ControlLocalSocketName(options_.host, port()));
+    local_acceptor_.open(ep.protocol(), ec);
+    if (!ec) local_acceptor_.bind(ep, ec);
+    if (!ec) local_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      JmLog()->warn("no local socket for daemons on this host (they use TCP): {}", ec.message());
+      local_acceptor_.close(ec);
+      return;
+    }
+    AcceptLocal();
+  }
+
   void Accept() {
     acceptor_.async_accept([this](std::error_code ec, asio::ip::tcp::socket socket) {
       if (ec) {
         if (ec != asio::error::operation_aborted) Accept();
         return;
       }
-      auto conn = std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxControlBytes);
-      Peer& peer = peers_[conn];
-      peer.nonce = auth::NewNonce();
-      peer.last_seen = std::chrono::steady_clock::now();
-      std::weak_ptr<net::FramedConnection> weak = conn;
-      conn->Start([this, weak](Json msg) { if (auto c = weak.lock()) OnMessage(c, std::move(msg)); },
-                  [this, weak](const Status& why) { if (auto c = weak.lock()) OnClose(c, why); });
-      conn->Send({{"op", "hello"}, {"nonce", peer.nonce}, {"version", wire::kProtocolVersion}});
+      Greet(std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxControlBytes));
       Accept();
     });
+  }
+
+  void AcceptLocal() {
+    local_acceptor_.async_accept([this](std::error_code ec, asio::local::stream_protocol::socket socket) {
+      if (ec) {
+        if (ec != asio::error::operation_aborted) AcceptLocal();
+        return;
+      }
+      Greet(std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxControlBytes));
+      AcceptLocal();
+    });
+  }
+
+  /// A new peer: it must authenticate before anything else.
+  void Greet(std::shared_ptr<net::FramedConnection> conn) {
+    Peer& peer = peers_[conn];
+    peer.nonce = auth::NewNonce();
+    peer.last_seen = std::chrono::steady_clock::now();
+    std::weak_ptr<net::FramedConnection> weak = conn;
+    conn->Start([this, weak](Json msg) { if (auto c = weak.lock()) OnMessage(c, std::move(msg)); },
+                [this, weak](const Status& why) { if (auto c = weak.lock()) OnClose(c, why); });
+    conn->Send({{"op", "hello"}, {"nonce", peer.nonce}, {"version", wire::kProtocolVersion}});
   }
 
   void OnClose(const std::shared_ptr<net::FramedConnection>& conn, const Status& why) {
@@ -166,6 +200,7 @@ class JmServer::Impl : public DaemonSink {
       spec.data_host = msg.at("data_host").get<std::string>();
       spec.data_port = msg.at("data_port").get<uint16_t>();
       spec.stream_endpoints = msg.value("stream", Json::object());
+      spec.control = conn->local() ? "local socket" : "tcp";
       if (msg.contains("labels")) spec.labels = msg["labels"].get<std::map<std::string, std::string>>();
       OutputInventory inventory;
       for (const auto& k : msg.value("outputs", Json::array())) {
@@ -309,6 +344,7 @@ class JmServer::Impl : public DaemonSink {
   JmServerOptions options_;
   asio::io_context io_;
   asio::ip::tcp::acceptor acceptor_;
+  asio::local::stream_protocol::acceptor local_acceptor_;
   asio::steady_timer tick_timer_;
   SteadyClock clock_;
   std::unique_ptr<Journal> journal_;

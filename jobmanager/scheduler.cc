@@ -1759,7 +1759,7 @@ Json Scheduler::DaemonsTable() const {
     // Tasks chained after an attempt take its slots ahead of time: free_cpus dips below 0 until it ends.
     rows.push_back({{"name", d->spec.name}, {"alive", d->alive}, {"cpus", d->spec.cpus}, {"free_cpus", std::max(0.0, d->free_cpus)},
                     {"gpus", d->spec.gpus}, {"running", d->running}, {"labels", d->spec.labels},
-                    {"data", d->spec.data_host + ":" + std::to_string(d->spec.data_port)}});
+                    {"data", d->spec.data_host + ":" + std::to_string(d->spec.data_port)}, {"control", d->spec.control}});
   }
   return rows;
 }

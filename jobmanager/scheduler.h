@@ -52,6 +52,7 @@ struct DaemonSpec {
   std::string data_host;                      // where its outputs are served
   uint16_t data_port = 0;
   Json stream_endpoints;                      // where live channels reach it (StreamHub::endpoints)
+  std::string control = "tcp";                // its job manager connection: "tcp" or "local socket"
 };
 
 /// Where the scheduler's messages to daemons go.

@@ -131,14 +131,16 @@ class EmptyReader final : public chan::ChannelReader {
   Result<std::optional<chan::Buffer>> Next() override { return std::optional<chan::Buffer>(); }
 };
 
-Status WriteFrameSync(asio::ip::tcp::socket& s, const Json& msg) {
+template <class Socket>
+Status WriteFrameSync(Socket& s, const Json& msg) {
   std::string frame = wire::EncodeFrame(wire::FrameType::kJson, msg.dump());
   std::error_code ec;
   asio::write(s, asio::buffer(frame), ec);
   return ec ? Status::Unavailable(ec.message()) : Status::OK();
 }
 
-Result<Json> ReadFrameSync(asio::ip::tcp::socket& s) {
+template <class Socket>
+Result<Json> ReadFrameSync(Socket& s) {
   char header[wire::kHeaderBytes];
   std::error_code ec;
   asio::read(s, asio::buffer(header), ec);
@@ -188,11 +190,17 @@ class Daemon::Impl {
   }
 
   /// Connects, authenticates and registers, telling the job manager which outputs this daemon
-  /// holds (after a job manager restart it keeps the ones still there).
+  /// holds (after a job manager restart it keeps the ones still there). Through the job
+  /// manager's local socket when it runs on this host (and options_.local_socket), else TCP.
   Status Register() {
     std::error_code ec;
     auto address = asio::ip::make_address(options_.jm_host == "localhost" ? "127.0.0.1" : options_.jm_host, ec);
     if (ec) return Status::InvalidArgument("--jm: \"" + options_.jm_host + "\" is not an IP address");
+    if (options_.local_socket) {
+      asio::local::stream_protocol::socket local(io_);
+      local.connect(net::AbstractEndpoint(net::ControlLocalSocketName(address.to_string(), options_.jm_port)), ec);
+      if (!ec) return RegisterOn(std::move(local));
+    }
     asio::ip::tcp::socket socket(io_);
     socket.connect(asio::ip::tcp::endpoint(address, options_.jm_port), ec);
     if (ec) {
@@ -200,6 +208,11 @@ class Daemon::Impl {
                                  std::to_string(options_.jm_port) + ": " + ec.message());
     }
     socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    return RegisterOn(std::move(socket));
+  }
+
+  template <class Socket>
+  Status RegisterOn(Socket socket) {
     COPSE_ASSIGN_OR_RETURN(Json hello, ReadFrameSync(socket));
     COPSE_RETURN_NOT_OK(WriteFrameSync(
         socket, {{"op", "auth"}, {"role", "daemon"}, {"mac", auth::Mac(options_.secret, hello.value("nonce", ""))}}));
@@ -218,7 +231,9 @@ class Daemon::Impl {
                                                  {"outputs", std::move(outputs)}}));
     COPSE_ASSIGN_OR_RETURN(Json registered, ReadFrameSync(socket));
     if (registered.value("op", "") != "registered") return Status::Internal("unexpected reply to register");
-    DaemonLog()->info("daemon {} registered; data server on {}:{}", options_.name, options_.data_host, data_server_->port());
+    DaemonLog()->info("daemon {} registered over {}; data server on {}:{}", options_.name,
+                      std::is_same_v<Socket, asio::ip::tcp::socket> ? "TCP" : "the job manager's local socket",
+                      options_.data_host, data_server_->port());
     auto conn = std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxControlBytes);
     std::lock_guard<std::mutex> lock(mu_);  // workers send their reports on it
     conn_ = std::move(conn);

@@ -3,10 +3,10 @@
 // address of its data server), heartbeats, runs the vertices it is given on `cpus` worker
 // threads, stores their outputs in its OutputStore and serves them to other daemons.
 //
-// Threads: one io thread owns the job manager connection (all messages in and out); worker
-// threads run vertex programs. Workers hand results to the io thread, which batches them into
-// one "report" message per loop iteration. A vertex that throws or returns an error is a
-// failed attempt; it never takes the daemon down.
+// Threads: one io thread owns the job manager connection (TCP, or the job manager's local
+// socket on its host) and reads every message; worker threads run vertex programs and send the
+// "report" of what they ran themselves, every report waiting in one message. A vertex that
+// throws or returns an error is a failed attempt; it never takes the daemon down.
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -28,7 +28,8 @@ struct DaemonOptions {
   std::filesystem::path work_dir;
   std::string secret;
   std::string data_host = "127.0.0.1";  // where other daemons reach this one's outputs
-  /// Serve daemons on this host through a local socket too (channels/data_server.h).
+  /// Serve daemons on this host through a local socket too (channels/data_server.h), and reach
+  /// a job manager on this host through its local socket (common/framed_connection.h).
   bool local_socket = true;
   uint64_t memory_budget_bytes = 2ull << 30;
   std::chrono::milliseconds heartbeat_interval{200};

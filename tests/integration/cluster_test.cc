@@ -188,5 +188,34 @@ TEST_CASE("Cluster.UnauthenticatedAndGarbagePeersAreRefusedWhileAJobRuns") {
   CHECK(cluster.client().Call({{"op", "daemons"}}).ok());
 }
 
+TEST_CASE("Cluster.DaemonsOnTheJobManagersHostConnectThroughItsLocalSocket") {
+  TestCluster cluster(1);
+  cluster.AddDaemon("tcp-only", 2, {"--no-local-socket"});
+  cluster.WaitForDaemons(2);
+  std::map<std::string, std::string> control;
+  auto reply = cluster.client().Call({{"op", "daemons"}});
+  REQUIRE(reply.ok());
+  for (const auto& d : (*reply)["daemons"]) control[d["name"].get<std::string>()] = d.value("control", "");
+  INFO((*reply)["daemons"].dump());
+  CHECK(control["d0"] == "local socket");
+  CHECK(control["tcp-only"] == "tcp");
+  // Both carry work: the job spreads over them.
+  uint64_t id = cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 8}, {"params", {{"sleep_ms", 50}}}}}}});
+  Json status = cluster.Wait(id);
+  CHECK(status["state"] == "completed");
+  // The local socket asks for the secret like the TCP port does.
+  asio::io_context io;
+  asio::local::stream_protocol::socket s(io);
+  s.connect(net::AbstractEndpoint(net::ControlLocalSocketName("127.0.0.1", cluster.jm_port())));
+  const std::string garbage = "GET / HTTP/1.1\r\n\r\n";
+  asio::write(s, asio::buffer(garbage));
+  std::string got(4096, '\0');
+  std::error_code ec;
+  size_t total = 0;
+  while (!ec && total < got.size()) total += s.read_some(asio::buffer(got.data() + total, got.size() - total), ec);
+  CHECK((ec == asio::error::eof || ec == asio::error::connection_reset));  // it hung up on it
+  CHECK(got.find("error") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace copse::testing

@@ -80,10 +80,11 @@ class TestCluster {
     }
   }
 
-  void AddDaemon(const std::string& name, int cpus) {
-    daemon_pids_.push_back(Spawn({"daemon", "--jm", address_.jm, "--name", name, "--cpus", std::to_string(cpus),
-                                  "--work-dir", (dir_ / name).string()},
-                                 (dir_ / (name + ".log")).string(), (state_ / "secret").string()));
+  void AddDaemon(const std::string& name, int cpus, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"daemon", "--jm", address_.jm, "--name", name, "--cpus", std::to_string(cpus),
+                                     "--work-dir", (dir_ / name).string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    daemon_pids_.push_back(Spawn(args, (dir_ / (name + ".log")).string(), (state_ / "secret").string()));
   }
 
   void WaitForDaemons(size_t n) {
