@@ -37,10 +37,11 @@ asio::local::stream_protocol::endpoint AbstractEndpoint(const std::string& name)
 
 namespace {
 
+/// "address:port" of the peer (and no Nagle delay: control messages are small and awaited).
 std::string TcpPeerName(asio::ip::tcp::socket& socket) {
-  std::error_code ec;
+  std::error_code ec, ignored;
   auto ep = socket.remote_endpoint(ec);
-  socket.set_option(asio::ip::tcp::no_delay(true), ec);
+  socket.set_option(asio::ip::tcp::no_delay(true), ignored);
   return ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
 }
 

@@ -62,7 +62,7 @@ class JmServer::Impl : public DaemonSink {
     if (ec) return Status::IOError("cannot write " + addr_file.string());
     JmLog()->info("listening on {}:{}", options_.host, port());
     ListenLocal();
-    Accept();
+    Accept(acceptor_);
     ScheduleTick();
     return Status::OK();
   }
@@ -108,28 +108,19 @@ class JmServer::Impl : public DaemonSink {
       local_acceptor_.close(ec);
       return;
     }
-    AcceptLocal();
+    Accept(local_acceptor_);
   }
 
-  void Accept() {
-    acceptor_.async_accept([this](std::error_code ec, asio::ip::tcp::socket socket) {
+  /// Accepts on `acceptor` (TCP or the local socket) until it closes.
+  template <class Acceptor>
+  void Accept(Acceptor& acceptor) {
+    acceptor.async_accept([this, &acceptor](std::error_code ec, auto socket) {
       if (ec) {
-        if (ec != asio::error::operation_aborted) Accept();
+        if (ec != asio::error::operation_aborted) Accept(acceptor);
         return;
       }
       Greet(std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxControlBytes));
-      Accept();
-    });
-  }
-
-  void AcceptLocal() {
-    local_acceptor_.async_accept([this](std::error_code ec, asio::local::stream_protocol::socket socket) {
-      if (ec) {
-        if (ec != asio::error::operation_aborted) AcceptLocal();
-        return;
-      }
-      Greet(std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxControlBytes));
-      AcceptLocal();
+      Accept(acceptor);
     });
   }
 
