@@ -32,7 +32,8 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text, 
 
 /// The abstract-namespace name (no leading NUL) of the local socket a control server listening
 /// on host:port (the job manager) offers beside it: clients on its host and in its network
-/// namespace reach it there without the TCP/IP stack.
+/// namespace reach it there without the TCP/IP stack. `host` is the address in its canonical
+/// text form (asio::ip::address::to_string), so both sides spell it alike.
 std::string ControlLocalSocketName(const std::string& host, uint16_t port);
 
 /// The endpoint of an abstract-namespace local socket named `name`.

@@ -95,11 +95,12 @@ class JmServer::Impl : public DaemonSink {
   };
 
   /// The same service on a local socket (net::ControlLocalSocketName), for daemons on this host:
-  /// their reports and run messages skip the TCP/IP stack. Without it (the name is taken, e.g.
-  /// by a job manager in another state directory with the same address) they use TCP.
+  /// their reports and run messages skip the TCP/IP stack. Without it (another process holds
+  /// the name) they use TCP.
   void ListenLocal() {
     std::error_code ec;
-    const auto ep = net::AbstractEndpoint(net::ControlLocalSocketName(options_.host, port()));
+    const auto tcp = acceptor_.local_endpoint();
+    const auto ep = net::AbstractEndpoint(net::ControlLocalSocketName(tcp.address().to_string(), tcp.port()));
     local_acceptor_.open(ep.protocol(), ec);
     if (!ec) local_acceptor_.bind(ep, ec);
     if (!ec) local_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
