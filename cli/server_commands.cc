@@ -24,6 +24,7 @@ void AddJmCommand(CLI::App& app) {
     double straggler_factor = 4.0;
     int straggler_min_ms = 2000;
     bool chain_dispatch = true;
+    uint64_t journal_compact_bytes = 64ull << 20;
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any; the address goes to STATE_DIR/jm.addr)");
@@ -40,6 +41,11 @@ void AddJmCommand(CLI::App& app) {
       ->check(CLI::Range(0, 86400000));
   cmd->add_flag("!--no-chain-dispatch", opts->chain_dispatch,
                 "do not send a vertex ahead to the daemon where its last unfinished predecessor runs");
+  cmd->add_option("--journal-compact-size", opts->journal_compact_bytes,
+                  "rewrite STATE_DIR/journal.jsonl as a snapshot once it reaches this size and twice its last "
+                  "snapshot (0: never), e.g. 64MiB")
+      ->transform(CLI::AsSizeValue(false))
+      ->default_str("64MiB");
   cmd->callback([opts] {
     auto hp = net::ParseHostPort(opts->listen, "--listen");
     if (!hp.ok()) {
@@ -58,6 +64,7 @@ void AddJmCommand(CLI::App& app) {
     o.scheduler.straggler_factor = opts->straggler_factor;
     o.scheduler.straggler_min = std::chrono::milliseconds(opts->straggler_min_ms);
     o.scheduler.chain_dispatch = opts->chain_dispatch;
+    o.journal_compact_bytes = opts->journal_compact_bytes;
     auto server = jm::JmServer::Start(std::move(o));
     if (!server.ok()) {
       std::cerr << "copse jm: " << server.status().message() << "\n";

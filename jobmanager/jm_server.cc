@@ -45,6 +45,7 @@ class JmServer::Impl : public DaemonSink {
     }
     COPSE_ASSIGN_OR_RETURN(journal_, Journal::Open(options_.state_dir, options_.journal_fsync));
     scheduler_.set_journal(journal_.get());
+    if (!records.empty()) CompactJournal();  // what the replay superseded goes at once
     std::error_code ec;
     auto address = asio::ip::make_address(options_.host, ec);
     if (ec) return Status::InvalidArgument("--listen: \"" + options_.host + "\" is not an IP address");
@@ -242,8 +243,7 @@ class JmServer::Impl : public DaemonSink {
         return conn->Send({{"op", "error"}, {"message", load.status().message()}, {"errors", load.diags.ToJson()}});
       }
       JobId id = scheduler_.Submit(load.graph, msg.value("job_dir", std::string()));
-      // The job is durable before the client hears its id.
-      if (Status st = journal_->Flush(); !st.ok()) JmLog()->error("{}", st.message());
+      FlushJournal();  // the job is durable before the client hears its id
       return conn->Send({{"op", "submitted"}, {"job", id.value()}});
     }
     if (op == "status") {
@@ -296,10 +296,31 @@ class JmServer::Impl : public DaemonSink {
     flush_pending_ = true;
     asio::post(io_, [this] {
       flush_pending_ = false;
-      if (Status st = journal_->Flush(); !st.ok()) JmLog()->error("{}", st.message());
+      FlushJournal();
       scheduler_.Flush();
       AnswerWaiters();
     });
+  }
+
+  /// Group commit, then compaction once the journal has outgrown both the threshold and twice
+  /// its last snapshot: what rewriting costs stays proportional to what was appended.
+  void FlushJournal() {
+    if (Status st = journal_->Flush(); !st.ok()) JmLog()->error("{}", st.message());
+    const uint64_t threshold = options_.journal_compact_bytes;
+    if (threshold > 0 && journal_->bytes() >= std::max(threshold, 2 * snapshot_bytes_)) CompactJournal();
+  }
+
+  void CompactJournal() {
+    if (options_.journal_compact_bytes == 0) return;
+    const uint64_t before = journal_->bytes();
+    const std::vector<Json> snapshot = scheduler_.Snapshot();
+    if (Status st = journal_->Rewrite(snapshot); !st.ok()) {
+      JmLog()->error("journal compaction failed, appending to the old journal: {}", st.message());
+      snapshot_bytes_ = before;  // not again before it has doubled
+      return;
+    }
+    snapshot_bytes_ = journal_->bytes();
+    JmLog()->info("journal compacted from {} to {} bytes ({} records)", before, snapshot_bytes_, snapshot.size());
   }
 
   void AnswerWaiters() {
@@ -346,6 +367,7 @@ class JmServer::Impl : public DaemonSink {
   std::map<DaemonId, std::shared_ptr<net::FramedConnection>> daemon_conns_;
   std::vector<std::pair<JobId, std::weak_ptr<net::FramedConnection>>> waiters_;
   bool flush_pending_ = false;
+  uint64_t snapshot_bytes_ = 0;  // the journal's size after its last compaction
 };
 
 JmServer::JmServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -25,6 +25,8 @@ struct JmServerOptions {
   std::chrono::milliseconds tick{50};
   SchedulerOptions scheduler;
   bool journal_fsync = false;  // fdatasync the journal at every group commit
+  /// Compact the journal once it reaches this size and twice its last snapshot (0: never).
+  uint64_t journal_compact_bytes = 64ull << 20;
 };
 
 class JmServer {

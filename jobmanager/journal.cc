@@ -1,6 +1,7 @@
 #include "jobmanager/journal.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,13 +11,38 @@
 namespace copse::jm {
 namespace {
 constexpr const char* kFileName = "journal.jsonl";
+
+Status WriteAll(int fd, const std::string& data, const std::string& what) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::IOError(what + " write failed: " + std::strerror(errno));
+    }
+    off += static_cast<size_t>(n);
+  }
+  return Status::OK();
 }
+
+/// Makes a rename in `dir` survive a machine crash.
+Status SyncDirectory(const std::filesystem::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError("cannot open " + dir.string() + ": " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return Status::IOError("cannot sync " + dir.string() + ": " + std::strerror(errno));
+  return Status::OK();
+}
+}  // namespace
 
 Result<std::unique_ptr<Journal>> Journal::Open(const std::filesystem::path& dir, bool fsync) {
   auto path = dir / kFileName;
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) return Status::IOError("cannot open journal " + path.string() + ": " + std::strerror(errno));
-  return std::unique_ptr<Journal>(new Journal(fd, fsync));
+  struct stat st {};
+  const uint64_t size = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  return std::unique_ptr<Journal>(new Journal(dir, fd, fsync, size));
 }
 
 Journal::~Journal() {
@@ -30,18 +56,42 @@ void Journal::Record(const Json& record) {
 }
 
 Status Journal::Flush() {
-  size_t off = 0;
-  while (off < buffer_.size()) {
-    ssize_t n = ::write(fd_, buffer_.data() + off, buffer_.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::IOError(std::string("journal write failed: ") + std::strerror(errno));
-    }
-    off += static_cast<size_t>(n);
-  }
+  if (buffer_.empty()) return Status::OK();
+  Status st = WriteAll(fd_, buffer_, "journal");
+  bytes_ += buffer_.size();  // counted whole even after a failed write: it only paces compaction
   buffer_.clear();
-  if (fsync_ && off > 0 && ::fdatasync(fd_) != 0) return Status::IOError("journal fdatasync failed");
+  COPSE_RETURN_NOT_OK(st);
+  if (fsync_ && ::fdatasync(fd_) != 0) return Status::IOError("journal fdatasync failed");
   return Status::OK();
+}
+
+Status Journal::Rewrite(const std::vector<Json>& records) {
+  std::string text;
+  for (const Json& r : records) {
+    text += r.dump();
+    text += '\n';
+  }
+  const auto path = dir_ / kFileName;
+  const auto tmp = dir_ / (std::string(kFileName) + ".tmp");
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::IOError("cannot create " + tmp.string() + ": " + std::strerror(errno));
+  // Always synced, whatever fsync_ says: renaming an unsynced file over the journal could
+  // leave a machine crash with neither.
+  Status st = WriteAll(fd, text, tmp.string());
+  if (st.ok() && ::fdatasync(fd) != 0) st = Status::IOError("cannot sync " + tmp.string() + ": " + std::strerror(errno));
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    st = Status::IOError("cannot rename " + tmp.string() + ": " + std::strerror(errno));
+  }
+  if (!st.ok()) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  ::close(fd_);
+  fd_ = fd;  // opened O_APPEND: later records follow the snapshot
+  bytes_ = text.size();
+  buffer_.clear();
+  return SyncDirectory(dir_);
 }
 
 Result<std::vector<Json>> Journal::Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings) {

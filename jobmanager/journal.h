@@ -6,6 +6,11 @@
 //   {"t":"done","job":N,"v":V,"ver":K,"daemon":"d0","bytes":[…],"msgs":[…]}   a vertex completed
 //   {"t":"regen","job":N,"v":V}                                  a completed vertex must run again
 //   {"t":"end","job":N,"state":"completed","failure":"…"}       a job finished
+//   {"t":"ids","job":N}                                          job ids up to N were handed out
+//
+// Compaction: once the file outgrows a threshold, the job manager replaces it with a snapshot
+// of what it knows now (Rewrite): the jobs it still remembers, their completed vertices and
+// ends, and the newest job id. Finished jobs it has forgotten and superseded completions go.
 //
 // Records are buffered and written together once per event-loop pass (group commit). They
 // reach the kernel at every Flush, which survives a crash of the process; `fsync` also makes
@@ -43,10 +48,22 @@ class Journal final : public JournalSink {
   /// Writes the buffered records.
   Status Flush();
 
+  /// Replaces the journal with `records`, a snapshot that supersedes every record written or
+  /// buffered so far (buffered ones are dropped). Written to a temporary file, synced and
+  /// renamed over the journal, then the directory is synced: a crash at any point leaves the
+  /// old journal or the new one, whole. Later records append to the new file. On an error the
+  /// old journal stays in use, unchanged.
+  Status Rewrite(const std::vector<Json>& records);
+  /// Bytes in the journal file, buffered records not counted.
+  uint64_t bytes() const { return bytes_; }
+
  private:
-  Journal(int fd, bool fsync) : fd_(fd), fsync_(fsync) {}
+  Journal(std::filesystem::path dir, int fd, bool fsync, uint64_t bytes)
+      : dir_(std::move(dir)), fd_(fd), fsync_(fsync), bytes_(bytes) {}
+  std::filesystem::path dir_;
   int fd_;
   bool fsync_;
+  uint64_t bytes_;
   std::string buffer_;
 };
 

@@ -328,6 +328,7 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
       const std::string t = rec.at("t");
       JobId id(rec.at("job").get<uint64_t>());
       next_job_ = std::max(next_job_, id.value() + 1);
+      if (t == "ids") continue;  // next_job_ covers it
       if (t == "job") {
         JobLoad load = LoadJobJson(rec.at("doc"), "journal", catalog);
         if (!load.ok()) {
@@ -383,6 +384,35 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
   journal_ = journal;
   Schedule();
   return restored;
+}
+
+Json Scheduler::JobRecord(const Job& job) {
+  return {{"t", "job"}, {"job", job.id.value()}, {"doc", job.g().spec().source}, {"job_dir", job.job_dir}};
+}
+
+Json Scheduler::DoneRecord(const Job& job, VertexId v) const {
+  const Run& r = job.runs[v.value()];
+  return {{"t", "done"},         {"job", job.id.value()},
+          {"v", v.value()},      {"ver", r.version},
+          {"daemon", daemons_[r.daemon.value()]->spec.name},
+          {"bytes", r.output_bytes}, {"msgs", r.output_messages}};
+}
+
+Json Scheduler::EndRecord(const Job& job) {
+  return {{"t", "end"}, {"job", job.id.value()}, {"state", JobStateName(job.state)}, {"failure", job.failure}};
+}
+
+std::vector<Json> Scheduler::Snapshot() const {
+  std::vector<Json> records;
+  for (const auto& [id, job] : jobs_) {
+    records.push_back(JobRecord(*job));
+    for (uint32_t v = 0; v < job->runs.size(); ++v) {
+      if (job->runs[v].state == VertexState::kCompleted) records.push_back(DoneRecord(*job, VertexId(v)));
+    }
+    if (job->state != JobState::kRunning) records.push_back(EndRecord(*job));
+  }
+  if (next_job_ > 1) records.push_back({{"t", "ids"}, {"job", next_job_ - 1}});
+  return records;
 }
 
 // ---- jobs ------------------------------------------------------------------------------------
@@ -458,8 +488,8 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
 }
 
 JobId Scheduler::Submit(std::shared_ptr<const JobGraph> graph, std::string job_dir) {
-  Journal({{"t", "job"}, {"job", next_job_}, {"doc", graph->spec().source}, {"job_dir", job_dir}});
   Job& j = NewJob(JobId(next_job_++), std::move(graph), std::move(job_dir));
+  Journal(JobRecord(j));
   RemoveDurableCopies(j);  // an earlier job manager's job of the same id left them
   Log(j, VertexId::Invalid(), "submitted: " + std::to_string(j.runs.size()) + " vertices, " +
                                   std::to_string(j.g().channels().size()) + " channels");
@@ -699,8 +729,7 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   r.output_messages = rep.output_messages;
   // Unknown counts (an older daemon) mean "fetch it": never claim an output is empty.
   r.output_messages.resize(r.output_bytes.size(), 1);
-  Journal({{"t", "done"}, {"job", job.id.value()}, {"v", v.value()}, {"ver", r.version},
-           {"daemon", daemons_[r.daemon.value()]->spec.name}, {"bytes", r.output_bytes}, {"msgs", r.output_messages}});
+  Journal(DoneRecord(job, v));
   r.duration_ms = rep.duration_ms;
   if (rep.progress.is_object()) NoteProgress(job, rep.progress);
   ++job.completed;
@@ -1063,7 +1092,7 @@ void Scheduler::FinishJob(Job& job, JobState state, const std::string& reason) {
   job.state = state;
   job.failure = reason;
   job.finished = clock_.Now();
-  Journal({{"t", "end"}, {"job", job.id.value()}, {"state", JobStateName(state)}, {"failure", reason}});
+  Journal(EndRecord(job));
   job.ready = {};
   Log(job, VertexId::Invalid(), std::string(JobStateName(state)) + (reason.empty() ? "" : ": " + reason));
   std::set<DaemonId> busy;

@@ -128,6 +128,11 @@ class Scheduler {
   /// by daemons known by name until they re-register), regenerations and finished jobs.
   /// Returns how many jobs were restored; records that no longer load are skipped with a log line.
   size_t Restore(const std::vector<Json>& records, const ProgramCatalog& catalog);
+  /// Records from which Restore rebuilds what this scheduler knows now: per remembered job its
+  /// submission, its completed vertices and, once finished, its end; then the newest job id
+  /// handed out, so a restarted job manager never hands one out twice. What the journal is
+  /// compacted to (Journal::Rewrite).
+  std::vector<Json> Snapshot() const;
 
   // ---- jobs ----------------------------------------------------------------------------------
   /// Accepts a validated graph. `job_dir` is where relative paths in params resolve.
@@ -177,6 +182,9 @@ class Scheduler {
   Job& NewJob(JobId id, std::shared_ptr<const JobGraph> graph, std::string job_dir);
   static std::vector<uint32_t> Priorities(const JobGraph& g);
   DaemonId PlaceholderDaemon(const std::string& name);
+  static Json JobRecord(const Job& job);
+  Json DoneRecord(const Job& job, VertexId v) const;
+  static Json EndRecord(const Job& job);
   void Journal(const Json& record) {
     if (journal_) journal_->Record(record);
   }

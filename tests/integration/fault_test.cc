@@ -2,6 +2,8 @@
 // the same job's fault-free run.
 #include <doctest/doctest.h>
 
+#include <functional>
+
 #include "cli/job_watch.h"
 #include "tests/integration/test_cluster.h"
 
@@ -176,9 +178,8 @@ TEST_CASE("Faults.AStragglerIsDuplicatedAndTheJobDoesNotWaitForIt") {
   CHECK_MESSAGE(HasRecovery(st, "s[2]", "straggler"), st["recoveries"].dump(2));
 }
 
-TEST_CASE("Faults.AJobManagerKilledAndRestartedResumesItsJobs") {
-  TestCluster cluster(2, 2);
-  // 4 lanes of 6 steps, 60 ms each: about 0.8 s of work on 4 slots.
+/// 4 lanes of 6 steps, 60 ms each: about 0.8 s of work on 4 slots, and a sink.
+Json LanesJob() {
   Json job = {{"name", "resume"}, {"stages", Json::array()}, {"edges", Json::array()}};
   const int steps = 6;
   for (int s = 0; s < steps; ++s) {
@@ -189,8 +190,18 @@ TEST_CASE("Faults.AJobManagerKilledAndRestartedResumesItsJobs") {
   job["stages"].push_back({{"name", "sink"}, {"program", "checksum"}});
   job["edges"].push_back({{"from", "s" + std::to_string(steps - 1)}, {"to", "sink"}, {"pattern", "gather"}});
   job["outputs"] = {{{"from", "sink"}, {"path", "digest.txt"}}};
-  std::string expected = FaultFreeOutput(cluster, job, "digest.txt");
+  return job;
+}
 
+/// Runs LanesJob fault-free (job 1), then again (job 2) with the job manager SIGKILLed once 8
+/// of its 25 vertices are done and restarted with `restart_args`, `kills` times in a row (a
+/// restarted job manager has compacted its journal once it listens): job 2 completes with job
+/// 1's output, and the last job manager runs only what its journal did not record as done.
+/// `before_kill` looks at the cluster just before the first kill.
+void CheckAJobManagerKilledMidJobResumesIt(TestCluster& cluster, const std::vector<std::string>& restart_args,
+                                           int kills = 1, const std::function<void()>& before_kill = [] {}) {
+  const Json job = LanesJob();
+  std::string expected = FaultFreeOutput(cluster, job, "digest.txt");
   uint64_t id = cluster.Submit(job);
   size_t done_before = 0;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -200,12 +211,14 @@ TEST_CASE("Faults.AJobManagerKilledAndRestartedResumesItsJobs") {
     done_before = (*cluster.client().Call({{"op", "status"}, {"job", id}}))["job"]["vertices"]["completed"];
   }
   REQUIRE(done_before < 25);
-  cluster.KillJm();
-  cluster.RestartJm();
+  before_kill();
+  for (int k = 0; k < kills; ++k) {
+    cluster.KillJm();
+    cluster.RestartJm(restart_args);
+  }
   Json st = cluster.Wait(id);
   REQUIRE_MESSAGE(st["state"] == "completed", st.dump(2));
   CHECK(cluster.Output(id, "digest.txt") == expected);
-  // The restarted job manager ran only what the journal did not record as done.
   auto logs = cluster.client().Call({{"op", "logs"}, {"job", id}});
   REQUIRE(logs.ok());
   size_t placed = 0;
@@ -218,6 +231,31 @@ TEST_CASE("Faults.AJobManagerKilledAndRestartedResumesItsJobs") {
   CHECK(restored);
   CHECK_MESSAGE(placed <= 25 - done_before, "placed " << placed << " after " << done_before << " were done");
   CHECK(placed > 0);
+}
+
+TEST_CASE("Faults.AJobManagerKilledAndRestartedResumesItsJobs") {
+  TestCluster cluster(2, 2);
+  CheckAJobManagerKilledMidJobResumesIt(cluster, {});
+}
+
+TEST_CASE("Faults.AJobManagerWhoseJournalWasCompactedMidJobResumesFromTheSnapshot") {
+  // 1 KiB: the journal is rewritten as a snapshot while the jobs run, so the job manager is
+  // killed with a compacted journal (plus what was appended since); the second kill finds the
+  // snapshot the restarted one wrote of the running job.
+  const std::vector<std::string> compact = {"--journal-compact-size", "1KiB"};
+  TestCluster cluster(2, 2, 1000, compact);
+  const auto journal = cluster.dir() / "jm" / "journal.jsonl";
+  CheckAJobManagerKilledMidJobResumesIt(cluster, compact, /*kills=*/2, [&] {
+    // Only a snapshot writes the newest job id.
+    const std::string text = ReadFile(journal.string()).value();
+    CHECK_MESSAGE(text.find(R"("t":"ids")") != std::string::npos, text);
+  });
+  // The fault-free run is remembered across the restart, and no job id is handed out twice.
+  auto first = cluster.client().Call({{"op", "status"}, {"job", 1}});
+  REQUIRE(first.ok());
+  CHECK((*first)["job"]["state"] == "completed");
+  CHECK((*first)["job"]["vertices"]["completed"] == 25);
+  CHECK(cluster.Submit(ChecksumChain(1)) == 3);
 }
 
 /// A 120-vertex layered checksum DAG that keeps running for at least 1.5 s.

@@ -1,5 +1,5 @@
-// The job manager's journal: round trip, a torn last record, corruption in the middle, and a
-// scheduler restored from it.
+// The job manager's journal: round trip, a torn last record, corruption in the middle, a
+// scheduler restored from it, and compaction to a snapshot.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -47,6 +47,48 @@ TEST_CASE("Journal.CorruptionInTheMiddleStopsTheReplayThereWithAWarning") {
   CHECK(records->size() == 1);
   REQUIRE(warnings.size() == 1);
   CHECK(warnings[0].find(":2: malformed record") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Journal.RewriteReplacesTheJournalAndLaterRecordsAppendToTheSnapshot") {
+  auto dir = TempDir("copse-journal-rewrite");
+  auto j = Journal::Open(dir, false);
+  REQUIRE(j.ok());
+  for (int v = 0; v < 50; ++v) (*j)->Record({{"t", "done"}, {"job", 1}, {"v", v}});
+  REQUIRE((*j)->Flush().ok());
+  const uint64_t before = (*j)->bytes();
+  CHECK(before == std::filesystem::file_size(dir / "journal.jsonl"));
+  (*j)->Record({{"t", "done"}, {"job", 1}, {"v", 99}});  // buffered: the snapshot supersedes it
+  REQUIRE((*j)->Rewrite({{{"t", "job"}, {"job", 1}}, {{"t", "ids"}, {"job", 1}}}).ok());
+  CHECK((*j)->bytes() < before);
+  CHECK((*j)->bytes() == std::filesystem::file_size(dir / "journal.jsonl"));
+  CHECK_FALSE(std::filesystem::exists(dir / "journal.jsonl.tmp"));
+  (*j)->Record({{"t", "end"}, {"job", 1}, {"state", "completed"}});
+  REQUIRE((*j)->Flush().ok());
+  auto records = Journal::Replay(dir, nullptr);
+  REQUIRE(records.ok());
+  REQUIRE(records->size() == 3);
+  CHECK((*records)[0]["t"] == "job");
+  CHECK((*records)[1]["t"] == "ids");
+  CHECK((*records)[2]["t"] == "end");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Journal.AFailedRewriteKeepsTheOldJournalInUse") {
+  auto dir = TempDir("copse-journal-rewrite-fails");
+  auto j = Journal::Open(dir, false);
+  REQUIRE(j.ok());
+  (*j)->Record({{"t", "job"}, {"job", 1}});
+  REQUIRE((*j)->Flush().ok());
+  std::filesystem::create_directory(dir / "journal.jsonl.tmp");  // the temporary file cannot be created
+  CHECK_FALSE((*j)->Rewrite({{{"t", "ids"}, {"job", 1}}}).ok());
+  (*j)->Record({{"t", "end"}, {"job", 1}, {"state", "completed"}});
+  REQUIRE((*j)->Flush().ok());
+  auto records = Journal::Replay(dir, nullptr);
+  REQUIRE(records.ok());
+  REQUIRE(records->size() == 2);
+  CHECK((*records)[0]["t"] == "job");
+  CHECK((*records)[1]["t"] == "end");
   std::filesystem::remove_all(dir);
 }
 
@@ -105,6 +147,117 @@ TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
   CHECK(tasks[0]["version"].get<uint32_t>() > 1);
   CHECK(tasks[1]["name"] == "c[0]");
   CHECK(tasks[1]["after"][0]["vertex"] == tasks[0]["vertex"]);
+}
+
+/// Reports every task sent so far, and every one sent meanwhile, as succeeded.
+void CompleteRuns(Scheduler& s, NullSink& sink, JobId job) {
+  for (size_t seen = 0; seen < sink.runs.size();) {
+    const Json tasks = sink.runs[seen++]["tasks"];
+    for (const Json& t : tasks) {
+      AttemptReport r;
+      r.job = job;
+      r.vertex = VertexId(t["vertex"].get<uint32_t>());
+      r.version = t["version"];
+      r.ok = true;
+      r.output_bytes = {10};
+      r.output_messages = {1};
+      s.OnAttemptFinished(r);
+    }
+    s.Flush();
+  }
+}
+
+TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs") {
+  const char* chain = R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
+                                     {"name": "c", "program": "noop"}],
+                          "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}]})";
+  RecordingJournal journal;
+  ManualClock clock;
+  SchedulerOptions options;
+  options.finished_job_ttl = std::chrono::minutes(1);
+  std::vector<Json> snapshot;
+  JobId running;
+  {
+    NullSink sink;
+    Scheduler s(sink, clock, options);
+    s.set_journal(&journal);
+    DaemonSpec d;
+    d.name = "d0";
+    REQUIRE(s.AddDaemon(d).ok());
+    JobId forgotten = s.Submit(testing::MustLoad(chain), "/tmp");  // completes, then is forgotten
+    s.Flush();
+    CompleteRuns(s, sink, forgotten);
+    REQUIRE(s.StateOf(forgotten) == JobState::kCompleted);
+    clock.Advance(std::chrono::minutes(2));
+    s.Tick();
+    REQUIRE_FALSE(s.HasJob(forgotten));
+    sink.runs.clear();
+    JobId finished = s.Submit(testing::MustLoad(chain), "/tmp");  // completes, still remembered
+    s.Flush();
+    CompleteRuns(s, sink, finished);
+    REQUIRE(s.StateOf(finished) == JobState::kCompleted);
+    sink.runs.clear();
+    running = s.Submit(testing::MustLoad(chain), "/tmp/run");
+    s.Flush();
+    Json a = sink.runs.back()["tasks"][0];
+    AttemptReport r;
+    r.job = running;
+    r.vertex = VertexId(a["vertex"].get<uint32_t>());
+    r.version = a["version"];
+    r.ok = true;
+    r.output_bytes = {10};
+    r.output_messages = {1};
+    s.OnAttemptFinished(r);  // a done; b starts, then the job manager "dies"
+    snapshot = s.Snapshot();
+  }
+  // The snapshot: the finished job (submission, 3 vertices, end), the running one (submission,
+  // a) and the newest id; none of the forgotten job's 5 records.
+  CHECK(journal.records.size() == 5 + 5 + 2);
+  REQUIRE(snapshot.size() == 5 + 2 + 1);
+  CHECK(snapshot.back() == Json{{"t", "ids"}, {"job", running.value()}});
+  for (const Json& rec : snapshot) CHECK(rec["job"].get<uint64_t>() != 1);
+
+  NullSink sink;
+  Scheduler restored(sink, clock, options);
+  CHECK(restored.Restore(snapshot, testing::TestCatalog()) == 2);
+  CHECK(restored.StateOf(JobId(2)) == JobState::kCompleted);
+  CHECK(restored.JobStatus(JobId(2))["vertices"]["completed"] == 3);
+  DaemonSpec d;
+  d.name = "d0";
+  OutputInventory inventory = {{running.value(), 0, 1, 0}};  // d0 still holds a's output
+  REQUIRE(restored.AddDaemon(d, inventory).ok());
+  restored.Flush();
+  REQUIRE(sink.runs.size() == 1);
+  CHECK(sink.runs[0]["tasks"][0]["name"] == "b[0]");  // a is not re-run
+  CHECK(sink.runs[0]["tasks"][0]["job_dir"] == "/tmp/run");
+}
+
+TEST_CASE("Journal.JobIdsGoOnAfterASnapshotOfAManagerThatForgotEveryJob") {
+  const char* one = R"({"stages": [{"name": "a", "program": "noop"}]})";
+  ManualClock clock;
+  SchedulerOptions options;
+  options.finished_job_ttl = std::chrono::minutes(1);
+  std::vector<Json> snapshot;
+  {
+    NullSink sink;
+    Scheduler s(sink, clock, options);
+    DaemonSpec d;
+    d.name = "d0";
+    REQUIRE(s.AddDaemon(d).ok());
+    for (int i = 0; i < 2; ++i) {
+      JobId job = s.Submit(testing::MustLoad(one), "/tmp");
+      REQUIRE(s.Cancel(job).ok());
+    }
+    clock.Advance(std::chrono::minutes(2));
+    s.Tick();
+    snapshot = s.Snapshot();
+  }
+  REQUIRE(snapshot.size() == 1);
+  CHECK(snapshot[0] == Json{{"t", "ids"}, {"job", 2}});
+  NullSink sink;
+  Scheduler restored(sink, clock, options);
+  CHECK(restored.Restore(snapshot, testing::TestCatalog()) == 0);
+  CHECK(restored.Submit(testing::MustLoad(one), "/tmp") == JobId(3));  // never 1 again
 }
 
 }  // namespace
