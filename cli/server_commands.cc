@@ -25,6 +25,7 @@ void AddJmCommand(CLI::App& app) {
     int straggler_min_ms = 2000;
     bool chain_dispatch = true;
     uint64_t journal_compact_bytes = 64ull << 20;
+    int64_t finished_job_ttl_s = 3600;
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any; the address goes to STATE_DIR/jm.addr)");
@@ -46,6 +47,10 @@ void AddJmCommand(CLI::App& app) {
                   "snapshot (0: never), e.g. 64MiB")
       ->transform(CLI::AsSizeValue(false))
       ->default_str("64MiB");
+  cmd->add_option("--finished-job-ttl-s", opts->finished_job_ttl_s,
+                  "how long a finished job stays queryable (with its kept outputs) before it is forgotten")
+      ->check(CLI::Range(int64_t{0}, int64_t{10} * 365 * 86400))
+      ->capture_default_str();
   cmd->callback([opts] {
     auto hp = net::ParseHostPort(opts->listen, "--listen");
     if (!hp.ok()) {
@@ -65,6 +70,7 @@ void AddJmCommand(CLI::App& app) {
     o.scheduler.straggler_min = std::chrono::milliseconds(opts->straggler_min_ms);
     o.scheduler.chain_dispatch = opts->chain_dispatch;
     o.journal_compact_bytes = opts->journal_compact_bytes;
+    o.scheduler.finished_job_ttl = std::chrono::seconds(opts->finished_job_ttl_s);
     auto server = jm::JmServer::Start(std::move(o));
     if (!server.ok()) {
       std::cerr << "copse jm: " << server.status().message() << "\n";

@@ -45,7 +45,9 @@ class JmServer::Impl : public DaemonSink {
     }
     COPSE_ASSIGN_OR_RETURN(journal_, Journal::Open(options_.state_dir, options_.journal_fsync));
     scheduler_.set_journal(journal_.get());
-    if (!records.empty()) CompactJournal();  // what the replay superseded goes at once
+    // Rewritten at every start, superseded or not (the job manager does not listen yet): what
+    // the replay dropped (a torn tail, jobs that no longer load) goes with the rest.
+    if (!records.empty() && options_.journal_compact_bytes > 0) CompactJournal();
     std::error_code ec;
     auto address = asio::ip::make_address(options_.host, ec);
     if (ec) return Status::InvalidArgument("--listen: \"" + options_.host + "\" is not an IP address");
@@ -302,25 +304,32 @@ class JmServer::Impl : public DaemonSink {
     });
   }
 
-  /// Group commit, then compaction once the journal has outgrown both the threshold and twice
-  /// its last snapshot: what rewriting costs stays proportional to what was appended.
+  /// Group commit, then compaction when due.
   void FlushJournal() {
     if (Status st = journal_->Flush(); !st.ok()) JmLog()->error("{}", st.message());
-    const uint64_t threshold = options_.journal_compact_bytes;
-    if (threshold > 0 && journal_->bytes() >= std::max(threshold, 2 * snapshot_bytes_)) CompactJournal();
+    if (journal_->bytes() >= std::max(options_.journal_compact_bytes, retry_compaction_at_) && CompactionDue()) {
+      CompactJournal();
+    }
+  }
+
+  /// Due when at least half the journal's records are superseded (forgotten jobs, completions
+  /// run again): each rewrite then at least halves the file, so its cost stays proportional to
+  /// what was appended since the last one, and a long job whose every record still counts never
+  /// pays for a rewrite that would drop nothing.
+  bool CompactionDue() const {
+    return options_.journal_compact_bytes > 0 && journal_->records() >= 2 * scheduler_.SnapshotRecords();
   }
 
   void CompactJournal() {
-    if (options_.journal_compact_bytes == 0) return;
     const uint64_t before = journal_->bytes();
     const std::vector<Json> snapshot = scheduler_.Snapshot();
     if (Status st = journal_->Rewrite(snapshot); !st.ok()) {
       JmLog()->error("journal compaction failed, appending to the old journal: {}", st.message());
-      snapshot_bytes_ = before;  // not again before it has doubled
+      retry_compaction_at_ = 2 * before;  // not on every commit
       return;
     }
-    snapshot_bytes_ = journal_->bytes();
-    JmLog()->info("journal compacted from {} to {} bytes ({} records)", before, snapshot_bytes_, snapshot.size());
+    retry_compaction_at_ = 0;
+    JmLog()->info("journal compacted from {} to {} bytes ({} records)", before, journal_->bytes(), snapshot.size());
   }
 
   void AnswerWaiters() {
@@ -367,7 +376,7 @@ class JmServer::Impl : public DaemonSink {
   std::map<DaemonId, std::shared_ptr<net::FramedConnection>> daemon_conns_;
   std::vector<std::pair<JobId, std::weak_ptr<net::FramedConnection>>> waiters_;
   bool flush_pending_ = false;
-  uint64_t snapshot_bytes_ = 0;  // the journal's size after its last compaction
+  uint64_t retry_compaction_at_ = 0;  // journal size at which to try again after a failed rewrite
 };
 
 JmServer::JmServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -25,7 +25,7 @@ struct JmServerOptions {
   std::chrono::milliseconds tick{50};
   SchedulerOptions scheduler;
   bool journal_fsync = false;  // fdatasync the journal at every group commit
-  /// Compact the journal once it reaches this size and twice its last snapshot (0: never).
+  /// Compact the journal once it reaches this size and at least half of it is superseded (0: never).
   uint64_t journal_compact_bytes = 64ull << 20;
 };
 

@@ -4,9 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 namespace copse::jm {
 namespace {
@@ -42,7 +45,14 @@ Result<std::unique_ptr<Journal>> Journal::Open(const std::filesystem::path& dir,
   if (fd < 0) return Status::IOError("cannot open journal " + path.string() + ": " + std::strerror(errno));
   struct stat st {};
   const uint64_t size = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-  return std::unique_ptr<Journal>(new Journal(dir, fd, fsync, size));
+  uint64_t lines = 0;
+  if (std::ifstream in{path, std::ios::binary}) {
+    std::vector<char> chunk(1 << 16);
+    while (in.read(chunk.data(), static_cast<std::streamsize>(chunk.size())) || in.gcount() > 0) {
+      lines += static_cast<uint64_t>(std::count(chunk.begin(), chunk.begin() + in.gcount(), '\n'));
+    }
+  }
+  return std::unique_ptr<Journal>(new Journal(dir, fd, fsync, size, lines));
 }
 
 Journal::~Journal() {
@@ -53,12 +63,14 @@ Journal::~Journal() {
 void Journal::Record(const Json& record) {
   buffer_ += record.dump();
   buffer_ += '\n';
+  ++buffered_;
 }
 
 Status Journal::Flush() {
   if (buffer_.empty()) return Status::OK();
   Status st = WriteAll(fd_, buffer_, "journal");
   bytes_ += buffer_.size();  // counted whole even after a failed write: it only paces compaction
+  records_ += std::exchange(buffered_, 0);
   buffer_.clear();
   COPSE_RETURN_NOT_OK(st);
   if (fsync_ && ::fdatasync(fd_) != 0) return Status::IOError("journal fdatasync failed");
@@ -90,6 +102,8 @@ Status Journal::Rewrite(const std::vector<Json>& records) {
   ::close(fd_);
   fd_ = fd;  // opened O_APPEND: later records follow the snapshot
   bytes_ = text.size();
+  records_ = records.size();
+  buffered_ = 0;
   buffer_.clear();
   return SyncDirectory(dir_);
 }

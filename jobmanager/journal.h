@@ -54,16 +54,18 @@ class Journal final : public JournalSink {
   /// old journal or the new one, whole. Later records append to the new file. On an error the
   /// old journal stays in use, unchanged.
   Status Rewrite(const std::vector<Json>& records);
-  /// Bytes in the journal file, buffered records not counted.
+  /// Bytes and records (lines) in the journal file, buffered ones not counted.
   uint64_t bytes() const { return bytes_; }
+  uint64_t records() const { return records_; }
 
  private:
-  Journal(std::filesystem::path dir, int fd, bool fsync, uint64_t bytes)
-      : dir_(std::move(dir)), fd_(fd), fsync_(fsync), bytes_(bytes) {}
+  Journal(std::filesystem::path dir, int fd, bool fsync, uint64_t bytes, uint64_t records)
+      : dir_(std::move(dir)), fd_(fd), fsync_(fsync), bytes_(bytes), records_(records) {}
   std::filesystem::path dir_;
   int fd_;
   bool fsync_;
-  uint64_t bytes_;
+  uint64_t bytes_, records_;
+  uint64_t buffered_ = 0;  // records in buffer_
   std::string buffer_;
 };
 

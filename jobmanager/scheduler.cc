@@ -415,6 +415,12 @@ std::vector<Json> Scheduler::Snapshot() const {
   return records;
 }
 
+size_t Scheduler::SnapshotRecords() const {
+  size_t n = next_job_ > 1 ? 1 : 0;
+  for (const auto& [id, job] : jobs_) n += 1 + job->completed + (job->state != JobState::kRunning ? 1 : 0);
+  return n;
+}
+
 // ---- jobs ------------------------------------------------------------------------------------
 
 std::vector<uint32_t> Scheduler::Priorities(const JobGraph& g) {

@@ -133,6 +133,8 @@ class Scheduler {
   /// handed out, so a restarted job manager never hands one out twice. What the journal is
   /// compacted to (Journal::Rewrite).
   std::vector<Json> Snapshot() const;
+  /// How many records Snapshot() would return, without building them.
+  size_t SnapshotRecords() const;
 
   // ---- jobs ----------------------------------------------------------------------------------
   /// Accepts a validated graph. `job_dir` is where relative paths in params resolve.

@@ -58,13 +58,16 @@ TEST_CASE("Journal.RewriteReplacesTheJournalAndLaterRecordsAppendToTheSnapshot")
   REQUIRE((*j)->Flush().ok());
   const uint64_t before = (*j)->bytes();
   CHECK(before == std::filesystem::file_size(dir / "journal.jsonl"));
+  CHECK((*j)->records() == 50);
   (*j)->Record({{"t", "done"}, {"job", 1}, {"v", 99}});  // buffered: the snapshot supersedes it
   REQUIRE((*j)->Rewrite({{{"t", "job"}, {"job", 1}}, {{"t", "ids"}, {"job", 1}}}).ok());
   CHECK((*j)->bytes() < before);
   CHECK((*j)->bytes() == std::filesystem::file_size(dir / "journal.jsonl"));
+  CHECK((*j)->records() == 2);
   CHECK_FALSE(std::filesystem::exists(dir / "journal.jsonl.tmp"));
   (*j)->Record({{"t", "end"}, {"job", 1}, {"state", "completed"}});
   REQUIRE((*j)->Flush().ok());
+  CHECK(Journal::Open(dir, false).value()->records() == 3);  // counted again on opening
   auto records = Journal::Replay(dir, nullptr);
   REQUIRE(records.ok());
   REQUIRE(records->size() == 3);
