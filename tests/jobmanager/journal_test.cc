@@ -109,39 +109,46 @@ class NullSink final : public DaemonSink {
   std::vector<Json> runs;
 };
 
+const char* const kChain = R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
+                                            {"name": "c", "program": "noop"}],
+                                 "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}]})";
+
+DaemonSpec D0() {
+  DaemonSpec d;
+  d.name = "d0";
+  return d;
+}
+
+/// Reports `task`, from a run message, as succeeded with one 10-byte message.
+void Succeed(Scheduler& s, JobId job, const Json& task) {
+  AttemptReport r;
+  r.job = job;
+  r.vertex = VertexId(task["vertex"].get<uint32_t>());
+  r.version = task["version"];
+  r.ok = true;
+  r.output_bytes = {10};
+  r.output_messages = {1};
+  s.OnAttemptFinished(r);
+}
+
 TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
-  const char* chain = R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
-                                     {"name": "c", "program": "noop"}],
-                          "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}]})";
   RecordingJournal journal;
   ManualClock clock;
   {
     NullSink sink;
     Scheduler s(sink, clock);
     s.set_journal(&journal);
-    DaemonSpec d;
-    d.name = "d0";
-    REQUIRE(s.AddDaemon(d).ok());
-    JobId job = s.Submit(testing::MustLoad(chain), "/tmp");
+    REQUIRE(s.AddDaemon(D0()).ok());
+    JobId job = s.Submit(testing::MustLoad(kChain), "/tmp");
     s.Flush();
-    Json a = sink.runs.back()["tasks"][0];
-    AttemptReport r;
-    r.job = job;
-    r.vertex = VertexId(a["vertex"].get<uint32_t>());
-    r.version = a["version"];
-    r.ok = true;
-    r.output_bytes = {10};
-    r.output_messages = {1};
-    s.OnAttemptFinished(r);  // a done; b starts, then the job manager "dies"
+    Succeed(s, job, sink.runs.back()["tasks"][0]);  // a done; b starts, then the job manager "dies"
   }
   CHECK(journal.records.size() == 2);  // the job, a's completion
   NullSink sink;
   Scheduler restored(sink, clock);
   CHECK(restored.Restore(journal.records, testing::TestCatalog()) == 1);
-  DaemonSpec d;
-  d.name = "d0";
   OutputInventory inventory = {{1, 0, 1, 0}};  // d0 still holds a's output
-  REQUIRE(restored.AddDaemon(d, inventory).ok());
+  REQUIRE(restored.AddDaemon(D0(), inventory).ok());
   restored.Flush();
   REQUIRE(sink.runs.size() == 1);
   const Json& tasks = sink.runs[0]["tasks"];
@@ -156,24 +163,12 @@ TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
 void CompleteRuns(Scheduler& s, NullSink& sink, JobId job) {
   for (size_t seen = 0; seen < sink.runs.size();) {
     const Json tasks = sink.runs[seen++]["tasks"];
-    for (const Json& t : tasks) {
-      AttemptReport r;
-      r.job = job;
-      r.vertex = VertexId(t["vertex"].get<uint32_t>());
-      r.version = t["version"];
-      r.ok = true;
-      r.output_bytes = {10};
-      r.output_messages = {1};
-      s.OnAttemptFinished(r);
-    }
+    for (const Json& t : tasks) Succeed(s, job, t);
     s.Flush();
   }
 }
 
 TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs") {
-  const char* chain = R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
-                                     {"name": "c", "program": "noop"}],
-                          "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}]})";
   RecordingJournal journal;
   ManualClock clock;
   SchedulerOptions options;
@@ -184,10 +179,8 @@ TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs"
     NullSink sink;
     Scheduler s(sink, clock, options);
     s.set_journal(&journal);
-    DaemonSpec d;
-    d.name = "d0";
-    REQUIRE(s.AddDaemon(d).ok());
-    JobId forgotten = s.Submit(testing::MustLoad(chain), "/tmp");  // completes, then is forgotten
+    REQUIRE(s.AddDaemon(D0()).ok());
+    JobId forgotten = s.Submit(testing::MustLoad(kChain), "/tmp");  // completes, then is forgotten
     s.Flush();
     CompleteRuns(s, sink, forgotten);
     REQUIRE(s.StateOf(forgotten) == JobState::kCompleted);
@@ -195,22 +188,14 @@ TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs"
     s.Tick();
     REQUIRE_FALSE(s.HasJob(forgotten));
     sink.runs.clear();
-    JobId finished = s.Submit(testing::MustLoad(chain), "/tmp");  // completes, still remembered
+    JobId finished = s.Submit(testing::MustLoad(kChain), "/tmp");  // completes, still remembered
     s.Flush();
     CompleteRuns(s, sink, finished);
     REQUIRE(s.StateOf(finished) == JobState::kCompleted);
     sink.runs.clear();
-    running = s.Submit(testing::MustLoad(chain), "/tmp/run");
+    running = s.Submit(testing::MustLoad(kChain), "/tmp/run");
     s.Flush();
-    Json a = sink.runs.back()["tasks"][0];
-    AttemptReport r;
-    r.job = running;
-    r.vertex = VertexId(a["vertex"].get<uint32_t>());
-    r.version = a["version"];
-    r.ok = true;
-    r.output_bytes = {10};
-    r.output_messages = {1};
-    s.OnAttemptFinished(r);  // a done; b starts, then the job manager "dies"
+    Succeed(s, running, sink.runs.back()["tasks"][0]);  // a done; b starts, then the job manager "dies"
     snapshot = s.Snapshot();
   }
   // The snapshot: the finished job (submission, 3 vertices, end), the running one (submission,
@@ -225,10 +210,8 @@ TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs"
   CHECK(restored.Restore(snapshot, testing::TestCatalog()) == 2);
   CHECK(restored.StateOf(JobId(2)) == JobState::kCompleted);
   CHECK(restored.JobStatus(JobId(2))["vertices"]["completed"] == 3);
-  DaemonSpec d;
-  d.name = "d0";
   OutputInventory inventory = {{running.value(), 0, 1, 0}};  // d0 still holds a's output
-  REQUIRE(restored.AddDaemon(d, inventory).ok());
+  REQUIRE(restored.AddDaemon(D0(), inventory).ok());
   restored.Flush();
   REQUIRE(sink.runs.size() == 1);
   CHECK(sink.runs[0]["tasks"][0]["name"] == "b[0]");  // a is not re-run
@@ -244,9 +227,7 @@ TEST_CASE("Journal.JobIdsGoOnAfterASnapshotOfAManagerThatForgotEveryJob") {
   {
     NullSink sink;
     Scheduler s(sink, clock, options);
-    DaemonSpec d;
-    d.name = "d0";
-    REQUIRE(s.AddDaemon(d).ok());
+    REQUIRE(s.AddDaemon(D0()).ok());
     for (int i = 0; i < 2; ++i) {
       JobId job = s.Submit(testing::MustLoad(one), "/tmp");
       REQUIRE(s.Cancel(job).ok());
