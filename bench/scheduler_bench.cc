@@ -3,12 +3,13 @@
 // 10,000-vertex noop DAG. Prints microseconds of scheduler CPU per vertex (median of 5), and
 // what compacting the journal to that job costs: the snapshot, and its rewrite (written,
 // synced and renamed into place in a temporary directory).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
-#include <unistd.h>
 
 #include "bench/noop_dag.h"
 #include "cli/program_catalog.h"

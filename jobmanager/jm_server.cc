@@ -324,7 +324,7 @@ class JmServer::Impl : public DaemonSink {
     const uint64_t before = journal_->bytes();
     const std::vector<Json> snapshot = scheduler_.Snapshot();
     if (Status st = journal_->Rewrite(snapshot); !st.ok()) {
-      JmLog()->error("journal compaction failed, appending to the old journal: {}", st.message());
+      JmLog()->error("journal compaction: {}", st.message());
       retry_compaction_at_ = 2 * before;  // not on every commit
       return;
     }

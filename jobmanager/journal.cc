@@ -105,7 +105,11 @@ Status Journal::Rewrite(const std::vector<Json>& records) {
   records_ = records.size();
   buffered_ = 0;
   buffer_.clear();
-  return SyncDirectory(dir_);
+  if (Status synced = SyncDirectory(dir_); !synced.ok()) {
+    return Status::IOError("journal rewritten and in use, but a machine crash may bring back the old one: " +
+                           synced.message());
+  }
+  return Status::OK();
 }
 
 Result<std::vector<Json>> Journal::Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings) {

@@ -8,9 +8,10 @@
 //   {"t":"end","job":N,"state":"completed","failure":"…"}       a job finished
 //   {"t":"ids","job":N}                                          job ids up to N were handed out
 //
-// Compaction: once the file outgrows a threshold, the job manager replaces it with a snapshot
-// of what it knows now (Rewrite): the jobs it still remembers, their completed vertices and
-// ends, and the newest job id. Finished jobs it has forgotten and superseded completions go.
+// Compaction: at start, and once the file outgrows a threshold with half of it superseded, the
+// job manager replaces it with a snapshot of what it knows now (Rewrite): the jobs it still
+// remembers, their completed vertices and ends, and the newest job id. Finished jobs it has
+// forgotten and superseded completions go.
 //
 // Records are buffered and written together once per event-loop pass (group commit). They
 // reach the kernel at every Flush, which survives a crash of the process; `fsync` also makes
@@ -51,8 +52,9 @@ class Journal final : public JournalSink {
   /// Replaces the journal with `records`, a snapshot that supersedes every record written or
   /// buffered so far (buffered ones are dropped). Written to a temporary file, synced and
   /// renamed over the journal, then the directory is synced: a crash at any point leaves the
-  /// old journal or the new one, whole. Later records append to the new file. On an error the
-  /// old journal stays in use, unchanged.
+  /// old journal or the new one, whole. Later records append to the new file. On an error
+  /// before the rename the old journal stays in use, unchanged; when only the directory sync
+  /// fails, the new one is in use and the error says so.
   Status Rewrite(const std::vector<Json>& records);
   /// Bytes and records (lines) in the journal file, buffered ones not counted.
   uint64_t bytes() const { return bytes_; }

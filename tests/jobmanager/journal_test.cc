@@ -197,6 +197,7 @@ TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs"
     s.Flush();
     Succeed(s, running, sink.runs.back()["tasks"][0]);  // a done; b starts, then the job manager "dies"
     snapshot = s.Snapshot();
+    CHECK(s.SnapshotRecords() == snapshot.size());  // counted without building, the same
   }
   // The snapshot: the finished job (submission, 3 vertices, end), the running one (submission,
   // a) and the newest id; none of the forgotten job's 5 records.
@@ -235,6 +236,7 @@ TEST_CASE("Journal.JobIdsGoOnAfterASnapshotOfAManagerThatForgotEveryJob") {
     clock.Advance(std::chrono::minutes(2));
     s.Tick();
     snapshot = s.Snapshot();
+    CHECK(s.SnapshotRecords() == snapshot.size());  // counted without building, the same
   }
   REQUIRE(snapshot.size() == 1);
   CHECK(snapshot[0] == Json{{"t", "ids"}, {"job", 2}});
