@@ -24,9 +24,10 @@ constexpr uint32_t kMaxChainedAfter = 8;  // unfinished input edges a vertex may
 // still held waits at depth 2. Two keeps the next task on its daemon one whole task ahead of
 // the job manager's round trip, without chaining a whole schedule ahead.
 constexpr int kMaxChainDepth = 2;
-// A consumer that cannot read its inputs this many times in a row (its producers re-run each
-// time, so the loss is persistent: an unreadable disk, a writer that fails verification)
-// fails the job instead of regenerating forever, like Spark's stage.maxConsecutiveAttempts.
+// A consumer that cannot read one of its inputs this many times before it completes (the
+// producer re-run each time, so the loss is persistent: an unreadable disk, a writer that fails
+// verification) fails the job instead of regenerating forever, like Spark's
+// stage.maxConsecutiveAttempts.
 constexpr int kMaxInputLossesInARow = 8;
 
 std::shared_ptr<spdlog::logger> SchedLog() {
@@ -111,7 +112,8 @@ struct Scheduler::Run {
   DaemonId dup_daemon;
   TimePoint dup_started{};
   int charged = 0;       // failed attempts that count against max_attempts
-  int inputs_lost = 0;   // input_lost failures since it last completed (not charged)
+  // (input port, input_lost failures) since it last completed, per input that was lost (not charged).
+  std::vector<std::pair<int, int>> inputs_lost;
   uint32_t pending = 0;  // predecessors not completed
   DaemonId daemon;       // running there, or holding the outputs
   std::vector<uint64_t> output_bytes;
@@ -701,11 +703,16 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     const auto& inputs = g.vertex(rep.vertex).inputs;
     if (static_cast<size_t>(rep.lost_input_port) < inputs.size()) {
       VertexId producer = g.channel(inputs[rep.lost_input_port]).from;
-      if (++r.inputs_lost >= kMaxInputLossesInARow) {
+      // Each lost input is regenerated, so only one lost again and again means its producer
+      // cannot make a readable output; different ones lost once each are faults of their own.
+      auto lost = std::find_if(r.inputs_lost.begin(), r.inputs_lost.end(),
+                               [&](const auto& p) { return p.first == rep.lost_input_port; });
+      if (lost == r.inputs_lost.end()) lost = r.inputs_lost.insert(r.inputs_lost.end(), {rep.lost_input_port, 0});
+      if (++lost->second >= kMaxInputLossesInARow) {
         FinishJob(*job, JobState::kFailed,
                   "vertex " + g.vertex(rep.vertex).name + " could not read input " +
                       std::to_string(rep.lost_input_port) + " (from " + g.vertex(producer).name + ") " +
-                      std::to_string(r.inputs_lost) + " times in a row, its producer re-run each time: " + rep.error);
+                      std::to_string(lost->second) + " times, its producer re-run each time: " + rep.error);
         Schedule();
         return;
       }
@@ -729,7 +736,7 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   // It ran, so what it was chained after delivered, whether or not that attempt's own report
   // has come yet: a completed vertex is never withdrawn as a chain that did not start.
   r.chained_after.clear();
-  r.inputs_lost = 0;
+  r.inputs_lost.clear();
   r.output_bytes = rep.output_bytes;
   r.output_bytes.resize(job.g().vertex(v).outputs.size(), 0);
   r.output_messages = rep.output_messages;
