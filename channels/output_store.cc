@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -442,15 +443,110 @@ Result<std::unique_ptr<OutputStore>> OutputStore::Make(fs::path dir, uint64_t me
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status::IOError("cannot create output directory " + dir.string() + ": " + ec.message());
-  // Outputs of an earlier process are unknown to this one (its job manager marked them lost).
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    auto name = e.path().filename().string();
-    if (e.is_directory() && name.rfind("job", 0) == 0 && name.size() > 3 &&
-        name.find_first_not_of("0123456789", 3) == std::string::npos) {
-      fs::remove_all(e.path(), ec);
+  std::unique_ptr<OutputStore> store(new OutputStore(std::move(dir), memory_budget_bytes));
+  store->AdoptEarlierOutputs();
+  return store;
+}
+
+namespace {
+
+/// Parses the decimal number at the start of `s` (advancing it); false when there is none.
+bool TakeNumber(std::string_view& s, uint64_t& out) {
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  if (ec != std::errc() || end == s.data()) return false;
+  s.remove_prefix(static_cast<size_t>(end - s.data()));
+  return true;
+}
+
+bool TakeLiteral(std::string_view& s, std::string_view literal) {
+  if (s.substr(0, literal.size()) != literal) return false;
+  s.remove_prefix(literal.size());
+  return true;
+}
+
+/// The key and file id of an output file's name, "v<V>.<version>.p<P>.<id>.out" (NewFilePath).
+std::optional<std::pair<OutputKey, uint64_t>> ParseOutputFileName(uint64_t job, std::string_view name) {
+  uint64_t vertex = 0, version = 0, port = 0, id = 0;
+  constexpr uint64_t k32 = std::numeric_limits<uint32_t>::max();
+  if (!TakeLiteral(name, "v") || !TakeNumber(name, vertex) || !TakeLiteral(name, ".") || !TakeNumber(name, version) ||
+      !TakeLiteral(name, ".p") || !TakeNumber(name, port) || !TakeLiteral(name, ".") || !TakeNumber(name, id) ||
+      name != ".out" || vertex > k32 || version > k32 || port > k32) {
+    return std::nullopt;
+  }
+  return std::pair{OutputKey{job, static_cast<uint32_t>(vertex), static_cast<uint32_t>(version), static_cast<uint32_t>(port)}, id};
+}
+
+/// Walks the record headers of an output file: its messages and payload bytes when the file is
+/// a magic followed by whole records and nothing else; nullopt when it is truncated or foreign.
+/// Checksums are not verified here (every read verifies them).
+std::optional<std::pair<uint64_t, uint64_t>> CountRecords(const fs::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct stat st {};
+  std::optional<std::pair<uint64_t, uint64_t>> counted;
+  if (::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) > sizeof internal::kFileMagic) {
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    std::vector<char> window(64 << 10);  // headers are read a window at a time, payloads skipped
+    uint64_t window_at = 0, window_len = 0, at = sizeof internal::kFileMagic, messages = 0, bytes = 0;
+    auto fill = [&](uint64_t offset) {
+      const ssize_t n = ::pread(fd, window.data(), window.size(), static_cast<off_t>(offset));
+      window_at = offset;
+      window_len = n > 0 ? static_cast<uint64_t>(n) : 0;
+    };
+    fill(0);
+    bool ok = window_len >= sizeof internal::kFileMagic &&
+              std::memcmp(window.data(), internal::kFileMagic, sizeof internal::kFileMagic) == 0;
+    while (ok && at < size) {
+      if (at + kRecordHeaderBytes > window_at + window_len) fill(at);
+      if (at + kRecordHeaderBytes > window_at + window_len) {
+        ok = false;  // a header cut short
+        break;
+      }
+      const uint64_t length = internal::GetU32(window.data() + (at - window_at));
+      at += kRecordHeaderBytes + length;
+      ++messages;
+      bytes += length;
+    }
+    if (ok && at == size) counted = std::pair{messages, bytes};
+  }
+  ::close(fd);
+  return counted;
+}
+
+}  // namespace
+
+void OutputStore::AdoptEarlierOutputs() {
+  std::error_code ec;
+  size_t adopted = 0, removed = 0;
+  uint64_t next_id = 0;
+  for (const auto& job_dir : fs::directory_iterator(dir_, ec)) {
+    const std::string job_name = job_dir.path().filename().string();
+    std::string_view digits = job_name;
+    uint64_t job = 0;
+    if (!job_dir.is_directory() || !TakeLiteral(digits, "job") || !TakeNumber(digits, job) || !digits.empty()) continue;
+    std::error_code dir_ec;
+    for (const auto& f : fs::directory_iterator(job_dir.path(), dir_ec)) {
+      const auto parsed = ParseOutputFileName(job, f.path().filename().string());
+      const auto counted = parsed && f.is_regular_file() ? CountRecords(f.path()) : std::nullopt;
+      if (!counted || entries_.count(parsed->first)) {  // temporary, malformed or a second copy
+        std::error_code rm_ec;
+        fs::remove_all(f.path(), rm_ec);
+        ++removed;
+        continue;
+      }
+      auto e = std::make_shared<Entry>();
+      e->info = OutputInfo{counted->second, counted->first, StorageKind::kFile, false};
+      e->file = f.path();
+      entries_.emplace(parsed->first, std::move(e));
+      next_id = std::max(next_id, parsed->second + 1);
+      ++adopted;
     }
   }
-  return std::unique_ptr<OutputStore>(new OutputStore(std::move(dir), memory_budget_bytes));
+  next_file_id_ = next_id;
+  if (adopted + removed > 0) {
+    Logger("chan")->info("output store {}: kept {} file outputs of an earlier process, removed {} other files",
+                         dir_.string(), adopted, removed);
+  }
 }
 
 bool OutputStore::TryReserve(uint64_t bytes) {

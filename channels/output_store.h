@@ -21,8 +21,11 @@
 //  * Reads verify every message's checksum: a mismatch or a missing/truncated file is DataLoss
 //    naming the key, which the caller treats like a lost input (re-run the producer).
 //
-// The store forgets everything when the process ends: Make() removes `job<N>` directories left
-// in `dir` by an earlier process.
+// Memory outputs end with the process. File outputs outlive it: Make() adopts the complete
+// output files an earlier process left in `dir` (a daemon restarted on the same work dir), so
+// that they are listed again and a job manager that held them for the daemon's return need not
+// re-run their vertices; it removes anything else there (temporary or malformed files). Whoever
+// no longer needs an adopted output drops it like any other.
 //
 // Thread-safety: every method may be called from any thread. Readers and writers are each used
 // by one thread at a time; a reader stays valid (and keeps reading the data it opened) after
@@ -167,6 +170,8 @@ class OutputStore {
   struct Entry;
 
   OutputStore(std::filesystem::path dir, uint64_t budget);
+  /// At Make: stores the complete output files found in `dir_` (see above); removes the rest.
+  void AdoptEarlierOutputs();
   bool TryReserve(uint64_t bytes);
   void Release(uint64_t bytes);
   std::filesystem::path JobDir(uint64_t job) const;

@@ -26,6 +26,7 @@ void AddJmCommand(CLI::App& app) {
     bool chain_dispatch = true;
     uint64_t journal_compact_bytes = 64ull << 20;
     int64_t finished_job_ttl_s = 3600;
+    int daemon_return_grace_ms = 1000;
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any; the address goes to STATE_DIR/jm.addr)");
@@ -54,6 +55,11 @@ void AddJmCommand(CLI::App& app) {
                   "how long a finished job stays queryable (with its kept outputs) before it is forgotten")
       ->check(CLI::Range(int64_t{0}, int64_t{10} * 365 * 86400))
       ->capture_default_str();
+  cmd->add_option("--daemon-return-grace-ms", opts->daemon_return_grace_ms,
+                  "how long a lost daemon's file outputs wait for it to come back under its name, on its work dir, "
+                  "before their vertices run again (0: at once)")
+      ->check(CLI::Range(0, 600000))
+      ->capture_default_str();
   cmd->callback([opts] {
     auto hp = net::ParseHostPort(opts->listen, "--listen");
     if (!hp.ok()) {
@@ -74,6 +80,7 @@ void AddJmCommand(CLI::App& app) {
     o.scheduler.chain_dispatch = opts->chain_dispatch;
     o.journal_compact_bytes = opts->journal_compact_bytes;
     o.scheduler.finished_job_ttl = std::chrono::seconds(opts->finished_job_ttl_s);
+    o.scheduler.daemon_return_grace = std::chrono::milliseconds(opts->daemon_return_grace_ms);
     auto server = jm::JmServer::Start(std::move(o));
     if (!server.ok()) {
       std::cerr << "copse jm: " << server.status().message() << "\n";

@@ -225,6 +225,7 @@ class JmServer::Impl : public DaemonSink {
         r.error = a.value("error", "");
         r.failure = ParseFailureClass(a.value("class", "program_error")).value_or(FailureClass::kProgramError);
         r.lost_input_port = a.value("lost_input", -1);
+        r.lost_input_unreachable = a.value("lost_input_unreachable", false);
         r.output_bytes = a.value("output_bytes", std::vector<uint64_t>{});
         r.output_messages = a.value("output_messages", std::vector<uint64_t>{});
         r.duration_ms = a.value("duration_ms", 0.0);

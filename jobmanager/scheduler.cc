@@ -98,7 +98,12 @@ struct Scheduler::Daemon {
   DaemonId id;
   DaemonSpec spec;
   bool alive = true;
-  bool awaiting = false;  // named by the journal, not re-registered since the restart
+  // Named by the journal and not re-registered since the restart, or lost with file outputs
+  // held for its return: not placed on, its outputs' consumers wait, until awaiting_until.
+  bool awaiting = false;
+  TimePoint awaiting_until{};
+  std::string awaiting_why;  // what DaemonLost says when it does not come back in time
+  TimePoint readdressed_at{};  // when it last came back awaited at a new data address (a new process)
   double free_cpus = 0;
   int free_gpus = 0;
   size_t running = 0;
@@ -217,6 +222,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
     // Back after a job manager restart: the same id, and the outputs it still holds.
     d->awaiting = false;
     d->alive = true;
+    if (spec.data_host != d->spec.data_host || spec.data_port != d->spec.data_port) d->readdressed_at = clock_.Now();
     d->free_cpus = spec.cpus;
     d->free_gpus = spec.gpus;
     d->spec = std::move(spec);
@@ -237,6 +243,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
       }
       RecomputePending(job);
     }
+    ReleaseStale(*d, inventory);
     Schedule();
     return d->id;
   }
@@ -248,21 +255,49 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
   DaemonId id = d->id;
   SchedLog()->info("daemon {} joined: {} cpus, {} gpus, data at {}:{}", d->spec.name, d->spec.cpus, d->spec.gpus,
                    d->spec.data_host, d->spec.data_port);
+  ReleaseStale(*d, inventory);
   daemons_.push_back(std::move(d));
   Schedule();
   return id;
+}
+
+void Scheduler::ReleaseStale(const Daemon& d, const OutputInventory& inventory) {
+  Json keys = Json::array();
+  for (const auto& [job_id, vertex, version, port] : inventory) {
+    auto it = jobs_.find(JobId(job_id));
+    if (it != jobs_.end() && vertex < it->second->runs.size()) {
+      const Job& job = *it->second;
+      const Run& r = job.runs[vertex];
+      if (r.state == VertexState::kCompleted && r.daemon == d.id && r.version == version &&
+          port < r.output_messages.size() && !OutputReleased(job.g(), VertexId(vertex), r, static_cast<int>(port))) {
+        continue;  // still what the job manager reads from there
+      }
+    }
+    keys.push_back({{"job", job_id}, {"vertex", vertex}, {"version", version}, {"port", port}});
+  }
+  if (keys.empty()) return;
+  SchedLog()->info("daemon {}: releasing {} listed outputs no job needs", d.spec.name, keys.size());
+  stale_outbox_[d.id] = {{"op", "release"}, {"keys", std::move(keys)}};
 }
 
 void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   if (id.value() >= daemons_.size()) return;
   Daemon& d = *daemons_[id.value()];
   if (!d.alive && !d.awaiting) return;
+  // A daemon lost while registered may come back on the same work dir with its file outputs;
+  // one already awaited (its grace over, or never back after a restart) does not.
+  const bool hold_files = d.alive && options_.daemon_return_grace > Duration::zero();
   d.alive = false;
-  d.awaiting = false;
+  d.awaiting = hold_files;
+  if (hold_files) {
+    d.awaiting_until = clock_.Now() + options_.daemon_return_grace;
+    d.awaiting_why = "did not come back within its return grace, after: " + why;
+  }
   d.free_cpus = 0;
   d.free_gpus = 0;
-  SchedLog()->warn("daemon {} lost: {}", d.spec.name, why);
+  SchedLog()->warn("daemon {} lost: {}{}", d.spec.name, why, hold_files ? " (its file outputs are held for its return)" : "");
   outbox_.erase(id);
+  stale_outbox_.erase(id);
   release_outbox_.erase(id);
   for (auto& [job_id, job_ptr] : jobs_) {
     Job& job = *job_ptr;
@@ -297,6 +332,7 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
       VertexId v = *it;
       Run& r = job.runs[v.value()];
       if (r.state != VertexState::kCompleted || r.daemon != id || r.released) continue;
+      if (hold_files && OutputsInFiles(g, v)) continue;  // until it is back, or its grace is over
       // Durable channels have their copies: lineage stops at them (a checkpoint).
       if (OutputNeeded(job, v, /*count_durable=*/false)) Regenerate(job, v, "its outputs were on lost daemon " + d.spec.name);
     }
@@ -316,6 +352,7 @@ DaemonId Scheduler::PlaceholderDaemon(const std::string& name) {
   d->spec.name = name;
   d->alive = false;
   d->awaiting = true;
+  d->awaiting_why = "did not come back after the job manager restarted";
   DaemonId id = d->id;
   daemons_.push_back(std::move(d));
   return id;
@@ -372,7 +409,10 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
       SchedLog()->error("journal: skipping a malformed record: {}", e.what());
     }
   }
-  restored_at_ = clock_.Now();
+  const TimePoint restored_at = clock_.Now();
+  for (auto& d : daemons_) {
+    if (d->awaiting) d->awaiting_until = restored_at + options_.recovery_grace;
+  }
   for (auto& [id, job] : jobs_) {
     if (job->state != JobState::kRunning) continue;
     // Attempts the old job manager started are unknown: new versions start above them so no
@@ -716,8 +756,18 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
         Schedule();
         return;
       }
+      // A consumer that could not reach a held output (file outputs of a lost daemon, kept for
+      // its return) runs again once the daemon is back, at its new address if it has one. A
+      // damaged or missing output, or one whose daemon answered, is regenerated as before.
+      const Run& pr = job->runs[producer.value()];
+      const Daemon* holder = pr.state == VertexState::kCompleted && pr.daemon.valid() ? daemons_[pr.daemon.value()].get() : nullptr;
+      const bool held = rep.lost_input_unreachable && holder && (holder->awaiting || holder->readdressed_at > r.started);
       Fail(*job, rep.vertex, FailureClass::kInputLost, rep.error, /*charge=*/false);
-      Regenerate(*job, producer, "consumer " + g.vertex(rep.vertex).name + " could not read it: " + rep.error);
+      if (held) {
+        Log(*job, producer, "output unreadable at daemon " + holder->spec.name + "'s old address; held for its return");
+      } else {
+        Regenerate(*job, producer, "consumer " + g.vertex(rep.vertex).name + " could not read it: " + rep.error);
+      }
       RecomputePending(*job);
     } else {
       Fail(*job, rep.vertex, FailureClass::kProgramError, rep.error, true);
@@ -942,6 +992,14 @@ bool Scheduler::OutputNeeded(const Job& job, VertexId v, bool count_durable) con
     }
   }
   return false;
+}
+
+bool Scheduler::OutputsInFiles(const JobGraph& g, VertexId v) {
+  for (const auto& port : g.vertex(v).outputs) {
+    // A port's storage is its first channel's kind (Dispatch); a port with none is a file.
+    if (!port.empty() && g.channel(port.front()).kind != ChannelKind::kFile) return false;
+  }
+  return true;
 }
 
 std::string Scheduler::DurablePath(const Job& job, VertexId v, uint32_t version, int port) const {
@@ -1461,6 +1519,9 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
 }
 
 void Scheduler::Flush() {
+  for (auto& [daemon, msg] : std::exchange(stale_outbox_, {})) {
+    if (daemons_[daemon.value()]->alive) sink_.SendToDaemon(daemon, msg);
+  }
   auto batches = std::move(outbox_);
   outbox_.clear();
   for (auto& [daemon, msg] : batches) {
@@ -1484,10 +1545,9 @@ void Scheduler::Tick() {
   releases_due_ = true;
   RandomChaosStep();
   TimePoint now = clock_.Now();
-  if (now - restored_at_ > options_.recovery_grace) {
-    for (size_t i = 0; i < daemons_.size(); ++i) {
-      if (daemons_[i]->awaiting) DaemonLost(DaemonId(static_cast<uint32_t>(i)), "did not come back after the job manager restarted");
-    }
+  for (size_t i = 0; i < daemons_.size(); ++i) {
+    const Daemon& d = *daemons_[i];
+    if (d.awaiting && now > d.awaiting_until) DaemonLost(DaemonId(static_cast<uint32_t>(i)), d.awaiting_why);
   }
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     Job& job = *it->second;

@@ -71,6 +71,7 @@ struct AttemptReport {
   FailureClass failure = FailureClass::kProgramError;
   std::string error;
   int lost_input_port = -1;           // with kInputLost: which input could not be read
+  bool lost_input_unreachable = false;  // ... because its daemon could not be reached (not damaged or missing)
   std::vector<uint64_t> output_bytes;     // per output port
   std::vector<uint64_t> output_messages;  // per output port; 0 lets consumers skip the fetch
   double duration_ms = 0;
@@ -102,6 +103,11 @@ struct SchedulerOptions {
   /// After a restart, how long daemons named in the journal have to come back before their
   /// outputs count as lost.
   Duration recovery_grace = std::chrono::seconds(3);
+  /// How long a lost daemon's file outputs are held for it to come back under its name (a
+  /// service manager restarting it on the same work dir, whose store keeps them) before they
+  /// count as lost; consumers that need them wait meanwhile. Its memory outputs and running
+  /// attempts are lost at once. Zero: file outputs are lost at once too.
+  Duration daemon_return_grace = std::chrono::seconds(1);
 };
 
 /// What a (re-)registering daemon still holds: (job, vertex, version, port) of each output.
@@ -113,12 +119,14 @@ class Scheduler {
   ~Scheduler();
 
   // ---- daemons -------------------------------------------------------------------------------
-  /// A daemon joined; AlreadyExists when a live daemon has the same name. A daemon the journal
-  /// named (after a restart) gets its old id back, and completed vertices whose outputs it no
-  /// longer holds (per `inventory`) run again.
+  /// A daemon joined; AlreadyExists when a live daemon has the same name. A daemon awaited
+  /// under that name (named by the journal after a restart, or lost within its return grace)
+  /// gets its old id back, and completed vertices whose outputs it no longer holds (per
+  /// `inventory`) run again. Listed outputs no job needs are released before its first task.
   Result<DaemonId> AddDaemon(DaemonSpec spec, const OutputInventory& inventory = {});
   /// A daemon is gone (connection dropped or heartbeats missed): its running attempts fail
-  /// (not charged), every output stored on it is lost and re-created if still needed.
+  /// (not charged), and the outputs stored on it are lost and re-created if still needed; its
+  /// file outputs only once it has not come back within `daemon_return_grace`.
   void DaemonLost(DaemonId daemon, const std::string& why);
 
   // ---- recovery -------------------------------------------------------------------------------
@@ -264,6 +272,11 @@ class Scheduler {
   /// Whether v's outputs are still needed: a consumer has not completed, or a job output reads
   /// it. `count_durable` false: consumers of durable ports do not count (their copies serve).
   bool OutputNeeded(const Job& job, VertexId v, bool count_durable = true) const;
+  /// Whether every output port of v is stored as a file (which outlives its daemon's process).
+  static bool OutputsInFiles(const JobGraph& g, VertexId v);
+  /// Queues, to go before d's first task, the release of the outputs in `inventory` that no job
+  /// reads from d (jobs forgotten, vertices re-run elsewhere or released meanwhile).
+  void ReleaseStale(const Daemon& d, const OutputInventory& inventory);
   /// The durable copy of output `port` of version `version` of v.
   std::string DurablePath(const Job& job, VertexId v, uint32_t version, int port) const;
   /// Deletes the job's durable directory (and the durable root when it is left empty).
@@ -290,8 +303,10 @@ class Scheduler {
   };
   std::optional<RandomChaos> chaos_;
   std::map<std::string, std::set<DaemonId>> nccl_groups_;  // group -> daemons awaiting its id
-  TimePoint restored_at_{};
   std::map<DaemonId, Json> outbox_;          // per daemon: {"op":"run","tasks":[…]}
+  /// Per (re-)registered daemon: {"op":"release"} of the outputs it listed that no job needs,
+  /// sent before any task (a new attempt could otherwise meet a stale output of its key).
+  std::map<DaemonId, Json> stale_outbox_;
   struct PendingReleases {
     Json msg;            // {"op":"release","keys":[…]}
     uint64_t bytes = 0;  // what dropping them frees

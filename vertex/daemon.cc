@@ -694,10 +694,13 @@ class Daemon::Impl {
     const Json& spec = task.spec;
     auto started = std::chrono::steady_clock::now();
     Json report = {{"job", spec["job"]}, {"vertex", spec["vertex"]}, {"version", spec["version"]}, {"ok", false}};
-    auto fail = [&](const std::string& cls, const std::string& error, int lost_input = -1) {
+    // `code`: why input `lost_input` could not be read; Unavailable (its daemon unreachable)
+    // tells the job manager the output itself may be intact (held for a daemon's return).
+    auto fail = [&](const std::string& cls, const std::string& error, int lost_input = -1, StatusCode code = StatusCode::kOk) {
       report["class"] = cls;
       report["error"] = error;
       if (lost_input >= 0) report["lost_input"] = lost_input;
+      if (lost_input >= 0 && code == StatusCode::kUnavailable) report["lost_input_unreachable"] = true;
       report["duration_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
       return report;
     };
@@ -757,7 +760,7 @@ class Daemon::Impl {
         }
         if (!reader.ok()) {
           return fail("input_lost", "input " + std::to_string(port) + " (" + key->ToString() + "): " + reader.status().message(),
-                      static_cast<int>(port));
+                      static_cast<int>(port), reader.status().code());
         }
         readers.push_back(std::make_unique<TrackingReader>(std::move(*reader), static_cast<int>(port), &lost_port));
       }
@@ -815,7 +818,7 @@ class Daemon::Impl {
       if (ctx.scratch_created()) std::filesystem::remove_all(scratch, ec);
       if (task.cancel->load()) return fail("cancelled", "cancelled");
       if (!st.ok()) {
-        if (lost_port >= 0) return fail("input_lost", "input " + std::to_string(lost_port) + ": " + st.message(), lost_port);
+        if (lost_port >= 0) return fail("input_lost", "input " + std::to_string(lost_port) + ": " + st.message(), lost_port, st.code());
         return fail("program_error", st.message());
       }
       Json bytes = Json::array(), messages = Json::array();

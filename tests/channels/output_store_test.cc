@@ -431,16 +431,46 @@ TEST_CASE("OutputStore.ConcurrentWritersAndReaders" * doctest::timeout(20)) {
   CHECK(store->memory_bytes() == 0);
 }
 
-TEST_CASE("OutputStore.MakeClearsOutputsOfAnEarlierProcess" * doctest::timeout(5)) {
+TEST_CASE("OutputStore.MakeKeepsTheCompleteFileOutputsOfAnEarlierProcess" * doctest::timeout(10)) {
   TempDir dir;
+  const OutputKey kept{1, 3, 2, 1}, truncated{1, 4, 1, 0}, other_job{7, 0, 5, 0};
+  const std::vector<std::string> messages = Messages();
   {
     auto store = MakeStore(dir);
-    WriteAll(*store, {1, 0, 0, 0}, StorageKind::kFile, {"x"});
+    WriteAll(*store, kept, StorageKind::kFile, messages);
+    WriteAll(*store, truncated, StorageKind::kFile, {Pattern(10000, 1, 1), "tail"});
+    WriteAll(*store, other_job, StorageKind::kFile, {"x"});
+    WriteAll(*store, {1, 5, 1, 0}, StorageKind::kMemory, {"gone with the process"});
+    WriteAll(*store, {1, 6, 1, 0}, StorageKind::kFile, {});  // empty: no file, nothing to keep
   }
+  const auto job1 = dir.path() / "outputs" / "job1";
+  for (const auto& e : std::filesystem::directory_iterator(job1)) {
+    if (e.path().filename().string().rfind("v4.", 0) == 0) std::filesystem::resize_file(e.path(), 5000);
+  }
+  std::ofstream(job1 / "v8.1.p0.9.out.tmp") << "a writer killed mid-output";
+  std::ofstream(job1 / "v9.1.p0.10.out") << "not an output file at all";
   std::filesystem::create_directories(dir.path() / "outputs" / "keepme");
+
   auto store = MakeStore(dir);
-  CHECK(CountFiles(dir.path() / "outputs") == 0);
+  CHECK(store->List() == std::vector<OutputKey>{kept, other_job});
+  CHECK(ReadAll(*store, kept) == messages);
+  CHECK(ReadAll(*store, other_job) == std::vector<std::string>{"x"});
+  auto info = store->Info(kept);
+  REQUIRE(info.ok());
+  CHECK(info->messages == messages.size());
+  uint64_t bytes = 0;
+  for (const auto& m : messages) bytes += m.size();
+  CHECK(info->bytes == bytes);
+  CHECK(info->requested == StorageKind::kFile);
+  CHECK(CountFiles(dir.path() / "outputs") == 2);  // the truncated, temporary and foreign files went
   CHECK(std::filesystem::exists(dir.path() / "outputs" / "keepme"));
+
+  // Adopted outputs live beside new ones and are dropped like them.
+  WriteAll(*store, {1, 3, 2, 2}, StorageKind::kFile, {"new"});
+  CHECK(ReadAll(*store, kept) == messages);
+  CHECK(store->CreateWriter(kept, StorageKind::kFile).status().code() == StatusCode::kAlreadyExists);
+  store->DropJob(1);
+  CHECK(CountFiles(dir.path() / "outputs") == 1);
 }
 
 }  // namespace copse::chan

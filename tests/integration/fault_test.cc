@@ -78,6 +78,38 @@ TEST_CASE("Faults.KillingTheDaemonThatHoldsNeededOutputsCascadesUpstream") {
   CHECK_MESSAGE(HasRecovery(st, "a[0]", "output_lost"), st["recoveries"].dump(2));
 }
 
+TEST_CASE("Faults.ADaemonRestartedOnItsWorkDirKeepsItsFileOutputs") {
+  // A service manager restarts the killed daemon under its name and work dir within the job
+  // manager's return grace: b's file outputs it wrote are listed again and read from there,
+  // so nothing runs again for a lost output.
+  TestCluster cluster(2, 2, 1000, {"--daemon-return-grace-ms", "30000"});
+  Json job = ChecksumChain(4);
+  job["faults"] = {{{"delay", "c"}, {"ms", 700}}, {{"kill_daemon_of", "b[0]"}, {"when", {{"completed", 8}}}}};
+  const std::string expected = FaultFreeOutput(cluster, job, "digest.txt");
+  const uint64_t id = cluster.Submit(job);
+  std::string dead;
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20); dead.empty();) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    auto reply = cluster.client().Call({{"op", "daemons"}});
+    REQUIRE(reply.ok());
+    for (const auto& d : (*reply)["daemons"]) {
+      if (!d["alive"].get<bool>()) dead = d["name"];
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  cluster.AddDaemon(dead, 2);
+  const Json st = cluster.Wait(id);
+  REQUIRE_MESSAGE(st["state"] == "completed", st.dump(2));
+  CHECK(cluster.Output(id, "digest.txt") == expected);
+  CHECK(st["faults"].size() == 2);
+  for (const auto& r : st["recoveries"]) CHECK_MESSAGE(r["reason"] != "output_lost", st["recoveries"].dump(2));
+  // It came back as itself: one daemon of that name, alive.
+  auto reply = cluster.client().Call({{"op", "daemons"}});
+  REQUIRE(reply.ok());
+  CHECK((*reply)["daemons"].size() == 2);
+  for (const auto& d : (*reply)["daemons"]) CHECK(d["alive"].get<bool>());
+}
+
 /// ChecksumChain with durable channels from a to b: a's outputs have copies under durable_dir.
 Json DurableChecksumChain(int width) {
   Json job = ChecksumChain(width);

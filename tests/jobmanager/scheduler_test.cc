@@ -88,7 +88,7 @@ struct Harness {
   std::vector<std::pair<DaemonId, Json>> unclaimed;
   /// Reports a task's attempt as finished and flushes what the scheduler sends in answer.
   void Finish(const Json& task, bool ok, std::vector<uint64_t> bytes = {}, FailureClass cls = FailureClass::kProgramError,
-              int lost_input = -1) {
+              int lost_input = -1, bool unreachable = false) {
     AttemptReport r;
     r.job = JobId(task["job"].get<uint64_t>());
     r.vertex = VertexId(task["vertex"].get<uint32_t>());
@@ -97,6 +97,7 @@ struct Harness {
     r.failure = cls;
     r.error = ok ? "" : "boom";
     r.lost_input_port = lost_input;
+    r.lost_input_unreachable = unreachable;
     if (bytes.empty()) bytes.assign(task["outputs"].size(), 1);
     r.output_bytes = bytes;
     r.output_messages.assign(bytes.size(), 1);
@@ -104,6 +105,13 @@ struct Harness {
     sched.Flush();
   }
   std::string State(JobId job) { return sched.JobStatus(job)["state"]; }
+  /// A daemon lost for good: its connection dropped and its return grace passed.
+  void LoseForGood(DaemonId d) {
+    sched.DaemonLost(d, "test");
+    clock.Advance(SchedulerOptions().daemon_return_grace + std::chrono::milliseconds(1));
+    sched.Tick();
+    sched.Flush();
+  }
 };
 
 const char* kChain = R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
@@ -217,8 +225,18 @@ TEST_CASE("Scheduler.ADaemonLossRegeneratesLostOutputsUpstream") {
   DaemonId d1 = h.AddDaemon("d1");
   h.sched.DaemonLost(d0, "test");
   h.sched.Flush();
-  // c failed with its daemon (not charged); b and a lost their outputs: a runs again first
-  // (b is chained after it, and c after b).
+  // c failed with its daemon (not charged); b's file output is held for d0's return, and c
+  // waits for it.
+  CHECK(h.sink.TakeTasks().empty());
+  h.clock.Advance(SchedulerOptions().daemon_return_grace);
+  h.sched.Tick();
+  h.sched.Flush();
+  CHECK(h.sink.TakeTasks().empty());
+  // d0 did not come back in time: b and a lost their outputs, and a runs again first (b is
+  // chained after it, and c after b).
+  h.clock.Advance(std::chrono::milliseconds(1));
+  h.sched.Tick();
+  h.sched.Flush();
   auto [where, a2] = h.Next("a[0]");
   CHECK(where == d1);
   CHECK(a2["version"] == 2);
@@ -239,6 +257,145 @@ TEST_CASE("Scheduler.ADaemonLossRegeneratesLostOutputsUpstream") {
   CHECK(output_lost == 2);
   CHECK(daemon_lost == 1);
   (void)c;
+}
+
+TEST_CASE("Scheduler.ADaemonBackWithinItsGraceKeepsTheFileOutputsItStillHolds") {
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0");
+  JobId job = h.Submit(kChain);
+  Json a = h.Next("a[0]").second;
+  h.Finish(a, true);
+  Json b = h.Next("b[0]").second;
+  h.Finish(b, true);
+  h.Next("c[0]");  // running on d0 when it dies
+  h.AddDaemon("d1");
+  h.sched.DaemonLost(d0, "test");
+  h.sched.Flush();
+  CHECK(h.sink.TakeTasks().empty());  // c waits for b's output, held for d0
+
+  // d0 restarts on its work dir: its store lists b's output, a's (released meanwhile, not
+  // dropped yet) and one of a job this job manager does not know.
+  auto key = [](const Json& task) {
+    return OutputInventory::value_type{task["job"].get<uint64_t>(), task["vertex"].get<uint32_t>(),
+                                       task["version"].get<uint32_t>(), 0};
+  };
+  DaemonSpec spec;
+  spec.name = "d0";
+  spec.cpus = 1;
+  spec.data_host = "127.0.0.1";
+  spec.data_port = 9100;  // a new process: a new data port
+  h.sink.sent.clear();
+  auto back = h.sched.AddDaemon(spec, {key(a), key(b), {77, 0, 1, 0}});
+  REQUIRE(back.ok());
+  CHECK(*back == d0);
+  h.sched.Flush();
+  // First what no job reads from there, then c again, reading b from d0's new address.
+  REQUIRE(!h.sink.sent.empty());
+  CHECK(h.sink.sent.front().first == d0);
+  CHECK(h.sink.sent.front().second["op"] == "release");
+  const Json stale = h.sink.sent.front().second["keys"];
+  REQUIRE(stale.size() == 2);
+  CHECK(stale[0]["vertex"] == a["vertex"]);
+  CHECK(stale[1]["job"] == 77);
+  Json c2 = h.Next("c[0]").second;
+  CHECK(c2["version"] == 2);
+  CHECK(c2["inputs"][0]["port"] == 9100);
+  h.Finish(c2, true);
+  CHECK(h.State(job) == "completed");
+  const Json st = h.sched.JobStatus(job);
+  REQUIRE(st["recoveries"].size() == 1);
+  CHECK(st["recoveries"][0]["vertex"] == "c[0]");
+  CHECK(st["recoveries"][0]["reason"] == "daemon_lost");
+}
+
+TEST_CASE("Scheduler.AConsumerThatCouldNotReachAHeldOutputRunsAgainOnceItsDaemonIsBack") {
+  SchedulerOptions options;
+  options.chain_dispatch = false;
+  Harness h(options);
+  h.AddDaemon("d0");
+  h.AddDaemon("d1");
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "replicas": 2}, {"name": "c", "program": "noop"}],
+                           "edges": [{"from": "a", "to": "c", "pattern": "gather"}],
+                           "outputs": [{"from": "c", "path": "out"}]})");
+  auto [a0_daemon, a0] = h.Next("a[0]");
+  auto [a1_daemon, a1] = h.Next("a[1]");
+  REQUIRE(a0_daemon != a1_daemon);
+  h.Finish(a0, true);
+  h.Finish(a1, true);
+  auto [c_daemon, c] = h.Next("c[0]");
+  const DaemonId holder = c_daemon == a0_daemon ? a1_daemon : a0_daemon;
+  const Json& held = c_daemon == a0_daemon ? a1 : a0;
+  const int port = c_daemon == a0_daemon ? 1 : 0;
+  h.sched.DaemonLost(holder, "test");
+  h.sched.Flush();
+  SUBCASE("a damaged output is regenerated at once") {
+    h.Finish(c, false, {}, FailureClass::kInputLost, port, /*unreachable=*/false);
+    auto [where, again] = h.Next(held["name"].get<std::string>());
+    CHECK(where == c_daemon);
+    CHECK(again["version"] == 2);
+    return;
+  }
+  // c, on the other daemon, could not connect to the gone process: it runs again, but its
+  // producer's file output is held, not regenerated.
+  h.Finish(c, false, {}, FailureClass::kInputLost, port, /*unreachable=*/true);
+  CHECK(h.sink.TakeTasks().empty());
+  DaemonSpec spec;
+  spec.name = holder == DaemonId(0) ? "d0" : "d1";
+  spec.cpus = 1;
+  spec.data_host = "127.0.0.1";
+  spec.data_port = 9100;
+  REQUIRE(h.sched.AddDaemon(spec, {{job.value(), held["vertex"].get<uint32_t>(), 1, 0}}).ok());
+  h.sched.Flush();
+  Json c2 = h.Next("c[0]").second;
+  CHECK(c2["inputs"][port]["port"] == 9100);
+  h.Finish(c2, true);
+  CHECK(h.State(job) == "completed");
+  for (const auto& r : h.sched.JobStatus(job)["recoveries"]) {
+    CHECK(r["vertex"] == "c[0]");
+    CHECK(r["reason"] == "input_lost");
+  }
+}
+
+TEST_CASE("Scheduler.ADaemonBackWithoutAHeldOutputRegeneratesIt") {
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0");
+  JobId job = h.Submit(kChain);
+  h.Finish(h.Next("a[0]").second, true);
+  h.Finish(h.Next("b[0]").second, true);
+  h.Next("c[0]");
+  h.sched.DaemonLost(d0, "test");
+  DaemonSpec spec;
+  spec.name = "d0";
+  spec.cpus = 1;
+  spec.data_host = "127.0.0.1";
+  spec.data_port = 9100;
+  REQUIRE(h.sched.AddDaemon(spec, {}).ok());  // its work dir was wiped
+  h.sched.Flush();
+  h.Finish(h.Next("a[0]").second, true);
+  h.Finish(h.Next("b[0]").second, true);
+  h.Finish(h.Next("c[0]").second, true);
+  CHECK(h.State(job) == "completed");
+}
+
+TEST_CASE("Scheduler.ALostDaemonsMemoryOutputsAreRegeneratedAtOnce") {
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
+                                      {"name": "c", "program": "noop"}],
+                           "edges": [{"from": "a", "to": "b", "channel": "memory"}, {"from": "b", "to": "c", "channel": "memory"}],
+                           "outputs": [{"from": "c", "path": "out"}]})");
+  h.Finish(h.Next("a[0]").second, true);
+  h.Finish(h.Next("b[0]").second, true);
+  h.Next("c[0]");
+  DaemonId d1 = h.AddDaemon("d1");
+  h.sched.DaemonLost(d0, "test");
+  h.sched.Flush();
+  auto [where, a2] = h.Next("a[0]");  // no grace: memory ends with the process
+  CHECK(where == d1);
+  h.Finish(a2, true);
+  h.Finish(h.Next("b[0]").second, true);
+  h.Finish(h.Next("c[0]").second, true);
+  CHECK(h.State(job) == "completed");
 }
 
 TEST_CASE("Scheduler.ConsumedOutputsAreReleasedAndRegeneratedWhenNeededAgain") {
@@ -451,8 +608,7 @@ TEST_CASE("Scheduler.ADurableOutputOutlivesItsDaemonAndStopsLineage") {
   CHECK(b["inputs"][0]["local"] == true);
   CHECK(b["inputs"][0]["durable"] == copy);
   DaemonId d1 = h.AddDaemon("d1");
-  h.sched.DaemonLost(d0, "test");
-  h.sched.Flush();
+  h.LoseForGood(d0);
   // b (and c, chained after it) died with d0; a's output is lost with d0's store but its copy
   // is not: a does not re-run.
   auto [where, b2] = h.Next("b[0]");
@@ -686,8 +842,7 @@ TEST_CASE("Scheduler.ARemoteChainThatCompletedStaysCompletedWhenItsPredecessorsD
   const JobId job(q1["job"].get<uint64_t>());
   const DaemonId p1_daemon(q1["inputs"][1]["port"] == 9000 + '0' ? 0 : 1);  // where q1 fetched from
   h.Finish(q1, true);
-  h.sched.DaemonLost(p1_daemon, "test");
-  h.sched.Flush();
+  h.LoseForGood(p1_daemon);
   for (int i = 0; i < 10 && h.State(job) == "running"; ++i) {
     auto [where, t] = h.Next();
     CHECK(where != p1_daemon);
