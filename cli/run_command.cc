@@ -99,6 +99,9 @@ class LocalCluster {
     std::vector<std::string> jm_args = {"jm", "--listen", "127.0.0.1:0", "--state-dir", state.string(),
                                         "--heartbeat-timeout-ms", std::to_string(o.heartbeat_timeout_ms)};
     if (!o.chain_dispatch) jm_args.push_back("--no-chain-dispatch");
+    // Nothing restarts a daemon of this embedded cluster: a lost one's file outputs are not
+    // worth waiting for.
+    jm_args.insert(jm_args.end(), {"--daemon-return-grace-ms", "0"});
     COPSE_ASSIGN_OR_RETURN(pid_t jm, SpawnSelf(jm_args, {}, (dir_ / "jm.log").string()));
     pids_.push_back(jm);
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
