@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cerrno>
 #include <climits>
+#include <fstream>
 #include <cstring>
 #include <limits>
 
@@ -519,11 +520,24 @@ void OutputStore::AdoptEarlierOutputs() {
   std::error_code ec;
   size_t adopted = 0, removed = 0;
   uint64_t next_id = 0;
+  // Files are renamed into place without fsync: after a process crash the page cache has them
+  // whole, after a machine crash they may be cut short at a record boundary and still parse.
+  // Only outputs written since this boot are adopted (the kernel's boot id, kept beside them).
+  std::string boot, recorded;
+  std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), boot);
+  std::getline(std::ifstream(dir_ / "boot_id"), recorded);
+  const bool same_boot = !boot.empty() && boot == recorded;
+  std::ofstream(dir_ / "boot_id", std::ios::trunc) << boot << "\n";
   for (const auto& job_dir : fs::directory_iterator(dir_, ec)) {
     const std::string job_name = job_dir.path().filename().string();
     std::string_view digits = job_name;
     uint64_t job = 0;
     if (!job_dir.is_directory() || !TakeLiteral(digits, "job") || !TakeNumber(digits, job) || !digits.empty()) continue;
+    if (!same_boot) {
+      std::error_code rm_ec;
+      removed += fs::remove_all(job_dir.path(), rm_ec) > 0;
+      continue;
+    }
     std::error_code dir_ec;
     for (const auto& f : fs::directory_iterator(job_dir.path(), dir_ec)) {
       const auto parsed = ParseOutputFileName(job, f.path().filename().string());

@@ -24,8 +24,9 @@
 // Memory outputs end with the process. File outputs outlive it: Make() adopts the complete
 // output files an earlier process left in `dir` (a daemon restarted on the same work dir), so
 // that they are listed again and a job manager that held them for the daemon's return need not
-// re-run their vertices; it removes anything else there (temporary or malformed files). Whoever
-// no longer needs an adopted output drops it like any other.
+// re-run their vertices; it removes anything else there (temporary or malformed files), and
+// every output when the machine has rebooted since they were written (they were never synced).
+// Whoever no longer needs an adopted output drops it like any other.
 //
 // Thread-safety: every method may be called from any thread. Readers and writers are each used
 // by one thread at a time; a reader stays valid (and keeps reading the data it opened) after

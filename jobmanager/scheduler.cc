@@ -268,7 +268,10 @@ void Scheduler::ReleaseStale(const Daemon& d, const OutputInventory& inventory) 
     if (it != jobs_.end() && vertex < it->second->runs.size()) {
       const Job& job = *it->second;
       const Run& r = job.runs[vertex];
-      if (r.state == VertexState::kCompleted && r.daemon == d.id && r.version == version &&
+      // A job that ended while the daemon was away sent it no gc: keep only a completed job's
+      // declared outputs, which clients still copy.
+      const bool job_reads = job.state == JobState::kRunning || (job.state == JobState::kCompleted && job.declared[vertex]);
+      if (job_reads && r.state == VertexState::kCompleted && r.daemon == d.id && r.version == version &&
           port < r.output_messages.size() && !OutputReleased(job.g(), VertexId(vertex), r, static_cast<int>(port))) {
         continue;  // still what the job manager reads from there
       }
@@ -737,31 +740,33 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
   if (rep.ok) {
     Complete(*job, rep.vertex, rep);
   } else if (rep.failure == FailureClass::kInputLost && rep.lost_input_port >= 0 &&
-             !IsLive(job->g().channel(job->g().vertex(rep.vertex).inputs.at(
-                 std::min<size_t>(rep.lost_input_port, job->g().vertex(rep.vertex).inputs.size() - 1))).kind)) {
+             static_cast<size_t>(rep.lost_input_port) < job->g().vertex(rep.vertex).inputs.size() &&
+             !IsLive(job->g().channel(job->g().vertex(rep.vertex).inputs[rep.lost_input_port]).kind)) {
     const JobGraph& g = job->g();
     const auto& inputs = g.vertex(rep.vertex).inputs;
     if (static_cast<size_t>(rep.lost_input_port) < inputs.size()) {
       VertexId producer = g.channel(inputs[rep.lost_input_port]).from;
-      // Each lost input is regenerated, so only one lost again and again means its producer
-      // cannot make a readable output; different ones lost once each are faults of their own.
-      auto lost = std::find_if(r.inputs_lost.begin(), r.inputs_lost.end(),
-                               [&](const auto& p) { return p.first == rep.lost_input_port; });
-      if (lost == r.inputs_lost.end()) lost = r.inputs_lost.insert(r.inputs_lost.end(), {rep.lost_input_port, 0});
-      if (++lost->second >= kMaxInputLossesInARow) {
-        FinishJob(*job, JobState::kFailed,
-                  "vertex " + g.vertex(rep.vertex).name + " could not read input " +
-                      std::to_string(rep.lost_input_port) + " (from " + g.vertex(producer).name + ") " +
-                      std::to_string(lost->second) + " times, its producer re-run each time: " + rep.error);
-        Schedule();
-        return;
-      }
       // A consumer that could not reach a held output (file outputs of a lost daemon, kept for
       // its return) runs again once the daemon is back, at its new address if it has one. A
       // damaged or missing output, or one whose daemon answered, is regenerated as before.
       const Run& pr = job->runs[producer.value()];
       const Daemon* holder = pr.state == VertexState::kCompleted && pr.daemon.valid() ? daemons_[pr.daemon.value()].get() : nullptr;
       const bool held = rep.lost_input_unreachable && holder && (holder->awaiting || holder->readdressed_at > r.started);
+      if (!held) {
+        // Each lost input is regenerated, so only one lost again and again means its producer
+        // cannot make a readable output; different ones lost once each are faults of their own.
+        auto lost = std::find_if(r.inputs_lost.begin(), r.inputs_lost.end(),
+                                 [&](const auto& p) { return p.first == rep.lost_input_port; });
+        if (lost == r.inputs_lost.end()) lost = r.inputs_lost.insert(r.inputs_lost.end(), {rep.lost_input_port, 0});
+        if (++lost->second >= kMaxInputLossesInARow) {
+          FinishJob(*job, JobState::kFailed,
+                    "vertex " + g.vertex(rep.vertex).name + " could not read input " +
+                        std::to_string(rep.lost_input_port) + " (from " + g.vertex(producer).name + ") " +
+                        std::to_string(lost->second) + " times, its producer re-run each time: " + rep.error);
+          Schedule();
+          return;
+        }
+      }
       Fail(*job, rep.vertex, FailureClass::kInputLost, rep.error, /*charge=*/false);
       if (held) {
         Log(*job, producer, "output unreadable at daemon " + holder->spec.name + "'s old address; held for its return");
@@ -878,6 +883,7 @@ void Scheduler::TryChain(Job& job, VertexId u) {
   };
   for (ChannelId ch : node.inputs) visit(ch);
   for (ChannelId ch : node.order_in) visit(ch);
+  if (ReadsFromAnAwaitedDaemon(job, u)) return;
   for (const auto& port : node.outputs) {
     for (ChannelId ch : port) live = live || IsLive(g.channel(ch).kind);
   }
@@ -990,6 +996,19 @@ bool Scheduler::OutputNeeded(const Job& job, VertexId v, bool count_durable) con
       if (!count_durable && c.kind == ChannelKind::kDurable) continue;
       if (job.runs[c.to.value()].state != VertexState::kCompleted) return true;
     }
+  }
+  return false;
+}
+
+bool Scheduler::ReadsFromAnAwaitedDaemon(const Job& job, VertexId v) const {
+  const JobGraph& g = job.g();
+  for (ChannelId ch : g.vertex(v).inputs) {
+    const ChannelEdge& c = g.channel(ch);
+    if (IsLive(c.kind) || c.kind == ChannelKind::kDurable) continue;  // nothing stored / a copy serves
+    const Run& p = job.runs[c.from.value()];
+    if (p.state != VertexState::kCompleted || !p.daemon.valid() || !daemons_[p.daemon.value()]->awaiting) continue;
+    const size_t port = static_cast<size_t>(c.from_port);
+    if (port >= p.output_messages.size() || p.output_messages[port] > 0) return true;  // empty: nothing to read
   }
   return false;
 }
@@ -1237,6 +1256,7 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   auto fits = [&](const Daemon& d) {
     return d.alive && d.free_cpus + 1e-9 >= need.cpus && d.free_gpus >= need.gpus && d.spec.cpus + 1e-9 >= need.cpus;
   };
+  if (ReadsFromAnAwaitedDaemon(job, v)) return false;  // not back yet: its outputs are held for it
   if (pinned) {
     if (!fits(*pinned)) return false;
     Dispatch(job, v, *pinned, /*duplicate=*/false);
@@ -1248,7 +1268,6 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   for (ChannelId ch : g.vertex(v).inputs) {
     const ChannelEdge& c = g.channel(ch);
     const Run& p = job.runs[c.from.value()];
-    if (p.daemon.valid() && daemons_[p.daemon.value()]->awaiting) return false;  // not back yet
     if (p.daemon.valid() && static_cast<size_t>(c.from_port) < p.output_bytes.size()) {
       request.input_bytes[p.daemon] += p.output_bytes[c.from_port];
     }
@@ -1344,6 +1363,7 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
     auto fits = [&](const Daemon& d) {
       return d.alive && !d.awaiting && free_cpus[d.id.value()] + 1e-9 >= need.cpus && free_gpus[d.id.value()] >= need.gpus;
     };
+    if (ReadsFromAnAwaitedDaemon(job, m)) return false;
     // shm ends share a daemon: follow a member this one is joined to by shm, if placed.
     std::optional<DaemonId> forced;
     for (const auto& ch : g.channels()) {
@@ -1364,7 +1384,6 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
         const ChannelEdge& c = g.channel(ch);
         const Run& p = job.runs[c.from.value()];
         if (IsLive(c.kind) || !p.daemon.valid()) continue;
-        if (daemons_[p.daemon.value()]->awaiting) return false;
         if (static_cast<size_t>(c.from_port) < p.output_bytes.size()) request.input_bytes[p.daemon] += p.output_bytes[c.from_port];
       }
       request.waited = std::chrono::hours(1);  // a gang does not wait for locality

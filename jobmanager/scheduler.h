@@ -272,6 +272,9 @@ class Scheduler {
   /// Whether v's outputs are still needed: a consumer has not completed, or a job output reads
   /// it. `count_durable` false: consumers of durable ports do not count (their copies serve).
   bool OutputNeeded(const Job& job, VertexId v, bool count_durable = true) const;
+  /// Whether v reads a stored, non-empty output held for an awaited daemon (no durable copy):
+  /// it is neither placed nor chained until that daemon is back or given up.
+  bool ReadsFromAnAwaitedDaemon(const Job& job, VertexId v) const;
   /// Whether every output port of v is stored as a file (which outlives its daemon's process).
   static bool OutputsInFiles(const JobGraph& g, VertexId v);
   /// Queues, to go before d's first task, the release of the outputs in `inventory` that no job

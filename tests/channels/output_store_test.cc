@@ -50,10 +50,15 @@ std::vector<std::string> ReadAll(OutputStore& store, const OutputKey& key) {
   return Drain(**r);
 }
 
-size_t CountFiles(const std::filesystem::path& dir) {
+/// Regular files under `dir` whose names end with `suffix`, but for the store's boot_id.
+size_t CountFiles(const std::filesystem::path& dir, const std::string& suffix = "") {
   size_t n = 0;
   if (!std::filesystem::exists(dir)) return 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) n += e.is_regular_file();
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    n += e.is_regular_file() && name != "boot_id" && name.size() >= suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  }
   return n;
 }
 
@@ -462,7 +467,8 @@ TEST_CASE("OutputStore.MakeKeepsTheCompleteFileOutputsOfAnEarlierProcess" * doct
   for (const auto& m : messages) bytes += m.size();
   CHECK(info->bytes == bytes);
   CHECK(info->requested == StorageKind::kFile);
-  CHECK(CountFiles(dir.path() / "outputs") == 2);  // the truncated, temporary and foreign files went
+  CHECK(CountFiles(dir.path() / "outputs", ".out") == 2);  // the truncated and foreign files went
+  CHECK(CountFiles(dir.path() / "outputs", ".tmp") == 0);
   CHECK(std::filesystem::exists(dir.path() / "outputs" / "keepme"));
 
   // Adopted outputs live beside new ones and are dropped like them.
@@ -470,7 +476,16 @@ TEST_CASE("OutputStore.MakeKeepsTheCompleteFileOutputsOfAnEarlierProcess" * doct
   CHECK(ReadAll(*store, kept) == messages);
   CHECK(store->CreateWriter(kept, StorageKind::kFile).status().code() == StatusCode::kAlreadyExists);
   store->DropJob(1);
-  CHECK(CountFiles(dir.path() / "outputs") == 1);
+  CHECK(CountFiles(dir.path() / "outputs", ".out") == 1);
+}
+
+TEST_CASE("OutputStore.MakeRemovesOutputsWrittenBeforeTheMachineRebooted" * doctest::timeout(10)) {
+  TempDir dir;
+  WriteAll(*MakeStore(dir), {1, 0, 1, 0}, StorageKind::kFile, {"x"});
+  CHECK(MakeStore(dir)->List().size() == 1);  // same boot: kept
+  std::ofstream(dir.path() / "outputs" / "boot_id") << "another-boot\n";
+  CHECK(MakeStore(dir)->List().empty());  // unsynced files of an earlier boot: removed
+  CHECK(CountFiles(dir.path() / "outputs", ".out") == 0);
 }
 
 }  // namespace copse::chan

@@ -356,6 +356,40 @@ TEST_CASE("Scheduler.AConsumerThatCouldNotReachAHeldOutputRunsAgainOnceItsDaemon
   }
 }
 
+TEST_CASE("Scheduler.APinnedConsumerOfAHeldOutputWaitsForItsDaemon") {
+  // q1 is pinned (affinity) to a live daemon but reads p's file output, held for p's lost
+  // daemon: it waits instead of failing to connect time after time.
+  SchedulerOptions options;
+  options.chain_dispatch = false;
+  Harness h(options);
+  h.AddDaemon("d0");
+  h.AddDaemon("d1");
+  JobId job = h.Submit(R"({"stages": [{"name": "p", "program": "noop", "affinity": "g1"},
+                                      {"name": "q0", "program": "noop", "affinity": "g2"},
+                                      {"name": "q1", "program": "noop", "affinity": "g2"}],
+                           "edges": [{"from": "p", "to": "q1"}, {"from": "q0", "to": "q1"}],
+                           "outputs": [{"from": "q1", "path": "out"}]})");
+  auto [p_daemon, p] = h.Next("p[0]");
+  auto [q_daemon, q0] = h.Next("q0[0]");
+  REQUIRE(p_daemon != q_daemon);
+  h.Finish(p, true);
+  h.sched.DaemonLost(p_daemon, "test");
+  h.Finish(q0, true);  // q1 is ready, pinned to q0's daemon
+  CHECK(h.sink.TakeTasks().empty());
+  DaemonSpec spec;
+  spec.name = p_daemon == DaemonId(0) ? "d0" : "d1";
+  spec.cpus = 1;
+  spec.data_host = "127.0.0.1";
+  spec.data_port = 9100;
+  REQUIRE(h.sched.AddDaemon(spec, {{job.value(), p["vertex"].get<uint32_t>(), 1, 0}}).ok());
+  h.sched.Flush();
+  auto [where, q1] = h.Next("q1[0]");
+  CHECK(where == q_daemon);
+  h.Finish(q1, true);
+  CHECK(h.State(job) == "completed");
+  CHECK(h.sched.JobStatus(job)["recoveries"].empty());
+}
+
 TEST_CASE("Scheduler.ADaemonBackWithoutAHeldOutputRegeneratesIt") {
   Harness h;
   DaemonId d0 = h.AddDaemon("d0");
