@@ -105,6 +105,17 @@ struct Harness {
     sched.Flush();
   }
   std::string State(JobId job) { return sched.JobStatus(job)["state"]; }
+  /// Daemon `name` registering again as a new process (a new data port, 9100), listing `inventory`.
+  DaemonId ComeBack(const std::string& name, const OutputInventory& inventory) {
+    DaemonSpec spec;
+    spec.name = name;
+    spec.cpus = 1;
+    spec.data_host = "127.0.0.1";
+    spec.data_port = 9100;
+    auto id = sched.AddDaemon(spec, inventory);
+    REQUIRE(id.ok());
+    return *id;
+  }
   /// A daemon lost for good: its connection dropped and its return grace passed.
   void LoseForGood(DaemonId d) {
     sched.DaemonLost(d, "test");
@@ -279,15 +290,8 @@ TEST_CASE("Scheduler.ADaemonBackWithinItsGraceKeepsTheFileOutputsItStillHolds") 
     return OutputInventory::value_type{task["job"].get<uint64_t>(), task["vertex"].get<uint32_t>(),
                                        task["version"].get<uint32_t>(), 0};
   };
-  DaemonSpec spec;
-  spec.name = "d0";
-  spec.cpus = 1;
-  spec.data_host = "127.0.0.1";
-  spec.data_port = 9100;  // a new process: a new data port
   h.sink.sent.clear();
-  auto back = h.sched.AddDaemon(spec, {key(a), key(b), {77, 0, 1, 0}});
-  REQUIRE(back.ok());
-  CHECK(*back == d0);
+  CHECK(h.ComeBack("d0", {key(a), key(b), {77, 0, 1, 0}}) == d0);
   h.sched.Flush();
   // First what no job reads from there, then c again, reading b from d0's new address.
   REQUIRE(!h.sink.sent.empty());
@@ -339,12 +343,7 @@ TEST_CASE("Scheduler.AConsumerThatCouldNotReachAHeldOutputRunsAgainOnceItsDaemon
   // producer's file output is held, not regenerated.
   h.Finish(c, false, {}, FailureClass::kInputLost, port, /*unreachable=*/true);
   CHECK(h.sink.TakeTasks().empty());
-  DaemonSpec spec;
-  spec.name = holder == DaemonId(0) ? "d0" : "d1";
-  spec.cpus = 1;
-  spec.data_host = "127.0.0.1";
-  spec.data_port = 9100;
-  REQUIRE(h.sched.AddDaemon(spec, {{job.value(), held["vertex"].get<uint32_t>(), 1, 0}}).ok());
+  h.ComeBack(holder == DaemonId(0) ? "d0" : "d1", {{job.value(), held["vertex"].get<uint32_t>(), 1, 0}});
   h.sched.Flush();
   Json c2 = h.Next("c[0]").second;
   CHECK(c2["inputs"][port]["port"] == 9100);
@@ -376,12 +375,7 @@ TEST_CASE("Scheduler.APinnedConsumerOfAHeldOutputWaitsForItsDaemon") {
   h.sched.DaemonLost(p_daemon, "test");
   h.Finish(q0, true);  // q1 is ready, pinned to q0's daemon
   CHECK(h.sink.TakeTasks().empty());
-  DaemonSpec spec;
-  spec.name = p_daemon == DaemonId(0) ? "d0" : "d1";
-  spec.cpus = 1;
-  spec.data_host = "127.0.0.1";
-  spec.data_port = 9100;
-  REQUIRE(h.sched.AddDaemon(spec, {{job.value(), p["vertex"].get<uint32_t>(), 1, 0}}).ok());
+  h.ComeBack(p_daemon == DaemonId(0) ? "d0" : "d1", {{job.value(), p["vertex"].get<uint32_t>(), 1, 0}});
   h.sched.Flush();
   auto [where, q1] = h.Next("q1[0]");
   CHECK(where == q_daemon);
@@ -398,12 +392,7 @@ TEST_CASE("Scheduler.ADaemonBackWithoutAHeldOutputRegeneratesIt") {
   h.Finish(h.Next("b[0]").second, true);
   h.Next("c[0]");
   h.sched.DaemonLost(d0, "test");
-  DaemonSpec spec;
-  spec.name = "d0";
-  spec.cpus = 1;
-  spec.data_host = "127.0.0.1";
-  spec.data_port = 9100;
-  REQUIRE(h.sched.AddDaemon(spec, {}).ok());  // its work dir was wiped
+  h.ComeBack("d0", {});  // its work dir was wiped
   h.sched.Flush();
   h.Finish(h.Next("a[0]").second, true);
   h.Finish(h.Next("b[0]").second, true);
