@@ -28,7 +28,13 @@ constexpr int kMaxChainDepth = 2;
 // producer re-run each time, so the loss is persistent: an unreadable disk, a writer that fails
 // verification) fails the job instead of regenerating forever, like Spark's
 // stage.maxConsecutiveAttempts.
-constexpr int kMaxInputLossesInARow = 8;
+constexpr int kMaxInputLosses = 8;
+
+/// How an output port is stored: as its first channel's kind; a port no channel reads (a
+/// declared job output) is a file.
+ChannelKind PortKind(const JobGraph& g, const std::vector<ChannelId>& port) {
+  return port.empty() ? ChannelKind::kFile : g.channel(port.front()).kind;
+}
 
 std::shared_ptr<spdlog::logger> SchedLog() {
   static auto log = Logger("sched");
@@ -737,46 +743,46 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     Schedule();
     return;
   }
+  const JobGraph& g = job->g();
+  const auto& inputs = g.vertex(rep.vertex).inputs;
+  const bool input_lost = !rep.ok && rep.failure == FailureClass::kInputLost && rep.lost_input_port >= 0;
   if (rep.ok) {
     Complete(*job, rep.vertex, rep);
-  } else if (rep.failure == FailureClass::kInputLost && rep.lost_input_port >= 0 &&
-             static_cast<size_t>(rep.lost_input_port) < job->g().vertex(rep.vertex).inputs.size() &&
-             !IsLive(job->g().channel(job->g().vertex(rep.vertex).inputs[rep.lost_input_port]).kind)) {
-    const JobGraph& g = job->g();
-    const auto& inputs = g.vertex(rep.vertex).inputs;
-    if (static_cast<size_t>(rep.lost_input_port) < inputs.size()) {
-      VertexId producer = g.channel(inputs[rep.lost_input_port]).from;
-      // A consumer that could not reach a held output (file outputs of a lost daemon, kept for
-      // its return) runs again once the daemon is back, at its new address if it has one. A
-      // damaged or missing output, or one whose daemon answered, is regenerated as before.
-      const Run& pr = job->runs[producer.value()];
-      const Daemon* holder = pr.state == VertexState::kCompleted && pr.daemon.valid() ? daemons_[pr.daemon.value()].get() : nullptr;
-      const bool held = rep.lost_input_unreachable && holder && (holder->awaiting || holder->readdressed_at > r.started);
-      if (!held) {
-        // Each lost input is regenerated, so only one lost again and again means its producer
-        // cannot make a readable output; different ones lost once each are faults of their own.
-        auto lost = std::find_if(r.inputs_lost.begin(), r.inputs_lost.end(),
-                                 [&](const auto& p) { return p.first == rep.lost_input_port; });
-        if (lost == r.inputs_lost.end()) lost = r.inputs_lost.insert(r.inputs_lost.end(), {rep.lost_input_port, 0});
-        if (++lost->second >= kMaxInputLossesInARow) {
-          FinishJob(*job, JobState::kFailed,
-                    "vertex " + g.vertex(rep.vertex).name + " could not read input " +
-                        std::to_string(rep.lost_input_port) + " (from " + g.vertex(producer).name + ") " +
-                        std::to_string(lost->second) + " times, its producer re-run each time: " + rep.error);
-          Schedule();
-          return;
-        }
+  } else if (input_lost && static_cast<size_t>(rep.lost_input_port) >= inputs.size()) {
+    Fail(*job, rep.vertex, FailureClass::kProgramError,
+         "its daemon reported input " + std::to_string(rep.lost_input_port) + " lost, but it has " +
+             std::to_string(inputs.size()) + " inputs: " + rep.error,
+         true);
+  } else if (input_lost && !IsLive(g.channel(inputs[rep.lost_input_port]).kind)) {
+    VertexId producer = g.channel(inputs[rep.lost_input_port]).from;
+    // A consumer that could not reach a held output (file outputs of a lost daemon, kept for
+    // its return) runs again once the daemon is back, at its new address if it has one. A
+    // damaged or missing output, or one whose daemon answered, is regenerated as before.
+    const Run& pr = job->runs[producer.value()];
+    const Daemon* holder = pr.state == VertexState::kCompleted && pr.daemon.valid() ? daemons_[pr.daemon.value()].get() : nullptr;
+    const bool held = rep.lost_input_unreachable && holder && (holder->awaiting || holder->readdressed_at > r.started);
+    if (!held) {
+      // Each lost input is regenerated, so only one lost again and again means its producer
+      // cannot make a readable output; different ones lost once each are faults of their own.
+      auto lost = std::find_if(r.inputs_lost.begin(), r.inputs_lost.end(),
+                               [&](const auto& p) { return p.first == rep.lost_input_port; });
+      if (lost == r.inputs_lost.end()) lost = r.inputs_lost.insert(r.inputs_lost.end(), {rep.lost_input_port, 0});
+      if (++lost->second >= kMaxInputLosses) {
+        FinishJob(*job, JobState::kFailed,
+                  "vertex " + g.vertex(rep.vertex).name + " could not read input " +
+                      std::to_string(rep.lost_input_port) + " (from " + g.vertex(producer).name + ") " +
+                      std::to_string(lost->second) + " times, its producer re-run each time: " + rep.error);
+        Schedule();
+        return;
       }
-      Fail(*job, rep.vertex, FailureClass::kInputLost, rep.error, /*charge=*/false);
-      if (held) {
-        Log(*job, producer, "output unreadable at daemon " + holder->spec.name + "'s old address; held for its return");
-      } else {
-        Regenerate(*job, producer, "consumer " + g.vertex(rep.vertex).name + " could not read it: " + rep.error);
-      }
-      RecomputePending(*job);
-    } else {
-      Fail(*job, rep.vertex, FailureClass::kProgramError, rep.error, true);
     }
+    Fail(*job, rep.vertex, FailureClass::kInputLost, rep.error, /*charge=*/false);
+    if (held) {
+      Log(*job, producer, "output unreadable at daemon " + holder->spec.name + "'s old address; held for its return");
+    } else {
+      Regenerate(*job, producer, "consumer " + g.vertex(rep.vertex).name + " could not read it: " + rep.error);
+    }
+    RecomputePending(*job);
   } else {
     Fail(*job, rep.vertex, rep.failure, rep.error, rep.failure != FailureClass::kCancelled);
   }
@@ -1014,11 +1020,8 @@ bool Scheduler::ReadsFromAnAwaitedDaemon(const Job& job, VertexId v) const {
 }
 
 bool Scheduler::OutputsInFiles(const JobGraph& g, VertexId v) {
-  for (const auto& port : g.vertex(v).outputs) {
-    // A port's storage is its first channel's kind (Dispatch); a port with none is a file.
-    if (!port.empty() && g.channel(port.front()).kind != ChannelKind::kFile) return false;
-  }
-  return true;
+  const auto& ports = g.vertex(v).outputs;
+  return std::all_of(ports.begin(), ports.end(), [&](const auto& port) { return PortKind(g, port) == ChannelKind::kFile; });
 }
 
 std::string Scheduler::DurablePath(const Job& job, VertexId v, uint32_t version, int port) const {
@@ -1256,14 +1259,14 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   auto fits = [&](const Daemon& d) {
     return d.alive && d.free_cpus + 1e-9 >= need.cpus && d.free_gpus >= need.gpus && d.spec.cpus + 1e-9 >= need.cpus;
   };
-  if (ReadsFromAnAwaitedDaemon(job, v)) return false;  // not back yet: its outputs are held for it
   if (pinned) {
-    if (!fits(*pinned)) return false;
+    if (!fits(*pinned) || ReadsFromAnAwaitedDaemon(job, v)) return false;
     Dispatch(job, v, *pinned, /*duplicate=*/false);
     return true;
   }
   // The common case on a busy cluster: no daemon has room. Say so before building a request.
   if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return fits(*d); })) return false;
+  if (ReadsFromAnAwaitedDaemon(job, v)) return false;  // not back yet: its outputs are held for it
   PlacementRequest request;
   for (ChannelId ch : g.vertex(v).inputs) {
     const ChannelEdge& c = g.channel(ch);
@@ -1466,7 +1469,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
   }
   Json outputs = Json::array();
   for (const auto& port : node.outputs) {
-    ChannelKind kind = port.empty() ? ChannelKind::kFile : g.channel(port.front()).kind;
+    const ChannelKind kind = PortKind(g, port);
     if (kind == ChannelKind::kDurable) {  // a memory output with a copy there
       outputs.push_back({{"durable", DurablePath(job, v, version, static_cast<int>(outputs.size()))}});
       continue;

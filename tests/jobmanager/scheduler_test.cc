@@ -469,7 +469,7 @@ TEST_CASE("Scheduler.AnInputLostTimeAfterTimeFailsTheJobInsteadOfLoopingForever"
   CHECK_MESSAGE(failure.find("c[0] could not read input 0 (from b[0]) 8 times,") != std::string::npos, failure);
 }
 
-TEST_CASE("Scheduler.InputLossesAreCountedInARowNotOverTheJob") {
+TEST_CASE("Scheduler.InputLossesAreCountedUntilTheConsumerCompletesNotOverTheJob") {
   Harness h;
   h.AddDaemon("d0");
   JobId job = h.Submit(kChain);
@@ -491,6 +491,29 @@ TEST_CASE("Scheduler.InputLossesAreCountedInARowNotOverTheJob") {
   h.Finish(h.Next("b[0]").second, true);
   h.Finish(h.Next("c[0]").second, true);
   CHECK(h.State(job) == "completed");
+}
+
+TEST_CASE("Scheduler.AReportOfALostInputAVertexDoesNotHaveIsAChargedProgramError") {
+  // A daemon's report is a network message: a port out of range (even on a vertex without
+  // inputs) must fail that attempt with an error saying so, not take the job manager down.
+  SchedulerOptions options;
+  options.chain_dispatch = false;
+  Harness h(options);
+  h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "max_attempts": 2},
+                                      {"name": "b", "program": "noop", "max_attempts": 2}],
+                           "edges": [{"from": "a", "to": "b"}]})");
+  h.Finish(h.Next("a[0]").second, false, {}, FailureClass::kInputLost, 0);  // a has no inputs
+  h.Finish(h.Next("a[0]").second, true);
+  h.Finish(h.Next("b[0]").second, false, {}, FailureClass::kInputLost, 7);
+  const Json st = h.sched.JobStatus(job);
+  CHECK(st["state"] == "running");
+  REQUIRE(st["recoveries"].size() == 2);
+  for (const auto& r : st["recoveries"]) {
+    CHECK(r["reason"] == "program_error");
+    CHECK(r["charged"] == true);
+    CHECK(r["detail"].get<std::string>().find("reported input") != std::string::npos);
+  }
 }
 
 TEST_CASE("Scheduler.DifferentInputsLostOnceEachDoNotFailTheJob") {
