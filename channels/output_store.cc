@@ -558,8 +558,8 @@ void OutputStore::AdoptEarlierOutputs() {
   }
   next_file_id_ = next_id;
   if (adopted + removed > 0) {
-    Logger("chan")->info("output store {}: kept {} file outputs of an earlier process, removed {} other files",
-                         dir_.string(), adopted, removed);
+    Logger("chan")->info("output store {}: kept {} file outputs of an earlier process, removed {} other entries{}",
+                         dir_.string(), adopted, removed, same_boot ? "" : " (written before the last boot)");
   }
 }
 
