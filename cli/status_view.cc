@@ -90,13 +90,13 @@ std::string RenderJobsTable(const Json& jobs) {
 }
 
 std::string RenderDaemonsTable(const Json& daemons) {
-  std::string out = "NAME          ALIVE  CPUS  FREE  GPUS  RUNNING  DATA                  CONTROL       LABELS\n";
+  std::string out = "NAME          STATE    CPUS  FREE  GPUS  RUNNING  DATA                  CONTROL       LABELS\n";
   for (const auto& d : daemons) {
     std::string labels;
     for (auto& [k, v] : d["labels"].items()) labels += (labels.empty() ? "" : ",") + k + "=" + v.get<std::string>();
     char line[512];
-    std::snprintf(line, sizeof(line), "%-12s  %-5s  %4.0f  %4.0f  %4d  %7zu  %-20s  %-12s  %s\n", d["name"].get<std::string>().c_str(),
-                  d["alive"].get<bool>() ? "yes" : "no", d["cpus"].get<double>(), d["free_cpus"].get<double>(),
+    std::snprintf(line, sizeof(line), "%-12s  %-7s  %4.0f  %4.0f  %4d  %7zu  %-20s  %-12s  %s\n", d["name"].get<std::string>().c_str(),
+                  d.value("state", d["alive"].get<bool>() ? "alive" : "lost").c_str(), d["cpus"].get<double>(), d["free_cpus"].get<double>(),
                   d["gpus"].get<int>(), d["running"].get<size_t>(), d["data"].get<std::string>().c_str(),
                   d.value("control", "tcp").c_str(), labels.c_str());
     out += line;

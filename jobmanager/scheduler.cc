@@ -304,6 +304,7 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   }
   d.free_cpus = 0;
   d.free_gpus = 0;
+  d.running = 0;  // every attempt there died with it, duplicates whose other attempt carries on included
   SchedLog()->warn("daemon {} lost: {}{}", d.spec.name, why, hold_files ? " (its file outputs are held for its return)" : "");
   outbox_.erase(id);
   stale_outbox_.erase(id);
@@ -1881,7 +1882,8 @@ Json Scheduler::DaemonsTable() const {
   Json rows = Json::array();
   for (const auto& d : daemons_) {
     // Tasks chained after an attempt take its slots ahead of time: free_cpus dips below 0 until it ends.
-    rows.push_back({{"name", d->spec.name}, {"alive", d->alive}, {"cpus", d->spec.cpus}, {"free_cpus", std::max(0.0, d->free_cpus)},
+    const char* state = d->alive ? "alive" : d->awaiting ? "awaited" : "lost";
+    rows.push_back({{"name", d->spec.name}, {"alive", d->alive}, {"state", state}, {"cpus", d->spec.cpus}, {"free_cpus", std::max(0.0, d->free_cpus)},
                     {"gpus", d->spec.gpus}, {"running", d->running}, {"labels", d->spec.labels},
                     {"data", d->spec.data_host + ":" + std::to_string(d->spec.data_port)}, {"control", d->spec.control}});
   }

@@ -1130,6 +1130,42 @@ TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
   (void)d0, (void)d1;
 }
 
+TEST_CASE("Scheduler.TheDaemonsListingShowsALostDaemonAsAwaitedThenLostWithNothingRunning") {
+  Harness h;
+  h.AddDaemon("d0", 4);
+  h.AddDaemon("d1", 4);
+  JobId job = h.Submit(R"({"stages": [{"name": "s", "program": "noop", "replicas": 4}]})");
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 4);
+  h.clock.Advance(std::chrono::milliseconds(100));
+  for (int i = 0; i < 3; ++i) h.Finish(tasks[i].second, true);
+  h.clock.Advance(std::chrono::seconds(3));
+  h.sched.Tick();
+  h.sched.Flush();
+  auto dup = h.sink.TakeTasks();
+  REQUIRE(dup.size() == 1);
+  const DaemonId slow = tasks[3].first;
+  auto row = [&](DaemonId d) { return h.sched.DaemonsTable()[d.value()]; };
+  CHECK(row(slow)["running"] == 1);
+  CHECK(row(dup[0].first)["running"] == 1);
+  CHECK(row(slow)["state"] == "alive");
+
+  // The straggler dies with its daemon; the duplicate carries on elsewhere.
+  h.sched.DaemonLost(slow, "test");
+  h.sched.Flush();
+  CHECK(row(slow)["state"] == "awaited");
+  CHECK(row(slow)["alive"] == false);
+  CHECK(row(slow)["running"] == 0);
+  h.Finish(dup[0].second, true);
+  CHECK(h.State(job) == "completed");
+  CHECK(row(dup[0].first)["running"] == 0);
+
+  h.clock.Advance(SchedulerOptions().daemon_return_grace + std::chrono::milliseconds(1));
+  h.sched.Tick();
+  CHECK(row(slow)["state"] == "lost");
+  CHECK(row(slow)["running"] == 0);
+}
+
 TEST_CASE("Scheduler.GangsArePlacedWholeShareAVersionAndRestartTogether") {
   Harness h;
   h.AddDaemon("d0", 2);
