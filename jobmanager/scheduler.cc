@@ -110,6 +110,11 @@ struct Scheduler::Daemon {
   TimePoint awaiting_until{};
   std::string awaiting_why;  // what DaemonLost says when it does not come back in time
   TimePoint readdressed_at{};  // when it last came back awaited at a new data address (a new process)
+  // A consumer could not connect to it while it still looked alive: its loss not seen here
+  // yet (the report won the race with the connection's close), or cut off from its peers.
+  // Its file outputs are held as if it were awaited until then, once per registration.
+  TimePoint suspected_until{};
+  bool Holding(TimePoint now) const { return awaiting || now < suspected_until; }
   double free_cpus = 0;
   int free_gpus = 0;
   size_t running = 0;
@@ -228,6 +233,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
     // Back after a job manager restart: the same id, and the outputs it still holds.
     d->awaiting = false;
     d->alive = true;
+    d->suspected_until = {};
     if (spec.data_host != d->spec.data_host || spec.data_port != d->spec.data_port) d->readdressed_at = clock_.Now();
     d->free_cpus = spec.cpus;
     d->free_gpus = spec.gpus;
@@ -305,6 +311,7 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   d.free_cpus = 0;
   d.free_gpus = 0;
   d.running = 0;  // every attempt there died with it, duplicates whose other attempt carries on included
+  d.suspected_until = {};
   SchedLog()->warn("daemon {} lost: {}{}", d.spec.name, why, hold_files ? " (its file outputs are held for its return)" : "");
   outbox_.erase(id);
   stale_outbox_.erase(id);
@@ -755,13 +762,24 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
              std::to_string(inputs.size()) + " inputs: " + rep.error,
          true);
   } else if (input_lost && !IsLive(g.channel(inputs[rep.lost_input_port]).kind)) {
-    VertexId producer = g.channel(inputs[rep.lost_input_port]).from;
+    const VertexId producer = g.channel(inputs[rep.lost_input_port]).from;
     // A consumer that could not reach a held output (file outputs of a lost daemon, kept for
     // its return) runs again once the daemon is back, at its new address if it has one. A
     // damaged or missing output, or one whose daemon answered, is regenerated as before.
+    const ChannelEdge& in = g.channel(inputs[rep.lost_input_port]);
     const Run& pr = job->runs[producer.value()];
-    const Daemon* holder = pr.state == VertexState::kCompleted && pr.daemon.valid() ? daemons_[pr.daemon.value()].get() : nullptr;
-    const bool held = rep.lost_input_unreachable && holder && (holder->awaiting || holder->readdressed_at > r.started);
+    Daemon* holder = pr.state == VertexState::kCompleted && pr.daemon.valid() ? daemons_[pr.daemon.value()].get() : nullptr;
+    bool held = rep.lost_input_unreachable && holder && (holder->awaiting || holder->readdressed_at > r.started);
+    // Unreachable but still registered: most likely dead with its loss not seen yet. Its file
+    // output is held for up to the return grace, once; unreachable again after that, it is lost.
+    const bool suspect = rep.lost_input_unreachable && holder && holder->alive && !held &&
+                         options_.daemon_return_grace > Duration::zero() &&
+                         PortKind(g, g.vertex(producer).outputs[in.from_port]) == ChannelKind::kFile &&
+                         (holder->suspected_until == TimePoint{} || clock_.Now() < holder->suspected_until);
+    if (suspect) {
+      if (holder->suspected_until == TimePoint{}) holder->suspected_until = clock_.Now() + options_.daemon_return_grace;
+      held = true;
+    }
     if (!held) {
       // Each lost input is regenerated, so only one lost again and again means its producer
       // cannot make a readable output; different ones lost once each are faults of their own.
@@ -778,7 +796,9 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
       }
     }
     Fail(*job, rep.vertex, FailureClass::kInputLost, rep.error, /*charge=*/false);
-    if (held) {
+    if (suspect) {
+      Log(*job, producer, "daemon " + holder->spec.name + " could not be reached for its output; held for its loss or return");
+    } else if (held) {
       Log(*job, producer, "output unreadable at daemon " + holder->spec.name + "'s old address; held for its return");
     } else {
       Regenerate(*job, producer, "consumer " + g.vertex(rep.vertex).name + " could not read it: " + rep.error);
@@ -890,7 +910,7 @@ void Scheduler::TryChain(Job& job, VertexId u) {
   };
   for (ChannelId ch : node.inputs) visit(ch);
   for (ChannelId ch : node.order_in) visit(ch);
-  if (ReadsFromAnAwaitedDaemon(job, u)) return;
+  if (ReadsAHeldOutput(job, u)) return;
   for (const auto& port : node.outputs) {
     for (ChannelId ch : port) live = live || IsLive(g.channel(ch).kind);
   }
@@ -1007,13 +1027,14 @@ bool Scheduler::OutputNeeded(const Job& job, VertexId v, bool count_durable) con
   return false;
 }
 
-bool Scheduler::ReadsFromAnAwaitedDaemon(const Job& job, VertexId v) const {
+bool Scheduler::ReadsAHeldOutput(const Job& job, VertexId v) const {
   const JobGraph& g = job.g();
+  const TimePoint now = clock_.Now();
   for (ChannelId ch : g.vertex(v).inputs) {
     const ChannelEdge& c = g.channel(ch);
     if (IsLive(c.kind) || c.kind == ChannelKind::kDurable) continue;  // nothing stored / a copy serves
     const Run& p = job.runs[c.from.value()];
-    if (p.state != VertexState::kCompleted || !p.daemon.valid() || !daemons_[p.daemon.value()]->awaiting) continue;
+    if (p.state != VertexState::kCompleted || !p.daemon.valid() || !daemons_[p.daemon.value()]->Holding(now)) continue;
     const size_t port = static_cast<size_t>(c.from_port);
     if (port >= p.output_messages.size() || p.output_messages[port] > 0) return true;  // empty: nothing to read
   }
@@ -1261,13 +1282,13 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
     return d.alive && d.free_cpus + 1e-9 >= need.cpus && d.free_gpus >= need.gpus && d.spec.cpus + 1e-9 >= need.cpus;
   };
   if (pinned) {
-    if (!fits(*pinned) || ReadsFromAnAwaitedDaemon(job, v)) return false;
+    if (!fits(*pinned) || ReadsAHeldOutput(job, v)) return false;
     Dispatch(job, v, *pinned, /*duplicate=*/false);
     return true;
   }
   // The common case on a busy cluster: no daemon has room. Say so before building a request.
   if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return fits(*d); })) return false;
-  if (ReadsFromAnAwaitedDaemon(job, v)) return false;  // not back yet: its outputs are held for it
+  if (ReadsAHeldOutput(job, v)) return false;  // not back yet: its outputs are held for it
   PlacementRequest request;
   for (ChannelId ch : g.vertex(v).inputs) {
     const ChannelEdge& c = g.channel(ch);
@@ -1367,7 +1388,7 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
     auto fits = [&](const Daemon& d) {
       return d.alive && !d.awaiting && free_cpus[d.id.value()] + 1e-9 >= need.cpus && free_gpus[d.id.value()] >= need.gpus;
     };
-    if (ReadsFromAnAwaitedDaemon(job, m)) return false;
+    if (ReadsAHeldOutput(job, m)) return false;
     // shm ends share a daemon: follow a member this one is joined to by shm, if placed.
     std::optional<DaemonId> forced;
     for (const auto& ch : g.channels()) {

@@ -355,6 +355,54 @@ TEST_CASE("Scheduler.AConsumerThatCouldNotReachAHeldOutputRunsAgainOnceItsDaemon
   }
 }
 
+TEST_CASE("Scheduler.AnOutputUnreachableOnADaemonThatStillLooksAliveIsHeldOnceForItsGrace") {
+  // The consumer's report can beat the dead daemon's connection close to the job manager.
+  SchedulerOptions options;
+  options.chain_dispatch = false;
+  Harness h(options);
+  h.AddDaemon("d0");
+  h.AddDaemon("d1");
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "replicas": 2}, {"name": "c", "program": "noop"}],
+                           "edges": [{"from": "a", "to": "c", "pattern": "gather"}],
+                           "outputs": [{"from": "c", "path": "out"}]})");
+  auto [a0_daemon, a0] = h.Next("a[0]");
+  auto [a1_daemon, a1] = h.Next("a[1]");
+  REQUIRE(a0_daemon != a1_daemon);
+  h.Finish(a0, true);
+  h.Finish(a1, true);
+  auto [c_daemon, c] = h.Next("c[0]");
+  const DaemonId holder = c_daemon == a0_daemon ? a1_daemon : a0_daemon;
+  const Json& held = c_daemon == a0_daemon ? a1 : a0;
+  const int port = c_daemon == a0_daemon ? 1 : 0;
+  h.Finish(c, false, {}, FailureClass::kInputLost, port, /*unreachable=*/true);
+  CHECK(h.sink.TakeTasks().empty());  // neither c again nor its producer
+  SUBCASE("its loss is seen, and it comes back") {
+    h.sched.DaemonLost(holder, "test");
+    h.sched.Flush();
+    CHECK(h.sink.TakeTasks().empty());
+    h.ComeBack(holder == DaemonId(0) ? "d0" : "d1", {{job.value(), held["vertex"].get<uint32_t>(), 1, 0}});
+    h.sched.Flush();
+    Json c2 = h.Next("c[0]").second;
+    CHECK(c2["inputs"][port]["port"] == 9100);
+    h.Finish(c2, true);
+    CHECK(h.State(job) == "completed");
+    for (const auto& r : h.sched.JobStatus(job)["recoveries"]) CHECK(r["vertex"] == "c[0]");
+  }
+  SUBCASE("it stays registered and unreachable") {
+    h.clock.Advance(SchedulerOptions().daemon_return_grace / 2);
+    h.sched.Tick();
+    h.sched.Flush();
+    CHECK(h.sink.TakeTasks().empty());
+    h.clock.Advance(SchedulerOptions().daemon_return_grace / 2 + std::chrono::milliseconds(1));
+    h.sched.Tick();
+    h.sched.Flush();
+    Json c2 = h.Next("c[0]").second;  // tried once more, at the same address
+    h.Finish(c2, false, {}, FailureClass::kInputLost, port, /*unreachable=*/true);
+    auto [where, again] = h.Next(held["name"].get<std::string>());  // now lost: regenerated
+    CHECK(again["version"] == 2);
+  }
+}
+
 TEST_CASE("Scheduler.APinnedConsumerOfAHeldOutputWaitsForItsDaemon") {
   // q1 is pinned (affinity) to a live daemon but reads p's file output, held for p's lost
   // daemon: it waits instead of failing to connect time after time.
