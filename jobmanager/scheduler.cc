@@ -242,13 +242,15 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
     for (auto& [job_id, job_ptr] : jobs_) {
       Job& job = *job_ptr;
       if (job.state != JobState::kRunning) continue;
-      for (const auto& v : job.g().vertices()) {
-        Run& r = job.runs[v.id.value()];
-        if (r.state != VertexState::kCompleted || r.daemon != d->id || !OutputNeeded(job, v.id, /*count_durable=*/false)) continue;
+      // Consumers first, as in DaemonLost: a producer of one regenerated here is needed again.
+      const auto& order = job.g().topological_order();
+      for (auto v = order.rbegin(); v != order.rend(); ++v) {
+        Run& r = job.runs[v->value()];
+        if (r.state != VertexState::kCompleted || r.daemon != d->id || !OutputNeeded(job, *v, /*count_durable=*/false)) continue;
         for (size_t port = 0; port < r.output_messages.size(); ++port) {
           if (r.output_messages[port] == 0) continue;
-          if (!inventory.count({job.id.value(), v.id.value(), r.version, static_cast<uint32_t>(port)})) {
-            Regenerate(job, v.id, "daemon " + d->spec.name + " came back without it");
+          if (!inventory.count({job.id.value(), v->value(), r.version, static_cast<uint32_t>(port)})) {
+            Regenerate(job, *v, "daemon " + d->spec.name + " came back without it");
             break;
           }
         }
