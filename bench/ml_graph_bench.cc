@@ -29,6 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -104,6 +105,21 @@ std::string Copse() { return std::string(COPSE_BINARY_DIR) + "/cli/copse"; }
 
 std::string Python() {
   return fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+}
+
+/// PyTorch's images/s on the same images (median of `runs`), or -1 when it cannot run here.
+double TorchImagesPerSecond(const std::string& model, int64_t images, int runs) {
+  const std::string out = Run("OMP_WAIT_POLICY=passive " + Python() + " " + COPSE_SOURCE_DIR +
+                              "/scripts/torch_bench.py --model " + model + " --threads 2 --images " +
+                              std::to_string(images) + " --runs " + std::to_string(runs) + " 2>/dev/null");
+  const Json t = Json::parse(out, nullptr, false);
+  return !t.is_discarded() && t.contains("median") ? t["median"].get<double>() : -1;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 struct MicrosSpan {
@@ -196,13 +212,15 @@ int main(int argc, char** argv) {
   int daemons = 2;
   std::string model = "mlp";
   bool torch = true;
+  int rounds = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc) steps = std::atoll(argv[++i]);
     else if (a == "--model" && i + 1 < argc) model = argv[++i];
     else if (a == "--no-torch") torch = false;
+    else if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: ml_graph_bench [--steps N] [--model mlp|cnn] [--no-torch]\n");
+      std::fprintf(stderr, "usage: ml_graph_bench [--steps N] [--model mlp|cnn] [--no-torch] [--rounds N]\n");
       return 2;
     }
   }
@@ -225,14 +243,7 @@ int main(int argc, char** argv) {
   Json single = Json::parse(Run(Copse() + " train --model " + model + " --epochs 1 --batch 128 --threads 2 --limit " +
                                 std::to_string(images) + " -o json 2>/dev/null"),
                             nullptr, false);
-  double torch_ips = -1;
-  if (torch) {
-    const std::string out = Run("OMP_WAIT_POLICY=passive " + Python() + " " + COPSE_SOURCE_DIR +
-                                "/scripts/torch_bench.py --model " + model + " --threads 2 --images " +
-                                std::to_string(images) + " --runs 3 2>/dev/null");
-    const Json t = Json::parse(out, nullptr, false);
-    if (!t.is_discarded() && t.contains("median")) torch_ips = t["median"].get<double>();
-  }
+  const double torch_ips = torch ? TorchImagesPerSecond(model, images, 3) : -1;
   if (!single.is_discarded()) std::printf("malloc of the copse binary: %s\n", single.value("allocator", "unknown").c_str());
   std::printf("\n%-42s %12s %10s %9s %15s %12s\n", "configuration", "images/s", "vs torch", "accuracy",
               "bubble", "sched share");
@@ -324,6 +335,46 @@ int main(int argc, char** argv) {
   }
   std::printf("\nbubble: measured / replayed with no gaps between dependent vertices (the stages' own imbalance) /\n"
               "theoretical (p-1)/(m+p-1) for equal stages; sched share: scheduler gaps on the critical path / its span\n");
+
+  // The targets, against this VM's noise: rounds of PyTorch, DP-2 ps and 1F1B M=8 back
+  // to back (PyTorch first, then last, in turn), each copse row as a ratio to its round's PyTorch.
+  if (torch && rounds > 0) {
+    std::printf("\ntargets: %d rounds of PyTorch, data-parallel 2 (ps) and pipeline 2 1f1b M=8 back to back; "
+                "ratios to the round's PyTorch\n%-6s %9s %9s %7s %9s %7s\n",
+                rounds, "round", "PyTorch", "DP-2 ps", "ratio", "1F1B M=8", "ratio");
+    copse::ml::GraphOptions dp = base;
+    dp.kind = "data-parallel";
+    dp.workers = 2;
+    dp.reducer = "ps";
+    copse::ml::GraphOptions pp = base;
+    pp.kind = "pipeline";
+    pp.stages = 2;
+    pp.microbatches = 8;
+    pp.schedule = "1f1b";
+    std::vector<double> dp_ratios, pp_ratios;
+    for (int round = 1; round <= rounds; ++round) {
+      double t = round % 2 ? TorchImagesPerSecond(model, images, 1) : -1;
+      const GraphResult d = RunGraph(dp, dir / "targets-dp2", daemons);
+      const GraphResult p = RunGraph(pp, dir / "targets-p2", daemons);
+      if (round % 2 == 0) t = TorchImagesPerSecond(model, images, 1);
+      if (t <= 0 || !d.ok || !p.ok) {
+        std::printf("%-6d failed (PyTorch %s, DP-2 %s, 1F1B %s)\n", round, t > 0 ? "ok" : "failed",
+                    d.ok ? "ok" : "failed", p.ok ? "ok" : "failed");
+        continue;
+      }
+      dp_ratios.push_back(d.images_per_s / t);
+      pp_ratios.push_back(p.images_per_s / t);
+      std::printf("%-6d %9.0f %9.0f %6.2fx %9.0f %6.2fx\n", round, t, d.images_per_s, dp_ratios.back(), p.images_per_s,
+                  pp_ratios.back());
+      std::fflush(stdout);
+    }
+    if (!pp_ratios.empty()) {
+      std::printf("median ratio: data-parallel 2 (ps) %.2fx (min %.2fx), pipeline 2 1f1b M=8 %.2fx (min %.2fx); "
+                  "target >= 0.80x\n",
+                  Median(dp_ratios), *std::min_element(dp_ratios.begin(), dp_ratios.end()), Median(pp_ratios),
+                  *std::min_element(pp_ratios.begin(), pp_ratios.end()));
+    }
+  }
 
   // Recovery: stage 1's daemon is killed once step 3/4 of the run is placed.
   const int64_t kill_step = steps * 3 / 4;
