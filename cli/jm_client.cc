@@ -26,7 +26,7 @@ Result<std::string> LoadClientSecret(const JmAddressOptions& opts) {
   return secret;
 }
 
-Result<std::unique_ptr<net::BlockingClient>> ConnectToJm(const JmAddressOptions& opts) {
+Result<std::string> JmAddress(const JmAddressOptions& opts) {
   std::string address = opts.jm;
   if (address.empty()) {
     if (const char* env = std::getenv("COPSE_JM")) address = env;
@@ -38,6 +38,11 @@ Result<std::unique_ptr<net::BlockingClient>> ConnectToJm(const JmAddressOptions&
     address = *text;
     while (!address.empty() && (address.back() == '\n' || address.back() == ' ')) address.pop_back();
   }
+  return address;
+}
+
+Result<std::unique_ptr<net::BlockingClient>> ConnectToJm(const JmAddressOptions& opts) {
+  COPSE_ASSIGN_OR_RETURN(std::string address, JmAddress(opts));
   COPSE_ASSIGN_OR_RETURN(auto hp, net::ParseHostPort(address, "--jm"));
   COPSE_ASSIGN_OR_RETURN(std::string secret, LoadClientSecret(opts));
   return net::BlockingClient::Connect(hp.first, hp.second, secret, "client");

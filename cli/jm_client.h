@@ -20,6 +20,9 @@ struct JmAddressOptions {
 std::filesystem::path DefaultStateDir();
 /// Adds --jm and --state-dir to a client subcommand.
 void AddJmAddressFlags(CLI::App* cmd, JmAddressOptions& opts);
+/// The job manager's HOST:PORT: --jm, else $COPSE_JM, else the state directory's jm.addr;
+/// NotFound when none is there.
+Result<std::string> JmAddress(const JmAddressOptions& opts);
 /// Connects and authenticates as a client.
 Result<std::unique_ptr<net::BlockingClient>> ConnectToJm(const JmAddressOptions& opts);
 /// The secret a client or daemon presents.

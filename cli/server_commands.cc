@@ -139,11 +139,9 @@ void AddDaemonCommand(CLI::App& app) {
       }
       o.labels[l.substr(0, eq)] = l.substr(eq + 1);
     }
-    std::string address = opts->jm.jm;
-    if (address.empty()) {
-      if (const char* env = std::getenv("COPSE_JM")) address = env;
-    }
-    auto hp = net::ParseHostPort(address.empty() ? "127.0.0.1:7077" : address, "--jm");
+    // Found like a client finds it; with no address anywhere, `copse jm`'s default one.
+    const auto address = JmAddress(opts->jm);
+    auto hp = net::ParseHostPort(address.ok() ? *address : "127.0.0.1:7077", "--jm");
     auto secret = LoadClientSecret(opts->jm);
     if (!hp.ok() || !secret.ok()) {
       std::cerr << "copse daemon: " << (hp.ok() ? secret.status() : hp.status()).message() << "\n";

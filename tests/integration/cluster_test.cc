@@ -188,6 +188,14 @@ TEST_CASE("Cluster.UnauthenticatedAndGarbagePeersAreRefusedWhileAJobRuns") {
   CHECK(cluster.client().Call({{"op", "daemons"}}).ok());
 }
 
+TEST_CASE("Cluster.ADaemonGivenOnlyTheStateDirFindsTheJobManager") {
+  TestCluster cluster(0);
+  cluster.AddDaemonFromStateDir("d0", 2);
+  cluster.WaitForDaemons(1);
+  uint64_t id = cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 2}}}}});
+  CHECK(cluster.Wait(id)["state"] == "completed");
+}
+
 TEST_CASE("Cluster.DaemonsOnTheJobManagersHostConnectThroughItsLocalSocket") {
   TestCluster cluster(1);
   cluster.AddDaemon("tcp-only", 2, {"--no-local-socket"});

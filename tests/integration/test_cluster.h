@@ -87,6 +87,14 @@ class TestCluster {
     daemon_pids_.push_back(Spawn(args, (dir_ / (name + ".log")).string(), (state_ / "secret").string()));
   }
 
+  /// Starts a daemon told only the job manager's state directory: it finds the address (jm.addr)
+  /// and the secret there.
+  void AddDaemonFromStateDir(const std::string& name, int cpus) {
+    daemon_pids_.push_back(Spawn({"daemon", "--state-dir", state_.string(), "--name", name, "--cpus", std::to_string(cpus),
+                                  "--work-dir", (dir_ / name).string()},
+                                 (dir_ / (name + ".log")).string()));
+  }
+
   void WaitForDaemons(size_t n) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (true) {
