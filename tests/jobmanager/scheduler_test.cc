@@ -312,24 +312,53 @@ TEST_CASE("Scheduler.ADaemonBackWithinItsGraceKeepsTheFileOutputsItStillHolds") 
   CHECK(st["recoveries"][0]["reason"] == "daemon_lost");
 }
 
+/// Two producers on two daemons gathered by c, which runs on one of them and reads the other's
+/// (the holder's) file output through input `port`.
+struct RemoteGather {
+  RemoteGather() : h([] {
+    SchedulerOptions options;
+    options.chain_dispatch = false;
+    return options;
+  }()) {
+    h.AddDaemon("d0");
+    h.AddDaemon("d1");
+    job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "replicas": 2}, {"name": "c", "program": "noop"}],
+                       "edges": [{"from": "a", "to": "c", "pattern": "gather"}],
+                       "outputs": [{"from": "c", "path": "out"}]})");
+    auto [a0_daemon, a0] = h.Next("a[0]");
+    auto [a1_daemon, a1] = h.Next("a[1]");
+    REQUIRE(a0_daemon != a1_daemon);
+    h.Finish(a0, true);
+    h.Finish(a1, true);
+    std::tie(c_daemon, c) = h.Next("c[0]");
+    holder = c_daemon == a0_daemon ? a1_daemon : a0_daemon;
+    held = c_daemon == a0_daemon ? a1 : a0;
+    port = c_daemon == a0_daemon ? 1 : 0;
+  }
+  /// The holder registers again at a new address, still holding the output: c runs again
+  /// reading it there, and completes the job; c's were the only recoveries.
+  void HolderIsBackAndCCompletes() {
+    h.ComeBack(holder == DaemonId(0) ? "d0" : "d1", {{job.value(), held["vertex"].get<uint32_t>(), 1, 0}});
+    h.sched.Flush();
+    Json c2 = h.Next("c[0]").second;
+    CHECK(c2["inputs"][port]["port"] == 9100);
+    h.Finish(c2, true);
+    CHECK(h.State(job) == "completed");
+    for (const auto& r : h.sched.JobStatus(job)["recoveries"]) {
+      CHECK(r["vertex"] == "c[0]");
+      CHECK(r["reason"] == "input_lost");
+    }
+  }
+  Harness h;
+  JobId job;
+  DaemonId c_daemon, holder;
+  Json c, held;
+  int port = 0;
+};
+
 TEST_CASE("Scheduler.AConsumerThatCouldNotReachAHeldOutputRunsAgainOnceItsDaemonIsBack") {
-  SchedulerOptions options;
-  options.chain_dispatch = false;
-  Harness h(options);
-  h.AddDaemon("d0");
-  h.AddDaemon("d1");
-  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "replicas": 2}, {"name": "c", "program": "noop"}],
-                           "edges": [{"from": "a", "to": "c", "pattern": "gather"}],
-                           "outputs": [{"from": "c", "path": "out"}]})");
-  auto [a0_daemon, a0] = h.Next("a[0]");
-  auto [a1_daemon, a1] = h.Next("a[1]");
-  REQUIRE(a0_daemon != a1_daemon);
-  h.Finish(a0, true);
-  h.Finish(a1, true);
-  auto [c_daemon, c] = h.Next("c[0]");
-  const DaemonId holder = c_daemon == a0_daemon ? a1_daemon : a0_daemon;
-  const Json& held = c_daemon == a0_daemon ? a1 : a0;
-  const int port = c_daemon == a0_daemon ? 1 : 0;
+  RemoteGather g;
+  auto& [h, job, c_daemon, holder, c, held, port] = g;
   h.sched.DaemonLost(holder, "test");
   h.sched.Flush();
   SUBCASE("a damaged output is regenerated at once") {
@@ -343,50 +372,20 @@ TEST_CASE("Scheduler.AConsumerThatCouldNotReachAHeldOutputRunsAgainOnceItsDaemon
   // producer's file output is held, not regenerated.
   h.Finish(c, false, {}, FailureClass::kInputLost, port, /*unreachable=*/true);
   CHECK(h.sink.TakeTasks().empty());
-  h.ComeBack(holder == DaemonId(0) ? "d0" : "d1", {{job.value(), held["vertex"].get<uint32_t>(), 1, 0}});
-  h.sched.Flush();
-  Json c2 = h.Next("c[0]").second;
-  CHECK(c2["inputs"][port]["port"] == 9100);
-  h.Finish(c2, true);
-  CHECK(h.State(job) == "completed");
-  for (const auto& r : h.sched.JobStatus(job)["recoveries"]) {
-    CHECK(r["vertex"] == "c[0]");
-    CHECK(r["reason"] == "input_lost");
-  }
+  g.HolderIsBackAndCCompletes();
 }
 
 TEST_CASE("Scheduler.AnOutputUnreachableOnADaemonThatStillLooksAliveIsHeldOnceForItsGrace") {
   // The consumer's report can beat the dead daemon's connection close to the job manager.
-  SchedulerOptions options;
-  options.chain_dispatch = false;
-  Harness h(options);
-  h.AddDaemon("d0");
-  h.AddDaemon("d1");
-  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "replicas": 2}, {"name": "c", "program": "noop"}],
-                           "edges": [{"from": "a", "to": "c", "pattern": "gather"}],
-                           "outputs": [{"from": "c", "path": "out"}]})");
-  auto [a0_daemon, a0] = h.Next("a[0]");
-  auto [a1_daemon, a1] = h.Next("a[1]");
-  REQUIRE(a0_daemon != a1_daemon);
-  h.Finish(a0, true);
-  h.Finish(a1, true);
-  auto [c_daemon, c] = h.Next("c[0]");
-  const DaemonId holder = c_daemon == a0_daemon ? a1_daemon : a0_daemon;
-  const Json& held = c_daemon == a0_daemon ? a1 : a0;
-  const int port = c_daemon == a0_daemon ? 1 : 0;
+  RemoteGather g;
+  auto& [h, job, c_daemon, holder, c, held, port] = g;
   h.Finish(c, false, {}, FailureClass::kInputLost, port, /*unreachable=*/true);
   CHECK(h.sink.TakeTasks().empty());  // neither c again nor its producer
   SUBCASE("its loss is seen, and it comes back") {
     h.sched.DaemonLost(holder, "test");
     h.sched.Flush();
     CHECK(h.sink.TakeTasks().empty());
-    h.ComeBack(holder == DaemonId(0) ? "d0" : "d1", {{job.value(), held["vertex"].get<uint32_t>(), 1, 0}});
-    h.sched.Flush();
-    Json c2 = h.Next("c[0]").second;
-    CHECK(c2["inputs"][port]["port"] == 9100);
-    h.Finish(c2, true);
-    CHECK(h.State(job) == "completed");
-    for (const auto& r : h.sched.JobStatus(job)["recoveries"]) CHECK(r["vertex"] == "c[0]");
+    g.HolderIsBackAndCCompletes();
   }
   SUBCASE("it stays registered and unreachable") {
     h.clock.Advance(SchedulerOptions().daemon_return_grace / 2);
