@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
     if (a == "--steps" && i + 1 < argc) steps = std::atoll(argv[++i]);
     else if (a == "--model" && i + 1 < argc) model = argv[++i];
     else if (a == "--no-torch") torch = false;
-    else if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
+    else if (a == "--rounds" && i + 1 < argc && std::sscanf(argv[i + 1], "%d", &rounds) == 1 && rounds >= 0) ++i;
     else {
       std::fprintf(stderr, "usage: ml_graph_bench [--steps N] [--model mlp|cnn] [--no-torch] [--rounds N]\n");
       return 2;
@@ -337,10 +337,11 @@ int main(int argc, char** argv) {
               "theoretical (p-1)/(m+p-1) for equal stages; sched share: scheduler gaps on the critical path / its span\n");
 
   // The targets, against this VM's noise: rounds of PyTorch, DP-2 ps and 1F1B M=8 back
-  // to back (PyTorch first, then last, in turn), each copse row as a ratio to its round's PyTorch.
+  // to back (PyTorch first, then last, in turn, and the two copse runs swapping places), each
+  // copse row as a ratio to its round's PyTorch.
   if (torch && rounds > 0) {
-    std::printf("\ntargets: %d rounds of PyTorch, data-parallel 2 (ps) and pipeline 2 1f1b M=8 back to back; "
-                "ratios to the round's PyTorch\n%-6s %9s %9s %7s %9s %7s\n",
+    std::printf("\ntargets: %d rounds of PyTorch, data-parallel 2 (ps) and pipeline 2 1f1b M=8 back to back, in "
+                "rotating order; ratios to the round's PyTorch\n%-6s %9s %9s %7s %9s %7s\n",
                 rounds, "round", "PyTorch", "DP-2 ps", "ratio", "1F1B M=8", "ratio");
     copse::ml::GraphOptions dp = base;
     dp.kind = "data-parallel";
@@ -354,8 +355,14 @@ int main(int argc, char** argv) {
     std::vector<double> dp_ratios, pp_ratios;
     for (int round = 1; round <= rounds; ++round) {
       double t = round % 2 ? TorchImagesPerSecond(model, images, 1) : -1;
-      const GraphResult d = RunGraph(dp, dir / "targets-dp2", daemons);
-      const GraphResult p = RunGraph(pp, dir / "targets-p2", daemons);
+      GraphResult d, p;
+      if (round % 4 < 2) {
+        d = RunGraph(dp, dir / "targets-dp2", daemons);
+        p = RunGraph(pp, dir / "targets-p2", daemons);
+      } else {
+        p = RunGraph(pp, dir / "targets-p2", daemons);
+        d = RunGraph(dp, dir / "targets-dp2", daemons);
+      }
       if (round % 2 == 0) t = TorchImagesPerSecond(model, images, 1);
       if (t <= 0 || !d.ok || !p.ok) {
         std::printf("%-6d failed (PyTorch %s, DP-2 %s, 1F1B %s)\n", round, t > 0 ? "ok" : "failed",

@@ -109,12 +109,7 @@ struct Scheduler::Daemon {
   bool awaiting = false;
   TimePoint awaiting_until{};
   std::string awaiting_why;  // what DaemonLost says when it does not come back in time
-  TimePoint readdressed_at{};  // when it last came back awaited at a new data address (a new process)
-  // A consumer could not connect to it while it still looked alive: its loss not seen here
-  // yet (the report won the race with the connection's close), or cut off from its peers.
-  // Its file outputs are held as if it were awaited until then, once per registration.
-  TimePoint suspected_until{};
-  bool Holding(TimePoint now) const { return awaiting || now < suspected_until; }
+  TimePoint returned_at{};  // when it last came back awaited (a new process, maybe at the same address)
   double free_cpus = 0;
   int free_gpus = 0;
   size_t running = 0;
@@ -138,6 +133,10 @@ struct Scheduler::Run {
   bool retained_released = false;  // its retained ports too: it settled (Settle)
   TimePoint ready_since{};
   TimePoint started{};
+  // A consumer could not connect to its file output while its daemon still looked alive (the
+  // report won the race with the connection's close, or the daemon is cut off from its peers):
+  // held as if the daemon were awaited until then, once per completed version.
+  TimePoint unreachable_hold_until{};
   // Dispatched chained: waits on its daemon for these predecessors' current attempts to
   // succeed (at most one of them elsewhere); empty once it has started, and once it completed
   // (it may, before the report of a predecessor elsewhere arrives).
@@ -233,8 +232,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
     // Back after a job manager restart: the same id, and the outputs it still holds.
     d->awaiting = false;
     d->alive = true;
-    d->suspected_until = {};
-    if (spec.data_host != d->spec.data_host || spec.data_port != d->spec.data_port) d->readdressed_at = clock_.Now();
+    d->returned_at = clock_.Now();
     d->free_cpus = spec.cpus;
     d->free_gpus = spec.gpus;
     d->spec = std::move(spec);
@@ -246,6 +244,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
       const auto& order = job.g().topological_order();
       for (auto v = order.rbegin(); v != order.rend(); ++v) {
         Run& r = job.runs[v->value()];
+        if (r.daemon == d->id) r.unreachable_hold_until = {};  // held for this return, which came
         if (r.state != VertexState::kCompleted || r.daemon != d->id || !OutputNeeded(job, *v, /*count_durable=*/false)) continue;
         for (size_t port = 0; port < r.output_messages.size(); ++port) {
           if (r.output_messages[port] == 0) continue;
@@ -313,7 +312,6 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   d.free_cpus = 0;
   d.free_gpus = 0;
   d.running = 0;  // every attempt there died with it, duplicates whose other attempt carries on included
-  d.suspected_until = {};
   SchedLog()->warn("daemon {} lost: {}{}", d.spec.name, why, hold_files ? " (its file outputs are held for its return)" : "");
   outbox_.erase(id);
   stale_outbox_.erase(id);
@@ -764,22 +762,23 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
              std::to_string(inputs.size()) + " inputs: " + rep.error,
          true);
   } else if (input_lost && !IsLive(g.channel(inputs[rep.lost_input_port]).kind)) {
-    const VertexId producer = g.channel(inputs[rep.lost_input_port]).from;
+    const ChannelEdge& in = g.channel(inputs[rep.lost_input_port]);
+    const VertexId producer = in.from;
     // A consumer that could not reach a held output (file outputs of a lost daemon, kept for
     // its return) runs again once the daemon is back, at its new address if it has one. A
     // damaged or missing output, or one whose daemon answered, is regenerated as before.
-    const ChannelEdge& in = g.channel(inputs[rep.lost_input_port]);
-    const Run& pr = job->runs[producer.value()];
-    Daemon* holder = pr.state == VertexState::kCompleted && pr.daemon.valid() ? daemons_[pr.daemon.value()].get() : nullptr;
-    bool held = rep.lost_input_unreachable && holder && (holder->awaiting || holder->readdressed_at > r.started);
-    // Unreachable but still registered: most likely dead with its loss not seen yet. Its file
+    Run& pr = job->runs[producer.value()];
+    const Daemon* holder = pr.state == VertexState::kCompleted && pr.daemon.valid() ? daemons_[pr.daemon.value()].get() : nullptr;
+    bool held = rep.lost_input_unreachable && holder && (holder->awaiting || holder->returned_at > r.started);
+    // Unreachable but still registered: most likely dead with its loss not seen yet. The file
     // output is held for up to the return grace, once; unreachable again after that, it is lost.
     const bool suspect = rep.lost_input_unreachable && holder && holder->alive && !held &&
-                         options_.daemon_return_grace > Duration::zero() &&
-                         PortKind(g, g.vertex(producer).outputs[in.from_port]) == ChannelKind::kFile &&
-                         (holder->suspected_until == TimePoint{} || clock_.Now() < holder->suspected_until);
+                         options_.daemon_return_grace > Duration::zero() && in.kind == ChannelKind::kFile &&
+                         (pr.unreachable_hold_until == TimePoint{} || clock_.Now() < pr.unreachable_hold_until);
     if (suspect) {
-      if (holder->suspected_until == TimePoint{}) holder->suspected_until = clock_.Now() + options_.daemon_return_grace;
+      if (pr.unreachable_hold_until == TimePoint{}) {
+        pr.unreachable_hold_until = clock_.Now() + options_.daemon_return_grace;
+      }
       held = true;
     }
     if (!held) {
@@ -817,6 +816,7 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   Run& r = job.runs[v.value()];
   job.stage_seconds[job.g().vertex(v).stage].push_back(std::chrono::duration<double>(clock_.Now() - r.started).count());
   r.state = VertexState::kCompleted;
+  r.unreachable_hold_until = {};
   // It ran, so what it was chained after delivered, whether or not that attempt's own report
   // has come yet: a completed vertex is never withdrawn as a chain that did not start.
   r.chained_after.clear();
@@ -1036,7 +1036,8 @@ bool Scheduler::ReadsAHeldOutput(const Job& job, VertexId v) const {
     const ChannelEdge& c = g.channel(ch);
     if (IsLive(c.kind) || c.kind == ChannelKind::kDurable) continue;  // nothing stored / a copy serves
     const Run& p = job.runs[c.from.value()];
-    if (p.state != VertexState::kCompleted || !p.daemon.valid() || !daemons_[p.daemon.value()]->Holding(now)) continue;
+    if (p.state != VertexState::kCompleted || !p.daemon.valid()) continue;
+    if (!daemons_[p.daemon.value()]->awaiting && now >= p.unreachable_hold_until) continue;
     const size_t port = static_cast<size_t>(c.from_port);
     if (port >= p.output_messages.size() || p.output_messages[port] > 0) return true;  // empty: nothing to read
   }
@@ -1853,7 +1854,9 @@ Json Scheduler::JobStatus(JobId id) const {
   for (const auto& v : g.vertices()) {
     if (waiting.size() >= 5 || job.state != JobState::kRunning) break;
     const Run& r = job.runs[v.id.value()];
-    if (r.state == VertexState::kReady) {
+    if (r.state == VertexState::kReady && ReadsAHeldOutput(job, v.id)) {
+      waiting.push_back({{"vertex", v.name}, {"reason", "ready; reads an output held for its daemon's return"}});
+    } else if (r.state == VertexState::kReady) {
       const auto& res = g.stage_of(v.id).resources;
       waiting.push_back({{"vertex", v.name}, {"reason", "ready; no daemon has " + fmt::format("{:g}", res.cpus) +
                                                             " free cpus" + (res.gpus ? " and " + std::to_string(res.gpus) + " gpus" : "")}});

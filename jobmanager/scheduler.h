@@ -108,7 +108,7 @@ struct SchedulerOptions {
   /// count as lost; consumers that need them wait meanwhile. Its memory outputs and running
   /// attempts are lost at once. Zero: file outputs are lost at once too. A file output a
   /// consumer could not connect to on a daemon that still looks alive is held for as long,
-  /// once per registration (its loss is most likely on its way).
+  /// once per version of it (the daemon's loss is most likely on its way).
   Duration daemon_return_grace = std::chrono::seconds(1);
 };
 
@@ -274,9 +274,9 @@ class Scheduler {
   /// Whether v's outputs are still needed: a consumer has not completed, or a job output reads
   /// it. `count_durable` false: consumers of durable ports do not count (their copies serve).
   bool OutputNeeded(const Job& job, VertexId v, bool count_durable = true) const;
-  /// Whether v reads a stored, non-empty output held for its daemon (awaited, or suspected of
-  /// being lost: no durable copy): it is neither placed nor chained until that daemon is back,
-  /// given up, or its suspicion over.
+  /// Whether v reads a stored, non-empty output held for its daemon (awaited, or a file output
+  /// found unreachable while its daemon still looked alive; no durable copy): it is neither
+  /// placed nor chained until that daemon is back or given up, or that hold is over.
   bool ReadsAHeldOutput(const Job& job, VertexId v) const;
   /// Whether every output port of v is stored as a file (which outlives its daemon's process).
   static bool OutputsInFiles(const JobGraph& g, VertexId v);

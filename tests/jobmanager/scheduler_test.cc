@@ -313,17 +313,19 @@ TEST_CASE("Scheduler.ADaemonBackWithinItsGraceKeepsTheFileOutputsItStillHolds") 
 }
 
 /// Two producers on two daemons gathered by c, which runs on one of them and reads the other's
-/// (the holder's) file output through input `port`.
+/// (the holder's) output through input `port`, over a `channel` channel.
 struct RemoteGather {
-  RemoteGather() : h([] {
-    SchedulerOptions options;
-    options.chain_dispatch = false;
-    return options;
-  }()) {
+  explicit RemoteGather(const std::string& channel = "file", Duration grace = SchedulerOptions().daemon_return_grace)
+      : h([&] {
+          SchedulerOptions options;
+          options.chain_dispatch = false;
+          options.daemon_return_grace = grace;
+          return options;
+        }()) {
     h.AddDaemon("d0");
     h.AddDaemon("d1");
     job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "replicas": 2}, {"name": "c", "program": "noop"}],
-                       "edges": [{"from": "a", "to": "c", "pattern": "gather"}],
+                       "edges": [{"from": "a", "to": "c", "pattern": "gather", "channel": ")" + channel + R"("}],
                        "outputs": [{"from": "c", "path": "out"}]})");
     auto [a0_daemon, a0] = h.Next("a[0]");
     auto [a1_daemon, a1] = h.Next("a[1]");
@@ -381,6 +383,7 @@ TEST_CASE("Scheduler.AnOutputUnreachableOnADaemonThatStillLooksAliveIsHeldOnceFo
   auto& [h, job, c_daemon, holder, c, held, port] = g;
   h.Finish(c, false, {}, FailureClass::kInputLost, port, /*unreachable=*/true);
   CHECK(h.sink.TakeTasks().empty());  // neither c again nor its producer
+  CHECK(h.sched.JobStatus(job)["waiting"][0]["reason"] == "ready; reads an output held for its daemon's return");
   SUBCASE("its loss is seen, and it comes back") {
     h.sched.DaemonLost(holder, "test");
     h.sched.Flush();
@@ -400,6 +403,44 @@ TEST_CASE("Scheduler.AnOutputUnreachableOnADaemonThatStillLooksAliveIsHeldOnceFo
     auto [where, again] = h.Next(held["name"].get<std::string>());  // now lost: regenerated
     CHECK(again["version"] == 2);
   }
+}
+
+TEST_CASE("Scheduler.AnOutputUnreachableOnADaemonThatStillLooksAliveIsRegeneratedAtOnceWhenNotHeld") {
+  auto regenerated_at_once = [](RemoteGather& g) {
+    g.h.Finish(g.c, false, {}, FailureClass::kInputLost, g.port, /*unreachable=*/true);
+    auto [where, again] = g.h.Next(g.held["name"].get<std::string>());
+    CHECK(again["version"] == 2);
+  };
+  SUBCASE("a memory output (it dies with its process: nothing to wait for)") {
+    RemoteGather g("memory");
+    regenerated_at_once(g);
+  }
+  SUBCASE("no return grace") {
+    RemoteGather g("file", Duration::zero());
+    regenerated_at_once(g);
+  }
+}
+
+TEST_CASE("Scheduler.AConsumerThatTriedWhileItsInputsDaemonRestartedRunsAgainAtOnce") {
+  // The holder came back at the same address after c had started: c's "unreachable" is from
+  // the downtime, so it runs again at once, neither waiting for a grace nor regenerating.
+  RemoteGather g;
+  auto& [h, job, c_daemon, holder, c, held, port] = g;
+  h.clock.Advance(std::chrono::milliseconds(1));
+  h.sched.DaemonLost(holder, "test");
+  DaemonSpec spec;
+  spec.name = holder == DaemonId(0) ? "d0" : "d1";
+  spec.cpus = 1;
+  spec.data_host = "127.0.0.1";
+  spec.data_port = static_cast<uint16_t>(9000 + spec.name.back());  // where it was
+  REQUIRE(h.sched.AddDaemon(spec, {{job.value(), held["vertex"].get<uint32_t>(), 1, 0}}).ok());
+  h.sched.Flush();
+  h.Finish(c, false, {}, FailureClass::kInputLost, port, /*unreachable=*/true);
+  Json c2 = h.Next("c[0]").second;
+  CHECK(c2["version"] == 2);
+  h.Finish(c2, true);
+  CHECK(h.State(job) == "completed");
+  for (const auto& r : h.sched.JobStatus(job)["recoveries"]) CHECK(r["vertex"] == "c[0]");
 }
 
 TEST_CASE("Scheduler.APinnedConsumerOfAHeldOutputWaitsForItsDaemon") {
