@@ -127,12 +127,14 @@ void AddClientCommands(CLI::App& app) {
     auto* cmd = app.add_subcommand("daemons", "List the daemons the job manager knows");
     auto jm = std::make_shared<JmAddressOptions>();
     auto format = std::make_shared<std::string>("text");
+    auto all = std::make_shared<bool>(false);
     AddJmAddressFlags(cmd, *jm);
     cmd->add_option("-o,--format", *format, "text or json")->check(CLI::IsMember({"text", "json"}));
-    cmd->callback([jm, format] {
+    cmd->add_flag("--all", *all, "also list earlier registrations of a name, superseded when it registered again (json lists every one)");
+    cmd->callback([jm, format, all] {
       auto reply = CallOrReport(*jm, {{"op", "daemons"}});
       if (!reply) return;
-      std::cout << (*format == "json" ? (*reply)["daemons"].dump(2) + "\n" : RenderDaemonsTable((*reply)["daemons"]));
+      std::cout << (*format == "json" ? (*reply)["daemons"].dump(2) + "\n" : RenderDaemonsTable((*reply)["daemons"], *all));
     });
   }
   {

@@ -89,9 +89,14 @@ std::string RenderJobsTable(const Json& jobs) {
   return out;
 }
 
-std::string RenderDaemonsTable(const Json& daemons) {
+std::string RenderDaemonsTable(const Json& daemons, bool all) {
   std::string out = "NAME          STATE    CPUS  FREE  GPUS  RUNNING  DATA                  CONTROL       LABELS\n";
+  size_t hidden = 0;
   for (const auto& d : daemons) {
+    if (!all && d.value("superseded", false)) {
+      ++hidden;
+      continue;
+    }
     std::string labels;
     for (auto& [k, v] : d["labels"].items()) labels += (labels.empty() ? "" : ",") + k + "=" + v.get<std::string>();
     char line[512];
@@ -101,6 +106,7 @@ std::string RenderDaemonsTable(const Json& daemons) {
                   d.value("control", "tcp").c_str(), labels.c_str());
     out += line;
   }
+  if (hidden) out += std::to_string(hidden) + " earlier registration" + (hidden == 1 ? "" : "s") + " of these names not shown (--all lists them)\n";
   return out;
 }
 

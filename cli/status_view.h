@@ -11,6 +11,8 @@ namespace copse::cli {
 std::string RenderJobStatus(const Json& job, bool color);
 /// The jobs table.
 std::string RenderJobsTable(const Json& jobs);
-std::string RenderDaemonsTable(const Json& daemons);
+/// One row per daemon name, its newest registration; `all` adds the superseded ones (a daemon
+/// that registered again after its return grace keeps its old, lost row).
+std::string RenderDaemonsTable(const Json& daemons, bool all = false);
 
 }  // namespace copse::cli

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <numeric>
 #include <queue>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -1905,13 +1906,18 @@ Json Scheduler::JobsTable() const {
 }
 
 Json Scheduler::DaemonsTable() const {
+  // A daemon that registers again after its grace gets a new id (runs still name the old one),
+  // so a name can have several rows: every one but the newest is superseded.
+  std::unordered_map<std::string_view, size_t> newest;
+  for (size_t i = 0; i < daemons_.size(); ++i) newest[daemons_[i]->spec.name] = i;
   Json rows = Json::array();
-  for (const auto& d : daemons_) {
+  for (size_t i = 0; i < daemons_.size(); ++i) {
+    const Daemon& d = *daemons_[i];
     // Tasks chained after an attempt take its slots ahead of time: free_cpus dips below 0 until it ends.
-    const char* state = d->alive ? "alive" : d->awaiting ? "awaited" : "lost";
-    rows.push_back({{"name", d->spec.name}, {"alive", d->alive}, {"state", state}, {"cpus", d->spec.cpus}, {"free_cpus", std::max(0.0, d->free_cpus)},
-                    {"gpus", d->spec.gpus}, {"running", d->running}, {"labels", d->spec.labels},
-                    {"data", d->spec.data_host + ":" + std::to_string(d->spec.data_port)}, {"control", d->spec.control}});
+    const char* state = d.alive ? "alive" : d.awaiting ? "awaited" : "lost";
+    rows.push_back({{"name", d.spec.name}, {"alive", d.alive}, {"state", state}, {"superseded", newest[d.spec.name] != i},
+                    {"cpus", d.spec.cpus}, {"free_cpus", std::max(0.0, d.free_cpus)}, {"gpus", d.spec.gpus}, {"running", d.running},
+                    {"labels", d.spec.labels}, {"data", d.spec.data_host + ":" + std::to_string(d.spec.data_port)}, {"control", d.spec.control}});
   }
   return rows;
 }

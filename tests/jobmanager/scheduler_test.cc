@@ -1264,6 +1264,16 @@ TEST_CASE("Scheduler.TheDaemonsListingShowsALostDaemonAsAwaitedThenLostWithNothi
   h.sched.Tick();
   CHECK(row(slow)["state"] == "lost");
   CHECK(row(slow)["running"] == 0);
+  CHECK(row(slow)["superseded"] == false);
+
+  // Registering again after its grace gives the name a new row; the old one is superseded.
+  const std::string name = row(slow)["name"];
+  const DaemonId back = h.ComeBack(name, {});
+  CHECK(back != slow);
+  CHECK(row(back)["state"] == "alive");
+  CHECK(row(back)["superseded"] == false);
+  CHECK(row(slow)["superseded"] == true);
+  CHECK(row(dup[0].first)["superseded"] == false);
 }
 
 TEST_CASE("Scheduler.GangsArePlacedWholeShareAVersionAndRestartTogether") {

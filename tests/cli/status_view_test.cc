@@ -1,0 +1,40 @@
+// What `copse daemons` and `copse status` print for people.
+#include <doctest/doctest.h>
+
+#include "cli/status_view.h"
+
+namespace copse::cli {
+namespace {
+
+Json DaemonRow(const std::string& name, const std::string& state, bool superseded, int port) {
+  return {{"name", name}, {"alive", state == "alive"}, {"state", state}, {"superseded", superseded}, {"cpus", 2.0},
+          {"free_cpus", 2.0}, {"gpus", 0}, {"running", 0}, {"labels", Json::object()},
+          {"data", "127.0.0.1:" + std::to_string(port)}, {"control", "local socket"}};
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_CASE("StatusView.TheDaemonsTableListsANameOnceUnlessAskedForEveryRegistration") {
+  const Json rows = Json::array({DaemonRow("d0", "lost", true, 9001), DaemonRow("d1", "alive", false, 9002),
+                                 DaemonRow("d0", "lost", true, 9003), DaemonRow("d0", "alive", false, 9004),
+                                 DaemonRow("d2", "lost", false, 9005)});
+  const std::string newest = RenderDaemonsTable(rows);
+  INFO(newest);
+  CHECK(Count(newest, "d0 ") == 1);
+  CHECK(Count(newest, "127.0.0.1:9004") == 1);  // d0's newest registration
+  CHECK(Count(newest, "127.0.0.1:9001") == 0);
+  CHECK(Count(newest, "d2 ") == 1);  // lost and never back: still listed
+  CHECK(Count(newest, "2 earlier registrations of these names not shown (--all lists them)") == 1);
+
+  const std::string all = RenderDaemonsTable(rows, /*all=*/true);
+  INFO(all);
+  CHECK(Count(all, "d0 ") == 3);
+  CHECK(Count(all, "not shown") == 0);
+}
+
+}  // namespace
+}  // namespace copse::cli
