@@ -26,24 +26,25 @@ Result<std::string> LoadClientSecret(const JmAddressOptions& opts) {
   return secret;
 }
 
-Result<std::string> JmAddress(const JmAddressOptions& opts) {
-  std::string address = opts.jm;
-  if (address.empty()) {
-    if (const char* env = std::getenv("COPSE_JM")) address = env;
-  }
-  if (address.empty()) {
-    auto dir = opts.state_dir.empty() ? DefaultStateDir() : std::filesystem::path(opts.state_dir);
-    auto text = ReadFile((dir / "jm.addr").string());
-    if (!text.ok()) return Status::NotFound("no job manager address: pass --jm HOST:PORT, set COPSE_JM, or start `copse jm` with --state-dir " + dir.string());
-    address = *text;
-    while (!address.empty() && (address.back() == '\n' || address.back() == ' ')) address.pop_back();
-  }
-  return address;
+Result<JmAddressSource> FindJmAddress(const JmAddressOptions& opts) {
+  if (!opts.jm.empty()) return JmAddressSource{opts.jm, "--jm"};
+  if (const char* env = std::getenv("COPSE_JM"); env && *env) return JmAddressSource{env, "COPSE_JM"};
+  auto dir = opts.state_dir.empty() ? DefaultStateDir() : std::filesystem::path(opts.state_dir);
+  auto file = dir / "jm.addr";
+  auto text = ReadFile(file.string());
+  if (!text.ok()) return Status::NotFound("no job manager address: pass --jm HOST:PORT, set COPSE_JM, or start `copse jm` with --state-dir " + dir.string());
+  std::string address = std::move(*text);
+  while (!address.empty() && (address.back() == '\n' || address.back() == ' ')) address.pop_back();
+  return JmAddressSource{std::move(address), file.string(), true};
+}
+
+Result<std::pair<std::string, uint16_t>> JmEndpoint(const JmAddressOptions& opts) {
+  COPSE_ASSIGN_OR_RETURN(auto found, FindJmAddress(opts));
+  return net::ParseHostPort(found.address, found.source);
 }
 
 Result<std::unique_ptr<net::BlockingClient>> ConnectToJm(const JmAddressOptions& opts) {
-  COPSE_ASSIGN_OR_RETURN(std::string address, JmAddress(opts));
-  COPSE_ASSIGN_OR_RETURN(auto hp, net::ParseHostPort(address, "--jm"));
+  COPSE_ASSIGN_OR_RETURN(auto hp, JmEndpoint(opts));
   COPSE_ASSIGN_OR_RETURN(std::string secret, LoadClientSecret(opts));
   return net::BlockingClient::Connect(hp.first, hp.second, secret, "client");
 }

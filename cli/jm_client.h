@@ -20,9 +20,17 @@ struct JmAddressOptions {
 std::filesystem::path DefaultStateDir();
 /// Adds --jm and --state-dir to a client subcommand.
 void AddJmAddressFlags(CLI::App* cmd, JmAddressOptions& opts);
-/// The job manager's HOST:PORT: --jm, else $COPSE_JM, else the state directory's jm.addr;
+/// Where the job manager's address was found, and what it says.
+struct JmAddressSource {
+  std::string address;  // HOST:PORT as written there
+  std::string source;   // "--jm", "COPSE_JM", or the jm.addr file's path
+  bool from_state_dir = false;  // the job manager rewrites it when it starts again
+};
+/// The job manager's address: --jm, else $COPSE_JM, else the state directory's jm.addr;
 /// NotFound when none is there.
-Result<std::string> JmAddress(const JmAddressOptions& opts);
+Result<JmAddressSource> FindJmAddress(const JmAddressOptions& opts);
+/// FindJmAddress, parsed; a malformed address is an error that names its source.
+Result<std::pair<std::string, uint16_t>> JmEndpoint(const JmAddressOptions& opts);
 /// Connects and authenticates as a client.
 Result<std::unique_ptr<net::BlockingClient>> ConnectToJm(const JmAddressOptions& opts);
 /// The secret a client or daemon presents.

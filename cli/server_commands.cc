@@ -140,8 +140,8 @@ void AddDaemonCommand(CLI::App& app) {
       o.labels[l.substr(0, eq)] = l.substr(eq + 1);
     }
     // Found like a client finds it; with no address anywhere, `copse jm`'s default one.
-    const auto address = JmAddress(opts->jm);
-    auto hp = net::ParseHostPort(address.ok() ? *address : "127.0.0.1:7077", "--jm");
+    const auto found = FindJmAddress(opts->jm);
+    auto hp = found.ok() ? net::ParseHostPort(found->address, found->source) : net::ParseHostPort("127.0.0.1:7077", "--jm");
     auto secret = LoadClientSecret(opts->jm);
     if (!hp.ok() || !secret.ok()) {
       std::cerr << "copse daemon: " << (hp.ok() ? secret.status() : hp.status()).message() << "\n";
@@ -150,6 +150,8 @@ void AddDaemonCommand(CLI::App& app) {
     }
     o.jm_host = hp->first;
     o.jm_port = hp->second;
+    // Not named on the command line: follow jm.addr to a job manager started again elsewhere.
+    if (!found.ok() || found->from_state_dir) o.locate_jm = [jm = opts->jm] { return JmEndpoint(jm); };
     o.secret = *secret;
     sigset_t set;
     sigemptyset(&set);

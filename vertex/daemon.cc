@@ -193,9 +193,18 @@ class Daemon::Impl {
   /// holds (after a job manager restart it keeps the ones still there). Through the job
   /// manager's local socket when it runs on this host (and options_.local_socket), else TCP.
   Status Register() {
+    if (options_.locate_jm) {
+      auto where = options_.locate_jm();
+      if (where.ok() && (where->first != options_.jm_host || where->second != options_.jm_port)) {
+        DaemonLog()->info("daemon {}: the job manager is now at {}:{} (was {}:{})", options_.name, where->first,
+                          where->second, options_.jm_host, options_.jm_port);
+        options_.jm_host = where->first;
+        options_.jm_port = where->second;
+      }
+    }
     std::error_code ec;
     auto address = asio::ip::make_address(options_.jm_host == "localhost" ? "127.0.0.1" : options_.jm_host, ec);
-    if (ec) return Status::InvalidArgument("--jm: \"" + options_.jm_host + "\" is not an IP address");
+    if (ec) return Status::InvalidArgument("job manager address \"" + options_.jm_host + "\" is not an IP address");
     if (options_.local_socket) {
       asio::local::stream_protocol::socket local(io_);
       local.connect(net::AbstractEndpoint(net::ControlLocalSocketName(address.to_string(), options_.jm_port)), ec);

@@ -8,6 +8,7 @@
 // "report" of what they ran themselves, every report waiting in one message. A vertex that
 // throws or returns an error is a failed attempt; it never takes the daemon down.
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,6 +21,9 @@ namespace copse::vertex {
 struct DaemonOptions {
   std::string jm_host = "127.0.0.1";
   uint16_t jm_port = 0;
+  /// Where the job manager is now, asked before every registration (a job manager started
+  /// again on another port says so in its state directory). Unset, or failing: jm_host:jm_port.
+  std::function<Result<std::pair<std::string, uint16_t>>()> locate_jm;
   std::string name;
   int cpus = 1;
   int gpus = 0;

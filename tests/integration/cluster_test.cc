@@ -196,6 +196,19 @@ TEST_CASE("Cluster.ADaemonGivenOnlyTheStateDirFindsTheJobManager") {
   CHECK(cluster.Wait(id)["state"] == "completed");
 }
 
+TEST_CASE("Cluster.ADaemonGivenOnlyTheStateDirFollowsAJobManagerStartedAgainOnAnotherPort") {
+  TestCluster cluster(0);
+  cluster.AddDaemonFromStateDir("d0", 2);
+  cluster.WaitForDaemons(1);
+  const std::string before = cluster.address().jm;
+  cluster.KillJm();
+  cluster.RestartJm({}, "127.0.0.1:0");
+  CHECK(cluster.address().jm != before);
+  cluster.WaitForDaemons(1);  // d0 read the new jm.addr when it reconnected
+  uint64_t id = cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 2}}}}});
+  CHECK(cluster.Wait(id)["state"] == "completed");
+}
+
 TEST_CASE("Cluster.DaemonsOnTheJobManagersHostConnectThroughItsLocalSocket") {
   TestCluster cluster(1);
   cluster.AddDaemon("tcp-only", 2, {"--no-local-socket"});

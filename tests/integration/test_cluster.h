@@ -67,10 +67,11 @@ class TestCluster {
     client_.reset();
   }
 
-  /// Starts a job manager again on the same state directory and port.
-  void RestartJm(std::vector<std::string> extra = {}) {
+  /// Starts a job manager again on the same state directory and, unless `listen` says
+  /// otherwise, the same port; clients then use the address it wrote to jm.addr.
+  void RestartJm(std::vector<std::string> extra = {}, std::string listen = "") {
     std::filesystem::remove(state_ / "jm.addr");
-    std::vector<std::string> args = {"jm", "--listen", address_.jm, "--state-dir", state_.string()};
+    std::vector<std::string> args = {"jm", "--listen", listen.empty() ? address_.jm : listen, "--state-dir", state_.string()};
     args.insert(args.end(), extra.begin(), extra.end());
     jm_pid_ = Spawn(args, (dir_ / "jm.log").string());
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -78,6 +79,9 @@ class TestCluster {
       REQUIRE(std::chrono::steady_clock::now() < deadline);
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+    std::string addr = ReadFile((state_ / "jm.addr").string()).value();
+    address_.jm = addr.substr(0, addr.find('\n'));
+    client_.reset();
   }
 
   void AddDaemon(const std::string& name, int cpus, std::vector<std::string> extra = {}) {
