@@ -5,6 +5,8 @@
 namespace copse::cli {
 namespace {
 
+std::string OrDash(std::string s) { return s.empty() ? "-" : s; }
+
 std::string Bar(size_t done, size_t running, size_t total, size_t width, bool color) {
   if (total == 0) return std::string(width, ' ');
   size_t d = done * width / total;
@@ -102,8 +104,8 @@ std::string RenderDaemonsTable(const Json& daemons, bool all) {
     char line[512];
     std::snprintf(line, sizeof(line), "%-12s  %-7s  %4.0f  %4.0f  %4d  %7zu  %-20s  %-12s  %s\n", d["name"].get<std::string>().c_str(),
                   d.value("state", d["alive"].get<bool>() ? "alive" : "lost").c_str(), d["cpus"].get<double>(), d["free_cpus"].get<double>(),
-                  d["gpus"].get<int>(), d["running"].get<size_t>(), d["data"].get<std::string>().c_str(),
-                  d.value("control", "tcp").c_str(), labels.c_str());
+                  d["gpus"].get<int>(), d["running"].get<size_t>(), OrDash(d["data"].get<std::string>()).c_str(),
+                  OrDash(d.value("control", "tcp")).c_str(), labels.c_str());
     out += line;
   }
   if (hidden) out += std::to_string(hidden) + " earlier registration" + (hidden == 1 ? "" : "s") + " of these names not shown (--all lists them)\n";

@@ -368,6 +368,8 @@ DaemonId Scheduler::PlaceholderDaemon(const std::string& name) {
   auto d = std::make_unique<Daemon>();
   d->id = DaemonId(static_cast<uint32_t>(daemons_.size()));
   d->spec.name = name;
+  d->spec.cpus = 0;  // unknown until it registers: the listing shows no slots and no addresses
+  d->spec.control.clear();
   d->alive = false;
   d->awaiting = true;
   d->awaiting_why = "did not come back after the job manager restarted";
@@ -1917,7 +1919,8 @@ Json Scheduler::DaemonsTable() const {
     const char* state = d.alive ? "alive" : d.awaiting ? "awaited" : "lost";
     rows.push_back({{"name", d.spec.name}, {"alive", d.alive}, {"state", state}, {"superseded", newest[d.spec.name] != i},
                     {"cpus", d.spec.cpus}, {"free_cpus", std::max(0.0, d.free_cpus)}, {"gpus", d.spec.gpus}, {"running", d.running},
-                    {"labels", d.spec.labels}, {"data", d.spec.data_host + ":" + std::to_string(d.spec.data_port)}, {"control", d.spec.control}});
+                    {"labels", d.spec.labels}, {"data", d.spec.data_port ? d.spec.data_host + ":" + std::to_string(d.spec.data_port) : ""},
+                    {"control", d.spec.control}});
   }
   return rows;
 }

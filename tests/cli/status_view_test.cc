@@ -9,13 +9,19 @@ namespace {
 Json DaemonRow(const std::string& name, const std::string& state, bool superseded, int port) {
   return {{"name", name}, {"alive", state == "alive"}, {"state", state}, {"superseded", superseded}, {"cpus", 2.0},
           {"free_cpus", 2.0}, {"gpus", 0}, {"running", 0}, {"labels", Json::object()},
-          {"data", "127.0.0.1:" + std::to_string(port)}, {"control", "local socket"}};
+          {"data", port ? "127.0.0.1:" + std::to_string(port) : ""}, {"control", port ? "local socket" : ""}};
 }
 
 size_t Count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
+}
+
+TEST_CASE("StatusView.ADaemonNotRegisteredSinceARestartShowsNoAddresses") {
+  const std::string table = RenderDaemonsTable(Json::array({DaemonRow("d7", "awaited", false, 0)}));
+  INFO(table);
+  CHECK(table.find("d7            awaited     2     2     0        0  -                     -") != std::string::npos);
 }
 
 TEST_CASE("StatusView.TheDaemonsTableListsANameOnceUnlessAskedForEveryRegistration") {
