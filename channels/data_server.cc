@@ -184,7 +184,11 @@ void DataServer::Impl::AcceptLoop() {
       c.sock = Socket(fd, local);
       c.thread = std::thread([this, &c] {
         SetThreadName("copse-data-srv");
-        Serve(c.sock);
+        try {
+          Serve(c.sock);
+        } catch (const std::exception& e) {  // a peer's message no check foresaw ends its connection, not the daemon
+          Logger("chan")->warn("data server: connection ended by an unexpected message: {}", e.what());
+        }
         c.sock.Shutdown();  // closed (after join) by the reaper or Stop
         c.done = true;
       });
@@ -217,8 +221,8 @@ bool DataServer::Impl::Handshake(BufferedSocket& in, const std::string& peer) {
   auto msg = internal::ReadJson(in, kMaxRequestBytes, options.handshake_timeout_ms, options.handshake_timeout_ms);
   if (!msg.ok()) return refuse("bad handshake: " + msg.status().message());
   const Json& j = *msg;
-  if (j.value("op", "") != "auth") return refuse("expected {\"op\":\"auth\"} first");
-  std::string role = j.value("role", "");
+  if (StringMember(j, "op") != "auth") return refuse("expected {\"op\":\"auth\"} first");
+  const std::string role = StringMember(j, "role");
   if (role != "peer" && role != "client") return refuse("role must be \"peer\" or \"client\", not \"" + role + "\"");
   auto mac = j.find("mac");
   if (mac == j.end() || !mac->is_string() ||
@@ -244,7 +248,7 @@ void DataServer::Impl::Serve(Socket& sock) {
       }
       return;  // closed, reset or garbage
     }
-    std::string op = req->value("op", "");
+    const std::string op = StringMember(*req, "op");
     if (op == "fetch") {
       auto key = OutputKey::FromJson(req->value("key", Json()));
       if (!key.ok()) {
@@ -264,7 +268,7 @@ void DataServer::Impl::Serve(Socket& sock) {
       if (wait_ms > 0 && !WaitForOutput(*key, wait_ms)) {
         // Not produced yet (its producer may still run): the consumer asks again.
         auto st = Status::Timeout("output " + key->ToString() + " is not produced yet");
-        if (!internal::WriteFrame(out, FrameType::kEnd, EndBody(st).dump()).ok()) return;
+        if (!internal::WriteFrame(out, FrameType::kEnd, DumpJson(EndBody(st))).ok()) return;
         continue;
       }
       if (!Fetch(out, *key, local)) return;
@@ -292,7 +296,7 @@ std::optional<bool> DataServer::Impl::HandOff(Socket& sock, const OutputKey& key
   const int fd = ::open(stored.file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return std::nullopt;  // gone: the streamed path reports it
   const Json body{{"ok", true}, {"messages", stored.info.messages}, {"bytes", stored.info.bytes}, {"handoff", true}};
-  const bool sent = internal::WriteFrame(sock, FrameType::kEnd, body.dump(), fd).ok();
+  const bool sent = internal::WriteFrame(sock, FrameType::kEnd, DumpJson(body), fd).ok();
   ::close(fd);  // the reader holds its own duplicate
   if (sent) ++handoffs;
   return sent;
@@ -300,7 +304,7 @@ std::optional<bool> DataServer::Impl::HandOff(Socket& sock, const OutputKey& key
 
 bool DataServer::Impl::Fetch(Socket& sock, const OutputKey& key, bool local) {
   ++fetches;
-  auto end = [&](const Json& body) { return internal::WriteFrame(sock, FrameType::kEnd, body.dump()).ok(); };
+  auto end = [&](const Json& body) { return internal::WriteFrame(sock, FrameType::kEnd, DumpJson(body)).ok(); };
   auto stored = store.Lookup(key);
   if (!stored.ok()) return end(EndBody(stored.status()));
   if (stored->damaged) return end(EndBody(Status::DataLoss("output " + key.ToString() + " is damaged")));

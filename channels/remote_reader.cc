@@ -145,8 +145,9 @@ Result<Json> ReadEndBody(BufferedSocket& in, const wire::FrameHeader& h, int tim
 }
 
 Status PeerVerdict(const Json& end, const std::string& peer) {
-  if (end.value("ok", false)) return Status::OK();
-  return Status(CodeFromName(end.value("code", "")), peer + ": " + end.value("message", "fetch failed"));
+  if (auto ok = end.find("ok"); ok != end.end() && ok->is_boolean() && ok->get<bool>()) return Status::OK();
+  const std::string message = StringMember(end, "message");
+  return Status(CodeFromName(StringMember(end, "code")), peer + ": " + (message.empty() ? "fetch failed" : message));
 }
 
 class EmptyOutputReader final : public ChannelReader {
@@ -361,7 +362,7 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
       peer + (o.local_socket ? "\nlocal-ok\n" : "\ntcp\n") + PoolSecretTag(secret);
   Json fetch = {{"op", "fetch"}, {"key", key.ToJson()}};
   if (o.wait_ms > 0) fetch["wait_ms"] = o.wait_ms;
-  const std::string request = fetch.dump();
+  const std::string request = DumpJson(fetch);
   for (int attempt = 0;; ++attempt) {
     // A pooled connection may have been closed by the peer while idle: that shows on first use,
     // before any byte of the answer, and is retried once on a fresh connection.

@@ -305,6 +305,9 @@ Result<Json> ReadJson(BufferedSocket& s, uint32_t max_body, int first_byte_timeo
   COPSE_ASSIGN_OR_RETURN(auto h, ReadHeader(s, max_body, first_byte_timeout_ms, timeout_ms));
   COPSE_ASSIGN_OR_RETURN(std::string body, ReadBody(s, h, timeout_ms));
   if (h.type != wire::FrameType::kJson) return Status::InvalidArgument("expected a JSON frame");
+  if (JsonNestingExceeds(body, kMaxJsonDepth) != std::string_view::npos) {
+    return Status::InvalidArgument("frame body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument("frame body is not a JSON object");
   return j;

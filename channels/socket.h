@@ -90,7 +90,7 @@ class BufferedSocket {
 
 /// Writes one frame (over a local socket, with a duplicate of `pass_fd` attached when >= 0).
 Status WriteFrame(Socket& s, wire::FrameType type, std::string_view body, int pass_fd = -1);
-inline Status WriteJson(Socket& s, const Json& j) { return WriteFrame(s, wire::FrameType::kJson, j.dump()); }
+inline Status WriteJson(Socket& s, const Json& j) { return WriteFrame(s, wire::FrameType::kJson, DumpJson(j)); }
 
 /// Reads a frame header: waits up to `first_byte_timeout_ms` for it to begin, then
 /// `timeout_ms` for the rest. Bad magic/version/type/length: InvalidArgument.

@@ -88,7 +88,7 @@ void FramedConnection::ReadBody(uint32_t length) {
   });
 }
 
-void FramedConnection::Send(const Json& message) { SendRaw(wire::EncodeFrame(wire::FrameType::kJson, message.dump())); }
+void FramedConnection::Send(const Json& message) { SendRaw(wire::EncodeFrame(wire::FrameType::kJson, DumpJson(message))); }
 
 void FramedConnection::SendRaw(std::string frame) {
   std::lock_guard<std::mutex> lock(write_mu_);
@@ -200,7 +200,7 @@ Result<std::unique_ptr<BlockingClient>> BlockingClient::Connect(const std::strin
 }
 
 Status BlockingClient::Send(const Json& message) {
-  std::string frame = wire::EncodeFrame(wire::FrameType::kJson, message.dump());
+  std::string frame = wire::EncodeFrame(wire::FrameType::kJson, DumpJson(message));
   std::error_code ec;
   asio::write(socket_, asio::buffer(frame), ec);
   if (ec) return Status::Unavailable("send failed: " + ec.message());

@@ -7,7 +7,34 @@
 
 namespace copse {
 
+size_t JsonNestingExceeds(std::string_view text, size_t limit) {
+  size_t depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character, a quote included
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return i;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return std::string_view::npos;
+}
+
 Result<Json> ParseJson(std::string_view text, std::string_view source) {
+  if (size_t at = JsonNestingExceeds(text, kMaxJsonDepth); at != std::string_view::npos) {
+    LineColumn lc = LineColumnAt(text, at);
+    return Status::InvalidArgument(std::string(source) + ":" + std::to_string(lc.line) + ":" + std::to_string(lc.column) +
+                                   ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
   try {
     return Json::parse(text.begin(), text.end());
   } catch (const Json::parse_error& e) {
@@ -20,6 +47,14 @@ Result<Json> ParseJson(std::string_view text, std::string_view source) {
     return Status::InvalidArgument(std::string(source) + ":" + std::to_string(lc.line) + ":" +
                                    std::to_string(lc.column) + ": malformed JSON: " + what);
   }
+}
+
+std::string DumpJson(const Json& j, int indent) { return j.dump(indent, ' ', false, Json::error_handler_t::replace); }
+
+std::string StringMember(const Json& j, const char* key) {
+  if (!j.is_object()) return {};
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
 Result<std::string> ReadFile(const std::string& path) {

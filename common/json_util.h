@@ -12,8 +12,27 @@ namespace copse {
 
 using Json = nlohmann::json;
 
-/// Parses `text`; on failure an InvalidArgument naming `source`, line and column.
+/// Deepest nesting of arrays and objects ParseJson accepts. Copying and printing a document
+/// recurse once per level, so an unbounded depth (a 200 KB job file can nest 100,000 deep)
+/// would overflow a server's stack; real documents nest a few levels.
+inline constexpr size_t kMaxJsonDepth = 512;
+
+/// Parses `text`; on failure an InvalidArgument naming `source`, line and column. Nesting
+/// deeper than kMaxJsonDepth is such a failure.
 Result<Json> ParseJson(std::string_view text, std::string_view source);
+
+/// Byte offset in `text` where nesting first goes deeper than `limit` (brackets inside strings
+/// do not count), or npos. Linear and allocation-free: run before parsing untrusted text.
+size_t JsonNestingExceeds(std::string_view text, size_t limit);
+
+/// `j` as compact text (or indented by `indent`). Strings built from raw bytes (a program's
+/// stderr, a parse error quoting what it read) may hold invalid UTF-8, on which nlohmann's
+/// dump() throws; here such bytes become U+FFFD, so sending or journaling never throws.
+std::string DumpJson(const Json& j, int indent = -1);
+
+/// `j[key]` when `j` is an object holding a string there, else "": for reading a peer's
+/// fields before knowing the message is well formed.
+std::string StringMember(const Json& j, const char* key);
 
 /// Reads and parses the file at `path`.
 Result<Json> ReadJsonFile(const std::string& path);

@@ -157,7 +157,7 @@ class JmServer::Impl : public DaemonSink {
     peer.last_seen = std::chrono::steady_clock::now();
     const std::string op = msg["op"].get<std::string>();
     if (!peer.authenticated) {
-      std::string role = msg.value("role", "");
+      const std::string role = StringMember(msg, "role");
       bool ok = op == "auth" && msg.contains("mac") && msg["mac"].is_string() &&
                 (role == "daemon" || role == "client") &&
                 auth::ConstantTimeEquals(msg["mac"].get<std::string>(), auth::Mac(secret_, peer.nonce));

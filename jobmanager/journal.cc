@@ -61,7 +61,7 @@ Journal::~Journal() {
 }
 
 void Journal::Record(const Json& record) {
-  buffer_ += record.dump();
+  buffer_ += DumpJson(record);
   buffer_ += '\n';
   ++buffered_;
 }
@@ -80,7 +80,7 @@ Status Journal::Flush() {
 Status Journal::Rewrite(const std::vector<Json>& records) {
   std::string text;
   for (const Json& r : records) {
-    text += r.dump();
+    text += DumpJson(r);
     text += '\n';
   }
   const auto path = dir_ / kFileName;

@@ -1717,19 +1717,25 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     return Json{{"fault", action}, {"vertex", job->g().vertex(v).name}, {"job", job->id.value()}, {"armed", true}};
   }
   if (action == "random") {
-    chaos_ = RandomChaos{};
-    chaos_->rng.seed(request.value("seed", uint64_t{1}));
-    chaos_->interval = std::chrono::milliseconds(request.value("interval_ms", int64_t{500}));
-    chaos_->until = clock_.Now() + std::chrono::milliseconds(request.value("duration_ms", int64_t{10000}));
-    chaos_->next = clock_.Now() + chaos_->interval;
-    chaos_->kinds = request.value("kinds", std::vector<std::string>{"kill", "fail", "delay", "corrupt", "cut"});
-    chaos_->cut_ms = request.value("cut_ms", int64_t{1000});
-    for (const auto& k : chaos_->kinds) {
+    RandomChaos chaos;
+    chaos.rng.seed(request.value("seed", uint64_t{1}));
+    const int64_t interval_ms = request.value("interval_ms", int64_t{500});
+    const int64_t duration_ms = request.value("duration_ms", int64_t{10000});
+    chaos.kinds = request.value("kinds", std::vector<std::string>{"kill", "fail", "delay", "corrupt", "cut"});
+    chaos.cut_ms = request.value("cut_ms", int64_t{1000});
+    if (interval_ms < 1) return Status::InvalidArgument("chaos interval must be at least 1 ms, got " + std::to_string(interval_ms));
+    if (duration_ms < 0) return Status::InvalidArgument("chaos duration must not be negative, got " + std::to_string(duration_ms) + " ms");
+    if (chaos.cut_ms < 0) return Status::InvalidArgument("chaos cut must not be negative, got " + std::to_string(chaos.cut_ms) + " ms");
+    if (chaos.kinds.empty()) return Status::InvalidArgument("no chaos kinds; expected some of kill, fail, delay, corrupt, cut");
+    for (const auto& k : chaos.kinds) {
       if (k != "kill" && k != "fail" && k != "delay" && k != "corrupt" && k != "cut") {
-        chaos_.reset();
         return Status::InvalidArgument("unknown chaos kind \"" + k + "\"; expected kill, fail, delay, corrupt or cut");
       }
     }
+    chaos.interval = std::chrono::milliseconds(interval_ms);
+    chaos.until = clock_.Now() + std::chrono::milliseconds(duration_ms);
+    chaos.next = clock_.Now() + chaos.interval;
+    chaos_ = std::move(chaos);
     return Json{{"random", true}, {"kinds", chaos_->kinds}};
   }
   if (action == "stop") {

@@ -133,7 +133,7 @@ class EmptyReader final : public chan::ChannelReader {
 
 template <class Socket>
 Status WriteFrameSync(Socket& s, const Json& msg) {
-  std::string frame = wire::EncodeFrame(wire::FrameType::kJson, msg.dump());
+  std::string frame = wire::EncodeFrame(wire::FrameType::kJson, DumpJson(msg));
   std::error_code ec;
   asio::write(s, asio::buffer(frame), ec);
   return ec ? Status::Unavailable(ec.message()) : Status::OK();

@@ -412,6 +412,21 @@ TEST_CASE("DataServer.GarbageIsRefusedAndOthersAreServed" * doctest::timeout(20)
     raw.Send(wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"fetch","key":{"job":"x"}})"));
     expect_error_and_close(raw, "bad key");
   }
+  // Members of the wrong type, before and after authenticating, and nesting no server should
+  // recurse through: each ends only its own connection.
+  for (const char* handshake : {R"({"op":1})", R"({"op":"auth","role":1,"mac":"x"})", R"([1])"}) {
+    Raw raw(port);
+    raw.ReadJson();
+    raw.Send(wire::EncodeFrame(wire::FrameType::kJson, handshake));
+    expect_error_and_close(raw, handshake);
+  }
+  for (std::string request : {std::string(R"({"op":1})"), std::string(R"({"op":["fetch"]})"),
+                              std::string(100000, '[') + std::string(100000, ']')}) {
+    Raw raw(port);
+    raw.Authenticate();
+    raw.Send(wire::EncodeFrame(wire::FrameType::kJson, request));
+    expect_error_and_close(raw, request.substr(0, 20));
+  }
   {  // ping works on an authenticated raw connection
     Raw raw(port);
     raw.Authenticate();

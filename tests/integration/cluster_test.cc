@@ -168,10 +168,13 @@ TEST_CASE("Cluster.UnauthenticatedAndGarbagePeersAreRefusedWhileAJobRuns") {
   auto bad = net::BlockingClient::Connect("127.0.0.1", cluster.jm_port(), std::string(64, 'a'), "client");
   CHECK_FALSE(bad.ok());
   CHECK(bad.status().message().find("authentication failed") != std::string::npos);
-  // Garbage bytes, a wrong protocol version, an oversized frame.
+  // Garbage bytes, a wrong protocol version, an oversized frame, a body that is not UTF-8 (the
+  // error quoting it must still be sendable), an auth whose role is not a string.
   for (std::string payload : {std::string("GET / HTTP/1.1\r\n\r\n"),
                               [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 2); h[4] = 9; return std::string(h.data(), h.size()) + "{}"; }(),
-                              [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 0x7fffffff); return std::string(h.data(), h.size()); }()}) {
+                              [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 0x7fffffff); return std::string(h.data(), h.size()); }(),
+                              wire::EncodeFrame(wire::FrameType::kJson, "\xff"),
+                              wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"auth","role":5,"mac":"x"})")}) {
     asio::io_context io;
     asio::ip::tcp::socket s(io);
     s.connect({asio::ip::make_address("127.0.0.1"), cluster.jm_port()});
@@ -183,9 +186,34 @@ TEST_CASE("Cluster.UnauthenticatedAndGarbagePeersAreRefusedWhileAJobRuns") {
     CHECK(ec == asio::error::eof);  // the job manager hung up on it
     CHECK(got.find("error") != std::string::npos);
   }
+  // Authenticated requests the job manager must refuse without falling over.
+  auto chaos = cluster.client().Call({{"op", "chaos"}, {"action", "random"}, {"kinds", Json::array()}});
+  CHECK_MESSAGE(!chaos.ok(), "random chaos with no kinds was accepted");
+  Json deep = Json::array();
+  for (size_t i = 0; i < kMaxJsonDepth; ++i) deep = Json::array({std::move(deep)});
+  Json nested_job = {{"stages", {{{"name", "s"}, {"program", "noop"}, {"params", {{"x", deep}}}}}}};
+  auto own = cli::ConnectToJm(cluster.address());  // a frame refused closes its connection
+  REQUIRE(own.ok());
+  auto nested = (*own)->Call({{"op", "submit"}, {"job", nested_job}, {"job_dir", cluster.dir().string()}});
+  CHECK(!nested.ok());
+  CHECK_MESSAGE(nested.status().message().find("nested deeper than") != std::string::npos, nested.status().ToString());
   Json status = cluster.Wait(id);
   CHECK(status["state"] == "completed");
   CHECK(cluster.client().Call({{"op", "daemons"}}).ok());
+}
+
+TEST_CASE("Cluster.AVertexWhoseErrorIsNotUtf8FailsAloneAndItsDaemonLives") {
+  TestCluster cluster(1);
+  // Its stderr: a two-byte character, then a byte that is never UTF-8.
+  Json job = {{"stages", {{{"name", "bad"}, {"program", "exec"}, {"max_attempts", 1},
+                           {"params", {{"argv", {"sh", "-c", "printf 'x\\303\\251\\377' >&2; exit 3"}}}}}}}};
+  Json status = cluster.Wait(cluster.Submit(job), std::chrono::seconds(30));  // a daemon killed by it: no daemon left
+  CHECK(status["state"] == "failed");
+  CHECK_MESSAGE(status.value("failure", "").find("x\u00e9\ufffd") != std::string::npos, status.dump());
+  uint64_t next = cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 2}}}}});
+  CHECK(cluster.Wait(next)["state"] == "completed");
+  Json daemons = (*cluster.client().Call({{"op", "daemons"}}))["daemons"];
+  CHECK(daemons.size() == 1);  // the same registration throughout
 }
 
 TEST_CASE("Cluster.ADaemonGivenOnlyTheStateDirFindsTheJobManager") {
