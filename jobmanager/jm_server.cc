@@ -37,17 +37,21 @@ class JmServer::Impl : public DaemonSink {
     COPSE_ASSIGN_OR_RETURN(secret_, auth::LoadOrCreateSecret(options_.state_dir));
     // Resume what a previous job manager in this state directory was running.
     std::vector<std::string> warnings;
-    COPSE_ASSIGN_OR_RETURN(auto records, Journal::Replay(options_.state_dir, &warnings));
+    bool records_lost = false;
+    COPSE_ASSIGN_OR_RETURN(auto records, Journal::Replay(options_.state_dir, &warnings, &records_lost));
     for (const auto& w : warnings) JmLog()->warn("{}", w);
     if (!records.empty()) {
       size_t jobs = scheduler_.Restore(records, options_.catalog);
       JmLog()->warn("restored {} jobs from {} journal records", jobs, records.size());
     }
+    if (records_lost) COPSE_RETURN_NOT_OK(KeepDamagedJournal());
     COPSE_ASSIGN_OR_RETURN(journal_, Journal::Open(options_.state_dir, options_.journal_fsync));
     scheduler_.set_journal(journal_.get());
     // Rewritten at every start, superseded or not (the job manager does not listen yet): what
-    // the replay dropped (a torn tail, jobs that no longer load) goes with the rest.
-    if (!records.empty() && options_.journal_compact_bytes > 0) CompactJournal();
+    // the replay dropped (a torn tail, jobs that no longer load) goes with the rest. A journal
+    // the replay stopped short in is rewritten whatever the compaction settings say: records
+    // appended after the damage would be dropped with it at the next start.
+    if ((!records.empty() && options_.journal_compact_bytes > 0) || !warnings.empty()) CompactJournal();
     std::error_code ec;
     auto address = asio::ip::make_address(options_.host, ec);
     if (ec) return Status::InvalidArgument("--listen: \"" + options_.host + "\" is not an IP address");
@@ -64,6 +68,7 @@ class JmServer::Impl : public DaemonSink {
     std::filesystem::rename(tmp, addr_file, ec);
     if (ec) return Status::IOError("cannot write " + addr_file.string());
     JmLog()->info("listening on {}:{}", options_.host, port());
+    scheduler_.StartRecoveryGrace();
     ListenLocal();
     Accept(acceptor_);
     ScheduleTick();
@@ -319,6 +324,18 @@ class JmServer::Impl : public DaemonSink {
   /// pays for a rewrite that would drop nothing.
   bool CompactionDue() const {
     return options_.journal_compact_bytes > 0 && journal_->records() >= 2 * scheduler_.SnapshotRecords();
+  }
+
+  /// Copies a journal the replay stopped reading before its end beside it, for a person to look
+  /// at: the records after the damage are not restored, and the rewrite that follows drops them.
+  Status KeepDamagedJournal() {
+    const auto journal = options_.state_dir / "journal.jsonl";
+    const auto copy = options_.state_dir / ("journal.jsonl.damaged-" + std::to_string(::time(nullptr)));
+    std::error_code ec;
+    std::filesystem::copy_file(journal, copy, std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) return Status::IOError("cannot keep a copy of the damaged journal as " + copy.string() + ": " + ec.message());
+    JmLog()->warn("the journal was not read to its end; it is kept as {}", copy.string());
+    return Status::OK();
   }
 
   void CompactJournal() {

@@ -112,7 +112,9 @@ Status Journal::Rewrite(const std::vector<Json>& records) {
   return Status::OK();
 }
 
-Result<std::vector<Json>> Journal::Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings) {
+Result<std::vector<Json>> Journal::Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings,
+                                          bool* records_lost) {
+  if (records_lost) *records_lost = false;
   std::vector<Json> records;
   auto path = dir / kFileName;
   std::ifstream in(path);
@@ -126,9 +128,10 @@ Result<std::vector<Json>> Journal::Replay(const std::filesystem::path& dir, std:
     if (l.empty()) continue;
     auto parsed = ParseJson(l, path.string() + " line " + std::to_string(number));
     if (!parsed.ok() || !parsed->is_object() || !parsed->contains("t")) {
-      std::string what = number == lines.size() ? "torn last record (a crash mid-write) dropped"
-                                                : "malformed record; the rest of the journal is ignored";
+      const bool last = number == lines.size();
+      std::string what = last ? "torn last record (a crash mid-write) dropped" : "malformed record; the rest of the journal is ignored";
       if (warnings) warnings->push_back(path.string() + ":" + std::to_string(number) + ": " + what);
+      if (records_lost && !last) *records_lost = true;
       break;
     }
     records.push_back(std::move(*parsed));

@@ -42,8 +42,11 @@ class Journal final : public JournalSink {
 
   /// Every record of an existing journal, in order. A torn last line (a crash mid-write) is
   /// dropped with a warning; a malformed line elsewhere stops the replay there, named in the
-  /// returned warnings, never crashing the job manager.
-  static Result<std::vector<Json>> Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings);
+  /// returned warnings, never crashing the job manager, and sets `*records_lost`: the lines
+  /// after it were not read. Either way the journal must be rewritten before records are
+  /// appended to it, or they would follow the damage and be dropped with it next time.
+  static Result<std::vector<Json>> Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings,
+                                          bool* records_lost = nullptr);
 
   void Record(const Json& record) override;
   /// Writes the buffered records.

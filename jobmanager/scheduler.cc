@@ -386,6 +386,10 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
     try {
       const std::string t = rec.at("t");
       JobId id(rec.at("job").get<uint64_t>());
+      if (id.value() == 0 || id.value() >= kMaxJobId) {
+        SchedLog()->error("journal: skipping a record of job {}: job ids run from 1 to 2^53", id.value());
+        continue;
+      }
       next_job_ = std::max(next_job_, id.value() + 1);
       if (t == "ids") continue;  // next_job_ covers it
       if (t == "job") {
@@ -429,10 +433,7 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
       SchedLog()->error("journal: skipping a malformed record: {}", e.what());
     }
   }
-  const TimePoint restored_at = clock_.Now();
-  for (auto& d : daemons_) {
-    if (d->awaiting) d->awaiting_until = restored_at + options_.recovery_grace;
-  }
+  StartRecoveryGrace();
   for (auto& [id, job] : jobs_) {
     if (job->state != JobState::kRunning) continue;
     // Attempts the old job manager started are unknown: new versions start above them so no
@@ -446,6 +447,13 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
   journal_ = journal;
   Schedule();
   return restored;
+}
+
+void Scheduler::StartRecoveryGrace() {
+  const TimePoint until = clock_.Now() + options_.recovery_grace;
+  for (auto& d : daemons_) {
+    if (d->awaiting) d->awaiting_until = until;
+  }
 }
 
 Json Scheduler::JobRecord(const Job& job) {

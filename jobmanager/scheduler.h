@@ -138,6 +138,13 @@ class Scheduler {
   /// by daemons known by name until they re-register), regenerations and finished jobs.
   /// Returns how many jobs were restored; records that no longer load are skipped with a log line.
   size_t Restore(const std::vector<Json>& records, const ProgramCatalog& catalog);
+  /// Starts the restored daemons' `recovery_grace` again from now. The job manager calls it
+  /// once it listens, so that a slow start (a long journal's replay and compaction) does not
+  /// spend the time the daemons have to reach it.
+  void StartRecoveryGrace();
+  /// Job ids a journal may name: below 2^53, so they stay exact in any JSON reader, far from
+  /// the invalid id and from wrapping.
+  static constexpr uint64_t kMaxJobId = uint64_t{1} << 53;
   /// Records from which Restore rebuilds what this scheduler knows now: per remembered job its
   /// submission, its completed vertices and, once finished, its end; then the newest job id
   /// handed out, so a restarted job manager never hands one out twice. What the journal is

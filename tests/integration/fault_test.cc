@@ -292,6 +292,32 @@ TEST_CASE("Faults.AJobManagerWhoseJournalWasCompactedMidJobResumesFromTheSnapsho
   CHECK(cluster.Submit(ChecksumChain(1)) == 4);  // no job id is handed out twice
 }
 
+TEST_CASE("Faults.JobsSubmittedAfterTheJournalWasDamagedSurviveTheNextRestart") {
+  TestCluster cluster(1, 2);
+  REQUIRE(cluster.Wait(cluster.Submit(ChecksumChain(1)))["state"] == "completed");
+  cluster.KillJm();
+  // Its first line damaged: nothing after it can be trusted, so none of it is restored.
+  const auto state = cluster.dir() / "jm";
+  const std::string before = ReadFile((state / "journal.jsonl").string()).value();
+  std::ofstream(state / "journal.jsonl") << "GARBAGE\n" << before;
+  cluster.RestartJm();
+  const uint64_t after = cluster.Submit(ChecksumChain(1));
+  REQUIRE(cluster.Wait(after)["state"] == "completed");
+  cluster.KillJm();
+  cluster.RestartJm();
+  auto status = cluster.client().Call({{"op", "status"}, {"job", after}});
+  REQUIRE_MESSAGE(status.ok(), "job " << after << " was lost: " << status.status().ToString());
+  CHECK((*status)["job"]["state"] == "completed");
+  // The damaged journal is kept, whole, for a person to look at.
+  size_t kept = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(state)) {
+    if (entry.path().filename().string().rfind("journal.jsonl.damaged-", 0) != 0) continue;
+    ++kept;
+    CHECK(ReadFile(entry.path().string()).value() == "GARBAGE\n" + before);
+  }
+  CHECK(kept == 1);
+}
+
 /// A 120-vertex layered checksum DAG that keeps running for at least 1.5 s.
 Json SlowDag() {
   Json job = {{"name", "chaos"}, {"stages", Json::array()}, {"edges", Json::array()}};

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "jobmanager/journal.h"
 #include "jobmanager/scheduler.h"
@@ -30,11 +31,13 @@ TEST_CASE("Journal.RoundTripsAndDropsATornTail") {
   }
   std::ofstream(dir / "journal.jsonl", std::ios::app) << R"({"t":"done","job":1,"v)";  // a crash mid-write
   std::vector<std::string> warnings;
-  auto records = Journal::Replay(dir, &warnings);
+  bool records_lost = true;
+  auto records = Journal::Replay(dir, &warnings, &records_lost);
   REQUIRE(records.ok());
   CHECK(records->size() == 2);
   REQUIRE(warnings.size() == 1);
   CHECK(warnings[0].find("torn last record") != std::string::npos);
+  CHECK_FALSE(records_lost);  // only the record being written
   std::filesystem::remove_all(dir);
 }
 
@@ -42,11 +45,13 @@ TEST_CASE("Journal.CorruptionInTheMiddleStopsTheReplayThereWithAWarning") {
   auto dir = TempDir("copse-journal-bad");
   std::ofstream(dir / "journal.jsonl") << "{\"t\":\"job\",\"job\":1}\nGARBAGE\n{\"t\":\"job\",\"job\":2}\n";
   std::vector<std::string> warnings;
-  auto records = Journal::Replay(dir, &warnings);
+  bool records_lost = false;
+  auto records = Journal::Replay(dir, &warnings, &records_lost);
   REQUIRE(records.ok());
   CHECK(records->size() == 1);
   REQUIRE(warnings.size() == 1);
   CHECK(warnings[0].find(":2: malformed record") != std::string::npos);
+  CHECK(records_lost);  // job 2's whole record was not read
   std::filesystem::remove_all(dir);
 }
 
@@ -244,6 +249,46 @@ TEST_CASE("Journal.JobIdsGoOnAfterASnapshotOfAManagerThatForgotEveryJob") {
   Scheduler restored(sink, clock, options);
   CHECK(restored.Restore(snapshot, testing::TestCatalog()) == 0);
   CHECK(restored.Submit(testing::MustLoad(one), "/tmp") == JobId(3));  // never 1 again
+}
+
+TEST_CASE("Journal.AJobIdOutOfRangeIsSkippedAndIdsDoNotWrap") {
+  const char* one = R"({"stages": [{"name": "a", "program": "noop"}]})";
+  ManualClock clock;
+  NullSink sink;
+  Scheduler s(sink, clock);
+  const std::vector<Json> records = {{{"t", "ids"}, {"job", std::numeric_limits<uint64_t>::max() - 1}},
+                                     {{"t", "ids"}, {"job", Scheduler::kMaxJobId}},
+                                     {{"t", "job"}, {"job", 0}, {"doc", Json::parse(one)}},
+                                     {{"t", "ids"}, {"job", 4}}};
+  CHECK(s.Restore(records, testing::TestCatalog()) == 0);
+  CHECK(s.Submit(testing::MustLoad(one), "/tmp") == JobId(5));
+  CHECK(s.Submit(testing::MustLoad(one), "/tmp") == JobId(6));
+}
+
+TEST_CASE("Journal.TheRecoveryGraceStartsAgainWhenTheJobManagerListens") {
+  RecordingJournal journal;
+  ManualClock clock;
+  {
+    NullSink sink;
+    Scheduler s(sink, clock);
+    s.set_journal(&journal);
+    REQUIRE(s.AddDaemon(D0()).ok());
+    JobId job = s.Submit(testing::MustLoad(kChain), "/tmp");
+    s.Flush();
+    Succeed(s, job, sink.runs.back()["tasks"][0]);
+  }
+  NullSink sink;
+  SchedulerOptions options;
+  Scheduler restored(sink, clock, options);
+  REQUIRE(restored.Restore(journal.records, testing::TestCatalog()) == 1);
+  clock.Advance(options.recovery_grace - std::chrono::milliseconds(100));  // a slow start
+  restored.StartRecoveryGrace();
+  clock.Advance(std::chrono::milliseconds(200));
+  restored.Tick();
+  CHECK(restored.DaemonsTable()[0]["state"] == "awaited");  // not lost: its grace began just now
+  clock.Advance(options.recovery_grace);
+  restored.Tick();
+  CHECK(restored.DaemonsTable()[0]["state"] == "lost");
 }
 
 }  // namespace
