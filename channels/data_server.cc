@@ -116,6 +116,10 @@ class FrameSender {
   size_t body_bytes_ = 0;
 };
 
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace
 
 struct DataServer::Impl {
@@ -123,6 +127,10 @@ struct DataServer::Impl {
     Socket sock;
     std::thread thread;
     std::atomic<bool> done{false};
+    /// Until the peer has authenticated: when the whole handshake must be over (steady-clock
+    /// ms; 0 after it). Reads time out one at a time, so a peer trickling a byte now and then
+    /// would hold a thread for ever; the accept loop shuts such a connection down instead.
+    std::atomic<int64_t> handshake_until_ms{0};
   };
 
   OutputStore& store;
@@ -144,7 +152,10 @@ struct DataServer::Impl {
 
   void AcceptLoop();
   void ReapLocked();
-  void Serve(Socket& sock);
+  /// Serves one connection until it closes; clears `handshake_until_ms` once it authenticated.
+  void Serve(Socket& sock, std::atomic<int64_t>& handshake_until_ms);
+  /// Shuts down connections whose handshake outlived its deadline. Requires mu.
+  void EndOverdueHandshakesLocked();
   /// Authenticates a new connection; false when it must be closed.
   bool Handshake(BufferedSocket& in, const std::string& peer);
   /// Streams one output (hands a file output over on a local connection); false when the
@@ -166,6 +177,7 @@ void DataServer::Impl::AcceptLoop() {
     if (stopping) return;
     std::lock_guard lock(mu);
     ReapLocked();
+    EndOverdueHandshakesLocked();
     if (n <= 0) continue;
     for (int i = 1; i < 3; ++i) {
       if (!(fds[i].revents & POLLIN)) continue;
@@ -182,10 +194,11 @@ void DataServer::Impl::AcceptLoop() {
       ++accepted;
       Conn& c = conns.emplace_back();
       c.sock = Socket(fd, local);
+      c.handshake_until_ms = SteadyMs() + options.handshake_timeout_ms;
       c.thread = std::thread([this, &c] {
         SetThreadName("copse-data-srv");
         try {
-          Serve(c.sock);
+          Serve(c.sock, c.handshake_until_ms);
         } catch (const std::exception& e) {  // a peer's message no check foresaw ends its connection, not the daemon
           Logger("chan")->warn("data server: connection ended by an unexpected message: {}", e.what());
         }
@@ -193,6 +206,17 @@ void DataServer::Impl::AcceptLoop() {
         c.done = true;
       });
     }
+  }
+}
+
+void DataServer::Impl::EndOverdueHandshakesLocked() {
+  const int64_t now = SteadyMs();
+  for (auto& c : conns) {
+    int64_t until = c.handshake_until_ms.load();
+    if (until == 0 || now < until) continue;
+    if (!c.handshake_until_ms.compare_exchange_strong(until, 0)) continue;  // it authenticated just now
+    Logger("chan")->warn("data server: a peer did not finish its handshake within {} ms; closing it", options.handshake_timeout_ms);
+    ::shutdown(c.sock.fd(), SHUT_RDWR);  // its thread's blocked read ends
   }
 }
 
@@ -232,12 +256,14 @@ bool DataServer::Impl::Handshake(BufferedSocket& in, const std::string& peer) {
   return internal::WriteJson(s, Json{{"op", "welcome"}}).ok();
 }
 
-void DataServer::Impl::Serve(Socket& sock) {
+void DataServer::Impl::Serve(Socket& sock, std::atomic<int64_t>& handshake_until_ms) {
   // Own read buffer; `sock` stays owned by Conn. Requests never carry descriptors: plain reads.
   BufferedSocket in(Socket(::dup(sock.fd())), 64 << 10);
   const bool local = sock.local();
   std::string peer = "connection " + std::to_string(accepted.load());
   if (!Handshake(in, peer)) return;
+  int64_t until = handshake_until_ms.load();
+  if (until == 0 || !handshake_until_ms.compare_exchange_strong(until, 0)) return;  // shut down as overdue meanwhile
   Socket& out = in.socket();
   while (!stopping) {
     auto req = internal::ReadJson(in, kMaxRequestBytes, -1, options.frame_timeout_ms);

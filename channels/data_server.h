@@ -28,8 +28,9 @@
 // gets {"op":"error","message":…} (when the connection still allows it) and is disconnected.
 //
 // Threads: one acceptor thread and one thread per connection (blocking I/O; a slow or hostile
-// peer only ever blocks its own thread). The handshake must finish within
-// `handshake_timeout_ms`; an idle authenticated connection may stay open (the fetching side
+// peer only ever blocks its own thread). The whole handshake must finish within
+// `handshake_timeout_ms`, however slowly its bytes trickle in (the acceptor shuts down a
+// connection that overruns it); an idle authenticated connection may stay open (the fetching side
 // pools it). Stop() closes every connection and joins every thread.
 #include <atomic>
 #include <cstdint>

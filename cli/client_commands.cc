@@ -14,6 +14,9 @@
 namespace copse::cli {
 namespace {
 
+/// Job ids the job manager hands out (and its journal accepts): 1 to 2^53.
+const CLI::Range kJobIdRange(uint64_t{1}, uint64_t{1} << 53, "job id");
+
 /// Connects or prints why not and sets exit code 1.
 std::unique_ptr<net::BlockingClient> ConnectOrReport(const JmAddressOptions& opts) {
   auto client = ConnectToJm(opts);
@@ -90,7 +93,7 @@ void AddClientCommands(CLI::App& app) {
     };
     auto o = std::make_shared<Opts>();
     AddJmAddressFlags(cmd, o->jm);
-    cmd->add_option("JOB", o->job, "job id");
+    cmd->add_option("JOB", o->job, "job id")->check(kJobIdRange);
     cmd->add_flag("-w,--watch", o->watch, "follow the job until it finishes");
     cmd->add_option("-o,--format", o->format, "text or json")->check(CLI::IsMember({"text", "json"}));
     cmd->callback([o] {
@@ -116,7 +119,7 @@ void AddClientCommands(CLI::App& app) {
     auto jm = std::make_shared<JmAddressOptions>();
     auto job = std::make_shared<uint64_t>(0);
     AddJmAddressFlags(cmd, *jm);
-    cmd->add_option("JOB", *job, "job id")->required();
+    cmd->add_option("JOB", *job, "job id")->check(kJobIdRange)->required();
     cmd->callback([jm, job] {
       auto reply = CallOrReport(*jm, {{"op", "cancel"}, {"job", *job}});
       if (!reply) return;
@@ -166,7 +169,7 @@ void AddClientCommands(CLI::App& app) {
                          : std::string(action) == "corrupt" ? "Damage a vertex's stored output once it completed"
                                                             : "Delete a vertex's stored output once it completed";
       auto* sub = cmd->add_subcommand(action, help);
-      sub->add_option("JOB", o->job, "job id")->required();
+      sub->add_option("JOB", o->job, "job id")->check(kJobIdRange)->required();
       sub->add_option("VERTEX", o->vertex, "vertex name, e.g. count[1]")->required();
       if (std::string(action) == "fail" || std::string(action) == "delay") {
         sub->add_option("--attempts", o->attempts, "attempt numbers (default: the next one)");
@@ -201,7 +204,7 @@ void AddClientCommands(CLI::App& app) {
     auto job = std::make_shared<uint64_t>(0);
     auto out = std::make_shared<std::string>();
     AddJmAddressFlags(cmd, *jm);
-    cmd->add_option("JOB", *job, "job id")->required();
+    cmd->add_option("JOB", *job, "job id")->check(kJobIdRange)->required();
     cmd->add_option("-f,--file", *out, "write here instead of standard output (open in ui.perfetto.dev or chrome://tracing)");
     cmd->callback([jm, job, out] {
       auto reply = CallOrReport(*jm, {{"op", "trace"}, {"job", *job}});
@@ -220,7 +223,7 @@ void AddClientCommands(CLI::App& app) {
     auto job = std::make_shared<uint64_t>(0);
     auto vertex = std::make_shared<std::string>();
     AddJmAddressFlags(cmd, *jm);
-    cmd->add_option("JOB", *job, "job id")->required();
+    cmd->add_option("JOB", *job, "job id")->check(kJobIdRange)->required();
     cmd->add_option("VERTEX", *vertex, "only this vertex, e.g. count[1]");
     cmd->callback([jm, job, vertex] {
       auto reply = CallOrReport(*jm, {{"op", "logs"}, {"job", *job}, {"vertex", *vertex}});

@@ -200,7 +200,12 @@ Result<std::unique_ptr<BlockingClient>> BlockingClient::Connect(const std::strin
 }
 
 Status BlockingClient::Send(const Json& message) {
-  std::string frame = wire::EncodeFrame(wire::FrameType::kJson, DumpJson(message));
+  std::string body = DumpJson(message);
+  if (body.size() > wire::kMaxControlBytes) {  // the job manager would hang up on it mid-write
+    return Status::InvalidArgument("a message of " + std::to_string(body.size() >> 20) + " MiB is more than the " +
+                                   std::to_string(wire::kMaxControlBytes >> 20) + " MiB the job manager accepts");
+  }
+  std::string frame = wire::EncodeFrame(wire::FrameType::kJson, body);
   std::error_code ec;
   asio::write(socket_, asio::buffer(frame), ec);
   if (ec) return Status::Unavailable("send failed: " + ec.message());

@@ -65,6 +65,10 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   std::string peer() const { return peer_; }
   /// Whether it runs over a local socket.
   bool local() const { return local_; }
+  /// The largest frame accepted from the next one on; on the io thread (a message handler).
+  /// A server starts small and raises it once the peer has authenticated, so that a stranger's
+  /// header cannot make it allocate the largest body.
+  void set_max_frame_bytes(uint32_t bytes) { max_frame_bytes_ = bytes; }
 
  private:
   void ReadHeader();

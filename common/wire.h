@@ -21,6 +21,7 @@ constexpr uint32_t kMagic = 0x45535043;  // "CPSE" read as little-endian bytes
 constexpr uint16_t kProtocolVersion = 1;
 constexpr size_t kHeaderBytes = 12;
 constexpr uint32_t kMaxControlBytes = 64u << 20;  // a control message (job files included)
+constexpr uint32_t kMaxHandshakeBytes = 4u << 10;  // what a peer may send before it authenticated
 constexpr uint32_t kMaxDataBytes = 256u << 20;    // one data block between daemons
 
 enum class FrameType : uint16_t {

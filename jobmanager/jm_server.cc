@@ -128,7 +128,7 @@ class JmServer::Impl : public DaemonSink {
         if (ec != asio::error::operation_aborted) Accept(acceptor);
         return;
       }
-      Greet(std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxControlBytes));
+      Greet(std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxHandshakeBytes));
       Accept(acceptor);
     });
   }
@@ -172,6 +172,7 @@ class JmServer::Impl : public DaemonSink {
       }
       peer.authenticated = true;
       peer.role = role;
+      conn->set_max_frame_bytes(wire::kMaxControlBytes);
       conn->Send({{"op", "welcome"}});
       return;
     }
@@ -198,7 +199,13 @@ class JmServer::Impl : public DaemonSink {
       spec.gpus = msg.value("gpus", 0);
       spec.memory_mb = msg.value("memory_mb", int64_t{0});
       spec.data_host = msg.at("data_host").get<std::string>();
-      spec.data_port = msg.at("data_port").get<uint16_t>();
+      const int64_t data_port = msg.at("data_port").get<int64_t>();
+      if (spec.name.empty()) return conn->SendErrorAndClose("register: a daemon needs a name");
+      if (!(spec.cpus >= 0 && spec.cpus <= 1e6) || spec.gpus < 0 || spec.memory_mb < 0) {
+        return conn->SendErrorAndClose("register: cpus, gpus and memory_mb must not be negative");
+      }
+      if (data_port < 1 || data_port > 65535) return conn->SendErrorAndClose("register: data_port must be 1 to 65535");
+      spec.data_port = static_cast<uint16_t>(data_port);
       spec.stream_endpoints = msg.value("stream", Json::object());
       spec.control = conn->local() ? "local socket" : "tcp";
       if (msg.contains("labels")) spec.labels = msg["labels"].get<std::map<std::string, std::string>>();
@@ -255,8 +262,8 @@ class JmServer::Impl : public DaemonSink {
       return conn->Send({{"op", "submitted"}, {"job", id.value()}});
     }
     if (op == "status") {
+      if (!msg.contains("job")) return conn->Send({{"op", "jobs"}, {"jobs", scheduler_.JobsTable()}});
       JobId job = JobIdFrom(msg);
-      if (!job.valid()) return conn->Send({{"op", "jobs"}, {"jobs", scheduler_.JobsTable()}});
       Json status = scheduler_.JobStatus(job);
       if (status.is_null()) return conn->Send({{"op", "error"}, {"message", "no job " + job.ToString()}});
       return conn->Send({{"op", "job"}, {"job", status}});
@@ -275,8 +282,13 @@ class JmServer::Impl : public DaemonSink {
     }
     if (op == "daemons") return conn->Send({{"op", "daemons"}, {"daemons", scheduler_.DaemonsTable()}});
     if (op == "logs") {
-      Json lines = scheduler_.Logs(JobIdFrom(msg), msg.value("vertex", std::string()));
-      if (lines.is_null()) return conn->Send({{"op", "error"}, {"message", "no such job"}});
+      const JobId job = JobIdFrom(msg);
+      const std::string vertex = msg.value("vertex", std::string());
+      Json lines = scheduler_.Logs(job, vertex);
+      if (lines.is_null()) {
+        return conn->Send({{"op", "error"}, {"message", scheduler_.HasJob(job) ? "job " + job.ToString() + " has no vertex \"" + vertex + "\""
+                                                                               : "no job " + job.ToString()}});
+      }
       return conn->Send({{"op", "logs"}, {"lines", lines}});
     }
     if (op == "chaos") {

@@ -1943,6 +1943,7 @@ Json Scheduler::Logs(JobId id, const std::string& vertex) const {
   const Job* job = FindJob(id);
   if (!job) return nullptr;
   VertexId only = vertex.empty() ? VertexId::Invalid() : job->g().FindVertex(vertex);
+  if (!vertex.empty() && !only.valid()) return nullptr;
   Json lines = Json::array();
   for (const auto& [v, line] : job->log) {
     if (vertex.empty() || v == only) lines.push_back(line);

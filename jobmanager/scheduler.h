@@ -183,7 +183,8 @@ class Scheduler {
   /// One line per job.
   Json JobsTable() const;
   Json DaemonsTable() const;
-  /// Event log of a job (state transitions, errors), optionally of one vertex.
+  /// Event log of a job (state transitions, errors), optionally of one vertex; null when the
+  /// job, or the vertex named, does not exist.
   Json Logs(JobId job, const std::string& vertex) const;
   /// NCCL bootstrap: rank 0's daemon created `id` for `group`; the other members' daemons get it.
   void RelayNcclId(const std::string& group, const std::string& id, DaemonId from);

@@ -433,6 +433,22 @@ TEST_CASE("DataServer.GarbageIsRefusedAndOthersAreServed" * doctest::timeout(20)
     raw.Send(wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"ping"})"));
     CHECK(raw.ReadJson()["op"] == "pong");
   }
+  {  // A byte every 400 ms keeps each read alive, but not the handshake past its 2 s.
+    Raw trickle(port);
+    trickle.ReadJson();
+    const std::string frame = wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"auth","role":"peer","mac":")" + std::string(40, 'a') + R"("})");
+    const auto start = std::chrono::steady_clock::now();
+    bool closed = false;
+    for (size_t i = 0; i < frame.size() && !closed; ++i) {
+      (void)trickle.s.socket().WriteAll(frame.data() + i, 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      char c;
+      auto r = trickle.s.socket().ReadSome(&c, 1, 0);
+      closed = !r.ok() && r.status().code() == StatusCode::kUnavailable;
+    }
+    CHECK(closed);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(4500));  // 2 s, and the acceptor's 1 s poll
+  }
   // A client that connects and says nothing holds only its own thread, for the handshake timeout.
   Raw silent(port);
   CHECK(Fetch(d, {8, 0, 0, 0}) == std::vector<std::string>{"ok"});

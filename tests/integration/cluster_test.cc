@@ -174,10 +174,14 @@ TEST_CASE("Cluster.UnauthenticatedAndGarbagePeersAreRefusedWhileAJobRuns") {
                               [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 2); h[4] = 9; return std::string(h.data(), h.size()) + "{}"; }(),
                               [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 0x7fffffff); return std::string(h.data(), h.size()); }(),
                               wire::EncodeFrame(wire::FrameType::kJson, "\xff"),
-                              wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"auth","role":5,"mac":"x"})")}) {
+                              wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"auth","role":5,"mac":"x"})"),
+                              // 1 MiB announced before authenticating: refused from its header
+                              [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 1u << 20); return std::string(h.data(), h.size()) + "{}"; }()}) {
     asio::io_context io;
     asio::ip::tcp::socket s(io);
     s.connect({asio::ip::make_address("127.0.0.1"), cluster.jm_port()});
+    const timeval five_s{5, 0};  // a job manager still waiting for a body fails the check, not the suite's clock
+    ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &five_s, sizeof five_s);
     asio::write(s, asio::buffer(payload));
     std::string got(4096, '\0');
     std::error_code ec;
@@ -200,6 +204,28 @@ TEST_CASE("Cluster.UnauthenticatedAndGarbagePeersAreRefusedWhileAJobRuns") {
   Json status = cluster.Wait(id);
   CHECK(status["state"] == "completed");
   CHECK(cluster.client().Call({{"op", "daemons"}}).ok());
+}
+
+TEST_CASE("Cluster.ARegistrationWithImpossibleValuesIsRefusedAndTheRestGoesOn") {
+  TestCluster cluster(1);
+  const Json good = {{"op", "register"}, {"name", "x"}, {"cpus", 1}, {"data_host", "127.0.0.1"}, {"data_port", 9}};
+  for (const auto& [key, value] : std::vector<std::pair<std::string, Json>>{
+           {"data_port", 70000}, {"data_port", 0}, {"cpus", -1}, {"gpus", -2}, {"name", ""}}) {
+    auto daemon = net::BlockingClient::Connect("127.0.0.1", cluster.jm_port(), cluster.secret(), "daemon");
+    REQUIRE(daemon.ok());
+    Json bad = good;
+    bad[key] = value;
+    auto reply = (*daemon)->Call(bad);
+    CHECK_MESSAGE(!reply.ok(), bad.dump());
+    CHECK_MESSAGE(reply.status().message().find("register:") != std::string::npos, reply.status().ToString());
+  }
+  Json daemons = (*cluster.client().Call({{"op", "daemons"}}))["daemons"];
+  CHECK(daemons.size() == 1);
+  CHECK(cluster.Wait(cluster.Submit({{"stages", {{{"name", "s"}, {"program", "noop"}}}}}))["state"] == "completed");
+  // Logs of a vertex the job does not have: an error, not the job's own lines.
+  auto logs = cluster.client().Call({{"op", "logs"}, {"job", 1}, {"vertex", "a[99999999999]"}});
+  CHECK(!logs.ok());
+  CHECK_MESSAGE(logs.status().message().find("has no vertex") != std::string::npos, logs.status().ToString());
 }
 
 TEST_CASE("Cluster.AVertexWhoseErrorIsNotUtf8FailsAloneAndItsDaemonLives") {
