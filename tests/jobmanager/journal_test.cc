@@ -136,22 +136,27 @@ void Succeed(Scheduler& s, JobId job, const Json& task) {
   s.OnAttemptFinished(r);
 }
 
-TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
+/// The journal of a job manager that ran kChain on d0 until a completed, then "died" as b
+/// started.
+std::vector<Json> JournalOfAChainWhoseFirstVertexIsDone(ManualClock& clock) {
   RecordingJournal journal;
+  NullSink sink;
+  Scheduler s(sink, clock);
+  s.set_journal(&journal);
+  REQUIRE(s.AddDaemon(D0()).ok());
+  JobId job = s.Submit(testing::MustLoad(kChain), "/tmp");
+  s.Flush();
+  Succeed(s, job, sink.runs.back()["tasks"][0]);
+  return journal.records;
+}
+
+TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
   ManualClock clock;
-  {
-    NullSink sink;
-    Scheduler s(sink, clock);
-    s.set_journal(&journal);
-    REQUIRE(s.AddDaemon(D0()).ok());
-    JobId job = s.Submit(testing::MustLoad(kChain), "/tmp");
-    s.Flush();
-    Succeed(s, job, sink.runs.back()["tasks"][0]);  // a done; b starts, then the job manager "dies"
-  }
-  CHECK(journal.records.size() == 2);  // the job, a's completion
+  const std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
+  CHECK(records.size() == 2);  // the job, a's completion
   NullSink sink;
   Scheduler restored(sink, clock);
-  CHECK(restored.Restore(journal.records, testing::TestCatalog()) == 1);
+  CHECK(restored.Restore(records, testing::TestCatalog()) == 1);
   OutputInventory inventory = {{1, 0, 1, 0}};  // d0 still holds a's output
   REQUIRE(restored.AddDaemon(D0(), inventory).ok());
   restored.Flush();
@@ -266,21 +271,12 @@ TEST_CASE("Journal.AJobIdOutOfRangeIsSkippedAndIdsDoNotWrap") {
 }
 
 TEST_CASE("Journal.TheRecoveryGraceStartsAgainWhenTheJobManagerListens") {
-  RecordingJournal journal;
   ManualClock clock;
-  {
-    NullSink sink;
-    Scheduler s(sink, clock);
-    s.set_journal(&journal);
-    REQUIRE(s.AddDaemon(D0()).ok());
-    JobId job = s.Submit(testing::MustLoad(kChain), "/tmp");
-    s.Flush();
-    Succeed(s, job, sink.runs.back()["tasks"][0]);
-  }
+  const std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
   NullSink sink;
   SchedulerOptions options;
   Scheduler restored(sink, clock, options);
-  REQUIRE(restored.Restore(journal.records, testing::TestCatalog()) == 1);
+  REQUIRE(restored.Restore(records, testing::TestCatalog()) == 1);
   clock.Advance(options.recovery_grace - std::chrono::milliseconds(100));  // a slow start
   restored.StartRecoveryGrace();
   clock.Advance(std::chrono::milliseconds(200));
