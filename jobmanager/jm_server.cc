@@ -44,7 +44,10 @@ class JmServer::Impl : public DaemonSink {
       size_t jobs = scheduler_.Restore(records, options_.catalog);
       JmLog()->warn("restored {} jobs from {} journal records", jobs, records.size());
     }
-    if (records_lost) COPSE_RETURN_NOT_OK(KeepDamagedJournal());
+    if (records_lost) {
+      COPSE_ASSIGN_OR_RETURN(auto copy, Journal::KeepDamagedCopy(options_.state_dir));
+      JmLog()->warn("the journal was not read to its end; it is kept as {}", copy.string());
+    }
     COPSE_ASSIGN_OR_RETURN(journal_, Journal::Open(options_.state_dir, options_.journal_fsync));
     scheduler_.set_journal(journal_.get());
     // Rewritten at every start, superseded or not (the job manager does not listen yet): what
@@ -336,18 +339,6 @@ class JmServer::Impl : public DaemonSink {
   /// pays for a rewrite that would drop nothing.
   bool CompactionDue() const {
     return options_.journal_compact_bytes > 0 && journal_->records() >= 2 * scheduler_.SnapshotRecords();
-  }
-
-  /// Copies a journal the replay stopped reading before its end beside it, for a person to look
-  /// at: the records after the damage are not restored, and the rewrite that follows drops them.
-  Status KeepDamagedJournal() {
-    const auto journal = options_.state_dir / "journal.jsonl";
-    const auto copy = options_.state_dir / ("journal.jsonl.damaged-" + std::to_string(::time(nullptr)));
-    std::error_code ec;
-    std::filesystem::copy_file(journal, copy, std::filesystem::copy_options::overwrite_existing, ec);
-    if (ec) return Status::IOError("cannot keep a copy of the damaged journal as " + copy.string() + ": " + ec.message());
-    JmLog()->warn("the journal was not read to its end; it is kept as {}", copy.string());
-    return Status::OK();
   }
 
   void CompactJournal() {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <utility>
 #include <vector>
@@ -110,6 +111,14 @@ Status Journal::Rewrite(const std::vector<Json>& records) {
                            synced.message());
   }
   return Status::OK();
+}
+
+Result<std::filesystem::path> Journal::KeepDamagedCopy(const std::filesystem::path& dir) {
+  const auto copy = dir / (std::string(kFileName) + ".damaged-" + std::to_string(::time(nullptr)));
+  std::error_code ec;
+  std::filesystem::copy_file(dir / kFileName, copy, std::filesystem::copy_options::overwrite_existing, ec);
+  if (ec) return Status::IOError("cannot keep a copy of the damaged journal as " + copy.string() + ": " + ec.message());
+  return copy;
 }
 
 Result<std::vector<Json>> Journal::Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings,

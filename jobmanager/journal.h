@@ -48,6 +48,11 @@ class Journal final : public JournalSink {
   static Result<std::vector<Json>> Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings,
                                           bool* records_lost = nullptr);
 
+  /// Copies the journal in `dir` to `journal.jsonl.damaged-<unix time>` beside it, for a person
+  /// to look at, when a replay stopped before its end (`records_lost`): the records after the
+  /// damage are not restored, and the rewrite that follows drops them. Returns the copy's path.
+  static Result<std::filesystem::path> KeepDamagedCopy(const std::filesystem::path& dir);
+
   void Record(const Json& record) override;
   /// Writes the buffered records.
   Status Flush();
