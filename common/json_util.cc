@@ -8,6 +8,7 @@
 namespace copse {
 
 size_t JsonNestingExceeds(std::string_view text, size_t limit) {
+  if (text.size() <= limit) return std::string_view::npos;  // too short to nest that deep: most messages
   size_t depth = 0;
   bool in_string = false;
   for (size_t i = 0; i < text.size(); ++i) {
