@@ -153,11 +153,12 @@ void ParseResources(const Json& j, const std::string& ptr, Resources& res, Diagn
 }
 
 void ParseDefaults(const Json& j, JobDefaults& d, Diagnostics& diags) {
-  ObjectReader r(j, "/defaults", diags, {"channel", "max_attempts", "timeout_s"});
+  ObjectReader r(j, "/defaults", diags, {"channel", "max_attempts", "max_daemon_losses", "timeout_s"});
   if (!r.IsObject("defaults")) return;
   r.RejectUnknownKeys();
   if (auto c = ReadChannel(r, diags)) d.channel = *c;
   if (auto v = r.Integer("max_attempts", 1, 1000)) d.max_attempts = static_cast<int>(*v);
+  if (auto v = r.Integer("max_daemon_losses", 1, 1000)) d.max_daemon_losses = static_cast<int>(*v);
   if (auto v = r.Number("timeout_s", 0, 1e9)) d.timeout_s = *v;
 }
 
@@ -166,9 +167,10 @@ StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults
   StageSpec s;
   s.pointer = ptr;
   s.max_attempts = defaults.max_attempts;
+  s.max_daemon_losses = defaults.max_daemon_losses;
   s.timeout_s = defaults.timeout_s;
   ObjectReader r(j, ptr, diags,
-                 {"name", "program", "replicas", "params", "resources", "max_attempts", "timeout_s",
+                 {"name", "program", "replicas", "params", "resources", "max_attempts", "max_daemon_losses", "timeout_s",
                   "affinity", "input_hosts", "retain", "description"});
   if (!r.IsObject("a stage")) return s;
   r.RejectUnknownKeys();
@@ -196,6 +198,7 @@ StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults
   }
   if (const Json* res = r.Find("resources")) ParseResources(*res, r.PointerOf("resources"), s.resources, diags);
   if (auto v = r.Integer("max_attempts", 1, 1000)) s.max_attempts = static_cast<int>(*v);
+  if (auto v = r.Integer("max_daemon_losses", 1, 1000)) s.max_daemon_losses = static_cast<int>(*v);
   if (auto v = r.Number("timeout_s", 0, 1e9)) s.timeout_s = *v;
   if (auto a = r.String("affinity", false)) s.affinity = *a;
   if (const Json* keep = r.Find("retain")) {

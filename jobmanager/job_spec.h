@@ -49,6 +49,10 @@ struct StageSpec {
   Json params = Json::object();
   Resources resources;
   int max_attempts = 4;
+  /// Losses of the daemon running an attempt, with no injected fault to explain them, before
+  /// the job fails: a vertex that crashes its daemon (in-process, or by killing its parent)
+  /// must not take the cluster down one daemon at a time. Dask's `allowed-failures`.
+  int max_daemon_losses = 3;
   double timeout_s = 0;  // 0: no timeout
   std::string affinity;  // "" when none
   /// Keep this stage's outputs until the job ends instead of releasing them once consumed, so
@@ -120,6 +124,7 @@ struct FaultSpec {
 struct JobDefaults {
   ChannelKind channel = ChannelKind::kFile;
   int max_attempts = 4;
+  int max_daemon_losses = 3;
   double timeout_s = 0;
 };
 

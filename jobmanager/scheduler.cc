@@ -111,6 +111,9 @@ struct Scheduler::Daemon {
   TimePoint awaiting_until{};
   std::string awaiting_why;  // what DaemonLost says when it does not come back in time
   TimePoint returned_at{};  // when it last came back awaited (a new process, maybe at the same address)
+  // A kill or cut was injected (chaos, a job's fault): a loss until then is explained by it and
+  // not counted against the attempts running there (max_daemon_losses).
+  TimePoint loss_injected_until{};
   double free_cpus = 0;
   int free_gpus = 0;
   size_t running = 0;
@@ -124,6 +127,7 @@ struct Scheduler::Run {
   DaemonId dup_daemon;
   TimePoint dup_started{};
   int charged = 0;       // failed attempts that count against max_attempts
+  int daemon_losses = 0;  // its daemon lost, no fault injected, while it ran (max_daemon_losses)
   // (input port, input_lost failures) since it last completed, per input that was lost (not charged).
   std::vector<std::pair<int, int>> inputs_lost;
   uint32_t pending = 0;  // predecessors not completed
@@ -234,6 +238,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
     d->awaiting = false;
     d->alive = true;
     d->returned_at = clock_.Now();
+    d->loss_injected_until = {};
     d->free_cpus = spec.cpus;
     d->free_gpus = spec.gpus;
     d->spec = std::move(spec);
@@ -301,6 +306,10 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   if (id.value() >= daemons_.size()) return;
   Daemon& d = *daemons_[id.value()];
   if (!d.alive && !d.awaiting) return;
+  // Only a daemon that was registered had attempts running; an injected kill or cut explains
+  // its loss, anything else (a crash, the OOM killer, a vertex killing its parent) may be the
+  // doing of what ran there, and counts against each attempt's max_daemon_losses.
+  const bool unexplained = d.alive && clock_.Now() > d.loss_injected_until;
   // A daemon lost while registered may come back on the same work dir with its file outputs;
   // one already awaited (its grace over, or never back after a restart) does not.
   const bool hold_files = d.alive && options_.daemon_return_grace > Duration::zero();
@@ -339,10 +348,22 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
         Log(job, VertexId(v), "one attempt lost with daemon " + d.spec.name + "; version " + std::to_string(r.version) + " carries on");
         continue;
       }
-      if (job.runs[v].daemon == id) {
-        Fail(job, VertexId(v), FailureClass::kDaemonLost, "daemon " + d.spec.name + " lost: " + why, false);
+      if (job.runs[v].daemon != id) continue;
+      const int allowed = g.stage_of(VertexId(v)).max_daemon_losses;
+      if (unexplained && ++r.daemon_losses >= allowed) {
+        FinishJob(job, JobState::kFailed,
+                  "vertex " + g.vertex(VertexId(v)).name + " was running on " + std::to_string(r.daemon_losses) +
+                      " daemons lost with no fault injected (max_daemon_losses " + std::to_string(allowed) +
+                      "; does it crash its daemon?), the last " + d.spec.name + ": " + why);
+        break;
       }
+      std::string error = "daemon " + d.spec.name + " lost: " + why;
+      if (unexplained) {
+        error += " (" + std::to_string(r.daemon_losses) + " of " + std::to_string(allowed) + " such losses allowed)";
+      }
+      Fail(job, VertexId(v), FailureClass::kDaemonLost, error, false);
     }
+    if (job.state != JobState::kRunning) continue;
     // Outputs stored there are gone: regenerate those still needed, consumers first so that a
     // producer whose consumer is being regenerated is seen as needed too (lineage).
     const auto& order = g.topological_order();
@@ -1694,6 +1715,7 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     if (!d) return Status::NotFound("no live daemon named \"" + name + "\"");
     int64_t ms = request.value("ms", int64_t{2000});
     Flush();
+    ExpectInjectedLoss(*d);
     sink_.SendToDaemon(d->id, action == "kill" ? Json{{"op", "kill"}} : Json{{"op", "cut"}, {"ms", ms}});
     Json record = {{"fault", action == "kill" ? "kill_daemon" : "cut_daemon"}, {"daemon", name}, {"source", "chaos"}};
     if (action == "cut") record["ms"] = ms;
@@ -1794,6 +1816,12 @@ void Scheduler::RandomChaosStep() {
   (void)Chaos({{"action", kind}, {"job", job.id.value()}, {"vertex", name}, {"ms", 200}});
 }
 
+void Scheduler::ExpectInjectedLoss(Daemon& d) {
+  // A killed or cut daemon's connection closes at once; the window covers the message's way
+  // there. A longer one does no harm: it only spares the attempts running there a count.
+  d.loss_injected_until = clock_.Now() + kInjectedLossWindow;
+}
+
 void Scheduler::CheckFaults(Job& job) {
   const JobGraph& g = job.g();
   const auto& faults = job.faults;
@@ -1824,6 +1852,7 @@ void Scheduler::CheckFaults(Job& job) {
     Log(job, v, "injecting " + std::string(FaultKindName(f.kind)) + " on daemon " + target->spec.name);
     if (f.kind == FaultKind::kKillDaemon || f.kind == FaultKind::kKillDaemonOf) {
       Flush();
+      ExpectInjectedLoss(*target);
       sink_.SendToDaemon(target->id, {{"op", "kill"}});
     } else {
       Json keys = Json::array();

@@ -128,8 +128,12 @@ class Scheduler {
   Result<DaemonId> AddDaemon(DaemonSpec spec, const OutputInventory& inventory = {});
   /// A daemon is gone (connection dropped or heartbeats missed): its running attempts fail
   /// (not charged), and the outputs stored on it are lost and re-created if still needed; its
-  /// file outputs only once it has not come back within `daemon_return_grace`.
+  /// file outputs only once it has not come back within `daemon_return_grace`. A loss no
+  /// injected fault explains counts against each running attempt's stage `max_daemon_losses`;
+  /// the job fails when one reaches it.
   void DaemonLost(DaemonId daemon, const std::string& why);
+  /// How long after a kill or cut is sent a loss of that daemon counts as its doing.
+  static constexpr Duration kInjectedLossWindow = std::chrono::seconds(10);
 
   // ---- recovery -------------------------------------------------------------------------------
   /// Journal records go here from now on (null: none).
@@ -295,6 +299,9 @@ class Scheduler {
   std::string DurablePath(const Job& job, VertexId v, uint32_t version, int port) const;
   /// Deletes the job's durable directory (and the durable root when it is left empty).
   void RemoveDurableCopies(const Job& job);
+  /// A kill or cut is being sent to d: its loss within the next moments is the fault's doing
+  /// and not counted against the attempts running there.
+  void ExpectInjectedLoss(Daemon& d);
   void CheckFaults(Job& job);
   void RandomChaosStep();
   void Log(Job& job, VertexId v, std::string text);

@@ -242,6 +242,24 @@ TEST_CASE("Cluster.AVertexWhoseErrorIsNotUtf8FailsAloneAndItsDaemonLives") {
   CHECK(daemons.size() == 1);  // the same registration throughout
 }
 
+TEST_CASE("Cluster.AVertexThatKillsItsDaemonFailsTheJobAtMaxDaemonLossesAndSparesTheRest") {
+  TestCluster cluster(3);
+  // `sh` is the daemon's child: it SIGKILLs its parent, as a program crashing in-process would.
+  Json job = {{"stages", {{{"name", "killer"}, {"program", "exec"}, {"max_daemon_losses", 2},
+                           {"params", {{"argv", {"sh", "-c", "kill -9 $PPID; sleep 5"}}}}}}}};
+  Json status = cluster.Wait(cluster.Submit(job), std::chrono::seconds(30));
+  CHECK(status["state"] == "failed");
+  CHECK_MESSAGE(status.value("failure", "").find("killer[0] was running on 2 daemons lost with no fault injected") !=
+                    std::string::npos,
+                status.dump());
+  uint64_t next = cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 2}}}}});
+  CHECK(cluster.Wait(next)["state"] == "completed");
+  const Json daemons = (*cluster.client().Call({{"op", "daemons"}}))["daemons"];
+  int alive = 0;  // the daemon the killer never reached
+  for (const auto& d : daemons) alive += d["state"] == "alive";
+  CHECK_MESSAGE(alive == 1, daemons.dump());
+}
+
 TEST_CASE("Cluster.ADaemonGivenOnlyTheStateDirFindsTheJobManager") {
   TestCluster cluster(0);
   cluster.AddDaemonFromStateDir("d0", 2);

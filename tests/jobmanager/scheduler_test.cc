@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 
 #include "jobmanager/scheduler.h"
 #include "tests/jobmanager/job_test_util.h"
@@ -211,6 +212,54 @@ TEST_CASE("Scheduler.RetriesWithNewVersionsThenFailsTheJobWithTheReason") {
   std::string failure = h.sched.JobStatus(job)["failure"];
   CHECK(failure.find("x[0] failed 3 of 3 attempts (program_error): boom") != std::string::npos);
   CHECK(h.sched.JobStatus(job)["recoveries"].size() == 2);
+}
+
+TEST_CASE("Scheduler.AVertexWhoseDaemonsKeepDyingUnderItFailsTheJobAtMaxDaemonLosses") {
+  // A vertex that crashes its daemon (or kills its parent) would otherwise be placed on every
+  // daemon in turn and take the cluster down one by one.
+  Harness h;
+  for (const char* name : {"d0", "d1", "d2"}) h.AddDaemon(name);
+  JobId job = h.Submit(R"({"stages": [{"name": "x", "program": "noop", "max_daemon_losses": 2}]})");
+  auto [first, t1] = h.Next("x[0]");
+  h.sched.DaemonLost(first, "connection closed: EOF");
+  h.sched.Flush();
+  CHECK(h.State(job) == "running");
+  Json st = h.sched.JobStatus(job);
+  REQUIRE(st["recoveries"].size() == 1);
+  CHECK(st["recoveries"][0]["charged"] == false);
+  CHECK(st["recoveries"][0]["detail"].get<std::string>().find("(1 of 2 such losses allowed)") != std::string::npos);
+  auto [second, t2] = h.Next("x[0]");
+  CHECK(second != first);
+  h.sched.DaemonLost(second, "connection closed: EOF");
+  h.sched.Flush();
+  CHECK(h.State(job) == "failed");
+  std::string failure = h.sched.JobStatus(job)["failure"];
+  CHECK(failure.find("vertex x[0] was running on 2 daemons lost with no fault injected (max_daemon_losses 2") !=
+        std::string::npos);
+  CHECK(h.sink.TakeTasks().empty());  // the third daemon is spared
+  (void)t1, (void)t2;
+}
+
+TEST_CASE("Scheduler.InjectedKillsAndCutsAreNotCountedAsDaemonLosses") {
+  Harness h;
+  std::map<DaemonId, std::string> names;
+  for (const char* name : {"d0", "d1", "d2", "d3", "d4"}) names[h.AddDaemon(name)] = name;
+  JobId job = h.Submit(R"({"defaults": {"max_daemon_losses": 1}, "stages": [{"name": "x", "program": "noop"}]})");
+  for (const char* action : {"kill", "cut", "kill"}) {
+    DaemonId where = h.Next("x[0]").first;
+    REQUIRE(h.sched.Chaos({{"action", action}, {"daemon", names[where]}, {"ms", 500}}).ok());
+    h.clock.Advance(std::chrono::milliseconds(5));
+    h.sched.DaemonLost(where, "connection closed: EOF");
+    h.sched.Flush();
+    CHECK(h.State(job) == "running");
+  }
+  // A kill whose loss does not follow within the window explains nothing after it.
+  DaemonId where = h.Next("x[0]").first;
+  REQUIRE(h.sched.Chaos({{"action", "kill"}, {"daemon", names[where]}}).ok());
+  h.clock.Advance(Scheduler::kInjectedLossWindow + std::chrono::milliseconds(1));
+  h.sched.DaemonLost(where, "connection closed: EOF");
+  h.sched.Flush();
+  CHECK(h.State(job) == "failed");
 }
 
 TEST_CASE("Scheduler.StaleReportsOfOldVersionsAreIgnored") {
