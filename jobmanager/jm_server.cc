@@ -74,6 +74,7 @@ class JmServer::Impl : public DaemonSink {
     scheduler_.StartRecoveryGrace();
     ListenLocal();
     Accept(acceptor_);
+    last_tick_at_ = std::chrono::steady_clock::now();
     ScheduleTick();
     return Status::OK();
   }
@@ -222,7 +223,8 @@ class JmServer::Impl : public DaemonSink {
       peer.daemon = *id;
       daemon_conns_[*id] = conn;
       // Reply before the first tasks (AddDaemon may already have placed some in the outbox).
-      conn->Send({{"op", "registered"}, {"daemon", id->value()}});
+      // The daemon heartbeats at the pace this job manager's timeout needs: five per timeout.
+      conn->Send({{"op", "registered"}, {"daemon", id->value()}, {"heartbeat_ms", HeartbeatIntervalMs()}});
       return;
     }
     if (!peer.daemon.valid()) return conn->SendErrorAndClose("register first");
@@ -366,11 +368,27 @@ class JmServer::Impl : public DaemonSink {
     }
   }
 
+  /// After this io thread was busy for a while (a huge job's submission, a long compaction),
+  /// the heartbeats that arrived meanwhile are still unread in the sockets: the silence was
+  /// the job manager's, not the daemons', and is not held against them.
+  void ForgiveOwnStall(std::chrono::steady_clock::time_point now) {
+    // Since the previous tick began: its own work (a slow Tick) counts as well as the wait.
+    const auto stalled = now - last_tick_at_ - options_.tick;
+    last_tick_at_ = now;
+    if (stalled < options_.heartbeat_timeout / 2) return;
+    for (auto& [conn, peer] : peers_) peer.last_seen = std::max(peer.last_seen, now);
+    JmLog()->warn("job manager: busy for {} ms without reading; no daemon is lost for missing heartbeats meanwhile",
+                  std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count());
+  }
+
+  int64_t HeartbeatIntervalMs() const { return std::max<int64_t>(10, options_.heartbeat_timeout.count() / 5); }
+
   void ScheduleTick() {
     tick_timer_.expires_after(options_.tick);
     tick_timer_.async_wait([this](std::error_code ec) {
       if (ec) return;
       auto now = std::chrono::steady_clock::now();
+      ForgiveOwnStall(now);
       std::vector<std::shared_ptr<net::FramedConnection>> silent;
       for (auto& [conn, peer] : peers_) {
         if (now - peer.last_seen > options_.heartbeat_timeout && (peer.daemon.valid() || !peer.authenticated)) {
@@ -397,6 +415,7 @@ class JmServer::Impl : public DaemonSink {
   std::map<DaemonId, std::shared_ptr<net::FramedConnection>> daemon_conns_;
   std::vector<std::pair<JobId, std::weak_ptr<net::FramedConnection>>> waiters_;
   bool flush_pending_ = false;
+  std::chrono::steady_clock::time_point last_tick_at_ = std::chrono::steady_clock::now();
   uint64_t retry_compaction_at_ = 0;  // journal size at which to try again after a failed rewrite
 };
 

@@ -158,7 +158,8 @@ Result<Json> ReadFrameSync(Socket& s) {
 
 class Daemon::Impl {
  public:
-  explicit Impl(DaemonOptions options) : options_(std::move(options)), heartbeat_(io_) {}
+  explicit Impl(DaemonOptions options)
+      : options_(std::move(options)), heartbeat_(io_), heartbeat_every_(options_.heartbeat_interval) {}
 
   ~Impl() {
     {
@@ -240,6 +241,11 @@ class Daemon::Impl {
                                                  {"outputs", std::move(outputs)}}));
     COPSE_ASSIGN_OR_RETURN(Json registered, ReadFrameSync(socket));
     if (registered.value("op", "") != "registered") return Status::Internal("unexpected reply to register");
+    // The job manager says how often it needs to hear from us (one without the field: our default).
+    const Json every = registered.value("heartbeat_ms", Json());
+    heartbeat_every_ = every.is_number_integer() && every.get<int64_t>() >= 1 && every.get<int64_t>() <= 60'000
+                           ? std::chrono::milliseconds(every.get<int64_t>())
+                           : options_.heartbeat_interval;
     DaemonLog()->info("daemon {} registered over {}; data server on {}:{}", options_.name,
                       std::is_same_v<Socket, asio::ip::tcp::socket> ? "TCP" : "the job manager's local socket",
                       options_.data_host, data_server_->port());
@@ -318,7 +324,7 @@ class Daemon::Impl {
   };
 
   void Heartbeat() {
-    heartbeat_.expires_after(options_.heartbeat_interval);
+    heartbeat_.expires_after(heartbeat_every_);
     heartbeat_.async_wait([this](std::error_code ec) {
       if (ec) return;
       conn_->Send({{"op", "heartbeat"}});
@@ -849,6 +855,7 @@ class Daemon::Impl {
   DaemonOptions options_;
   asio::io_context io_;
   asio::steady_timer heartbeat_;
+  std::chrono::milliseconds heartbeat_every_;  // what the job manager asked for at registration
   std::atomic<bool> stopping_requested_{false};
   std::chrono::steady_clock::time_point cut_until_{};
   std::shared_ptr<net::FramedConnection> conn_;  // replaced on the io thread under mu_

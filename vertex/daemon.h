@@ -36,6 +36,7 @@ struct DaemonOptions {
   /// a job manager on this host through its local socket (common/framed_connection.h).
   bool local_socket = true;
   uint64_t memory_budget_bytes = 2ull << 30;
+  /// Until the job manager says otherwise at registration (a fifth of its heartbeat timeout).
   std::chrono::milliseconds heartbeat_interval{200};
   /// How long to keep trying to reach a job manager that went away (a restart) before exiting.
   std::chrono::milliseconds reconnect_timeout{30000};

@@ -260,6 +260,25 @@ TEST_CASE("Cluster.AVertexThatKillsItsDaemonFailsTheJobAtMaxDaemonLossesAndSpare
   CHECK_MESSAGE(alive == 1, daemons.dump());
 }
 
+TEST_CASE("Cluster.ADaemonIsNotLostForHeartbeatsTheJobManagerWasTooBusyToRead") {
+  // A 150 ms timeout: d0 heartbeats every 30 ms, as the job manager tells it at registration.
+  TestCluster cluster(1, 2, /*heartbeat_timeout_ms=*/150);
+  cluster.WaitForDaemons(1);
+  // A million vertices no daemon can run: building them keeps the job manager's io thread from
+  // reading for about twice the timeout (0.33 s here), while d0's heartbeats wait in its
+  // socket; the tick timer that expired meanwhile may run before they are read (whichever
+  // became ready first), and must not count the job manager's own silence against d0.
+  uint64_t big = cluster.Submit(
+      {{"stages", {{{"name", "big"}, {"program", "noop"}, {"replicas", 1000000}, {"resources", {{"cpus", 64}}}}}}});
+  REQUIRE(cluster.client().Call({{"op", "cancel"}, {"job", big}}).ok());
+  uint64_t job = cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 2}}}}});
+  CHECK(cluster.Wait(job)["state"] == "completed");
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // idle: heartbeats alone keep d0 known
+  // A loss would not show in the listing once d0 is back within its return grace: the log tells.
+  const std::string log = ReadFile((cluster.dir() / "jm.log").string()).ValueOr("");
+  CHECK_MESSAGE(log.find("daemon d0 lost") == std::string::npos, log);
+}
+
 TEST_CASE("Cluster.ADaemonGivenOnlyTheStateDirFindsTheJobManager") {
   TestCluster cluster(0);
   cluster.AddDaemonFromStateDir("d0", 2);
