@@ -121,6 +121,27 @@ Result<std::filesystem::path> Journal::KeepDamagedCopy(const std::filesystem::pa
   return copy;
 }
 
+namespace {
+
+/// The largest job id below kMaxJournalJobId in `lines[from..]`, found as the text `"job":N`
+/// (what a record's dump writes), whether or not the line parses: 0 when none.
+uint64_t LargestJobIdNamed(const std::vector<std::string>& lines, size_t from) {
+  static constexpr std::string_view kKey = "\"job\":";
+  uint64_t largest = 0;
+  for (size_t i = from; i < lines.size(); ++i) {
+    const std::string& l = lines[i];
+    for (size_t at = l.find(kKey); at != std::string::npos; at = l.find(kKey, at + 1)) {
+      uint64_t id = 0;
+      size_t p = at + kKey.size();
+      for (; p < l.size() && l[p] >= '0' && l[p] <= '9' && id < kMaxJournalJobId; ++p) id = id * 10 + (l[p] - '0');
+      if (id < kMaxJournalJobId) largest = std::max(largest, id);
+    }
+  }
+  return largest;
+}
+
+}  // namespace
+
 Result<std::vector<Json>> Journal::Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings,
                                           bool* records_lost) {
   if (records_lost) *records_lost = false;
@@ -141,6 +162,14 @@ Result<std::vector<Json>> Journal::Replay(const std::filesystem::path& dir, std:
       std::string what = last ? "torn last record (a crash mid-write) dropped" : "malformed record; the rest of the journal is ignored";
       if (warnings) warnings->push_back(path.string() + ":" + std::to_string(number) + ": " + what);
       if (records_lost && !last) *records_lost = true;
+      // (A torn last record was never acknowledged: the client of a torn submission heard no id.)
+      if (uint64_t named = last ? 0 : LargestJobIdNamed(lines, number - 1); named > 0) {
+        records.push_back({{"t", "ids"}, {"job", named}});
+        if (warnings) {
+          warnings->push_back(path.string() + ": job ids up to " + std::to_string(named) +
+                              " appear from there on and will not be handed out again");
+        }
+      }
       break;
     }
     records.push_back(std::move(*parsed));

@@ -17,6 +17,7 @@
 // reach the kernel at every Flush, which survives a crash of the process; `fsync` also makes
 // them survive a crash of the machine, at a latency price. Not thread-safe: the job manager's
 // io thread owns it.
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -26,6 +27,10 @@
 #include "common/status.h"
 
 namespace copse::jm {
+
+/// Job ids a journal may name: below 2^53, so they stay exact in any JSON reader, far from
+/// the invalid id and from wrapping.
+inline constexpr uint64_t kMaxJournalJobId = uint64_t{1} << 53;
 
 /// Where the scheduler's journal records go (a fake in tests).
 class JournalSink {
@@ -44,7 +49,9 @@ class Journal final : public JournalSink {
   /// dropped with a warning; a malformed line elsewhere stops the replay there, named in the
   /// returned warnings, never crashing the job manager, and sets `*records_lost`: the lines
   /// after it were not read. Either way the journal must be rewritten before records are
-  /// appended to it, or they would follow the damage and be dropped with it next time.
+  /// appended to it, or they would follow the damage and be dropped with it next time. The
+  /// largest job id the unread lines still name (below kMaxJournalJobId) is returned as a last
+  /// `ids` record, so those ids, kept in the damaged copy, are not handed out again.
   static Result<std::vector<Json>> Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings,
                                           bool* records_lost = nullptr);
 

@@ -146,9 +146,8 @@ class Scheduler {
   /// once it listens, so that a slow start (a long journal's replay and compaction) does not
   /// spend the time the daemons have to reach it.
   void StartRecoveryGrace();
-  /// Job ids a journal may name: below 2^53, so they stay exact in any JSON reader, far from
-  /// the invalid id and from wrapping.
-  static constexpr uint64_t kMaxJobId = uint64_t{1} << 53;
+  /// Job ids a journal may name (journal.h).
+  static constexpr uint64_t kMaxJobId = kMaxJournalJobId;
   /// Records from which Restore rebuilds what this scheduler knows now: per remembered job its
   /// submission, its completed vertices and, once finished, its end; then the newest job id
   /// handed out, so a restarted job manager never hands one out twice. What the journal is

@@ -43,15 +43,21 @@ TEST_CASE("Journal.RoundTripsAndDropsATornTail") {
 
 TEST_CASE("Journal.CorruptionInTheMiddleStopsTheReplayThereWithAWarning") {
   auto dir = TempDir("copse-journal-bad");
-  std::ofstream(dir / "journal.jsonl") << "{\"t\":\"job\",\"job\":1}\nGARBAGE\n{\"t\":\"job\",\"job\":2}\n";
+  std::ofstream(dir / "journal.jsonl") << "{\"t\":\"job\",\"job\":1}\nGARBAGE\n{\"t\":\"job\",\"job\":7}\n"
+                                       << "{\"t\":\"end\",\"job\":3,\"sta\n"
+                                       << "{\"t\":\"ids\",\"job\":9007199254740993}\n";  // past 2^53: not an id
   std::vector<std::string> warnings;
   bool records_lost = false;
   auto records = Journal::Replay(dir, &warnings, &records_lost);
   REQUIRE(records.ok());
-  CHECK(records->size() == 1);
-  REQUIRE(warnings.size() == 1);
+  REQUIRE(records->size() == 2);
+  CHECK((*records)[0]["job"] == 1);
+  // Job 7's record was not read, but its id stays handed out: the damaged copy holds it.
+  CHECK((*records)[1] == Json{{"t", "ids"}, {"job", 7}});
+  REQUIRE(warnings.size() == 2);
   CHECK(warnings[0].find(":2: malformed record") != std::string::npos);
-  CHECK(records_lost);  // job 2's whole record was not read
+  CHECK(warnings[1].find("job ids up to 7 appear from there on") != std::string::npos);
+  CHECK(records_lost);
   std::filesystem::remove_all(dir);
 }
 
