@@ -1,5 +1,6 @@
 #include "jobmanager/jm_server.h"
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 
@@ -262,6 +263,9 @@ class JmServer::Impl : public DaemonSink {
       if (!load.ok()) {
         return conn->Send({{"op", "error"}, {"message", load.status().message()}, {"errors", load.diags.ToJson()}});
       }
+      if (!scheduler_.JobIdsLeft()) {
+        return conn->Send({{"op", "error"}, {"message", "job ids are used up (the journal names ids up to 2^53)"}});
+      }
       JobId id = scheduler_.Submit(load.graph, msg.value("job_dir", std::string()));
       FlushJournal();  // the job is durable before the client hears its id
       return conn->Send({{"op", "submitted"}, {"job", id.value()}});
@@ -369,19 +373,27 @@ class JmServer::Impl : public DaemonSink {
   }
 
   /// After this io thread was busy for a while (a huge job's submission, a long compaction),
-  /// the heartbeats that arrived meanwhile are still unread in the sockets: the silence was
-  /// the job manager's, not the daemons', and is not held against them.
+  /// the heartbeats that arrived meanwhile are still unread in the sockets, and the tick timer
+  /// that expired meanwhile may run before they are read: the time the tick ran late is the
+  /// job manager's silence, not the daemons', and is added to every peer's credit. (Moving the
+  /// clocks forward by the lateness, rather than resetting them, keeps a job manager that is
+  /// always a little late still able to declare a silent daemon lost.)
   void ForgiveOwnStall(std::chrono::steady_clock::time_point now) {
     // Since the previous tick began: its own work (a slow Tick) counts as well as the wait.
-    const auto stalled = now - last_tick_at_ - options_.tick;
+    const auto late = now - last_tick_at_ - options_.tick;
     last_tick_at_ = now;
-    if (stalled < options_.heartbeat_timeout / 2) return;
-    for (auto& [conn, peer] : peers_) peer.last_seen = std::max(peer.last_seen, now);
-    JmLog()->warn("job manager: busy for {} ms without reading; no daemon is lost for missing heartbeats meanwhile",
-                  std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count());
+    if (late <= decltype(late)::zero()) return;
+    for (auto& [conn, peer] : peers_) peer.last_seen = std::min(now, peer.last_seen + late);
+    if (late < options_.heartbeat_timeout / 2) return;
+    JmLog()->warn("job manager: busy for {} ms without reading; that time is not counted against the daemons' "
+                  "heartbeats",
+                  std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
   }
 
-  int64_t HeartbeatIntervalMs() const { return std::max<int64_t>(10, options_.heartbeat_timeout.count() / 5); }
+  /// Five heartbeats per timeout, within what a daemon accepts (1 ms to 60 s).
+  int64_t HeartbeatIntervalMs() const {
+    return std::clamp<int64_t>(options_.heartbeat_timeout.count() / 5, 10, 60'000);
+  }
 
   void ScheduleTick() {
     tick_timer_.expires_after(options_.tick);

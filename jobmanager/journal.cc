@@ -124,16 +124,31 @@ Result<std::filesystem::path> Journal::KeepDamagedCopy(const std::filesystem::pa
 namespace {
 
 /// The largest job id below kMaxJournalJobId in `lines[from..]`, found as the text `"job":N`
-/// (what a record's dump writes), whether or not the line parses: 0 when none.
+/// (what a record's dump writes) among a line's top-level keys, whether or not the line parses
+/// (the job document a `job` record carries may have keys named "job" of its own): 0 when none.
 uint64_t LargestJobIdNamed(const std::vector<std::string>& lines, size_t from) {
   static constexpr std::string_view kKey = "\"job\":";
   uint64_t largest = 0;
-  for (size_t i = from; i < lines.size(); ++i) {
-    const std::string& l = lines[i];
-    for (size_t at = l.find(kKey); at != std::string::npos; at = l.find(kKey, at + 1)) {
+  for (size_t n = from; n < lines.size(); ++n) {
+    const std::string& l = lines[n];
+    int depth = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < l.size(); ++i) {
+      const char c = l[i];
+      if (in_string) {
+        if (c == '\\') ++i;
+        else if (c == '"') in_string = false;
+        continue;
+      }
+      if (c == '{' || c == '[') ++depth;
+      if (c == '}' || c == ']') --depth;
+      if (c != '"') continue;
+      in_string = true;
+      if (depth != 1 || l.compare(i, kKey.size(), kKey) != 0) continue;
       uint64_t id = 0;
-      size_t p = at + kKey.size();
-      for (; p < l.size() && l[p] >= '0' && l[p] <= '9' && id < kMaxJournalJobId; ++p) id = id * 10 + (l[p] - '0');
+      for (size_t p = i + kKey.size(); p < l.size() && l[p] >= '0' && l[p] <= '9' && id < kMaxJournalJobId; ++p) {
+        id = id * 10 + static_cast<uint64_t>(l[p] - '0');
+      }
       if (id < kMaxJournalJobId) largest = std::max(largest, id);
     }
   }

@@ -337,7 +337,18 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
     std::vector<uint32_t> running(job.running.begin(), job.running.end());
     for (uint32_t v : running) {
       Run& r = job.runs[v];
-      if (r.dup_version && (r.dup_daemon == id || r.daemon == id)) {
+      const bool ran_here = r.daemon == id || (r.dup_version && r.dup_daemon == id);
+      if (!ran_here) continue;
+      const int allowed = g.stage_of(VertexId(v)).max_daemon_losses;
+      // Every attempt running there counts, as in Dask: which one crashed it is not known.
+      if (unexplained && ++r.daemon_losses >= allowed) {
+        FinishJob(job, JobState::kFailed,
+                  "vertex " + g.vertex(VertexId(v)).name + " reached max_daemon_losses " + std::to_string(allowed) +
+                      ": its daemon was lost with no fault injected while it ran (does it, or what runs beside it, "
+                      "crash its daemon?); the last, " + d.spec.name + ": " + why);
+        break;
+      }
+      if (r.dup_version) {
         // One of two attempts died with the daemon; the other one carries on.
         if (r.daemon == id) {
           r.version = r.dup_version;
@@ -347,15 +358,6 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
         r.dup_version = 0;
         Log(job, VertexId(v), "one attempt lost with daemon " + d.spec.name + "; version " + std::to_string(r.version) + " carries on");
         continue;
-      }
-      if (job.runs[v].daemon != id) continue;
-      const int allowed = g.stage_of(VertexId(v)).max_daemon_losses;
-      if (unexplained && ++r.daemon_losses >= allowed) {
-        FinishJob(job, JobState::kFailed,
-                  "vertex " + g.vertex(VertexId(v)).name + " was running on " + std::to_string(r.daemon_losses) +
-                      " daemons lost with no fault injected (max_daemon_losses " + std::to_string(allowed) +
-                      "; does it crash its daemon?), the last " + d.spec.name + ": " + why);
-        break;
       }
       std::string error = "daemon " + d.spec.name + " lost: " + why;
       if (unexplained) {

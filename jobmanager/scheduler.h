@@ -8,7 +8,8 @@
 // attempt fails (retried with a new version up to max_attempts), when its daemon is lost, or
 // when an output it produced is lost while still needed (lineage: producers are re-run,
 // recursively upstream, as far as inputs are gone). A job fails once a vertex exhausts its
-// attempts; it completes when every vertex completed.
+// attempts, or once one was running on its daemon when that daemon was lost, no fault injected,
+// max_daemon_losses times; it completes when every vertex completed.
 //
 // Messages to one daemon are batched: Flush() sends at most one "run" message per daemon with
 // every task placed since the previous flush.
@@ -159,6 +160,8 @@ class Scheduler {
   // ---- jobs ----------------------------------------------------------------------------------
   /// Accepts a validated graph. `job_dir` is where relative paths in params resolve.
   JobId Submit(std::shared_ptr<const JobGraph> graph, std::string job_dir);
+  /// Whether Submit may hand out another id below kMaxJobId (only a damaged journal uses them up).
+  bool JobIdsLeft() const { return next_job_ < kMaxJobId; }
   Status Cancel(JobId job);
   void OnAttemptFinished(const AttemptReport& report);
   /// `copse chaos`: {"action": "kill"|"cut", "daemon", "ms"} acts on a daemon now;

@@ -257,7 +257,8 @@ TEST_CASE("Cluster.AVertexThatKillsItsDaemonFailsTheJobAtMaxDaemonLossesAndSpare
                            {"params", {{"argv", {"sh", "-c", "kill -9 $PPID; sleep 5"}}}}}}}};
   Json status = cluster.Wait(cluster.Submit(job), std::chrono::seconds(30));
   CHECK(status["state"] == "failed");
-  CHECK_MESSAGE(status.value("failure", "").find("killer[0] was running on 2 daemons lost with no fault injected") !=
+  CHECK_MESSAGE(status.value("failure", "").find(
+                    "killer[0] reached max_daemon_losses 2: its daemon was lost with no fault injected") !=
                     std::string::npos,
                 status.dump());
   uint64_t next = cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 2}}}}});
@@ -286,6 +287,9 @@ TEST_CASE("Cluster.ADaemonIsNotLostForHeartbeatsTheJobManagerWasTooBusyToRead") 
   // A loss would not show in the listing once d0 is back within its return grace: the log tells.
   const std::string log = ReadFile((cluster.dir() / "jm.log").string()).ValueOr("");
   CHECK_MESSAGE(log.find("daemon d0 lost") == std::string::npos, log);
+  WARN_MESSAGE(log.find("busy for") != std::string::npos,
+               "building the job did not stall the job manager for half the timeout: "
+               "only the heartbeat pace was tested");
 }
 
 TEST_CASE("Cluster.ADaemonGivenOnlyTheStateDirFindsTheJobManager") {

@@ -44,6 +44,8 @@ TEST_CASE("Journal.RoundTripsAndDropsATornTail") {
 TEST_CASE("Journal.CorruptionInTheMiddleStopsTheReplayThereWithAWarning") {
   auto dir = TempDir("copse-journal-bad");
   std::ofstream(dir / "journal.jsonl") << "{\"t\":\"job\",\"job\":1}\nGARBAGE\n{\"t\":\"job\",\"job\":7}\n"
+                                       // 99 and 98 are in the user's job document, not ids:
+                                       << "{\"doc\":{\"job\":99,\"p\":[{\"job\":98}]},\"job\":5,\"t\":\"job\"}\n"
                                        << "{\"t\":\"end\",\"job\":3,\"sta\n"
                                        << "{\"t\":\"ids\",\"job\":9007199254740993}\n";  // past 2^53: not an id
   std::vector<std::string> warnings;
@@ -274,6 +276,10 @@ TEST_CASE("Journal.AJobIdOutOfRangeIsSkippedAndIdsDoNotWrap") {
   CHECK(s.Restore(records, testing::TestCatalog()) == 0);
   CHECK(s.Submit(testing::MustLoad(one), "/tmp") == JobId(5));
   CHECK(s.Submit(testing::MustLoad(one), "/tmp") == JobId(6));
+  CHECK(s.JobIdsLeft());
+  // The last id a journal may name: the next one would be skipped at the following restart.
+  CHECK(s.Restore({{{"t", "ids"}, {"job", Scheduler::kMaxJobId - 1}}}, testing::TestCatalog()) == 0);
+  CHECK_FALSE(s.JobIdsLeft());
 }
 
 TEST_CASE("Journal.TheRecoveryGraceStartsAgainWhenTheJobManagerListens") {

@@ -234,7 +234,7 @@ TEST_CASE("Scheduler.AVertexWhoseDaemonsKeepDyingUnderItFailsTheJobAtMaxDaemonLo
   h.sched.Flush();
   CHECK(h.State(job) == "failed");
   std::string failure = h.sched.JobStatus(job)["failure"];
-  CHECK(failure.find("vertex x[0] was running on 2 daemons lost with no fault injected (max_daemon_losses 2") !=
+  CHECK(failure.find("vertex x[0] reached max_daemon_losses 2: its daemon was lost with no fault injected") !=
         std::string::npos);
   CHECK(h.sink.TakeTasks().empty());  // the third daemon is spared
   (void)t1, (void)t2;
@@ -1277,6 +1277,27 @@ TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
   CHECK(h.State(job) == "completed");
   CHECK(h.sched.JobStatus(job)["recoveries"][0]["reason"] == "straggler");
   (void)d0, (void)d1;
+}
+
+TEST_CASE("Scheduler.AStragglerWhoseDaemonDiesUnderItCountsTheLossThoughItsDuplicateCarriesOn") {
+  // A vertex that slowly kills its daemon (a leak until the OOM killer) turns straggler first.
+  Harness h;
+  h.AddDaemon("d0", 4);
+  h.AddDaemon("d1", 4);
+  JobId job = h.Submit(R"({"stages": [{"name": "s", "program": "noop", "replicas": 4, "max_daemon_losses": 1}]})");
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 4);
+  h.clock.Advance(std::chrono::milliseconds(100));
+  for (int i = 0; i < 3; ++i) h.Finish(tasks[i].second, true);
+  h.clock.Advance(std::chrono::seconds(3));
+  h.sched.Tick();
+  h.sched.Flush();
+  REQUIRE(h.sink.TakeTasks().size() == 1);  // s[3]'s duplicate, on the other daemon
+  h.sched.DaemonLost(tasks[3].first, "connection closed: EOF");
+  h.sched.Flush();
+  CHECK(h.State(job) == "failed");
+  CHECK(h.sched.JobStatus(job)["failure"].get<std::string>().find("vertex s[3] reached max_daemon_losses 1") !=
+        std::string::npos);
 }
 
 TEST_CASE("Scheduler.TheDaemonsListingShowsALostDaemonAsAwaitedThenLostWithNothingRunning") {
