@@ -1279,21 +1279,34 @@ TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
   (void)d0, (void)d1;
 }
 
+/// Four replicas of `stage` (a stage object's JSON) on two daemons of 4 slots: three finish in
+/// 100 ms, the fourth is still running 3 s later and gets a duplicate on the other daemon.
+struct StragglerWithDuplicate {
+  explicit StragglerWithDuplicate(const std::string& stage) {
+    h.AddDaemon("d0", 4);
+    h.AddDaemon("d1", 4);
+    job = h.Submit(R"({"stages": [)" + stage + "]}");
+    tasks = h.sink.TakeTasks();
+    REQUIRE(tasks.size() == 4);
+    h.clock.Advance(std::chrono::milliseconds(100));
+    for (int i = 0; i < 3; ++i) h.Finish(tasks[i].second, true);
+    h.clock.Advance(std::chrono::seconds(3));
+    h.sched.Tick();
+    h.sched.Flush();
+    dup = h.sink.TakeTasks();
+    REQUIRE(dup.size() == 1);
+  }
+  Harness h;
+  JobId job;
+  std::vector<std::pair<DaemonId, Json>> tasks, dup;
+};
+
 TEST_CASE("Scheduler.AStragglerWhoseDaemonDiesUnderItCountsTheLossThoughItsDuplicateCarriesOn") {
   // A vertex that slowly kills its daemon (a leak until the OOM killer) turns straggler first.
-  Harness h;
-  h.AddDaemon("d0", 4);
-  h.AddDaemon("d1", 4);
-  JobId job = h.Submit(R"({"stages": [{"name": "s", "program": "noop", "replicas": 4, "max_daemon_losses": 1}]})");
-  auto tasks = h.sink.TakeTasks();
-  REQUIRE(tasks.size() == 4);
-  h.clock.Advance(std::chrono::milliseconds(100));
-  for (int i = 0; i < 3; ++i) h.Finish(tasks[i].second, true);
-  h.clock.Advance(std::chrono::seconds(3));
-  h.sched.Tick();
-  h.sched.Flush();
-  REQUIRE(h.sink.TakeTasks().size() == 1);  // s[3]'s duplicate, on the other daemon
-  h.sched.DaemonLost(tasks[3].first, "connection closed: EOF");
+  StragglerWithDuplicate t(R"({"name": "s", "program": "noop", "replicas": 4, "max_daemon_losses": 1})");
+  auto& h = t.h;
+  const JobId job = t.job;
+  h.sched.DaemonLost(t.tasks[3].first, "connection closed: EOF");
   h.sched.Flush();
   CHECK(h.State(job) == "failed");
   CHECK(h.sched.JobStatus(job)["failure"].get<std::string>().find("vertex s[3] reached max_daemon_losses 1") !=
@@ -1301,19 +1314,11 @@ TEST_CASE("Scheduler.AStragglerWhoseDaemonDiesUnderItCountsTheLossThoughItsDupli
 }
 
 TEST_CASE("Scheduler.TheDaemonsListingShowsALostDaemonAsAwaitedThenLostWithNothingRunning") {
-  Harness h;
-  h.AddDaemon("d0", 4);
-  h.AddDaemon("d1", 4);
-  JobId job = h.Submit(R"({"stages": [{"name": "s", "program": "noop", "replicas": 4}]})");
-  auto tasks = h.sink.TakeTasks();
-  REQUIRE(tasks.size() == 4);
-  h.clock.Advance(std::chrono::milliseconds(100));
-  for (int i = 0; i < 3; ++i) h.Finish(tasks[i].second, true);
-  h.clock.Advance(std::chrono::seconds(3));
-  h.sched.Tick();
-  h.sched.Flush();
-  auto dup = h.sink.TakeTasks();
-  REQUIRE(dup.size() == 1);
+  StragglerWithDuplicate t(R"({"name": "s", "program": "noop", "replicas": 4})");
+  auto& h = t.h;
+  const JobId job = t.job;
+  const auto& tasks = t.tasks;
+  const auto& dup = t.dup;
   const DaemonId slow = tasks[3].first;
   auto row = [&](DaemonId d) { return h.sched.DaemonsTable()[d.value()]; };
   CHECK(row(slow)["running"] == 1);
