@@ -427,7 +427,7 @@ class JmServer::Impl : public DaemonSink {
   std::map<DaemonId, std::shared_ptr<net::FramedConnection>> daemon_conns_;
   std::vector<std::pair<JobId, std::weak_ptr<net::FramedConnection>>> waiters_;
   bool flush_pending_ = false;
-  std::chrono::steady_clock::time_point last_tick_at_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_tick_at_;  // when the last tick began (or Listen)
   uint64_t retry_compaction_at_ = 0;  // journal size at which to try again after a failed rewrite
 };
 

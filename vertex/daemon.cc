@@ -243,9 +243,8 @@ class Daemon::Impl {
     if (registered.value("op", "") != "registered") return Status::Internal("unexpected reply to register");
     // The job manager says how often it needs to hear from us (one without the field: our default).
     const Json every = registered.value("heartbeat_ms", Json());
-    heartbeat_every_ = every.is_number_integer() && every.get<int64_t>() >= 1 && every.get<int64_t>() <= 60'000
-                           ? std::chrono::milliseconds(every.get<int64_t>())
-                           : options_.heartbeat_interval;
+    const int64_t ms = every.is_number_integer() ? every.get<int64_t>() : 0;
+    heartbeat_every_ = ms >= 1 && ms <= 60'000 ? std::chrono::milliseconds(ms) : options_.heartbeat_interval;
     DaemonLog()->info("daemon {} registered over {}; data server on {}:{}", options_.name,
                       std::is_same_v<Socket, asio::ip::tcp::socket> ? "TCP" : "the job manager's local socket",
                       options_.data_host, data_server_->port());
