@@ -141,6 +141,13 @@ Result<Json> ReadEndBody(BufferedSocket& in, const wire::FrameHeader& h, int tim
   COPSE_RETURN_NOT_OK(in.ReadFull(body.data(), body.size(), timeout_ms));
   Json j = Json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument("malformed end frame");
+  // Read below with value(): members of another type would throw on a prefetch thread.
+  for (const char* count : {"messages", "bytes"}) {
+    if (auto it = j.find(count); it != j.end() && !it->is_number_unsigned())
+      return Status::InvalidArgument(std::string("malformed end frame: \"") + count + "\" is not a count");
+  }
+  if (auto it = j.find("handoff"); it != j.end() && !it->is_boolean())
+    return Status::InvalidArgument("malformed end frame: \"handoff\" is not a boolean");
   return j;
 }
 
@@ -243,7 +250,7 @@ class RemoteReader final : public ChannelReader {
           h = *hr;
         }
         if (h.type == FrameType::kEnd) {
-          if (piece_filled_ < piece_.size()) return Lost(Status::InvalidArgument("stream ended inside a message"));
+          if (piece_filled_ < piece_total_) return Lost(Status::InvalidArgument("stream ended inside a message"));
           COPSE_RETURN_NOT_OK(ReadEnd(h));
           return std::optional<Buffer>();
         }
@@ -259,14 +266,18 @@ class RemoteReader final : public ChannelReader {
         frame_left_ = h.length - 1;
         if (tag_ == internal::kTagFirstPiece) {
           char ph[16];
-          if (frame_left_ < 16 || piece_filled_ < piece_.size()) return Lost(Status::InvalidArgument("bad piece"));
+          if (frame_left_ < 16 || piece_filled_ < piece_total_) return Lost(Status::InvalidArgument("bad piece"));
           COPSE_RETURN_NOT_OK(Read(ph, 16));
           frame_left_ -= 16;
-          piece_ = internal::UninitializedString(internal::GetU64(ph));
+          piece_total_ = internal::GetU64(ph);
           piece_checksum_ = internal::GetU64(ph + 8);
           piece_filled_ = 0;
+          // The buffer grows with the bytes that arrive: what the peer announces is not
+          // trusted with memory (a total of 2^63 must not become an allocation).
+          piece_.clear();
+          piece_.reserve(std::min<uint64_t>(piece_total_, wire::kMaxDataBytes));
         } else if (tag_ == internal::kTagContinuation) {
-          if (piece_filled_ >= piece_.size()) return Lost(Status::InvalidArgument("unexpected continuation"));
+          if (piece_filled_ >= piece_total_) return Lost(Status::InvalidArgument("unexpected continuation"));
         } else if (tag_ != internal::kTagMessages) {
           return Lost(Status::InvalidArgument("unknown data frame tag"));
         }
@@ -295,13 +306,15 @@ class RemoteReader final : public ChannelReader {
         return Emit(std::move(bytes), internal::GetU64(rh + 4), XXH3_64bits_digest(hash_.get()));
       }
       // A piece of a large message.
-      size_t n = std::min<size_t>(frame_left_, piece_.size() - piece_filled_);
+      const uint64_t n = std::min<uint64_t>(frame_left_, piece_total_ - piece_filled_);
       if (n != frame_left_) return Lost(Status::InvalidArgument("piece overruns its message"));
+      piece_.resize(piece_filled_ + n);
       COPSE_RETURN_NOT_OK(Read(piece_.data() + piece_filled_, n));
       piece_filled_ += n;
       frame_left_ = 0;
-      if (piece_filled_ == piece_.size()) {
+      if (piece_filled_ == piece_total_) {
         piece_filled_ = 0;
+        piece_total_ = 0;
         uint64_t actual = internal::Checksum(piece_);
         return Emit(std::exchange(piece_, std::string()), piece_checksum_, actual);
       }
@@ -318,9 +331,10 @@ class RemoteReader final : public ChannelReader {
   Status failed_;
   char tag_ = 0;
   uint64_t frame_left_ = 0;
-  std::string piece_;
+  std::string piece_;  // the bytes of a large message received so far (piece_filled_ of piece_total_)
+  uint64_t piece_total_ = 0;
   uint64_t piece_checksum_ = 0;
-  size_t piece_filled_ = 0;
+  uint64_t piece_filled_ = 0;
   uint64_t messages_ = 0, bytes_ = 0;
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash_{XXH3_createState(), &XXH3_freeState};
 };

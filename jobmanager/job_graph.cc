@@ -6,12 +6,15 @@
 #include <set>
 #include <sstream>
 
+#include "common/json_util.h"
 #include "common/text_util.h"
 
 namespace copse::jm {
 namespace {
 
 constexpr size_t kMaxChannels = 50'000'000;
+// Per-replica params (text, summed over the job): a 10 KB job file must not expand to gigabytes.
+constexpr uint64_t kMaxExpandedParamsBytes = uint64_t{256} << 20;
 
 bool ContainsReplicaPlaceholder(const Json& j) {
   if (j.is_string()) return j.get_ref<const std::string&>().find("{replica}") != std::string::npos;
@@ -137,6 +140,23 @@ class JobGraph::Builder {
       diags_.Error("/stages", "the job expands to " + std::to_string(total) + " vertices; at most 50,000,000 are supported");
       g_.stage_base_.clear();
       return;
+    }
+    // Per-replica params are copied per vertex: bound what that copying makes.
+    uint64_t expanded = 0;
+    for (size_t si = 0; si < spec_.stages.size(); ++si) {
+      const auto& s = spec_.stages[si];
+      if (!ContainsReplicaPlaceholder(s.params)) continue;
+      const uint64_t each = DumpJson(s.params).size();
+      expanded += each * static_cast<uint64_t>(s.replicas);
+      if (expanded > kMaxExpandedParamsBytes) {
+        diags_.Error("/stages/" + std::to_string(si) + "/params",
+                     "params holding \"{replica}\" are copied for each replica: " + std::to_string(s.replicas) +
+                         " replicas of " + std::to_string(each) + " bytes bring the job's copies to " +
+                         std::to_string(expanded >> 20) + " MiB; at most " + std::to_string(kMaxExpandedParamsBytes >> 20) +
+                         " MiB are supported (keep what does not vary with the replica in params without \"{replica}\", or in a file)");
+        g_.stage_base_.clear();
+        return;
+      }
     }
     g_.vertices_.resize(total);
     for (size_t si = 0; si < spec_.stages.size(); ++si) {

@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -28,6 +29,7 @@
 #endif
 #include "common/auth.h"
 #include "common/framed_connection.h"
+#include "common/json_util.h"
 #include "common/logging.h"
 #include "common/thread_name.h"
 #include "vertex/input_prefetcher.h"
@@ -150,7 +152,8 @@ Result<Json> ReadFrameSync(Socket& s) {
   asio::read(s, asio::buffer(body), ec);
   if (ec) return Status::Unavailable(ec.message());
   COPSE_ASSIGN_OR_RETURN(Json msg, ParseJson(body, "job manager"));
-  if (msg.value("op", "") == "error") return Status::PermissionDenied("job manager: " + msg.value("message", ""));
+  if (!msg.is_object()) return Status::InvalidArgument("job manager sent a " + JsonTypeName(msg) + ", not a message");
+  if (StringMember(msg, "op") == "error") return Status::PermissionDenied("job manager: " + StringMember(msg, "message"));
   return msg;
 }
 
@@ -225,7 +228,7 @@ class Daemon::Impl {
   Status RegisterOn(Socket socket) {
     COPSE_ASSIGN_OR_RETURN(Json hello, ReadFrameSync(socket));
     COPSE_RETURN_NOT_OK(WriteFrameSync(
-        socket, {{"op", "auth"}, {"role", "daemon"}, {"mac", auth::Mac(options_.secret, hello.value("nonce", ""))}}));
+        socket, {{"op", "auth"}, {"role", "daemon"}, {"mac", auth::Mac(options_.secret, StringMember(hello, "nonce"))}}));
     COPSE_ASSIGN_OR_RETURN(Json welcome, ReadFrameSync(socket));
     Json outputs = Json::array();
     for (const auto& key : store_->List()) outputs.push_back(key.ToJson());
@@ -240,7 +243,9 @@ class Daemon::Impl {
                                                  {"stream", hub_->endpoints()},
                                                  {"outputs", std::move(outputs)}}));
     COPSE_ASSIGN_OR_RETURN(Json registered, ReadFrameSync(socket));
-    if (registered.value("op", "") != "registered") return Status::Internal("unexpected reply to register");
+    if (StringMember(registered, "op") != "registered") {
+      return Status::Internal("unexpected reply to register: " + DumpJson(registered).substr(0, 200));
+    }
     // The job manager says how often it needs to hear from us (one without the field: our default).
     const Json every = registered.value("heartbeat_ms", Json());
     const int64_t ms = every.is_number_integer() ? every.get<int64_t>() : 0;
@@ -338,6 +343,11 @@ class Daemon::Impl {
         std::lock_guard<std::mutex> lock(mu_);
         const size_t queued_before = queue_.size();
         for (auto& spec : msg["tasks"]) {
+          if (const std::string bad = MalformedTask(spec); !bad.empty()) {
+            // Unanswerable (no attempt to report on); the worker threads must never see it.
+            DaemonLog()->error("daemon {}: ignoring a malformed task from the job manager: {}", options_.name, bad);
+            continue;
+          }
           Task t;
           t.spec = std::move(spec);
           if (t.spec.contains("after")) {
@@ -362,7 +372,8 @@ class Daemon::Impl {
         }
         {
           std::lock_guard<std::mutex> lock(mu_);
-          finished_.erase(finished_.lower_bound({job, 0, 0}), finished_.lower_bound({job + 1, 0, 0}));
+          finished_.erase(finished_.lower_bound({job, 0, 0}),
+                        job == std::numeric_limits<uint64_t>::max() ? finished_.end() : finished_.lower_bound({job + 1, 0, 0}));
         }
         hub_->DropJob(job);
         shm_.DropJob(job);
@@ -402,6 +413,29 @@ class Daemon::Impl {
   /// or — at most one, "remote" — elsewhere): queued at once when they have all succeeded here already,
   /// withdrawn when one failed, else held until they have. Requires mu_. Throws Json::exception
   /// on a malformed "after".
+  /// What is wrong with a task's identity and chaining (read outside any handler, on worker
+  /// threads), or "" when they are well formed.
+  static std::string MalformedTask(const Json& spec) {
+    auto id = [](const Json& j, const char* key, uint64_t max) {
+      auto it = j.find(key);
+      return it != j.end() && it->is_number_unsigned() && it->get<uint64_t>() <= max;
+    };
+    constexpr uint64_t kU32 = std::numeric_limits<uint32_t>::max();
+    if (!spec.is_object()) return "a task is a " + JsonTypeName(spec) + ", not an object";
+    if (!id(spec, "job", std::numeric_limits<uint64_t>::max()) || !id(spec, "vertex", kU32) || !id(spec, "version", kU32))
+      return "a task needs unsigned \"job\", \"vertex\" and \"version\"";
+    if (auto after = spec.find("after"); after != spec.end()) {
+      if (!after->is_array()) return "\"after\" is not an array";
+      for (const Json& a : *after) {
+        if (!a.is_object() || !id(a, "vertex", kU32) || !id(a, "version", kU32) ||
+            (a.contains("remote") && !a["remote"].is_boolean()))
+          return "an \"after\" entry needs unsigned \"vertex\" and \"version\"";
+      }
+    }
+    if (spec.contains("inputs") && !spec["inputs"].is_array()) return "\"inputs\" is not an array";
+    return "";
+  }
+
   void HoldChained(Task t) {
     const uint64_t job = t.spec["job"].get<uint64_t>();
     auto withdraw = [&](const std::string& why) {

@@ -12,7 +12,10 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <fstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "channels/record_format.h"
 #include "channels/remote_reader.h"
@@ -564,10 +567,12 @@ TEST_CASE("RemoteFetch.AFileOutputHandedOverOutlivesItsProducer" * doctest::time
 
 namespace {
 
-/// A fake peer on the local socket of host:port that answers one fetch with `end` (a kEnd
-/// body), attaching `fd` when it is >= 0.
-std::thread FakeLocalPeer(internal::Socket& listener, Json end, int fd) {
-  return std::thread([&listener, end = std::move(end), fd] {
+using Frames = std::vector<std::pair<wire::FrameType, std::string>>;
+
+/// A fake peer on the local socket of host:port that answers one fetch with `frames`, attaching
+/// `fd` to the last when it is >= 0.
+std::thread FakeLocalPeer(internal::Socket& listener, Frames frames, int fd) {
+  return std::thread([&listener, frames = std::move(frames), fd] {
     int c = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
     REQUIRE(c >= 0);
     internal::BufferedSocket in(internal::Socket(c, true));
@@ -575,10 +580,34 @@ std::thread FakeLocalPeer(internal::Socket& listener, Json end, int fd) {
     REQUIRE(internal::ReadJson(in, 1 << 16, 3000, 3000).ok());  // auth
     REQUIRE(internal::WriteJson(in.socket(), Json{{"op", "welcome"}}).ok());
     REQUIRE(internal::ReadJson(in, 1 << 16, 3000, 3000).ok());  // fetch
-    REQUIRE(internal::WriteFrame(in.socket(), wire::FrameType::kEnd, end.dump(), fd).ok());
+    for (size_t i = 0; i < frames.size(); ++i) {
+      const auto& [type, body] = frames[i];
+      REQUIRE(internal::WriteFrame(in.socket(), type, body, i + 1 == frames.size() ? fd : -1).ok());
+    }
     char byte;
     (void)in.socket().ReadSome(&byte, 1, 3000);  // until the reader closes or pools
   });
+}
+
+/// ... that answers with one kEnd frame.
+std::thread FakeLocalPeer(internal::Socket& listener, Json end, int fd) {
+  return FakeLocalPeer(listener, Frames{{wire::FrameType::kEnd, end.dump()}}, fd);
+}
+
+/// The first frame of a large message: its announced total and checksum, then `bytes`.
+std::string FirstPieceFrame(uint64_t total, const std::string& bytes) {
+  std::string body(17, '\0');
+  body[0] = internal::kTagFirstPiece;
+  internal::PutU64(body.data() + 1, total);
+  internal::PutU64(body.data() + 9, 0);
+  return body + bytes;
+}
+
+/// Resident memory of this process, bytes.
+long ResidentBytes() {
+  long pages = 0, resident = 0;
+  std::ifstream("/proc/self/statm") >> pages >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
 }
 
 }  // namespace
@@ -626,6 +655,42 @@ TEST_CASE("RemoteFetch.AHandOverThatDoesNotMatchItsAnnouncementIsRefused" * doct
   ::close(pipe_fds[1]);
   CHECK(st.code() == StatusCode::kDataLoss);
   CHECK(st.message().find("not a regular file") != std::string::npos);
+}
+
+TEST_CASE("RemoteFetch.APeersMalformedAnswerIsAnErrorNeitherAnExceptionNorItsAllocation" * doctest::timeout(20)) {
+  // Readers do not authenticate the server: whatever answers at a daemon's address is
+  // untrusted. Its answer must fail the fetch; a prefetch thread has no one to catch a throw.
+  const uint16_t port = 1;
+  auto listener = internal::Socket::ListenLocal(LocalSocketName(kHost, port));
+  REQUIRE_MESSAGE(listener.ok(), listener.status().ToString());
+  RemoteReaderOptions o = Quick();
+  o.local_socket = true;
+  auto fetch = [&](Frames frames) {
+    std::thread peer = FakeLocalPeer(*listener, std::move(frames), -1);
+    Status st;
+    try {
+      auto r = OpenRemoteReader(kHost, port, {1, 0, 0, 0}, kSecret, o);
+      st = r.ok() ? DrainStatus(**r) : r.status();
+    } catch (const std::exception& e) {
+      FAIL("the reader threw: " << std::string(e.what()));
+    }
+    CloseIdleRemoteConnections();
+    peer.join();
+    return st;
+  };
+  const auto end = [](Json j) { return std::pair{wire::FrameType::kEnd, j.dump()}; };
+  Status st = fetch({end({{"ok", true}, {"messages", "x"}})});
+  CHECK_FALSE(st.ok());
+  CHECK(st.message().find("\"messages\" is not a count") != std::string::npos);
+  st = fetch({end({{"ok", true}, {"handoff", "yes"}})});
+  CHECK(st.message().find("\"handoff\" is not a boolean") != std::string::npos);
+  st = fetch({{wire::FrameType::kData, FirstPieceFrame(uint64_t{1} << 63, "abc")}, end({{"ok", true}})});
+  CHECK(st.message().find("stream ended inside a message") != std::string::npos);
+  // A total it never sends costs only what it sends.
+  const long before = ResidentBytes();
+  st = fetch({{wire::FrameType::kData, FirstPieceFrame(uint64_t{1} << 30, "abc")}, end({{"ok", true}, {"messages", 1}})});
+  CHECK(st.message().find("stream ended inside a message") != std::string::npos);
+  CHECK(ResidentBytes() - before < (long{256} << 20));
 }
 
 TEST_CASE("RemoteFetch.AServerWithoutTheLocalSocketIsReachedOverTcp" * doctest::timeout(10)) {

@@ -34,6 +34,19 @@ TEST_CASE("Validation.WrongTypesNameTheExpectedType") {
   CHECK_ERROR(no_stages, "", "missing required key \"stages\"");
 }
 
+TEST_CASE("Validation.PerReplicaParamsMayNotExpandBeyondTheirBound") {
+  // 10 KB of params with "{replica}" over 400,000 replicas would be 4 GB of copies in the job
+  // manager; the same params without it are shared, whatever the replicas.
+  const std::string big(10'000, 'x');
+  auto load = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 400000,
+                                   "params": {"p": "{replica})" + big + R"("}}]})");
+  CHECK_ERROR(load, "/stages/0/params", "copied for each replica: 400000 replicas of 10017 bytes");
+  CHECK_ERROR(load, "/stages/0/params", "at most 256 MiB");
+  auto shared = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 400000,
+                                     "params": {"p": ")" + big + R"("}}]})");
+  CHECK(shared.ok());
+}
+
 TEST_CASE("Validation.UnknownProgramIsReportedWithASuggestion") {
   auto load = Load(R"({"stages": [{"name": "a", "program": "checksun"}]})");
   CHECK_ERROR(load, "/stages/0/program", "unknown program \"checksun\"; did you mean \"checksum\"");

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -127,6 +128,26 @@ TEST_CASE("Daemon.ATaskChainedAfterOneWithdrawnOnArrivalIsWithdrawnToo" * doctes
   Json r4 = jm.NextReport();
   CHECK(r4["vertex"] == 4);
   CHECK(r4["class"] == "cancelled");
+}
+
+TEST_CASE("Daemon.MalformedTasksFromTheJobManagerAreIgnoredAndItServesOn" * doctest::timeout(30)) {
+  // Whatever answers at the job manager's address is not authenticated by the daemon: a task
+  // it cannot identify is dropped in the io thread, never handed to a worker (which would
+  // throw with no one to catch it).
+  ScriptedJobManager jm;
+  DaemonUnderTest d(jm);
+  Json bad_vertex = Task(2);
+  bad_vertex["vertex"] = "two";
+  Json bad_after = Task(3, "v1");
+  Json bad_after_entry = Task(4, {{{"vertex", -1}, {"version", 1}}});
+  Json huge_version = Task(5);
+  huge_version["version"] = uint64_t{1} << 40;
+  jm.Send({{"op", "run"}, {"tasks", {Json::object(), 5, bad_vertex, bad_after, bad_after_entry, huge_version}}});
+  jm.Send({{"op", "gc"}, {"job", std::numeric_limits<uint64_t>::max()}, {"keep", Json::array()}});
+  jm.Send({{"op", "run"}, {"tasks", {Task(6)}}});
+  Json r = jm.NextReport();
+  CHECK(r["vertex"] == 6);
+  CHECK(r["ok"] == true);
 }
 
 TEST_CASE("Daemon.AChainTwoDeepRunsInOrderOnceItsHeadSucceeds" * doctest::timeout(30)) {
