@@ -10,11 +10,13 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <list>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -116,6 +118,8 @@ class FrameSender {
   size_t body_bytes_ = 0;
 };
 
+constexpr int64_t kAcceptRestMs = 100;
+
 int64_t SteadyMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -170,10 +174,17 @@ struct DataServer::Impl {
 
 void DataServer::Impl::AcceptLoop() {
   SetThreadName("copse-data-acc");
+  // Out of descriptors (or memory), accept fails and leaves the connection waiting, so poll
+  // would report it again at once: the listeners rest until then instead of spinning.
+  int64_t resting_until_ms = 0;
+  int64_t refused_logged_ms = 0;
   for (;;) {
+    const bool resting = SteadyMs() < resting_until_ms;
     // The local listener's slot stays (fd -1, ignored by poll) when the fast path is off.
-    pollfd fds[3] = {{wake_fd, POLLIN, 0}, {listener.fd(), POLLIN, 0}, {local_listener.fd(), POLLIN, 0}};
-    int n = ::poll(fds, 3, 1000);
+    pollfd fds[3] = {{wake_fd, POLLIN, 0},
+                     {resting ? -1 : listener.fd(), POLLIN, 0},
+                     {resting ? -1 : local_listener.fd(), POLLIN, 0}};
+    int n = ::poll(fds, 3, resting ? static_cast<int>(kAcceptRestMs) : 1000);
     if (stopping) return;
     std::lock_guard lock(mu);
     ReapLocked();
@@ -183,7 +194,22 @@ void DataServer::Impl::AcceptLoop() {
       if (!(fds[i].revents & POLLIN)) continue;
       const bool local = i == 2;
       int fd = ::accept4(fds[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          Logger("chan")->warn("data server: cannot accept a connection ({}); resting {} ms", std::strerror(errno), kAcceptRestMs);
+          resting_until_ms = SteadyMs() + kAcceptRestMs;
+        }
+        continue;
+      }
+      const auto handshaking = std::count_if(conns.begin(), conns.end(), [](const Conn& c) { return c.handshake_until_ms.load() != 0; });
+      if (handshaking >= options.max_handshaking) {
+        if (SteadyMs() - refused_logged_ms >= 1000) {  // one line a second, however many come
+          Logger("chan")->warn("data server: {} connections are already in their handshake; closing new ones", handshaking);
+          refused_logged_ms = SteadyMs();
+        }
+        ::close(fd);
+        continue;
+      }
       if (!local) {
         int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -195,16 +221,22 @@ void DataServer::Impl::AcceptLoop() {
       Conn& c = conns.emplace_back();
       c.sock = Socket(fd, local);
       c.handshake_until_ms = SteadyMs() + options.handshake_timeout_ms;
-      c.thread = std::thread([this, &c] {
-        SetThreadName("copse-data-srv");
-        try {
-          Serve(c.sock, c.handshake_until_ms);
-        } catch (const std::exception& e) {  // a peer's message no check foresaw ends its connection, not the daemon
-          Logger("chan")->warn("data server: connection ended by an unexpected message: {}", e.what());
-        }
-        c.sock.Shutdown();  // closed (after join) by the reaper or Stop
-        c.done = true;
-      });
+      try {
+        c.thread = std::thread([this, &c] {
+          SetThreadName("copse-data-srv");
+          try {
+            Serve(c.sock, c.handshake_until_ms);
+          } catch (const std::exception& e) {  // a peer's message no check foresaw ends its connection, not the daemon
+            Logger("chan")->warn("data server: connection ended by an unexpected message: {}", e.what());
+          }
+          c.sock.Shutdown();  // closed (after join) by the reaper or Stop
+          c.done = true;
+        });
+      } catch (const std::system_error& e) {  // no thread to be had (a pids limit): this one goes unserved
+        Logger("chan")->warn("data server: cannot start a thread for a connection ({}); closing it", e.what());
+        conns.pop_back();  // closes its socket
+        resting_until_ms = SteadyMs() + kAcceptRestMs;
+      }
     }
   }
 }

@@ -30,8 +30,10 @@
 // Threads: one acceptor thread and one thread per connection (blocking I/O; a slow or hostile
 // peer only ever blocks its own thread). The whole handshake must finish within
 // `handshake_timeout_ms`, however slowly its bytes trickle in (the acceptor shuts down a
-// connection that overruns it); an idle authenticated connection may stay open (the fetching side
-// pools it). Stop() closes every connection and joins every thread.
+// connection that overruns it), and at most `max_handshaking` connections may be in their
+// handshake at once; an idle authenticated connection may stay open (the fetching side pools
+// it). Out of descriptors or threads, the acceptor closes what it cannot serve and backs off
+// rather than spin or end the daemon. Stop() closes every connection and joins every thread.
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -47,6 +49,9 @@ struct DataServerOptions {
   int frame_timeout_ms = 30'000;  // for the rest of a frame once its first byte arrived
   /// Also serve readers on this host through LocalSocketName.
   bool local_socket = true;
+  /// Connections still in their handshake beyond this many are closed as they arrive: each
+  /// holds a thread, and a peer need not know the secret to open them.
+  int max_handshaking = 64;
 };
 
 /// The abstract-namespace name of the local socket of the data server listening on host:port.

@@ -460,6 +460,44 @@ TEST_CASE("DataServer.GarbageIsRefusedAndOthersAreServed" * doctest::timeout(20)
   CHECK(Fetch(d, {8, 0, 0, 0}) == std::vector<std::string>{"ok"});
 }
 
+TEST_CASE("DataServer.ConnectionsInTheirHandshakeAreCappedAndTheRestServed" * doctest::timeout(20)) {
+  // Anyone may connect, and each connection holds a thread until its handshake ends: beyond the
+  // cap, new ones are closed at once; authenticated ones are not counted.
+  TempDir dir;
+  auto store = OutputStore::Make(dir.path() / "outputs", 1 << 20);
+  REQUIRE(store.ok());
+  DataServerOptions o;
+  o.handshake_timeout_ms = 2000;
+  o.max_handshaking = 2;
+  auto server = DataServer::Start(**store, kHost, 0, kSecret, o);
+  REQUIRE(server.ok());
+  const uint16_t port = (*server)->port();
+  Raw authenticated(port);
+  authenticated.Authenticate();
+  auto silent1 = std::make_unique<Raw>(port), silent2 = std::make_unique<Raw>(port);
+  silent1->ReadJson();  // hello: served
+  silent2->ReadJson();
+  Raw third(port);
+  char byte;
+  auto r = third.s.socket().ReadSome(&byte, 1, 1000);
+  CHECK_MESSAGE(!r.ok(), "the third connection was greeted");  // no hello: closed as it came
+  CHECK(r.status().code() == StatusCode::kUnavailable);
+  silent1.reset();
+  silent2.reset();
+  // Their threads end with them; a new peer is greeted again.
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  bool greeted = false;
+  while (!greeted && Clock::now() < deadline) {
+    Raw next(port);
+    char c;
+    greeted = next.s.socket().ReadSome(&c, 1, 1000).ok();
+    if (!greeted) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(greeted);
+  authenticated.Send(wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"ping"})"));
+  CHECK(authenticated.ReadJson()["op"] == "pong");
+}
+
 TEST_CASE("RemoteFetch.UnreachablePeerIsUnavailable" * doctest::timeout(10)) {
   uint16_t port;
   {
