@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 
@@ -73,27 +74,55 @@ void FramedConnection::ReadHeader() {
 }
 
 void FramedConnection::ReadBody(uint32_t length) {
-  body_.resize(length);
+  body_.clear();
+  ReadMoreBody(length);
+}
+
+void FramedConnection::ReadMoreBody(uint32_t length) {
   auto self = shared_from_this();
-  asio::async_read(socket_, asio::buffer(body_), [self](std::error_code ec, size_t) {
-    if (ec) return self->Close(Status::Unavailable(ec.message()));
+  const size_t filled = body_.size();
+  if (filled < length) {
+    // The body grows with what arrives (at most doubling), so a header announcing the largest
+    // frame costs its sender the bytes, not this process the allocation.
+    const size_t chunk = std::min<size_t>(length - filled, std::max<size_t>(kBodyChunkBytes, filled));
+    body_.resize(filled + chunk);
+    asio::async_read(socket_, asio::buffer(body_.data() + filled, chunk), [self, length](std::error_code ec, size_t) {
+      if (ec) return self->Close(Status::Unavailable(ec.message()));
+      self->ReadMoreBody(length);
+    });
+    return;
+  }
+  {
     auto parsed = ParseJson(self->body_, "message from " + self->peer_);
     if (!parsed.ok() || !parsed->is_object() || !parsed->contains("op") || !(*parsed)["op"].is_string()) {
       return self->SendErrorAndClose(parsed.ok() ? "expected a JSON object with a string \"op\""
                                                  : parsed.status().message());
     }
     if (!self->open_) return;
+    self->body_.clear();
+    if (self->body_.capacity() > kBodyChunkBytes) self->body_.shrink_to_fit();  // one large message is not kept
     self->on_message_(std::move(*parsed));
     if (self->open_ && !self->close_after_write_) self->ReadHeader();
-  });
+  }
 }
 
 void FramedConnection::Send(const Json& message) { SendRaw(wire::EncodeFrame(wire::FrameType::kJson, DumpJson(message))); }
 
 void FramedConnection::SendRaw(std::string frame) {
-  std::lock_guard<std::mutex> lock(write_mu_);
-  if (!open_) return;
+  std::unique_lock<std::mutex> lock(write_mu_);
+  if (!open_ || overflowed_) return;
   if (writing_) {
+    if (queued_bytes_ + frame.size() > kMaxQueuedBytes) {
+      // A peer that does not read what it asked for must not grow this process without end.
+      overflowed_ = true;
+      lock.unlock();
+      asio::post(socket_.get_executor(), [self = shared_from_this()] {
+        self->Close(Status::Unavailable("the peer does not read: over " + std::to_string(kMaxQueuedBytes >> 20) +
+                                        " MiB of messages wait for it"));
+      });
+      return;
+    }
+    queued_bytes_ += frame.size();
     out_.push_back(std::move(frame));
     return;
   }
@@ -101,6 +130,7 @@ void FramedConnection::SendRaw(std::string frame) {
   if (written == frame.size()) return;
   // The socket is full (or failed: the asynchronous write reports it on the io thread).
   frame.erase(0, written);
+  queued_bytes_ += frame.size();
   out_.push_back(std::move(frame));
   writing_ = true;
   asio::post(socket_.get_executor(), [self = shared_from_this()] {
@@ -133,6 +163,7 @@ void FramedConnection::WriteNext() {
       lock.unlock();
       return self->Close(Status::Unavailable(ec.message()));
     }
+    self->queued_bytes_ -= self->out_.front().size();
     self->out_.pop_front();
     if (!self->out_.empty()) return self->WriteNext();
     self->writing_ = false;

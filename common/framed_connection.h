@@ -8,7 +8,9 @@
 // thread writes the frame itself (a worker's message needs no io-thread wakeup, which on a
 // busy host would take the worker's core). Start() and Close() belong to the io thread.
 // Any protocol violation (bad header, oversized frame, body that is not a JSON object) closes
-// the connection with a Status saying why; it never throws out of the io thread.
+// the connection with a Status saying why; it never throws out of the io thread. Memory is
+// bounded by what the peer does, not what it announces: a body is allocated as its bytes
+// arrive, and a peer that leaves kMaxQueuedBytes of messages unread is disconnected.
 //
 // BlockingClient: a synchronous client for CLIs and tests, with timeouts.
 #include <atomic>
@@ -41,6 +43,10 @@ asio::local::stream_protocol::endpoint AbstractEndpoint(const std::string& name)
 
 class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
  public:
+  /// A body is read this much at a time at first, then up to as much as has arrived.
+  static constexpr size_t kBodyChunkBytes = 64 << 10;
+  /// Messages waiting for a peer that does not read beyond this close the connection.
+  static constexpr size_t kMaxQueuedBytes = size_t{256} << 20;
   using MessageHandler = std::function<void(Json)>;
   using CloseHandler = std::function<void(const Status&)>;
 
@@ -73,6 +79,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
  private:
   void ReadHeader();
   void ReadBody(uint32_t length);
+  /// Reads the rest of a body of `length` bytes into body_, then delivers it.
+  void ReadMoreBody(uint32_t length);
   /// Writes out_.front() asynchronously. Requires write_mu_; on the io thread.
   void WriteNext();
   /// Writes what the socket takes of `frame` now without blocking; the bytes written.
@@ -90,6 +98,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// closing (so no thread writes to a closed, possibly reused, descriptor).
   std::mutex write_mu_;
   std::deque<std::string> out_;  // frames not yet written; out_.front() is being written
+  size_t queued_bytes_ = 0;      // in out_
+  bool overflowed_ = false;      // out_ outgrew kMaxQueuedBytes: closing, nothing more is sent
   bool writing_ = false;         // an asynchronous write (or one posted) owns out_
   bool close_after_write_ = false;
   MessageHandler on_message_;

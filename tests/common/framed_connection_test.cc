@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,6 +79,65 @@ TEST_CASE("FramedConnection.SendAfterCloseIsDropped") {
   std::error_code ec;
   asio::read(reader, asio::buffer(&byte, 1), ec);
   CHECK(ec == asio::error::eof);
+}
+
+long ResidentBytes() {
+  long pages = 0, resident = 0;
+  std::ifstream("/proc/self/statm") >> pages >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+TEST_CASE("FramedConnection.AnAnnouncedBodyCostsOnlyTheBytesThatArrive") {
+  // An authenticated peer may announce the largest frame and send nothing more; the server
+  // must not allocate what it announced.
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  asio::ip::tcp::socket peer(io);
+  peer.connect(acceptor.local_endpoint());
+  auto conn = std::make_shared<FramedConnection>(acceptor.accept(), 1u << 30);
+  std::vector<Json> got;
+  conn->Start([&](Json m) { got.push_back(std::move(m)); }, [](const Status&) {});
+  const long before = ResidentBytes();
+  const auto h = wire::EncodeHeader(wire::FrameType::kJson, 1u << 30);
+  asio::write(peer, asio::buffer(h.data(), h.size()));
+  asio::write(peer, asio::buffer(std::string(1000, ' ')));
+  io.run_for(std::chrono::milliseconds(200));
+  CHECK(ResidentBytes() - before < (64l << 20));
+  CHECK(conn->open());
+  // A whole message still arrives, large ones included.
+  peer.close();
+  io.restart();
+  asio::ip::tcp::socket peer2(io);
+  peer2.connect(acceptor.local_endpoint());
+  auto conn2 = std::make_shared<FramedConnection>(acceptor.accept(), 1u << 30);
+  conn2->Start([&](Json m) { got.push_back(std::move(m)); }, [](const Status&) {});
+  const std::string big = Json{{"op", "big"}, {"pad", std::string(3'000'000, 'y')}}.dump();
+  asio::write(peer2, asio::buffer(wire::EncodeFrame(wire::FrameType::kJson, big)));
+  for (int i = 0; i < 50 && got.empty(); ++i) io.run_for(std::chrono::milliseconds(20));
+  REQUIRE(got.size() == 1);
+  CHECK(got[0]["pad"].get<std::string>().size() == 3'000'000);
+  conn->Close(Status::Cancelled("done"));
+  conn2->Close(Status::Cancelled("done"));
+}
+
+TEST_CASE("FramedConnection.APeerThatDoesNotReadIsDisconnectedOnceTooMuchWaits") {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  asio::ip::tcp::socket peer(io);
+  peer.connect(acceptor.local_endpoint());
+  auto conn = std::make_shared<FramedConnection>(acceptor.accept(), wire::kMaxControlBytes);
+  Status closed = Status::OK();
+  conn->Start([](Json) {}, [&](const Status& why) { closed = why; });
+  const std::string pad(1 << 20, 'z');
+  // Nobody reads `peer`: after the socket buffers fill, messages queue, up to the cap.
+  const size_t sends = FramedConnection::kMaxQueuedBytes / pad.size() + 64;
+  for (size_t i = 0; i < sends && conn->open(); ++i) {
+    conn->Send({{"op", "m"}, {"pad", pad}});
+    io.poll();
+  }
+  io.run_for(std::chrono::milliseconds(100));
+  CHECK_FALSE(conn->open());
+  CHECK(closed.message().find("does not read") != std::string::npos);
 }
 
 }  // namespace
