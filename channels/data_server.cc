@@ -160,8 +160,9 @@ struct DataServer::Impl {
   void Serve(Socket& sock, std::atomic<int64_t>& handshake_until_ms);
   /// Shuts down connections whose handshake outlived its deadline. Requires mu.
   void EndOverdueHandshakesLocked();
-  /// Authenticates a new connection; false when it must be closed.
-  bool Handshake(BufferedSocket& in, const std::string& peer);
+  /// Authenticates a new connection and clears its `handshake_until_ms`; false when it must be
+  /// closed.
+  bool Handshake(BufferedSocket& in, const std::string& peer, std::atomic<int64_t>& handshake_until_ms);
   /// Streams one output (hands a file output over on a local connection); false when the
   /// connection is no longer usable.
   bool Fetch(Socket& sock, const OutputKey& key, bool local);
@@ -263,7 +264,7 @@ void DataServer::Impl::ReapLocked() {
   }
 }
 
-bool DataServer::Impl::Handshake(BufferedSocket& in, const std::string& peer) {
+bool DataServer::Impl::Handshake(BufferedSocket& in, const std::string& peer, std::atomic<int64_t>& handshake_until_ms) {
   Socket& s = in.socket();
   std::string nonce = auth::NewNonce();
   if (!internal::WriteJson(s, Json{{"op", "hello"}, {"nonce", nonce}, {"version", wire::kProtocolVersion}}).ok()) {
@@ -285,6 +286,10 @@ bool DataServer::Impl::Handshake(BufferedSocket& in, const std::string& peer) {
       !auth::ConstantTimeEquals(mac->get<std::string>(), auth::Mac(secret, nonce))) {
     return refuse("authentication failed: wrong secret");
   }
+  // No longer counted as in its handshake from before the welcome: a peer that goes on to open
+  // more connections at once must find this one's place free.
+  int64_t until = handshake_until_ms.load();
+  if (until == 0 || !handshake_until_ms.compare_exchange_strong(until, 0)) return false;  // shut down as overdue meanwhile
   return internal::WriteJson(s, Json{{"op", "welcome"}}).ok();
 }
 
@@ -293,9 +298,7 @@ void DataServer::Impl::Serve(Socket& sock, std::atomic<int64_t>& handshake_until
   BufferedSocket in(Socket(::dup(sock.fd())), 64 << 10);
   const bool local = sock.local();
   std::string peer = "connection " + std::to_string(accepted.load());
-  if (!Handshake(in, peer)) return;
-  int64_t until = handshake_until_ms.load();
-  if (until == 0 || !handshake_until_ms.compare_exchange_strong(until, 0)) return;  // shut down as overdue meanwhile
+  if (!Handshake(in, peer, handshake_until_ms)) return;
   Socket& out = in.socket();
   while (!stopping) {
     auto req = internal::ReadJson(in, kMaxRequestBytes, -1, options.frame_timeout_ms);
