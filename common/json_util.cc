@@ -47,6 +47,12 @@ Result<Json> ParseJson(std::string_view text, std::string_view source) {
     if (auto colon = what.find(": "); colon != std::string::npos) what = what.substr(colon + 2);
     return Status::InvalidArgument(std::string(source) + ":" + std::to_string(lc.line) + ":" +
                                    std::to_string(lc.column) + ": malformed JSON: " + what);
+  } catch (const Json::exception& e) {
+    // A number beyond a double's range ("1e999") is out_of_range, not parse_error, and carries
+    // no position: it must still be the sender's error, never an exception out of a server.
+    std::string what = e.what();
+    if (auto bracket = what.find("] "); bracket != std::string::npos) what = what.substr(bracket + 2);
+    return Status::InvalidArgument(std::string(source) + ": malformed JSON: " + what);
   }
 }
 

@@ -45,5 +45,14 @@ TEST_CASE("Json.ParseErrorNamesLineAndColumn") {
   CHECK(PointerAppend("/stages", "a/b~c") == "/stages/a~1b~0c");
 }
 
+TEST_CASE("Json.ANumberBeyondADoubleIsAnErrorNotAnException") {
+  // out_of_range, not parse_error, inside nlohmann: one such frame aborted the job manager.
+  auto r = ParseJson(R"({"op":"auth","x":1e999})", "message");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message() == "message: malformed JSON: number overflow parsing '1e999'");
+  // Every other parse in the tree passes allow_exceptions = false, which must cover it too.
+  CHECK(Json::parse(R"({"x":1e999})", nullptr, false).is_discarded());
+}
+
 }  // namespace
 }  // namespace copse

@@ -183,6 +183,8 @@ TEST_CASE("Cluster.UnauthenticatedAndGarbagePeersAreRefusedWhileAJobRuns") {
                               [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 0x7fffffff); return std::string(h.data(), h.size()); }(),
                               wire::EncodeFrame(wire::FrameType::kJson, "\xff"),
                               wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"auth","role":5,"mac":"x"})"),
+                              // a number beyond a double: nlohmann's out_of_range, not parse_error
+                              wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"auth","x":1e999})"),
                               // 1 MiB announced before authenticating: refused from its header
                               [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 1u << 20); return std::string(h.data(), h.size()) + "{}"; }()}) {
     asio::io_context io;
