@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 #include <queue>
+#include <stdexcept>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -429,15 +431,24 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
       Job* job = FindJob(id);
       if (!job) continue;
       if (t == "done") {
+        // Every field is read before the run changes: a record damaged half-way must leave no
+        // completed vertex without a daemon behind it.
+        const Json& ver = rec.at("ver");
+        if (!ver.is_number_unsigned() || ver.get<uint64_t>() > std::numeric_limits<uint32_t>::max())
+          throw std::invalid_argument("\"ver\" is not an attempt version");
         VertexId v(rec.at("v").get<uint32_t>());
+        const uint32_t version = ver.get<uint32_t>();
+        const std::string daemon = rec.at("daemon").get<std::string>();
+        auto bytes = rec.at("bytes").get<std::vector<uint64_t>>();
+        auto messages = rec.at("msgs").get<std::vector<uint64_t>>();
         if (v.value() >= job->runs.size()) continue;
         Run& r = job->runs[v.value()];
         if (r.state != VertexState::kCompleted) ++job->completed;
         r.state = VertexState::kCompleted;
-        r.version = rec.at("ver");
-        r.daemon = PlaceholderDaemon(rec.at("daemon"));
-        r.output_bytes = rec.at("bytes").get<std::vector<uint64_t>>();
-        r.output_messages = rec.at("msgs").get<std::vector<uint64_t>>();
+        r.version = version;
+        r.daemon = PlaceholderDaemon(daemon);
+        r.output_bytes = std::move(bytes);
+        r.output_messages = std::move(messages);
         ++job->completions;
       } else if (t == "regen") {
         Run& r = job->runs.at(rec.at("v").get<uint32_t>());

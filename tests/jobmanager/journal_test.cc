@@ -177,6 +177,32 @@ TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
   CHECK(tasks[1]["after"][0]["vertex"] == tasks[0]["vertex"]);
 }
 
+TEST_CASE("Journal.ADoneRecordDamagedHalfWayLeavesItsVertexToRunAgain") {
+  // Byte flips that rename one key of a "done" record: the vertex was marked completed before
+  // the missing field threw, with no daemon, and the snapshot at the next start crashed.
+  ManualClock clock;
+  for (const char* key : {"ver", "daemon", "bytes", "msgs"}) {
+    std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
+    REQUIRE(records[1]["t"] == "done");
+    records[1][std::string(key) + "]"] = records[1][key];
+    records[1].erase(key);
+    NullSink sink;
+    Scheduler restored(sink, clock);
+    CHECK(restored.Restore(records, testing::TestCatalog()) == 1);
+    CHECK(restored.Snapshot().size() == 2);  // the job and the ids, no completion
+    REQUIRE(restored.AddDaemon(D0()).ok());
+    restored.Flush();
+    REQUIRE(sink.runs.size() == 1);
+    CHECK_MESSAGE(sink.runs[0]["tasks"][0]["name"] == "a[0]", key);  // runs again
+  }
+  std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
+  records[1]["ver"] = -1;  // not an attempt version
+  NullSink sink;
+  Scheduler restored(sink, clock);
+  restored.Restore(records, testing::TestCatalog());
+  CHECK(restored.Snapshot().size() == 2);
+}
+
 /// Reports every task sent so far, and every one sent meanwhile, as succeeded.
 void CompleteRuns(Scheduler& s, NullSink& sink, JobId job) {
   for (size_t seen = 0; seen < sink.runs.size();) {
