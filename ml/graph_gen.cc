@@ -1,6 +1,7 @@
 #include "ml/graph_gen.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <set>
@@ -95,10 +96,20 @@ Status Check(const GraphOptions& o) {
   if (o.reducer == "nccl" && o.kind != "data-parallel") return bad("--reducer nccl", "data-parallel");
   if (o.fanin < 2) return bad("--fanin", ">= 2");
   if (o.epochs < 1) return bad("--epochs", ">= 1");
-  if (o.batch < 1) return bad("--batch", ">= 1");
+  if (o.batch < 1 || o.batch > (int64_t{1} << 24)) return bad("--batch", "1..16777216");
+  {
+    // Every worker's every micro-batch needs an image (an empty one has nothing to train on).
+    const int64_t parts = int64_t{o.kind == "pipeline" ? 1 : o.workers} * (o.kind == "data-parallel" ? 1 : o.microbatches);
+    if (o.batch < parts) {
+      return bad("--batch", ">= " + std::to_string(parts) + " (an image for each of the " + std::to_string(parts) +
+                                " workers x micro-batches)");
+    }
+  }
+  if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay)) return bad("--weight-decay", "a finite number >= 0");
+  if (!std::isfinite(o.lr)) return bad("--lr", "a finite number > 0");
   if (o.optimizer != "sgd" && o.optimizer != "adam") return bad("--optimizer", "sgd or adam");
   if (!(o.lr > 0)) return bad("--lr", "> 0");
-  if (o.momentum < 0 || o.momentum >= 1) return bad("--momentum", "[0, 1)");
+  if (!(o.momentum >= 0 && o.momentum < 1)) return bad("--momentum", "[0, 1)");
   if (o.limit == 0) return bad("--limit", "> 0 (or absent)");
   if (o.steps == 0) return bad("--steps", "> 0 (or absent)");
   if (o.threads < 1) return bad("--threads", ">= 1");

@@ -428,6 +428,7 @@ class RingReduceProgram final : public VertexProgram {
     const int workers = ctx.param<int>("workers", 1);
     const int rounds = 2 * (workers - 1);
     if (workers < 2) return Status::InvalidArgument(ctx.name + ": a ring needs params.workers >= 2");
+    COPSE_RETURN_NOT_OK(CheckPartition(ctx));
     const int k = ctx.replica % rounds;
     const int w = ctx.param<int>("worker", 0);
     COPSE_ASSIGN_OR_RETURN(chan::Buffer own_msg, ReadOne(ctx, 0));

@@ -14,6 +14,29 @@
 
 namespace copse::ml::programs {
 
+Status CheckPartition(const vertex::VertexContext& ctx) {
+  // Divisors and indices of every training program: zero or out of range would divide by zero
+  // or read past an array in the daemon's process.
+  try {
+    const int64_t workers = ctx.param<int64_t>("workers", 1), worker = ctx.param<int64_t>("worker", 0);
+    const int64_t microbatches = ctx.param<int64_t>("microbatches", 1);
+    const int64_t stages = ctx.param<int64_t>("stages", 1), stage = ctx.param<int64_t>("stage", 0);
+    if (workers < 1 || workers > kMaxParts) return Status::InvalidArgument(ctx.name + ": params.workers must be 1 to " + std::to_string(kMaxParts));
+    if (microbatches < 1 || microbatches > kMaxParts)
+      return Status::InvalidArgument(ctx.name + ": params.microbatches must be 1 to " + std::to_string(kMaxParts));
+    if (stages < 1 || stages > kMaxParts) return Status::InvalidArgument(ctx.name + ": params.stages must be 1 to " + std::to_string(kMaxParts));
+    if (worker < 0 || worker >= workers)
+      return Status::InvalidArgument(ctx.name + ": params.worker " + std::to_string(worker) + " is not one of its " +
+                                     std::to_string(workers) + " workers");
+    if (stage < 0 || stage >= stages)
+      return Status::InvalidArgument(ctx.name + ": params.stage " + std::to_string(stage) + " is not one of its " +
+                                     std::to_string(stages) + " stages");
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(ctx.name + ": bad ML params: " + e.what());
+  }
+  return Status::OK();
+}
+
 Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
   TrainSettings s;
   try {
@@ -30,7 +53,14 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
   } catch (const std::exception& e) {
     return Status::InvalidArgument(ctx.name + ": bad ML params: " + e.what());
   }
-  if (s.batch < 1) return Status::InvalidArgument(ctx.name + ": params.batch must be >= 1");
+  if (s.batch < 1 || s.batch > kMaxBatch)
+    return Status::InvalidArgument(ctx.name + ": params.batch must be 1 to " + std::to_string(kMaxBatch));
+  COPSE_RETURN_NOT_OK(CheckPartition(ctx));
+  const int64_t parts = int64_t{ctx.param<int>("workers", 1)} * ctx.param<int>("microbatches", 1);
+  if (s.batch < parts) {
+    return Status::InvalidArgument(ctx.name + ": params.batch " + std::to_string(s.batch) + " leaves some of its " +
+                                   std::to_string(parts) + " workers x micro-batches without an image");
+  }
   if (s.optimizer != "sgd" && s.optimizer != "adam")
     return Status::InvalidArgument(ctx.name + ": params.optimizer must be sgd or adam");
   if (!s.data_dir.empty() && s.data_dir[0] != '/') s.data_dir = ctx.ResolvePath(s.data_dir).string();

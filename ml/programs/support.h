@@ -40,6 +40,16 @@ struct TrainSettings {
   int64_t steps_per_epoch = 0;  // ceil(train_size / batch)
 };
 
+/// The largest global batch, and the most workers, micro-batches or stages, params may name.
+inline constexpr int64_t kMaxBatch = int64_t{1} << 24;
+inline constexpr int64_t kMaxParts = 4096;
+
+/// Checks params.workers, worker, microbatches, stages and stage (where given) against each
+/// other and kMaxParts. SettingsFromParams includes it.
+Status CheckPartition(const vertex::VertexContext& ctx);
+
+/// The training settings of a vertex's params, checked: batch within kMaxBatch and covering
+/// every worker's micro-batches, CheckPartition, a training set that is not empty.
 Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx);
 
 /// The (limited) Fashion-MNIST split, loaded once per process.

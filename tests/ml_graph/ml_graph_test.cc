@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -364,6 +365,46 @@ TEST_CASE("MlGraph.AnUnknownWeightGradsValueIsAnErrorNamingTheVertex") {
     CHECK(st.code() == StatusCode::kInvalidArgument);
     CHECK(st.message() == "v[3]: params.weight_grads is \"batch\"; expected \"batched\" or \"per-microbatch\"");
   }
+}
+
+TEST_CASE("MlGraph.PartitionParamsOutOfRangeAreErrorsNotCrashes") {
+  // Divisors and indices the programs use: zero divided the daemon by zero (SIGFPE), an
+  // out-of-range worker read past an array, a batch smaller than its micro-batches left one
+  // empty (a segfault).
+  vertex::ProgramRegistry registry;
+  RegisterMlPrograms(registry);
+  const std::vector<std::pair<Json, std::string>> cases = {
+      {{{"microbatches", 0}}, "params.microbatches must be 1 to 4096"},
+      {{{"workers", 0}}, "params.workers must be 1 to 4096"},
+      {{{"workers", 2}, {"worker", 9}}, "params.worker 9 is not one of its 2 workers"},
+      {{{"stages", 2}, {"stage", 9}}, "params.stage 9 is not one of its 2 stages"},
+      {{{"batch", std::numeric_limits<int64_t>::max()}}, "params.batch must be 1 to 16777216"},
+      {{{"batch", 4}, {"microbatches", 8}}, "params.batch 4 leaves some of its 8 workers x micro-batches without an image"},
+  };
+  for (const char* program : {"ml.load", "ml.grad", "ml.forward", "ml.backward", "ml.update", "ml.ring_reduce"}) {
+    for (const auto& [bad, message] : cases) {
+      CAPTURE(program);
+      CAPTURE(bad.dump());
+      const bool ring = std::string(program) == "ml.ring_reduce";  // checks workers itself, and reads no batch
+      if (ring && (bad.value("workers", 2) < 2 || message.find("batch") != std::string::npos)) continue;
+      auto prog = registry.Create(program);
+      REQUIRE(prog.ok());
+      Json params = bad;
+      if (ring && !params.contains("workers")) params["workers"] = 2;
+      vertex::VertexContext ctx;
+      ctx.name = "v[3]";
+      ctx.params = &params;
+      const Status st = (*prog)->Run(ctx);
+      CHECK(st.code() == StatusCode::kInvalidArgument);
+      CHECK_MESSAGE(st.message() == "v[3]: " + message, st.message());
+    }
+  }
+  GraphOptions g = SmallPipeline();
+  g.batch = 4;
+  g.microbatches = 8;
+  auto job = GenerateTrainingGraph(g);
+  REQUIRE_FALSE(job.ok());
+  CHECK(job.status().message() == "--batch: expected >= 8 (an image for each of the 8 workers x micro-batches)");
 }
 
 TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::timeout(240)) {
