@@ -92,8 +92,10 @@ class LocalCluster {
       dir_ = tmpl;
       remove_dir_ = true;
     } else {
-      dir_ = std::filesystem::absolute(o.keep_dir);
-      std::filesystem::create_directories(dir_);
+      std::error_code ec;
+      dir_ = std::filesystem::absolute(o.keep_dir, ec);
+      if (!ec) std::filesystem::create_directories(dir_, ec);
+      if (ec) return Status::InvalidArgument("--keep " + o.keep_dir + ": cannot make it a directory: " + ec.message());
     }
     auto state = dir_ / "jm";
     std::vector<std::string> jm_args = {"jm", "--listen", "127.0.0.1:0", "--state-dir", state.string(),

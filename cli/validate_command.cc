@@ -25,7 +25,7 @@ void AddValidateCommand(CLI::App& app) {
       out["valid"] = load.ok();
       out["file"] = opts->file;
       if (!load.ok()) out["errors"] = load.diags.ToJson();
-      std::cout << out.dump(2) << "\n";
+      std::cout << DumpJson(out, 2) << "\n";  // an error may quote bytes that are not UTF-8
     } else if (!load.ok()) {
       std::cerr << load.status().message() << "\n";
     } else if (opts->dot) {
