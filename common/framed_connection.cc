@@ -79,7 +79,7 @@ void FramedConnection::ReadBody(uint32_t length) {
 }
 
 void FramedConnection::ReadMoreBody(uint32_t length) {
-  auto self = shared_from_this();
+  auto self = shared_from_this();  // alive through on_message_, which may drop every other owner
   const size_t filled = body_.size();
   if (filled < length) {
     // The body grows with what arrives (at most doubling), so a header announcing the largest
@@ -92,18 +92,15 @@ void FramedConnection::ReadMoreBody(uint32_t length) {
     });
     return;
   }
-  {
-    auto parsed = ParseJson(self->body_, "message from " + self->peer_);
-    if (!parsed.ok() || !parsed->is_object() || !parsed->contains("op") || !(*parsed)["op"].is_string()) {
-      return self->SendErrorAndClose(parsed.ok() ? "expected a JSON object with a string \"op\""
-                                                 : parsed.status().message());
-    }
-    if (!self->open_) return;
-    self->body_.clear();
-    if (self->body_.capacity() > kBodyChunkBytes) self->body_.shrink_to_fit();  // one large message is not kept
-    self->on_message_(std::move(*parsed));
-    if (self->open_ && !self->close_after_write_) self->ReadHeader();
+  auto parsed = ParseJson(body_, "message from " + peer_);
+  if (!parsed.ok() || !parsed->is_object() || !parsed->contains("op") || !(*parsed)["op"].is_string()) {
+    return SendErrorAndClose(parsed.ok() ? "expected a JSON object with a string \"op\"" : parsed.status().message());
   }
+  if (!open_) return;
+  body_.clear();
+  if (body_.capacity() > kBodyChunkBytes) body_.shrink_to_fit();  // one large message is not kept
+  on_message_(std::move(*parsed));
+  if (open_ && !close_after_write_) ReadHeader();
 }
 
 void FramedConnection::Send(const Json& message) { SendRaw(wire::EncodeFrame(wire::FrameType::kJson, DumpJson(message))); }
