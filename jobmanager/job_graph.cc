@@ -142,10 +142,12 @@ class JobGraph::Builder {
       return;
     }
     // Per-replica params are copied per vertex: bound what that copying makes.
+    std::vector<char> per_replica(spec_.stages.size(), 0);
     uint64_t expanded = 0;
     for (size_t si = 0; si < spec_.stages.size(); ++si) {
       const auto& s = spec_.stages[si];
-      if (!ContainsReplicaPlaceholder(s.params)) continue;
+      per_replica[si] = ContainsReplicaPlaceholder(s.params);
+      if (!per_replica[si]) continue;
       const uint64_t each = DumpJson(s.params).size();
       expanded += each * static_cast<uint64_t>(s.replicas);
       if (expanded > kMaxExpandedParamsBytes) {
@@ -161,8 +163,7 @@ class JobGraph::Builder {
     g_.vertices_.resize(total);
     for (size_t si = 0; si < spec_.stages.size(); ++si) {
       const auto& s = spec_.stages[si];
-      bool per_replica = ContainsReplicaPlaceholder(s.params);
-      auto shared = per_replica ? nullptr : std::make_shared<const Json>(s.params);
+      auto shared = per_replica[si] ? nullptr : std::make_shared<const Json>(s.params);
       for (int r = 0; r < s.replicas; ++r) {
         uint32_t id = g_.stage_base_[si] + static_cast<uint32_t>(r);
         VertexNode& v = g_.vertices_[id];
@@ -170,7 +171,7 @@ class JobGraph::Builder {
         v.stage = static_cast<int>(si);
         v.replica = r;
         v.name = s.name + "[" + std::to_string(r) + "]";
-        if (per_replica) {
+        if (per_replica[si]) {
           Json p = s.params;
           SubstituteReplica(p, std::to_string(r));
           v.params = std::make_shared<const Json>(std::move(p));

@@ -106,9 +106,8 @@ Status Check(const GraphOptions& o) {
     }
   }
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay)) return bad("--weight-decay", "a finite number >= 0");
-  if (!std::isfinite(o.lr)) return bad("--lr", "a finite number > 0");
   if (o.optimizer != "sgd" && o.optimizer != "adam") return bad("--optimizer", "sgd or adam");
-  if (!(o.lr > 0)) return bad("--lr", "> 0");
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) return bad("--lr", "a finite number > 0");
   if (!(o.momentum >= 0 && o.momentum < 1)) return bad("--momentum", "[0, 1)");
   if (o.limit == 0) return bad("--limit", "> 0 (or absent)");
   if (o.steps == 0) return bad("--steps", "> 0 (or absent)");
