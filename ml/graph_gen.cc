@@ -7,6 +7,7 @@
 #include <set>
 
 #include "ml/models.h"
+#include "ml/programs/support.h"  // the limits the programs check: jobs written here must pass them
 
 namespace copse::ml {
 namespace {
@@ -96,7 +97,7 @@ Status Check(const GraphOptions& o) {
   if (o.reducer == "nccl" && o.kind != "data-parallel") return bad("--reducer nccl", "data-parallel");
   if (o.fanin < 2) return bad("--fanin", ">= 2");
   if (o.epochs < 1) return bad("--epochs", ">= 1");
-  if (o.batch < 1 || o.batch > (int64_t{1} << 24)) return bad("--batch", "1..16777216");
+  if (o.batch < 1 || o.batch > programs::kMaxBatch) return bad("--batch", "1.." + std::to_string(programs::kMaxBatch));
   {
     // Every worker's every micro-batch needs an image (an empty one has nothing to train on).
     const int64_t parts = int64_t{o.kind == "pipeline" ? 1 : o.workers} * (o.kind == "data-parallel" ? 1 : o.microbatches);
