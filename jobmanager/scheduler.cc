@@ -175,6 +175,7 @@ struct Scheduler::Job {
   Json recoveries = Json::array();
   std::vector<std::pair<VertexId, std::string>> log;
   std::vector<uint32_t> gang_version;  // per gang: the version of its current attempt
+  std::optional<GangNeeds> gang_needs;  // what gangs need where their affinity groups are pinned
   /// One span per attempt, for `copse trace`: vertex, version, daemon, start/end ms, outcome.
   struct Span {
     uint32_t vertex, version;
@@ -590,6 +591,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   for (const auto& st : job->g().spec().stages) job->retains = job->retains || st.RetainsAny();
   job->stage_seconds.resize(job->g().spec().stages.size());
   job->gang_version.assign(job->g().gangs().size(), 0);
+  job->gang_needs.emplace(job->g());
   job->priority = Priorities(job->g());
   for (const auto& o : job->g().spec().outputs) job->declared[job->g().FindVertex(o.from.ToString()).value()] = 1;
   Job& j = *job;
@@ -1303,6 +1305,7 @@ void Scheduler::Schedule() {
           all_ready = all_ready && job.runs[m.value()].state == VertexState::kReady;
         }
         if (all_ready && !TryPlaceGang(job, gang)) blocked.push_back(v);
+        if (job.state != JobState::kRunning) break;
         continue;
       }
       if (!TryPlace(job, v)) blocked.push_back(v);
@@ -1351,9 +1354,16 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
     request.input_hosts.push_back(ReplaceAll(host, "{replica}", std::to_string(replica)));
   }
   request.waited = clock_.Now() - job.runs[v.value()].ready_since;
+  // The group's first vertex pins it: only where the gangs it joins later can follow (the
+  // others are no candidates, so locality does not wait for them). Where no live daemon could
+  // hold those gangs, pin anyway; the gang then fails with the reason (TryPlaceGang).
+  auto pin_fits = [&](const Daemon& d) {
+    return stage.affinity.empty() || job.gang_needs->PinFits(stage.affinity, CapacityOf(d), job.affinity);
+  };
+  const bool any_pin_fits = std::any_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return d->alive && pin_fits(*d); });
   std::vector<PlacementDaemon> candidates;
   for (const auto& d : daemons_) {
-    if (!d->alive) continue;
+    if (!d->alive || (any_pin_fits && !pin_fits(*d))) continue;
     auto label = [&](const std::string& key) -> std::string_view {
       auto it = d->spec.labels.find(key);
       return it == d->spec.labels.end() ? std::string_view() : std::string_view(it->second);
@@ -1449,7 +1459,7 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
     }
     DaemonId pick;
     if (forced) {
-      if (!fits(*daemons_[forced->value()])) return false;
+      if (!fits(*daemons_[forced->value()])) return FailIfUnplaceable(job, gang);
       pick = *forced;
     } else {
       PlacementRequest request;
@@ -1460,12 +1470,15 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
         if (static_cast<size_t>(c.from_port) < p.output_bytes.size()) request.input_bytes[p.daemon] += p.output_bytes[c.from_port];
       }
       request.waited = std::chrono::hours(1);  // a gang does not wait for locality
+      auto pin_fits = [&](const Daemon& d) {
+        return stage.affinity.empty() || job.gang_needs->PinFits(stage.affinity, CapacityOf(d), affinity);
+      };
       std::vector<PlacementDaemon> candidates;
       for (const auto& d : daemons_) {
-        if (d->alive) candidates.push_back({d->id, "", "", free_cpus[d->id.value()], fits(*d)});
+        if (d->alive && pin_fits(*d)) candidates.push_back({d->id, "", "", free_cpus[d->id.value()], fits(*d)});
       }
       auto c = policy_->Choose(request, candidates);
-      if (!c) return false;
+      if (!c) return FailIfUnplaceable(job, gang);
       pick = *c;
     }
     chosen[m] = pick;
@@ -1481,6 +1494,19 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
   for (VertexId m : members) job.runs[m.value()].daemon = chosen[m];
   for (VertexId m : members) Dispatch(job, m, *daemons_[chosen[m].value()], /*duplicate=*/false);
   return true;
+}
+
+DaemonCapacity Scheduler::CapacityOf(const Daemon& d) { return {d.id, d.spec.name, d.spec.cpus, d.spec.gpus}; }
+
+bool Scheduler::FailIfUnplaceable(Job& job, GangId gang) {
+  std::vector<DaemonCapacity> live;
+  for (const auto& d : daemons_) {
+    if (d->alive) live.push_back(CapacityOf(*d));
+  }
+  if (std::string why = job.gang_needs->WhyUnplaceable(gang, job.affinity, live); !why.empty()) {
+    FinishJob(job, JobState::kFailed, why);
+  }
+  return false;
 }
 
 void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const std::vector<VertexId>& after) {

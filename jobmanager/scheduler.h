@@ -27,6 +27,7 @@
 #include "common/clock.h"
 #include "common/ids.h"
 #include "common/json_util.h"
+#include "jobmanager/gang_needs.h"
 #include "jobmanager/job_graph.h"
 #include "jobmanager/job_parser.h"
 #include "jobmanager/journal.h"
@@ -225,6 +226,9 @@ class Scheduler {
   void AddNcclInfo(Job& job, VertexId v, uint32_t version, Json& task);
   /// Places every member of a gang at once, or none.
   bool TryPlaceGang(Job& job, GangId gang);
+  /// A gang not placed: fails its job when no wait can help (GangNeeds::WhyUnplaceable). False.
+  bool FailIfUnplaceable(Job& job, GangId gang);
+  static DaemonCapacity CapacityOf(const Daemon& d);
   /// Cancels a gang's running members and sends every member back to waiting.
   void ResetGang(Job& job, GangId gang, VertexId cause, const std::string& why);
   /// Sends attempt max(version, dup_version)+1 of v to d; a duplicate runs beside the current one.

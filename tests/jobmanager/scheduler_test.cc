@@ -1432,6 +1432,79 @@ TEST_CASE("Scheduler.AGangThatDoesNotFitHoldsNoSlot") {
   CHECK(h.sink.TakeTasks().size() == 2);
 }
 
+/// Two workers (affinity w0, w1) whose first vertices read one producer's output, and then a
+/// gang of one GPU member per worker: the data-parallel `--reducer nccl` graph's first step.
+const char* kWorkersThenAGpuGang = R"({"stages": [
+    {"name": "init", "program": "noop", "resources": {"cpus": 2}},
+    {"name": "a0", "program": "noop", "affinity": "w0"}, {"name": "a1", "program": "noop", "affinity": "w1"},
+    {"name": "g0", "program": "noop", "affinity": "w0", "resources": {"cpus": 0.5, "gpus": 1}},
+    {"name": "g1", "program": "noop", "affinity": "w1", "resources": {"cpus": 0.5, "gpus": 1}}],
+  "edges": [{"from": "init", "to": "a0"}, {"from": "init", "to": "a1"}, {"from": "a0", "to": "g0"},
+            {"from": "a1", "to": "g1"}, {"from": "g0", "to": "g1", "channel": "stream"}]})";
+
+DaemonId AddGpuDaemon(Harness& h, const std::string& name, double cpus, int gpus) {
+  DaemonSpec spec;
+  spec.name = name;
+  spec.cpus = cpus;
+  spec.gpus = gpus;
+  auto id = h.sched.AddDaemon(spec);
+  REQUIRE(id.ok());
+  return *id;
+}
+
+TEST_CASE("Scheduler.AnAffinityGroupIsPinnedOnlyWhereTheGangsItJoinsCanFollow") {
+  Harness h;
+  AddGpuDaemon(h, "d0", 2, 1);
+  AddGpuDaemon(h, "d1", 2, 1);
+  JobId job = h.Submit(kWorkersThenAGpuGang);
+  auto [init_daemon, init] = h.Next("init[0]");
+  h.Finish(init, true, {1000, 1000});
+  // Locality alone puts both workers beside init's output, and then their gang would need two
+  // GPUs on a daemon that has one, for ever.
+  auto [d_a0, a0] = h.Next("a0[0]");
+  auto [d_a1, a1] = h.Next("a1[0]");
+  CHECK(d_a0 != d_a1);
+  h.Finish(a0, true);
+  h.Finish(a1, true);
+  CHECK(h.Next("g0[0]").first == d_a0);
+  CHECK(h.Next("g1[0]").first == d_a1);
+  CHECK(h.State(job) == "running");
+}
+
+TEST_CASE("Scheduler.AGangThatCanNeverBePlacedFailsItsJobSayingWhy") {
+  SUBCASE("its groups are pinned to a daemon too small for them together") {
+    Harness h;
+    AddGpuDaemon(h, "d0", 4, 1);
+    JobId job = h.Submit(kWorkersThenAGpuGang);
+    h.Finish(h.Next("init[0]").second, true);
+    h.Finish(h.Next("a0[0]").second, true);
+    h.Finish(h.Next("a1[0]").second, true);
+    CHECK(h.sink.TakeTasks().empty());
+    REQUIRE(h.State(job) == "failed");
+    std::string failure = h.sched.JobStatus(job)["failure"];
+    CHECK_MESSAGE(failure.find("gang of 2 (g0[0], g1[0]) cannot be placed: its members in affinity groups w0, w1, "
+                               "pinned to daemon d0, need 1 cpus and 2 gpus there at once, and d0 has 4 cpus and 1 gpus") !=
+                      std::string::npos,
+                  failure);
+  }
+  SUBCASE("one unpinned group needs more than any daemon has") {
+    Harness h;
+    h.AddDaemon("d0", 2);
+    h.AddDaemon("d1", 2);
+    JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "affinity": "g"},
+                                        {"name": "b", "program": "noop", "affinity": "g"},
+                                        {"name": "c", "program": "noop", "affinity": "g"}],
+                             "edges": [{"from": "a", "to": "b", "channel": "stream"}, {"from": "b", "to": "c", "channel": "stream"}]})");
+    CHECK(h.sink.TakeTasks().empty());
+    REQUIRE(h.State(job) == "failed");
+    std::string failure = h.sched.JobStatus(job)["failure"];
+    CHECK_MESSAGE(failure.find("its members in affinity group g need 3 cpus and 0 gpus on one daemon at once, and the "
+                               "largest live daemon has 2 cpus and 0 gpus") != std::string::npos,
+                  failure);
+    CHECK(h.sched.DaemonsTable()[0]["free_cpus"] == 2.0);
+  }
+}
+
 TEST_CASE("Scheduler.AffinityGroupsShareADaemon") {
   Harness h;
   h.AddDaemon("d0", 4);

@@ -1,0 +1,97 @@
+#include "jobmanager/gang_needs.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace copse::jm {
+namespace {
+
+constexpr double kCpuSlack = 1e-9;  // cpus are fractional: sums of 0.1s must not miss by a rounding
+
+bool Within(const Resources& need, double cpus, int gpus) { return need.cpus <= cpus + kCpuSlack && need.gpus <= gpus; }
+
+std::string Describe(double cpus, int gpus) { return fmt::format("{:g} cpus and {} gpus", cpus, gpus); }
+
+std::string GangName(const JobGraph& g, GangId gang) {
+  const auto& members = g.gangs()[gang.value()].members;
+  std::string names;
+  for (size_t i = 0; i < members.size() && i < 3; ++i) names += (i ? ", " : "") + g.vertex(members[i]).name;
+  if (members.size() > 3) names += ", …";
+  return fmt::format("gang of {} ({})", members.size(), names);
+}
+
+}  // namespace
+
+GangNeeds::GangNeeds(const JobGraph& g) : g_(g), needs_(g.gangs().size()) {
+  for (const Gang& gang : g.gangs()) {
+    auto& by_group = needs_[gang.id.value()];
+    for (VertexId m : gang.members) {
+      const StageSpec& stage = g.stage_of(m);
+      if (stage.affinity.empty()) continue;
+      auto [it, added] = by_group.try_emplace(stage.affinity, Resources{0, 0, 0});
+      it->second.cpus += stage.resources.cpus;
+      it->second.gpus += stage.resources.gpus;
+      if (added) gangs_of_[stage.affinity].push_back(gang.id);
+    }
+  }
+}
+
+bool GangNeeds::PinFits(const std::string& group, const DaemonCapacity& daemon,
+                        const std::map<std::string, DaemonId>& pins) const {
+  auto gangs = gangs_of_.find(group);
+  if (gangs == gangs_of_.end()) return true;
+  for (GangId gang : gangs->second) {
+    Resources together{0, 0, 0};
+    for (const auto& [other, need] : needs_[gang.value()]) {
+      auto pin = pins.find(other);
+      if (other != group && (pin == pins.end() || pin->second != daemon.id)) continue;
+      together.cpus += need.cpus;
+      together.gpus += need.gpus;
+    }
+    if (!Within(together, daemon.cpus, daemon.gpus)) return false;
+  }
+  return true;
+}
+
+std::string GangNeeds::WhyUnplaceable(GangId gang, const std::map<std::string, DaemonId>& pins,
+                                      const std::vector<DaemonCapacity>& daemons) const {
+  std::map<DaemonId, std::pair<std::vector<std::string>, Resources>> on_daemon;  // pinned groups, summed
+  double most_cpus = 0;
+  int most_gpus = 0;
+  for (const auto& d : daemons) {
+    most_cpus = std::max(most_cpus, d.cpus);
+    most_gpus = std::max(most_gpus, d.gpus);
+  }
+  for (const auto& [group, need] : needs_[gang.value()]) {
+    auto pin = pins.find(group);
+    if (pin == pins.end()) {
+      bool somewhere = false;
+      for (const auto& d : daemons) somewhere = somewhere || Within(need, d.cpus, d.gpus);
+      if (!somewhere) {
+        return fmt::format("{} cannot be placed: its members in affinity group {} need {} on one daemon at once, "
+                           "and the largest live daemon has {}",
+                           GangName(g_, gang), group, Describe(need.cpus, need.gpus), Describe(most_cpus, most_gpus));
+      }
+      continue;
+    }
+    auto& [groups, together] = on_daemon.try_emplace(pin->second, std::vector<std::string>{}, Resources{0, 0, 0}).first->second;
+    groups.push_back(group);
+    together.cpus += need.cpus;
+    together.gpus += need.gpus;
+  }
+  for (const auto& [id, pinned] : on_daemon) {
+    const auto& [groups, together] = pinned;
+    auto d = std::find_if(daemons.begin(), daemons.end(), [&](const DaemonCapacity& c) { return c.id == id; });
+    if (d == daemons.end() || Within(together, d->cpus, d->gpus)) continue;  // a lost daemon's pins go with it
+    std::string names;
+    for (const auto& group : groups) names += (names.empty() ? "" : ", ") + group;
+    return fmt::format("{} cannot be placed: its members in affinity group{} {}, pinned to daemon {}, need {} "
+                       "there at once, and {} has {}",
+                       GangName(g_, gang), groups.size() > 1 ? "s" : "", names, d->name,
+                       Describe(together.cpus, together.gpus), d->name, Describe(d->cpus, d->gpus));
+  }
+  return "";
+}
+
+}  // namespace copse::jm

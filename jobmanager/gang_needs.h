@@ -1,0 +1,51 @@
+#pragma once
+// What a job's gangs need of the daemons their affinity groups are pinned to.
+//
+// A gang runs whole or not at all, and an affinity group runs on the daemon its first vertex
+// was placed on. So every group that has members in one gang and is pinned to one daemon must
+// fit that daemon's capacity at once, or the gang can never be placed while the daemon lives.
+// Placement asks `PinFits` before pinning a group, so that a group placed early (a worker's
+// first gradient vertex) does not land where the gang it joins later (that worker's GPU
+// all-reduce) cannot follow; `WhyUnplaceable` names the gangs that cannot be placed however
+// long they wait, so that the job fails with the reason instead of waiting for ever.
+// Members without an affinity group are free to go anywhere and are not counted here.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/ids.h"
+#include "jobmanager/job_graph.h"
+
+namespace copse::jm {
+
+/// A live daemon's whole capacity (not what is free now).
+struct DaemonCapacity {
+  DaemonId id;
+  std::string name;
+  double cpus = 0;
+  int gpus = 0;
+};
+
+class GangNeeds {
+ public:
+  explicit GangNeeds(const JobGraph& g);
+
+  /// Whether pinning `group` to `daemon`, beside the groups already in `pins`, leaves every
+  /// gang with members in `group` within the daemon's capacity.
+  bool PinFits(const std::string& group, const DaemonCapacity& daemon, const std::map<std::string, DaemonId>& pins) const;
+
+  /// Why `gang` can never be placed on these live daemons with these pins ("" when it may
+  /// be): its groups pinned to one daemon need more than that daemon has, or one unpinned
+  /// group needs more than any live daemon has.
+  std::string WhyUnplaceable(GangId gang, const std::map<std::string, DaemonId>& pins,
+                             const std::vector<DaemonCapacity>& daemons) const;
+
+ private:
+  const JobGraph& g_;  // outlives this: the job holds both
+  /// Per gang: per affinity group, what its members in the gang need together.
+  std::vector<std::map<std::string, Resources>> needs_;
+  /// Per affinity group: the gangs it has members in.
+  std::map<std::string, std::vector<GangId>> gangs_of_;
+};
+
+}  // namespace copse::jm
