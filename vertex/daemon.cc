@@ -642,27 +642,42 @@ class Daemon::Impl {
   }
 
   /// A GPU of this daemon for one attempt (the job manager never over-commits them).
+  /// One of this daemon's GPUs for an attempt's duration (device -1: none asked for, or none
+  /// came free). The job manager counts a cancelled attempt's GPU free once it has sent the
+  /// cancel, so the next attempt may arrive while the old one still holds the device here: it
+  /// waits for it, up to kGpuWait or its own cancel.
   class GpuLease {
    public:
-    GpuLease(Impl& d, int gpus) : d_(d) {
-      if (gpus <= 0) return;
-      std::lock_guard<std::mutex> lock(d_.mu_);
-      for (int i = 0; i < d_.options_.gpus; ++i) {
-        if (!d_.gpu_busy_.count(i)) {
-          device_ = i;
-          d_.gpu_busy_.insert(i);
-          break;
-        }
+    static constexpr std::chrono::seconds kGpuWait{10};
+
+    GpuLease(Impl& d, int gpus, const std::atomic<bool>& cancel) : d_(d) {
+      if (gpus <= 0 || d_.options_.gpus <= 0) return;
+      const auto until = std::chrono::steady_clock::now() + kGpuWait;
+      std::unique_lock<std::mutex> lock(d_.mu_);
+      while (!Take() && !cancel.load() && std::chrono::steady_clock::now() < until) {
+        d_.gpu_cv_.wait_for(lock, std::chrono::milliseconds(50));  // polled: a cancel does not notify
       }
     }
     ~GpuLease() {
       if (device_ < 0) return;
-      std::lock_guard<std::mutex> lock(d_.mu_);
-      d_.gpu_busy_.erase(device_);
+      {
+        std::lock_guard<std::mutex> lock(d_.mu_);
+        d_.gpu_busy_.erase(device_);
+      }
+      d_.gpu_cv_.notify_all();
     }
     int device() const { return device_; }
 
    private:
+    bool Take() {  // under mu_
+      for (int i = 0; i < d_.options_.gpus; ++i) {
+        if (d_.gpu_busy_.insert(i).second) {
+          device_ = i;
+          return true;
+        }
+      }
+      return false;
+    }
     Impl& d_;
     int device_ = -1;
   };
@@ -768,10 +783,18 @@ class Daemon::Impl {
       uint32_t vertex = spec["vertex"].get<uint32_t>();
       uint32_t version = spec["version"].get<uint32_t>();
       int lost_port = -1;
-      GpuLease gpu(*this, spec.value("gpus", 0));
+      const int gpus = spec.value("gpus", 0);
+      GpuLease gpu(*this, gpus, *task.cancel);
+      if (gpus > 0 && gpu.device() < 0 && !task.cancel->load()) {
+        return fail("program_error", "no GPU of this daemon's " + std::to_string(options_.gpus) + " came free within " +
+                                         std::to_string(GpuLease::kGpuWait.count()) + " s");
+      }
       if (spec.contains("nccl")) {
         Status st = JoinNcclGroup(spec["nccl"], gpu.device(), task);
-        if (!st.ok()) return fail("input_lost", "nccl group: " + st.message());
+        // Charged like the program's own error: no GPU, no NCCL or a failed init will fail the
+        // same way again, and a gang restarted for free would do so without end. A peer lost
+        // meanwhile restarts the gang first, and this report is then stale.
+        if (!st.ok()) return fail("program_error", "joining the gang's NCCL group: " + st.message());
       }
       std::vector<std::unique_ptr<chan::ChannelReader>> readers;
       for (size_t port = 0; port < spec["inputs"].size(); ++port) {
@@ -898,6 +921,7 @@ class Daemon::Impl {
   std::unique_ptr<chan::StreamHub> hub_;
   std::unique_ptr<InputPrefetcher> prefetcher_;  // remote inputs of held (chained) tasks
   std::set<int> gpu_busy_;                      // guarded by mu_
+  std::condition_variable gpu_cv_;              // a GPU lease ended
   std::map<std::string, std::string> nccl_ids_;  // group -> unique id, guarded by mu_
   std::condition_variable nccl_cv_;
   chan::ShmRegistry shm_;

@@ -84,6 +84,26 @@ TEST_CASE("Gangs.AGangTooBigForTheFreeSlotsWaitsWithoutHoldingAny") {
   CHECK_MESSAGE(done["state"] == "completed", done.dump(2));
 }
 
+TEST_CASE("Gangs.AnNcclGangThatCannotJoinEndsItsJobWithTheReason") {
+  // Daemons that offer a GPU they cannot use (none here, or no NCCL in the build): joining the
+  // gang's NCCL group fails on every attempt. That is charged like a program error, so the job
+  // ends after max_attempts; it used to restart the gang for free, thousands of times a second.
+  // Where a GPU and NCCL are present the job may complete instead; either way it must end.
+  TestCluster cluster(0);
+  cluster.AddDaemon("g0", 1, {"--gpus", "1"});
+  cluster.AddDaemon("g1", 1, {"--gpus", "1"});
+  cluster.WaitForDaemons(2);
+  uint64_t job = cluster.Submit({{"stages", {{{"name", "a"}, {"program", "noop"}, {"max_attempts", 2}, {"resources", {{"gpus", 1}}}},
+                                             {{"name", "b"}, {"program", "noop"}, {"max_attempts", 2}, {"resources", {{"gpus", 1}}}}}},
+                                 {"edges", {{{"from", "a"}, {"to", "b"}, {"channel", "nccl"}}}}});
+  Json st = cluster.Wait(job, std::chrono::seconds(60));
+  REQUIRE_MESSAGE((st["state"] == "completed" || st["state"] == "failed"), st.dump(2));
+  if (st["state"] == "failed") {
+    CHECK_MESSAGE(st["failure"].get<std::string>().find("joining the gang's NCCL group") != std::string::npos, st.dump(2));
+    CHECK(st["recoveries"].size() <= 2);
+  }
+}
+
 TEST_CASE("Gangs.KillingAGangMembersDaemonRestartsTheGangWithIdenticalOutput") {
   TestCluster cluster(3, 2);
   Json job = Pipeline("stream", 512 << 20);

@@ -78,12 +78,13 @@ Json Task(uint32_t vertex, Json after = nullptr) {
 }
 
 struct DaemonUnderTest {
-  explicit DaemonUnderTest(ScriptedJobManager& jm) {
+  explicit DaemonUnderTest(ScriptedJobManager& jm, int gpus = 0) {
     dir = std::filesystem::temp_directory_path() / ("copse-daemon-test-" + std::to_string(::getpid()));
     DaemonOptions o;
     o.jm_port = jm.port();
     o.name = "d0";
     o.cpus = 2;
+    o.gpus = gpus;
     o.work_dir = dir;
     o.reconnect_timeout = std::chrono::milliseconds(0);
     std::thread accept([&] { jm.Accept(); });
@@ -148,6 +149,27 @@ TEST_CASE("Daemon.MalformedTasksFromTheJobManagerAreIgnoredAndItServesOn" * doct
   Json r = jm.NextReport();
   CHECK(r["vertex"] == 6);
   CHECK(r["ok"] == true);
+}
+
+TEST_CASE("Daemon.AnAttemptWaitsForTheGpuAnEndingAttemptStillHolds" * doctest::timeout(30)) {
+  // The job manager counts a cancelled attempt's GPU free once it sends the cancel, so the next
+  // attempt can arrive while the old one still runs here: it must wait for the device, not run
+  // without one (an NCCL member then failed, and its gang restarted).
+  ScriptedJobManager jm;
+  DaemonUnderTest d(jm, /*gpus=*/1);
+  Json holder = Task(1);
+  holder["program"] = "checksum";
+  holder["params"] = {{"sleep_ms", 600}};
+  holder["gpus"] = 1;
+  jm.Send({{"op", "run"}, {"tasks", {holder}}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Json next = Task(2);
+  next["gpus"] = 1;
+  jm.Send({{"op", "run"}, {"tasks", {next}}});
+  Json a = jm.NextReport(), b = jm.NextReport();
+  Json r2 = a["vertex"] == 2 ? a : b;
+  CHECK_MESSAGE(r2["ok"] == true, r2.dump());
+  CHECK_MESSAGE(r2["duration_ms"].get<double>() > 250, r2.dump());  // it waited out most of v1's 600 ms
 }
 
 TEST_CASE("Daemon.AChainTwoDeepRunsInOrderOnceItsHeadSucceeds" * doctest::timeout(30)) {
