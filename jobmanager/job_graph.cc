@@ -15,6 +15,9 @@ namespace {
 constexpr size_t kMaxChannels = 50'000'000;
 // Per-replica params (text, summed over the job): a 10 KB job file must not expand to gigabytes.
 constexpr uint64_t kMaxExpandedParamsBytes = uint64_t{256} << 20;
+/// Output ports over all vertices, gaps included: a pinned `from_port` (or an `outputs` port)
+/// of 65535 on every replica of a wide stage would otherwise allocate billions of them.
+constexpr uint64_t kMaxOutputPorts = 50'000'000;
 
 bool ContainsReplicaPlaceholder(const Json& j) {
   if (j.is_string()) return j.get_ref<const std::string&>().find("{replica}") != std::string::npos;
@@ -338,6 +341,23 @@ class JobGraph::Builder {
   }
 
   void AssignPorts() {
+    uint64_t ports = 0;
+    for (const auto& v : g_.vertices_) {
+      const auto& outs = out_req_[v.id.value()];
+      int explicit_max = -1;
+      for (const auto& req : outs) {
+        if (req.port) explicit_max = std::max(explicit_max, *req.port);
+      }
+      ports += std::max<uint64_t>(explicit_max + 1, outs.size());
+    }
+    if (ports > kMaxOutputPorts) {
+      diags_.Error("/edges", "the job's vertices have " + std::to_string(ports) + " output ports (pinned from_port numbers count every port below them); at most " +
+                                 std::to_string(kMaxOutputPorts) + " are supported");
+      in_req_.clear();
+      out_req_.clear();
+      return;
+    }
+    output_ports_ = ports;
     for (auto& v : g_.vertices_) {
       auto& ins = in_req_[v.id.value()];
       v.inputs.assign(ins.size(), ChannelId::Invalid());
@@ -420,7 +440,15 @@ class JobGraph::Builder {
       auto v = ResolveOne(o.from, PointerAppend(o.pointer, "from"));
       if (v) {
         auto& outs = g_.vertices_[v->value()].outputs;
-        if (outs.size() <= static_cast<size_t>(o.port)) outs.resize(o.port + 1);
+        if (outs.size() <= static_cast<size_t>(o.port)) {
+          output_ports_ += o.port + 1 - outs.size();
+          if (output_ports_ > kMaxOutputPorts) {
+            diags_.Error(PointerAppend(o.pointer, "port"), "port " + std::to_string(o.port) + " brings the job's output ports to more than " +
+                                                               std::to_string(kMaxOutputPorts));
+            return;
+          }
+          outs.resize(o.port + 1);
+        }
       }
       if (o.path.empty()) continue;
       auto [it, inserted] = paths.emplace(o.path, o.pointer);
@@ -507,10 +535,18 @@ class JobGraph::Builder {
     std::vector<std::pair<uint32_t, uint32_t>> edges;
     edges.reserve(g_.channels_.size());
     std::set<uint32_t> reported_gangs;
+    std::set<int> self_edges;  // edges reported for a vertex feeding itself
     for (const auto& ch : g_.channels_) {
       uint32_t a = rep_[ch.from.value()], b = rep_[ch.to.value()];
       if (a != b) {
         edges.emplace_back(a, b);
+      } else if (ch.from == ch.to) {
+        // Placed, a vertex reading its own output would wait on itself for ever.
+        if (self_edges.insert(ch.edge).second) {
+          diags_.Error(spec_.edges[ch.edge].pointer,
+                       g_.vertices_[ch.from.value()].name + (IsLive(ch.kind) ? " cannot read its own output (a " : " cannot wait for itself to complete (a ") +
+                           std::string(ChannelKindName(ch.kind)) + " channel from it to itself)");
+        }
       } else if (!IsLive(ch.kind) && reported_gangs.insert(a).second) {
         diags_.Error(spec_.edges[ch.edge].pointer,
                      g_.vertices_[ch.to.value()].name + " must wait for " + g_.vertices_[ch.from.value()].name +
@@ -612,6 +648,7 @@ class JobGraph::Builder {
   const JobSpec& spec_;
   std::vector<std::vector<InRequest>> in_req_;
   std::vector<std::vector<OutRequest>> out_req_;
+  uint64_t output_ports_ = 0;  // over all vertices, once AssignPorts has made them
   std::vector<uint32_t> rep_;
   bool channels_overflow_ = false;
 };

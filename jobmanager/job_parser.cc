@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <regex>
 
 #include "common/text_util.h"
 
@@ -92,6 +91,13 @@ class ObjectReader {
       diags_.Error(ptr, "expected an integer, got " + (v.is_number() ? v.dump() : JsonTypeName(v)));
       return std::nullopt;
     }
+    // A float beyond int64 does not convert (undefined; 1e300 read as -2^63): range-check it first.
+    const bool float_out = v.is_number_float() && !(v.get<double>() >= static_cast<double>(lo) &&
+                                                     v.get<double>() <= static_cast<double>(hi) && v.get<double>() < 0x1p63);
+    if (float_out) {
+      diags_.Error(ptr, "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " + v.dump());
+      return std::nullopt;
+    }
     int64_t i = v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), INT64_MAX))
                                        : v.get<int64_t>();
     if (i < lo || i > hi) {
@@ -114,9 +120,13 @@ class ObjectReader {
   std::vector<std::string> known_;
 };
 
+/// [A-Za-z_][A-Za-z0-9_.-]*, checked by hand: std::regex matches by recursion, and a name of
+/// some 26,000 characters overflowed the stack.
 bool ValidName(const std::string& name) {
-  static const std::regex kName("[A-Za-z_][A-Za-z0-9_.\\-]*");
-  return std::regex_match(name, kName);
+  auto alpha = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; };
+  if (name.empty() || !alpha(name[0])) return false;
+  return std::all_of(name.begin() + 1, name.end(),
+                     [&](char c) { return alpha(c) || (c >= '0' && c <= '9') || c == '.' || c == '-'; });
 }
 
 std::optional<EndpointRef> ReadEndpoint(ObjectReader& r, std::string_view key, bool required,

@@ -178,5 +178,40 @@ TEST_CASE("Validation.ExplicitPortsMustBeDenseAndUnique") {
   CHECK_ERROR(gap, "/edges/0/to_port", "leaves a gap");
 }
 
+TEST_CASE("Validation.HugeNamesAndNumbersAreErrorsNotCrashes") {
+  // A 100,000-character name once overflowed the stack of the regex that checked it.
+  const std::string long_name(100'000, 'a');
+  CHECK(Load(R"({"stages": [{"name": ")" + long_name + R"(", "program": "noop"}]})").ok());
+  auto bad = Load(R"({"stages": [{"name": ")" + long_name + R"(!", "program": "noop"}]})");
+  CHECK_ERROR(bad, "/stages/0/name", "");
+  CHECK_FALSE(bad.ok());
+  // A float beyond int64 was converted anyway and reported as -9223372036854775808.
+  auto huge = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 1e300}]})");
+  CHECK_ERROR(huge, "/stages/0/replicas", "expected an integer from 1 to 10000000, got 1e+300");
+  auto edge = Load(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
+                       "edges": [{"from": "a", "to": "b", "from_port": 9.3e18}]})");
+  CHECK_ERROR(edge, "/edges/0/from_port", "got 9.3e+18");
+}
+
+TEST_CASE("Validation.AVertexFeedingItselfIsAnError") {
+  // Placed, it would wait on itself for ever; a live self-edge used to pass.
+  auto live = Load(R"({"stages": [{"name": "a", "program": "noop"}], "edges": [{"from": "a", "to": "a", "channel": "stream"}]})");
+  CHECK_ERROR(live, "/edges/0", "a[0] cannot read its own output (a stream channel from it to itself)");
+  auto file = Load(R"({"stages": [{"name": "a", "program": "noop"}], "edges": [{"from": "a", "to": "a"}]})");
+  CHECK_ERROR(file, "/edges/0", "a[0] cannot wait for itself to complete (a file channel from it to itself)");
+  CHECK(file.diags.size() == 1);
+}
+
+TEST_CASE("Validation.PinnedOutputPortsAreBoundedOverTheJob") {
+  // Every replica's outputs below a pinned from_port exist: 100,000 x 65,536 of them was
+  // billions of allocations, ending in bad_alloc.
+  auto wide = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 100000}, {"name": "b", "program": "noop", "replicas": 100000}],
+                       "edges": [{"from": "a", "to": "b", "from_port": 65535}]})");
+  CHECK_ERROR(wide, "/edges", "the job's vertices have 6553600000 output ports");
+  auto narrow = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 10}, {"name": "b", "program": "noop", "replicas": 10}],
+                         "edges": [{"from": "a", "to": "b", "from_port": 65535}]})");
+  CHECK(narrow.ok());
+}
+
 }  // namespace
 }  // namespace copse::jm
