@@ -15,8 +15,8 @@
 namespace copse::cli {
 
 Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, bool live, const std::atomic<bool>* interrupted,
-                      std::chrono::milliseconds interval) {
-  if (!live && !interrupted) {
+                      std::chrono::milliseconds interval, const std::function<Status()>& can_progress) {
+  if (!live && !interrupted && !can_progress) {
     // One request answered when the job ends: no polling of a large job's status.
     COPSE_ASSIGN_OR_RETURN(Json reply, client.Call({{"op", "wait"}, {"job", job}}, std::chrono::hours(24 * 365)));
     return reply["job"];
@@ -34,6 +34,7 @@ Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, bool live, cons
       drawn_lines = static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
     }
     if (done || (interrupted && interrupted->load())) return status;
+    if (can_progress) COPSE_RETURN_NOT_OK(can_progress());
     std::this_thread::sleep_for(interval);
   }
 }

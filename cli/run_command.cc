@@ -106,6 +106,7 @@ class LocalCluster {
     jm_args.insert(jm_args.end(), {"--daemon-return-grace-ms", "0"});
     COPSE_ASSIGN_OR_RETURN(pid_t jm, SpawnSelf(jm_args, {}, (dir_ / "jm.log").string()));
     pids_.push_back(jm);
+    jm_ = jm;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (!std::filesystem::exists(state / "jm.addr")) {
       if (ChildExited(jm) || std::chrono::steady_clock::now() > deadline) {
@@ -130,6 +131,7 @@ class LocalCluster {
       if (!o.local_socket) args.push_back("--no-local-socket");
       COPSE_ASSIGN_OR_RETURN(pid_t d, SpawnSelf(args, env, (dir_ / (name + ".log")).string()));
       pids_.push_back(d);
+      daemons_[d] = name;
     }
     COPSE_ASSIGN_OR_RETURN(client_, ConnectToJm(address_));
     while (true) {
@@ -147,10 +149,40 @@ class LocalCluster {
   net::BlockingClient& client() { return *client_; }
   const JmAddressOptions& address() const { return address_; }
 
+  /// OK while a job can still make progress here: nothing restarts this cluster's processes,
+  /// so once the job manager or every daemon has exited (killed by `copse chaos`, a job's
+  /// fault, the kernel), the job would wait for ever.
+  Status CanProgress() {
+    for (auto it = daemons_.begin(); it != daemons_.end();) {
+      if (!ChildExited(it->first)) {
+        ++it;
+        continue;
+      }
+      std::erase(pids_, it->first);  // reaped: its id may be reused, so never signal it again
+      exited_.push_back(it->second);
+      it = daemons_.erase(it);
+    }
+    const std::string logs = remove_dir_ ? "" : "; see the logs in " + dir_.string();
+    if (jm_ > 0 && ChildExited(jm_)) {
+      std::erase(pids_, jm_);
+      jm_ = 0;
+    }
+    if (jm_ == 0) return Status::Unavailable("the job manager exited" + logs);
+    if (daemons_.empty()) {
+      std::string names;
+      for (const auto& n : exited_) names += (names.empty() ? "" : ", ") + n;
+      return Status::Unavailable("every daemon exited (" + names + "), and nothing restarts them here: the job cannot go on" + logs);
+    }
+    return Status::OK();
+  }
+
  private:
   std::filesystem::path dir_;
   bool remove_dir_ = false;
-  std::vector<pid_t> pids_;
+  std::vector<pid_t> pids_;  // every child still to stop
+  pid_t jm_ = 0;             // 0 once it has exited
+  std::map<pid_t, std::string> daemons_;  // running ones, by name
+  std::vector<std::string> exited_;       // daemons that exited, in the order seen
   JmAddressOptions address_;
   std::unique_ptr<net::BlockingClient> client_;
 };
@@ -187,7 +219,8 @@ int RunJob(const RunOpts& o) {
     std::cerr << "copse run: " << job.status().message() << "\n";
     return 1;
   }
-  auto status = WatchJob(cluster.client(), *job, !json && isatty(2), &g_interrupted);
+  auto status = WatchJob(cluster.client(), *job, !json && isatty(2), &g_interrupted, std::chrono::milliseconds(100),
+                         [&] { return cluster.CanProgress(); });
   if (!status.ok()) {
     std::cerr << "copse run: " << status.status().message() << "\n";
     return 1;
