@@ -64,13 +64,20 @@ std::string StringMember(const Json& j, const char* key) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
-Result<std::string> ReadFile(const std::string& path) {
+Result<std::string> ReadFile(const std::string& path, size_t max_bytes) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::NotFound("cannot open " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    if (static_cast<size_t>(in.gcount()) > max_bytes - text.size()) {
+      return Status::InvalidArgument(path + " is larger than " +
+                                     (max_bytes >= (1 << 20) ? std::to_string(max_bytes >> 20) + " MiB" : std::to_string(max_bytes) + " bytes"));
+    }
+    text.append(chunk, static_cast<size_t>(in.gcount()));
+  }
   if (in.bad()) return Status::IOError("error reading " + path);
-  return ss.str();
+  return text;
 }
 
 Result<Json> ReadJsonFile(const std::string& path) {

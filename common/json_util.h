@@ -1,6 +1,7 @@
 #pragma once
 // JSON helpers: parsing text into nlohmann::json without exceptions escaping, with the error
 // located by line and column; JSON-pointer building.
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -44,7 +45,8 @@ std::string PointerAppend(std::string_view base, size_t index);
 /// "object", "array", "string", "number", "boolean" or "null".
 std::string JsonTypeName(const Json& j);
 
-/// Reads a whole file into a string.
-Result<std::string> ReadFile(const std::string& path);
+/// Reads a whole file into a string; more than `max_bytes` is an error (a device like
+/// /dev/zero, or a file far bigger than its reader could use, is never read to the end).
+Result<std::string> ReadFile(const std::string& path, size_t max_bytes = SIZE_MAX);
 
 }  // namespace copse

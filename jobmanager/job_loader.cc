@@ -1,5 +1,7 @@
 #include "jobmanager/job_loader.h"
 
+#include "common/wire.h"
+
 namespace copse::jm {
 
 JobLoad LoadJobJson(const Json& doc, std::string source, const ProgramCatalog& catalog) {
@@ -26,7 +28,8 @@ JobLoad LoadJobText(std::string_view text, std::string source, const ProgramCata
 }
 
 JobLoad LoadJobFile(const std::string& path, const ProgramCatalog& catalog) {
-  auto text = ReadFile(path);
+  // A job travels to the job manager as one control message: a bigger file could not be sent.
+  auto text = ReadFile(path, wire::kMaxControlBytes);
   if (!text.ok()) {
     JobLoad load;
     load.source = path;
