@@ -172,9 +172,11 @@ void AddClientCommands(CLI::App& app) {
       sub->add_option("JOB", o->job, "job id")->check(kJobIdRange)->required();
       sub->add_option("VERTEX", o->vertex, "vertex name, e.g. count[1]")->required();
       if (std::string(action) == "fail" || std::string(action) == "delay") {
-        sub->add_option("--attempts", o->attempts, "attempt numbers (default: the next one)");
+        sub->add_option("--attempts", o->attempts, "attempt numbers (default: the next one)")->check(CLI::Range(1, 1000));
       }
-      if (std::string(action) == "delay") sub->add_option("--ms", o->ms, "how much slower");
+      if (std::string(action) == "delay") {
+        sub->add_option("--ms", o->ms, "how much slower")->check(CLI::Range(int64_t{0}, int64_t{86'400'000}));
+      }
       sub->callback([o, send, a = std::string(action)] {
         Json req = {{"op", "chaos"}, {"action", a}, {"job", o->job}, {"vertex", o->vertex}, {"ms", o->ms}};
         if (!o->attempts.empty()) req["attempts"] = o->attempts;
@@ -186,7 +188,7 @@ void AddClientCommands(CLI::App& app) {
     random->add_option("--interval-ms", o->interval_ms, "time between faults")->check(CLI::Range(int64_t{10}, int64_t{3600000}));
     random->add_option("--duration-s", o->duration_s, "how long to keep injecting")->check(CLI::Range(int64_t{1}, int64_t{86400}));
     random->add_option("--kinds", o->kinds, "comma-separated: kill, fail, delay, corrupt, cut");
-    random->add_option("--cut-ms", o->ms, "how long a cut daemon stays away");
+    random->add_option("--cut-ms", o->ms, "how long a cut daemon stays away")->check(CLI::Range(int64_t{1}, int64_t{3'600'000}));
     random->callback([o, send] {
       std::vector<std::string> kinds;
       std::stringstream ss(o->kinds);

@@ -1,6 +1,9 @@
 #pragma once
 // Each `copse` verb lives in its own file and adds itself to the CLI11 app through one of
 // these functions. Callbacks set the process exit code through ExitCode().
+#include <cmath>
+#include <string>
+
 #include <CLI/CLI.hpp>
 
 namespace copse::cli {
@@ -11,6 +14,18 @@ void AddJmCommand(CLI::App& app);
 void AddDaemonCommand(CLI::App& app);
 void AddClientCommands(CLI::App& app);
 void AddRunCommand(CLI::App& app);
+
+/// Rejects NaN and infinities in a floating-point flag: CLI11's Range and PositiveNumber let
+/// NaN through (every comparison with it is false). Chain it before them.
+inline CLI::Validator Finite() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double d = 0;
+        if (!CLI::detail::lexical_cast(text, d) || !std::isfinite(d)) return "expected a finite number, got " + text;
+        return "";
+      },
+      "FINITE");
+}
 
 /// The exit code a command's callback sets: 0 success, 1 the job or the input failed,
 /// 2 usage error (main() maps CLI11's parse errors to 2).

@@ -76,9 +76,9 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
   cmd->add_option("--epochs", o.epochs, "Passes over the training set")->check(CLI::Range(1, 1000000))->capture_default_str();
   cmd->add_option("--steps", o.steps, "Stop after this many steps (default: all epochs)")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--batch", o.batch, "Global batch size")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("--lr", o.lr, "Learning rate")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 0.999999))->capture_default_str();
-  cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--lr", o.lr, "Learning rate")->check(Finite())->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--momentum", o.momentum, "SGD momentum")->check(Finite())->check(CLI::Range(0.0, 0.999999))->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(Finite())->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "sgd or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of initialization and shuffling")->capture_default_str();
   cmd->add_option("--data-dir", o.data_dir, "Fashion-MNIST directory (as seen by the daemons)")->capture_default_str();

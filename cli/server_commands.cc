@@ -38,7 +38,7 @@ void AddJmCommand(CLI::App& app) {
       ->check(CLI::Range(0, 600000));
   cmd->add_option("--straggler-factor", opts->straggler_factor,
                   "duplicate an attempt running this many times its stage's median (0: never)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(Finite())->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--straggler-min-ms", opts->straggler_min_ms, "never duplicate an attempt younger than this")
       ->check(CLI::Range(0, 86400000));
   cmd->add_flag("!--no-chain-dispatch", opts->chain_dispatch,
@@ -104,7 +104,7 @@ void AddDaemonCommand(CLI::App& app) {
     std::vector<std::string> labels;
     std::string work_dir;
     std::string data_host = "127.0.0.1";
-    uint64_t memory_budget_mb = 2048;
+    int64_t memory_budget_mb = 2048;  // signed: CLI11 wraps "-5" into an unsigned one
     bool local_socket = true;
   };
   auto opts = std::make_shared<Opts>();
@@ -112,11 +112,12 @@ void AddDaemonCommand(CLI::App& app) {
   cmd->add_option("--name", opts->name, "unique daemon name")->required();
   cmd->add_option("--cpus", opts->cpus, "vertex slots")->check(CLI::Range(1, 4096));
   cmd->add_option("--gpus", opts->gpus, "GPUs this daemon offers")->check(CLI::Range(0, 1024));
-  cmd->add_option("--memory-mb", opts->memory_mb, "memory this daemon offers");
+  cmd->add_option("--memory-mb", opts->memory_mb, "memory this daemon offers")->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--label", opts->labels, "KEY=VALUE, e.g. host=a1 or rack=r3 (repeatable)");
   cmd->add_option("--work-dir", opts->work_dir, "where outputs and scratch space live")->required();
   cmd->add_option("--data-host", opts->data_host, "address other daemons reach this one's outputs at");
-  cmd->add_option("--memory-budget-mb", opts->memory_budget_mb, "memory outputs beyond this spill to disk");
+  cmd->add_option("--memory-budget-mb", opts->memory_budget_mb, "memory outputs beyond this spill to disk")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_flag("!--no-local-socket", opts->local_socket,
                 "reach the job manager and serve daemons on this host over TCP, not through local sockets");
   cmd->callback([opts] {
@@ -127,7 +128,7 @@ void AddDaemonCommand(CLI::App& app) {
     o.memory_mb = opts->memory_mb;
     o.work_dir = opts->work_dir;
     o.data_host = opts->data_host;
-    o.memory_budget_bytes = opts->memory_budget_mb << 20;
+    o.memory_budget_bytes = static_cast<uint64_t>(opts->memory_budget_mb) << 20;
     o.local_socket = opts->local_socket;
     o.programs = &Programs();
     for (const auto& l : opts->labels) {

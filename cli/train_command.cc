@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/commands.h"
 #include "common/allocator_name.h"
 #include "ml/trainer.h"
 
@@ -82,11 +83,11 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--epochs", o.epochs, "Passes over the training set")
       ->check(CLI::Range(1, 1000000))->capture_default_str();
   cmd->add_option("--batch", o.batch, "Batch size")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("--lr", o.lr, "Learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--lr", o.lr, "Learning rate")->check(Finite())->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--momentum", o.momentum, "SGD momentum (PyTorch semantics)")
-      ->check(CLI::Range(0.0, 0.999999))->capture_default_str();
+      ->check(Finite())->check(CLI::Range(0.0, 0.999999))->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(Finite())->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "sgd or adam")
       ->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads")->check(CLI::Range(1, 1024))->capture_default_str();

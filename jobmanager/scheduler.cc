@@ -1753,6 +1753,9 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     Daemon* d = find_daemon(name);
     if (!d) return Status::NotFound("no live daemon named \"" + name + "\"");
     int64_t ms = request.value("ms", int64_t{2000});
+    if (action == "cut" && (ms < 1 || ms > 3'600'000)) {
+      return Status::InvalidArgument("a cut lasts 1 to 3600000 ms, got " + std::to_string(ms));
+    }
     Flush();
     ExpectInjectedLoss(*d);
     sink_.SendToDaemon(d->id, action == "kill" ? Json{{"op", "kill"}} : Json{{"op", "cut"}, {"ms", ms}});
@@ -1776,6 +1779,13 @@ Result<Json> Scheduler::Chaos(const Json& request) {
       f.kind = action == "fail" ? FaultKind::kFail : FaultKind::kDelay;
       f.attempts = request.value("attempts", std::vector<int>{static_cast<int>(next)});
       f.ms = request.value("ms", int64_t{1000});
+      // The job file's bounds (job_parser.cc): attempt 0 never comes, and a delay past a day
+      // would hold the vertex's slot beyond any timeout.
+      for (int a : f.attempts) {
+        if (a < 1 || a > 1000) return Status::InvalidArgument("attempt numbers run from 1 to 1000, got " + std::to_string(a));
+      }
+      if (f.attempts.empty()) return Status::InvalidArgument("no attempt numbers");
+      if (f.ms < 0 || f.ms > 86'400'000) return Status::InvalidArgument("a delay is 0 to 86400000 ms, got " + std::to_string(f.ms));
     } else {
       f.kind = action == "corrupt" ? FaultKind::kCorruptOutputOf : FaultKind::kDropOutputOf;
     }

@@ -240,6 +240,24 @@ TEST_CASE("Scheduler.AVertexWhoseDaemonsKeepDyingUnderItFailsTheJobAtMaxDaemonLo
   (void)t1, (void)t2;
 }
 
+TEST_CASE("Scheduler.ChaosRequestsOutsideTheJobFilesBoundsAreRefused") {
+  // A client is not the CLI: attempt 0 (which never comes), negative or endless delays and cuts
+  // are refused by the job manager itself, as the job file's faults are by validation.
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(kChain);
+  const uint64_t id = job.value();
+  for (const Json& bad : {Json{{"action", "fail"}, {"job", id}, {"vertex", "b[0]"}, {"attempts", {0}}},
+                          Json{{"action", "fail"}, {"job", id}, {"vertex", "b[0]"}, {"attempts", Json::array()}},
+                          Json{{"action", "delay"}, {"job", id}, {"vertex", "b[0]"}, {"ms", -1}},
+                          Json{{"action", "delay"}, {"job", id}, {"vertex", "b[0]"}, {"ms", int64_t{1} << 40}},
+                          Json{{"action", "cut"}, {"daemon", "d0"}, {"ms", 0}}}) {
+    auto done = h.sched.Chaos(bad);
+    CHECK_MESSAGE(done.status().code() == StatusCode::kInvalidArgument, bad.dump());
+  }
+  CHECK(h.sched.Chaos({{"action", "fail"}, {"job", id}, {"vertex", "b[0]"}, {"attempts", {1, 2}}}).ok());
+}
+
 TEST_CASE("Scheduler.InjectedKillsAndCutsAreNotCountedAsDaemonLosses") {
   Harness h;
   std::map<DaemonId, std::string> names;
