@@ -79,6 +79,10 @@ class JobBuilder {
   std::set<std::pair<std::string, std::string>> data_pairs_;
 };
 
+/// What a generated job may expand to: a fifth of the job manager's 50,000,000-vertex limit,
+/// since each vertex also carries its params and channels.
+constexpr int64_t kMaxGraphVertices = 10'000'000;
+
 Status Check(const GraphOptions& o) {
   auto bad = [](const std::string& flag, const std::string& want) {
     return Status::InvalidArgument(flag + ": expected " + want);
@@ -469,6 +473,19 @@ Result<Json> GenerateTrainingGraph(const GraphOptions& o) {
   const int64_t steps_per_epoch = (train_size + o.batch - 1) / o.batch;
   int64_t steps = steps_per_epoch * o.epochs;
   if (o.steps > 0) steps = std::min(steps, o.steps);
+  {
+    // A step is a few vertices per worker, stage and micro-batch (ring reducers: per worker
+    // pair); bound the whole before writing it, as the job manager bounds what it expands.
+    const int64_t w = o.kind == "pipeline" ? 1 : o.workers;
+    const int64_t pm = o.kind == "data-parallel" ? 1 : int64_t{o.stages} * o.microbatches;
+    const int64_t per_step = w * (2 * pm + 2 * w + 4);
+    if (steps > kMaxGraphVertices / per_step) {
+      return Status::InvalidArgument("--epochs/--steps: " + std::to_string(steps) + " steps of up to " + std::to_string(per_step) +
+                                     " vertices each exceed the " + std::to_string(kMaxGraphVertices) +
+                                     " vertices a generated graph may have; use --steps, a larger --batch or fewer "
+                                     "workers, stages or micro-batches");
+    }
+  }
   // Images trained: full batches except the last of each epoch.
   int64_t images = 0;
   for (int64_t t = 0; t < steps; ++t) {

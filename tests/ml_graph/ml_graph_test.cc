@@ -405,6 +405,16 @@ TEST_CASE("MlGraph.PartitionParamsOutOfRangeAreErrorsNotCrashes") {
   auto job = GenerateTrainingGraph(g);
   REQUIRE_FALSE(job.ok());
   CHECK(job.status().message() == "--batch: expected >= 8 (an image for each of the 8 workers x micro-batches)");
+  // A million epochs of one-image steps: 6e10 steps, once counted one by one before writing.
+  GraphOptions endless;
+  endless.kind = "data-parallel";
+  endless.workers = 1;
+  endless.epochs = 1'000'000;
+  endless.batch = 1;
+  auto huge = GenerateTrainingGraph(endless);
+  REQUIRE_FALSE(huge.ok());
+  CHECK_MESSAGE(huge.status().message().find("--epochs/--steps: 60000000000 steps of up to 8 vertices each exceed") == 0,
+                huge.status().message());
 }
 
 TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::timeout(240)) {
