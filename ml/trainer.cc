@@ -56,9 +56,12 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
   train_opts.limit = o.limit;
   test_opts.limit = o.test_limit;
   COPSE_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(o.data_dir, Split::kTrain, train_opts));
+  if (train.size() == 0) return Status::InvalidArgument("the training set in " + o.data_dir + " has no images");
   Dataset test;
   if (o.evaluate) {
     COPSE_ASSIGN_OR_RETURN(test, LoadFashionMnist(o.data_dir, Split::kTest, test_opts));
+    // An accuracy over no images would be reported as 0 %, as if the model were wrong.
+    if (test.size() == 0) return Status::InvalidArgument("the test set in " + o.data_dir + " has no images");
   }
 
   COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModel(o.model, o.seed));

@@ -874,6 +874,8 @@ class Daemon::Impl {
       Status st;
       try {
         st = (*program)->Run(ctx);
+      } catch (const ParamError& e) {
+        st = Status::InvalidArgument(name + ": " + e.what());
       } catch (const std::exception& e) {
         st = Status::Internal(name + " threw: " + e.what());
       } catch (...) {

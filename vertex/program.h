@@ -21,7 +21,9 @@
 #include <atomic>
 #include <filesystem>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <spdlog/logger.h>
@@ -41,6 +43,21 @@ class Collective {
   /// In-place sum of `count` host floats over every member; every member must call it.
   virtual Status AllReduceSum(float* data, size_t count) = 0;
 };
+
+/// A param of the wrong type (VertexContext::param): the host reports it as the vertex's
+/// error, named, instead of an exception thrown from inside the program.
+class ParamError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+template <typename T>
+const char* ParamTypeName() {
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
+  else if constexpr (std::is_arithmetic_v<T>) return "a number";
+  else if constexpr (std::is_convertible_v<T, std::string>) return "a string";
+  else return "another type";
+}
 
 /// Everything one execution (one version) of a vertex may use. Owned by the host; valid for
 /// the duration of Run.
@@ -69,11 +86,17 @@ class VertexContext {
   size_t num_inputs() const { return inputs.size(); }
   size_t num_outputs() const { return outputs.size(); }
   bool cancelled() const { return cancel_flag && cancel_flag->load(std::memory_order_relaxed); }
-  /// params[key] or `fallback` when absent.
+  /// params[key] or `fallback` when absent; throws ParamError naming the key when it holds
+  /// another type (`"batch": "64"`).
   template <typename T>
   T param(const char* key, T fallback) const {
     if (!params || !params->contains(key)) return fallback;
-    return (*params)[key].get<T>();
+    const Json& value = (*params)[key];
+    try {
+      return value.get<T>();
+    } catch (const Json::exception&) {
+      throw ParamError(std::string("param \"") + key + "\": expected " + ParamTypeName<T>() + ", got " + DumpJson(value));
+    }
   }
   /// Creates scratch_dir (removed by the host after the attempt) and returns it. Most programs
   /// never need one, so the host creates none up front.

@@ -1,5 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+#include <zlib.h>
+
 #include <filesystem>
 
 #include "ml/trainer.h"
@@ -65,6 +68,31 @@ TEST_CASE("Trainer.RejectsBadOptions") {
   o.batch = 8;
   o.data_dir = "/nonexistent";
   CHECK(Train(o).status().code() == copse::StatusCode::kNotFound);
+}
+
+TEST_CASE("Trainer.AnEmptyDatasetIsAnErrorNotAnAccuracy") {
+  // Well-formed files holding no images: training on them used to "succeed" with 0 % accuracy.
+  const auto dir = std::filesystem::temp_directory_path() / ("copse-empty-mnist-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto be32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+  };
+  auto write_gz = [&](const std::string& name, const std::string& bytes) {
+    gzFile f = gzopen((dir / name).c_str(), "wb");
+    REQUIRE(f != nullptr);
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
+  };
+  for (const char* split : {"train", "t10k"}) {
+    write_gz(std::string(split) + "-images-idx3-ubyte.gz", be32(0x803) + be32(0) + be32(28) + be32(28));
+    write_gz(std::string(split) + "-labels-idx1-ubyte.gz", be32(0x801) + be32(0));
+  }
+  TrainOptions o;
+  o.data_dir = dir.string();
+  auto report = Train(o);
+  CHECK(report.status().code() == copse::StatusCode::kInvalidArgument);
+  CHECK(report.status().message() == "the training set in " + dir.string() + " has no images");
+  std::filesystem::remove_all(dir);
 }
 
 // The reference figure of issue 6: MLP 784-1024-1024-10, batch 128, SGD lr 0.05 momentum 0.9,

@@ -114,6 +114,21 @@ TEST_CASE("Programs.ExecRunsAChildWithInputsAndOutputs") {
   CHECK(fail.status.message().find("boom") != std::string::npos);
 }
 
+TEST_CASE("Programs.AParamOfTheWrongTypeIsAnErrorNamingTheKey") {
+  Json params = {{"batch", "64"}, {"sleep_ms", 5}};
+  VertexContext ctx;
+  ctx.params = &params;
+  CHECK(ctx.param<int64_t>("sleep_ms", 0) == 5);
+  CHECK(ctx.param<int64_t>("absent", 7) == 7);
+  try {
+    (void)ctx.param<int64_t>("batch", 128);
+    FAIL("no ParamError");
+  } catch (const ParamError& e) {
+    CHECK(std::string(e.what()) == "param \"batch\": expected a number, got \"64\"");
+  }
+  CHECK_THROWS_AS((void)ctx.param<std::string>("sleep_ms", ""), ParamError);
+}
+
 TEST_CASE("Programs.RegistryRejectsUnknownAndDuplicateNames") {
   ProgramRegistry r;
   RegisterBuiltinPrograms(r);
