@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <condition_variable>
 #include <cstring>
@@ -42,6 +43,9 @@ constexpr size_t kMaxReason = 1024;
 // reports them as Cancelled, exactly as its own DropJob would, whichever arrives first.
 constexpr std::string_view kConsumerDroppedJob = "consumer dropped the job";
 constexpr std::string_view kProducerDroppedJob = "producer dropped the job";
+// The largest flow-control window a producer may open with: the consumer buffers up to it.
+constexpr uint64_t kMaxWindowBytes = uint64_t{1} << 30;
+constexpr uint64_t kMaxWindowMessages = uint64_t{1} << 20;
 // Messages up to this size are copied into ZeroMQ; larger ones are sent zero-copy.
 constexpr size_t kZeroCopyMin = 4096;
 
@@ -406,7 +410,9 @@ void StreamHub::Impl::HandleRouter(std::vector<zmq::message_t>& parts) {
       return;
     case Type::kOpen: {
       auto extra = Extra(parts[1]);
-      if (extra.size() != 32 + 64 || h.a == 0 || h.b == 0) return Drop("malformed open");
+      if (extra.size() != 32 + 64 || h.a == 0 || h.b == 0 || h.a > kMaxWindowBytes || h.b > kMaxWindowMessages) {
+        return Drop("malformed open");
+      }
       auto nonce = extra.substr(0, 32);
       if (!auth::ConstantTimeEquals(extra.substr(32), OpenMac(secret, key, nonce, h.a, h.b))) {
         log->warn("stream hub: refused an open of {} with a bad MAC", key.ToString());
@@ -452,6 +458,15 @@ void StreamHub::Impl::HandleRouter(std::vector<zmq::message_t>& parts) {
       if (h.a != c.next_seq) {
         c.error = Status::Unavailable("stream " + key.ToString() + " lost messages (expected #" +
                                       std::to_string(c.next_seq) + ", got #" + std::to_string(h.a) + ")");
+        break;
+      }
+      // Beyond the window it opened with (one message of any size fits an empty queue, as the
+      // writer allows): an authenticated producer still may not make this hub buffer without end.
+      if (!c.queue.empty() && (c.queue.size() >= c.window_messages || c.bytes + parts[2].size() > c.window_bytes)) {
+        c.error = Status::DataLoss("the producer of stream " + key.ToString() + " sent beyond its window of " +
+                                   std::to_string(c.window_messages) + " messages and " + std::to_string(c.window_bytes) +
+                                   " bytes");
+        Push(Cmd{CmdKind::kAbortToProducer, key, rid, {}, 0, 0, "sent beyond its flow-control window"});
         break;
       }
       ++c.next_seq;
@@ -753,8 +768,8 @@ Result<std::unique_ptr<ChannelWriter>> StreamHub::OpenWriter(const Json& peer, c
   }
   if (endpoint.rfind("tcp://", 0) != 0 && endpoint.rfind("ipc://", 0) != 0)
     return Status::InvalidArgument("stream peer: unsupported endpoint \"" + endpoint + "\"");
-  options.window_bytes = std::max<size_t>(options.window_bytes, 1);
-  options.window_messages = std::max<size_t>(options.window_messages, 1);
+  options.window_bytes = std::clamp<size_t>(options.window_bytes, 1, kMaxWindowBytes);
+  options.window_messages = std::clamp<size_t>(options.window_messages, 1, kMaxWindowMessages);
   std::lock_guard lock(impl_->mu);
   if (impl_->stopped) return Status::Cancelled("stream hub stopped");
   if (impl_->out.count(key)) return Status::AlreadyExists("stream " + key.ToString() + " already has a writer here");

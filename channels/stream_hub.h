@@ -24,12 +24,13 @@
 // Authentication: a channel's first frame (open) carries HMAC-SHA256(secret, key, nonce,
 // window); frames for a channel that was not opened by an authenticated open from the same
 // connection, and malformed frames, are dropped and counted (dropped_frames()), never fatal.
-// The data itself is neither encrypted nor MACed (like the data server's).
+// The data itself is neither encrypted nor MACed (like the data server's). A producer that
+// sends beyond the window it opened with fails the channel (DataLoss) and is aborted.
 //
 // Wire format (ZeroMQ multipart; DEALER->ROUTER frames gain the routing id in front):
 //   part 1: 40-byte header, little-endian: u32 magic "CPSS", u8 type, 3 pad, u64 job,
 //           u32 channel, u32 version, u64 a, u64 b; then type-specific bytes
-//   open      P->C  a=window bytes, b=window messages; then nonce (32 hex) + mac (64 hex)
+//   open      P->C  a=window bytes (<= 1 GiB), b=window messages (<= 2^20); then nonce (32 hex) + mac (64 hex)
 //   data      P->C  a=sequence number; part 2: the message bytes
 //   end       P->C  a=messages sent
 //   abort     both  the other end failed or went away; then a reason (text)

@@ -18,6 +18,7 @@
 
 #include <zmq.hpp>
 
+#include "common/auth.h"
 #include "tests/channels/channel_test_util.h"
 #include "tests/child_process.h"
 
@@ -348,6 +349,52 @@ TEST_CASE("Stream.UnauthenticatedFramesAreIgnored" * doctest::timeout(15)) {
   REQUIRE((*good)->Write(Buffer(std::string("b"))).ok());
   REQUIRE((*good)->Close().ok());
   CHECK(Drain(**r) == std::vector<std::string>{"b"});
+}
+
+TEST_CASE("Stream.AProducerBeyondItsWindowFailsTheChannel" * doctest::timeout(15)) {
+  // An authenticated producer (it knows the secret) that ignores flow control: the consumer
+  // buffers no more than the window it opened with, and the channel fails saying why.
+  Pair p;
+  StreamKey key{5, 2, 1};
+  auto r = p.cons->OpenReader(key, Quick());
+  REQUIRE(r.ok());
+  zmq::context_t ctx(1);
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.connect(p.peer(false)["tcp"].get<std::string>());
+  auto header = [&](uint8_t type, uint64_t a, uint64_t b) {
+    std::string h(40, '\0');
+    const uint32_t magic = 0x53535043;
+    std::memcpy(h.data(), &magic, 4);
+    h[4] = static_cast<char>(type);
+    std::memcpy(h.data() + 8, &key.job, 8);
+    std::memcpy(h.data() + 16, &key.channel, 4);
+    std::memcpy(h.data() + 20, &key.version, 4);
+    std::memcpy(h.data() + 24, &a, 8);
+    std::memcpy(h.data() + 32, &b, 8);
+    return h;
+  };
+  const std::string nonce(32, 'a');
+  const uint64_t window_bytes = 1 << 20, window_messages = 2;
+  std::string open = header(1, window_bytes, window_messages) + nonce +
+                     auth::Mac(kSecret, "copse-stream-open/" + key.ToString() + "/" + nonce + "/" +
+                                            std::to_string(window_bytes) + "/" + std::to_string(window_messages));
+  raw.send(zmq::buffer(open), zmq::send_flags::none);
+  for (uint64_t seq = 0; seq < 5; ++seq) {  // the window holds 2
+    raw.send(zmq::buffer(header(2, seq, 0)), zmq::send_flags::sndmore);
+    raw.send(zmq::str_buffer("x"), zmq::send_flags::none);
+  }
+  Status failure;
+  std::vector<std::string> got;
+  for (int i = 0; i < 5 && failure.ok(); ++i) {
+    auto m = (*r)->Next();
+    if (!m.ok()) failure = m.status();
+    else if (m->has_value()) got.emplace_back((*m)->view());
+  }
+  CHECK(got.size() <= 2);
+  CHECK(failure.code() == StatusCode::kDataLoss);
+  CHECK_MESSAGE(failure.message().find("sent beyond its window of 2 messages and 1048576 bytes") != std::string::npos,
+                failure.ToString());
 }
 
 TEST_CASE("Stream.ConsumerHubNeverAnswers" * doctest::timeout(10)) {
