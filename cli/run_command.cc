@@ -20,6 +20,7 @@
 #include "cli/program_catalog.h"
 #include "cli/status_view.h"
 #include "common/auth.h"
+#include "jobmanager/gang_needs.h"
 #include "jobmanager/job_loader.h"
 #include "ml/pipeline_bubble.h"
 
@@ -205,6 +206,29 @@ int RunJob(const RunOpts& o) {
               << stage.resources.gpus << " gpus per vertex; each local daemon offers " << o.cpus << " (--cpus) and "
               << o.gpus << " (--gpus)\n";
     return 1;
+  }
+  // A gang this cluster could never hold would wait for ever too: its affinity groups each
+  // on one daemon, and all its members at once on the N daemons.
+  {
+    const jm::JobGraph& g = *load.graph;
+    jm::GangNeeds needs(g);
+    std::vector<jm::DaemonCapacity> daemons;
+    for (int i = 0; i < o.daemons; ++i) daemons.push_back({DaemonId(static_cast<uint32_t>(i)), "d" + std::to_string(i), double(o.cpus), o.gpus});
+    for (const auto& gang : g.gangs()) {
+      std::string why = needs.WhyUnplaceable(gang.id, daemons);
+      double cpus = 0;
+      int gpus = 0;
+      for (VertexId m : gang.members) cpus += g.stage_of(m).resources.cpus, gpus += g.stage_of(m).resources.gpus;
+      if (why.empty() && (cpus > o.daemons * o.cpus + 1e-9 || gpus > o.daemons * o.gpus)) {
+        why = fmt::format("a gang of {} (with {}) needs {:g} cpus and {} gpus at once; the {} local daemons offer {} and {}",
+                          gang.members.size(), g.vertex(gang.members[0]).name, cpus, gpus, o.daemons, o.daemons * o.cpus,
+                          o.daemons * o.gpus);
+      }
+      if (!why.empty()) {
+        std::cerr << "copse run: " << why << " (--daemons, --cpus, --gpus)\n";
+        return 1;
+      }
+    }
   }
   signal(SIGINT, [](int) { g_interrupted = true; });
   signal(SIGTERM, [](int) { g_interrupted = true; });

@@ -54,9 +54,7 @@ bool GangNeeds::PinFits(const std::string& group, const DaemonCapacity& daemon,
   return true;
 }
 
-std::string GangNeeds::WhyUnplaceable(GangId gang, const std::map<std::string, DaemonId>& pins,
-                                      const std::vector<DaemonCapacity>& daemons) const {
-  std::map<DaemonId, std::pair<std::vector<std::string>, Resources>> on_daemon;  // pinned groups, summed
+std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapacity>& daemons) const {
   double most_cpus = 0;
   int most_gpus = 0;
   for (const auto& d : daemons) {
@@ -64,32 +62,13 @@ std::string GangNeeds::WhyUnplaceable(GangId gang, const std::map<std::string, D
     most_gpus = std::max(most_gpus, d.gpus);
   }
   for (const auto& [group, need] : needs_[gang.value()]) {
-    auto pin = pins.find(group);
-    if (pin == pins.end()) {
-      bool somewhere = false;
-      for (const auto& d : daemons) somewhere = somewhere || Within(need, d.cpus, d.gpus);
-      if (!somewhere) {
-        return fmt::format("{} cannot be placed: its members in affinity group {} need {} on one daemon at once, "
-                           "and the largest live daemon has {}",
-                           GangName(g_, gang), group, Describe(need.cpus, need.gpus), Describe(most_cpus, most_gpus));
-      }
-      continue;
+    bool somewhere = false;
+    for (const auto& d : daemons) somewhere = somewhere || Within(need, d.cpus, d.gpus);
+    if (!somewhere) {
+      return fmt::format("{} cannot be placed: its members in affinity group {} need {} on one daemon at once, "
+                         "and the largest daemon has {}",
+                         GangName(g_, gang), group, Describe(need.cpus, need.gpus), Describe(most_cpus, most_gpus));
     }
-    auto& [groups, together] = on_daemon.try_emplace(pin->second, std::vector<std::string>{}, Resources{0, 0, 0}).first->second;
-    groups.push_back(group);
-    together.cpus += need.cpus;
-    together.gpus += need.gpus;
-  }
-  for (const auto& [id, pinned] : on_daemon) {
-    const auto& [groups, together] = pinned;
-    auto d = std::find_if(daemons.begin(), daemons.end(), [&](const DaemonCapacity& c) { return c.id == id; });
-    if (d == daemons.end() || Within(together, d->cpus, d->gpus)) continue;  // a lost daemon's pins go with it
-    std::string names;
-    for (const auto& group : groups) names += (names.empty() ? "" : ", ") + group;
-    return fmt::format("{} cannot be placed: its members in affinity group{} {}, pinned to daemon {}, need {} "
-                       "there at once, and {} has {}",
-                       GangName(g_, gang), groups.size() > 1 ? "s" : "", names, d->name,
-                       Describe(together.cpus, together.gpus), d->name, Describe(d->cpus, d->gpus));
   }
   return "";
 }

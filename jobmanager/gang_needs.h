@@ -7,7 +7,7 @@
 // Placement asks `PinFits` before pinning a group, so that a group placed early (a worker's
 // first gradient vertex) does not land where the gang it joins later (that worker's GPU
 // all-reduce) cannot follow; `WhyUnplaceable` names the gangs that cannot be placed however
-// long they wait, so that the job fails with the reason instead of waiting for ever.
+// long they wait on a fixed cluster, so that `copse run` refuses such a job up front.
 // Members without an affinity group are free to go anywhere and are not counted here.
 #include <map>
 #include <string>
@@ -34,11 +34,11 @@ class GangNeeds {
   /// gang with members in `group` within the daemon's capacity.
   bool PinFits(const std::string& group, const DaemonCapacity& daemon, const std::map<std::string, DaemonId>& pins) const;
 
-  /// Why `gang` can never be placed on these live daemons with these pins ("" when it may
-  /// be): its groups pinned to one daemon need more than that daemon has, or one unpinned
-  /// group needs more than any live daemon has.
-  std::string WhyUnplaceable(GangId gang, const std::map<std::string, DaemonId>& pins,
-                             const std::vector<DaemonCapacity>& daemons) const;
+  /// Why `gang` could never be placed on a cluster of just these daemons ("" when it may be):
+  /// one of its affinity groups needs more at once than any of them has. For a cluster no
+  /// daemon will join (`copse run`'s); the job manager's may grow, so there a group that fits
+  /// no live daemon waits.
+  std::string WhyUnplaceable(GangId gang, const std::vector<DaemonCapacity>& daemons) const;
 
  private:
   const JobGraph& g_;  // outlives this: the job holds both

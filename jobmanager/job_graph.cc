@@ -544,7 +544,8 @@ class JobGraph::Builder {
         // Placed, a vertex reading its own output would wait on itself for ever.
         if (self_edges.insert(ch.edge).second) {
           diags_.Error(spec_.edges[ch.edge].pointer,
-                       g_.vertices_[ch.from.value()].name + (IsLive(ch.kind) ? " cannot read its own output (a " : " cannot wait for itself to complete (a ") +
+                       g_.vertices_[ch.from.value()].name + (IsLive(ch.kind) ? " cannot read its own output (" : " cannot wait for itself to complete (") +
+                           (ch.kind == ChannelKind::kOrder ? "an " : "a ") +
                            std::string(ChannelKindName(ch.kind)) + " channel from it to itself)");
         }
       } else if (!IsLive(ch.kind) && reported_gangs.insert(a).second) {

@@ -176,6 +176,7 @@ struct Scheduler::Job {
   std::vector<std::pair<VertexId, std::string>> log;
   std::vector<uint32_t> gang_version;  // per gang: the version of its current attempt
   std::optional<GangNeeds> gang_needs;  // what gangs need where their affinity groups are pinned
+  std::set<std::string> pin_waits;      // affinity groups logged as waiting for a daemon to fit
   /// One span per attempt, for `copse trace`: vertex, version, daemon, start/end ms, outcome.
   struct Span {
     uint32_t vertex, version;
@@ -1305,7 +1306,6 @@ void Scheduler::Schedule() {
           all_ready = all_ready && job.runs[m.value()].state == VertexState::kReady;
         }
         if (all_ready && !TryPlaceGang(job, gang)) blocked.push_back(v);
-        if (job.state != JobState::kRunning) break;
         continue;
       }
       if (!TryPlace(job, v)) blocked.push_back(v);
@@ -1356,14 +1356,20 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   request.waited = clock_.Now() - job.runs[v.value()].ready_since;
   // The group's first vertex pins it: only where the gangs it joins later can follow (the
   // others are no candidates, so locality does not wait for them). Where no live daemon could
-  // hold those gangs, pin anyway; the gang then fails with the reason (TryPlaceGang).
+  // hold those gangs, it waits: a daemon may return or join (after a job manager restart the
+  // daemons come back one by one), and a pin made now would be for good.
   auto pin_fits = [&](const Daemon& d) {
     return stage.affinity.empty() || job.gang_needs->PinFits(stage.affinity, CapacityOf(d), job.affinity);
   };
-  const bool any_pin_fits = std::any_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return d->alive && pin_fits(*d); });
+  if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return d->alive && pin_fits(*d); })) {
+    if (job.pin_waits.insert(stage.affinity).second) {
+      Log(job, v, "waits: no live daemon can hold affinity group " + stage.affinity + " beside the gangs it joins");
+    }
+    return false;
+  }
   std::vector<PlacementDaemon> candidates;
   for (const auto& d : daemons_) {
-    if (!d->alive || (any_pin_fits && !pin_fits(*d))) continue;
+    if (!d->alive || !pin_fits(*d)) continue;
     auto label = [&](const std::string& key) -> std::string_view {
       auto it = d->spec.labels.find(key);
       return it == d->spec.labels.end() ? std::string_view() : std::string_view(it->second);
@@ -1459,7 +1465,7 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
     }
     DaemonId pick;
     if (forced) {
-      if (!fits(*daemons_[forced->value()])) return FailIfUnplaceable(job, gang);
+      if (!fits(*daemons_[forced->value()])) return false;
       pick = *forced;
     } else {
       PlacementRequest request;
@@ -1478,7 +1484,7 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
         if (d->alive && pin_fits(*d)) candidates.push_back({d->id, "", "", free_cpus[d->id.value()], fits(*d)});
       }
       auto c = policy_->Choose(request, candidates);
-      if (!c) return FailIfUnplaceable(job, gang);
+      if (!c) return false;
       pick = *c;
     }
     chosen[m] = pick;
@@ -1497,17 +1503,6 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
 }
 
 DaemonCapacity Scheduler::CapacityOf(const Daemon& d) { return {d.id, d.spec.name, d.spec.cpus, d.spec.gpus}; }
-
-bool Scheduler::FailIfUnplaceable(Job& job, GangId gang) {
-  std::vector<DaemonCapacity> live;
-  for (const auto& d : daemons_) {
-    if (d->alive) live.push_back(CapacityOf(*d));
-  }
-  if (std::string why = job.gang_needs->WhyUnplaceable(gang, job.affinity, live); !why.empty()) {
-    FinishJob(job, JobState::kFailed, why);
-  }
-  return false;
-}
 
 void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const std::vector<VertexId>& after) {
   const JobGraph& g = job.g();
@@ -1777,14 +1772,15 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     uint32_t next = std::max(r.version, r.dup_version) + 1;
     if (action == "fail" || action == "delay") {
       f.kind = action == "fail" ? FaultKind::kFail : FaultKind::kDelay;
-      f.attempts = request.value("attempts", std::vector<int>{static_cast<int>(next)});
-      f.ms = request.value("ms", int64_t{1000});
       // The job file's bounds (job_parser.cc): attempt 0 never comes, and a delay past a day
-      // would hold the vertex's slot beyond any timeout.
-      for (int a : f.attempts) {
+      // would hold the vertex's slot beyond any timeout. Read wide, so 2^32+1 is not 1.
+      const auto attempts = request.value("attempts", std::vector<int64_t>{next});
+      if (attempts.empty()) return Status::InvalidArgument("no attempt numbers");
+      for (int64_t a : attempts) {
         if (a < 1 || a > 1000) return Status::InvalidArgument("attempt numbers run from 1 to 1000, got " + std::to_string(a));
+        f.attempts.push_back(static_cast<int>(a));
       }
-      if (f.attempts.empty()) return Status::InvalidArgument("no attempt numbers");
+      f.ms = request.value("ms", int64_t{1000});
       if (f.ms < 0 || f.ms > 86'400'000) return Status::InvalidArgument("a delay is 0 to 86400000 ms, got " + std::to_string(f.ms));
     } else {
       f.kind = action == "corrupt" ? FaultKind::kCorruptOutputOf : FaultKind::kDropOutputOf;

@@ -226,8 +226,6 @@ class Scheduler {
   void AddNcclInfo(Job& job, VertexId v, uint32_t version, Json& task);
   /// Places every member of a gang at once, or none.
   bool TryPlaceGang(Job& job, GangId gang);
-  /// A gang not placed: fails its job when no wait can help (GangNeeds::WhyUnplaceable). False.
-  bool FailIfUnplaceable(Job& job, GangId gang);
   static DaemonCapacity CapacityOf(const Daemon& d);
   /// Cancels a gang's running members and sends every member back to waiting.
   void ResetGang(Job& job, GangId gang, VertexId cause, const std::string& why);

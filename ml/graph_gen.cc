@@ -478,7 +478,7 @@ Result<Json> GenerateTrainingGraph(const GraphOptions& o) {
     // pair); bound the whole before writing it, as the job manager bounds what it expands.
     const int64_t w = o.kind == "pipeline" ? 1 : o.workers;
     const int64_t pm = o.kind == "data-parallel" ? 1 : int64_t{o.stages} * o.microbatches;
-    const int64_t per_step = w * (2 * pm + 2 * w + 4);
+    const int64_t per_step = w * (2 * pm + 2 * w + 4) + 2 * o.stages;  // + each stage's update
     if (steps > kMaxGraphVertices / per_step) {
       return Status::InvalidArgument("--epochs/--steps: " + std::to_string(steps) + " steps of up to " + std::to_string(per_step) +
                                      " vertices each exceed the " + std::to_string(kMaxGraphVertices) +

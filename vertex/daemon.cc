@@ -641,7 +641,6 @@ class Daemon::Impl {
     if (!attempts.empty() && conn && conn->open()) conn->Send({{"op", "report"}, {"attempts", std::move(attempts)}});
   }
 
-  /// A GPU of this daemon for one attempt (the job manager never over-commits them).
   /// One of this daemon's GPUs for an attempt's duration (device -1: none asked for, or none
   /// came free). The job manager counts a cancelled attempt's GPU free once it has sent the
   /// cancel, so the next attempt may arrive while the old one still holds the device here: it
@@ -785,15 +784,19 @@ class Daemon::Impl {
       int lost_port = -1;
       const int gpus = spec.value("gpus", 0);
       GpuLease gpu(*this, gpus, *task.cancel);
-      if (gpus > 0 && gpu.device() < 0 && !task.cancel->load()) {
-        return fail("program_error", "no GPU of this daemon's " + std::to_string(options_.gpus) + " came free within " +
+      if (task.cancel->load()) return fail("cancelled", "cancelled");
+      if (gpus > 0 && gpu.device() < 0) {
+        // Not charged: the attempt holding it is at fault, if anyone is.
+        return fail("input_lost", "no GPU of this daemon's " + std::to_string(options_.gpus) + " came free within " +
                                          std::to_string(GpuLease::kGpuWait.count()) + " s");
       }
       if (spec.contains("nccl")) {
         Status st = JoinNcclGroup(spec["nccl"], gpu.device(), task);
         // Charged like the program's own error: no GPU, no NCCL or a failed init will fail the
         // same way again, and a gang restarted for free would do so without end. A peer lost
-        // meanwhile restarts the gang first, and this report is then stale.
+        // meanwhile usually restarts the gang first (this report is then stale); when NCCL
+        // notices first, the member is charged one attempt for it.
+        if (task.cancel->load()) return fail("cancelled", "cancelled");
         if (!st.ok()) return fail("program_error", "joining the gang's NCCL group: " + st.message());
       }
       std::vector<std::unique_ptr<chan::ChannelReader>> readers;

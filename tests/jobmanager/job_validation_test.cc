@@ -200,6 +200,8 @@ TEST_CASE("Validation.AVertexFeedingItselfIsAnError") {
   auto file = Load(R"({"stages": [{"name": "a", "program": "noop"}], "edges": [{"from": "a", "to": "a"}]})");
   CHECK_ERROR(file, "/edges/0", "a[0] cannot wait for itself to complete (a file channel from it to itself)");
   CHECK(file.diags.size() == 1);
+  auto order = Load(R"({"stages": [{"name": "a", "program": "noop"}], "edges": [{"from": "a", "to": "a", "channel": "order"}]})");
+  CHECK_ERROR(order, "/edges/0", "a[0] cannot wait for itself to complete (an order channel from it to itself)");
 }
 
 TEST_CASE("Validation.PinnedOutputPortsAreBoundedOverTheJob") {

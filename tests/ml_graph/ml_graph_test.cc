@@ -413,7 +413,7 @@ TEST_CASE("MlGraph.PartitionParamsOutOfRangeAreErrorsNotCrashes") {
   endless.batch = 1;
   auto huge = GenerateTrainingGraph(endless);
   REQUIRE_FALSE(huge.ok());
-  CHECK_MESSAGE(huge.status().message().find("--epochs/--steps: 60000000000 steps of up to 8 vertices each exceed") == 0,
+  CHECK_MESSAGE(huge.status().message().find("--epochs/--steps: 60000000000 steps of up to 12 vertices each exceed") == 0,
                 huge.status().message());
 }
 
