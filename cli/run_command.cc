@@ -188,6 +188,27 @@ class LocalCluster {
   std::unique_ptr<net::BlockingClient> client_;
 };
 
+/// Why a gang of `g` would wait for ever on the local cluster (nothing joins it): one of its
+/// affinity groups needs more than a daemon offers, or the whole gang more than all of them.
+/// "" when every gang may be placed.
+std::string GangTheseDaemonsCannotHold(const jm::JobGraph& g, const RunOpts& o) {
+  jm::GangNeeds needs(g);
+  std::vector<jm::DaemonCapacity> daemons;
+  for (int i = 0; i < o.daemons; ++i) daemons.push_back({DaemonId(static_cast<uint32_t>(i)), double(o.cpus), o.gpus});
+  for (const auto& gang : g.gangs()) {
+    if (std::string why = needs.WhyUnplaceable(gang.id, daemons); !why.empty()) return why;
+    double cpus = 0;
+    int gpus = 0;
+    for (VertexId m : gang.members) cpus += g.stage_of(m).resources.cpus, gpus += g.stage_of(m).resources.gpus;
+    if (cpus > o.daemons * o.cpus + 1e-9 || gpus > o.daemons * o.gpus) {
+      return fmt::format("a gang of {} (with {}) needs {:g} cpus and {} gpus at once; the {} local daemons offer {} and {}",
+                         gang.members.size(), g.vertex(gang.members[0]).name, cpus, gpus, o.daemons, o.daemons * o.cpus,
+                         o.daemons * o.gpus);
+    }
+  }
+  return "";
+}
+
 int RunJob(const RunOpts& o) {
   bool json = o.format == "json";
   jm::JobLoad load = jm::LoadJobFile(o.file, Catalog());
@@ -207,28 +228,9 @@ int RunJob(const RunOpts& o) {
               << o.gpus << " (--gpus)\n";
     return 1;
   }
-  // A gang this cluster could never hold would wait for ever too: its affinity groups each
-  // on one daemon, and all its members at once on the N daemons.
-  {
-    const jm::JobGraph& g = *load.graph;
-    jm::GangNeeds needs(g);
-    std::vector<jm::DaemonCapacity> daemons;
-    for (int i = 0; i < o.daemons; ++i) daemons.push_back({DaemonId(static_cast<uint32_t>(i)), "d" + std::to_string(i), double(o.cpus), o.gpus});
-    for (const auto& gang : g.gangs()) {
-      std::string why = needs.WhyUnplaceable(gang.id, daemons);
-      double cpus = 0;
-      int gpus = 0;
-      for (VertexId m : gang.members) cpus += g.stage_of(m).resources.cpus, gpus += g.stage_of(m).resources.gpus;
-      if (why.empty() && (cpus > o.daemons * o.cpus + 1e-9 || gpus > o.daemons * o.gpus)) {
-        why = fmt::format("a gang of {} (with {}) needs {:g} cpus and {} gpus at once; the {} local daemons offer {} and {}",
-                          gang.members.size(), g.vertex(gang.members[0]).name, cpus, gpus, o.daemons, o.daemons * o.cpus,
-                          o.daemons * o.gpus);
-      }
-      if (!why.empty()) {
-        std::cerr << "copse run: " << why << " (--daemons, --cpus, --gpus)\n";
-        return 1;
-      }
-    }
+  if (std::string why = GangTheseDaemonsCannotHold(*load.graph, o); !why.empty()) {
+    std::cerr << "copse run: " << why << " (--daemons, --cpus, --gpus)\n";
+    return 1;
   }
   signal(SIGINT, [](int) { g_interrupted = true; });
   signal(SIGTERM, [](int) { g_interrupted = true; });

@@ -21,7 +21,6 @@ namespace copse::jm {
 /// A live daemon's whole capacity (not what is free now).
 struct DaemonCapacity {
   DaemonId id;
-  std::string name;
   double cpus = 0;
   int gpus = 0;
 };

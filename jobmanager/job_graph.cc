@@ -340,16 +340,18 @@ class JobGraph::Builder {
     }
   }
 
+  /// The highest pinned output port among `outs`, or -1.
+  static int HighestPinnedPort(const std::vector<OutRequest>& outs) {
+    int highest = -1;
+    for (const auto& req : outs) {
+      if (req.port) highest = std::max(highest, *req.port);
+    }
+    return highest;
+  }
+
   void AssignPorts() {
     uint64_t ports = 0;
-    for (const auto& v : g_.vertices_) {
-      const auto& outs = out_req_[v.id.value()];
-      int explicit_max = -1;
-      for (const auto& req : outs) {
-        if (req.port) explicit_max = std::max(explicit_max, *req.port);
-      }
-      ports += std::max<uint64_t>(explicit_max + 1, outs.size());
-    }
+    for (const auto& outs : out_req_) ports += std::max<uint64_t>(HighestPinnedPort(outs) + 1, outs.size());
     if (ports > kMaxOutputPorts) {
       diags_.Error("/edges", "the job's vertices have " + std::to_string(ports) + " output ports (pinned from_port numbers count every port below them); at most " +
                                  std::to_string(kMaxOutputPorts) + " are supported");
@@ -387,11 +389,7 @@ class JobGraph::Builder {
       }
 
       auto& outs = out_req_[v.id.value()];
-      int explicit_max = -1;
-      for (const auto& req : outs) {
-        if (req.port) explicit_max = std::max(explicit_max, *req.port);
-      }
-      v.outputs.resize(std::max<size_t>(explicit_max + 1, 0));
+      v.outputs.resize(HighestPinnedPort(outs) + 1);
       std::vector<char> taken(v.outputs.size(), 0);
       for (const auto& req : outs) {
         if (req.port) taken[*req.port] = 1;

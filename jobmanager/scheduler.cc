@@ -1358,9 +1358,7 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   // others are no candidates, so locality does not wait for them). Where no live daemon could
   // hold those gangs, it waits: a daemon may return or join (after a job manager restart the
   // daemons come back one by one), and a pin made now would be for good.
-  auto pin_fits = [&](const Daemon& d) {
-    return stage.affinity.empty() || job.gang_needs->PinFits(stage.affinity, CapacityOf(d), job.affinity);
-  };
+  auto pin_fits = [&](const Daemon& d) { return PinFits(job, stage, d, job.affinity); };
   if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return d->alive && pin_fits(*d); })) {
     if (job.pin_waits.insert(stage.affinity).second) {
       Log(job, v, "waits: no live daemon can hold affinity group " + stage.affinity + " beside the gangs it joins");
@@ -1476,12 +1474,9 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
         if (static_cast<size_t>(c.from_port) < p.output_bytes.size()) request.input_bytes[p.daemon] += p.output_bytes[c.from_port];
       }
       request.waited = std::chrono::hours(1);  // a gang does not wait for locality
-      auto pin_fits = [&](const Daemon& d) {
-        return stage.affinity.empty() || job.gang_needs->PinFits(stage.affinity, CapacityOf(d), affinity);
-      };
       std::vector<PlacementDaemon> candidates;
       for (const auto& d : daemons_) {
-        if (d->alive && pin_fits(*d)) candidates.push_back({d->id, "", "", free_cpus[d->id.value()], fits(*d)});
+        if (d->alive && PinFits(job, stage, *d, affinity)) candidates.push_back({d->id, "", "", free_cpus[d->id.value()], fits(*d)});
       }
       auto c = policy_->Choose(request, candidates);
       if (!c) return false;
@@ -1502,7 +1497,10 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
   return true;
 }
 
-DaemonCapacity Scheduler::CapacityOf(const Daemon& d) { return {d.id, d.spec.name, d.spec.cpus, d.spec.gpus}; }
+bool Scheduler::PinFits(const Job& job, const StageSpec& stage, const Daemon& d,
+                        const std::map<std::string, DaemonId>& pins) const {
+  return stage.affinity.empty() || job.gang_needs->PinFits(stage.affinity, {d.id, d.spec.cpus, d.spec.gpus}, pins);
+}
 
 void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const std::vector<VertexId>& after) {
   const JobGraph& g = job.g();

@@ -226,7 +226,9 @@ class Scheduler {
   void AddNcclInfo(Job& job, VertexId v, uint32_t version, Json& task);
   /// Places every member of a gang at once, or none.
   bool TryPlaceGang(Job& job, GangId gang);
-  static DaemonCapacity CapacityOf(const Daemon& d);
+  /// Whether `stage`'s affinity group, pinned to `d` beside `pins`, leaves room there for the
+  /// gangs it joins (always, for a stage without one): GangNeeds::PinFits.
+  bool PinFits(const Job& job, const StageSpec& stage, const Daemon& d, const std::map<std::string, DaemonId>& pins) const;
   /// Cancels a gang's running members and sends every member back to waiting.
   void ResetGang(Job& job, GangId gang, VertexId cause, const std::string& why);
   /// Sends attempt max(version, dup_version)+1 of v to d; a duplicate runs beside the current one.

@@ -409,10 +409,6 @@ class Daemon::Impl {
     }
   }
 
-  /// A chained task (its "after": an array of the attempts it runs after, each on this daemon
-  /// or — at most one, "remote" — elsewhere): queued at once when they have all succeeded here already,
-  /// withdrawn when one failed, else held until they have. Requires mu_. Throws Json::exception
-  /// on a malformed "after".
   /// What is wrong with a task's identity and chaining (read outside any handler, on worker
   /// threads), or "" when they are well formed.
   static std::string MalformedTask(const Json& spec) {
@@ -436,6 +432,10 @@ class Daemon::Impl {
     return "";
   }
 
+  /// A chained task (its "after": an array of the attempts it runs after, each on this daemon
+  /// or — at most one, "remote" — elsewhere): queued at once when they have all succeeded here already,
+  /// withdrawn when one failed, else held until they have. Requires mu_. Throws Json::exception
+  /// on a malformed "after".
   void HoldChained(Task t) {
     const uint64_t job = t.spec["job"].get<uint64_t>();
     auto withdraw = [&](const std::string& why) {
