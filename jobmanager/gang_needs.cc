@@ -24,6 +24,12 @@ std::string GangName(const JobGraph& g, GangId gang) {
 }  // namespace
 
 GangNeeds::GangNeeds(const JobGraph& g) : g_(g), needs_(g.gangs().size()) {
+  for (const StageSpec& stage : g.spec().stages) {
+    if (stage.affinity.empty()) continue;
+    auto [it, added] = largest_vertex_.try_emplace(stage.affinity, stage.resources);
+    it->second.cpus = std::max(it->second.cpus, stage.resources.cpus);
+    it->second.gpus = std::max(it->second.gpus, stage.resources.gpus);
+  }
   for (const Gang& gang : g.gangs()) {
     auto& by_group = needs_[gang.id.value()];
     for (VertexId m : gang.members) {
@@ -39,6 +45,10 @@ GangNeeds::GangNeeds(const JobGraph& g) : g_(g), needs_(g.gangs().size()) {
 
 bool GangNeeds::PinFits(const std::string& group, const DaemonCapacity& daemon,
                         const std::map<std::string, DaemonId>& pins) const {
+  if (auto largest = largest_vertex_.find(group); largest != largest_vertex_.end() &&
+                                                  !Within(largest->second, daemon.cpus, daemon.gpus)) {
+    return false;
+  }
   auto gangs = gangs_of_.find(group);
   if (gangs == gangs_of_.end()) return true;
   for (GangId gang : gangs->second) {

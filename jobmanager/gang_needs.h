@@ -8,7 +8,8 @@
 // first gradient vertex) does not land where the gang it joins later (that worker's GPU
 // all-reduce) cannot follow; `WhyUnplaceable` names the gangs that cannot be placed however
 // long they wait on a fixed cluster, so that `copse run` refuses such a job up front.
-// Members without an affinity group are free to go anywhere and are not counted here.
+// Members without an affinity group are free to go anywhere and are not counted here. A
+// group's largest single vertex must fit the daemon too, gang or not.
 #include <map>
 #include <string>
 #include <vector>
@@ -30,7 +31,8 @@ class GangNeeds {
   explicit GangNeeds(const JobGraph& g);
 
   /// Whether pinning `group` to `daemon`, beside the groups already in `pins`, leaves every
-  /// gang with members in `group` within the daemon's capacity.
+  /// gang with members in `group` within the daemon's capacity, and every vertex of the group
+  /// too (a vertex bigger than the daemon its group is pinned to could never run).
   bool PinFits(const std::string& group, const DaemonCapacity& daemon, const std::map<std::string, DaemonId>& pins) const;
 
   /// Why `gang` could never be placed on a cluster of just these daemons ("" when it may be):
@@ -43,6 +45,8 @@ class GangNeeds {
   const JobGraph& g_;  // outlives this: the job holds both
   /// Per gang: per affinity group, what its members in the gang need together.
   std::vector<std::map<std::string, Resources>> needs_;
+  /// Per affinity group: the most cpus and the most gpus one of its vertices needs.
+  std::map<std::string, Resources> largest_vertex_;
   /// Per affinity group: the gangs it has members in.
   std::map<std::string, std::vector<GangId>> gangs_of_;
 };

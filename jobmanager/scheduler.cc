@@ -1361,7 +1361,7 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   auto pin_fits = [&](const Daemon& d) { return PinFits(job, stage, d, job.affinity); };
   if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return d->alive && pin_fits(*d); })) {
     if (job.pin_waits.insert(stage.affinity).second) {
-      Log(job, v, "waits: no live daemon can hold affinity group " + stage.affinity + " beside the gangs it joins");
+      Log(job, v, "waits: no live daemon can hold affinity group " + stage.affinity + "'s vertices and the gangs they join");
     }
     return false;
   }
@@ -1432,62 +1432,20 @@ bool Scheduler::AnySlotFree() const {
 }
 
 bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
-  const JobGraph& g = job.g();
-  const auto& members = g.gangs()[gang.value()].members;
-  // Tentative capacities: a gang is placed whole or not at all, so a gang that does not fit
-  // holds no slot (two jobs' gangs can never deadlock on partial reservations).
-  std::vector<double> free_cpus(daemons_.size());
-  std::vector<int> free_gpus(daemons_.size());
-  for (size_t i = 0; i < daemons_.size(); ++i) {
-    free_cpus[i] = daemons_[i]->free_cpus;
-    free_gpus[i] = daemons_[i]->free_gpus;
-  }
-  std::map<VertexId, DaemonId> chosen;
-  std::map<std::string, DaemonId> affinity = job.affinity;
+  const auto& members = job.g().gangs()[gang.value()].members;
   for (VertexId m : members) {
-    const StageSpec& stage = g.stage_of(m);
-    const Resources& need = stage.resources;
-    auto fits = [&](const Daemon& d) {
-      return d.alive && !d.awaiting && free_cpus[d.id.value()] + 1e-9 >= need.cpus && free_gpus[d.id.value()] >= need.gpus;
-    };
     if (ReadsAHeldOutput(job, m)) return false;
-    // shm ends share a daemon: follow a member this one is joined to by shm, if placed.
-    std::optional<DaemonId> forced;
-    for (const auto& ch : g.channels()) {
-      if (ch.kind != ChannelKind::kShm || (ch.from != m && ch.to != m)) continue;
-      VertexId other = ch.from == m ? ch.to : ch.from;
-      if (auto it = chosen.find(other); it != chosen.end()) forced = it->second;
-    }
-    if (!forced && !stage.affinity.empty()) {
-      if (auto it = affinity.find(stage.affinity); it != affinity.end()) forced = it->second;
-    }
-    DaemonId pick;
-    if (forced) {
-      if (!fits(*daemons_[forced->value()])) return false;
-      pick = *forced;
-    } else {
-      PlacementRequest request;
-      for (ChannelId ch : g.vertex(m).inputs) {
-        const ChannelEdge& c = g.channel(ch);
-        const Run& p = job.runs[c.from.value()];
-        if (IsLive(c.kind) || !p.daemon.valid()) continue;
-        if (static_cast<size_t>(c.from_port) < p.output_bytes.size()) request.input_bytes[p.daemon] += p.output_bytes[c.from_port];
-      }
-      request.waited = std::chrono::hours(1);  // a gang does not wait for locality
-      std::vector<PlacementDaemon> candidates;
-      for (const auto& d : daemons_) {
-        if (d->alive && PinFits(job, stage, *d, affinity)) candidates.push_back({d->id, "", "", free_cpus[d->id.value()], fits(*d)});
-      }
-      auto c = policy_->Choose(request, candidates);
-      if (!c) return false;
-      pick = *c;
-    }
-    chosen[m] = pick;
-    free_cpus[pick.value()] -= need.cpus;
-    free_gpus[pick.value()] -= need.gpus;
-    if (!stage.affinity.empty()) affinity[stage.affinity] = pick;
   }
-  job.affinity = affinity;
+  // Placed whole or not at all, so a gang that does not fit holds no slot (two jobs' gangs can
+  // never deadlock on partial reservations).
+  GangPlacement placement = PlaceGangOn(job, gang, /*idle=*/false);
+  if (!placement.placed()) return false;
+  std::map<VertexId, DaemonId> chosen;
+  for (size_t i = 0; i < members.size(); ++i) {
+    chosen[members[i]] = placement.daemons[i];
+    const std::string& group = job.g().stage_of(members[i]).affinity;
+    if (!group.empty()) job.affinity[group] = placement.daemons[i];
+  }
   uint32_t version = 0;
   for (VertexId m : members) version = std::max({version, job.runs[m.value()].version, job.runs[m.value()].dup_version});
   job.gang_version[gang.value()] = version + 1;
@@ -1495,6 +1453,43 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
   for (VertexId m : members) job.runs[m.value()].daemon = chosen[m];
   for (VertexId m : members) Dispatch(job, m, *daemons_[chosen[m].value()], /*duplicate=*/false);
   return true;
+}
+
+GangPlacement Scheduler::PlaceGangOn(const Job& job, GangId gang, bool idle) const {
+  const JobGraph& g = job.g();
+  const auto& members = g.gangs()[gang.value()].members;
+  GangRequest request;
+  request.pins = job.affinity;
+  std::map<VertexId, size_t> index;
+  for (VertexId m : members) {
+    index[m] = request.members.size();
+    GangMember member{g.vertex(m).name, g.stage_of(m).resources, g.stage_of(m).affinity, {}};
+    for (ChannelId ch : g.vertex(m).inputs) {
+      const ChannelEdge& c = g.channel(ch);
+      const Run& p = job.runs[c.from.value()];
+      if (IsLive(c.kind) || !p.daemon.valid()) continue;
+      if (static_cast<size_t>(c.from_port) < p.output_bytes.size()) member.input_bytes[p.daemon] += p.output_bytes[c.from_port];
+    }
+    request.members.push_back(std::move(member));
+  }
+  // shm ends share a daemon.
+  for (VertexId m : members) {
+    for (ChannelId ch : g.vertex(m).inputs) {
+      const ChannelEdge& c = g.channel(ch);
+      if (c.kind == ChannelKind::kShm && index.count(c.from)) request.share_daemon.emplace_back(index[c.from], index[m]);
+    }
+  }
+  std::vector<GangDaemon> daemons;
+  for (const auto& d : daemons_) {
+    if (!d->alive || d->awaiting) continue;
+    auto label = [&](const std::string& key) -> std::string_view {
+      auto it = d->spec.labels.find(key);
+      return it == d->spec.labels.end() ? std::string_view() : std::string_view(it->second);
+    };
+    daemons.push_back({d->id, label(kHostLabel), label(kRackLabel), idle ? d->spec.cpus : d->free_cpus,
+                       idle ? d->spec.gpus : d->free_gpus, d->spec.cpus, d->spec.gpus});
+  }
+  return PlaceGang(request, daemons, *job.gang_needs, *policy_);
 }
 
 bool Scheduler::PinFits(const Job& job, const StageSpec& stage, const Daemon& d,
@@ -1918,6 +1913,35 @@ std::optional<JobState> Scheduler::StateOf(JobId id) const {
   return job->state;
 }
 
+std::string Scheduler::WhyNotPlaced(const Job& job, VertexId v) const {
+  const JobGraph& g = job.g();
+  const StageSpec& stage = g.stage_of(v);
+  auto describe = [](double cpus, int gpus) { return fmt::format("{:g} cpus", cpus) + (gpus ? fmt::format(" and {} gpus", gpus) : ""); };
+  if (GangId gang = g.vertex(v).gang; gang.valid()) {
+    const auto& members = g.gangs()[gang.value()].members;
+    GangPlacement idle = PlaceGangOn(job, gang, /*idle=*/true);
+    if (!idle.placed()) {
+      return fmt::format("its gang of {} cannot be placed on the live daemons even when they are idle: {}", members.size(),
+                         idle.why_not);
+    }
+    double cpus = 0;
+    int gpus = 0;
+    for (VertexId m : members) cpus += g.stage_of(m).resources.cpus, gpus += g.stage_of(m).resources.gpus;
+    return fmt::format("its gang of {} waits for {} free at once", members.size(), describe(cpus, gpus));
+  }
+  const Resources& need = stage.resources;
+  auto holds = [&](const Daemon& d) { return d.alive && d.spec.cpus + 1e-9 >= need.cpus && d.spec.gpus >= need.gpus; };
+  if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return holds(*d); })) {
+    return "needs " + describe(need.cpus, need.gpus) + ", more than any live daemon has";
+  }
+  if (!stage.affinity.empty() && !job.affinity.count(stage.affinity) &&
+      std::none_of(daemons_.begin(), daemons_.end(),
+                   [&](const auto& d) { return d->alive && PinFits(job, stage, *d, job.affinity); })) {
+    return "no live daemon can hold affinity group " + stage.affinity + "'s vertices and the gangs they join";
+  }
+  return "no daemon has " + describe(need.cpus, need.gpus) + " free";
+}
+
 Json Scheduler::JobStatus(JobId id) const {
   const Job* job_ptr = FindJob(id);
   if (!job_ptr) return nullptr;
@@ -1946,9 +1970,7 @@ Json Scheduler::JobStatus(JobId id) const {
     if (r.state == VertexState::kReady && ReadsAHeldOutput(job, v.id)) {
       waiting.push_back({{"vertex", v.name}, {"reason", "ready; reads an output held for its daemon's return"}});
     } else if (r.state == VertexState::kReady) {
-      const auto& res = g.stage_of(v.id).resources;
-      waiting.push_back({{"vertex", v.name}, {"reason", "ready; no daemon has " + fmt::format("{:g}", res.cpus) +
-                                                            " free cpus" + (res.gpus ? " and " + std::to_string(res.gpus) + " gpus" : "")}});
+      waiting.push_back({{"vertex", v.name}, {"reason", "ready; " + WhyNotPlaced(job, v.id)}});
     } else if (r.state == VertexState::kWaiting) {
       std::string on;
       auto check = [&](ChannelId ch) {

@@ -28,6 +28,7 @@
 #include "common/ids.h"
 #include "common/json_util.h"
 #include "jobmanager/gang_needs.h"
+#include "jobmanager/gang_placement.h"
 #include "jobmanager/job_graph.h"
 #include "jobmanager/job_parser.h"
 #include "jobmanager/journal.h"
@@ -226,6 +227,12 @@ class Scheduler {
   void AddNcclInfo(Job& job, VertexId v, uint32_t version, Json& task);
   /// Places every member of a gang at once, or none.
   bool TryPlaceGang(Job& job, GangId gang);
+  /// Where the gang's members would go on the live daemons, with what is free on them now, or
+  /// (`idle`) with all they have: a gang that fits no idle daemon set waits for the cluster
+  /// to change, not for slots to free.
+  GangPlacement PlaceGangOn(const Job& job, GangId gang, bool idle) const;
+  /// Why ready vertex v has not been placed, for the job's status.
+  std::string WhyNotPlaced(const Job& job, VertexId v) const;
   /// Whether `stage`'s affinity group, pinned to `d` beside `pins`, leaves room there for the
   /// gangs it joins (always, for a stage without one): GangNeeds::PinFits.
   bool PinFits(const Job& job, const StageSpec& stage, const Daemon& d, const std::map<std::string, DaemonId>& pins) const;

@@ -1533,6 +1533,54 @@ TEST_CASE("Scheduler.AGroupTooBigForTheLiveDaemonsWaitsForOneThatFits") {
   }
 }
 
+TEST_CASE("Scheduler.AGangIsPlacedWhereOnlyAnotherMemberOrderFits") {
+  // Member by member, "one" took d0 (most room) and "two" then fitted nowhere, for ever.
+  Harness h;
+  DaemonId big = AddGpuDaemon(h, "big", 4, 2);
+  DaemonId small = AddGpuDaemon(h, "small", 2, 1);
+  JobId job = h.Submit(R"({"stages": [{"name": "one", "program": "noop", "resources": {"gpus": 1}},
+                                      {"name": "two", "program": "noop", "resources": {"gpus": 2}}],
+                           "edges": [{"from": "one", "to": "two", "channel": "stream"}]})");
+  CHECK(h.Next("one[0]").first == small);
+  CHECK(h.Next("two[0]").first == big);
+  CHECK(h.State(job) == "running");
+}
+
+TEST_CASE("Scheduler.TheStatusSaysWhyAReadyVertexWaits") {
+  Harness h;
+  h.AddDaemon("d0", 2);
+  auto reasons = [&](JobId job) {
+    std::string all;
+    Json status = h.sched.JobStatus(job);
+    for (const auto& w : status["waiting"]) all += w["vertex"].get<std::string>() + ": " + w["reason"].get<std::string>() + "\n";
+    return all;
+  };
+  SUBCASE("a vertex bigger than every live daemon") {
+    JobId job = h.Submit(R"({"stages": [{"name": "huge", "program": "noop", "resources": {"cpus": 4}}]})");
+    CHECK_MESSAGE(reasons(job).find("huge[0]: ready; needs 4 cpus, more than any live daemon has") != std::string::npos, reasons(job));
+  }
+  SUBCASE("a gang the live daemons cannot hold even when idle") {
+    JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
+                                        {"name": "c", "program": "noop"}],
+                             "edges": [{"from": "a", "to": "b", "channel": "stream"}, {"from": "b", "to": "c", "channel": "stream"}]})");
+    CHECK_MESSAGE(reasons(job).find("ready; its gang of 3 cannot be placed on the live daemons even when they are idle: its "
+                                    "members do not fit") != std::string::npos,
+                  reasons(job));
+    h.AddDaemon("d1", 1);
+    h.sched.Flush();
+    CHECK(h.sink.TakeTasks().size() == 3);
+  }
+  SUBCASE("a gang waiting for slots") {
+    JobId busy = h.Submit(R"({"stages": [{"name": "busy", "program": "noop"}]})");
+    JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
+                             "edges": [{"from": "a", "to": "b", "channel": "stream"}]})");
+    CHECK_MESSAGE(reasons(job).find("ready; its gang of 2 waits for 2 cpus free at once") != std::string::npos, reasons(job));
+    h.Finish(h.Next("busy[0]").second, true);
+    CHECK(h.State(busy) == "completed");
+    CHECK(h.sink.TakeTasks().size() == 2);
+  }
+}
+
 TEST_CASE("Scheduler.AffinityGroupsShareADaemon") {
   Harness h;
   h.AddDaemon("d0", 4);

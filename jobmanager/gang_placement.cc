@@ -1,0 +1,210 @@
+#include "jobmanager/gang_placement.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <set>
+#include <tuple>
+
+#include <fmt/format.h>
+
+namespace copse::jm {
+namespace {
+
+constexpr double kCpuSlack = 1e-9;  // cpus are fractional: sums of 0.1s must not miss by a rounding
+
+/// Members that must share a daemon, placed together.
+struct Unit {
+  std::vector<size_t> members;
+  Resources need{0, 0, 0};
+  std::optional<DaemonId> pinned;     // where one of its affinity groups is placed already
+  std::vector<std::string> unpinned;  // its groups not placed yet: this placement pins them
+  PlacementRequest request;           // its members' stored inputs together
+};
+
+size_t Root(std::vector<size_t>& parent, size_t x) {
+  while (parent[x] != x) x = parent[x] = parent[parent[x]];
+  return x;
+}
+
+std::string Names(const GangRequest& r, const std::vector<size_t>& members) {
+  std::string names;
+  for (size_t i = 0; i < members.size() && i < 3; ++i) names += (i ? ", " : "") + r.members[members[i]].name;
+  if (members.size() > 3) names += ", …";
+  return names;
+}
+
+class Search {
+ public:
+  Search(const GangRequest& r, const std::vector<GangDaemon>& daemons, const GangNeeds& needs, const PlacementPolicy& policy,
+         size_t max_steps)
+      : r_(r), daemons_(daemons), needs_(needs), policy_(policy), max_steps_(max_steps), pins_(r.pins) {
+    for (size_t i = 0; i < daemons.size(); ++i) {
+      index_[daemons[i].id] = i;
+      free_cpus_.push_back(daemons[i].free_cpus);
+      free_gpus_.push_back(daemons[i].free_gpus);
+    }
+  }
+
+  GangPlacement Run() {
+    GangPlacement out;
+    out.why_not = FormUnits();
+    if (!out.why_not.empty()) return out;
+    chosen_.assign(units_.size(), 0);
+    if (!Place(0)) {
+      out.why_not = steps_ > max_steps_
+                        ? fmt::format("no placement of its members on the live daemons' free slots was found in {} tries", max_steps_)
+                        : "its members do not fit the live daemons' free slots together";
+      return out;
+    }
+    out.daemons.resize(r_.members.size());
+    for (size_t u = 0; u < units_.size(); ++u) {
+      for (size_t m : units_[u].members) out.daemons[m] = daemons_[chosen_[u]].id;
+    }
+    return out;
+  }
+
+ private:
+  /// Groups members into units, largest first; "" or why the gang cannot be placed as it is.
+  std::string FormUnits() {
+    const size_t n = r_.members.size();
+    std::vector<size_t> parent(n);
+    std::iota(parent.begin(), parent.end(), 0);
+    std::map<std::string, size_t> first_of_group;
+    for (size_t m = 0; m < n; ++m) {
+      const std::string& group = r_.members[m].affinity;
+      if (group.empty()) continue;
+      auto [it, added] = first_of_group.try_emplace(group, m);
+      if (!added) parent[Root(parent, m)] = Root(parent, it->second);
+    }
+    for (auto [a, b] : r_.share_daemon) parent[Root(parent, a)] = Root(parent, b);
+    std::map<size_t, size_t> unit_of_root;
+    for (size_t m = 0; m < n; ++m) {
+      auto [it, added] = unit_of_root.try_emplace(Root(parent, m), units_.size());
+      if (added) units_.emplace_back();
+      Unit& u = units_[it->second];
+      const GangMember& member = r_.members[m];
+      u.members.push_back(m);
+      u.need.cpus += member.need.cpus;
+      u.need.gpus += member.need.gpus;
+      for (const auto& [d, bytes] : member.input_bytes) u.request.input_bytes[d] += bytes;
+      if (member.affinity.empty()) continue;
+      auto pin = r_.pins.find(member.affinity);
+      if (pin == r_.pins.end()) {
+        if (std::find(u.unpinned.begin(), u.unpinned.end(), member.affinity) == u.unpinned.end()) u.unpinned.push_back(member.affinity);
+      } else if (u.pinned && *u.pinned != pin->second) {
+        return fmt::format("{} must share a daemon (an shm channel or an affinity group joins them), but their affinity "
+                           "groups are placed on two daemons",
+                           Names(r_, u.members));
+      } else {
+        u.pinned = pin->second;
+      }
+    }
+    for (Unit& u : units_) {
+      u.request.waited = std::chrono::hours(1);  // a gang does not wait for locality
+      if (u.pinned && !index_.count(*u.pinned)) {
+        return fmt::format("{} run where affinity group {} was placed, and that daemon is not live",
+                           Names(r_, u.members), r_.members[u.members[0]].affinity);
+      }
+      bool somewhere = false;
+      for (size_t i = 0; i < daemons_.size() && !somewhere; ++i) somewhere = FreeFits(u, i);
+      if (!somewhere) {
+        return fmt::format("{} need {:g} cpus and {} gpus on one daemon{}, and no live daemon has that free",
+                           Names(r_, u.members), u.need.cpus, u.need.gpus,
+                           u.members.size() > 1 ? " (an shm channel or an affinity group joins them)" : "");
+      }
+    }
+    // Fixed units first (they have no choice), then scarce GPUs, then cpus.
+    std::stable_sort(units_.begin(), units_.end(), [](const Unit& a, const Unit& b) {
+      return std::make_tuple(!a.pinned, -a.need.gpus, -a.need.cpus) < std::make_tuple(!b.pinned, -b.need.gpus, -b.need.cpus);
+    });
+    return "";
+  }
+
+  bool FreeFits(const Unit& u, size_t i) const {
+    if (u.pinned && daemons_[i].id != *u.pinned) return false;
+    return u.need.cpus <= free_cpus_[i] + kCpuSlack && u.need.gpus <= free_gpus_[i];
+  }
+
+  /// Whether pinning the unit's unplaced groups to daemon i leaves room for the gangs they join.
+  bool PinsFit(const Unit& u, size_t i) {
+    if (u.unpinned.empty()) return true;
+    const GangDaemon& d = daemons_[i];
+    for (const auto& g : u.unpinned) pins_[g] = d.id;
+    bool fits = true;
+    for (const auto& g : u.unpinned) fits = fits && needs_.PinFits(g, {d.id, d.cpus, d.gpus}, pins_);
+    for (const auto& g : u.unpinned) pins_.erase(g);
+    return fits;
+  }
+
+  /// Daemons unit `u` may go to now, the policy's choice first, then the most free cpus.
+  std::vector<size_t> Candidates(const Unit& u) {
+    std::vector<size_t> out;
+    for (size_t i = 0; i < daemons_.size(); ++i) {
+      if (FreeFits(u, i) && PinsFit(u, i)) out.push_back(i);
+    }
+    if (out.size() < 2) return out;
+    std::stable_sort(out.begin(), out.end(), [&](size_t a, size_t b) { return free_cpus_[a] > free_cpus_[b]; });
+    std::vector<PlacementDaemon> view;
+    for (size_t i : out) view.push_back({daemons_[i].id, daemons_[i].host, daemons_[i].rack, free_cpus_[i], true});
+    if (auto best = policy_.Choose(u.request, view)) {
+      auto it = std::find_if(out.begin(), out.end(), [&](size_t i) { return daemons_[i].id == *best; });
+      if (it != out.end()) std::rotate(out.begin(), it, it + 1);
+    }
+    return out;
+  }
+
+  /// Whether no affinity group is pinned to daemon i: then it is interchangeable with any
+  /// other such daemon of the same capacities, for what the rest of the search can do.
+  bool Unmarked(size_t i) const {
+    return std::none_of(pins_.begin(), pins_.end(), [&](const auto& p) { return p.second == daemons_[i].id; });
+  }
+
+  bool Place(size_t k) {
+    if (k == units_.size()) return true;
+    const Unit& u = units_[k];
+    std::set<std::tuple<double, int, double, int>> failed_alike;
+    for (size_t i : Candidates(u)) {
+      const GangDaemon& d = daemons_[i];
+      auto alike = std::make_tuple(free_cpus_[i], free_gpus_[i], d.cpus, d.gpus);
+      bool unmarked = Unmarked(i);
+      if (unmarked && failed_alike.count(alike)) continue;
+      if (++steps_ > max_steps_) return false;
+      chosen_[k] = i;
+      const double cpus_before = free_cpus_[i];  // restored as it was: sums of fractions drift
+      free_cpus_[i] -= u.need.cpus;
+      free_gpus_[i] -= u.need.gpus;
+      for (const auto& g : u.unpinned) pins_[g] = d.id;
+      bool placed = Place(k + 1);
+      for (const auto& g : u.unpinned) pins_.erase(g);
+      free_cpus_[i] = cpus_before;
+      free_gpus_[i] += u.need.gpus;
+      if (placed) return true;
+      if (steps_ > max_steps_) return false;
+      if (unmarked) failed_alike.insert(alike);
+    }
+    return false;
+  }
+
+  const GangRequest& r_;
+  const std::vector<GangDaemon>& daemons_;
+  const GangNeeds& needs_;
+  const PlacementPolicy& policy_;
+  const size_t max_steps_;
+  std::map<DaemonId, size_t> index_;
+  std::vector<double> free_cpus_;
+  std::vector<int> free_gpus_;
+  std::map<std::string, DaemonId> pins_;  // the request's, and those the search has made so far
+  std::vector<Unit> units_;
+  std::vector<size_t> chosen_;  // per unit, an index into daemons_
+  size_t steps_ = 0;
+};
+
+}  // namespace
+
+GangPlacement PlaceGang(const GangRequest& request, const std::vector<GangDaemon>& daemons, const GangNeeds& needs,
+                        const PlacementPolicy& policy, size_t max_steps) {
+  return Search(request, daemons, needs, policy, max_steps).Run();
+}
+
+}  // namespace copse::jm
