@@ -38,7 +38,7 @@ class Search {
  public:
   Search(const GangRequest& r, const std::vector<GangDaemon>& daemons, const GangNeeds& needs, const PlacementPolicy& policy,
          size_t max_steps)
-      : r_(r), daemons_(daemons), needs_(needs), policy_(policy), max_steps_(max_steps), pins_(r.pins) {
+      : r_(r), daemons_(daemons), needs_(needs), policy_(policy), budget_(max_steps), pins_(r.pins) {
     for (size_t i = 0; i < daemons.size(); ++i) {
       index_[daemons[i].id] = i;
       free_cpus_.push_back(daemons[i].free_cpus);
@@ -51,9 +51,10 @@ class Search {
     out.why_not = FormUnits();
     if (!out.why_not.empty()) return out;
     chosen_.assign(units_.size(), 0);
+    budget_ += units_.size() * (daemons_.size() + 1);  // one pass without backtracking always completes
     if (!Place(0)) {
-      out.why_not = steps_ > max_steps_
-                        ? fmt::format("no placement of its members on the live daemons' free slots was found in {} tries", max_steps_)
+      out.why_not = steps_ > budget_
+                        ? fmt::format("no placement of its members on the live daemons' free slots was found in {} steps", budget_)
                         : "its members do not fit the live daemons' free slots together";
       return out;
     }
@@ -106,8 +107,20 @@ class Search {
         return fmt::format("{} run where affinity group {} was placed, and that daemon is not live",
                            Names(r_, u.members), r_.members[u.members[0]].affinity);
       }
-      bool somewhere = false;
+    }
+    double cpus = 0, free_cpus = 0;
+    int gpus = 0, free_gpus = 0;
+    for (const Unit& u : units_) cpus += u.need.cpus, gpus += u.need.gpus;
+    for (size_t i = 0; i < daemons_.size(); ++i) free_cpus += free_cpus_[i], free_gpus += free_gpus_[i];
+    if (cpus > free_cpus + kCpuSlack || gpus > free_gpus) {
+      return fmt::format("its members need {:g} cpus and {} gpus together, and the live daemons have {:g} and {} free", cpus,
+                         gpus, free_cpus, free_gpus);
+    }
+    std::set<std::pair<double, int>> fit_somewhere;  // needs of unpinned units seen to fit (units are often alike)
+    for (const Unit& u : units_) {
+      bool somewhere = !u.pinned && fit_somewhere.count({u.need.cpus, u.need.gpus});
       for (size_t i = 0; i < daemons_.size() && !somewhere; ++i) somewhere = FreeFits(u, i);
+      if (!u.pinned && somewhere) fit_somewhere.insert({u.need.cpus, u.need.gpus});
       if (!somewhere) {
         return fmt::format("{} need {:g} cpus and {} gpus on one daemon{}, and no live daemon has that free",
                            Names(r_, u.members), u.need.cpus, u.need.gpus,
@@ -140,6 +153,7 @@ class Search {
   /// Daemons unit `u` may go to now, the policy's choice first, then the most free cpus.
   std::vector<size_t> Candidates(const Unit& u) {
     std::vector<size_t> out;
+    steps_ += daemons_.size();
     for (size_t i = 0; i < daemons_.size(); ++i) {
       if (FreeFits(u, i) && PinsFit(u, i)) out.push_back(i);
     }
@@ -169,7 +183,7 @@ class Search {
       auto alike = std::make_tuple(free_cpus_[i], free_gpus_[i], d.cpus, d.gpus);
       bool unmarked = Unmarked(i);
       if (unmarked && failed_alike.count(alike)) continue;
-      if (++steps_ > max_steps_) return false;
+      if (++steps_ > budget_) return false;
       chosen_[k] = i;
       const double cpus_before = free_cpus_[i];  // restored as it was: sums of fractions drift
       free_cpus_[i] -= u.need.cpus;
@@ -180,7 +194,7 @@ class Search {
       free_cpus_[i] = cpus_before;
       free_gpus_[i] += u.need.gpus;
       if (placed) return true;
-      if (steps_ > max_steps_) return false;
+      if (steps_ > budget_) return false;
       if (unmarked) failed_alike.insert(alike);
     }
     return false;
@@ -190,7 +204,7 @@ class Search {
   const std::vector<GangDaemon>& daemons_;
   const GangNeeds& needs_;
   const PlacementPolicy& policy_;
-  const size_t max_steps_;
+  size_t budget_;  // steps: daemons looked at, and units tried on one
   std::map<DaemonId, size_t> index_;
   std::vector<double> free_cpus_;
   std::vector<int> free_gpus_;

@@ -8,10 +8,12 @@
 // member by member misses placements that exist (units needing 1 and 2 GPUs on daemons with 2
 // and 1 free: the 1 lands on the 2 and the 2 then fits nowhere), and a gang so missed waited
 // for ever. At every step the placement policy's choice is tried first, so where the greedy
-// pass would have succeeded the search takes the placement it would have. Daemons that look
+// pass would have succeeded the search takes the placement it would have. A gang needing more
+// than the live daemons have free in all is settled before any search; daemons that look
 // alike to the search (same free and whole capacity, no group pinned there) are tried once per
-// step, and the search gives up after `max_steps` tries, so an infeasible gang on a large
-// cluster costs a bounded amount of the job manager's thread on every scheduling pass.
+// step; and the search gives up after `max_steps` steps (a daemon looked at, or a unit tried
+// on one) beyond what one pass without backtracking takes, so a gang that cannot fit costs a
+// bounded part of the job manager's thread on every scheduling pass.
 //
 // A pure function of its arguments: the scheduler calls it with what is free now to place a
 // gang, and with what each daemon has in all to say whether waiting can ever help.
@@ -61,9 +63,9 @@ struct GangPlacement {
   bool placed() const { return !daemons.empty(); }
 };
 
-/// Tries per gang and scheduling pass before the search gives up (each try is one unit on one
-/// daemon; a cluster of a few hundred daemons and a gang of tens of units stays well inside).
-constexpr size_t kGangSearchSteps = 4096;
+/// Steps per gang and scheduling pass for backtracking, beyond one pass without it (a gang of
+/// 8 units on 1,024 daemons takes about 8,200 steps to place at once).
+constexpr size_t kGangSearchSteps = size_t{1} << 16;
 
 GangPlacement PlaceGang(const GangRequest& request, const std::vector<GangDaemon>& daemons, const GangNeeds& needs,
                         const PlacementPolicy& policy, size_t max_steps = kGangSearchSteps);

@@ -175,6 +175,13 @@ struct Scheduler::Job {
   Json recoveries = Json::array();
   std::vector<std::pair<VertexId, std::string>> log;
   std::vector<uint32_t> gang_version;  // per gang: the version of its current attempt
+  /// Per gang, after a search found no placement: until capacity frees or a pin goes, a new
+  /// search could only fail again; and searches of a big gang are spaced by their cost.
+  struct GangWait {
+    uint64_t epoch = 0;  // capacity_epoch_ + 1 of the failed search (0: none)
+    TimePoint retry_after{};
+  };
+  std::vector<GangWait> gang_waits;
   std::optional<GangNeeds> gang_needs;  // what gangs need where their affinity groups are pinned
   std::set<std::string> pin_waits;      // affinity groups logged as waiting for a daemon to fit
   /// One span per attempt, for `copse trace`: vertex, version, daemon, start/end ms, outcome.
@@ -246,6 +253,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
     d->free_cpus = spec.cpus;
     d->free_gpus = spec.gpus;
     d->spec = std::move(spec);
+    ++capacity_epoch_;
     SchedLog()->info("daemon {} is back with {} outputs", d->spec.name, inventory.size());
     for (auto& [job_id, job_ptr] : jobs_) {
       Job& job = *job_ptr;
@@ -275,6 +283,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
   d->free_cpus = spec.cpus;
   d->free_gpus = spec.gpus;
   d->spec = std::move(spec);
+  ++capacity_epoch_;
   DaemonId id = d->id;
   SchedLog()->info("daemon {} joined: {} cpus, {} gpus, data at {}:{}", d->spec.name, d->spec.cpus, d->spec.gpus,
                    d->spec.data_host, d->spec.data_port);
@@ -325,6 +334,7 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   }
   d.free_cpus = 0;
   d.free_gpus = 0;
+  ++capacity_epoch_;  // its jobs' affinity pins to it go
   d.running = 0;  // every attempt there died with it, duplicates whose other attempt carries on included
   SchedLog()->warn("daemon {} lost: {}{}", d.spec.name, why, hold_files ? " (its file outputs are held for its return)" : "");
   outbox_.erase(id);
@@ -592,6 +602,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   for (const auto& st : job->g().spec().stages) job->retains = job->retains || st.RetainsAny();
   job->stage_seconds.resize(job->g().spec().stages.size());
   job->gang_version.assign(job->g().gangs().size(), 0);
+  job->gang_waits.assign(job->g().gangs().size(), {});
   job->gang_needs.emplace(job->g());
   job->priority = Priorities(job->g());
   for (const auto& o : job->g().spec().outputs) job->declared[job->g().FindVertex(o.from.ToString()).value()] = 1;
@@ -725,6 +736,7 @@ void Scheduler::FreeSlot(Job& job, VertexId v, DaemonId daemon) {
     const auto& res = job.g().stage_of(v).resources;
     d.free_cpus += res.cpus;
     d.free_gpus += res.gpus;
+    ++capacity_epoch_;
   }
   if (d.running) --d.running;
 }
@@ -1438,8 +1450,18 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
   }
   // Placed whole or not at all, so a gang that does not fit holds no slot (two jobs' gangs can
   // never deadlock on partial reservations).
+  Job::GangWait& wait = job.gang_waits[gang.value()];
+  const TimePoint start = clock_.Now();
+  if (wait.epoch == capacity_epoch_ + 1 || start < wait.retry_after) return false;
   GangPlacement placement = PlaceGangOn(job, gang, /*idle=*/false);
-  if (!placement.placed()) return false;
+  if (!placement.placed()) {
+    // Tried again once capacity frees (Tick schedules), but no sooner than 100 times what
+    // this search cost, at most a second: a gang of a thousand members that cannot fit would
+    // otherwise take the job manager's thread on every completion in the cluster.
+    wait.epoch = capacity_epoch_ + 1;
+    wait.retry_after = clock_.Now() + std::min<Duration>(100 * (clock_.Now() - start), std::chrono::seconds(1));
+    return false;
+  }
   std::map<VertexId, DaemonId> chosen;
   for (size_t i = 0; i < members.size(); ++i) {
     chosen[members[i]] = placement.daemons[i];

@@ -326,6 +326,9 @@ class Scheduler {
   std::vector<std::unique_ptr<Daemon>> daemons_;
   std::map<JobId, std::unique_ptr<Job>> jobs_;
   uint64_t next_job_ = 1;
+  /// Counts every event that can let a gang fit where it did not: a slot freed, a daemon
+  /// joined or back, a daemon lost (its affinity pins go with it).
+  uint64_t capacity_epoch_ = 0;
   std::unique_ptr<PlacementPolicy> policy_;
   JournalSink* journal_ = nullptr;
   struct RandomChaos {

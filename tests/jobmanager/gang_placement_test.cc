@@ -89,7 +89,7 @@ TEST_CASE("GangPlacement.SaysWhyAGangCannotBePlaced") {
   }
   SUBCASE("together they do not fit") {
     GangRequest r;
-    r.members = {Member("a", 1.5, 0), Member("b", 1.5, 0), Member("c", 1.5, 0)};
+    r.members = {Member("a", 1.5, 0), Member("b", 1.5, 0), Member("c", 1, 0)};  // 4 cpus of 4, but no way to pack them
     auto p = PlaceGang(r, two, f.needs, f.load);
     CHECK_FALSE(p.placed());
     CHECK_MESSAGE(p.why_not.find("do not fit the live daemons' free slots together") != std::string::npos, p.why_not);
@@ -113,21 +113,37 @@ TEST_CASE("GangPlacement.SaysWhyAGangCannotBePlaced") {
 
 TEST_CASE("GangPlacement.AnInfeasibleGangOnALargeClusterCostsBoundedWork") {
   Fixture f;
-  // 300 alike daemons of one GPU and a gang of 301 one-GPU members: each level of the search
-  // tries one of the alike daemons, not all of them (or it would run for ever).
   std::vector<GangDaemon> daemons;
   for (uint32_t i = 0; i < 300; ++i) daemons.push_back(Daemon(i, 1, 1));
   GangRequest r;
   for (int i = 0; i < 301; ++i) r.members.push_back(Member("m" + std::to_string(i), 0.5, 1));
-  auto p = PlaceGang(r, daemons, f.needs, f.load);
-  CHECK_FALSE(p.placed());
-  CHECK_MESSAGE(p.why_not.find("do not fit") != std::string::npos, p.why_not);  // settled, not given up on
-  r.members.pop_back();
-  CHECK(PlaceGang(r, daemons, f.needs, f.load).placed());
-  // Past the budget, the search gives up and says so.
-  r.members.push_back(Member("extra", 0.5, 1));
-  auto capped = PlaceGang(r, daemons, f.needs, f.load, /*max_steps=*/50);
-  CHECK_MESSAGE(capped.why_not.find("was found in 50 tries") != std::string::npos, capped.why_not);
+  SUBCASE("more than the cluster has free in all is settled without a search") {
+    auto p = PlaceGang(r, daemons, f.needs, f.load, /*max_steps=*/0);
+    CHECK_MESSAGE(p.why_not.find("need 150.5 cpus and 301 gpus together, and the live daemons have 300 and 300 free") !=
+                      std::string::npos,
+                  p.why_not);
+  }
+  SUBCASE("alike daemons are tried once per step") {
+    // 300 members of 0.6 cpus on 300 one-GPU daemons, and one more member needing a whole
+    // daemon's cpu: in all they fit, but the big one fits nowhere beside a GPU member. The
+    // search sees that at each level by trying one of the alike daemons, not all of them.
+    r.members.back() = Member("big", 1, 0);
+    for (auto& m : r.members) m.need.cpus = m.name == "big" ? 1 : 0.6;
+    daemons.push_back(Daemon(300, 0.5, 0));
+    auto p = PlaceGang(r, daemons, f.needs, f.load);
+    CHECK_MESSAGE(p.why_not.find("do not fit") != std::string::npos, p.why_not);  // settled, not given up on
+    daemons.back() = Daemon(300, 1, 0);
+    CHECK(PlaceGang(r, daemons, f.needs, f.load).placed());
+  }
+  SUBCASE("past its budget the search gives up and says so") {
+    // Two kinds of daemon (1 and 1.5 cpus) make the search tree grow as 2^depth: "big" fits
+    // beside no GPU member, which only trying every mix would show.
+    for (uint32_t i = 0; i < 300; i += 2) daemons[i] = Daemon(i, 1.5, 1);
+    r.members.back() = Member("big", 1, 0);
+    for (auto& m : r.members) m.need.cpus = m.name == "big" ? 1 : 0.6;
+    auto capped = PlaceGang(r, daemons, f.needs, f.load, /*max_steps=*/50);
+    CHECK_MESSAGE(capped.why_not.find("was found in 90651 steps") != std::string::npos, capped.why_not);  // 50 + 301 * 301
+  }
 }
 
 TEST_CASE("GangPlacement.AGroupIsNotPlacedWhereItsLargestVertexCannotRun") {

@@ -1564,7 +1564,8 @@ TEST_CASE("Scheduler.TheStatusSaysWhyAReadyVertexWaits") {
                                         {"name": "c", "program": "noop"}],
                              "edges": [{"from": "a", "to": "b", "channel": "stream"}, {"from": "b", "to": "c", "channel": "stream"}]})");
     CHECK_MESSAGE(reasons(job).find("ready; its gang of 3 cannot be placed on the live daemons even when they are idle: its "
-                                    "members do not fit") != std::string::npos,
+                                    "members need 3 cpus and 0 gpus together, and the live daemons have 2 and 0 free") !=
+                      std::string::npos,
                   reasons(job));
     h.AddDaemon("d1", 1);
     h.sched.Flush();
