@@ -410,13 +410,20 @@ void StreamHub::Impl::HandleRouter(std::vector<zmq::message_t>& parts) {
       return;
     case Type::kOpen: {
       auto extra = Extra(parts[1]);
-      if (extra.size() != 32 + 64 || h.a == 0 || h.b == 0 || h.a > kMaxWindowBytes || h.b > kMaxWindowMessages) {
-        return Drop("malformed open");
-      }
+      if (extra.size() != 32 + 64 || h.a == 0 || h.b == 0) return Drop("malformed open");
       auto nonce = extra.substr(0, 32);
       if (!auth::ConstantTimeEquals(extra.substr(32), OpenMac(secret, key, nonce, h.a, h.b))) {
         log->warn("stream hub: refused an open of {} with a bad MAC", key.ToString());
         return Drop("bad MAC");
+      }
+      if (h.a > kMaxWindowBytes || h.b > kMaxWindowMessages) {
+        // Authenticated, so told why rather than left to time out: a producer of another
+        // build whose window is above this hub's caps.
+        abort_reason = "stream " + key.ToString() + " opened with a window of " + std::to_string(h.a) + " bytes and " +
+                       std::to_string(h.b) + " messages, above the consumer's caps of " + std::to_string(kMaxWindowBytes) +
+                       " and " + std::to_string(kMaxWindowMessages);
+        log->warn("stream hub: refused an open: {}", abort_reason);
+        break;
       }
       if (dropped_jobs.count(key.job)) {
         abort_reason = kConsumerDroppedJob;
@@ -519,7 +526,7 @@ void StreamHub::Impl::HandleDealer(PeerConn& peer, std::vector<zmq::message_t>& 
       c.cancelled = true;
     } else if (c.error.ok()) {
       c.error = Status::Unavailable("the consumer of stream " + key.ToString() +
-                                    " is gone: " + std::string(Extra(parts[0]).substr(0, kMaxReason)));
+                                    " ended it: " + std::string(Extra(parts[0]).substr(0, kMaxReason)));
     }
   } else {
     return Drop("unexpected frame type from a consumer");

@@ -25,7 +25,8 @@
 // window); frames for a channel that was not opened by an authenticated open from the same
 // connection, and malformed frames, are dropped and counted (dropped_frames()), never fatal.
 // The data itself is neither encrypted nor MACed (like the data server's). A producer that
-// sends beyond the window it opened with fails the channel (DataLoss) and is aborted.
+// sends beyond the window it opened with fails the channel (DataLoss) and is aborted; one that
+// opens with a window above the caps below (another build's) is aborted with the reason.
 //
 // Wire format (ZeroMQ multipart; DEALER->ROUTER frames gain the routing id in front):
 //   part 1: 40-byte header, little-endian: u32 magic "CPSS", u8 type, 3 pad, u64 job,

@@ -351,18 +351,14 @@ TEST_CASE("Stream.UnauthenticatedFramesAreIgnored" * doctest::timeout(15)) {
   CHECK(Drain(**r) == std::vector<std::string>{"b"});
 }
 
-TEST_CASE("Stream.AProducerBeyondItsWindowFailsTheChannel" * doctest::timeout(15)) {
-  // An authenticated producer (it knows the secret) that ignores flow control: the consumer
-  // buffers no more than the window it opened with, and the channel fails saying why.
-  Pair p;
-  StreamKey key{5, 2, 1};
-  auto r = p.cons->OpenReader(key, Quick());
-  REQUIRE(r.ok());
-  zmq::context_t ctx(1);
-  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
-  raw.set(zmq::sockopt::linger, 0);
-  raw.connect(p.peer(false)["tcp"].get<std::string>());
-  auto header = [&](uint8_t type, uint64_t a, uint64_t b) {
+/// A producer written by hand on a raw DEALER socket, that knows the secret: it can send what
+/// no writer of this build would.
+struct RawProducer {
+  RawProducer(const std::string& endpoint, StreamKey key) : key(key) {
+    raw.set(zmq::sockopt::linger, 0);
+    raw.connect(endpoint);
+  }
+  std::string Header(uint8_t type, uint64_t a, uint64_t b) const {
     std::string h(40, '\0');
     const uint32_t magic = 0x53535043;
     std::memcpy(h.data(), &magic, 4);
@@ -373,16 +369,31 @@ TEST_CASE("Stream.AProducerBeyondItsWindowFailsTheChannel" * doctest::timeout(15
     std::memcpy(h.data() + 24, &a, 8);
     std::memcpy(h.data() + 32, &b, 8);
     return h;
-  };
-  const std::string nonce(32, 'a');
-  const uint64_t window_bytes = 1 << 20, window_messages = 2;
-  std::string open = header(1, window_bytes, window_messages) + nonce +
-                     auth::Mac(kSecret, "copse-stream-open/" + key.ToString() + "/" + nonce + "/" +
-                                            std::to_string(window_bytes) + "/" + std::to_string(window_messages));
-  raw.send(zmq::buffer(open), zmq::send_flags::none);
+  }
+  void Open(uint64_t window_bytes, uint64_t window_messages) {
+    const std::string nonce(32, 'a');
+    std::string open = Header(1, window_bytes, window_messages) + nonce +
+                       auth::Mac(kSecret, "copse-stream-open/" + key.ToString() + "/" + nonce + "/" +
+                                              std::to_string(window_bytes) + "/" + std::to_string(window_messages));
+    raw.send(zmq::buffer(open), zmq::send_flags::none);
+  }
+  StreamKey key;
+  zmq::context_t ctx{1};
+  zmq::socket_t raw{ctx, zmq::socket_type::dealer};
+};
+
+TEST_CASE("Stream.AProducerBeyondItsWindowFailsTheChannel" * doctest::timeout(15)) {
+  // An authenticated producer (it knows the secret) that ignores flow control: the consumer
+  // buffers no more than the window it opened with, and the channel fails saying why.
+  Pair p;
+  StreamKey key{5, 2, 1};
+  auto r = p.cons->OpenReader(key, Quick());
+  REQUIRE(r.ok());
+  RawProducer producer(p.peer(false)["tcp"].get<std::string>(), key);
+  producer.Open(1 << 20, 2);
   for (uint64_t seq = 0; seq < 5; ++seq) {  // the window holds 2
-    raw.send(zmq::buffer(header(2, seq, 0)), zmq::send_flags::sndmore);
-    raw.send(zmq::str_buffer("x"), zmq::send_flags::none);
+    producer.raw.send(zmq::buffer(producer.Header(2, seq, 0)), zmq::send_flags::sndmore);
+    producer.raw.send(zmq::str_buffer("x"), zmq::send_flags::none);
   }
   Status failure;
   std::vector<std::string> got;
@@ -395,6 +406,28 @@ TEST_CASE("Stream.AProducerBeyondItsWindowFailsTheChannel" * doctest::timeout(15
   CHECK(failure.code() == StatusCode::kDataLoss);
   CHECK_MESSAGE(failure.message().find("sent beyond its window of 2 messages and 1048576 bytes") != std::string::npos,
                 failure.ToString());
+}
+
+TEST_CASE("Stream.AnOpenAboveTheConsumersCapsIsAbortedWithTheReason" * doctest::timeout(15)) {
+  // A producer of another build, with a bigger window than this hub allows: told why at once,
+  // rather than ignored until it times out.
+  Pair p;
+  StreamKey key{5, 3, 1};
+  auto r = p.cons->OpenReader(key, Quick());
+  REQUIRE(r.ok());
+  RawProducer producer(p.peer(false)["tcp"].get<std::string>(), key);
+  producer.Open(uint64_t{2} << 30, 4);
+  zmq::pollitem_t item{producer.raw.handle(), 0, ZMQ_POLLIN, 0};
+  std::string reply;
+  for (auto deadline = Clock::now() + std::chrono::seconds(5); reply.empty() && Clock::now() < deadline;) {
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) <= 0) continue;
+    zmq::message_t m;
+    if (!producer.raw.recv(m, zmq::recv_flags::dontwait)) continue;
+    if (m.size() > 40 && static_cast<uint8_t>(m.data<char>()[4]) == 4) reply = m.to_string().substr(40);  // abort
+  }
+  CHECK_MESSAGE(reply.find("opened with a window of 2147483648 bytes and 4 messages, above the consumer's caps") !=
+                    std::string::npos,
+                reply);
 }
 
 TEST_CASE("Stream.ConsumerHubNeverAnswers" * doctest::timeout(10)) {
