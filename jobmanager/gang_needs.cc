@@ -64,6 +64,18 @@ bool GangNeeds::PinFits(const std::string& group, const DaemonCapacity& daemon,
   return true;
 }
 
+std::vector<std::string> GangNeeds::GroupsSharingAGangWith(const std::string& group) const {
+  std::vector<std::string> out;
+  auto gangs = gangs_of_.find(group);
+  if (gangs == gangs_of_.end()) return out;
+  for (GangId gang : gangs->second) {
+    for (const auto& [other, need] : needs_[gang.value()]) out.push_back(other);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapacity>& daemons) const {
   double most_cpus = 0;
   int most_gpus = 0;

@@ -35,6 +35,10 @@ class GangNeeds {
   /// too (a vertex bigger than the daemon its group is pinned to could never run).
   bool PinFits(const std::string& group, const DaemonCapacity& daemon, const std::map<std::string, DaemonId>& pins) const;
 
+  /// The affinity groups whose pins `PinFits(group, …)` looks at: those with members in a gang
+  /// that `group` has members in (`group` itself among them, when it is in a gang).
+  std::vector<std::string> GroupsSharingAGangWith(const std::string& group) const;
+
   /// Why `gang` could never be placed on a cluster of just these daemons ("" when it may be):
   /// one of its affinity groups needs more at once than any of them has. For a cluster no
   /// daemon will join (`copse run`'s); the job manager's may grow, so there a group that fits

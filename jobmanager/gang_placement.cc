@@ -18,6 +18,7 @@ struct Unit {
   std::vector<size_t> members;
   Resources need{0, 0, 0};
   std::optional<DaemonId> pinned;     // where one of its affinity groups is placed already
+  std::string pinned_group;           // that group
   std::vector<std::string> unpinned;  // its groups not placed yet: this placement pins them
   PlacementRequest request;           // its members' stored inputs together
 };
@@ -51,9 +52,11 @@ class Search {
     out.why_not = FormUnits();
     if (!out.why_not.empty()) return out;
     chosen_.assign(units_.size(), 0);
+    CountMarks();
     budget_ += units_.size() * (daemons_.size() + 1);  // one pass without backtracking always completes
     if (!Place(0)) {
-      out.why_not = steps_ > budget_
+      out.gave_up = steps_ > budget_;
+      out.why_not = out.gave_up
                         ? fmt::format("no placement of its members on the live daemons' free slots was found in {} steps", budget_)
                         : "its members do not fit the live daemons' free slots together";
       return out;
@@ -99,19 +102,21 @@ class Search {
                            Names(r_, u.members));
       } else {
         u.pinned = pin->second;
+        u.pinned_group = member.affinity;
       }
     }
     for (Unit& u : units_) {
       u.request.waited = std::chrono::hours(1);  // a gang does not wait for locality
       if (u.pinned && !index_.count(*u.pinned)) {
-        return fmt::format("{} run where affinity group {} was placed, and that daemon is not live",
-                           Names(r_, u.members), r_.members[u.members[0]].affinity);
+        return fmt::format("{} run where affinity group {} was placed, and that daemon is not live", Names(r_, u.members),
+                           u.pinned_group);
       }
     }
     double cpus = 0, free_cpus = 0;
     int gpus = 0, free_gpus = 0;
     for (const Unit& u : units_) cpus += u.need.cpus, gpus += u.need.gpus;
-    for (size_t i = 0; i < daemons_.size(); ++i) free_cpus += free_cpus_[i], free_gpus += free_gpus_[i];
+    // Below zero where tasks are chained ahead of a slot (Scheduler::Dispatch): none to give.
+    for (size_t i = 0; i < daemons_.size(); ++i) free_cpus += std::max(0.0, free_cpus_[i]), free_gpus += std::max(0, free_gpus_[i]);
     if (cpus > free_cpus + kCpuSlack || gpus > free_gpus) {
       return fmt::format("its members need {:g} cpus and {} gpus together, and the live daemons have {:g} and {} free", cpus,
                          gpus, free_cpus, free_gpus);
@@ -153,14 +158,15 @@ class Search {
   /// Daemons unit `u` may go to now, the policy's choice first, then the most free cpus.
   std::vector<size_t> Candidates(const Unit& u) {
     std::vector<size_t> out;
+    std::vector<PlacementDaemon> view;  // every daemon: inputs on a full one still score its host and rack
     steps_ += daemons_.size();
     for (size_t i = 0; i < daemons_.size(); ++i) {
-      if (FreeFits(u, i) && PinsFit(u, i)) out.push_back(i);
+      bool fits = FreeFits(u, i) && PinsFit(u, i);
+      if (fits) out.push_back(i);
+      view.push_back({daemons_[i].id, daemons_[i].host, daemons_[i].rack, free_cpus_[i], fits});
     }
     if (out.size() < 2) return out;
     std::stable_sort(out.begin(), out.end(), [&](size_t a, size_t b) { return free_cpus_[a] > free_cpus_[b]; });
-    std::vector<PlacementDaemon> view;
-    for (size_t i : out) view.push_back({daemons_[i].id, daemons_[i].host, daemons_[i].rack, free_cpus_[i], true});
     if (auto best = policy_.Choose(u.request, view)) {
       auto it = std::find_if(out.begin(), out.end(), [&](size_t i) { return daemons_[i].id == *best; });
       if (it != out.end()) std::rotate(out.begin(), it, it + 1);
@@ -168,10 +174,24 @@ class Search {
     return out;
   }
 
-  /// Whether no affinity group is pinned to daemon i: then it is interchangeable with any
-  /// other such daemon of the same capacities, for what the rest of the search can do.
-  bool Unmarked(size_t i) const {
-    return std::none_of(pins_.begin(), pins_.end(), [&](const auto& p) { return p.second == daemons_[i].id; });
+  /// Counts, per daemon, the pins there that the rest of the search can see: of this gang's
+  /// groups (a unit forced there), and of groups sharing a gang with one of them (they weigh
+  /// in GangNeeds::PinFits). A daemon with none is interchangeable with any other of the same
+  /// capacities, for what the rest of the search can do.
+  void CountMarks() {
+    std::set<std::string> seen;
+    for (const Unit& u : units_) {
+      if (u.pinned) seen.insert(u.pinned_group);
+      for (const auto& g : u.unpinned) {
+        seen.insert(g);
+        for (auto& other : needs_.GroupsSharingAGangWith(g)) seen.insert(std::move(other));
+      }
+    }
+    marks_.assign(daemons_.size(), 0);
+    for (const auto& [group, daemon] : pins_) {
+      auto it = index_.find(daemon);
+      if (it != index_.end() && seen.count(group)) ++marks_[it->second];
+    }
   }
 
   bool Place(size_t k) {
@@ -181,7 +201,7 @@ class Search {
     for (size_t i : Candidates(u)) {
       const GangDaemon& d = daemons_[i];
       auto alike = std::make_tuple(free_cpus_[i], free_gpus_[i], d.cpus, d.gpus);
-      bool unmarked = Unmarked(i);
+      const bool unmarked = marks_[i] == 0;
       if (unmarked && failed_alike.count(alike)) continue;
       if (++steps_ > budget_) return false;
       chosen_[k] = i;
@@ -189,7 +209,9 @@ class Search {
       free_cpus_[i] -= u.need.cpus;
       free_gpus_[i] -= u.need.gpus;
       for (const auto& g : u.unpinned) pins_[g] = d.id;
+      marks_[i] += u.unpinned.size();
       bool placed = Place(k + 1);
+      marks_[i] -= u.unpinned.size();
       for (const auto& g : u.unpinned) pins_.erase(g);
       free_cpus_[i] = cpus_before;
       free_gpus_[i] += u.need.gpus;
@@ -211,6 +233,7 @@ class Search {
   std::map<std::string, DaemonId> pins_;  // the request's, and those the search has made so far
   std::vector<Unit> units_;
   std::vector<size_t> chosen_;  // per unit, an index into daemons_
+  std::vector<size_t> marks_;   // per daemon (CountMarks)
   size_t steps_ = 0;
 };
 

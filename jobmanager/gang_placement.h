@@ -3,17 +3,17 @@
 //
 // Members joined by an shm channel, or in one affinity group, must share a daemon, so they are
 // placed as one unit whose need is their sum; a unit whose group is pinned already goes where
-// the pin says. Units are tried largest first, scarce GPUs before cpus (first-fit decreasing,
-// as Ray's bundle scheduling orders a placement group), and with backtracking: a greedy pass
-// member by member misses placements that exist (units needing 1 and 2 GPUs on daemons with 2
-// and 1 free: the 1 lands on the 2 and the 2 then fits nowhere), and a gang so missed waited
-// for ever. At every step the placement policy's choice is tried first, so where the greedy
-// pass would have succeeded the search takes the placement it would have. A gang needing more
-// than the live daemons have free in all is settled before any search; daemons that look
-// alike to the search (same free and whole capacity, no group pinned there) are tried once per
-// step; and the search gives up after `max_steps` steps (a daemon looked at, or a unit tried
-// on one) beyond what one pass without backtracking takes, so a gang that cannot fit costs a
-// bounded part of the job manager's thread on every scheduling pass.
+// the pin says. Units are tried pinned ones first, then largest first, scarce GPUs before cpus
+// (first-fit decreasing, as Ray's bundle scheduling orders a placement group), and with
+// backtracking: a greedy pass member by member misses placements that exist (units needing 1
+// and 2 GPUs on daemons with 2 and 1 free: the 1 lands on the 2 and the 2 then fits nowhere),
+// and a gang so missed waited for ever. For each unit the placement policy's choice among the
+// daemons it fits is tried first, then the others by most free cpus. A gang needing more than
+// the live daemons have free in all is settled before any search; daemons that look alike to
+// the search (same free and whole capacity, no pin there that the rest of the search can see)
+// are tried once per step; and the search gives up after `max_steps` steps (a daemon looked
+// at, or a unit tried on one) beyond what one pass without backtracking takes, so a gang that
+// cannot fit costs a bounded part of the job manager's thread.
 //
 // A pure function of its arguments: the scheduler calls it with what is free now to place a
 // gang, and with what each daemon has in all to say whether waiting can ever help.
@@ -60,6 +60,7 @@ struct GangRequest {
 struct GangPlacement {
   std::vector<DaemonId> daemons;  // empty when not placed
   std::string why_not;
+  bool gave_up = false;  // the search ran out of steps: a placement may exist
   bool placed() const { return !daemons.empty(); }
 };
 

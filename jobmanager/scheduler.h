@@ -231,8 +231,9 @@ class Scheduler {
   /// (`idle`) with all they have: a gang that fits no idle daemon set waits for the cluster
   /// to change, not for slots to free.
   GangPlacement PlaceGangOn(const Job& job, GangId gang, bool idle) const;
-  /// Why ready vertex v has not been placed, for the job's status.
-  std::string WhyNotPlaced(const Job& job, VertexId v) const;
+  /// Why ready vertex v has not been placed, for the job's status; a gang's reason is worked
+  /// out once per call, kept in `gang_reasons` by gang.
+  std::string WhyNotPlaced(const Job& job, VertexId v, std::map<uint32_t, std::string>& gang_reasons) const;
   /// Whether `stage`'s affinity group, pinned to `d` beside `pins`, leaves room there for the
   /// gangs it joins (always, for a stage without one): GangNeeds::PinFits.
   bool PinFits(const Job& job, const StageSpec& stage, const Daemon& d, const std::map<std::string, DaemonId>& pins) const;

@@ -146,6 +146,37 @@ TEST_CASE("GangPlacement.AnInfeasibleGangOnALargeClusterCostsBoundedWork") {
   }
 }
 
+TEST_CASE("GangPlacement.ADaemonWithTasksChainedAheadHasNothingToGive") {
+  // Chained dispatch takes a slot ahead of time: d0's free count is below zero until its
+  // running task ends. It must not count against what d1 has free.
+  Fixture f;
+  GangRequest r;
+  r.members = {Member("a", 1, 0), Member("b", 1, 0)};
+  GangDaemon chained{DaemonId(0), "", "", -1, 0, 1, 0};
+  auto p = PlaceGang(r, {chained, Daemon(1, 2, 0)}, f.needs, f.load);
+  REQUIRE_MESSAGE(p.placed(), p.why_not);
+  CHECK(p.daemons == std::vector<DaemonId>{DaemonId(1), DaemonId(1)});
+}
+
+TEST_CASE("GangPlacement.ADaemonHoldingAPinThatMattersIsNotTakenForAnAlikeOne") {
+  // Groups g and h share another gang that needs 2.5 cpus of one daemon if both are there; h
+  // is pinned to d0. d0 and d1 look alike (2 cpus free of 2), but g cannot go to d0. The
+  // search first puts "whole" on d1 (its input is there), finds no room for g, and must then
+  // try d0 for "whole", not skip it as the same as d1.
+  auto graph = testing::MustLoad(R"({"stages": [{"name": "gq", "program": "noop", "affinity": "g"},
+                                               {"name": "hq", "program": "noop", "affinity": "h", "resources": {"cpus": 1.5}}],
+                                    "edges": [{"from": "gq", "to": "hq", "channel": "stream"}]})");
+  GangNeeds needs(*graph);
+  LocalityPolicy locality{std::chrono::seconds(10)};
+  GangRequest r;
+  r.members = {Member("whole", 2, 0), Member("grouped", 1, 0, "g")};
+  r.members[0].input_bytes[DaemonId(1)] = 1000;
+  r.pins["h"] = DaemonId(0);
+  auto p = PlaceGang(r, {Daemon(0, 2, 0), Daemon(1, 2, 0)}, needs, locality);
+  REQUIRE_MESSAGE(p.placed(), p.why_not);
+  CHECK(p.daemons == std::vector<DaemonId>{DaemonId(0), DaemonId(1)});
+}
+
 TEST_CASE("GangPlacement.AGroupIsNotPlacedWhereItsLargestVertexCannotRun") {
   auto graph = testing::MustLoad(R"({"stages": [{"name": "small", "program": "noop", "affinity": "g"},
                                                {"name": "big", "program": "noop", "affinity": "g", "resources": {"cpus": 3}}],

@@ -1571,6 +1571,13 @@ TEST_CASE("Scheduler.TheStatusSaysWhyAReadyVertexWaits") {
     h.sched.Flush();
     CHECK(h.sink.TakeTasks().size() == 3);
   }
+  SUBCASE("a gang waiting for a member") {
+    JobId job = h.Submit(R"({"stages": [{"name": "src", "program": "noop"}, {"name": "p", "program": "noop"},
+                                        {"name": "q", "program": "noop"}],
+                             "edges": [{"from": "src", "to": "p"}, {"from": "p", "to": "q", "channel": "stream"}]})");
+    CHECK_MESSAGE(reasons(job).find("q[0]: ready; its gang of 2 waits for its member p[0] to be ready") != std::string::npos,
+                  reasons(job));
+  }
   SUBCASE("a gang waiting for slots") {
     JobId busy = h.Submit(R"({"stages": [{"name": "busy", "program": "noop"}]})");
     JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
