@@ -25,23 +25,27 @@ GangDaemon Daemon(uint32_t id, double cpus, int gpus) { return {DaemonId(id), ""
 
 TEST_CASE("GangPlacement.FindsAPlacementAGreedyPassMisses") {
   Fixture f;
-  SUBCASE("scarce GPUs go first") {
-    // Member by member, the load policy puts the 1-GPU member on d0 (most free cpus), and the
-    // 2-GPU member then fits nowhere.
+  struct Case {
+    const char* why;
+    std::vector<GangMember> members;
+    std::vector<GangDaemon> daemons;
+    std::vector<DaemonId> expected;
+  };
+  const Case cases[] = {
+      {"scarce GPUs go first: member by member, the load policy puts the 1-GPU member on d0 (most free cpus), "
+       "and the 2-GPU member then fits nowhere",
+       {Member("one", 1, 1), Member("two", 1, 2)}, {Daemon(0, 4, 2), Daemon(1, 2, 1)}, {DaemonId(1), DaemonId(0)}},
+      {"backtracking where the order by size does not settle it: \"gpus\" goes first (more GPUs) to d0 (most free "
+       "cpus); \"cpus\" then fits nowhere, d0 having no GPU left and d1 too few cpus; only the swap fits",
+       {Member("cpus", 3, 1), Member("gpus", 1, 2)}, {Daemon(0, 4, 2), Daemon(1, 1, 2)}, {DaemonId(0), DaemonId(1)}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.why);
     GangRequest r;
-    r.members = {Member("one", 1, 1), Member("two", 1, 2)};
-    auto p = PlaceGang(r, {Daemon(0, 4, 2), Daemon(1, 2, 1)}, f.needs, f.load);
+    r.members = c.members;
+    auto p = PlaceGang(r, c.daemons, f.needs, f.load);
     REQUIRE_MESSAGE(p.placed(), p.why_not);
-    CHECK(p.daemons == std::vector<DaemonId>{DaemonId(1), DaemonId(0)});
-  }
-  SUBCASE("backtracking where the order by size does not settle it") {
-    // "gpus" goes first (more GPUs) to d0 (most free cpus); "cpus" then fits nowhere: d0 has
-    // no GPU left and d1 too few cpus. Only the swap fits.
-    GangRequest r;
-    r.members = {Member("cpus", 3, 1), Member("gpus", 1, 2)};
-    auto p = PlaceGang(r, {Daemon(0, 4, 2), Daemon(1, 1, 2)}, f.needs, f.load);
-    REQUIRE_MESSAGE(p.placed(), p.why_not);
-    CHECK(p.daemons == std::vector<DaemonId>{DaemonId(0), DaemonId(1)});
+    CHECK(p.daemons == c.expected);
   }
 }
 
