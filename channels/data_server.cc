@@ -290,7 +290,7 @@ bool DataServer::Impl::Handshake(BufferedSocket& in, const std::string& peer, st
   // more connections at once must find this one's place free.
   int64_t until = handshake_until_ms.load();
   if (until == 0 || !handshake_until_ms.compare_exchange_strong(until, 0)) return false;  // shut down as overdue meanwhile
-  return internal::WriteJson(s, Json{{"op", "welcome"}}).ok();
+  return internal::WriteJson(s, auth::Welcome(j, secret, nonce)).ok();
 }
 
 void DataServer::Impl::Serve(Socket& sock, std::atomic<int64_t>& handshake_until_ms) {

@@ -120,16 +120,13 @@ Result<std::unique_ptr<Conn>> Dial(const std::string& host, uint16_t port, const
   auto c = std::make_unique<Conn>(std::move(s), pool_key);
   auto hello = internal::ReadJson(c->in, kMaxEndBytes, o.connect_timeout_ms, o.connect_timeout_ms);
   if (!hello.ok()) return Status::Unavailable("handshake with " + peer + ": " + hello.status().message());
-  if (hello->value("op", "") != "hello" || !hello->contains("nonce") || !(*hello)["nonce"].is_string()) {
-    return Status::Unavailable("handshake with " + peer + ": expected hello, got " + hello->dump());
-  }
-  Json auth = {{"op", "auth"}, {"role", "peer"}, {"mac", auth::Mac(secret, (*hello)["nonce"].get<std::string>())}};
-  COPSE_RETURN_NOT_OK(internal::WriteJson(c->in.socket(), auth).WithContext("handshake with " + peer));
+  auto answer = auth::AnswerHello(*hello, secret, "peer");
+  if (!answer.ok()) return Status::Unavailable("handshake with " + peer + ": " + answer.status().message());
+  COPSE_RETURN_NOT_OK(internal::WriteJson(c->in.socket(), answer->message).WithContext("handshake with " + peer));
   auto reply = internal::ReadJson(c->in, kMaxEndBytes, o.connect_timeout_ms, o.connect_timeout_ms);
   if (!reply.ok()) return Status::Unavailable("handshake with " + peer + ": " + reply.status().message());
-  if (reply->value("op", "") != "welcome") {
-    return Status::PermissionDenied(peer + " refused the connection: " + reply->value("message", reply->dump()));
-  }
+  // Outputs are taken only from a peer that shows it holds the secret.
+  COPSE_RETURN_NOT_OK(auth::CheckWelcome(*reply, secret, *answer).WithContext(peer));
   Pool::Get().CountOpened(local);
   return c;
 }

@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
@@ -79,6 +81,52 @@ std::string Mac(std::string_view secret, std::string_view nonce) {
   HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(nonce.data()),
        nonce.size(), out, &len);
   return Hex(out, len);
+}
+
+namespace {
+
+bool IsNonce(std::string_view s) {
+  return s.size() == 32 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+std::string ServerProof(std::string_view secret, std::string_view client_nonce, std::string_view server_nonce) {
+  return Mac(secret, "copse-server/" + std::string(client_nonce) + "/" + std::string(server_nonce));
+}
+
+}  // namespace
+
+Result<HelloAnswer> AnswerHello(const Json& hello, std::string_view secret, std::string_view role) {
+  const std::string nonce = StringMember(hello, "nonce");
+  if (StringMember(hello, "op") != "hello" || !IsNonce(nonce)) {
+    return Status::InvalidArgument("expected a copse hello with a nonce of 32 hex digits, got " + DumpJson(hello).substr(0, 200));
+  }
+  HelloAnswer a;
+  a.server_nonce = nonce;
+  a.client_nonce = NewNonce();
+  a.message = {{"op", "auth"}, {"role", role}, {"mac", Mac(secret, nonce)}, {"nonce", a.client_nonce}};
+  return a;
+}
+
+Status CheckWelcome(const Json& welcome, std::string_view secret, const HelloAnswer& answer) {
+  const std::string op = StringMember(welcome, "op");
+  if (op == "error") return Status::PermissionDenied("refused: " + StringMember(welcome, "message"));
+  if (op != "welcome") return Status::PermissionDenied("expected a welcome, got " + DumpJson(welcome).substr(0, 200));
+  auto proof = welcome.find("proof");
+  if (proof == welcome.end() || !proof->is_string()) {
+    return Status::PermissionDenied("the server did not prove it holds the secret (not the copse server meant, or a build "
+                                    "from before mutual authentication)");
+  }
+  if (!ConstantTimeEquals(proof->get<std::string>(), ServerProof(secret, answer.client_nonce, answer.server_nonce))) {
+    return Status::PermissionDenied("the server's proof is wrong: it does not hold this secret");
+  }
+  return Status::OK();
+}
+
+Json Welcome(const Json& auth, std::string_view secret, std::string_view server_nonce) {
+  Json welcome = {{"op", "welcome"}};
+  const std::string client_nonce = StringMember(auth, "nonce");
+  if (IsNonce(client_nonce)) welcome["proof"] = ServerProof(secret, client_nonce, server_nonce);
+  return welcome;
 }
 
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {

@@ -216,14 +216,14 @@ Result<std::unique_ptr<BlockingClient>> BlockingClient::Connect(const std::strin
   c->socket_.connect(asio::ip::tcp::endpoint(address, port), ec);
   if (ec) return Status::Unavailable("cannot connect to " + host + ":" + std::to_string(port) + ": " + ec.message());
   c->socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+  const std::string peer = host + ":" + std::to_string(port);
   COPSE_ASSIGN_OR_RETURN(Json hello, c->Receive(timeout));
-  if (hello.value("op", "") != "hello" || !hello.contains("nonce")) {
-    return Status::Unavailable(host + ":" + std::to_string(port) + " did not greet like a copse server");
-  }
-  COPSE_RETURN_NOT_OK(
-      c->Send({{"op", "auth"}, {"role", role}, {"mac", auth::Mac(secret, hello["nonce"].get<std::string>())}}));
+  auto answer = auth::AnswerHello(hello, secret, role);
+  if (!answer.ok()) return Status::Unavailable(peer + " did not greet like a copse server: " + answer.status().message());
+  COPSE_RETURN_NOT_OK(c->Send(answer->message));
   auto welcome = c->Receive(timeout);
-  if (!welcome.ok()) return welcome.status().WithContext("authentication with " + host + ":" + std::to_string(port));
+  if (!welcome.ok()) return welcome.status().WithContext("authentication with " + peer);
+  COPSE_RETURN_NOT_OK(auth::CheckWelcome(*welcome, secret, *answer).WithContext("authentication with " + peer));
   return c;
 }
 

@@ -178,7 +178,7 @@ class JmServer::Impl : public DaemonSink {
       peer.authenticated = true;
       peer.role = role;
       conn->set_max_frame_bytes(wire::kMaxControlBytes);
-      conn->Send({{"op", "welcome"}});
+      conn->Send(auth::Welcome(msg, secret_, peer.nonce));
       return;
     }
     try {

@@ -227,9 +227,11 @@ class Daemon::Impl {
   template <class Socket>
   Status RegisterOn(Socket socket) {
     COPSE_ASSIGN_OR_RETURN(Json hello, ReadFrameSync(socket));
-    COPSE_RETURN_NOT_OK(WriteFrameSync(
-        socket, {{"op", "auth"}, {"role", "daemon"}, {"mac", auth::Mac(options_.secret, StringMember(hello, "nonce"))}}));
+    COPSE_ASSIGN_OR_RETURN(auth::HelloAnswer answer, auth::AnswerHello(hello, options_.secret, "daemon"));
+    COPSE_RETURN_NOT_OK(WriteFrameSync(socket, answer.message));
     COPSE_ASSIGN_OR_RETURN(Json welcome, ReadFrameSync(socket));
+    // Never take tasks from a server that cannot show it holds the secret.
+    COPSE_RETURN_NOT_OK(auth::CheckWelcome(welcome, options_.secret, answer).WithContext("the job manager"));
     Json outputs = Json::array();
     for (const auto& key : store_->List()) outputs.push_back(key.ToJson());
     COPSE_RETURN_NOT_OK(WriteFrameSync(socket, {{"op", "register"},

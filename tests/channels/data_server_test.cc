@@ -614,9 +614,11 @@ std::thread FakeLocalPeer(internal::Socket& listener, Frames frames, int fd) {
     int c = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
     REQUIRE(c >= 0);
     internal::BufferedSocket in(internal::Socket(c, true));
-    REQUIRE(internal::WriteJson(in.socket(), Json{{"op", "hello"}, {"nonce", "n"}, {"version", 1}}).ok());
-    REQUIRE(internal::ReadJson(in, 1 << 16, 3000, 3000).ok());  // auth
-    REQUIRE(internal::WriteJson(in.socket(), Json{{"op", "welcome"}}).ok());
+    const std::string nonce = auth::NewNonce();
+    REQUIRE(internal::WriteJson(in.socket(), Json{{"op", "hello"}, {"nonce", nonce}, {"version", 1}}).ok());
+    auto answer = internal::ReadJson(in, 1 << 16, 3000, 3000);
+    REQUIRE(answer.ok());
+    REQUIRE(internal::WriteJson(in.socket(), auth::Welcome(*answer, kSecret, nonce)).ok());
     REQUIRE(internal::ReadJson(in, 1 << 16, 3000, 3000).ok());  // fetch
     for (size_t i = 0; i < frames.size(); ++i) {
       const auto& [type, body] = frames[i];
@@ -752,6 +754,38 @@ TEST_CASE("RemoteFetch.AServerWithoutTheLocalSocketIsReachedOverTcp" * doctest::
   CHECK(Drain(**r) == std::vector<std::string>{"over tcp"});
   CHECK(GetRemotePoolStats().local_connections_opened == before.local_connections_opened);
   CHECK((*srv)->handoffs() == 0);
+}
+
+}  // namespace copse::chan
+
+namespace copse::chan {
+
+TEST_CASE("RemoteFetch.OutputsAreTakenOnlyFromAPeerThatProvesItHoldsTheSecret" * doctest::timeout(10)) {
+  // Anything listening on a peer's local socket name (any local user can bind it first) would
+  // otherwise feed a consumer whatever bytes it likes as an output.
+  const uint16_t port = 2;  // nothing listens on TCP: only the impostor's local socket answers
+  auto listener = internal::Socket::ListenLocal(LocalSocketName(kHost, port));
+  REQUIRE_MESSAGE(listener.ok(), listener.status().ToString());
+  std::atomic<bool> asked{false};
+  std::thread impostor([&] {
+    int c = ::accept4(listener->fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    internal::BufferedSocket in(internal::Socket(c, true));
+    (void)internal::WriteJson(in.socket(), Json{{"op", "hello"}, {"nonce", auth::NewNonce()}, {"version", 1}});
+    if (!internal::ReadJson(in, 1 << 16, 3000, 3000).ok()) return;
+    (void)internal::WriteJson(in.socket(), Json{{"op", "welcome"}});  // no proof: it lacks the secret
+    asked = internal::ReadJson(in, 1 << 16, 3000, 3000).ok();         // a fetch it would answer
+  });
+  RemoteReaderOptions o = Quick();
+  o.local_socket = true;
+  auto r = OpenRemoteReader(kHost, port, {1, 0, 0, 0}, kSecret, o);
+  Status st = r.ok() ? DrainStatus(**r) : r.status();
+  r = Status::Cancelled("closed");
+  CloseIdleRemoteConnections();
+  impostor.join();
+  CHECK(st.code() == StatusCode::kPermissionDenied);
+  CHECK_MESSAGE(st.message().find("did not prove it holds the secret") != std::string::npos, st.ToString());
+  CHECK_FALSE(asked);
 }
 
 }  // namespace copse::chan

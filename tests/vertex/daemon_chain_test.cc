@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include "channels/socket.h"
+#include "common/auth.h"
 #include "common/json_util.h"
 #include "vertex/daemon.h"
 
@@ -20,6 +21,8 @@ namespace {
 
 using chan::internal::BufferedSocket;
 using chan::internal::Socket;
+
+const std::string kSecret = "daemon-chain-test-secret-0123456789";
 
 /// Plays the job manager's side of one daemon connection, frame by frame.
 class ScriptedJobManager {
@@ -31,11 +34,23 @@ class ScriptedJobManager {
   void Accept() {
     conn_.emplace(Socket(::accept(listener_.fd(), nullptr, nullptr)));
     REQUIRE(conn_->socket().valid());
-    Send({{"op", "hello"}, {"nonce", "n"}, {"version", 1}});
-    CHECK(Read()["op"] == "auth");
-    Send({{"op", "welcome"}});
+    const std::string nonce = auth::NewNonce();
+    Send({{"op", "hello"}, {"nonce", nonce}, {"version", 1}});
+    Json answer = Read();
+    CHECK(answer["op"] == "auth");
+    Send(auth::Welcome(answer, kSecret, nonce));
     CHECK(Read()["op"] == "register");
     Send({{"op", "registered"}});
+  }
+  /// Accepts the daemon as a server without the secret would: hello, and a welcome with no
+  /// proof (`forged`: with one made with another secret).
+  void AcceptAsImpostor(bool forged) {
+    conn_.emplace(Socket(::accept(listener_.fd(), nullptr, nullptr)));
+    REQUIRE(conn_->socket().valid());
+    const std::string nonce = auth::NewNonce();
+    Send({{"op", "hello"}, {"nonce", nonce}, {"version", 1}});
+    Json answer = Read();
+    Send(forged ? auth::Welcome(answer, "not-the-secret-0123456789abcdef0123", nonce) : Json{{"op", "welcome"}});
   }
   void Send(const Json& msg) { REQUIRE(chan::internal::WriteJson(conn_->socket(), msg).ok()); }
   /// The next frame, waiting at most 10 s for it.
@@ -77,16 +92,22 @@ Json Task(uint32_t vertex, Json after = nullptr) {
   return t;
 }
 
+DaemonOptions OptionsFor(const ScriptedJobManager& jm, const std::filesystem::path& dir, int gpus = 0) {
+  DaemonOptions o;
+  o.jm_port = jm.port();
+  o.name = "d0";
+  o.secret = kSecret;
+  o.cpus = 2;
+  o.gpus = gpus;
+  o.work_dir = dir;
+  o.reconnect_timeout = std::chrono::milliseconds(0);
+  return o;
+}
+
 struct DaemonUnderTest {
   explicit DaemonUnderTest(ScriptedJobManager& jm, int gpus = 0) {
     dir = std::filesystem::temp_directory_path() / ("copse-daemon-test-" + std::to_string(::getpid()));
-    DaemonOptions o;
-    o.jm_port = jm.port();
-    o.name = "d0";
-    o.cpus = 2;
-    o.gpus = gpus;
-    o.work_dir = dir;
-    o.reconnect_timeout = std::chrono::milliseconds(0);
+    DaemonOptions o = OptionsFor(jm, dir, gpus);
     std::thread accept([&] { jm.Accept(); });
     auto started = Daemon::Start(o);
     accept.join();
@@ -104,6 +125,23 @@ struct DaemonUnderTest {
   std::unique_ptr<Daemon> daemon;
   std::thread runner;
 };
+
+TEST_CASE("Daemon.RegistersOnlyWithAJobManagerThatProvesItHoldsTheSecret" * doctest::timeout(30)) {
+  // Anything listening where a daemon connects (the job manager's local socket is a name any
+  // local user can bind first) would otherwise have it run the tasks it sends.
+  for (bool forged : {false, true}) {
+    ScriptedJobManager jm;
+    const auto dir = std::filesystem::temp_directory_path() / ("copse-daemon-impostor-" + std::to_string(::getpid()));
+    std::thread accept([&] { jm.AcceptAsImpostor(forged); });
+    auto started = Daemon::Start(OptionsFor(jm, dir));
+    accept.join();
+    CHECK(started.status().code() == StatusCode::kPermissionDenied);
+    CHECK_MESSAGE(started.status().message().find(forged ? "proof is wrong" : "did not prove it holds the secret") !=
+                      std::string::npos,
+                  started.status().ToString());
+    std::filesystem::remove_all(dir);
+  }
+}
 
 TEST_CASE("Daemon.ATaskChainedAfterOneWithdrawnOnArrivalIsWithdrawnToo" * doctest::timeout(30)) {
   // v1 fails and has ended before v2 (chained after it) and v3 (chained after v2) arrive: v2 is
@@ -132,8 +170,8 @@ TEST_CASE("Daemon.ATaskChainedAfterOneWithdrawnOnArrivalIsWithdrawnToo" * doctes
 }
 
 TEST_CASE("Daemon.MalformedTasksFromTheJobManagerAreIgnoredAndItServesOn" * doctest::timeout(30)) {
-  // Whatever answers at the job manager's address is not authenticated by the daemon: a task
-  // it cannot identify is dropped in the io thread, never handed to a worker (which would
+  // A job manager that holds the secret may still be of another build, or broken: a task the
+  // daemon cannot identify is dropped in the io thread, never handed to a worker (which would
   // throw with no one to catch it).
   ScriptedJobManager jm;
   DaemonUnderTest d(jm);
