@@ -3,8 +3,8 @@
 //
 // Protocol (common/wire.h frames, one request at a time per connection, connections reused):
 //   server -> {"op":"hello","nonce":N,"version":1}
-//   client -> {"op":"auth","role":"peer"|"client","mac":HMAC(secret,N)}
-//   server -> {"op":"welcome"}, or {"op":"error","message":…} and closes
+//   client -> {"op":"auth","role":"peer"|"client","mac":HMAC(secret,N),"nonce":C}
+//   server -> {"op":"welcome","proof":…} (common/auth.h), or {"op":"error","message":…} and closes
 //   then, repeatedly:
 //   client -> {"op":"fetch","key":{"job":…,"vertex":…,"version":…,"port":…}[,"wait_ms":W]}
 //             (with wait_ms, an output not stored yet is waited for up to W ms, at most 5 s,

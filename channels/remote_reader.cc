@@ -105,7 +105,9 @@ Result<Socket> Connect(const std::string& host, uint16_t port, const RemoteReade
   if (o.local_socket) {
     auto local = Socket::ConnectLocal(LocalSocketName(host, port), o.connect_timeout_ms);
     if (local.ok()) return local;
-    if (local.status().code() != StatusCode::kNotFound) {
+    if (local.status().code() == StatusCode::kPermissionDenied) {
+      Logger("chan")->warn("local socket of {}: {}; using TCP", PeerName(host, port), local.status().message());
+    } else if (local.status().code() != StatusCode::kNotFound) {
       Logger("chan")->debug("local socket of {}: {}; using TCP", PeerName(host, port), local.status().message());
     }
   }

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "channels/iovec_util.h"
+#include "common/local_peer.h"
 
 namespace copse::chan::internal {
 namespace {
@@ -174,6 +175,7 @@ Result<Socket> Socket::ConnectLocal(const std::string& name, int timeout_ms) {
   }
   timeval none{};
   ::setsockopt(s.fd(), SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+  COPSE_RETURN_NOT_OK(net::CheckLocalPeer(s.fd(), name));
   return s;
 }
 

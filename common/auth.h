@@ -15,7 +15,8 @@
 // answers only hellos whose nonce NewNonce could have made, so a server cannot have it MAC a
 // string of the server's choosing, such as the proof another client expects. What this does
 // not stop is a man in the middle relaying both handshakes: the traffic after them is neither
-// encrypted nor MACed (that takes TLS or CurveZMQ).
+// encrypted nor MACed (that takes TLS or CurveZMQ). On one host, where relaying costs a local
+// squatter nothing, clients also check who holds a local socket (common/local_peer.h).
 #include <filesystem>
 #include <string>
 #include <string_view>

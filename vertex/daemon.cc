@@ -29,6 +29,7 @@
 #endif
 #include "common/auth.h"
 #include "common/framed_connection.h"
+#include "common/local_peer.h"
 #include "common/json_util.h"
 #include "common/logging.h"
 #include "common/thread_name.h"
@@ -211,8 +212,13 @@ class Daemon::Impl {
     if (ec) return Status::InvalidArgument("job manager address \"" + options_.jm_host + "\" is not an IP address");
     if (options_.local_socket) {
       asio::local::stream_protocol::socket local(io_);
-      local.connect(net::AbstractEndpoint(net::ControlLocalSocketName(address.to_string(), options_.jm_port)), ec);
-      if (!ec) return RegisterOn(std::move(local));
+      const std::string name = net::ControlLocalSocketName(address.to_string(), options_.jm_port);
+      local.connect(net::AbstractEndpoint(name), ec);
+      if (!ec) {
+        Status peer = net::CheckLocalPeer(local.native_handle(), name);
+        if (peer.ok()) return RegisterOn(std::move(local));
+        DaemonLog()->warn("daemon {}: not using the job manager's local socket: {}; using TCP", options_.name, peer.message());
+      }
     }
     asio::ip::tcp::socket socket(io_);
     socket.connect(asio::ip::tcp::endpoint(address, options_.jm_port), ec);

@@ -698,8 +698,8 @@ TEST_CASE("RemoteFetch.AHandOverThatDoesNotMatchItsAnnouncementIsRefused" * doct
 }
 
 TEST_CASE("RemoteFetch.APeersMalformedAnswerIsAnErrorNeitherAnExceptionNorItsAllocation" * doctest::timeout(20)) {
-  // Readers do not authenticate the server: whatever answers at a daemon's address is
-  // untrusted. Its answer must fail the fetch; a prefetch thread has no one to catch a throw.
+  // A peer that holds the secret may still be broken or of another build: its answer must
+  // fail the fetch; a prefetch thread has no one to catch a throw.
   const uint16_t port = 1;
   auto listener = internal::Socket::ListenLocal(LocalSocketName(kHost, port));
   REQUIRE_MESSAGE(listener.ok(), listener.status().ToString());
