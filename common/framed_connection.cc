@@ -1,12 +1,10 @@
 #include "common/framed_connection.h"
 
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
-#include <cstring>
 
 #include "common/auth.h"
 #include "common/logging.h"
