@@ -197,13 +197,11 @@ std::string GangTheseDaemonsCannotHold(const jm::JobGraph& g, const RunOpts& o) 
   for (int i = 0; i < o.daemons; ++i) daemons.push_back({DaemonId(static_cast<uint32_t>(i)), double(o.cpus), o.gpus});
   for (const auto& gang : g.gangs()) {
     if (std::string why = needs.WhyUnplaceable(gang.id, daemons); !why.empty()) return why;
-    double cpus = 0;
-    int gpus = 0;
-    for (VertexId m : gang.members) cpus += g.stage_of(m).resources.cpus, gpus += g.stage_of(m).resources.gpus;
-    if (cpus > o.daemons * o.cpus + 1e-9 || gpus > o.daemons * o.gpus) {
+    const jm::Resources whole = needs.Whole(gang.id);
+    if (!jm::Within(whole, o.daemons * o.cpus, o.daemons * o.gpus)) {
       return fmt::format("a gang of {} (with {}) needs {:g} cpus and {} gpus at once; the {} local daemons offer {} and {}",
-                         gang.members.size(), g.vertex(gang.members[0]).name, cpus, gpus, o.daemons, o.daemons * o.cpus,
-                         o.daemons * o.gpus);
+                         gang.members.size(), g.vertex(gang.members[0]).name, whole.cpus, whole.gpus, o.daemons,
+                         o.daemons * o.cpus, o.daemons * o.gpus);
     }
   }
   return "";

@@ -7,10 +7,6 @@
 namespace copse::jm {
 namespace {
 
-constexpr double kCpuSlack = 1e-9;  // cpus are fractional: sums of 0.1s must not miss by a rounding
-
-bool Within(const Resources& need, double cpus, int gpus) { return need.cpus <= cpus + kCpuSlack && need.gpus <= gpus; }
-
 std::string Describe(double cpus, int gpus) { return fmt::format("{:g} cpus and {} gpus", cpus, gpus); }
 
 std::string GangName(const JobGraph& g, GangId gang) {
@@ -62,6 +58,15 @@ bool GangNeeds::PinFits(const std::string& group, const DaemonCapacity& daemon,
     if (!Within(together, daemon.cpus, daemon.gpus)) return false;
   }
   return true;
+}
+
+Resources GangNeeds::Whole(GangId gang) const {
+  Resources whole{0, 0, 0};
+  for (VertexId m : g_.gangs()[gang.value()].members) {
+    whole.cpus += g_.stage_of(m).resources.cpus;
+    whole.gpus += g_.stage_of(m).resources.gpus;
+  }
+  return whole;
 }
 
 std::vector<std::string> GangNeeds::GroupsSharingAGangWith(const std::string& group) const {

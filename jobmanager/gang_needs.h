@@ -19,6 +19,10 @@
 
 namespace copse::jm {
 
+/// Whether `need` fits within `cpus` and `gpus` (cpus are fractional: a sum of 0.1s must not
+/// miss by a rounding).
+inline bool Within(const Resources& need, double cpus, int gpus) { return need.cpus <= cpus + 1e-9 && need.gpus <= gpus; }
+
 /// A live daemon's whole capacity (not what is free now).
 struct DaemonCapacity {
   DaemonId id;
@@ -34,6 +38,9 @@ class GangNeeds {
   /// gang with members in `group` within the daemon's capacity, and every vertex of the group
   /// too (a vertex bigger than the daemon its group is pinned to could never run).
   bool PinFits(const std::string& group, const DaemonCapacity& daemon, const std::map<std::string, DaemonId>& pins) const;
+
+  /// What all of `gang`'s members need at once, affinity group or not.
+  Resources Whole(GangId gang) const;
 
   /// The affinity groups whose pins `PinFits(group, …)` looks at: those with members in a gang
   /// that `group` has members in (`group` itself among them, when it is in a gang).

@@ -11,8 +11,6 @@
 namespace copse::jm {
 namespace {
 
-constexpr double kCpuSlack = 1e-9;  // cpus are fractional: sums of 0.1s must not miss by a rounding
-
 /// Members that must share a daemon, placed together.
 struct Unit {
   std::vector<size_t> members;
@@ -117,7 +115,7 @@ class Search {
     for (const Unit& u : units_) cpus += u.need.cpus, gpus += u.need.gpus;
     // Below zero where tasks are chained ahead of a slot (Scheduler::Dispatch): none to give.
     for (size_t i = 0; i < daemons_.size(); ++i) free_cpus += std::max(0.0, free_cpus_[i]), free_gpus += std::max(0, free_gpus_[i]);
-    if (cpus > free_cpus + kCpuSlack || gpus > free_gpus) {
+    if (!Within({cpus, gpus, 0}, free_cpus, free_gpus)) {
       return fmt::format("its members need {:g} cpus and {} gpus together, and the live daemons have {:g} and {} free", cpus,
                          gpus, free_cpus, free_gpus);
     }
@@ -141,7 +139,7 @@ class Search {
 
   bool FreeFits(const Unit& u, size_t i) const {
     if (u.pinned && daemons_[i].id != *u.pinned) return false;
-    return u.need.cpus <= free_cpus_[i] + kCpuSlack && u.need.gpus <= free_gpus_[i];
+    return Within(u.need, free_cpus_[i], free_gpus_[i]);
   }
 
   /// Whether pinning the unit's unplaced groups to daemon i leaves room for the gangs they join.

@@ -1301,6 +1301,11 @@ void Scheduler::FinishJob(Job& job, JobState state, const std::string& reason) {
 
 // ---- placement -------------------------------------------------------------------------------
 
+std::string_view Scheduler::LabelOf(const Daemon& d, const std::string& key) {
+  auto it = d.spec.labels.find(key);
+  return it == d.spec.labels.end() ? std::string_view() : std::string_view(it->second);
+}
+
 void Scheduler::Schedule() {
   for (auto& [id, job_ptr] : jobs_) {
     Job& job = *job_ptr;
@@ -1380,11 +1385,7 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   std::vector<PlacementDaemon> candidates;
   for (const auto& d : daemons_) {
     if (!d->alive || !pin_fits(*d)) continue;
-    auto label = [&](const std::string& key) -> std::string_view {
-      auto it = d->spec.labels.find(key);
-      return it == d->spec.labels.end() ? std::string_view() : std::string_view(it->second);
-    };
-    candidates.push_back({d->id, label(kHostLabel), label(kRackLabel), d->free_cpus, fits(*d)});
+    candidates.push_back({d->id, LabelOf(*d, kHostLabel), LabelOf(*d, kRackLabel), d->free_cpus, fits(*d)});
   }
   auto chosen = policy_->Choose(request, candidates);
   if (!chosen) return false;
@@ -1464,9 +1465,7 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
     wait.retry_after = clock_.Now() + std::min<Duration>(100 * (clock_.Now() - start), std::chrono::seconds(1));
     return false;
   }
-  std::map<VertexId, DaemonId> chosen;
   for (size_t i = 0; i < members.size(); ++i) {
-    chosen[members[i]] = placement.daemons[i];
     const std::string& group = job.g().stage_of(members[i]).affinity;
     if (!group.empty()) job.affinity[group] = placement.daemons[i];
   }
@@ -1474,8 +1473,8 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
   for (VertexId m : members) version = std::max({version, job.runs[m.value()].version, job.runs[m.value()].dup_version});
   job.gang_version[gang.value()] = version + 1;
   // Every member's daemon is known before any task is written: producers address consumers.
-  for (VertexId m : members) job.runs[m.value()].daemon = chosen[m];
-  for (VertexId m : members) Dispatch(job, m, *daemons_[chosen[m].value()], /*duplicate=*/false);
+  for (size_t i = 0; i < members.size(); ++i) job.runs[members[i].value()].daemon = placement.daemons[i];
+  for (size_t i = 0; i < members.size(); ++i) Dispatch(job, members[i], *daemons_[placement.daemons[i].value()], /*duplicate=*/false);
   return true;
 }
 
@@ -1506,11 +1505,7 @@ GangPlacement Scheduler::PlaceGangOn(const Job& job, GangId gang, bool idle) con
   std::vector<GangDaemon> daemons;
   for (const auto& d : daemons_) {
     if (!d->alive || d->awaiting) continue;
-    auto label = [&](const std::string& key) -> std::string_view {
-      auto it = d->spec.labels.find(key);
-      return it == d->spec.labels.end() ? std::string_view() : std::string_view(it->second);
-    };
-    daemons.push_back({d->id, label(kHostLabel), label(kRackLabel), idle ? d->spec.cpus : d->free_cpus,
+    daemons.push_back({d->id, LabelOf(*d, kHostLabel), LabelOf(*d, kRackLabel), idle ? d->spec.cpus : d->free_cpus,
                        idle ? d->spec.gpus : d->free_gpus, d->spec.cpus, d->spec.gpus});
   }
   return PlaceGang(request, daemons, *job.gang_needs, *policy_);
@@ -1961,10 +1956,8 @@ std::string Scheduler::WhyNotPlaced(const Job& job, VertexId v, std::map<uint32_
       return why = fmt::format("its gang of {} cannot be placed on the live daemons even when they are idle: {}",
                                members.size(), idle.why_not);
     }
-    double cpus = 0;
-    int gpus = 0;
-    for (VertexId m : members) cpus += g.stage_of(m).resources.cpus, gpus += g.stage_of(m).resources.gpus;
-    why = fmt::format("its gang of {} waits for {} free at once", members.size(), describe(cpus, gpus));
+    const Resources whole = job.gang_needs->Whole(gang);
+    why = fmt::format("its gang of {} waits for {} free at once", members.size(), describe(whole.cpus, whole.gpus));
     if (idle.gave_up) why += " (whether the live daemons could hold it even idle was not settled: " + idle.why_not + ")";
     return why;
   }

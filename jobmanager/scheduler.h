@@ -225,6 +225,8 @@ class Scheduler {
   bool AnySlotFree() const;
   /// Ranks and peer ranks for the nccl channels of a gang member's task.
   void AddNcclInfo(Job& job, VertexId v, uint32_t version, Json& task);
+  /// A daemon's label `key` ("" when it has none), valid while its spec is.
+  static std::string_view LabelOf(const Daemon& d, const std::string& key);
   /// Places every member of a gang at once, or none.
   bool TryPlaceGang(Job& job, GangId gang);
   /// Where the gang's members would go on the live daemons, with what is free on them now, or
