@@ -67,7 +67,8 @@ class Search {
   }
 
  private:
-  /// Groups members into units, largest first; "" or why the gang cannot be placed as it is.
+  /// Groups members into units, pinned ones first, then the largest; "" or why the gang cannot
+  /// be placed as it is.
   std::string FormUnits() {
     const size_t n = r_.members.size();
     std::vector<size_t> parent(n);

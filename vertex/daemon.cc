@@ -233,11 +233,14 @@ class Daemon::Impl {
   template <class Socket>
   Status RegisterOn(Socket socket) {
     COPSE_ASSIGN_OR_RETURN(Json hello, ReadFrameSync(socket));
-    COPSE_ASSIGN_OR_RETURN(auth::HelloAnswer answer, auth::AnswerHello(hello, options_.secret, "daemon"));
+    const std::string jm = "the job manager at " + options_.jm_host + ":" + std::to_string(options_.jm_port);
+    auto greeted = auth::AnswerHello(hello, options_.secret, "daemon");
+    if (!greeted.ok()) return greeted.status().WithContext(jm);
+    const auth::HelloAnswer& answer = *greeted;
     COPSE_RETURN_NOT_OK(WriteFrameSync(socket, answer.message));
     COPSE_ASSIGN_OR_RETURN(Json welcome, ReadFrameSync(socket));
     // Never take tasks from a server that cannot show it holds the secret.
-    COPSE_RETURN_NOT_OK(auth::CheckWelcome(welcome, options_.secret, answer).WithContext("the job manager"));
+    COPSE_RETURN_NOT_OK(auth::CheckWelcome(welcome, options_.secret, answer).WithContext(jm));
     Json outputs = Json::array();
     for (const auto& key : store_->List()) outputs.push_back(key.ToJson());
     COPSE_RETURN_NOT_OK(WriteFrameSync(socket, {{"op", "register"},
