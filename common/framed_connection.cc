@@ -7,6 +7,7 @@
 #include <charconv>
 
 #include "common/auth.h"
+#include "common/deadline_io.h"
 #include "common/logging.h"
 
 namespace copse::net {
@@ -213,45 +214,43 @@ Result<std::unique_ptr<BlockingClient>> BlockingClient::Connect(const std::strin
   std::error_code ec;
   auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
   if (ec) return Status::InvalidArgument("\"" + host + "\" is not an IP address");
-  c->socket_.connect(asio::ip::tcp::endpoint(address, port), ec);
-  if (ec) return Status::Unavailable("cannot connect to " + host + ":" + std::to_string(port) + ": " + ec.message());
+  ec = ConnectBefore(c->io_, c->socket_, asio::ip::tcp::endpoint(address, port),
+                     std::chrono::steady_clock::now() + timeout);
+  if (ec) {
+    return Status::Unavailable("cannot connect to " + host + ":" + std::to_string(port) + ": " +
+                               (ec == asio::error::timed_out ? "no answer within " + std::to_string(timeout.count()) + " ms"
+                                                             : ec.message()));
+  }
   c->socket_.set_option(asio::ip::tcp::no_delay(true), ec);
   const std::string peer = host + ":" + std::to_string(port);
   COPSE_ASSIGN_OR_RETURN(Json hello, c->Receive(timeout));
   auto answer = auth::AnswerHello(hello, secret, role);
   if (!answer.ok()) return Status::Unavailable(peer + " did not greet like a copse server: " + answer.status().message());
-  COPSE_RETURN_NOT_OK(c->Send(answer->message));
+  COPSE_RETURN_NOT_OK(c->Send(answer->message, timeout));
   auto welcome = c->Receive(timeout);
   if (!welcome.ok()) return welcome.status().WithContext("authentication with " + peer);
   COPSE_RETURN_NOT_OK(auth::CheckWelcome(*welcome, secret, *answer).WithContext("authentication with " + peer));
   return c;
 }
 
-Status BlockingClient::Send(const Json& message) {
+Status BlockingClient::Send(const Json& message, std::chrono::milliseconds timeout) {
   std::string body = DumpJson(message);
   if (body.size() > wire::kMaxControlBytes) {  // the job manager would hang up on it mid-write
     return Status::InvalidArgument("a message of " + std::to_string(body.size() >> 20) + " MiB is more than the " +
                                    std::to_string(wire::kMaxControlBytes >> 20) + " MiB the job manager accepts");
   }
   std::string frame = wire::EncodeFrame(wire::FrameType::kJson, body);
-  std::error_code ec;
-  asio::write(socket_, asio::buffer(frame), ec);
+  const std::error_code ec = WriteBefore(io_, socket_, asio::buffer(frame), std::chrono::steady_clock::now() + timeout);
+  if (ec == asio::error::timed_out) {
+    return Status::Timeout("the server did not take a message within " + std::to_string(timeout.count()) + " ms");
+  }
   if (ec) return Status::Unavailable("send failed: " + ec.message());
   return Status::OK();
 }
 
 Status BlockingClient::ReadExact(char* data, size_t n, std::chrono::milliseconds timeout) {
-  std::error_code result = asio::error::would_block;
-  asio::async_read(socket_, asio::buffer(data, n), [&](std::error_code ec, size_t) { result = ec; });
-  io_.restart();
-  io_.run_for(timeout);
-  if (result == asio::error::would_block) {
-    std::error_code ignored;
-    socket_.cancel(ignored);
-    io_.restart();
-    io_.run();
-    return Status::Timeout("no reply within " + std::to_string(timeout.count()) + " ms");
-  }
+  const std::error_code result = ReadBefore(io_, socket_, asio::buffer(data, n), std::chrono::steady_clock::now() + timeout);
+  if (result == asio::error::timed_out) return Status::Timeout("no reply within " + std::to_string(timeout.count()) + " ms");
   if (result) return Status::Unavailable(result == asio::error::eof ? "server closed the connection" : result.message());
   return Status::OK();
 }
@@ -268,7 +267,7 @@ Result<Json> BlockingClient::Receive(std::chrono::milliseconds timeout) {
 }
 
 Result<Json> BlockingClient::Call(const Json& request, std::chrono::milliseconds timeout) {
-  COPSE_RETURN_NOT_OK(Send(request));
+  COPSE_RETURN_NOT_OK(Send(request, timeout));
   return Receive(timeout);
 }
 

@@ -109,10 +109,12 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
 class BlockingClient {
  public:
   /// Connects and authenticates with `secret` as `role` ("client", "daemon", …).
+  /// Connecting and each step of the handshake wait at most `timeout`.
   static Result<std::unique_ptr<BlockingClient>> Connect(const std::string& host, uint16_t port,
                                                          const std::string& secret, const std::string& role,
                                                          std::chrono::milliseconds timeout = std::chrono::seconds(10));
-  Status Send(const Json& message);
+  /// Timeout when the server has not taken the whole message within `timeout` (it stopped reading).
+  Status Send(const Json& message, std::chrono::milliseconds timeout = std::chrono::seconds(30));
   /// The next message; Timeout when none arrives in `timeout`; an {"op":"error"} reply becomes
   /// a Status with the server's message.
   Result<Json> Receive(std::chrono::milliseconds timeout = std::chrono::seconds(30));

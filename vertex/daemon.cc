@@ -28,6 +28,7 @@
 #include "channels/nccl/nccl_group.h"
 #endif
 #include "common/auth.h"
+#include "common/deadline_io.h"
 #include "common/framed_connection.h"
 #include "common/local_peer.h"
 #include "common/json_util.h"
@@ -134,29 +135,52 @@ class EmptyReader final : public chan::ChannelReader {
   Result<std::optional<chan::Buffer>> Next() override { return std::optional<chan::Buffer>(); }
 };
 
+/// The registration conversation with the job manager: synchronous, on an io_context of its
+/// own (the daemon's is not running yet, or still holds the last connection's handlers), every
+/// step bounded by one deadline.
 template <class Socket>
-Status WriteFrameSync(Socket& s, const Json& msg) {
-  std::string frame = wire::EncodeFrame(wire::FrameType::kJson, DumpJson(msg));
-  std::error_code ec;
-  asio::write(s, asio::buffer(frame), ec);
-  return ec ? Status::Unavailable(ec.message()) : Status::OK();
-}
+class Handshake {
+ public:
+  /// `deadline`: `timeout` after the attempt began.
+  Handshake(asio::io_context& io, Socket& socket, net::Deadline deadline, std::chrono::milliseconds timeout,
+            std::string jm)
+      : io_(io), socket_(socket), deadline_(deadline), timeout_(timeout), jm_(std::move(jm)) {}
 
-template <class Socket>
-Result<Json> ReadFrameSync(Socket& s) {
-  char header[wire::kHeaderBytes];
-  std::error_code ec;
-  asio::read(s, asio::buffer(header), ec);
-  if (ec) return Status::Unavailable("job manager closed the connection: " + ec.message());
-  COPSE_ASSIGN_OR_RETURN(auto h, wire::DecodeHeader(header, wire::kMaxControlBytes));
-  std::string body(h.length, '\0');
-  asio::read(s, asio::buffer(body), ec);
-  if (ec) return Status::Unavailable(ec.message());
-  COPSE_ASSIGN_OR_RETURN(Json msg, ParseJson(body, "job manager"));
-  if (!msg.is_object()) return Status::InvalidArgument("job manager sent a " + JsonTypeName(msg) + ", not a message");
-  if (StringMember(msg, "op") == "error") return Status::PermissionDenied("job manager: " + StringMember(msg, "message"));
-  return msg;
-}
+  Status Write(const Json& msg) {
+    const std::string frame = wire::EncodeFrame(wire::FrameType::kJson, DumpJson(msg));
+    return Failed(net::WriteBefore(io_, socket_, asio::buffer(frame), deadline_));
+  }
+
+  /// The next message; an {"op":"error"} from the job manager is PermissionDenied (it refused
+  /// our credentials).
+  Result<Json> Read() {
+    char header[wire::kHeaderBytes];
+    COPSE_RETURN_NOT_OK(Failed(net::ReadBefore(io_, socket_, asio::buffer(header), deadline_)));
+    COPSE_ASSIGN_OR_RETURN(auto h, wire::DecodeHeader(header, wire::kMaxControlBytes));
+    std::string body(h.length, '\0');
+    COPSE_RETURN_NOT_OK(Failed(net::ReadBefore(io_, socket_, asio::buffer(body), deadline_)));
+    COPSE_ASSIGN_OR_RETURN(Json msg, ParseJson(body, "job manager"));
+    if (!msg.is_object()) return Status::InvalidArgument("job manager sent a " + JsonTypeName(msg) + ", not a message");
+    if (StringMember(msg, "op") == "error") return Status::PermissionDenied("job manager: " + StringMember(msg, "message"));
+    return msg;
+  }
+
+ private:
+  Status Failed(std::error_code ec) const {
+    if (!ec) return Status::OK();
+    if (ec == asio::error::timed_out) {
+      return Status::Timeout(jm_ + " did not finish the handshake within " + std::to_string(timeout_.count()) + " ms");
+    }
+    if (ec == asio::error::eof) return Status::Unavailable(jm_ + " closed the connection");
+    return Status::Unavailable(jm_ + ": " + ec.message());
+  }
+
+  asio::io_context& io_;
+  Socket& socket_;
+  const net::Deadline deadline_;
+  const std::chrono::milliseconds timeout_;
+  const std::string jm_;
+};
 
 }  // namespace
 
@@ -210,50 +234,56 @@ class Daemon::Impl {
     std::error_code ec;
     auto address = asio::ip::make_address(options_.jm_host == "localhost" ? "127.0.0.1" : options_.jm_host, ec);
     if (ec) return Status::InvalidArgument("job manager address \"" + options_.jm_host + "\" is not an IP address");
+    const std::string jm = "the job manager at " + options_.jm_host + ":" + std::to_string(options_.jm_port);
+    const net::Deadline deadline = std::chrono::steady_clock::now() + options_.handshake_timeout;
+    asio::io_context handshake_io;
     if (options_.local_socket) {
-      asio::local::stream_protocol::socket local(io_);
+      asio::local::stream_protocol::socket local(handshake_io);
       const std::string name = net::ControlLocalSocketName(address.to_string(), options_.jm_port);
-      local.connect(net::AbstractEndpoint(name), ec);
-      if (!ec) {
+      if (!net::ConnectBefore(handshake_io, local, net::AbstractEndpoint(name), deadline)) {
         Status peer = net::CheckLocalPeer(local.native_handle(), name);
-        if (peer.ok()) return RegisterOn(std::move(local));
+        if (peer.ok()) return RegisterOn(handshake_io, std::move(local), deadline, jm);
         DaemonLog()->warn("daemon {}: not using the job manager's local socket: {}; using TCP", options_.name, peer.message());
       }
     }
-    asio::ip::tcp::socket socket(io_);
-    socket.connect(asio::ip::tcp::endpoint(address, options_.jm_port), ec);
+    asio::ip::tcp::socket socket(handshake_io);
+    ec = net::ConnectBefore(handshake_io, socket, asio::ip::tcp::endpoint(address, options_.jm_port), deadline);
     if (ec) {
-      return Status::Unavailable("cannot reach the job manager at " + options_.jm_host + ":" +
-                                 std::to_string(options_.jm_port) + ": " + ec.message());
+      return Status::Unavailable("cannot reach " + jm + ": " +
+                                 (ec == asio::error::timed_out
+                                      ? "no answer within " + std::to_string(options_.handshake_timeout.count()) + " ms"
+                                      : ec.message()));
     }
     socket.set_option(asio::ip::tcp::no_delay(true), ec);
-    return RegisterOn(std::move(socket));
+    return RegisterOn(handshake_io, std::move(socket), deadline, jm);
   }
 
+  /// The handshake and registration on `socket` (of `handshake_io`); on success the connection
+  /// moves to io_ as conn_.
   template <class Socket>
-  Status RegisterOn(Socket socket) {
-    COPSE_ASSIGN_OR_RETURN(Json hello, ReadFrameSync(socket));
-    const std::string jm = "the job manager at " + options_.jm_host + ":" + std::to_string(options_.jm_port);
+  Status RegisterOn(asio::io_context& handshake_io, Socket socket, net::Deadline deadline, const std::string& jm) {
+    Handshake<Socket> talk(handshake_io, socket, deadline, options_.handshake_timeout, jm);
+    COPSE_ASSIGN_OR_RETURN(Json hello, talk.Read());
     auto greeted = auth::AnswerHello(hello, options_.secret, "daemon");
     if (!greeted.ok()) return greeted.status().WithContext(jm);
     const auth::HelloAnswer& answer = *greeted;
-    COPSE_RETURN_NOT_OK(WriteFrameSync(socket, answer.message));
-    COPSE_ASSIGN_OR_RETURN(Json welcome, ReadFrameSync(socket));
+    COPSE_RETURN_NOT_OK(talk.Write(answer.message));
+    COPSE_ASSIGN_OR_RETURN(Json welcome, talk.Read());
     // Never take tasks from a server that cannot show it holds the secret.
     COPSE_RETURN_NOT_OK(auth::CheckWelcome(welcome, options_.secret, answer).WithContext(jm));
     Json outputs = Json::array();
     for (const auto& key : store_->List()) outputs.push_back(key.ToJson());
-    COPSE_RETURN_NOT_OK(WriteFrameSync(socket, {{"op", "register"},
-                                                 {"name", options_.name},
-                                                 {"cpus", options_.cpus},
-                                                 {"gpus", options_.gpus},
-                                                 {"memory_mb", options_.memory_mb},
-                                                 {"labels", options_.labels},
-                                                 {"data_host", options_.data_host},
-                                                 {"data_port", data_server_->port()},
-                                                 {"stream", hub_->endpoints()},
-                                                 {"outputs", std::move(outputs)}}));
-    COPSE_ASSIGN_OR_RETURN(Json registered, ReadFrameSync(socket));
+    COPSE_RETURN_NOT_OK(talk.Write({{"op", "register"},
+                                    {"name", options_.name},
+                                    {"cpus", options_.cpus},
+                                    {"gpus", options_.gpus},
+                                    {"memory_mb", options_.memory_mb},
+                                    {"labels", options_.labels},
+                                    {"data_host", options_.data_host},
+                                    {"data_port", data_server_->port()},
+                                    {"stream", hub_->endpoints()},
+                                    {"outputs", std::move(outputs)}}));
+    COPSE_ASSIGN_OR_RETURN(Json registered, talk.Read());
     if (StringMember(registered, "op") != "registered") {
       return Status::Internal("unexpected reply to register: " + DumpJson(registered).substr(0, 200));
     }
@@ -264,7 +294,12 @@ class Daemon::Impl {
     DaemonLog()->info("daemon {} registered over {}; data server on {}:{}", options_.name,
                       std::is_same_v<Socket, asio::ip::tcp::socket> ? "TCP" : "the job manager's local socket",
                       options_.data_host, data_server_->port());
-    auto conn = std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxControlBytes);
+    std::error_code ec;
+    const auto protocol = socket.local_endpoint(ec).protocol();
+    const auto fd = ec ? -1 : socket.release(ec);
+    if (ec) return Status::Unavailable(jm + ": " + ec.message());
+    Socket on_io(io_, protocol, fd);
+    auto conn = std::make_shared<net::FramedConnection>(std::move(on_io), wire::kMaxControlBytes);
     std::lock_guard<std::mutex> lock(mu_);  // workers send their reports on it
     conn_ = std::move(conn);
     return Status::OK();

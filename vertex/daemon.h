@@ -7,6 +7,7 @@
 // socket on its host) and reads every message; worker threads run vertex programs and send the
 // "report" of what they ran themselves, every report waiting in one message. A vertex that
 // throws or returns an error is a failed attempt; it never takes the daemon down.
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -40,6 +41,9 @@ struct DaemonOptions {
   std::chrono::milliseconds heartbeat_interval{200};
   /// How long to keep trying to reach a job manager that went away (a restart) before exiting.
   std::chrono::milliseconds reconnect_timeout{30000};
+  /// How long one attempt to register may take, connecting included: a job manager that
+  /// accepts and then says nothing, or an address that drops packets, fails the attempt then.
+  std::chrono::milliseconds handshake_timeout{10000};
   const ProgramRegistry* programs = &ProgramRegistry::Default();
 };
 

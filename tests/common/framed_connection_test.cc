@@ -6,11 +6,14 @@
 
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/framed_connection.h"
+#include "common/json_util.h"
 #include "common/wire.h"
 
 namespace copse::net {
@@ -138,6 +141,81 @@ TEST_CASE("FramedConnection.APeerThatDoesNotReadIsDisconnectedOnceTooMuchWaits")
   io.run_for(std::chrono::milliseconds(100));
   CHECK_FALSE(conn->open());
   CHECK(closed.message().find("does not read") != std::string::npos);
+}
+
+/// One side of a control connection in a test: raw frames over a blocking asio socket.
+void WriteJsonFrame(asio::ip::tcp::socket& s, const Json& msg) {
+  asio::write(s, asio::buffer(wire::EncodeFrame(wire::FrameType::kJson, DumpJson(msg))));
+}
+Json ReadJsonFrame(asio::ip::tcp::socket& s) {
+  char header[wire::kHeaderBytes];
+  asio::read(s, asio::buffer(header));
+  auto h = wire::DecodeHeader(header, wire::kMaxControlBytes);
+  REQUIRE(h.ok());
+  std::string body(h->length, '\0');
+  asio::read(s, asio::buffer(body));
+  return Json::parse(body);
+}
+
+TEST_CASE("BlockingClient.EveryStepOfAConversationIsBounded" * doctest::timeout(60)) {
+  // A CLI must not hang on a server that accepts and says nothing, on one whose accept queue is
+  // full (its SYNs go unanswered), or on one that stops reading.
+  const std::string secret = "blocking-client-test-secret-0123456789";
+  const auto timeout = std::chrono::milliseconds(300);
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io);
+  const asio::ip::tcp::endpoint loopback(asio::ip::make_address("127.0.0.1"), 0);
+  acceptor.open(loopback.protocol());
+  acceptor.bind(loopback);
+  const uint16_t port = acceptor.local_endpoint().port();
+
+  // Each call runs beside the test, which ends the server after 10 s: a call that waits for
+  // ever then fails the test instead of hanging it.
+  auto bounded = [&](auto call, auto end_server) {
+    auto result = std::async(std::launch::async, call);
+    const bool ended = result.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    end_server();
+    CHECK_MESSAGE(ended, "still waiting after 10 s");
+    return result.get();
+  };
+  auto close_acceptor = [&] { acceptor.close(); };
+  SUBCASE("a full accept queue") {
+    acceptor.listen(0);  // room for one connection waiting to be accepted
+    asio::ip::tcp::socket first(io);
+    first.connect(acceptor.local_endpoint());
+    auto c = bounded([&] { return BlockingClient::Connect("127.0.0.1", port, secret, "client", timeout); },
+                     close_acceptor);
+    CHECK(c.status().code() == StatusCode::kUnavailable);
+    CHECK_MESSAGE(c.status().message().find("no answer within 300 ms") != std::string::npos, c.status().ToString());
+  }
+  SUBCASE("a server that never greets") {
+    acceptor.listen();
+    auto c = bounded([&] { return BlockingClient::Connect("127.0.0.1", port, secret, "client", timeout); },
+                     close_acceptor);
+    CHECK(c.status().code() == StatusCode::kTimeout);
+  }
+  SUBCASE("a server that stops reading") {
+    acceptor.listen();
+    asio::ip::tcp::socket server(io);
+    std::thread serve([&] {
+      server = acceptor.accept();
+      const std::string nonce = auth::NewNonce();
+      WriteJsonFrame(server, {{"op", "hello"}, {"nonce", nonce}, {"version", 1}});
+      WriteJsonFrame(server, auth::Welcome(ReadJsonFrame(server), secret, nonce));
+    });
+    auto c = BlockingClient::Connect("127.0.0.1", port, secret, "client", timeout);
+    serve.join();
+    REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+    const std::string pad(1 << 20, 'z');
+    Status sent = bounded(
+        [&] {
+          Status st;
+          for (int i = 0; i < 64 && st.ok(); ++i) st = (*c)->Send({{"op", "m"}, {"pad", pad}}, timeout);
+          return st;
+        },
+        [&] { server.close(); });
+    CHECK(sent.code() == StatusCode::kTimeout);
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -41,6 +42,19 @@ class ScriptedJobManager {
     Send(auth::Welcome(answer, kSecret, nonce));
     CHECK(Read()["op"] == "register");
     Send({{"op", "registered"}});
+  }
+  /// Accepts the daemon, greets it, reads its answer and then says nothing more: a job manager
+  /// that hangs mid-handshake (stopped, or overloaded).
+  void AcceptAndFallSilent() {
+    conn_.emplace(Socket(::accept(listener_.fd(), nullptr, nullptr)));
+    REQUIRE(conn_->socket().valid());
+    Send({{"op", "hello"}, {"nonce", auth::NewNonce()}, {"version", 1}});
+    CHECK(Read()["op"] == "auth");
+  }
+  /// Ends every connection, the ones waiting to be accepted too.
+  void Close() {
+    conn_.reset();
+    listener_.Close();
   }
   /// Accepts the daemon as a server without the secret would: hello, and a welcome with no
   /// proof (`forged`: with one made with another secret).
@@ -140,6 +154,35 @@ TEST_CASE("Daemon.RegistersOnlyWithAJobManagerThatProvesItHoldsTheSecret" * doct
     CHECK_MESSAGE(started.status().message().find(forged ? "proof is wrong" : "did not prove it holds the secret") !=
                       std::string::npos,
                   started.status().ToString());
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST_CASE("Daemon.GivesUpOnAJobManagerThatAcceptsButNeverFinishesTheHandshake" * doctest::timeout(60)) {
+  // Registration is synchronous: without a bound, a job manager that accepts and then says
+  // nothing (never accepted: the kernel completes the connection anyway; or stuck after its
+  // hello) held the daemon for ever, past its reconnect timeout, never exiting.
+  for (bool greets : {false, true}) {
+    CAPTURE(greets);
+    ScriptedJobManager jm;
+    const uint16_t port = jm.port();
+    const auto dir = std::filesystem::temp_directory_path() / ("copse-daemon-silent-" + std::to_string(::getpid()));
+    DaemonOptions o = OptionsFor(jm, dir);
+    o.handshake_timeout = std::chrono::milliseconds(300);
+    std::thread accept;
+    if (greets) accept = std::thread([&] { jm.AcceptAndFallSilent(); });
+    auto started = std::async(std::launch::async, [&] { return Daemon::Start(o); });
+    const bool ended = started.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    if (accept.joinable()) accept.join();
+    jm.Close();  // a daemon still waiting now sees the connection end, so a regression fails, not hangs
+    CHECK_MESSAGE(ended, "the daemon still waits after 10 s");
+    auto result = started.get();
+    if (ended) {
+      CHECK(result.status().code() == StatusCode::kTimeout);
+      CHECK_MESSAGE(result.status().message().find("the job manager at 127.0.0.1:" + std::to_string(port) +
+                                                   " did not finish the handshake within 300 ms") != std::string::npos,
+                    result.status().ToString());
+    }
     std::filesystem::remove_all(dir);
   }
 }
