@@ -116,6 +116,21 @@ double TorchImagesPerSecond(const std::string& model, int64_t images, int runs) 
   return !t.is_discarded() && t.contains("median") ? t["median"].get<double>() : -1;
 }
 
+/// A PyTorch pipeline of the same model, split as `copse graph pipeline --stages 2` splits it
+/// (scripts/torch_pipeline_bench.py: a process and a thread per stage, gloo on loopback): its
+/// images/s and its bubble, measured as copse's; images/s -1 when it cannot run here.
+struct TorchPipeline {
+  double images_per_s = -1, bubble = -1;
+};
+TorchPipeline TorchPipelineRun(const std::string& schedule, int microbatches, int64_t images) {
+  const std::string out = Run(Python() + " " + COPSE_SOURCE_DIR + "/scripts/torch_pipeline_bench.py --schedule " +
+                              schedule + " --microbatches " + std::to_string(microbatches) + " --images " +
+                              std::to_string(images) + " --runs 1 2>/dev/null");
+  const Json t = Json::parse(out, nullptr, false);
+  if (t.is_discarded() || !t.contains("median") || !t.contains("bubble_median")) return {};
+  return {t["median"].get<double>(), t["bubble_median"].get<double>()};
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return -1;
   std::sort(v.begin(), v.end());
@@ -252,13 +267,22 @@ int main(int argc, char** argv) {
     std::printf("%-42s %12.0f ", name.c_str(), ips);
     if (torch_ips > 0) std::printf("%9.2fx ", ips / torch_ips); else std::printf("%10s ", "-");
     if (acc >= 0) std::printf("%8.2f%% ", 100 * acc); else std::printf("%9s ", "-");
-    if (bubble >= 0) std::printf("%4.1f/%4.1f/%4.1f%% ", 100 * bubble, 100 * without_gaps, 100 * theory);
+    if (bubble >= 0 && without_gaps < 0) std::printf("%4.1f/   -/%4.1f%% ", 100 * bubble, 100 * theory);
+    else if (bubble >= 0) std::printf("%4.1f/%4.1f/%4.1f%% ", 100 * bubble, 100 * without_gaps, 100 * theory);
     else std::printf("%15s ", "-");
     if (share >= 0) std::printf("%11.1f%%", 100 * share);
     std::printf("\n");
     std::fflush(stdout);
   };
   if (torch_ips > 0) row("PyTorch CPU (2 threads)", torch_ips, -1, -1, -1, 0, -1);
+  if (torch_ips > 0 && model == "mlp") {  // the script splits only the MLP
+    for (const char* schedule : {"gpipe", "1f1b"}) {
+      const TorchPipeline p = TorchPipelineRun(schedule, 8, images);
+      if (p.images_per_s > 0)
+        row(std::string("PyTorch pipeline 2 ") + schedule + " M=8 (gloo)", p.images_per_s, -1, p.bubble, -1, 1.0 / 9,
+            -1);
+    }
+  }
   if (!single.is_discarded() && single.contains("images_per_s"))
     row("copse single process (2 threads)", single["images_per_s"].get<double>(),
         single.value("test_accuracy", 0.0), -1, -1, 0, -1);
