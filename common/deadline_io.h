@@ -5,12 +5,11 @@
 // must cost a bounded wait rather than a thread for ever. asio's own synchronous calls have no
 // timeout (they poll without one even under SO_RCVTIMEO), so each call starts the asynchronous
 // operation and runs the socket's io_context until it completes or the deadline passes, then
-// cancels it.
+// closes the socket.
 //
 // The io_context must be one only this thread runs, with no other work in it that could run
 // meanwhile (typically one made for the conversation; the socket can be handed to another
-// io_context afterwards through release()). A timed-out operation leaves the stream at an
-// unknown position: close the socket.
+// io_context afterwards through release()). After a timeout the socket is closed.
 #include <chrono>
 #include <system_error>
 
@@ -35,10 +34,13 @@ std::error_code RunBefore(asio::io_context& io, Socket& socket, Deadline deadlin
   io.restart();
   io.run_until(deadline);
   if (done) return result;
+  // Closed, not cancelled: a composed read or write between two of its steps has nothing for
+  // cancel() to reach, and its next step would start a wait no one ends; on a closed socket
+  // that step fails at once.
   std::error_code ignored;
-  socket.cancel(ignored);
+  socket.close(ignored);
   io.restart();
-  io.run();  // the cancelled operation's handler
+  io.run();  // the operation's handler, with operation_aborted or bad_descriptor
   return asio::error::timed_out;
 }
 

@@ -115,8 +115,9 @@ class BlockingClient {
                                                          std::chrono::milliseconds timeout = std::chrono::seconds(10));
   /// Timeout when the server has not taken the whole message within `timeout` (it stopped reading).
   Status Send(const Json& message, std::chrono::milliseconds timeout = std::chrono::seconds(30));
-  /// The next message; Timeout when none arrives in `timeout`; an {"op":"error"} reply becomes
-  /// a Status with the server's message.
+  /// The next message; Timeout when none arrives in `timeout` (Send's and Receive's timeouts
+  /// close the connection: the stream's position is lost); an {"op":"error"} reply becomes a
+  /// Status with the server's message.
   Result<Json> Receive(std::chrono::milliseconds timeout = std::chrono::seconds(30));
   /// Send then Receive.
   Result<Json> Call(const Json& request, std::chrono::milliseconds timeout = std::chrono::seconds(30));

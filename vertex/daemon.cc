@@ -241,7 +241,12 @@ class Daemon::Impl {
       asio::local::stream_protocol::socket local(handshake_io);
       const std::string name = net::ControlLocalSocketName(address.to_string(), options_.jm_port);
       if (!net::ConnectBefore(handshake_io, local, net::AbstractEndpoint(name), deadline)) {
-        Status peer = net::CheckLocalPeer(local.native_handle(), name);
+        // A full accept queue fails a non-blocking Unix connect with EAGAIN, which asio takes
+        // for a connect in progress that then "succeeds" unconnected: TCP waits its turn.
+        std::error_code unconnected;
+        local.remote_endpoint(unconnected);
+        Status peer = unconnected ? Status::Unavailable("its accept queue is full")
+                                  : net::CheckLocalPeer(local.native_handle(), name);
         if (peer.ok()) return RegisterOn(handshake_io, std::move(local), deadline, jm);
         DaemonLog()->warn("daemon {}: not using the job manager's local socket: {}; using TCP", options_.name, peer.message());
       }
@@ -298,7 +303,12 @@ class Daemon::Impl {
     const auto protocol = socket.local_endpoint(ec).protocol();
     const auto fd = ec ? -1 : socket.release(ec);
     if (ec) return Status::Unavailable(jm + ": " + ec.message());
-    Socket on_io(io_, protocol, fd);
+    Socket on_io(io_);
+    on_io.assign(protocol, fd, ec);
+    if (ec) {
+      ::close(fd);
+      return Status::Unavailable(jm + ": " + ec.message());
+    }
     auto conn = std::make_shared<net::FramedConnection>(std::move(on_io), wire::kMaxControlBytes);
     std::lock_guard<std::mutex> lock(mu_);  // workers send their reports on it
     conn_ = std::move(conn);

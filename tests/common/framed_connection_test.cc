@@ -7,6 +7,7 @@
 #include <chrono>
 #include <fstream>
 #include <future>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -151,7 +152,7 @@ Json ReadJsonFrame(asio::ip::tcp::socket& s) {
   char header[wire::kHeaderBytes];
   asio::read(s, asio::buffer(header));
   auto h = wire::DecodeHeader(header, wire::kMaxControlBytes);
-  REQUIRE(h.ok());
+  if (!h.ok()) throw std::runtime_error(h.status().ToString());
   std::string body(h->length, '\0');
   asio::read(s, asio::buffer(body));
   return Json::parse(body);
@@ -185,8 +186,11 @@ TEST_CASE("BlockingClient.EveryStepOfAConversationIsBounded" * doctest::timeout(
     first.connect(acceptor.local_endpoint());
     auto c = bounded([&] { return BlockingClient::Connect("127.0.0.1", port, secret, "client", timeout); },
                      close_acceptor);
-    CHECK(c.status().code() == StatusCode::kUnavailable);
-    CHECK_MESSAGE(c.status().message().find("no answer within 300 ms") != std::string::npos, c.status().ToString());
+    // (With SYN cookies a second SYN may, rarely, be answered before the first connection is
+    // queued: then it is the greeting that does not come.)
+    CHECK_MESSAGE((c.status().message().find("no answer within 300 ms") != std::string::npos ||
+                   c.status().code() == StatusCode::kTimeout),
+                  c.status().ToString());
   }
   SUBCASE("a server that never greets") {
     acceptor.listen();
@@ -198,12 +202,15 @@ TEST_CASE("BlockingClient.EveryStepOfAConversationIsBounded" * doctest::timeout(
     acceptor.listen();
     asio::ip::tcp::socket server(io);
     std::thread serve([&] {
-      server = acceptor.accept();
-      const std::string nonce = auth::NewNonce();
-      WriteJsonFrame(server, {{"op", "hello"}, {"nonce", nonce}, {"version", 1}});
-      WriteJsonFrame(server, auth::Welcome(ReadJsonFrame(server), secret, nonce));
+      try {  // on a thread of its own: an exception there would end the run
+        server = acceptor.accept();
+        const std::string nonce = auth::NewNonce();
+        WriteJsonFrame(server, {{"op", "hello"}, {"nonce", nonce}, {"version", 1}});
+        WriteJsonFrame(server, auth::Welcome(ReadJsonFrame(server), secret, nonce));
+      } catch (const std::exception&) {  // the client gave up; its REQUIRE below says so
+      }
     });
-    auto c = BlockingClient::Connect("127.0.0.1", port, secret, "client", timeout);
+    auto c = BlockingClient::Connect("127.0.0.1", port, secret, "client", std::chrono::seconds(10));
     serve.join();
     REQUIRE_MESSAGE(c.ok(), c.status().ToString());
     const std::string pad(1 << 20, 'z');
