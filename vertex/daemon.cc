@@ -242,7 +242,8 @@ class Daemon::Impl {
       const std::string name = net::ControlLocalSocketName(address.to_string(), options_.jm_port);
       if (!net::ConnectBefore(handshake_io, local, net::AbstractEndpoint(name), deadline)) {
         // A full accept queue fails a non-blocking Unix connect with EAGAIN, which asio takes
-        // for a connect in progress that then "succeeds" unconnected: TCP waits its turn.
+        // for a connect in progress; should one end as done, the socket is still unconnected.
+        // TCP then waits its turn.
         std::error_code unconnected;
         local.remote_endpoint(unconnected);
         Status peer = unconnected ? Status::Unavailable("its accept queue is full")

@@ -1,5 +1,6 @@
 // A real Daemon (in-process) driven by a scripted job manager on 127.0.0.1: the chained-task
 // protocol as the daemon sees it, with message orders a live job manager only hits by chance.
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 
 #include "channels/socket.h"
 #include "common/auth.h"
+#include "common/framed_connection.h"
 #include "common/json_util.h"
 #include "vertex/daemon.h"
 
@@ -52,6 +54,11 @@ class ScriptedJobManager {
       return;
     }
     (void)chan::internal::ReadJson(*conn_, wire::kMaxControlBytes, 10000, 10000);  // the daemon's answer
+  }
+  /// Whether a connection waits to be accepted within `ms`.
+  bool WaitForConnection(int ms) {
+    pollfd p{listener_.fd(), POLLIN, 0};
+    return ::poll(&p, 1, ms) == 1;
   }
   /// Ends every connection, the ones waiting to be accepted too.
   void Close() {
@@ -187,6 +194,28 @@ TEST_CASE("Daemon.GivesUpOnAJobManagerThatAcceptsButNeverFinishesTheHandshake" *
     }
     std::filesystem::remove_all(dir);
   }
+}
+
+TEST_CASE("Daemon.RegistersOverTcpWhenTheJobManagersLocalSocketQueueIsFull" * doctest::timeout(60)) {
+  // A non-blocking Unix connect to a full accept queue fails with EAGAIN (asio takes it for a
+  // connect in progress): the daemon must not give up, nor use an unconnected socket.
+  ScriptedJobManager jm;
+  const std::string name = net::ControlLocalSocketName("127.0.0.1", jm.port());
+  auto local = Socket::ListenLocal(name);
+  REQUIRE_MESSAGE(local.ok(), local.status().ToString());
+  REQUIRE(::listen(local->fd(), 0) == 0);  // room for one connection waiting
+  auto first = Socket::ConnectLocal(name, 1000);
+  REQUIRE_MESSAGE(first.ok(), first.status().ToString());
+  const auto dir = std::filesystem::temp_directory_path() / ("copse-daemon-busy-local-" + std::to_string(::getpid()));
+  {
+    auto started = std::async(std::launch::async, [&] { return Daemon::Start(OptionsFor(jm, dir)); });
+    const bool over_tcp = jm.WaitForConnection(10000);
+    CHECK_MESSAGE(over_tcp, "the daemon never connected over TCP");
+    if (over_tcp) jm.Accept();
+    auto daemon = started.get();
+    CHECK_MESSAGE(daemon.ok(), daemon.status().ToString());
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("Daemon.ATaskChainedAfterOneWithdrawnOnArrivalIsWithdrawnToo" * doctest::timeout(30)) {
