@@ -55,6 +55,9 @@ FramedConnection::FramedConnection(asio::ip::tcp::socket socket, uint32_t max_fr
 FramedConnection::FramedConnection(asio::local::stream_protocol::socket socket, uint32_t max_frame_bytes)
     : peer_("local socket"), socket_(std::move(socket)), max_frame_bytes_(max_frame_bytes), local_(true) {}
 
+FramedConnection::FramedConnection(Socket socket, uint32_t max_frame_bytes, bool local, std::string peer)
+    : peer_(std::move(peer)), socket_(std::move(socket)), max_frame_bytes_(max_frame_bytes), local_(local) {}
+
 FramedConnection::~FramedConnection() = default;
 
 void FramedConnection::Start(MessageHandler on_message, CloseHandler on_close) {
@@ -207,68 +210,151 @@ void FramedConnection::Close(const Status& why) {
   on_message_ = nullptr;
 }
 
-Result<std::unique_ptr<BlockingClient>> BlockingClient::Connect(const std::string& host, uint16_t port,
-                                                                const std::string& secret, const std::string& role,
-                                                                std::chrono::milliseconds timeout) {
-  std::unique_ptr<BlockingClient> c(new BlockingClient());
-  std::error_code ec;
-  auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
-  if (ec) return Status::InvalidArgument("\"" + host + "\" is not an IP address");
-  ec = ConnectBefore(c->io_, c->socket_, asio::ip::tcp::endpoint(address, port),
-                     std::chrono::steady_clock::now() + timeout);
-  if (ec) {
-    return Status::Unavailable("cannot connect to " + host + ":" + std::to_string(port) + ": " +
-                               (ec == asio::error::timed_out ? "no answer within " + std::to_string(timeout.count()) + " ms"
-                                                             : ec.message()));
+namespace {
+
+std::string Ms(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
+
+/// How a Timeout names the wait when a caller gave a deadline, not a duration.
+const std::string kTimeAllowed = "the time allowed";
+
+}  // namespace
+
+template <class Endpoint>
+Result<std::unique_ptr<BlockingClient>> BlockingClient::ConnectTo(const Endpoint& to, Deadline deadline,
+                                                                 const std::string& budget, bool local,
+                                                                 std::string peer) {
+  std::unique_ptr<BlockingClient> c(new BlockingClient(local, std::move(peer)));
+  const std::error_code ec = ConnectBefore(c->io_, c->socket_, asio::generic::stream_protocol::endpoint(to), deadline);
+  if (ec == asio::error::timed_out) return Status::Timeout("cannot connect to " + c->peer_ + ": no answer within " + budget);
+  if (ec == asio::error::connection_refused && local) return Status::NotFound("nothing listens on " + c->peer_);
+  if (ec) return Status::Unavailable("cannot connect to " + c->peer_ + ": " + ec.message());
+  // A full accept queue fails a non-blocking Unix connect with EAGAIN, which asio takes for a
+  // connect in progress; should one end as done, the socket is still unconnected.
+  std::error_code unconnected;
+  c->socket_.remote_endpoint(unconnected);
+  if (unconnected) return Status::Unavailable("cannot connect to " + c->peer_ + ": its accept queue is full");
+  if (!local) {
+    std::error_code ignored;  // control messages are small and awaited: no Nagle delay
+    c->socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
   }
-  c->socket_.set_option(asio::ip::tcp::no_delay(true), ec);
-  const std::string peer = host + ":" + std::to_string(port);
-  COPSE_ASSIGN_OR_RETURN(Json hello, c->Receive(timeout));
-  auto answer = auth::AnswerHello(hello, secret, role);
-  if (!answer.ok()) return Status::Unavailable(peer + " did not greet like a copse server: " + answer.status().message());
-  COPSE_RETURN_NOT_OK(c->Send(answer->message, timeout));
-  auto welcome = c->Receive(timeout);
-  if (!welcome.ok()) return welcome.status().WithContext("authentication with " + peer);
-  COPSE_RETURN_NOT_OK(auth::CheckWelcome(*welcome, secret, *answer).WithContext("authentication with " + peer));
   return c;
 }
 
-Status BlockingClient::Send(const Json& message, std::chrono::milliseconds timeout) {
+Result<std::unique_ptr<BlockingClient>> BlockingClient::ConnectTcp(const asio::ip::tcp::endpoint& to, Deadline deadline) {
+  return ConnectTo(to, deadline, kTimeAllowed, false, to.address().to_string() + ":" + std::to_string(to.port()));
+}
+
+Result<std::unique_ptr<BlockingClient>> BlockingClient::ConnectLocal(const std::string& name, Deadline deadline) {
+  return ConnectTo(AbstractEndpoint(name), deadline, kTimeAllowed, true, "local socket \"" + name + "\"");
+}
+
+Result<std::unique_ptr<BlockingClient>> BlockingClient::Connect(const std::string& host, uint16_t port,
+                                                                const std::string& secret, const std::string& role,
+                                                                std::chrono::milliseconds timeout) {
+  std::error_code ec;
+  auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
+  if (ec) return Status::InvalidArgument("\"" + host + "\" is not an IP address");
+  const std::string peer = host + ":" + std::to_string(port);
+  COPSE_ASSIGN_OR_RETURN(auto c, ConnectTo(asio::ip::tcp::endpoint(address, port), std::chrono::steady_clock::now() + timeout,
+                                           Ms(timeout), false, peer));
+  COPSE_RETURN_NOT_OK(c->Authenticate(secret, role, std::chrono::steady_clock::now() + timeout, Ms(timeout))
+                          .WithContext("authentication with " + peer));
+  return c;
+}
+
+Status BlockingClient::Authenticate(const std::string& secret, const std::string& role, Deadline deadline) {
+  return Authenticate(secret, role, deadline, kTimeAllowed);
+}
+
+Status BlockingClient::Authenticate(const std::string& secret, const std::string& role, Deadline deadline,
+                                    const std::string& budget) {
+  COPSE_ASSIGN_OR_RETURN(Json hello, ReceiveBefore(deadline, budget));
+  auto answer = auth::AnswerHello(hello, secret, role);
+  if (!answer.ok()) return Status::Unavailable(peer_ + " did not greet like a copse server: " + answer.status().message());
+  COPSE_RETURN_NOT_OK(SendBefore(answer->message, deadline, budget));
+  COPSE_ASSIGN_OR_RETURN(Json welcome, ReceiveBefore(deadline, budget));
+  return auth::CheckWelcome(welcome, secret, *answer);
+}
+
+Status BlockingClient::SendBefore(const Json& message, Deadline deadline, const std::string& budget) {
   std::string body = DumpJson(message);
   if (body.size() > wire::kMaxControlBytes) {  // the job manager would hang up on it mid-write
     return Status::InvalidArgument("a message of " + std::to_string(body.size() >> 20) + " MiB is more than the " +
                                    std::to_string(wire::kMaxControlBytes >> 20) + " MiB the job manager accepts");
   }
   std::string frame = wire::EncodeFrame(wire::FrameType::kJson, body);
-  const std::error_code ec = WriteBefore(io_, socket_, asio::buffer(frame), std::chrono::steady_clock::now() + timeout);
-  if (ec == asio::error::timed_out) {
-    return Status::Timeout("the server did not take a message within " + std::to_string(timeout.count()) + " ms");
-  }
+  const std::error_code ec = WriteBefore(io_, socket_, asio::buffer(frame), deadline);
+  if (ec == asio::error::timed_out) return Status::Timeout("the server did not take a message within " + budget);
   if (ec) return Status::Unavailable("send failed: " + ec.message());
   return Status::OK();
 }
 
-Status BlockingClient::ReadExact(char* data, size_t n, std::chrono::milliseconds timeout) {
-  const std::error_code result = ReadBefore(io_, socket_, asio::buffer(data, n), std::chrono::steady_clock::now() + timeout);
-  if (result == asio::error::timed_out) return Status::Timeout("no reply within " + std::to_string(timeout.count()) + " ms");
+Status BlockingClient::ReadExact(char* data, size_t n, Deadline deadline, const std::string& budget) {
+  const std::error_code result = ReadBefore(io_, socket_, asio::buffer(data, n), deadline);
+  if (result == asio::error::timed_out) return Status::Timeout("no reply within " + budget);
   if (result) return Status::Unavailable(result == asio::error::eof ? "server closed the connection" : result.message());
   return Status::OK();
 }
 
-Result<Json> BlockingClient::Receive(std::chrono::milliseconds timeout) {
+Result<Json> BlockingClient::ReceiveBefore(Deadline deadline, const std::string& budget) {
   char header[wire::kHeaderBytes];
-  COPSE_RETURN_NOT_OK(ReadExact(header, sizeof(header), timeout));
+  COPSE_RETURN_NOT_OK(ReadExact(header, sizeof(header), deadline, budget));
   COPSE_ASSIGN_OR_RETURN(auto h, wire::DecodeHeader(header, wire::kMaxControlBytes));
   std::string body(h.length, '\0');
-  COPSE_RETURN_NOT_OK(ReadExact(body.data(), body.size(), timeout));
+  COPSE_RETURN_NOT_OK(ReadExact(body.data(), body.size(), deadline, budget));
   COPSE_ASSIGN_OR_RETURN(Json msg, ParseJson(body, "reply"));
-  if (msg.value("op", "") == "error") return Status::FailedPrecondition(msg.value("message", "error"));
+  if (!msg.is_object()) return Status::InvalidArgument("the server sent a " + JsonTypeName(msg) + ", not a message");
   return msg;
+}
+
+Status BlockingClient::Send(const Json& message, std::chrono::milliseconds timeout) {
+  return SendBefore(message, std::chrono::steady_clock::now() + timeout, Ms(timeout));
+}
+
+Status BlockingClient::Send(const Json& message, Deadline deadline) { return SendBefore(message, deadline, kTimeAllowed); }
+
+namespace {
+
+Result<Json> ErrorReplyAsStatus(Result<Json> reply) {
+  if (reply.ok() && StringMember(*reply, "op") == "error") {
+    const std::string message = StringMember(*reply, "message");
+    return Status::FailedPrecondition(message.empty() ? "error" : message);
+  }
+  return reply;
+}
+
+}  // namespace
+
+Result<Json> BlockingClient::Receive(std::chrono::milliseconds timeout) {
+  return ErrorReplyAsStatus(ReceiveBefore(std::chrono::steady_clock::now() + timeout, Ms(timeout)));
+}
+
+Result<Json> BlockingClient::Receive(Deadline deadline) {
+  return ErrorReplyAsStatus(ReceiveBefore(deadline, kTimeAllowed));
 }
 
 Result<Json> BlockingClient::Call(const Json& request, std::chrono::milliseconds timeout) {
   COPSE_RETURN_NOT_OK(Send(request, timeout));
   return Receive(timeout);
+}
+
+Result<Json> BlockingClient::Call(const Json& request, Deadline deadline) {
+  COPSE_RETURN_NOT_OK(Send(request, deadline));
+  return Receive(deadline);
+}
+
+Result<std::shared_ptr<FramedConnection>> BlockingClient::Detach(asio::io_context& io, uint32_t max_frame_bytes) {
+  std::error_code ec;
+  const auto protocol = socket_.local_endpoint(ec).protocol();
+  const auto fd = ec ? -1 : socket_.release(ec);
+  if (ec) return Status::Unavailable(peer_ + ": " + ec.message());
+  Socket on_io(io);
+  on_io.assign(protocol, fd, ec);
+  if (ec) {
+    ::close(fd);
+    return Status::Unavailable(peer_ + ": " + ec.message());
+  }
+  return std::make_shared<FramedConnection>(std::move(on_io), max_frame_bytes, local_, peer_);
 }
 
 }  // namespace copse::net

@@ -12,7 +12,8 @@
 // bounded by what the peer does, not what it announces: a body is allocated as its bytes
 // arrive, and a peer that leaves kMaxQueuedBytes of messages unread is disconnected.
 //
-// BlockingClient: a synchronous client for CLIs and tests, with timeouts.
+// BlockingClient: a synchronous conversation (a CLI's, a test's, a daemon's registration) with
+// every step bounded; it can hand its connection over to a FramedConnection.
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -23,6 +24,7 @@
 
 #include <asio.hpp>
 
+#include "common/deadline_io.h"
 #include "common/json_util.h"
 #include "common/status.h"
 #include "common/wire.h"
@@ -56,6 +58,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// Over a local socket: no TCP/IP stack, so a send costs the sender a copy and a wakeup, not
   /// the receiver's whole loopback path as well.
   FramedConnection(asio::local::stream_protocol::socket socket, uint32_t max_frame_bytes);
+  /// A connected socket of either kind, with its peer's name.
+  FramedConnection(Socket socket, uint32_t max_frame_bytes, bool local, std::string peer);
   ~FramedConnection();
 
   /// Starts reading; `on_message` gets each JSON object, `on_close` once when it ends.
@@ -106,28 +110,64 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   CloseHandler on_close_;
 };
 
+/// A synchronous conversation with a control server (the job manager): a CLI's requests, a
+/// test's, a daemon's registration. Connecting, authenticating and every message are bounded
+/// (a timeout per step, or one deadline for several); a timeout closes the connection (the
+/// stream's position is lost). An {"op":"error"} reply becomes a FailedPrecondition carrying the
+/// server's message.
 class BlockingClient {
  public:
-  /// Connects and authenticates with `secret` as `role` ("client", "daemon", …).
-  /// Connecting and each step of the handshake wait at most `timeout`.
+  using Socket = asio::generic::stream_protocol::socket;
+
+  /// Connects over TCP and authenticates with `secret` as `role` ("client", "daemon", …).
+  /// Connecting, then the whole handshake, each wait at most `timeout`.
   static Result<std::unique_ptr<BlockingClient>> Connect(const std::string& host, uint16_t port,
                                                          const std::string& secret, const std::string& role,
                                                          std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  /// Connects, without authenticating, before `deadline`: over TCP, or to the abstract local
+  /// socket `name` (NotFound when nothing listens there; Unavailable when its accept queue is
+  /// full). Timeout when the deadline passes first.
+  static Result<std::unique_ptr<BlockingClient>> ConnectTcp(const asio::ip::tcp::endpoint& to, Deadline deadline);
+  static Result<std::unique_ptr<BlockingClient>> ConnectLocal(const std::string& name, Deadline deadline);
+
+  /// Answers the server's hello with `secret` as `role` and checks that its welcome proves it
+  /// holds the secret too; PermissionDenied when it refuses us or cannot prove it.
+  Status Authenticate(const std::string& secret, const std::string& role, Deadline deadline);
+
   /// Timeout when the server has not taken the whole message within `timeout` (it stopped reading).
   Status Send(const Json& message, std::chrono::milliseconds timeout = std::chrono::seconds(30));
-  /// The next message; Timeout when none arrives in `timeout` (Send's and Receive's timeouts
-  /// close the connection: the stream's position is lost); an {"op":"error"} reply becomes a
-  /// Status with the server's message.
+  Status Send(const Json& message, Deadline deadline);
+  /// The next message; Timeout when none arrives in `timeout`.
   Result<Json> Receive(std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  Result<Json> Receive(Deadline deadline);
   /// Send then Receive.
   Result<Json> Call(const Json& request, std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  Result<Json> Call(const Json& request, Deadline deadline);
+
+  /// The connected socket's descriptor (to ask the kernel who holds a local socket's other end).
+  int native_handle() { return socket_.native_handle(); }
+  /// Whether it runs over a local socket.
+  bool local() const { return local_; }
+  /// Moves the connection onto `io` as an asynchronous FramedConnection (a daemon's, once it has
+  /// registered); this client is closed afterwards.
+  Result<std::shared_ptr<FramedConnection>> Detach(asio::io_context& io, uint32_t max_frame_bytes);
 
  private:
-  BlockingClient() : socket_(io_) {}
-  Status ReadExact(char* data, size_t n, std::chrono::milliseconds timeout);
+  BlockingClient(bool local, std::string peer) : socket_(io_), local_(local), peer_(std::move(peer)) {}
+  /// `budget` names the wait in a Timeout's message ("300 ms").
+  template <class Endpoint>
+  static Result<std::unique_ptr<BlockingClient>> ConnectTo(const Endpoint& to, Deadline deadline, const std::string& budget,
+                                                          bool local, std::string peer);
+  Status Authenticate(const std::string& secret, const std::string& role, Deadline deadline, const std::string& budget);
+  Status SendBefore(const Json& message, Deadline deadline, const std::string& budget);
+  /// The next message as sent, {"op":"error"} included.
+  Result<Json> ReceiveBefore(Deadline deadline, const std::string& budget);
+  Status ReadExact(char* data, size_t n, Deadline deadline, const std::string& budget);
 
   asio::io_context io_;
-  asio::ip::tcp::socket socket_;
+  Socket socket_;
+  bool local_;
+  std::string peer_;  // "host:port" or "local socket NAME"
 };
 
 }  // namespace copse::net

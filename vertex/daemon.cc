@@ -27,8 +27,6 @@
 #include "channels/nccl/nccl_channel.h"
 #include "channels/nccl/nccl_group.h"
 #endif
-#include "common/auth.h"
-#include "common/deadline_io.h"
 #include "common/framed_connection.h"
 #include "common/local_peer.h"
 #include "common/json_util.h"
@@ -135,53 +133,6 @@ class EmptyReader final : public chan::ChannelReader {
   Result<std::optional<chan::Buffer>> Next() override { return std::optional<chan::Buffer>(); }
 };
 
-/// The registration conversation with the job manager: synchronous, on an io_context of its
-/// own (the daemon's is not running yet, or still holds the last connection's handlers), every
-/// step bounded by one deadline.
-template <class Socket>
-class Handshake {
- public:
-  /// `deadline`: `timeout` after the attempt began.
-  Handshake(asio::io_context& io, Socket& socket, net::Deadline deadline, std::chrono::milliseconds timeout,
-            std::string jm)
-      : io_(io), socket_(socket), deadline_(deadline), timeout_(timeout), jm_(std::move(jm)) {}
-
-  Status Write(const Json& msg) {
-    const std::string frame = wire::EncodeFrame(wire::FrameType::kJson, DumpJson(msg));
-    return Failed(net::WriteBefore(io_, socket_, asio::buffer(frame), deadline_));
-  }
-
-  /// The next message; an {"op":"error"} from the job manager is PermissionDenied (it refused
-  /// our credentials).
-  Result<Json> Read() {
-    char header[wire::kHeaderBytes];
-    COPSE_RETURN_NOT_OK(Failed(net::ReadBefore(io_, socket_, asio::buffer(header), deadline_)));
-    COPSE_ASSIGN_OR_RETURN(auto h, wire::DecodeHeader(header, wire::kMaxControlBytes));
-    std::string body(h.length, '\0');
-    COPSE_RETURN_NOT_OK(Failed(net::ReadBefore(io_, socket_, asio::buffer(body), deadline_)));
-    COPSE_ASSIGN_OR_RETURN(Json msg, ParseJson(body, "job manager"));
-    if (!msg.is_object()) return Status::InvalidArgument("job manager sent a " + JsonTypeName(msg) + ", not a message");
-    if (StringMember(msg, "op") == "error") return Status::PermissionDenied("job manager: " + StringMember(msg, "message"));
-    return msg;
-  }
-
- private:
-  Status Failed(std::error_code ec) const {
-    if (!ec) return Status::OK();
-    if (ec == asio::error::timed_out) {
-      return Status::Timeout(jm_ + " did not finish the handshake within " + std::to_string(timeout_.count()) + " ms");
-    }
-    if (ec == asio::error::eof) return Status::Unavailable(jm_ + " closed the connection");
-    return Status::Unavailable(jm_ + ": " + ec.message());
-  }
-
-  asio::io_context& io_;
-  Socket& socket_;
-  const net::Deadline deadline_;
-  const std::chrono::milliseconds timeout_;
-  const std::string jm_;
-};
-
 }  // namespace
 
 class Daemon::Impl {
@@ -236,81 +187,64 @@ class Daemon::Impl {
     if (ec) return Status::InvalidArgument("job manager address \"" + options_.jm_host + "\" is not an IP address");
     const std::string jm = "the job manager at " + options_.jm_host + ":" + std::to_string(options_.jm_port);
     const net::Deadline deadline = std::chrono::steady_clock::now() + options_.handshake_timeout;
-    asio::io_context handshake_io;
+    std::unique_ptr<net::BlockingClient> client;
     if (options_.local_socket) {
-      asio::local::stream_protocol::socket local(handshake_io);
       const std::string name = net::ControlLocalSocketName(address.to_string(), options_.jm_port);
-      if (!net::ConnectBefore(handshake_io, local, net::AbstractEndpoint(name), deadline)) {
-        // A full accept queue fails a non-blocking Unix connect with EAGAIN, which asio takes
-        // for a connect in progress; should one end as done, the socket is still unconnected.
-        // TCP then waits its turn.
-        std::error_code unconnected;
-        local.remote_endpoint(unconnected);
-        Status peer = unconnected ? Status::Unavailable("its accept queue is full")
-                                  : net::CheckLocalPeer(local.native_handle(), name);
-        if (peer.ok()) return RegisterOn(handshake_io, std::move(local), deadline, jm);
+      auto local = net::BlockingClient::ConnectLocal(name, deadline);
+      // Nothing there (a job manager on another host): TCP, quietly. Taken by someone else, or
+      // too busy to queue us: TCP, saying why.
+      Status peer = local.ok() ? net::CheckLocalPeer((*local)->native_handle(), name) : local.status();
+      if (peer.ok()) {
+        client = std::move(*local);
+      } else if (peer.code() != StatusCode::kNotFound) {
         DaemonLog()->warn("daemon {}: not using the job manager's local socket: {}; using TCP", options_.name, peer.message());
       }
     }
-    asio::ip::tcp::socket socket(handshake_io);
-    ec = net::ConnectBefore(handshake_io, socket, asio::ip::tcp::endpoint(address, options_.jm_port), deadline);
-    if (ec) {
-      return Status::Unavailable("cannot reach " + jm + ": " +
-                                 (ec == asio::error::timed_out
-                                      ? "no answer within " + std::to_string(options_.handshake_timeout.count()) + " ms"
-                                      : ec.message()));
+    if (!client) {
+      auto tcp = net::BlockingClient::ConnectTcp(asio::ip::tcp::endpoint(address, options_.jm_port), deadline);
+      if (!tcp.ok()) return RegistrationFailure(tcp.status(), jm);
+      client = std::move(*tcp);
     }
-    socket.set_option(asio::ip::tcp::no_delay(true), ec);
-    return RegisterOn(handshake_io, std::move(socket), deadline, jm);
+    return RegisterOn(*client, deadline, jm);
   }
 
-  /// The handshake and registration on `socket` (of `handshake_io`); on success the connection
+  /// Why registering with `jm` failed: a Timeout as a miss of registration's one deadline.
+  Status RegistrationFailure(const Status& st, const std::string& jm) const {
+    if (st.code() != StatusCode::kTimeout) return st.WithContext(jm);
+    return Status::Timeout(jm + " did not finish the handshake within " + std::to_string(options_.handshake_timeout.count()) +
+                           " ms");
+  }
+
+  /// Authenticates and registers on `client`, all before `deadline`; on success the connection
   /// moves to io_ as conn_.
-  template <class Socket>
-  Status RegisterOn(asio::io_context& handshake_io, Socket socket, net::Deadline deadline, const std::string& jm) {
-    Handshake<Socket> talk(handshake_io, socket, deadline, options_.handshake_timeout, jm);
-    COPSE_ASSIGN_OR_RETURN(Json hello, talk.Read());
-    auto greeted = auth::AnswerHello(hello, options_.secret, "daemon");
-    if (!greeted.ok()) return greeted.status().WithContext(jm);
-    const auth::HelloAnswer& answer = *greeted;
-    COPSE_RETURN_NOT_OK(talk.Write(answer.message));
-    COPSE_ASSIGN_OR_RETURN(Json welcome, talk.Read());
+  Status RegisterOn(net::BlockingClient& client, net::Deadline deadline, const std::string& jm) {
     // Never take tasks from a server that cannot show it holds the secret.
-    COPSE_RETURN_NOT_OK(auth::CheckWelcome(welcome, options_.secret, answer).WithContext(jm));
+    Status authenticated = client.Authenticate(options_.secret, "daemon", deadline);
+    if (!authenticated.ok()) return RegistrationFailure(authenticated, jm);
     Json outputs = Json::array();
     for (const auto& key : store_->List()) outputs.push_back(key.ToJson());
-    COPSE_RETURN_NOT_OK(talk.Write({{"op", "register"},
-                                    {"name", options_.name},
-                                    {"cpus", options_.cpus},
-                                    {"gpus", options_.gpus},
-                                    {"memory_mb", options_.memory_mb},
-                                    {"labels", options_.labels},
-                                    {"data_host", options_.data_host},
-                                    {"data_port", data_server_->port()},
-                                    {"stream", hub_->endpoints()},
-                                    {"outputs", std::move(outputs)}}));
-    COPSE_ASSIGN_OR_RETURN(Json registered, talk.Read());
-    if (StringMember(registered, "op") != "registered") {
-      return Status::Internal("unexpected reply to register: " + DumpJson(registered).substr(0, 200));
+    auto registered = client.Call({{"op", "register"},
+                                   {"name", options_.name},
+                                   {"cpus", options_.cpus},
+                                   {"gpus", options_.gpus},
+                                   {"memory_mb", options_.memory_mb},
+                                   {"labels", options_.labels},
+                                   {"data_host", options_.data_host},
+                                   {"data_port", data_server_->port()},
+                                   {"stream", hub_->endpoints()},
+                                   {"outputs", std::move(outputs)}},
+                                  deadline);
+    if (!registered.ok()) return RegistrationFailure(registered.status(), jm);
+    if (StringMember(*registered, "op") != "registered") {
+      return Status::Internal("unexpected reply to register: " + DumpJson(*registered).substr(0, 200));
     }
     // The job manager says how often it needs to hear from us (one without the field: our default).
-    const Json every = registered.value("heartbeat_ms", Json());
+    const Json every = registered->value("heartbeat_ms", Json());
     const int64_t ms = every.is_number_integer() ? every.get<int64_t>() : 0;
     heartbeat_every_ = ms >= 1 && ms <= 60'000 ? std::chrono::milliseconds(ms) : options_.heartbeat_interval;
     DaemonLog()->info("daemon {} registered over {}; data server on {}:{}", options_.name,
-                      std::is_same_v<Socket, asio::ip::tcp::socket> ? "TCP" : "the job manager's local socket",
-                      options_.data_host, data_server_->port());
-    std::error_code ec;
-    const auto protocol = socket.local_endpoint(ec).protocol();
-    const auto fd = ec ? -1 : socket.release(ec);
-    if (ec) return Status::Unavailable(jm + ": " + ec.message());
-    Socket on_io(io_);
-    on_io.assign(protocol, fd, ec);
-    if (ec) {
-      ::close(fd);
-      return Status::Unavailable(jm + ": " + ec.message());
-    }
-    auto conn = std::make_shared<net::FramedConnection>(std::move(on_io), wire::kMaxControlBytes);
+                      client.local() ? "the job manager's local socket" : "TCP", options_.data_host, data_server_->port());
+    COPSE_ASSIGN_OR_RETURN(auto conn, client.Detach(io_, wire::kMaxControlBytes));
     std::lock_guard<std::mutex> lock(mu_);  // workers send their reports on it
     conn_ = std::move(conn);
     return Status::OK();

@@ -1,6 +1,8 @@
 // FramedConnection: Send() from many threads at once (a daemon's workers send their reports
 // themselves) keeps every frame whole and each thread's frames in order, also when the
 // socket is full and frames queue for the io thread.
+#include <unistd.h>
+
 #include <asio.hpp>
 #include <doctest/doctest.h>
 
@@ -148,7 +150,8 @@ TEST_CASE("FramedConnection.APeerThatDoesNotReadIsDisconnectedOnceTooMuchWaits")
 void WriteJsonFrame(asio::ip::tcp::socket& s, const Json& msg) {
   asio::write(s, asio::buffer(wire::EncodeFrame(wire::FrameType::kJson, DumpJson(msg))));
 }
-Json ReadJsonFrame(asio::ip::tcp::socket& s) {
+template <class Socket>
+Json ReadJsonFrame(Socket& s) {
   char header[wire::kHeaderBytes];
   asio::read(s, asio::buffer(header));
   auto h = wire::DecodeHeader(header, wire::kMaxControlBytes);
@@ -156,6 +159,55 @@ Json ReadJsonFrame(asio::ip::tcp::socket& s) {
   std::string body(h->length, '\0');
   asio::read(s, asio::buffer(body));
   return Json::parse(body);
+}
+
+TEST_CASE("BlockingClient.ConnectsToALocalSocketOnlyWhenSomeoneListensAndHandsItsConnectionOver" * doctest::timeout(60)) {
+  // A daemon registers over the job manager's local socket when there is one, then keeps the
+  // connection as its asynchronous FramedConnection.
+  const std::string name = "copse-test-blocking-client/" + std::to_string(::getpid());
+  const auto soon = [] { return std::chrono::steady_clock::now() + std::chrono::seconds(5); };
+  SUBCASE("nothing listens") {
+    auto c = BlockingClient::ConnectLocal(name, soon());
+    CHECK(c.status().code() == StatusCode::kNotFound);
+  }
+  asio::io_context io;
+  asio::local::stream_protocol::acceptor acceptor(io);
+  acceptor.open();
+  acceptor.bind(AbstractEndpoint(name));
+  SUBCASE("its accept queue is full") {
+    // A connect to a full accept queue fails (asio may take the kernel's EAGAIN for a connect
+    // in progress): the client must not come back as connected.
+    acceptor.listen(0);  // room for one connection waiting
+    asio::local::stream_protocol::socket first(io);
+    first.connect(AbstractEndpoint(name));
+    auto c = BlockingClient::ConnectLocal(name, soon());
+    CHECK_MESSAGE(!c.ok(), "came back connected to a full queue");
+  }
+  SUBCASE("a server accepts: the conversation goes on asynchronously") {
+    acceptor.listen();
+    auto c = BlockingClient::ConnectLocal(name, soon());
+    REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+    auto server = acceptor.accept();
+    const std::string hi = wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"hi"})");
+    asio::write(server, asio::buffer(hi));
+    auto reply = (*c)->Receive(std::chrono::seconds(5));
+    REQUIRE_MESSAGE(reply.ok(), reply.status().ToString());
+    CHECK((*reply)["op"] == "hi");
+
+    asio::io_context later;
+    auto conn = (*c)->Detach(later, wire::kMaxControlBytes);
+    REQUIRE_MESSAGE(conn.ok(), conn.status().ToString());
+    CHECK((*conn)->local());
+    std::vector<std::string> got;
+    (*conn)->Start([&](Json m) { got.push_back(m["op"]); later.stop(); }, [&](const Status&) { later.stop(); });
+    const std::string again = wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"again"})");
+    asio::write(server, asio::buffer(again));
+    later.run_for(std::chrono::seconds(5));
+    CHECK(got == std::vector<std::string>{"again"});
+    (*conn)->Send({{"op", "back"}});
+    CHECK(ReadJsonFrame(server)["op"] == "back");
+    (*conn)->Close(Status::Cancelled("done"));
+  }
 }
 
 TEST_CASE("BlockingClient.EveryStepOfAConversationIsBounded" * doctest::timeout(60)) {

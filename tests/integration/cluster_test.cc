@@ -175,6 +175,7 @@ TEST_CASE("Cluster.UnauthenticatedAndGarbagePeersAreRefusedWhileAJobRuns") {
   // A client with the wrong secret.
   auto bad = net::BlockingClient::Connect("127.0.0.1", cluster.jm_port(), std::string(64, 'a'), "client");
   CHECK_FALSE(bad.ok());
+  CHECK(bad.status().code() == StatusCode::kPermissionDenied);
   CHECK(bad.status().message().find("authentication failed") != std::string::npos);
   // Garbage bytes, a wrong protocol version, an oversized frame, a body that is not UTF-8 (the
   // error quoting it must still be sendable), an auth whose role is not a string.
