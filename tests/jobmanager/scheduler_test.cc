@@ -1533,6 +1533,76 @@ TEST_CASE("Scheduler.AGroupTooBigForTheLiveDaemonsWaitsForOneThatFits") {
   }
 }
 
+/// A clock that moves 1 ms each time it is read: every search then costs time.
+class TickingClock final : public Clock {
+ public:
+  TimePoint Now() const override { return TimePoint(Duration(now_ns_ += 1'000'000)); }
+  void Advance(Duration d) { now_ns_ += d.count(); }
+
+ private:
+  mutable std::atomic<int64_t> now_ns_{1'000'000'000};
+};
+
+TEST_CASE("Scheduler.AGangThatDidNotFitIsSearchedAgainNoSoonerThanItsSearchCostAllowsButNotMissed") {
+  // A search that found no placement is not repeated on every freed slot of the cluster within
+  // 100 times what it cost (a big gang would take the job manager's thread), but a later tick
+  // finds the room that came meanwhile.
+  FakeSink sink;
+  TickingClock clock;
+  Scheduler sched(sink, clock);
+  auto add = [&](const std::string& name, double cpus) {
+    DaemonSpec spec;
+    spec.name = name;
+    spec.cpus = cpus;
+    REQUIRE(sched.AddDaemon(spec).ok());
+    sched.Flush();
+  };
+  add("small", 1);
+  sched.Submit(testing::MustLoad(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
+                                     "edges": [{"from": "a", "to": "b", "channel": "stream"}]})"),
+               "/tmp");
+  sched.Flush();
+  CHECK(sink.TakeTasks().empty());  // searched once (costing 1 ms here): no daemon has two CPUs
+  add("big", 2);                    // room, a few ms later: within 100 ms of the search
+  CHECK(sink.TakeTasks().empty());
+  clock.Advance(std::chrono::milliseconds(100));
+  sched.Tick();
+  sched.Flush();
+  CHECK(sink.TakeTasks().size() == 2);
+}
+
+TEST_CASE("Scheduler.AGangWaitingOnItsGroupsPinIsPlacedOnceThePinnedDaemonIsLost") {
+  // A gang whose affinity group is pinned to a daemon without room waits, and is not searched
+  // again until capacity changes. Losing that daemon is such a change (the pin goes with it):
+  // the gang must be placed elsewhere at once, not after the next slot frees somewhere.
+  Harness h;
+  const DaemonId gpu = AddGpuDaemon(h, "gpu", 2, 1);
+  // Another job holds a CPU of "gpu" for as long as the test runs (and, once "gpu" is lost,
+  // waits: no other daemon has a GPU).
+  h.Submit(R"({"stages": [{"name": "hold", "program": "noop", "resources": {"cpus": 1, "gpus": 1}}]})");
+  CHECK(h.Next("hold[0]").first == gpu);
+  // p pins group g to "gpu", the only daemon yet; s waits for one with two CPUs free; b and c,
+  // a gang in g, need two CPUs of whichever daemon holds g.
+  JobId job = h.Submit(R"({"stages": [
+      {"name": "p", "program": "noop", "affinity": "g"}, {"name": "s", "program": "noop", "resources": {"cpus": 2}},
+      {"name": "b", "program": "noop", "affinity": "g"}, {"name": "c", "program": "noop", "affinity": "g"}],
+    "edges": [{"from": "s", "to": "b"}, {"from": "b", "to": "c", "channel": "stream"}]})");
+  auto [p_daemon, p] = h.Next("p[0]");
+  REQUIRE(p_daemon == gpu);
+  const DaemonId cpu = AddGpuDaemon(h, "cpu", 2, 0);
+  h.sched.Flush();
+  auto [s_daemon, s] = h.Next("s[0]");
+  REQUIRE(s_daemon == cpu);
+  h.Finish(p, true);
+  h.Finish(s, true);
+  CHECK(h.sink.TakeTasks().empty());  // g is on "gpu", which has one CPU free
+  h.sched.DaemonLost(gpu, "connection closed: EOF");
+  h.sched.Flush();
+  CHECK(h.Next("b[0]").first == cpu);
+  CHECK(h.Next("c[0]").first == cpu);
+  CHECK(h.State(job) == "running");
+}
+
 TEST_CASE("Scheduler.AGangIsPlacedWhereOnlyAnotherMemberOrderFits") {
   // Member by member, "one" took d0 (most room) and "two" then fitted nowhere, for ever.
   Harness h;
