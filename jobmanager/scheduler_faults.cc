@@ -1,0 +1,264 @@
+#include "jobmanager/scheduler_state.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace copse::jm {
+
+void Scheduler::Tick() {
+  releases_due_ = true;
+  RandomChaosStep();
+  TimePoint now = clock_.Now();
+  for (size_t i = 0; i < daemons_.size(); ++i) {
+    const Daemon& d = *daemons_[i];
+    if (d.awaiting && now > d.awaiting_until) DaemonLost(DaemonId(static_cast<uint32_t>(i)), d.awaiting_why);
+  }
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    Job& job = *it->second;
+    if (job.state != JobState::kRunning) {
+      it = (now - job.finished > options_.finished_job_ttl) ? jobs_.erase(it) : std::next(it);
+      continue;
+    }
+    for (uint32_t v : std::vector<uint32_t>(job.running.begin(), job.running.end())) {
+      Run& r = job.runs[v];
+      double timeout_s = job.g().stage_of(VertexId(v)).timeout_s;
+      if (!r.chained_after.empty()) continue;  // not started yet
+      if (timeout_s <= 0 || now - r.started < std::chrono::duration<double>(timeout_s)) continue;
+      sink_.SendToDaemon(r.daemon, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", v}, {"version", r.version}});
+      Fail(job, VertexId(v), FailureClass::kTimeout, "ran longer than timeout_s=" + std::to_string(timeout_s), true);
+      if (job.state != JobState::kRunning) break;
+    }
+    if (job.state == JobState::kRunning) {
+      LaunchDuplicates(job);
+      CheckFaults(job);
+    }
+    ++it;
+  }
+  Schedule();
+}
+
+void Scheduler::LaunchDuplicates(Job& job) {
+  if (options_.straggler_factor <= 0) return;
+  const JobGraph& g = job.g();
+  TimePoint now = clock_.Now();
+  std::map<int, double> median_s;  // per stage with enough completed peers
+  for (uint32_t v : std::vector<uint32_t>(job.running.begin(), job.running.end())) {
+    Run& r = job.runs[v];
+    if (r.dup_version || g.vertex(VertexId(v)).gang.valid()) continue;  // gangs restart whole instead
+    if (!r.chained_after.empty()) continue;                              // not started yet
+    int stage = g.vertex(VertexId(v)).stage;
+    auto& done = job.stage_seconds[stage];
+    int replicas = g.spec().stages[stage].replicas;
+    if (done.empty() || done.size() < options_.straggler_fraction * replicas) continue;
+    auto m = median_s.find(stage);
+    if (m == median_s.end()) {
+      std::vector<double> copy = done;
+      std::nth_element(copy.begin(), copy.begin() + copy.size() / 2, copy.end());
+      m = median_s.emplace(stage, copy[copy.size() / 2]).first;
+    }
+    double elapsed = std::chrono::duration<double>(now - r.started).count();
+    if (elapsed < options_.straggler_factor * m->second ||
+        now - r.started < options_.straggler_min) {
+      continue;
+    }
+    // A daemon other than the straggler's, by the same placement rules.
+    const Resources& need = g.stage_of(VertexId(v)).resources;
+    Daemon* target = nullptr;
+    for (auto& d : daemons_) {
+      if (d->alive && d->id != r.daemon && d->free_cpus + 1e-9 >= need.cpus && d->free_gpus >= need.gpus &&
+          (!target || d->free_cpus > target->free_cpus)) {
+        target = d.get();
+      }
+    }
+    if (!target) continue;
+    char why[160];
+    std::snprintf(why, sizeof(why), "running %.2f s, %.1fx its stage's median of %.3f s", elapsed, elapsed / std::max(m->second, 1e-9),
+                  m->second);
+    RecordRecovery(job, VertexId(v), r.version, "straggler", why, false);
+    Dispatch(job, VertexId(v), *target, /*duplicate=*/true);
+  }
+}
+
+Result<Json> Scheduler::Chaos(const Json& request) {
+  std::string action = request.value("action", "");
+  auto find_daemon = [&](const std::string& name) -> Daemon* {
+    for (auto& d : daemons_) {
+      if (d->alive && d->spec.name == name) return d.get();
+    }
+    return nullptr;
+  };
+  auto record_everywhere = [&](Json record) {
+    for (auto& [id, job] : jobs_) {
+      if (job->state != JobState::kRunning) continue;
+      record["at_ms"] = ElapsedMs(*job);
+      job->faults_log.push_back(record);
+    }
+  };
+  if (action == "kill" || action == "cut") {
+    std::string name = request.value("daemon", "");
+    Daemon* d = find_daemon(name);
+    if (!d) return Status::NotFound("no live daemon named \"" + name + "\"");
+    int64_t ms = request.value("ms", int64_t{2000});
+    if (action == "cut" && (ms < 1 || ms > 3'600'000)) {
+      return Status::InvalidArgument("a cut lasts 1 to 3600000 ms, got " + std::to_string(ms));
+    }
+    Flush();
+    ExpectInjectedLoss(*d);
+    sink_.SendToDaemon(d->id, action == "kill" ? Json{{"op", "kill"}} : Json{{"op", "cut"}, {"ms", ms}});
+    Json record = {{"fault", action == "kill" ? "kill_daemon" : "cut_daemon"}, {"daemon", name}, {"source", "chaos"}};
+    if (action == "cut") record["ms"] = ms;
+    record_everywhere(record);
+    return record;
+  }
+  if (action == "fail" || action == "delay" || action == "corrupt" || action == "drop") {
+    Job* job = FindJob(JobId(request.value("job", uint64_t{0})));
+    if (!job || job->state != JobState::kRunning) return Status::NotFound("no running job " + std::to_string(request.value("job", 0)));
+    std::string vertex = request.value("vertex", "");
+    VertexId v = job->g().FindVertex(vertex);
+    if (!v.valid()) return Status::NotFound("job " + job->id.ToString() + " has no vertex \"" + vertex + "\"");
+    FaultSpec f;
+    f.pointer = "chaos";
+    f.vertex = ParseEndpointRef(job->g().vertex(v).name);
+    const Run& r = job->runs[v.value()];
+    uint32_t next = std::max(r.version, r.dup_version) + 1;
+    if (action == "fail" || action == "delay") {
+      f.kind = action == "fail" ? FaultKind::kFail : FaultKind::kDelay;
+      // The job file's bounds (job_parser.cc): attempt 0 never comes, and a delay past a day
+      // would hold the vertex's slot beyond any timeout. Read wide, so 2^32+1 is not 1.
+      const auto attempts = request.value("attempts", std::vector<int64_t>{next});
+      if (attempts.empty()) return Status::InvalidArgument("no attempt numbers");
+      for (int64_t a : attempts) {
+        if (a < 1 || a > 1000) return Status::InvalidArgument("attempt numbers run from 1 to 1000, got " + std::to_string(a));
+        f.attempts.push_back(static_cast<int>(a));
+      }
+      f.ms = request.value("ms", int64_t{1000});
+      if (f.ms < 0 || f.ms > 86'400'000) return Status::InvalidArgument("a delay is 0 to 86400000 ms, got " + std::to_string(f.ms));
+    } else {
+      f.kind = action == "corrupt" ? FaultKind::kCorruptOutputOf : FaultKind::kDropOutputOf;
+    }
+    job->faults.push_back(f);
+    job->fault_fired.push_back(0);
+    Log(*job, v, "chaos: " + action + " armed");
+    CheckFaults(*job);
+    return Json{{"fault", action}, {"vertex", job->g().vertex(v).name}, {"job", job->id.value()}, {"armed", true}};
+  }
+  if (action == "random") {
+    RandomChaos chaos;
+    chaos.rng.seed(request.value("seed", uint64_t{1}));
+    const int64_t interval_ms = request.value("interval_ms", int64_t{500});
+    const int64_t duration_ms = request.value("duration_ms", int64_t{10000});
+    chaos.kinds = request.value("kinds", std::vector<std::string>{"kill", "fail", "delay", "corrupt", "cut"});
+    chaos.cut_ms = request.value("cut_ms", int64_t{1000});
+    if (interval_ms < 1) return Status::InvalidArgument("chaos interval must be at least 1 ms, got " + std::to_string(interval_ms));
+    if (duration_ms < 0) return Status::InvalidArgument("chaos duration must not be negative, got " + std::to_string(duration_ms) + " ms");
+    if (chaos.cut_ms < 0) return Status::InvalidArgument("chaos cut must not be negative, got " + std::to_string(chaos.cut_ms) + " ms");
+    if (chaos.kinds.empty()) return Status::InvalidArgument("no chaos kinds; expected some of kill, fail, delay, corrupt, cut");
+    for (const auto& k : chaos.kinds) {
+      if (k != "kill" && k != "fail" && k != "delay" && k != "corrupt" && k != "cut") {
+        return Status::InvalidArgument("unknown chaos kind \"" + k + "\"; expected kill, fail, delay, corrupt or cut");
+      }
+    }
+    chaos.interval = std::chrono::milliseconds(interval_ms);
+    chaos.until = clock_.Now() + std::chrono::milliseconds(duration_ms);
+    chaos.next = clock_.Now() + chaos.interval;
+    chaos_ = std::move(chaos);
+    return Json{{"random", true}, {"kinds", chaos_->kinds}};
+  }
+  if (action == "stop") {
+    chaos_.reset();
+    return Json{{"random", false}};
+  }
+  return Status::InvalidArgument("unknown chaos action \"" + action + "\"; expected kill, cut, fail, delay, corrupt, drop, random or stop");
+}
+
+void Scheduler::RandomChaosStep() {
+  if (!chaos_) return;
+  TimePoint now = clock_.Now();
+  if (now > chaos_->until) {
+    chaos_.reset();
+    return;
+  }
+  if (now < chaos_->next) return;
+  chaos_->next = now + chaos_->interval;
+  auto& rng = chaos_->rng;
+  const std::string kind = chaos_->kinds[rng() % chaos_->kinds.size()];
+  std::vector<Daemon*> alive;
+  for (auto& d : daemons_) {
+    if (d->alive) alive.push_back(d.get());
+  }
+  if (kind == "kill" || kind == "cut") {
+    if (alive.size() < 2) return;  // never take the last daemon
+    Daemon* d = alive[rng() % alive.size()];
+    (void)Chaos({{"action", kind}, {"daemon", d->spec.name}, {"ms", chaos_->cut_ms}});
+    return;
+  }
+  std::vector<Job*> running;
+  for (auto& [id, job] : jobs_) {
+    if (job->state == JobState::kRunning) running.push_back(job.get());
+  }
+  if (running.empty()) return;
+  Job& job = *running[rng() % running.size()];
+  std::vector<uint32_t> targets;
+  for (uint32_t v = 0; v < job.runs.size(); ++v) {
+    const Run& r = job.runs[v];
+    // Random chaos proves a job survives faults: it never spends a vertex's last attempt.
+    bool spare = r.charged + 1 < job.g().stage_of(VertexId(v)).max_attempts;
+    bool waiting = (r.state == VertexState::kWaiting || r.state == VertexState::kReady) && (kind != "fail" || spare);
+    bool stored = r.state == VertexState::kCompleted && OutputNeeded(job, VertexId(v)) && !job.g().vertex(VertexId(v)).gang.valid();
+    if (kind == "corrupt" ? stored : waiting) targets.push_back(v);
+  }
+  if (targets.empty()) return;
+  const std::string& name = job.g().vertex(VertexId(targets[rng() % targets.size()])).name;
+  (void)Chaos({{"action", kind}, {"job", job.id.value()}, {"vertex", name}, {"ms", 200}});
+}
+
+void Scheduler::ExpectInjectedLoss(Daemon& d) {
+  // A killed or cut daemon's connection closes at once; the window covers the message's way
+  // there. A longer one does no harm: it only spares the attempts running there a count.
+  d.loss_injected_until = clock_.Now() + kInjectedLossWindow;
+}
+
+void Scheduler::CheckFaults(Job& job) {
+  const JobGraph& g = job.g();
+  const auto& faults = job.faults;
+  for (size_t i = 0; i < faults.size(); ++i) {
+    const FaultSpec& f = faults[i];
+    if (job.fault_fired[i] || f.kind == FaultKind::kFail || f.kind == FaultKind::kDelay) continue;
+    if (f.when.completed && job.completions < static_cast<size_t>(*f.when.completed)) continue;
+    if (f.when.after_ms && ElapsedMs(job) < static_cast<double>(*f.when.after_ms)) continue;
+    Daemon* target = nullptr;
+    VertexId v = f.vertex ? g.FindVertex(f.vertex->ToString()) : VertexId::Invalid();
+    if (f.kind == FaultKind::kKillDaemon) {
+      for (auto& d : daemons_) {
+        if (d->alive && d->spec.name == f.daemon) target = d.get();
+      }
+      if (!target) continue;  // not registered (yet)
+    } else {
+      const Run& r = job.runs[v.value()];
+      if (!r.daemon.valid()) continue;  // not placed yet: fire at the first chance after
+      bool needs_output = f.kind == FaultKind::kCorruptOutputOf || f.kind == FaultKind::kDropOutputOf;
+      if (needs_output && r.state != VertexState::kCompleted) continue;
+      target = daemons_[r.daemon.value()].get();
+      if (!target->alive) continue;
+    }
+    job.fault_fired[i] = 1;
+    Json record = {{"fault", FaultKindName(f.kind)}, {"daemon", target->spec.name}, {"at_ms", ElapsedMs(job)}};
+    if (v.valid()) record["vertex"] = g.vertex(v).name;
+    job.faults_log.push_back(record);
+    Log(job, v, "injecting " + std::string(FaultKindName(f.kind)) + " on daemon " + target->spec.name);
+    if (f.kind == FaultKind::kKillDaemon || f.kind == FaultKind::kKillDaemonOf) {
+      Flush();
+      ExpectInjectedLoss(*target);
+      sink_.SendToDaemon(target->id, {{"op", "kill"}});
+    } else {
+      Json keys = Json::array();
+      const Run& r = job.runs[v.value()];
+      for (size_t p = 0; p < g.vertex(v).outputs.size(); ++p) {
+        keys.push_back({{"job", job.id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", p}});
+      }
+      sink_.SendToDaemon(target->id, {{"op", f.kind == FaultKind::kCorruptOutputOf ? "corrupt" : "drop"}, {"keys", keys}});
+    }
+  }
+}
+
+}  // namespace copse::jm

@@ -1,0 +1,150 @@
+#include "jobmanager/scheduler_state.h"
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+
+#include "jobmanager/job_loader.h"
+
+namespace copse::jm {
+
+DaemonId Scheduler::PlaceholderDaemon(const std::string& name) {
+  for (const auto& d : daemons_) {
+    if (d->awaiting && d->spec.name == name) return d->id;
+  }
+  auto d = std::make_unique<Daemon>();
+  d->id = DaemonId(static_cast<uint32_t>(daemons_.size()));
+  d->spec.name = name;
+  d->spec.cpus = 0;  // unknown until it registers: the listing shows no slots and no addresses
+  d->spec.control.clear();
+  d->alive = false;
+  d->awaiting = true;
+  d->awaiting_why = "did not come back after the job manager restarted";
+  DaemonId id = d->id;
+  daemons_.push_back(std::move(d));
+  return id;
+}
+
+size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog& catalog) {
+  JournalSink* journal = journal_;
+  journal_ = nullptr;  // replaying must not append what it reads
+  size_t restored = 0;
+  for (const auto& rec : records) {
+    try {
+      const std::string t = rec.at("t");
+      JobId id(rec.at("job").get<uint64_t>());
+      if (id.value() == 0 || id.value() >= kMaxJobId) {
+        SchedLog()->error("journal: skipping a record of job {}: job ids run from 1 to 2^53", id.value());
+        continue;
+      }
+      next_job_ = std::max(next_job_, id.value() + 1);
+      if (t == "ids") continue;  // next_job_ covers it
+      if (t == "job") {
+        JobLoad load = LoadJobJson(rec.at("doc"), "journal", catalog);
+        if (!load.ok()) {
+          SchedLog()->error("journal: job {} no longer loads, skipped: {}", id.value(), load.status().message());
+          continue;
+        }
+        Job& job = NewJob(id, load.graph, rec.value("job_dir", std::string()));
+        Log(job, VertexId::Invalid(), "restored from the journal after a job manager restart");
+        ++restored;
+        continue;
+      }
+      Job* job = FindJob(id);
+      if (!job) continue;
+      if (t == "done") {
+        // Every field is read before the run changes: a record damaged half-way must leave no
+        // completed vertex without a daemon behind it.
+        const Json& ver = rec.at("ver");
+        if (!ver.is_number_unsigned() || ver.get<uint64_t>() > std::numeric_limits<uint32_t>::max())
+          throw std::invalid_argument("\"ver\" is not an attempt version");
+        VertexId v(rec.at("v").get<uint32_t>());
+        const uint32_t version = ver.get<uint32_t>();
+        const std::string daemon = rec.at("daemon").get<std::string>();
+        auto bytes = rec.at("bytes").get<std::vector<uint64_t>>();
+        auto messages = rec.at("msgs").get<std::vector<uint64_t>>();
+        if (v.value() >= job->runs.size()) continue;
+        Run& r = job->runs[v.value()];
+        if (r.state != VertexState::kCompleted) ++job->completed;
+        r.state = VertexState::kCompleted;
+        r.version = version;
+        r.daemon = PlaceholderDaemon(daemon);
+        r.output_bytes = std::move(bytes);
+        r.output_messages = std::move(messages);
+        ++job->completions;
+      } else if (t == "regen") {
+        Run& r = job->runs.at(rec.at("v").get<uint32_t>());
+        if (r.state == VertexState::kCompleted) {
+          r.state = VertexState::kWaiting;
+          --job->completed;
+        }
+      } else if (t == "end") {
+        job->state = rec.at("state") == "completed" ? JobState::kCompleted
+                     : rec.at("state") == "failed"  ? JobState::kFailed
+                                                    : JobState::kCancelled;
+        job->failure = rec.value("failure", std::string());
+        job->finished = clock_.Now();
+      }
+    } catch (const std::exception& e) {
+      SchedLog()->error("journal: skipping a malformed record: {}", e.what());
+    }
+  }
+  StartRecoveryGrace();
+  for (auto& [id, job] : jobs_) {
+    if (job->state != JobState::kRunning) continue;
+    // Attempts the old job manager started are unknown: new versions start above them so no
+    // new attempt reuses an old output key.
+    for (auto& r : job->runs) {
+      if (r.state != VertexState::kCompleted) r.version += 1000;
+    }
+    std::fill(job->fault_fired.begin(), job->fault_fired.end(), 1);  // injected faults fired already
+    RecomputePending(*job);
+  }
+  journal_ = journal;
+  Schedule();
+  return restored;
+}
+
+void Scheduler::StartRecoveryGrace() {
+  const TimePoint until = clock_.Now() + options_.recovery_grace;
+  for (auto& d : daemons_) {
+    if (d->awaiting) d->awaiting_until = until;
+  }
+}
+
+Json Scheduler::JobRecord(const Job& job) {
+  return {{"t", "job"}, {"job", job.id.value()}, {"doc", job.g().spec().source}, {"job_dir", job.job_dir}};
+}
+
+Json Scheduler::DoneRecord(const Job& job, VertexId v) const {
+  const Run& r = job.runs[v.value()];
+  return {{"t", "done"},         {"job", job.id.value()},
+          {"v", v.value()},      {"ver", r.version},
+          {"daemon", daemons_[r.daemon.value()]->spec.name},
+          {"bytes", r.output_bytes}, {"msgs", r.output_messages}};
+}
+
+Json Scheduler::EndRecord(const Job& job) {
+  return {{"t", "end"}, {"job", job.id.value()}, {"state", JobStateName(job.state)}, {"failure", job.failure}};
+}
+
+std::vector<Json> Scheduler::Snapshot() const {
+  std::vector<Json> records;
+  for (const auto& [id, job] : jobs_) {
+    records.push_back(JobRecord(*job));
+    for (uint32_t v = 0; v < job->runs.size(); ++v) {
+      if (job->runs[v].state == VertexState::kCompleted) records.push_back(DoneRecord(*job, VertexId(v)));
+    }
+    if (job->state != JobState::kRunning) records.push_back(EndRecord(*job));
+  }
+  if (next_job_ > 1) records.push_back({{"t", "ids"}, {"job", next_job_ - 1}});
+  return records;
+}
+
+size_t Scheduler::SnapshotRecords() const {
+  size_t n = next_job_ > 1 ? 1 : 0;
+  for (const auto& [id, job] : jobs_) n += 1 + job->completed + (job->state != JobState::kRunning ? 1 : 0);
+  return n;
+}
+
+}  // namespace copse::jm

@@ -1,0 +1,389 @@
+#include "jobmanager/scheduler_state.h"
+
+#include <algorithm>
+#include <string_view>
+
+#include "common/text_util.h"
+
+namespace copse::jm {
+
+namespace {
+
+constexpr size_t kMaxSpans = 1'000'000;
+const std::string kHostLabel = "host";
+const std::string kRackLabel = "rack";
+constexpr size_t kMaxBlockedScan = 64;  // ready vertices tried per job per pass when slots are short
+
+std::string NameList(const JobGraph& g, const std::vector<VertexId>& vertices) {
+  std::string out;
+  for (VertexId v : vertices) out += (out.empty() ? "" : ", ") + g.vertex(v).name;
+  return out;
+}
+
+}  // namespace
+
+
+std::string_view Scheduler::LabelOf(const Daemon& d, const std::string& key) {
+  auto it = d.spec.labels.find(key);
+  return it == d.spec.labels.end() ? std::string_view() : std::string_view(it->second);
+}
+
+void Scheduler::Schedule() {
+  for (auto& [id, job_ptr] : jobs_) {
+    Job& job = *job_ptr;
+    if (job.state != JobState::kRunning) continue;
+    std::vector<VertexId> blocked;
+    while (!job.ready.empty() && blocked.size() < kMaxBlockedScan && AnySlotFree()) {
+      VertexId v(job.ready.top().second);
+      job.ready.pop();
+      if (job.runs[v.value()].state != VertexState::kReady) continue;  // stale entry
+      GangId gang = job.g().vertex(v).gang;
+      if (gang.valid()) {
+        // The last member to become ready places the whole gang; the others wait with it.
+        bool all_ready = true;
+        for (VertexId m : job.g().gangs()[gang.value()].members) {
+          all_ready = all_ready && job.runs[m.value()].state == VertexState::kReady;
+        }
+        if (all_ready && !TryPlaceGang(job, gang)) blocked.push_back(v);
+        continue;
+      }
+      if (!TryPlace(job, v)) blocked.push_back(v);
+      if (job.state != JobState::kRunning) break;
+    }
+    for (VertexId b : blocked) job.ready.emplace(job.priority[b.value()], b.value());
+    // A fault aimed at a vertex fires at the first chance after it is placed.
+    if (job.state == JobState::kRunning &&
+        std::find(job.fault_fired.begin(), job.fault_fired.end(), 0) != job.fault_fired.end()) {
+      CheckFaults(job);
+    }
+  }
+}
+
+bool Scheduler::TryPlace(Job& job, VertexId v) {
+  const JobGraph& g = job.g();
+  const StageSpec& stage = g.stage_of(v);
+  const Resources& need = stage.resources;
+  Daemon* pinned = nullptr;
+  if (!stage.affinity.empty()) {
+    auto it = job.affinity.find(stage.affinity);
+    if (it != job.affinity.end()) pinned = daemons_[it->second.value()].get();
+  }
+  auto fits = [&](const Daemon& d) {
+    return d.alive && d.free_cpus + 1e-9 >= need.cpus && d.free_gpus >= need.gpus && d.spec.cpus + 1e-9 >= need.cpus;
+  };
+  if (pinned) {
+    if (!fits(*pinned) || ReadsAHeldOutput(job, v)) return false;
+    Dispatch(job, v, *pinned, /*duplicate=*/false);
+    return true;
+  }
+  // The common case on a busy cluster: no daemon has room. Say so before building a request.
+  if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return fits(*d); })) return false;
+  if (ReadsAHeldOutput(job, v)) return false;  // not back yet: its outputs are held for it
+  PlacementRequest request;
+  for (ChannelId ch : g.vertex(v).inputs) {
+    const ChannelEdge& c = g.channel(ch);
+    const Run& p = job.runs[c.from.value()];
+    if (p.daemon.valid() && static_cast<size_t>(c.from_port) < p.output_bytes.size()) {
+      request.input_bytes[p.daemon] += p.output_bytes[c.from_port];
+    }
+  }
+  if (!stage.input_hosts.empty()) {
+    const int replica = g.vertex(v).replica;
+    std::string host = stage.input_hosts.size() == 1 ? stage.input_hosts[0] : stage.input_hosts[replica % stage.input_hosts.size()];
+    request.input_hosts.push_back(ReplaceAll(host, "{replica}", std::to_string(replica)));
+  }
+  request.waited = clock_.Now() - job.runs[v.value()].ready_since;
+  // The group's first vertex pins it: only where the gangs it joins later can follow (the
+  // others are no candidates, so locality does not wait for them). Where no live daemon could
+  // hold those gangs, it waits: a daemon may return or join (after a job manager restart the
+  // daemons come back one by one), and a pin made now would be for good.
+  auto pin_fits = [&](const Daemon& d) { return PinFits(job, stage, d, job.affinity); };
+  if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return d->alive && pin_fits(*d); })) {
+    if (job.pin_waits.insert(stage.affinity).second) {
+      Log(job, v, "waits: no live daemon can hold affinity group " + stage.affinity + "'s vertices and the gangs they join");
+    }
+    return false;
+  }
+  std::vector<PlacementDaemon> candidates;
+  for (const auto& d : daemons_) {
+    if (!d->alive || !pin_fits(*d)) continue;
+    candidates.push_back({d->id, LabelOf(*d, kHostLabel), LabelOf(*d, kRackLabel), d->free_cpus, fits(*d)});
+  }
+  auto chosen = policy_->Choose(request, candidates);
+  if (!chosen) return false;
+  Daemon& best = *daemons_[chosen->value()];
+  if (!stage.affinity.empty()) job.affinity[stage.affinity] = best.id;
+  Dispatch(job, v, best, /*duplicate=*/false);
+  return true;
+}
+
+void Scheduler::AddNcclInfo(Job& job, VertexId v, uint32_t version, Json& task) {
+  // Ranks: the gang's members that nccl channels touch, in vertex-id order.
+  const JobGraph& g = job.g();
+  std::vector<VertexId> ranked;
+  for (VertexId m : g.gangs()[g.vertex(v).gang.value()].members) {
+    const VertexNode& n = g.vertex(m);
+    bool nccl = false;
+    for (ChannelId ch : n.inputs) nccl = nccl || g.channel(ch).kind == ChannelKind::kNccl;
+    for (const auto& port : n.outputs) {
+      for (ChannelId ch : port) nccl = nccl || g.channel(ch).kind == ChannelKind::kNccl;
+    }
+    if (nccl) ranked.push_back(m);
+  }
+  auto rank_of = [&](VertexId m) { return static_cast<int>(std::find(ranked.begin(), ranked.end(), m) - ranked.begin()); };
+  int rank = rank_of(v);
+  if (rank == static_cast<int>(ranked.size())) return;
+  std::string group = "job" + std::to_string(job.id.value()) + "-gang" + std::to_string(g.vertex(v).gang.value()) + "-v" +
+                      std::to_string(version);
+  task["nccl"] = {{"group", group}, {"rank", rank}, {"nranks", ranked.size()}};
+  nccl_groups_[group].insert(job.runs[v.value()].daemon);
+  const VertexNode& node = g.vertex(v);
+  for (size_t port = 0; port < node.inputs.size(); ++port) {
+    const ChannelEdge& c = g.channel(node.inputs[port]);
+    if (c.kind == ChannelKind::kNccl) task["inputs"][port]["peer_rank"] = rank_of(c.from);
+  }
+  for (size_t port = 0; port < node.outputs.size(); ++port) {
+    if (node.outputs[port].empty() || g.channel(node.outputs[port].front()).kind != ChannelKind::kNccl) continue;
+    for (size_t i = 0; i < node.outputs[port].size(); ++i) {
+      task["outputs"][port]["channels"][i]["peer_rank"] = rank_of(g.channel(node.outputs[port][i]).to);
+    }
+  }
+}
+
+void Scheduler::RelayNcclId(const std::string& group, const std::string& id, DaemonId from) {
+  auto it = nccl_groups_.find(group);
+  if (it == nccl_groups_.end()) return;
+  for (DaemonId d : it->second) {
+    if (d != from && daemons_[d.value()]->alive) sink_.SendToDaemon(d, {{"op", "nccl_id"}, {"group", group}, {"id", id}});
+  }
+  nccl_groups_.erase(it);
+}
+
+bool Scheduler::AnySlotFree() const {
+  for (const auto& d : daemons_) {
+    if (d->alive && (d->free_cpus > 1e-9 || d->free_gpus > 0)) return true;
+  }
+  return false;
+}
+
+bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
+  const auto& members = job.g().gangs()[gang.value()].members;
+  for (VertexId m : members) {
+    if (ReadsAHeldOutput(job, m)) return false;
+  }
+  // Placed whole or not at all, so a gang that does not fit holds no slot (two jobs' gangs can
+  // never deadlock on partial reservations).
+  Job::GangWait& wait = job.gang_waits[gang.value()];
+  const TimePoint start = clock_.Now();
+  if (wait.epoch == capacity_epoch_ + 1 || start < wait.retry_after) return false;
+  GangPlacement placement = PlaceGangOn(job, gang, /*idle=*/false);
+  if (!placement.placed()) {
+    // Tried again once capacity frees (Tick schedules), but no sooner than 100 times what
+    // this search cost, capped at a second so that a freed slot is not missed for long: a gang
+    // of a thousand members that cannot fit would otherwise take the job manager's thread on
+    // every completion in the cluster. (So at most 1 % of the thread for searches under 10 ms,
+    // and one search a second beyond.)
+    wait.epoch = capacity_epoch_ + 1;
+    wait.retry_after = clock_.Now() + std::min<Duration>(100 * (clock_.Now() - start), std::chrono::seconds(1));
+    return false;
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    const std::string& group = job.g().stage_of(members[i]).affinity;
+    if (!group.empty()) job.affinity[group] = placement.daemons[i];
+  }
+  uint32_t version = 0;
+  for (VertexId m : members) version = std::max({version, job.runs[m.value()].version, job.runs[m.value()].dup_version});
+  job.gang_version[gang.value()] = version + 1;
+  // Every member's daemon is known before any task is written: producers address consumers.
+  for (size_t i = 0; i < members.size(); ++i) job.runs[members[i].value()].daemon = placement.daemons[i];
+  for (size_t i = 0; i < members.size(); ++i) Dispatch(job, members[i], *daemons_[placement.daemons[i].value()], /*duplicate=*/false);
+  return true;
+}
+
+GangPlacement Scheduler::PlaceGangOn(const Job& job, GangId gang, bool idle) const {
+  const JobGraph& g = job.g();
+  const auto& members = g.gangs()[gang.value()].members;
+  GangRequest request;
+  request.pins = job.affinity;
+  std::map<VertexId, size_t> index;
+  for (VertexId m : members) {
+    index[m] = request.members.size();
+    GangMember member{g.vertex(m).name, g.stage_of(m).resources, g.stage_of(m).affinity, {}};
+    for (ChannelId ch : g.vertex(m).inputs) {
+      const ChannelEdge& c = g.channel(ch);
+      const Run& p = job.runs[c.from.value()];
+      if (IsLive(c.kind) || !p.daemon.valid()) continue;
+      if (static_cast<size_t>(c.from_port) < p.output_bytes.size()) member.input_bytes[p.daemon] += p.output_bytes[c.from_port];
+    }
+    request.members.push_back(std::move(member));
+  }
+  // shm ends share a daemon.
+  for (VertexId m : members) {
+    for (ChannelId ch : g.vertex(m).inputs) {
+      const ChannelEdge& c = g.channel(ch);
+      if (c.kind == ChannelKind::kShm && index.count(c.from)) request.share_daemon.emplace_back(index[c.from], index[m]);
+    }
+  }
+  std::vector<GangDaemon> daemons;
+  for (const auto& d : daemons_) {
+    if (!d->alive || d->awaiting) continue;
+    daemons.push_back({d->id, LabelOf(*d, kHostLabel), LabelOf(*d, kRackLabel), idle ? d->spec.cpus : d->free_cpus,
+                       idle ? d->spec.gpus : d->free_gpus, d->spec.cpus, d->spec.gpus});
+  }
+  return PlaceGang(request, daemons, *job.gang_needs, *policy_);
+}
+
+bool Scheduler::PinFits(const Job& job, const StageSpec& stage, const Daemon& d,
+                        const std::map<std::string, DaemonId>& pins) const {
+  return stage.affinity.empty() || job.gang_needs->PinFits(stage.affinity, {d.id, d.spec.cpus, d.spec.gpus}, pins);
+}
+
+void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const std::vector<VertexId>& after) {
+  const JobGraph& g = job.g();
+  const VertexNode& node = g.vertex(v);
+  const StageSpec& stage = g.stage_of(v);
+  Run& r = job.runs[v.value()];
+  uint32_t version = std::max(r.version, r.dup_version) + 1;
+  if (node.gang.valid()) version = job.gang_version[node.gang.value()];  // one version per gang attempt
+  if (duplicate) {
+    r.dup_version = version;
+    r.dup_daemon = d.id;
+    r.dup_started = clock_.Now();
+  } else {
+    r.state = VertexState::kRunning;
+    r.version = version;
+    r.daemon = d.id;
+    r.started = clock_.Now();
+    r.chained_after = after;
+    job.running.insert(v.value());
+  }
+  d.free_cpus -= stage.resources.cpus;
+  d.free_gpus -= stage.resources.gpus;
+  ++d.running;
+
+  Json inputs = Json::array();
+  for (ChannelId ch : node.inputs) {
+    const ChannelEdge& c = g.channel(ch);
+    const Run& p = job.runs[c.from.value()];
+    if (IsLive(c.kind)) {
+      inputs.push_back({{"live", ChannelKindName(c.kind)},
+                        {"key", {{"job", job.id.value()}, {"channel", ch.value()}, {"version", version}}}});
+      continue;
+    }
+    // A producer still running (v is chained after it) has no counts yet: those it has are an
+    // earlier attempt's.
+    if (p.state == VertexState::kCompleted && static_cast<size_t>(c.from_port) < p.output_messages.size() &&
+        p.output_messages[c.from_port] == 0) {
+      inputs.push_back({{"empty", true}});  // nothing to fetch: the reader ends at once
+      continue;
+    }
+    const Daemon& pd = *daemons_[p.daemon.value()];
+    Json in = {{"key", {{"job", job.id.value()}, {"vertex", c.from.value()}, {"version", p.version}, {"port", c.from_port}}}};
+    // A durable input names its copy too: the only source once the producer's store cannot
+    // serve it (its daemon is gone, or the memory output was released after its consumers
+    // completed), else the daemon's fallback.
+    const bool durable = c.kind == ChannelKind::kDurable;
+    if (durable) in["durable"] = DurablePath(job, c.from, p.version, c.from_port);
+    const bool store_serves = pd.alive && !(p.state == VertexState::kCompleted && OutputReleased(g, c.from, p, c.from_port));
+    if (!durable || store_serves) {
+      in["local"] = p.daemon == d.id;
+      in["host"] = pd.spec.data_host;
+      in["port"] = pd.spec.data_port;
+    }
+    inputs.push_back(std::move(in));
+  }
+  Json outputs = Json::array();
+  for (const auto& port : node.outputs) {
+    const ChannelKind kind = PortKind(g, port);
+    if (kind == ChannelKind::kDurable) {  // a memory output with a copy there
+      outputs.push_back({{"durable", DurablePath(job, v, version, static_cast<int>(outputs.size()))}});
+      continue;
+    }
+    if (!IsLive(kind)) {
+      outputs.push_back(ChannelKindName(kind));
+      continue;
+    }
+    // A live output goes straight to each consumer (placed with this gang): where and as what.
+    Json channels = Json::array();
+    for (ChannelId ch : port) {
+      const Daemon& to = *daemons_[job.runs[g.channel(ch).to.value()].daemon.value()];
+      channels.push_back({{"key", {{"job", job.id.value()}, {"channel", ch.value()}, {"version", version}}},
+                          {"peer", to.spec.stream_endpoints}});
+    }
+    outputs.push_back({{"live", ChannelKindName(kind)}, {"channels", std::move(channels)}});
+  }
+  Json task = {{"job", job.id.value()},     {"vertex", v.value()},         {"version", version},
+               {"name", node.name},         {"program", stage.program},    {"replica", node.replica},
+               {"params", *node.params},    {"job_dir", job.job_dir},      {"threads", std::max(1, static_cast<int>(stage.resources.cpus))}, {"gpus", stage.resources.gpus},
+               {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
+  if (node.gang.valid()) AddNcclInfo(job, v, version, task);
+  if (!after.empty()) {
+    Json& list = task["after"] = Json::array();
+    for (VertexId a : after) {
+      const Run& p = job.runs[a.value()];
+      list.push_back({{"vertex", a.value()}, {"version", p.version}});
+      if (p.daemon != d.id) list.back()["remote"] = true;
+    }
+  }
+  // Faults the job file injects into this attempt.
+  const auto& faults = job.faults;
+  for (size_t i = 0; i < faults.size(); ++i) {
+    const FaultSpec& f = faults[i];
+    if (!f.vertex || g.FindVertex(f.vertex->ToString()) != v) continue;
+    bool armed = (!f.when.completed || job.completions >= static_cast<size_t>(*f.when.completed)) &&
+                 (!f.when.after_ms || ElapsedMs(job) >= static_cast<double>(*f.when.after_ms));
+    if (!armed) continue;
+    if (f.kind == FaultKind::kFail &&
+        std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
+      task["inject_failure"] = "injected fault " + f.pointer + ": attempt " + std::to_string(version) + " fails";
+      job.faults_log.push_back({{"fault", "fail"}, {"vertex", node.name}, {"attempt", version}, {"at_ms", ElapsedMs(job)}});
+    }
+    if (f.kind == FaultKind::kDelay &&
+        std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
+      task["delay_ms"] = f.ms;
+      if (!job.fault_fired[i]) {
+        job.fault_fired[i] = 1;
+        job.faults_log.push_back({{"fault", "delay"}, {"vertex", node.name}, {"ms", f.ms}, {"at_ms", ElapsedMs(job)}});
+      }
+    }
+  }
+  for (ChannelId ch : node.inputs) {
+    const ChannelEdge& c = g.channel(ch);
+    const Run& p = job.runs[c.from.value()];
+    uint64_t bytes = static_cast<size_t>(c.from_port) < p.output_bytes.size() ? p.output_bytes[c.from_port] : 0;
+    (p.daemon == d.id ? job.local_input_bytes : job.remote_input_bytes) += bytes;
+  }
+  if (job.spans.size() < kMaxSpans) {
+    job.open_spans[{v.value(), version}] = job.spans.size();
+    job.spans.push_back({v.value(), version, d.id, ElapsedMs(job), -1, ""});
+  }
+  Json& batch = outbox_[d.id];
+  if (batch.is_null()) batch = {{"op", "run"}, {"tasks", Json::array()}};
+  batch["tasks"].push_back(std::move(task));
+  Log(job, v, "version " + std::to_string(version) + (duplicate ? " (straggler duplicate)" : "") + " placed on " + d.spec.name +
+                  (after.empty() ? "" : " chained after " + NameList(g, after)));
+  if (!duplicate && !node.gang.valid()) ChainSuccessors(job, v);
+}
+
+void Scheduler::Flush() {
+  for (auto& [daemon, msg] : std::exchange(stale_outbox_, {})) {
+    if (daemons_[daemon.value()]->alive) sink_.SendToDaemon(daemon, msg);
+  }
+  auto batches = std::move(outbox_);
+  outbox_.clear();
+  for (auto& [daemon, msg] : batches) {
+    if (daemons_[daemon.value()]->alive) sink_.SendToDaemon(daemon, msg);
+  }
+  for (auto it = release_outbox_.begin(); it != release_outbox_.end();) {
+    const auto& [daemon, batch] = *it;
+    if (!releases_due_ && batch.msg["keys"].size() < kReleaseBatchKeys && batch.bytes < kReleaseBatchBytes) {
+      ++it;
+      continue;
+    }
+    if (daemons_[daemon.value()]->alive && !batch.msg["keys"].empty()) sink_.SendToDaemon(daemon, batch.msg);
+    it = release_outbox_.erase(it);
+  }
+  releases_due_ = false;
+}
+
+}  // namespace copse::jm

@@ -1,0 +1,187 @@
+#include "jobmanager/scheduler_state.h"
+
+#include <algorithm>
+#include <string_view>
+
+#include <fmt/format.h>
+
+namespace copse::jm {
+
+bool Scheduler::HasJob(JobId id) const { return FindJob(id) != nullptr; }
+
+std::optional<JobState> Scheduler::StateOf(JobId id) const {
+  const Job* job = FindJob(id);
+  if (!job) return std::nullopt;
+  return job->state;
+}
+
+std::string Scheduler::WhyNotPlaced(const Job& job, VertexId v, std::map<uint32_t, std::string>& gang_reasons) const {
+  const JobGraph& g = job.g();
+  const StageSpec& stage = g.stage_of(v);
+  auto describe = [](double cpus, int gpus) { return fmt::format("{:g} cpus", cpus) + (gpus ? fmt::format(" and {} gpus", gpus) : ""); };
+  if (GangId gang = g.vertex(v).gang; gang.valid()) {
+    auto [cached, added] = gang_reasons.try_emplace(gang.value());
+    if (!added) return cached->second;
+    const auto& members = g.gangs()[gang.value()].members;
+    std::string& why = cached->second;
+    for (VertexId m : members) {
+      const Run& r = job.runs[m.value()];
+      if (r.state == VertexState::kWaiting) {
+        return why = fmt::format("its gang of {} waits for its member {} to be ready", members.size(), g.vertex(m).name);
+      }
+      if (r.state == VertexState::kReady && ReadsAHeldOutput(job, m)) {
+        return why = fmt::format("its gang of {} waits for its member {}'s input, held for its daemon's return", members.size(),
+                                 g.vertex(m).name);
+      }
+    }
+    GangPlacement idle = PlaceGangOn(job, gang, /*idle=*/true);
+    if (!idle.placed() && !idle.gave_up) {
+      return why = fmt::format("its gang of {} cannot be placed on the live daemons even when they are idle: {}",
+                               members.size(), idle.why_not);
+    }
+    const Resources whole = job.gang_needs->Whole(gang);
+    why = fmt::format("its gang of {} waits for {} free at once", members.size(), describe(whole.cpus, whole.gpus));
+    if (idle.gave_up) why += " (whether the live daemons could hold it even idle was not settled: " + idle.why_not + ")";
+    return why;
+  }
+  const Resources& need = stage.resources;
+  auto holds = [&](const Daemon& d) { return d.alive && d.spec.cpus + 1e-9 >= need.cpus && d.spec.gpus >= need.gpus; };
+  if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return holds(*d); })) {
+    return "needs " + describe(need.cpus, need.gpus) + ", more than any live daemon has";
+  }
+  if (!stage.affinity.empty() && !job.affinity.count(stage.affinity) &&
+      std::none_of(daemons_.begin(), daemons_.end(),
+                   [&](const auto& d) { return d->alive && PinFits(job, stage, *d, job.affinity); })) {
+    return "no live daemon can hold affinity group " + stage.affinity + "'s vertices and the gangs they join";
+  }
+  return "no daemon has " + describe(need.cpus, need.gpus) + " free";
+}
+
+Json Scheduler::JobStatus(JobId id) const {
+  const Job* job_ptr = FindJob(id);
+  if (!job_ptr) return nullptr;
+  const Job& job = *job_ptr;
+  const JobGraph& g = job.g();
+  Json stages = Json::array();
+  size_t counts[4] = {0, 0, 0, 0};
+  for (size_t s = 0; s < g.spec().stages.size(); ++s) {
+    const StageSpec& st = g.spec().stages[s];
+    size_t c[4] = {0, 0, 0, 0};
+    size_t failed_attempts = 0;
+    for (int i = 0; i < st.replicas; ++i) {
+      const Run& r = job.runs[g.stage_base(static_cast<int>(s)).value() + i];
+      ++c[static_cast<int>(r.state)];
+      failed_attempts += r.charged;
+    }
+    for (int k = 0; k < 4; ++k) counts[k] += c[k];
+    stages.push_back({{"name", st.name}, {"program", st.program}, {"total", st.replicas}, {"completed", c[3]},
+                      {"running", c[2]}, {"ready", c[1]}, {"waiting", c[0]}, {"failed_attempts", failed_attempts}});
+  }
+  // Why vertices wait: the first few, each with its first unfinished predecessor or missing slot.
+  Json waiting = Json::array();
+  std::map<uint32_t, std::string> gang_reasons;  // one search per gang and call
+  for (const auto& v : g.vertices()) {
+    if (waiting.size() >= 5 || job.state != JobState::kRunning) break;
+    const Run& r = job.runs[v.id.value()];
+    if (r.state == VertexState::kReady && ReadsAHeldOutput(job, v.id)) {
+      waiting.push_back({{"vertex", v.name}, {"reason", "ready; reads an output held for its daemon's return"}});
+    } else if (r.state == VertexState::kReady) {
+      waiting.push_back({{"vertex", v.name}, {"reason", "ready; " + WhyNotPlaced(job, v.id, gang_reasons)}});
+    } else if (r.state == VertexState::kWaiting) {
+      std::string on;
+      auto check = [&](ChannelId ch) {
+        VertexId p = g.channel(ch).from;
+        if (on.empty() && job.runs[p.value()].state != VertexState::kCompleted) {
+          on = g.vertex(p).name + " (" + std::string(VertexStateName(job.runs[p.value()].state)) + ")";
+        }
+      };
+      for (ChannelId ch : v.inputs) check(ch);
+      for (ChannelId ch : v.order_in) check(ch);
+      waiting.push_back({{"vertex", v.name}, {"reason", on.empty() ? "waiting" : "waiting for " + on}});
+    }
+  }
+  Json out = {{"id", job.id.value()},
+              {"name", g.spec().name},
+              {"state", JobStateName(job.state)},
+              {"elapsed_s", ElapsedMs(job) / 1000.0},
+              {"vertices", {{"total", job.runs.size()}, {"completed", counts[3]}, {"running", counts[2]},
+                            {"ready", counts[1]}, {"waiting", counts[0]}}},
+              {"stages", stages},
+              {"input_bytes", {{"local", job.local_input_bytes}, {"remote", job.remote_input_bytes}}},
+              {"waiting", waiting},
+              {"faults", job.faults_log},
+              {"recoveries", job.recoveries}};
+  if (!job.failure.empty()) out["failure"] = job.failure;
+  if (job.progress.is_object()) {
+    Json progress = job.progress;
+    if (job.last_images_ms > job.first_images_ms) {
+      progress["images_per_s"] = (job.last_images - job.first_images) / ((job.last_images_ms - job.first_images_ms) / 1000.0);
+    }
+    out["progress"] = std::move(progress);
+  }
+  return out;
+}
+
+Json Scheduler::JobsTable() const {
+  Json rows = Json::array();
+  for (const auto& [id, job] : jobs_) {
+    rows.push_back({{"id", id.value()}, {"name", job->g().spec().name}, {"state", JobStateName(job->state)},
+                    {"completed", job->completed}, {"total", job->runs.size()}, {"elapsed_s", ElapsedMs(*job) / 1000.0}});
+  }
+  return rows;
+}
+
+Json Scheduler::DaemonsTable() const {
+  // A daemon that registers again after its grace gets a new id (runs still name the old one),
+  // so a name can have several rows: every one but the newest is superseded.
+  std::unordered_map<std::string_view, size_t> newest;
+  for (size_t i = 0; i < daemons_.size(); ++i) newest[daemons_[i]->spec.name] = i;
+  Json rows = Json::array();
+  for (size_t i = 0; i < daemons_.size(); ++i) {
+    const Daemon& d = *daemons_[i];
+    // Tasks chained after an attempt take its slots ahead of time: free_cpus dips below 0 until it ends.
+    const char* state = d.alive ? "alive" : d.awaiting ? "awaited" : "lost";
+    rows.push_back({{"name", d.spec.name}, {"alive", d.alive}, {"state", state}, {"superseded", newest[d.spec.name] != i},
+                    {"cpus", d.spec.cpus}, {"free_cpus", std::max(0.0, d.free_cpus)}, {"gpus", d.spec.gpus}, {"running", d.running},
+                    {"labels", d.spec.labels}, {"data", d.spec.data_port ? d.spec.data_host + ":" + std::to_string(d.spec.data_port) : ""},
+                    {"control", d.spec.control}});
+  }
+  return rows;
+}
+
+Json Scheduler::Logs(JobId id, const std::string& vertex) const {
+  const Job* job = FindJob(id);
+  if (!job) return nullptr;
+  VertexId only = vertex.empty() ? VertexId::Invalid() : job->g().FindVertex(vertex);
+  if (!vertex.empty() && !only.valid()) return nullptr;
+  Json lines = Json::array();
+  for (const auto& [v, line] : job->log) {
+    if (vertex.empty() || v == only) lines.push_back(line);
+  }
+  return lines;
+}
+
+Result<Json> Scheduler::OutputLocations(JobId id) const {
+  const Job* job = FindJob(id);
+  if (!job) return Status::NotFound("no job " + id.ToString());
+  if (job->state != JobState::kCompleted) {
+    return Status::FailedPrecondition("job " + id.ToString() + " is " + std::string(JobStateName(job->state)));
+  }
+  Json out = Json::array();
+  for (const auto& o : job->g().spec().outputs) {
+    VertexId v = job->g().FindVertex(o.from.ToString());
+    if (!v.valid() || job->runs[v.value()].state != VertexState::kCompleted ||
+        job->runs[v.value()].daemon.value() >= daemons_.size()) {
+      return Status::Internal("job " + id.ToString() + " completed but its output " + o.from.ToString() +
+                              " has no completed attempt (a scheduler bug)");
+    }
+    const Run& r = job->runs[v.value()];
+    const Daemon& d = *daemons_[r.daemon.value()];
+    out.push_back({{"path", o.path}, {"vertex", job->g().vertex(v).name}, {"host", d.spec.data_host},
+                   {"port", d.spec.data_port}, {"alive", d.alive},
+                   {"key", {{"job", id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", o.port}}}});
+  }
+  return out;
+}
+
+}  // namespace copse::jm

@@ -1,0 +1,135 @@
+#pragma once
+// The scheduler's private state (what it knows of each daemon, each vertex's run, each job)
+// and the helpers its parts share. Included only by the files that implement Scheduler, one
+// concern each:
+//   scheduler.cc            jobs: submission, readiness, attempt reports, chained dispatch,
+//                           output lifetimes, failures and lineage (re-running lost outputs)
+//   scheduler_daemons.cc    daemons joining, lost and coming back
+//   scheduler_journal.cc    restoring from the journal; snapshots for its compaction
+//   scheduler_placement.cc  placing ready vertices and gangs, dispatching, flushing to daemons
+//   scheduler_faults.cc     the clock: timeouts, stragglers, return graces, injected faults
+//   scheduler_queries.cc    what the CLI is shown: status, tables, logs, output locations
+#include <memory>
+#include <queue>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/logging.h"
+#include "jobmanager/scheduler.h"
+
+namespace copse::jm {
+
+std::shared_ptr<spdlog::logger> SchedLog();
+
+/// How an output port is stored: as its first channel's kind; a port no channel reads (a
+/// declared job output) is a file.
+inline ChannelKind PortKind(const JobGraph& g, const std::vector<ChannelId>& port) {
+  return port.empty() ? ChannelKind::kFile : g.channel(port.front()).kind;
+}
+
+struct Scheduler::Daemon {
+  DaemonId id;
+  DaemonSpec spec;
+  bool alive = true;
+  // Named by the journal and not re-registered since the restart, or lost with file outputs
+  // held for its return: not placed on, its outputs' consumers wait, until awaiting_until.
+  bool awaiting = false;
+  TimePoint awaiting_until{};
+  std::string awaiting_why;  // what DaemonLost says when it does not come back in time
+  TimePoint returned_at{};  // when it last came back awaited (a new process, maybe at the same address)
+  // A kill or cut was injected (chaos, a job's fault): a loss until then is explained by it and
+  // not counted against the attempts running there (max_daemon_losses).
+  TimePoint loss_injected_until{};
+  double free_cpus = 0;
+  int free_gpus = 0;
+  size_t running = 0;
+  Json Address() const { return {{"host", spec.data_host}, {"port", spec.data_port}}; }
+};
+
+struct Scheduler::Run {
+  VertexState state = VertexState::kWaiting;
+  uint32_t version = 0;  // of the current or last attempt; 0 before the first
+  uint32_t dup_version = 0;  // a straggler's duplicate attempt running beside it (0: none)
+  DaemonId dup_daemon;
+  TimePoint dup_started{};
+  int charged = 0;       // failed attempts that count against max_attempts
+  int daemon_losses = 0;  // its daemon lost, no fault injected, while it ran (max_daemon_losses)
+  // (input port, input_lost failures) since it last completed, per input that was lost (not charged).
+  std::vector<std::pair<int, int>> inputs_lost;
+  uint32_t pending = 0;  // predecessors not completed
+  DaemonId daemon;       // running there, or holding the outputs
+  std::vector<uint64_t> output_bytes;
+  std::vector<uint64_t> output_messages;
+  bool released = false;  // outputs garbage-collected (retained ports excepted): every consumer had completed
+  bool retained_released = false;  // its retained ports too: it settled (Settle)
+  TimePoint ready_since{};
+  TimePoint started{};
+  // A consumer could not connect to its file output while its daemon still looked alive (the
+  // report won the race with the connection's close, or the daemon is cut off from its peers):
+  // held as if the daemon were awaited until then, once per completed version.
+  TimePoint unreachable_hold_until{};
+  // Dispatched chained: waits on its daemon for these predecessors' current attempts to
+  // succeed (at most one of them elsewhere); empty once it has started, and once it completed
+  // (it may, before the report of a predecessor elsewhere arrives).
+  std::vector<VertexId> chained_after;
+  double duration_ms = 0;
+  std::string last_error;
+};
+
+struct Scheduler::Job {
+  JobId id;
+  std::shared_ptr<const JobGraph> graph;
+  std::string job_dir;
+  /// Where this job's `durable` channels keep their copies (empty when it has none).
+  std::string durable_dir;
+  JobState state = JobState::kRunning;
+  std::string failure;
+  std::vector<Run> runs;
+  /// Ready vertices, smallest priority first (see Priorities).
+  std::priority_queue<std::pair<uint32_t, uint32_t>, std::vector<std::pair<uint32_t, uint32_t>>, std::greater<>> ready;
+  std::vector<uint32_t> priority;  // per vertex
+  std::set<uint32_t> running;
+  size_t completed = 0;
+  size_t completions = 0;  // every successful attempt, for fault triggers
+  TimePoint started{}, finished{};
+  std::map<std::string, DaemonId> affinity;
+  std::vector<FaultSpec> faults;  // the job file's, then whatever `copse chaos` adds
+  std::vector<char> fault_fired;
+  Json faults_log = Json::array();  // every fault injected so far, for the summary
+  Json recoveries = Json::array();
+  std::vector<std::pair<VertexId, std::string>> log;
+  std::vector<uint32_t> gang_version;  // per gang: the version of its current attempt
+  /// Per gang, after a search found no placement: until capacity frees or a pin goes, a new
+  /// search could only fail again; and searches of a big gang are spaced by their cost.
+  struct GangWait {
+    uint64_t epoch = 0;  // capacity_epoch_ + 1 of the failed search (0: none)
+    TimePoint retry_after{};
+  };
+  std::vector<GangWait> gang_waits;
+  std::optional<GangNeeds> gang_needs;  // what gangs need where their affinity groups are pinned
+  std::set<std::string> pin_waits;      // affinity groups logged as waiting for a daemon to fit
+  /// One span per attempt, for `copse trace`: vertex, version, daemon, start/end ms, outcome.
+  struct Span {
+    uint32_t vertex, version;
+    DaemonId daemon;
+    double start_ms, end_ms = -1;
+    std::string outcome;
+  };
+  std::vector<Span> spans;
+  std::map<std::pair<uint32_t, uint32_t>, size_t> open_spans;  // (vertex, version) -> index
+  std::vector<std::vector<double>> stage_seconds;  // per stage: wall time of completed attempts
+  std::vector<char> declared;  // per vertex: a job output reads it, so it is never released
+  std::vector<char> settled;   // per vertex: no fault can make it run again (Settle)
+  bool retains = false;        // a stage retains outputs: only then is settling worth its walk
+  uint64_t local_input_bytes = 0, remote_input_bytes = 0;  // what placement achieved
+  /// The newest progress figures a program reported (by "step" when they carry one), and when
+  /// the first and newest "images" counts arrived, for a live images/s.
+  Json progress;
+  double first_images = -1, first_images_ms = 0, last_images = 0, last_images_ms = 0;
+
+  const JobGraph& g() const { return *graph; }
+};
+
+}  // namespace copse::jm
