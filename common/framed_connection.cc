@@ -1,6 +1,7 @@
 #include "common/framed_connection.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -228,12 +229,13 @@ Result<std::unique_ptr<BlockingClient>> BlockingClient::ConnectTo(const Endpoint
   if (ec == asio::error::timed_out) return Status::Timeout("cannot connect to " + c->peer_ + ": no answer within " + budget);
   if (ec == asio::error::connection_refused && local) return Status::NotFound("nothing listens on " + c->peer_);
   if (ec) return Status::Unavailable("cannot connect to " + c->peer_ + ": " + ec.message());
-  // A full accept queue fails a non-blocking Unix connect with EAGAIN, which asio takes for a
-  // connect in progress; should one end as done, the socket is still unconnected.
-  std::error_code unconnected;
-  c->socket_.remote_endpoint(unconnected);
-  if (unconnected) return Status::Unavailable("cannot connect to " + c->peer_ + ": its accept queue is full");
-  if (!local) {
+  if (local) {
+    // A full accept queue fails a non-blocking Unix connect with EAGAIN, which asio takes for
+    // a connect in progress; should one end as done, the socket is still unconnected.
+    std::error_code unconnected;
+    c->socket_.remote_endpoint(unconnected);
+    if (unconnected) return Status::Unavailable("cannot connect to " + c->peer_ + ": its accept queue is full");
+  } else {
     std::error_code ignored;  // control messages are small and awaited: no Nagle delay
     c->socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
   }
@@ -270,7 +272,7 @@ Status BlockingClient::Authenticate(const std::string& secret, const std::string
                                     const std::string& budget) {
   COPSE_ASSIGN_OR_RETURN(Json hello, ReceiveBefore(deadline, budget));
   auto answer = auth::AnswerHello(hello, secret, role);
-  if (!answer.ok()) return Status::Unavailable(peer_ + " did not greet like a copse server: " + answer.status().message());
+  if (!answer.ok()) return Status::Unavailable("it did not greet like a copse server: " + answer.status().message());
   COPSE_RETURN_NOT_OK(SendBefore(answer->message, deadline, budget));
   COPSE_ASSIGN_OR_RETURN(Json welcome, ReceiveBefore(deadline, budget));
   return auth::CheckWelcome(welcome, secret, *answer);

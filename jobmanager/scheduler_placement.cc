@@ -183,8 +183,9 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
     // of a thousand members that cannot fit would otherwise take the job manager's thread on
     // every completion in the cluster. (So at most 1 % of the thread for searches under 10 ms,
     // and one search a second beyond.)
+    const TimePoint end = clock_.Now();
     wait.epoch = capacity_epoch_ + 1;
-    wait.retry_after = clock_.Now() + std::min<Duration>(100 * (clock_.Now() - start), std::chrono::seconds(1));
+    wait.retry_after = end + std::min<Duration>(100 * (end - start), std::chrono::seconds(1));
     return false;
   }
   for (size_t i = 0; i < members.size(); ++i) {

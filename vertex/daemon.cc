@@ -202,7 +202,8 @@ class Daemon::Impl {
     }
     if (!client) {
       auto tcp = net::BlockingClient::ConnectTcp(asio::ip::tcp::endpoint(address, options_.jm_port), deadline);
-      if (!tcp.ok()) return RegistrationFailure(tcp.status(), jm);
+      // Its message names the address it tried.
+      if (!tcp.ok()) return tcp.status().code() == StatusCode::kTimeout ? RegistrationFailure(tcp.status(), jm) : tcp.status();
       client = std::move(*tcp);
     }
     return RegisterOn(*client, deadline, jm);

@@ -1533,42 +1533,51 @@ TEST_CASE("Scheduler.AGroupTooBigForTheLiveDaemonsWaitsForOneThatFits") {
   }
 }
 
-/// A clock that moves 1 ms each time it is read: every search then costs time.
+/// A clock that moves `step` each time it is read: every search then costs time.
 class TickingClock final : public Clock {
  public:
-  TimePoint Now() const override { return TimePoint(Duration(now_ns_ += 1'000'000)); }
+  explicit TickingClock(Duration step) : step_(step) {}
+  TimePoint Now() const override { return TimePoint(Duration(now_ns_ += step_.count())); }
   void Advance(Duration d) { now_ns_ += d.count(); }
 
  private:
+  const Duration step_;
   mutable std::atomic<int64_t> now_ns_{1'000'000'000};
 };
 
 TEST_CASE("Scheduler.AGangThatDidNotFitIsSearchedAgainNoSoonerThanItsSearchCostAllowsButNotMissed") {
   // A search that found no placement is not repeated on every freed slot of the cluster within
-  // 100 times what it cost (a big gang would take the job manager's thread), but a later tick
-  // finds the room that came meanwhile.
-  FakeSink sink;
-  TickingClock clock;
-  Scheduler sched(sink, clock);
-  auto add = [&](const std::string& name, double cpus) {
-    DaemonSpec spec;
-    spec.name = name;
-    spec.cpus = cpus;
-    REQUIRE(sched.AddDaemon(spec).ok());
+  // 100 times what it cost (a big gang would take the job manager's thread), nor waited on for
+  // more than a second: a later tick finds the room that came meanwhile.
+  for (const auto step : {std::chrono::milliseconds(1), std::chrono::milliseconds(20)}) {
+    CAPTURE(step.count());
+    FakeSink sink;
+    TickingClock clock(step);  // a search costs one step: 100 ms, or 2 s capped at 1 s
+    Scheduler sched(sink, clock);
+    auto add = [&](const std::string& name, double cpus) {
+      DaemonSpec spec;
+      spec.name = name;
+      spec.cpus = cpus;
+      REQUIRE(sched.AddDaemon(spec).ok());
+      sched.Flush();
+    };
+    add("small", 1);
+    sched.Submit(testing::MustLoad(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
+                                       "edges": [{"from": "a", "to": "b", "channel": "stream"}]})"),
+                 "/tmp");
     sched.Flush();
-  };
-  add("small", 1);
-  sched.Submit(testing::MustLoad(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
-                                     "edges": [{"from": "a", "to": "b", "channel": "stream"}]})"),
-               "/tmp");
-  sched.Flush();
-  CHECK(sink.TakeTasks().empty());  // searched once (costing 1 ms here): no daemon has two CPUs
-  add("big", 2);                    // room, a few ms later: within 100 ms of the search
-  CHECK(sink.TakeTasks().empty());
-  clock.Advance(std::chrono::milliseconds(100));
-  sched.Tick();
-  sched.Flush();
-  CHECK(sink.TakeTasks().size() == 2);
+    CHECK(sink.TakeTasks().empty());  // searched once: no daemon has two CPUs
+    add("big", 2);                    // room, a few steps later
+    CHECK(sink.TakeTasks().empty());
+    clock.Advance(std::chrono::milliseconds(50));  // still well within the wait
+    sched.Tick();
+    sched.Flush();
+    CHECK(sink.TakeTasks().empty());
+    clock.Advance(std::chrono::seconds(1));  // past the longest wait
+    sched.Tick();
+    sched.Flush();
+    CHECK(sink.TakeTasks().size() == 2);
+  }
 }
 
 TEST_CASE("Scheduler.AGangWaitingOnItsGroupsPinIsPlacedOnceThePinnedDaemonIsLost") {
