@@ -19,6 +19,7 @@ void AddJmAddressFlags(CLI::App* cmd, JmAddressOptions& opts) {
 }
 
 Result<std::string> LoadClientSecret(const JmAddressOptions& opts) {
+  if (!opts.secret_file.empty()) return auth::ReadSecret(opts.secret_file);
   if (const char* file = std::getenv("COPSE_TOKEN_FILE")) return auth::ReadSecret(file);
   auto dir = opts.state_dir.empty() ? DefaultStateDir() : std::filesystem::path(opts.state_dir);
   auto secret = auth::ReadSecret(dir / auth::kSecretFileName);

@@ -1,6 +1,7 @@
 #pragma once
 // How client verbs find and talk to the job manager: address from --jm, $COPSE_JM or the
 // state directory's jm.addr; secret from $COPSE_TOKEN_FILE or the state directory's secret.
+// (An embedded cluster names its own secret file, which the user's environment cannot override.)
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -14,6 +15,8 @@ namespace copse::cli {
 struct JmAddressOptions {
   std::string jm;         // HOST:PORT
   std::string state_dir;  // the job manager's state directory
+  /// The secret file to present, before $COPSE_TOKEN_FILE (an embedded cluster's own).
+  std::string secret_file;
 };
 
 /// Default state directory of `copse jm`: $COPSE_STATE_DIR or ~/.local/state/copse/jm.

@@ -116,6 +116,7 @@ class LocalCluster {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     address_.state_dir = state.string();
+    address_.secret_file = (state / auth::kSecretFileName).string();  // whatever $COPSE_TOKEN_FILE names
     COPSE_ASSIGN_OR_RETURN(auto text, ReadFile((state / "jm.addr").string()));
     address_.jm = text.substr(0, text.find('\n'));
     for (int i = 0; i < o.daemons; ++i) {
