@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <asio.hpp>
 
 #include "common/auth.h"
+#include "common/dir_lock.h"
 #include "common/framed_connection.h"
 #include "common/logging.h"
 #include "jobmanager/job_loader.h"
@@ -35,7 +37,9 @@ class JmServer::Impl : public DaemonSink {
       : options_(std::move(options)), acceptor_(io_), local_acceptor_(io_), tick_timer_(io_), scheduler_(*this, clock_, options_.scheduler) {}
 
   Status Listen() {
-    COPSE_ASSIGN_OR_RETURN(secret_, auth::LoadOrCreateSecret(options_.state_dir));
+    COPSE_ASSIGN_OR_RETURN(secret_, auth::LoadOrCreateSecret(options_.state_dir));  // creates the directory
+    // Before the journal is read: a second job manager here would rewrite it under the first.
+    COPSE_ASSIGN_OR_RETURN(state_lock_, DirLock::Acquire(options_.state_dir, "the job manager's state directory"));
     // Resume what a previous job manager in this state directory was running.
     std::vector<std::string> warnings;
     bool records_lost = false;
@@ -427,6 +431,7 @@ class JmServer::Impl : public DaemonSink {
   std::unique_ptr<Journal> journal_;
   Scheduler scheduler_;
   std::string secret_;
+  std::optional<DirLock> state_lock_;  // held while this job manager runs
   std::map<std::shared_ptr<net::FramedConnection>, Peer> peers_;
   std::map<DaemonId, std::shared_ptr<net::FramedConnection>> daemon_conns_;
   std::vector<std::pair<JobId, std::weak_ptr<net::FramedConnection>>> waiters_;

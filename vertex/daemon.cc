@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -27,6 +28,7 @@
 #include "channels/nccl/nccl_channel.h"
 #include "channels/nccl/nccl_group.h"
 #endif
+#include "common/dir_lock.h"
 #include "common/framed_connection.h"
 #include "common/local_peer.h"
 #include "common/json_util.h"
@@ -157,6 +159,9 @@ class Daemon::Impl {
     std::error_code ec;
     std::filesystem::create_directories(options_.work_dir / "scratch", ec);
     if (ec) return Status::IOError("cannot create work dir " + options_.work_dir.string() + ": " + ec.message());
+    // Before the output store lists (and prunes) what is there: a second daemon here would
+    // delete the outputs the first one serves.
+    COPSE_ASSIGN_OR_RETURN(work_dir_lock_, DirLock::Acquire(options_.work_dir, "work dir"));
     COPSE_ASSIGN_OR_RETURN(store_, chan::OutputStore::Make(options_.work_dir / "outputs", options_.memory_budget_bytes));
     chan::DataServerOptions data_options;
     data_options.local_socket = options_.local_socket;
@@ -913,6 +918,7 @@ class Daemon::Impl {
   std::chrono::steady_clock::time_point cut_until_{};
   std::shared_ptr<net::FramedConnection> conn_;  // replaced on the io thread under mu_
   std::mutex report_send_mu_;  // held from taking reports_ until they are sent
+  std::optional<DirLock> work_dir_lock_;  // held while this daemon runs; released after everything below
   std::unique_ptr<chan::OutputStore> store_;
   std::unique_ptr<chan::DataServer> data_server_;
   std::unique_ptr<chan::StreamHub> hub_;
