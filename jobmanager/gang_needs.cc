@@ -88,13 +88,59 @@ std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapac
     most_cpus = std::max(most_cpus, d.cpus);
     most_gpus = std::max(most_gpus, d.gpus);
   }
+  auto fits_somewhere = [&](const Resources& need) {
+    return std::any_of(daemons.begin(), daemons.end(), [&](const DaemonCapacity& d) { return Within(need, d.cpus, d.gpus); });
+  };
   for (const auto& [group, need] : needs_[gang.value()]) {
-    bool somewhere = false;
-    for (const auto& d : daemons) somewhere = somewhere || Within(need, d.cpus, d.gpus);
-    if (!somewhere) {
+    if (!fits_somewhere(need)) {
       return fmt::format("{} cannot be placed: its members in affinity group {} need {} on one daemon at once, "
                          "and the largest daemon has {}",
                          GangName(g_, gang), group, Describe(need.cpus, need.gpus), Describe(most_cpus, most_gpus));
+    }
+  }
+  // Members joined by a shared-memory channel share a daemon too, and with them the rest of
+  // each one's affinity group: the sets that must share one are the components of both ties.
+  const auto& members = g_.gangs()[gang.value()].members;
+  std::map<VertexId, size_t> index;
+  for (size_t i = 0; i < members.size(); ++i) index[members[i]] = i;
+  std::vector<size_t> parent(members.size());
+  for (size_t i = 0; i < parent.size(); ++i) parent[i] = i;
+  auto find = [&](size_t i) {
+    while (parent[i] != i) i = parent[i] = parent[parent[i]];
+    return i;
+  };
+  std::vector<char> shm(members.size(), 0);
+  std::map<std::string, size_t> first_of_group;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const std::string& group = g_.stage_of(members[i]).affinity;
+    if (!group.empty()) {
+      auto [it, added] = first_of_group.try_emplace(group, i);
+      if (!added) parent[find(i)] = find(it->second);
+    }
+    for (ChannelId ch : g_.vertex(members[i]).inputs) {
+      const ChannelEdge& c = g_.channel(ch);
+      auto from = index.find(c.from);
+      if (c.kind != ChannelKind::kShm || from == index.end()) continue;
+      parent[find(i)] = find(from->second);
+      shm[i] = shm[from->second] = 1;
+    }
+  }
+  std::map<size_t, std::vector<size_t>> components;
+  for (size_t i = 0; i < members.size(); ++i) components[find(i)].push_back(i);
+  for (const auto& [root, component] : components) {
+    if (std::none_of(component.begin(), component.end(), [&](size_t i) { return shm[i]; })) continue;  // checked above
+    Resources need{0, 0, 0};
+    std::string names;
+    for (size_t k = 0; k < component.size(); ++k) {
+      need.cpus += g_.stage_of(members[component[k]]).resources.cpus;
+      need.gpus += g_.stage_of(members[component[k]]).resources.gpus;
+      if (k < 3) names += (k ? ", " : "") + g_.vertex(members[component[k]]).name;
+    }
+    if (component.size() > 3) names += ", …";
+    if (!fits_somewhere(need)) {
+      return fmt::format("{} cannot be placed: its members joined by shared-memory channels ({}) need {} on one daemon "
+                         "at once, and the largest daemon has {}",
+                         GangName(g_, gang), names, Describe(need.cpus, need.gpus), Describe(most_cpus, most_gpus));
     }
   }
   return "";

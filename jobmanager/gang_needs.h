@@ -47,7 +47,8 @@ class GangNeeds {
   std::vector<std::string> GroupsSharingAGangWith(const std::string& group) const;
 
   /// Why `gang` could never be placed on a cluster of just these daemons ("" when it may be):
-  /// one of its affinity groups needs more at once than any of them has. For a cluster no
+  /// one of its affinity groups, or of its sets of members joined by shared-memory channels
+  /// (with their groups), needs more at once than any of them has. For a cluster no
   /// daemon will join (`copse run`'s); the job manager's may grow, so there a group that fits
   /// no live daemon waits.
   std::string WhyUnplaceable(GangId gang, const std::vector<DaemonCapacity>& daemons) const;
