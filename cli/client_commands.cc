@@ -28,6 +28,13 @@ std::unique_ptr<net::BlockingClient> ConnectOrReport(const JmAddressOptions& opt
   return std::move(*client);
 }
 
+/// A live progress display for people: text output to a terminal.
+WatchOptions Display(const std::string& format) {
+  WatchOptions watch;
+  watch.live = format == "text" && isatty(2);
+  return watch;
+}
+
 int Report(const Status& st) {
   std::cerr << "copse: " << st.message() << "\n";
   return 1;
@@ -59,8 +66,8 @@ void AddClientCommands(CLI::App& app) {
     auto o = std::make_shared<Opts>();
     AddJmAddressFlags(cmd, o->jm);
     cmd->add_option("FILE", o->file, "job file")->required();
-    cmd->add_flag("--wait", o->wait, "wait for the job to finish; exit 0 only when it completed");
-    cmd->add_option("--output", o->output_dir, "with --wait: copy the declared outputs here");
+    auto* wait = cmd->add_flag("--wait", o->wait, "wait for the job to finish (outliving a job manager restart); exit 0 only when it completed");
+    cmd->add_option("--output", o->output_dir, "copy the declared outputs here once the job completed")->needs(wait);
     cmd->add_option("-o,--format", o->format, "text or json")->check(CLI::IsMember({"text", "json"}));
     cmd->callback([o] {
       auto client = ConnectOrReport(o->jm);
@@ -71,7 +78,7 @@ void AddClientCommands(CLI::App& app) {
         std::cout << (o->format == "json" ? Json({{"job", *job}}).dump() : "submitted job " + std::to_string(*job)) << "\n";
         return;
       }
-      auto status = WatchJob(*client, *job, o->format == "text" && isatty(2));
+      auto status = WatchJob(client, *job, Display(o->format), [o] { return ConnectToJm(o->jm); });
       if (!status.ok()) return void(ExitCode() = Report(status.status()));
       if (status->at("state") == "completed" && !o->output_dir.empty()) {
         auto secret = LoadClientSecret(o->jm);
@@ -89,12 +96,13 @@ void AddClientCommands(CLI::App& app) {
       JmAddressOptions jm;
       uint64_t job = 0;
       bool watch = false;
-      std::string format = "text";
+      std::string format = "text", output_dir;
     };
     auto o = std::make_shared<Opts>();
     AddJmAddressFlags(cmd, o->jm);
-    cmd->add_option("JOB", o->job, "job id")->check(kJobIdRange);
-    cmd->add_flag("-w,--watch", o->watch, "follow the job until it finishes");
+    auto* job = cmd->add_option("JOB", o->job, "job id")->check(kJobIdRange);
+    cmd->add_flag("-w,--watch", o->watch, "follow the job until it finishes (outliving a job manager restart)");
+    cmd->add_option("--output", o->output_dir, "copy the job's declared outputs here (it must have completed)")->needs(job);
     cmd->add_option("-o,--format", o->format, "text or json")->check(CLI::IsMember({"text", "json"}));
     cmd->callback([o] {
       auto client = ConnectOrReport(o->jm);
@@ -105,12 +113,23 @@ void AddClientCommands(CLI::App& app) {
         std::cout << (o->format == "json" ? (*reply)["jobs"].dump(2) + "\n" : RenderJobsTable((*reply)["jobs"]));
         return;
       }
-      Result<Json> status = o->watch ? WatchJob(*client, o->job, o->format == "text" && isatty(2))
+      Result<Json> status = o->watch ? WatchJob(client, o->job, Display(o->format), [o] { return ConnectToJm(o->jm); })
                                      : [&]() -> Result<Json> {
                                          COPSE_ASSIGN_OR_RETURN(Json r, client->Call({{"op", "status"}, {"job", o->job}}));
                                          return r["job"];
                                        }();
       if (!status.ok()) return void(ExitCode() = Report(status.status()));
+      if (!o->output_dir.empty()) {
+        if (status->at("state") != "completed") {
+          return void(ExitCode() = Report(Status::FailedPrecondition(
+                          "job " + std::to_string(o->job) + " is " + status->at("state").get<std::string>() +
+                          ": only a completed job's outputs can be copied" + (o->watch ? "" : " (-w waits for it)"))));
+        }
+        auto secret = LoadClientSecret(o->jm);
+        auto outputs = secret.ok() ? FetchOutputs(*client, o->job, o->output_dir, *secret) : Result<Json>(secret.status());
+        if (!outputs.ok()) return void(ExitCode() = Report(outputs.status()));
+        (*status)["outputs"] = *outputs;
+      }
       std::cout << (o->format == "json" ? status->dump(2) + "\n" : RenderJobStatus(*status, false));
     });
   }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -14,29 +15,68 @@
 
 namespace copse::cli {
 
-Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, bool live, const std::atomic<bool>* interrupted,
-                      std::chrono::milliseconds interval, const std::function<Status()>& can_progress) {
-  if (!live && !interrupted && !can_progress) {
+namespace {
+
+/// Sends a request and returns the reply.
+using Caller = std::function<Result<Json>(const Json& request, std::chrono::milliseconds timeout)>;
+
+Result<Json> Watch(const Caller& call, uint64_t job, const WatchOptions& o) {
+  if (!o.live && !o.interrupted && !o.can_progress) {
     // One request answered when the job ends: no polling of a large job's status.
-    COPSE_ASSIGN_OR_RETURN(Json reply, client.Call({{"op", "wait"}, {"job", job}}, std::chrono::hours(24 * 365)));
+    COPSE_ASSIGN_OR_RETURN(Json reply, call({{"op", "wait"}, {"job", job}}, std::chrono::hours(24 * 365)));
     return reply["job"];
   }
   size_t drawn_lines = 0;
   while (true) {
-    COPSE_ASSIGN_OR_RETURN(Json reply, client.Call({{"op", "status"}, {"job", job}}));
+    COPSE_ASSIGN_OR_RETURN(Json reply, call({{"op", "status"}, {"job", job}}, std::chrono::seconds(30)));
     Json status = reply["job"];
     bool done = status["state"] != "running";
-    if (live) {
+    if (o.live) {
       std::string text = RenderJobStatus(status, true);
       std::string clear;
       for (size_t i = 0; i < drawn_lines; ++i) clear += "\033[1A\033[2K";
       std::cerr << clear << text << std::flush;
       drawn_lines = static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
     }
-    if (done || (interrupted && interrupted->load())) return status;
-    if (can_progress) COPSE_RETURN_NOT_OK(can_progress());
-    std::this_thread::sleep_for(interval);
+    if (done || (o.interrupted && o.interrupted->load())) return status;
+    if (o.can_progress) COPSE_RETURN_NOT_OK(o.can_progress());
+    std::this_thread::sleep_for(o.interval);
   }
+}
+
+}  // namespace
+
+Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, const WatchOptions& options) {
+  return Watch([&](const Json& request, std::chrono::milliseconds timeout) { return client.Call(request, timeout); }, job,
+               options);
+}
+
+Result<Json> WatchJob(std::unique_ptr<net::BlockingClient>& client, uint64_t job, const WatchOptions& options,
+                      const Reconnect& reconnect, std::chrono::milliseconds reconnect_for) {
+  auto call = [&](const Json& request, std::chrono::milliseconds timeout) -> Result<Json> {
+    auto reply = client->Call(request, timeout);
+    // Unavailable: the connection broke (the job manager exited, or its host went away). An
+    // error reply or a timeout is an answer, not a lost job manager.
+    if (reply.ok() || reply.status().code() != StatusCode::kUnavailable) return reply;
+    std::cerr << "copse: lost the job manager (" << reply.status().message() << "); reconnecting for up to "
+              << reconnect_for.count() / 1000 << " s\n";
+    const auto until = std::chrono::steady_clock::now() + reconnect_for;
+    Status last = reply.status();
+    while (std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      auto fresh = reconnect();
+      if (!fresh.ok()) {
+        last = fresh.status();
+        continue;
+      }
+      client = std::move(*fresh);
+      std::cerr << "copse: reconnected to the job manager\n";
+      return client->Call(request, timeout);
+    }
+    return last.WithContext("the job manager did not come back within " + std::to_string(reconnect_for.count() / 1000) + " s");
+  };
+  // A second loss is caught by the next request: each call reconnects on its own.
+  return Watch(call, job, options);
 }
 
 Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "common/framed_connection.h"
@@ -11,14 +12,30 @@
 
 namespace copse::cli {
 
-/// Follows a job until it is no longer running and returns its final status. With `live`,
-/// polls every `interval` and redraws the progress display on the terminal in place; stops
-/// early (returning the last status) when `*interrupted` becomes true, and with the error
-/// `can_progress` returns when that is not OK. Without any of them, sends one "wait" request
-/// that the job manager answers when the job ends.
-Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, bool live, const std::atomic<bool>* interrupted = nullptr,
-                      std::chrono::milliseconds interval = std::chrono::milliseconds(100),
-                      const std::function<Status()>& can_progress = {});
+struct WatchOptions {
+  /// Poll every `interval` and redraw the progress display on the terminal in place.
+  bool live = false;
+  /// Stop early, returning the last status, once this becomes true.
+  const std::atomic<bool>* interrupted = nullptr;
+  std::chrono::milliseconds interval{100};
+  /// Checked between polls: stop with its error when it is not OK.
+  std::function<Status()> can_progress;
+};
+
+/// Follows a job until it is no longer running and returns its final status. With none of
+/// `options`' live display, interruption or progress check, sends one "wait" request that the
+/// job manager answers when the job ends; otherwise polls.
+Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, const WatchOptions& options = {});
+
+/// Opens a new connection to the job manager.
+using Reconnect = std::function<Result<std::unique_ptr<net::BlockingClient>>()>;
+
+/// WatchJob that outlives a job manager restart: when the connection is lost, connects again
+/// through `reconnect` (every 200 ms, for up to `reconnect_for`; a job manager started again
+/// on its state directory resumes its jobs) and goes on watching. `client` is the connection
+/// in use at the end.
+Result<Json> WatchJob(std::unique_ptr<net::BlockingClient>& client, uint64_t job, const WatchOptions& options,
+                      const Reconnect& reconnect, std::chrono::milliseconds reconnect_for = std::chrono::seconds(60));
 
 /// Copies each declared output of a completed job into `dir`; returns [{path, bytes}].
 Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,

@@ -244,8 +244,11 @@ int RunJob(const RunOpts& o) {
     std::cerr << "copse run: " << job.status().message() << "\n";
     return 1;
   }
-  auto status = WatchJob(cluster.client(), *job, !json && isatty(2), &g_interrupted, std::chrono::milliseconds(100),
-                         [&] { return cluster.CanProgress(); });
+  WatchOptions watch;
+  watch.live = !json && isatty(2);
+  watch.interrupted = &g_interrupted;
+  watch.can_progress = [&] { return cluster.CanProgress(); };
+  auto status = WatchJob(cluster.client(), *job, watch);
   if (!status.ok()) {
     std::cerr << "copse run: " << status.status().message() << "\n";
     return 1;
