@@ -70,6 +70,9 @@ void AddClientCommands(CLI::App& app) {
     cmd->add_option("--output", o->output_dir, "copy the declared outputs here once the job completed")->needs(wait);
     cmd->add_option("-o,--format", o->format, "text or json")->check(CLI::IsMember({"text", "json"}));
     cmd->callback([o] {
+      if (!o->output_dir.empty()) {
+        if (Status st = CheckWritableDir(o->output_dir, "--output"); !st.ok()) return void(ExitCode() = Report(st));
+      }
       auto client = ConnectOrReport(o->jm);
       if (!client) return;
       auto job = SubmitJobFile(*client, o->file);

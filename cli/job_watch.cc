@@ -1,8 +1,11 @@
 #include "cli/job_watch.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -77,6 +80,20 @@ Result<Json> WatchJob(std::unique_ptr<net::BlockingClient>& client, uint64_t job
   };
   // A second loss is caught by the next request: each call reconnects on its own.
   return Watch(call, job, options);
+}
+
+Status CheckWritableDir(const std::filesystem::path& dir, const std::string& flag) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    return Status::InvalidArgument(flag + " " + dir.string() + ": cannot make it a directory" + (ec ? ": " + ec.message() : ""));
+  }
+  const auto probe = dir / (".copse-write-check-" + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::InvalidArgument(flag + " " + dir.string() + ": cannot write there: " + std::strerror(errno));
+  ::close(fd);
+  std::filesystem::remove(probe, ec);
+  return Status::OK();
 }
 
 Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,

@@ -37,6 +37,10 @@ using Reconnect = std::function<Result<std::unique_ptr<net::BlockingClient>>()>;
 Result<Json> WatchJob(std::unique_ptr<net::BlockingClient>& client, uint64_t job, const WatchOptions& options,
                       const Reconnect& reconnect, std::chrono::milliseconds reconnect_for = std::chrono::seconds(60));
 
+/// Creates `dir` if needed and checks that files can be written in it, so that a job is not run
+/// for outputs that could not be copied; an error naming `flag` and the directory otherwise.
+Status CheckWritableDir(const std::filesystem::path& dir, const std::string& flag);
+
 /// Copies each declared output of a completed job into `dir`; returns [{path, bytes}].
 Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,
                           const std::string& secret);

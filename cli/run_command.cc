@@ -231,6 +231,21 @@ int RunJob(const RunOpts& o) {
     std::cerr << "copse run: " << why << " (--daemons, --cpus, --gpus)\n";
     return 1;
   }
+  // Where the results go must take them: found out now, not after a long run.
+  if (!load.graph->spec().outputs.empty()) {
+    if (Status st = CheckWritableDir(o.output_dir, "--output"); !st.ok()) {
+      std::cerr << "copse run: " << st.message() << "\n";
+      return 1;
+    }
+  }
+  if (!o.trace_file.empty()) {
+    std::error_code ec;
+    const auto parent = std::filesystem::absolute(o.trace_file, ec).parent_path();
+    if (ec || !std::filesystem::is_directory(parent) || ::access(parent.c_str(), W_OK) != 0) {
+      std::cerr << "copse run: --trace " << o.trace_file << ": " << parent.string() << " is not a directory this user can write in\n";
+      return 1;
+    }
+  }
   signal(SIGINT, [](int) { g_interrupted = true; });
   signal(SIGTERM, [](int) { g_interrupted = true; });
   LocalCluster cluster;
@@ -259,10 +274,12 @@ int RunJob(const RunOpts& o) {
     return 1;
   }
   Json summary = *status;
+  bool trace_written = true;  // a trace asked for and not written fails the command, after the outputs are copied
   if (!o.trace_file.empty()) {
     auto trace = cluster.client().Call({{"op", "trace"}, {"job", *job}});
     if (!trace.ok() || !(std::ofstream(o.trace_file) << (*trace)["trace"].dump() << "\n")) {
       std::cerr << "copse run: cannot write the trace to " << o.trace_file << "\n";
+      trace_written = false;
     }
   }
   if (summary["state"] == "completed") {
@@ -313,7 +330,7 @@ int RunJob(const RunOpts& o) {
       std::cerr << "  output " << out["path"].get<std::string>() << " (" << out["bytes"].get<uint64_t>() << " bytes)\n";
     }
   }
-  return summary["state"] == "completed" ? 0 : 1;
+  return summary["state"] == "completed" && trace_written ? 0 : 1;
 }
 
 }  // namespace
