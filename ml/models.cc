@@ -48,6 +48,10 @@ Result<Sequential> BuildModelLayers(const std::string& name) {
     }
     if (widths.size() < 2)
       return Status::InvalidArgument("model '" + name + "': needs at least two widths");
+    if (widths.front() != 784 || widths.back() != 10) {
+      return Status::InvalidArgument("model '" + name + "': the first width must be 784 (a 28x28 image's pixels) and the "
+                                     "last 10 (its classes), as mlp:784-...-10");
+    }
     m = Mlp(widths);
   } else {
     return Status::InvalidArgument("model '" + name + "': expected mlp, cnn or mlp:A-B-...");

@@ -4,7 +4,8 @@
 //   "mlp"        Flatten -> Linear(784,1024)+ReLU -> Linear(1024,1024)+ReLU -> Linear(1024,10)
 //   "cnn"        Conv(1,16,3,p1)+ReLU -> MaxPool2 -> Conv(16,32,3,p1)+ReLU -> MaxPool2 -> Flatten
 //                -> Linear(1568,128)+ReLU -> Linear(128,10)
-//   "mlp:A-B-..-Z"  an MLP with those layer widths (ReLU between), e.g. "mlp:784-64-10"
+//   "mlp:A-B-..-Z"  an MLP with those layer widths (ReLU between), e.g. "mlp:784-64-10"; A must
+//                be 784 and Z 10
 // Inputs are [N, 1, 28, 28] images; outputs are [N, 10] logits.
 #include <string>
 

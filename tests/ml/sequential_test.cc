@@ -160,6 +160,9 @@ TEST_CASE("Sequential.BadInputIsAnError") {
   CHECK(r.status().message().find("layer 1") != std::string::npos);
   CHECK(!BuildModel("resnet", 1).ok());
   CHECK(!BuildModel("mlp:784-x-10", 1).ok());
+  // Fashion-MNIST's images and classes: any other first or last width fails only at run time.
+  CHECK(BuildModel("mlp:5-10", 1).status().message().find("first width must be 784") != std::string::npos);
+  CHECK(!BuildModel("mlp:784-64-9", 1).ok());
 }
 
 TEST_CASE("Optimizer.StateRoundTrips") {
