@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -122,8 +123,19 @@ class ExecProgram final : public VertexProgram {
       dup2(err_fd, 2);
       if (chdir(cwd.c_str()) != 0) _exit(126);
       execvpe(cargv[0], cargv.data(), cenv.data());
-      const char msg[] = "exec failed: cannot run the program named by argv[0]\n";
-      (void)!write(2, msg, sizeof(msg) - 1);
+      // Why, in the words of strerror (which is not async-signal-safe, so not called here).
+      const int err = errno;
+      const char* why = err == ENOENT    ? "no such file in the job directory or on PATH"
+                        : err == EACCES  ? "permission denied (not executable?)"
+                        : err == ENOEXEC ? "not an executable format"
+                        : err == ENOTDIR ? "a component of the path is not a directory"
+                                         : "exec failed";
+      const char head[] = "exec failed: cannot run ";
+      (void)!write(2, head, sizeof(head) - 1);
+      (void)!write(2, cargv[0], strlen(cargv[0]));
+      (void)!write(2, ": ", 2);
+      (void)!write(2, why, strlen(why));
+      (void)!write(2, "\n", 1);
       _exit(127);
     }
     int status = 0;
