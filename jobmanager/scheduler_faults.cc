@@ -242,7 +242,7 @@ void Scheduler::CheckFaults(Job& job) {
       if (!target->alive) continue;
     }
     job.fault_fired[i] = 1;
-    Json record = {{"fault", FaultKindName(f.kind)}, {"daemon", target->spec.name}, {"at_ms", ElapsedMs(job)}};
+    Json record = {{"fault", FaultKindName(f.kind)}, {"daemon", target->spec.name}, {"at_ms", ElapsedMs(job)}, {"source", f.pointer}};
     if (v.valid()) record["vertex"] = g.vertex(v).name;
     job.faults_log.push_back(record);
     Log(job, v, "injecting " + std::string(FaultKindName(f.kind)) + " on daemon " + target->spec.name);

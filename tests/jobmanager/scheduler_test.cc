@@ -1264,7 +1264,10 @@ TEST_CASE("Scheduler.InjectedFaultsFromTheJobFile") {
   h.Finish(a2, true);
   REQUIRE(h.sink.TakeTasks().size() == 1);  // b placed: now its daemon is killed
   CHECK(h.sink.WithOp("kill").size() == 1);
-  CHECK(h.sched.JobStatus(job)["faults"].size() == 2);
+  const Json faults = h.sched.JobStatus(job)["faults"];
+  REQUIRE(faults.size() == 2);
+  CHECK(faults[0]["source"] == "/faults/0");  // which entry of the job file fired
+  CHECK(faults[1]["source"] == "/faults/1");
 }
 
 TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
