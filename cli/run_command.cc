@@ -108,7 +108,8 @@ class LocalCluster {
     COPSE_ASSIGN_OR_RETURN(pid_t jm, SpawnSelf(jm_args, {}, (dir_ / "jm.log").string()));
     pids_.push_back(jm);
     jm_ = jm;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    // Each daemon starts its servers and registers; on a small machine a hundred of them take a while.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20) + std::chrono::milliseconds(500) * o.daemons;
     while (!std::filesystem::exists(state / "jm.addr")) {
       if (ChildExited(jm) || std::chrono::steady_clock::now() > deadline) {
         return Status::Unavailable("the job manager did not start; see " + (dir_ / "jm.log").string());
@@ -147,6 +148,9 @@ class LocalCluster {
     }
     return Status::OK();
   }
+
+  /// Leaves the cluster's directory (its processes' logs) in place when this cluster is gone.
+  void KeepLogs() { remove_dir_ = false; }
 
   net::BlockingClient& client() { return *client_; }
   const JmAddressOptions& address() const { return address_; }
@@ -251,6 +255,7 @@ int RunJob(const RunOpts& o) {
   LocalCluster cluster;
   Status st = cluster.Start(o);
   if (!st.ok()) {
+    cluster.KeepLogs();  // the message points at them
     std::cerr << "copse run: " << st.message() << "\n";
     return 1;
   }

@@ -109,7 +109,9 @@ void AddDaemonCommand(CLI::App& app) {
   };
   auto opts = std::make_shared<Opts>();
   AddJmAddressFlags(cmd, opts->jm);
-  cmd->add_option("--name", opts->name, "unique daemon name")->required();
+  cmd->add_option("--name", opts->name, "unique daemon name")
+      ->required()
+      ->check([](const std::string& name) { return jm::DaemonNameProblem(name); });
   cmd->add_option("--cpus", opts->cpus, "vertex slots")->check(CLI::Range(1, 4096));
   cmd->add_option("--gpus", opts->gpus, "GPUs this daemon offers")->check(CLI::Range(0, 1024));
   cmd->add_option("--memory-mb", opts->memory_mb, "memory this daemon offers")->check(CLI::Range(int64_t{0}, int64_t{1} << 30));

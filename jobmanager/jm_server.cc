@@ -1,6 +1,7 @@
 #include "jobmanager/jm_server.h"
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -30,6 +31,15 @@ JobId JobIdFrom(const Json& msg) {
 }
 
 }  // namespace
+
+std::string DaemonNameProblem(const std::string& name) {
+  if (name.empty()) return "a daemon needs a name";
+  const bool plain = name.size() <= 64 && std::all_of(name.begin(), name.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '.' || c == '_' || c == '-';
+  });
+  if (!plain) return "daemon name \"" + name.substr(0, 80) + "\" must be 1 to 64 letters, digits, '.', '_' or '-'";
+  return "";
+}
 
 class JmServer::Impl : public DaemonSink {
  public:
@@ -61,8 +71,9 @@ class JmServer::Impl : public DaemonSink {
     // appended after the damage would be dropped with it at the next start.
     if ((!records.empty() && options_.journal_compact_bytes > 0) || !warnings.empty()) CompactJournal();
     std::error_code ec;
-    auto address = asio::ip::make_address(options_.host, ec);
-    if (ec) return Status::InvalidArgument("--listen: \"" + options_.host + "\" is not an IP address");
+    // "localhost" as clients and daemons take it; other names are not resolved.
+    auto address = asio::ip::make_address(options_.host == "localhost" ? "127.0.0.1" : options_.host, ec);
+    if (ec) return Status::InvalidArgument("--listen: \"" + options_.host + "\" is not an IP address (nor localhost)");
     asio::ip::tcp::endpoint ep(address, options_.port);
     acceptor_.open(ep.protocol(), ec);
     if (!ec) acceptor_.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
@@ -213,7 +224,7 @@ class JmServer::Impl : public DaemonSink {
       spec.memory_mb = msg.value("memory_mb", int64_t{0});
       spec.data_host = msg.at("data_host").get<std::string>();
       const int64_t data_port = msg.at("data_port").get<int64_t>();
-      if (spec.name.empty()) return conn->SendErrorAndClose("register: a daemon needs a name");
+      if (std::string why = DaemonNameProblem(spec.name); !why.empty()) return conn->SendErrorAndClose("register: " + why);
       if (!(spec.cpus >= 0 && spec.cpus <= 1e6) || spec.gpus < 0 || spec.memory_mb < 0) {
         return conn->SendErrorAndClose("register: cpus, gpus and memory_mb must not be negative");
       }
