@@ -199,7 +199,10 @@ class LocalCluster {
 std::string GangTheseDaemonsCannotHold(const jm::JobGraph& g, const RunOpts& o) {
   jm::GangNeeds needs(g);
   std::vector<jm::DaemonCapacity> daemons;
-  for (int i = 0; i < o.daemons; ++i) daemons.push_back({DaemonId(static_cast<uint32_t>(i)), double(o.cpus), o.gpus});
+  const int64_t memory = MachineMemoryMb();  // what each local daemon offers
+  for (int i = 0; i < o.daemons; ++i) {
+    daemons.push_back({DaemonId(static_cast<uint32_t>(i)), double(o.cpus), o.gpus, memory > 0 ? memory : jm::kUnaccountedMemoryMb});
+  }
   for (const auto& gang : g.gangs()) {
     if (std::string why = needs.WhyUnplaceable(gang.id, daemons); !why.empty()) return why;
     const jm::Resources whole = needs.Whole(gang.id);
@@ -224,11 +227,14 @@ int RunJob(const RunOpts& o) {
     return 1;
   }
   // A vertex bigger than every local daemon would wait for ever: say so now.
+  const int64_t memory = MachineMemoryMb();
   for (const auto& stage : load.graph->spec().stages) {
-    if (stage.resources.cpus <= o.cpus + 1e-9 && stage.resources.gpus <= o.gpus) continue;
-    std::cerr << "copse run: stage " << stage.name << " needs " << fmt::format("{:g}", stage.resources.cpus) << " cpus and "
-              << stage.resources.gpus << " gpus per vertex; each local daemon offers " << o.cpus << " (--cpus) and "
-              << o.gpus << " (--gpus)\n";
+    if (jm::Within(stage.resources, o.cpus, o.gpus, memory > 0 ? memory : jm::kUnaccountedMemoryMb)) continue;
+    std::cerr << "copse run: stage " << stage.name << " needs "
+              << jm::DescribeResources(stage.resources.cpus, stage.resources.gpus, stage.resources.memory_mb)
+              << " per vertex; each local daemon offers " << o.cpus << " (--cpus) and " << o.gpus << " (--gpus)"
+              << (stage.resources.memory_mb > 0 ? " and " + std::to_string(memory) + " MB of memory (this machine's)" : "")
+              << "\n";
     return 1;
   }
   if (std::string why = GangTheseDaemonsCannotHold(*load.graph, o); !why.empty()) {

@@ -114,7 +114,8 @@ void AddDaemonCommand(CLI::App& app) {
       ->check([](const std::string& name) { return jm::DaemonNameProblem(name); });
   cmd->add_option("--cpus", opts->cpus, "vertex slots")->check(CLI::Range(1, 4096));
   cmd->add_option("--gpus", opts->gpus, "GPUs this daemon offers")->check(CLI::Range(0, 1024));
-  cmd->add_option("--memory-mb", opts->memory_mb, "memory this daemon offers")->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--memory-mb", opts->memory_mb,
+                  "memory in MB this daemon offers vertices (resources.memory_mb); default or 0: the machine's")->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--label", opts->labels, "KEY=VALUE, e.g. host=a1 or rack=r3 (repeatable)");
   cmd->add_option("--work-dir", opts->work_dir, "where outputs and scratch space live")->required();
   cmd->add_option("--data-host", opts->data_host, "address other daemons reach this one's outputs at");
@@ -127,7 +128,7 @@ void AddDaemonCommand(CLI::App& app) {
     o.name = opts->name;
     o.cpus = opts->cpus;
     o.gpus = opts->gpus;
-    o.memory_mb = opts->memory_mb;
+    o.memory_mb = opts->memory_mb > 0 ? opts->memory_mb : MachineMemoryMb();
     o.work_dir = opts->work_dir;
     o.data_host = opts->data_host;
     o.memory_budget_bytes = static_cast<uint64_t>(opts->memory_budget_mb) << 20;

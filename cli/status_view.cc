@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include <fmt/format.h>
+
 namespace copse::cli {
 namespace {
 
@@ -91,8 +93,20 @@ std::string RenderJobsTable(const Json& jobs) {
   return out;
 }
 
+namespace {
+
+/// "free/total" memory in GiB, or "-" for a daemon that declares none.
+std::string MemoryColumn(const Json& d) {
+  const int64_t total = d.value("memory_mb", int64_t{0});
+  if (total <= 0) return "-";
+  return fmt::format("{:.1f}/{:.1f}G", d.value("free_memory_mb", int64_t{0}) / 1024.0, total / 1024.0);
+}
+
+}  // namespace
+
 std::string RenderDaemonsTable(const Json& daemons, bool all) {
-  std::string out = "NAME          STATE    CPUS  FREE  GPUS  RUNNING  DATA                  CONTROL       LABELS\n";
+  std::string out =
+      "NAME          STATE    CPUS  FREE  GPUS  MEMORY FREE/ALL  RUNNING  DATA                  CONTROL       LABELS\n";
   size_t hidden = 0;
   for (const auto& d : daemons) {
     if (!all && d.value("superseded", false)) {
@@ -102,9 +116,9 @@ std::string RenderDaemonsTable(const Json& daemons, bool all) {
     std::string labels;
     for (auto& [k, v] : d["labels"].items()) labels += (labels.empty() ? "" : ",") + k + "=" + v.get<std::string>();
     char line[512];
-    std::snprintf(line, sizeof(line), "%-12s  %-7s  %4.0f  %4.0f  %4d  %7zu  %-20s  %-12s  %s\n", d["name"].get<std::string>().c_str(),
+    std::snprintf(line, sizeof(line), "%-12s  %-7s  %4.0f  %4.0f  %4d  %15s  %7zu  %-20s  %-12s  %s\n", d["name"].get<std::string>().c_str(),
                   d.value("state", d["alive"].get<bool>() ? "alive" : "lost").c_str(), d["cpus"].get<double>(), d["free_cpus"].get<double>(),
-                  d["gpus"].get<int>(), d["running"].get<size_t>(), OrDash(d["data"].get<std::string>()).c_str(),
+                  d["gpus"].get<int>(), MemoryColumn(d).c_str(), d["running"].get<size_t>(), OrDash(d["data"].get<std::string>()).c_str(),
                   OrDash(d.value("control", "tcp")).c_str(), labels.c_str());
     out += line;
   }

@@ -7,8 +7,6 @@
 namespace copse::jm {
 namespace {
 
-std::string Describe(double cpus, int gpus) { return fmt::format("{:g} cpus and {} gpus", cpus, gpus); }
-
 std::string GangName(const JobGraph& g, GangId gang) {
   const auto& members = g.gangs()[gang.value()].members;
   std::string names;
@@ -19,12 +17,19 @@ std::string GangName(const JobGraph& g, GangId gang) {
 
 }  // namespace
 
+std::string DescribeResources(double cpus, int gpus, int64_t memory_mb) {
+  std::string text = fmt::format("{:g} cpus and {} gpus", cpus, gpus);
+  if (memory_mb > 0 && memory_mb < kUnaccountedMemoryMb) text += fmt::format(" and {} MB of memory", memory_mb);
+  return text;
+}
+
 GangNeeds::GangNeeds(const JobGraph& g) : g_(g), needs_(g.gangs().size()) {
   for (const StageSpec& stage : g.spec().stages) {
     if (stage.affinity.empty()) continue;
     auto [it, added] = largest_vertex_.try_emplace(stage.affinity, stage.resources);
     it->second.cpus = std::max(it->second.cpus, stage.resources.cpus);
     it->second.gpus = std::max(it->second.gpus, stage.resources.gpus);
+    it->second.memory_mb = std::max(it->second.memory_mb, stage.resources.memory_mb);
   }
   for (const Gang& gang : g.gangs()) {
     auto& by_group = needs_[gang.id.value()];
@@ -34,6 +39,7 @@ GangNeeds::GangNeeds(const JobGraph& g) : g_(g), needs_(g.gangs().size()) {
       auto [it, added] = by_group.try_emplace(stage.affinity, Resources{0, 0, 0});
       it->second.cpus += stage.resources.cpus;
       it->second.gpus += stage.resources.gpus;
+      it->second.memory_mb += stage.resources.memory_mb;
       if (added) gangs_of_[stage.affinity].push_back(gang.id);
     }
   }
@@ -42,7 +48,7 @@ GangNeeds::GangNeeds(const JobGraph& g) : g_(g), needs_(g.gangs().size()) {
 bool GangNeeds::PinFits(const std::string& group, const DaemonCapacity& daemon,
                         const std::map<std::string, DaemonId>& pins) const {
   if (auto largest = largest_vertex_.find(group); largest != largest_vertex_.end() &&
-                                                  !Within(largest->second, daemon.cpus, daemon.gpus)) {
+                                                  !Within(largest->second, daemon.cpus, daemon.gpus, daemon.memory_mb)) {
     return false;
   }
   auto gangs = gangs_of_.find(group);
@@ -54,8 +60,9 @@ bool GangNeeds::PinFits(const std::string& group, const DaemonCapacity& daemon,
       if (other != group && (pin == pins.end() || pin->second != daemon.id)) continue;
       together.cpus += need.cpus;
       together.gpus += need.gpus;
+      together.memory_mb += need.memory_mb;
     }
-    if (!Within(together, daemon.cpus, daemon.gpus)) return false;
+    if (!Within(together, daemon.cpus, daemon.gpus, daemon.memory_mb)) return false;
   }
   return true;
 }
@@ -65,6 +72,7 @@ Resources GangNeeds::Whole(GangId gang) const {
   for (VertexId m : g_.gangs()[gang.value()].members) {
     whole.cpus += g_.stage_of(m).resources.cpus;
     whole.gpus += g_.stage_of(m).resources.gpus;
+    whole.memory_mb += g_.stage_of(m).resources.memory_mb;
   }
   return whole;
 }
@@ -84,18 +92,22 @@ std::vector<std::string> GangNeeds::GroupsSharingAGangWith(const std::string& gr
 std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapacity>& daemons) const {
   double most_cpus = 0;
   int most_gpus = 0;
+  int64_t most_memory = 0;
   for (const auto& d : daemons) {
     most_cpus = std::max(most_cpus, d.cpus);
     most_gpus = std::max(most_gpus, d.gpus);
+    most_memory = std::max(most_memory, d.memory_mb);
   }
   auto fits_somewhere = [&](const Resources& need) {
-    return std::any_of(daemons.begin(), daemons.end(), [&](const DaemonCapacity& d) { return Within(need, d.cpus, d.gpus); });
+    return std::any_of(daemons.begin(), daemons.end(),
+                       [&](const DaemonCapacity& d) { return Within(need, d.cpus, d.gpus, d.memory_mb); });
   };
   for (const auto& [group, need] : needs_[gang.value()]) {
     if (!fits_somewhere(need)) {
       return fmt::format("{} cannot be placed: its members in affinity group {} need {} on one daemon at once, "
                          "and the largest daemon has {}",
-                         GangName(g_, gang), group, Describe(need.cpus, need.gpus), Describe(most_cpus, most_gpus));
+                         GangName(g_, gang), group, DescribeResources(need.cpus, need.gpus, need.memory_mb),
+                         DescribeResources(most_cpus, most_gpus, need.memory_mb > 0 ? most_memory : 0));
     }
   }
   // Members joined by a shared-memory channel share a daemon too, and with them the rest of
@@ -134,13 +146,15 @@ std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapac
     for (size_t k = 0; k < component.size(); ++k) {
       need.cpus += g_.stage_of(members[component[k]]).resources.cpus;
       need.gpus += g_.stage_of(members[component[k]]).resources.gpus;
+      need.memory_mb += g_.stage_of(members[component[k]]).resources.memory_mb;
       if (k < 3) names += (k ? ", " : "") + g_.vertex(members[component[k]]).name;
     }
     if (component.size() > 3) names += ", …";
     if (!fits_somewhere(need)) {
       return fmt::format("{} cannot be placed: its members joined by shared-memory channels ({}) need {} on one daemon "
                          "at once, and the largest daemon has {}",
-                         GangName(g_, gang), names, Describe(need.cpus, need.gpus), Describe(most_cpus, most_gpus));
+                         GangName(g_, gang), names, DescribeResources(need.cpus, need.gpus, need.memory_mb),
+                         DescribeResources(most_cpus, most_gpus, need.memory_mb > 0 ? most_memory : 0));
     }
   }
   return "";

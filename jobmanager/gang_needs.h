@@ -19,16 +19,25 @@
 
 namespace copse::jm {
 
-/// Whether `need` fits within `cpus` and `gpus` (cpus are fractional: a sum of 0.1s must not
-/// miss by a rounding).
-inline bool Within(const Resources& need, double cpus, int gpus) { return need.cpus <= cpus + 1e-9 && need.gpus <= gpus; }
+/// The memory a daemon that declares none is taken to have: it is not accounted there.
+inline constexpr int64_t kUnaccountedMemoryMb = int64_t{1} << 50;
+
+/// Whether `need` fits within `cpus`, `gpus` and `memory_mb` (cpus are fractional: a sum of
+/// 0.1s must not miss by a rounding).
+inline bool Within(const Resources& need, double cpus, int gpus, int64_t memory_mb = kUnaccountedMemoryMb) {
+  return need.cpus <= cpus + 1e-9 && need.gpus <= gpus && need.memory_mb <= memory_mb;
+}
 
 /// A live daemon's whole capacity (not what is free now).
 struct DaemonCapacity {
   DaemonId id;
   double cpus = 0;
   int gpus = 0;
+  int64_t memory_mb = kUnaccountedMemoryMb;
 };
+
+/// "2 cpus and 1 gpus", with "and 512 MB of memory" when memory is asked for.
+std::string DescribeResources(double cpus, int gpus, int64_t memory_mb = 0);
 
 class GangNeeds {
  public:

@@ -42,6 +42,7 @@ class Search {
       index_[daemons[i].id] = i;
       free_cpus_.push_back(daemons[i].free_cpus);
       free_gpus_.push_back(daemons[i].free_gpus);
+      free_memory_.push_back(daemons[i].free_memory_mb);
     }
   }
 
@@ -90,6 +91,7 @@ class Search {
       u.members.push_back(m);
       u.need.cpus += member.need.cpus;
       u.need.gpus += member.need.gpus;
+      u.need.memory_mb += member.need.memory_mb;
       for (const auto& [d, bytes] : member.input_bytes) u.request.input_bytes[d] += bytes;
       if (member.affinity.empty()) continue;
       auto pin = r_.pins.find(member.affinity);
@@ -111,23 +113,31 @@ class Search {
                            u.pinned_group);
       }
     }
-    double cpus = 0, free_cpus = 0;
-    int gpus = 0, free_gpus = 0;
-    for (const Unit& u : units_) cpus += u.need.cpus, gpus += u.need.gpus;
+    Resources all{0, 0, 0};
+    double free_cpus = 0;
+    int free_gpus = 0;
+    int64_t free_memory = 0;
+    for (const Unit& u : units_) all.cpus += u.need.cpus, all.gpus += u.need.gpus, all.memory_mb += u.need.memory_mb;
     // Below zero where tasks are chained ahead of a slot (Scheduler::Dispatch): none to give.
-    for (size_t i = 0; i < daemons_.size(); ++i) free_cpus += std::max(0.0, free_cpus_[i]), free_gpus += std::max(0, free_gpus_[i]);
-    if (!Within({cpus, gpus, 0}, free_cpus, free_gpus)) {
-      return fmt::format("its members need {:g} cpus and {} gpus together, and the live daemons have {:g} and {} free", cpus,
-                         gpus, free_cpus, free_gpus);
+    for (size_t i = 0; i < daemons_.size(); ++i) {
+      free_cpus += std::max(0.0, free_cpus_[i]);
+      free_gpus += std::max(0, free_gpus_[i]);
+      free_memory = std::min(kUnaccountedMemoryMb, free_memory + std::max<int64_t>(0, free_memory_[i]));
     }
-    std::set<std::pair<double, int>> fit_somewhere;  // needs of unpinned units seen to fit (units are often alike)
+    if (!Within(all, free_cpus, free_gpus, free_memory)) {
+      return fmt::format("its members need {} together, and the live daemons have {} free",
+                         DescribeResources(all.cpus, all.gpus, all.memory_mb),
+                         DescribeResources(free_cpus, free_gpus, all.memory_mb > 0 ? free_memory : 0));
+    }
+    std::set<std::tuple<double, int, int64_t>> fit_somewhere;  // needs of unpinned units seen to fit (units are often alike)
     for (const Unit& u : units_) {
-      bool somewhere = !u.pinned && fit_somewhere.count({u.need.cpus, u.need.gpus});
+      const auto need = std::make_tuple(u.need.cpus, u.need.gpus, u.need.memory_mb);
+      bool somewhere = !u.pinned && fit_somewhere.count(need);
       for (size_t i = 0; i < daemons_.size() && !somewhere; ++i) somewhere = FreeFits(u, i);
-      if (!u.pinned && somewhere) fit_somewhere.insert({u.need.cpus, u.need.gpus});
+      if (!u.pinned && somewhere) fit_somewhere.insert(need);
       if (!somewhere) {
-        return fmt::format("{} need {:g} cpus and {} gpus on one daemon{}, and no live daemon has that free",
-                           Names(r_, u.members), u.need.cpus, u.need.gpus,
+        return fmt::format("{} need {} on one daemon{}, and no live daemon has that free", Names(r_, u.members),
+                           DescribeResources(u.need.cpus, u.need.gpus, u.need.memory_mb),
                            u.members.size() > 1 ? " (an shm channel or an affinity group joins them)" : "");
       }
     }
@@ -140,7 +150,7 @@ class Search {
 
   bool FreeFits(const Unit& u, size_t i) const {
     if (u.pinned && daemons_[i].id != *u.pinned) return false;
-    return Within(u.need, free_cpus_[i], free_gpus_[i]);
+    return Within(u.need, free_cpus_[i], free_gpus_[i], free_memory_[i]);
   }
 
   /// Whether pinning the unit's unplaced groups to daemon i leaves room for the gangs they join.
@@ -149,7 +159,7 @@ class Search {
     const GangDaemon& d = daemons_[i];
     for (const auto& g : u.unpinned) pins_[g] = d.id;
     bool fits = true;
-    for (const auto& g : u.unpinned) fits = fits && needs_.PinFits(g, {d.id, d.cpus, d.gpus}, pins_);
+    for (const auto& g : u.unpinned) fits = fits && needs_.PinFits(g, {d.id, d.cpus, d.gpus, d.memory_mb}, pins_);
     for (const auto& g : u.unpinned) pins_.erase(g);
     return fits;
   }
@@ -196,10 +206,10 @@ class Search {
   bool Place(size_t k) {
     if (k == units_.size()) return true;
     const Unit& u = units_[k];
-    std::set<std::tuple<double, int, double, int>> failed_alike;
+    std::set<std::tuple<double, int, int64_t, double, int, int64_t>> failed_alike;
     for (size_t i : Candidates(u)) {
       const GangDaemon& d = daemons_[i];
-      auto alike = std::make_tuple(free_cpus_[i], free_gpus_[i], d.cpus, d.gpus);
+      auto alike = std::make_tuple(free_cpus_[i], free_gpus_[i], free_memory_[i], d.cpus, d.gpus, d.memory_mb);
       const bool unmarked = marks_[i] == 0;
       if (unmarked && failed_alike.count(alike)) continue;
       if (++steps_ > budget_) return false;
@@ -207,6 +217,7 @@ class Search {
       const double cpus_before = free_cpus_[i];  // restored as it was: sums of fractions drift
       free_cpus_[i] -= u.need.cpus;
       free_gpus_[i] -= u.need.gpus;
+      free_memory_[i] -= u.need.memory_mb;
       for (const auto& g : u.unpinned) pins_[g] = d.id;
       marks_[i] += u.unpinned.size();
       bool placed = Place(k + 1);
@@ -214,6 +225,7 @@ class Search {
       for (const auto& g : u.unpinned) pins_.erase(g);
       free_cpus_[i] = cpus_before;
       free_gpus_[i] += u.need.gpus;
+      free_memory_[i] += u.need.memory_mb;
       if (placed) return true;
       if (steps_ > budget_) return false;
       if (unmarked) failed_alike.insert(alike);
@@ -229,6 +241,7 @@ class Search {
   std::map<DaemonId, size_t> index_;
   std::vector<double> free_cpus_;
   std::vector<int> free_gpus_;
+  std::vector<int64_t> free_memory_;
   std::map<std::string, DaemonId> pins_;  // the request's, and those the search has made so far
   std::vector<Unit> units_;
   std::vector<size_t> chosen_;  // per unit, an index into daemons_

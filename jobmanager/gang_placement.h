@@ -40,6 +40,8 @@ struct GangDaemon {
   int free_gpus = 0;
   double cpus = 0;  // what it has in all (affinity pins must fit that: GangNeeds::PinFits)
   int gpus = 0;
+  int64_t free_memory_mb = kUnaccountedMemoryMb;
+  int64_t memory_mb = kUnaccountedMemoryMb;
 };
 
 /// A member of the gang being placed.

@@ -308,6 +308,7 @@ void Scheduler::FreeSlot(Job& job, VertexId v, DaemonId daemon) {
     const auto& res = job.g().stage_of(v).resources;
     d.free_cpus += res.cpus;
     d.free_gpus += res.gpus;
+    d.free_memory_mb += res.memory_mb;
     ++capacity_epoch_;
   }
   if (d.running) --d.running;
@@ -601,11 +602,13 @@ void Scheduler::TryChain(Job& job, VertexId u) {
   }
   double cpus = d.free_cpus;
   int gpus = d.free_gpus;
+  int64_t memory = d.free_memory_mb;
   for (VertexId a : ahead) {
     cpus += g.stage_of(a).resources.cpus;
     gpus += g.stage_of(a).resources.gpus;
+    memory += g.stage_of(a).resources.memory_mb;
   }
-  if (!d.alive || d.awaiting || cpus + 1e-9 < stage.resources.cpus || gpus < stage.resources.gpus) return;
+  if (!d.alive || d.awaiting || !Within(stage.resources, cpus, gpus, memory)) return;
   Dispatch(job, u, d, /*duplicate=*/false, after);
 }
 

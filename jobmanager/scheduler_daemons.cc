@@ -17,6 +17,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
     d->loss_injected_until = {};
     d->free_cpus = spec.cpus;
     d->free_gpus = spec.gpus;
+    d->free_memory_mb = MemoryOf(spec);
     d->spec = std::move(spec);
     ++capacity_epoch_;
     SchedLog()->info("daemon {} is back with {} outputs", d->spec.name, inventory.size());
@@ -47,6 +48,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
   d->id = DaemonId(static_cast<uint32_t>(daemons_.size()));
   d->free_cpus = spec.cpus;
   d->free_gpus = spec.gpus;
+  d->free_memory_mb = MemoryOf(spec);
   d->spec = std::move(spec);
   ++capacity_epoch_;
   DaemonId id = d->id;
@@ -99,6 +101,7 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   }
   d.free_cpus = 0;
   d.free_gpus = 0;
+  d.free_memory_mb = 0;
   ++capacity_epoch_;  // its jobs' affinity pins to it go
   d.running = 0;  // every attempt there died with it, duplicates whose other attempt carries on included
   SchedLog()->warn("daemon {} lost: {}{}", d.spec.name, why, hold_files ? " (its file outputs are held for its return)" : "");

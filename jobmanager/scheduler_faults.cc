@@ -65,7 +65,7 @@ void Scheduler::LaunchDuplicates(Job& job) {
     const Resources& need = g.stage_of(VertexId(v)).resources;
     Daemon* target = nullptr;
     for (auto& d : daemons_) {
-      if (d->alive && d->id != r.daemon && d->free_cpus + 1e-9 >= need.cpus && d->free_gpus >= need.gpus &&
+      if (d->alive && d->id != r.daemon && Within(need, d->free_cpus, d->free_gpus, d->free_memory_mb) &&
           (!target || d->free_cpus > target->free_cpus)) {
         target = d.get();
       }

@@ -69,7 +69,7 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
     if (it != job.affinity.end()) pinned = daemons_[it->second.value()].get();
   }
   auto fits = [&](const Daemon& d) {
-    return d.alive && d.free_cpus + 1e-9 >= need.cpus && d.free_gpus >= need.gpus && d.spec.cpus + 1e-9 >= need.cpus;
+    return d.alive && Within(need, d.free_cpus, d.free_gpus, d.free_memory_mb) && d.spec.cpus + 1e-9 >= need.cpus;
   };
   if (pinned) {
     if (!fits(*pinned) || ReadsAHeldOutput(job, v)) return false;
@@ -229,14 +229,15 @@ GangPlacement Scheduler::PlaceGangOn(const Job& job, GangId gang, bool idle) con
   for (const auto& d : daemons_) {
     if (!d->alive || d->awaiting) continue;
     daemons.push_back({d->id, LabelOf(*d, kHostLabel), LabelOf(*d, kRackLabel), idle ? d->spec.cpus : d->free_cpus,
-                       idle ? d->spec.gpus : d->free_gpus, d->spec.cpus, d->spec.gpus});
+                       idle ? d->spec.gpus : d->free_gpus, d->spec.cpus, d->spec.gpus,
+                       idle ? MemoryOf(d->spec) : d->free_memory_mb, MemoryOf(d->spec)});
   }
   return PlaceGang(request, daemons, *job.gang_needs, *policy_);
 }
 
 bool Scheduler::PinFits(const Job& job, const StageSpec& stage, const Daemon& d,
                         const std::map<std::string, DaemonId>& pins) const {
-  return stage.affinity.empty() || job.gang_needs->PinFits(stage.affinity, {d.id, d.spec.cpus, d.spec.gpus}, pins);
+  return stage.affinity.empty() || job.gang_needs->PinFits(stage.affinity, {d.id, d.spec.cpus, d.spec.gpus, MemoryOf(d.spec)}, pins);
 }
 
 void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const std::vector<VertexId>& after) {
@@ -260,6 +261,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
   }
   d.free_cpus -= stage.resources.cpus;
   d.free_gpus -= stage.resources.gpus;
+  d.free_memory_mb -= stage.resources.memory_mb;
   ++d.running;
 
   Json inputs = Json::array();

@@ -25,6 +25,9 @@ std::shared_ptr<spdlog::logger> SchedLog();
 
 /// How an output port is stored: as its first channel's kind; a port no channel reads (a
 /// declared job output) is a file.
+/// The memory daemon `spec` offers vertices: what it declared, or unaccounted when it declared none.
+inline int64_t MemoryOf(const DaemonSpec& spec) { return spec.memory_mb > 0 ? spec.memory_mb : kUnaccountedMemoryMb; }
+
 inline ChannelKind PortKind(const JobGraph& g, const std::vector<ChannelId>& port) {
   return port.empty() ? ChannelKind::kFile : g.channel(port.front()).kind;
 }
@@ -44,6 +47,7 @@ struct Scheduler::Daemon {
   TimePoint loss_injected_until{};
   double free_cpus = 0;
   int free_gpus = 0;
+  int64_t free_memory_mb = 0;
   size_t running = 0;
   Json Address() const { return {{"host", spec.data_host}, {"port", spec.data_port}}; }
 };

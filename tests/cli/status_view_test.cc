@@ -21,7 +21,16 @@ size_t Count(const std::string& text, const std::string& what) {
 TEST_CASE("StatusView.ADaemonNotRegisteredSinceARestartShowsNoAddresses") {
   const std::string table = RenderDaemonsTable(Json::array({DaemonRow("d7", "awaited", false, 0)}));
   INFO(table);
-  CHECK(table.find("d7            awaited     2     2     0        0  -                     -") != std::string::npos);
+  CHECK(table.find("d7            awaited     2     2     0                -        0  -                     -") != std::string::npos);
+}
+
+TEST_CASE("StatusView.TheDaemonsTableShowsFreeAndDeclaredMemory") {
+  Json row = DaemonRow("d0", "alive", false, 9001);
+  row["memory_mb"] = 16384;
+  row["free_memory_mb"] = 15360;
+  const std::string table = RenderDaemonsTable(Json::array({row}));
+  INFO(table);
+  CHECK(table.find("15.0/16.0G") != std::string::npos);
 }
 
 TEST_CASE("StatusView.TheDaemonsTableListsANameOnceUnlessAskedForEveryRegistration") {

@@ -123,7 +123,7 @@ TEST_CASE("GangPlacement.AnInfeasibleGangOnALargeClusterCostsBoundedWork") {
   for (int i = 0; i < 301; ++i) r.members.push_back(Member("m" + std::to_string(i), 0.5, 1));
   SUBCASE("more than the cluster has free in all is settled without a search") {
     auto p = PlaceGang(r, daemons, f.needs, f.load, /*max_steps=*/0);
-    CHECK_MESSAGE(p.why_not.find("need 150.5 cpus and 301 gpus together, and the live daemons have 300 and 300 free") !=
+    CHECK_MESSAGE(p.why_not.find("need 150.5 cpus and 301 gpus together, and the live daemons have 300 cpus and 300 gpus free") !=
                       std::string::npos,
                   p.why_not);
   }

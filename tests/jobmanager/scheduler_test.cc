@@ -1442,6 +1442,69 @@ TEST_CASE("Scheduler.NcclGangsGetRanksAndTheUniqueIdIsRelayed") {
   }
 }
 
+DaemonId AddDaemonWithMemory(Harness& h, const std::string& name, double cpus, int64_t memory_mb) {
+  DaemonSpec spec;
+  spec.name = name;
+  spec.cpus = cpus;
+  spec.memory_mb = memory_mb;
+  auto id = h.sched.AddDaemon(spec);
+  REQUIRE(id.ok());
+  return *id;
+}
+
+TEST_CASE("Scheduler.MemoryIsPlacedLikeCpus") {
+  SUBCASE("vertices that together need more than a daemon's memory run one after the other") {
+    Harness h;
+    AddDaemonWithMemory(h, "d0", 4, 1000);
+    JobId job = h.Submit(R"({"stages": [{"name": "big", "program": "noop", "replicas": 2,
+                                         "resources": {"cpus": 1, "memory_mb": 600}}]})");
+    auto first = h.sink.TakeTasks();
+    REQUIRE(first.size() == 1);  // cpus for both, memory for one
+    const Json waiting = h.sched.JobStatus(job)["waiting"];
+    REQUIRE(waiting.size() == 1);
+    CHECK_MESSAGE(std::string(waiting[0]["reason"]).find("no daemon has 1 cpus and 600 MB of memory free") != std::string::npos,
+                  waiting.dump());
+    h.Finish(first[0].second, true);
+    CHECK(h.sink.TakeTasks().size() == 1);
+  }
+  SUBCASE("a vertex goes to a daemon with the memory it needs, and waits for none that has it") {
+    Harness h;
+    AddDaemonWithMemory(h, "small", 4, 1000);
+    const DaemonId large = AddDaemonWithMemory(h, "large", 4, 4000);
+    h.Submit(R"({"stages": [{"name": "big", "program": "noop", "resources": {"memory_mb": 2000}},
+                            {"name": "huge", "program": "noop", "resources": {"memory_mb": 8000}}]})");
+    auto tasks = h.sink.TakeTasks();
+    REQUIRE(tasks.size() == 1);
+    CHECK(tasks[0].second["name"] == "big[0]");
+    CHECK(tasks[0].first == large);
+  }
+  SUBCASE("a gang's members are spread where memory, not cpus, runs out") {
+    const char* gang = R"({"stages": [{"name": "a", "program": "noop", "resources": {"memory_mb": 600}},
+                                      {"name": "b", "program": "noop", "resources": {"memory_mb": 600}}],
+                           "edges": [{"from": "a", "to": "b", "channel": "stream"}]})";
+    Harness one;
+    AddDaemonWithMemory(one, "d0", 4, 1000);
+    JobId job = one.Submit(gang);
+    CHECK(one.sink.TakeTasks().empty());
+    const Json waiting = one.sched.JobStatus(job)["waiting"];
+    REQUIRE_FALSE(waiting.empty());
+    CHECK_MESSAGE(std::string(waiting[0]["reason"]).find("1200 MB of memory") != std::string::npos, waiting.dump());
+    Harness two;
+    AddDaemonWithMemory(two, "d0", 4, 1000);
+    AddDaemonWithMemory(two, "d1", 4, 1000);
+    two.Submit(gang);
+    auto tasks = two.sink.TakeTasks();
+    REQUIRE(tasks.size() == 2);
+    CHECK(tasks[0].first != tasks[1].first);
+  }
+  SUBCASE("a daemon that declares no memory does not count it") {
+    Harness h;
+    AddDaemonWithMemory(h, "d0", 4, 0);
+    h.Submit(R"({"stages": [{"name": "big", "program": "noop", "replicas": 2, "resources": {"memory_mb": 600000}}]})");
+    CHECK(h.sink.TakeTasks().size() == 2);
+  }
+}
+
 TEST_CASE("Scheduler.AGangThatDoesNotFitHoldsNoSlot") {
   Harness h;
   h.AddDaemon("d0", 1);
@@ -1646,7 +1709,7 @@ TEST_CASE("Scheduler.TheStatusSaysWhyAReadyVertexWaits") {
                                         {"name": "c", "program": "noop"}],
                              "edges": [{"from": "a", "to": "b", "channel": "stream"}, {"from": "b", "to": "c", "channel": "stream"}]})");
     CHECK_MESSAGE(reasons(job).find("ready; its gang of 3 cannot be placed on the live daemons even when they are idle: its "
-                                    "members need 3 cpus and 0 gpus together, and the live daemons have 2 and 0 free") !=
+                                    "members need 3 cpus and 0 gpus together, and the live daemons have 2 cpus and 0 gpus free") !=
                       std::string::npos,
                   reasons(job));
     h.AddDaemon("d1", 1);
