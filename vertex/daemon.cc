@@ -355,6 +355,7 @@ class Daemon::Impl {
         }
         // A worker per task queued now; a chained task that is only held wakes nobody (most
         // tasks of a pipeline arrive so).
+        AddWorkersForQueue();
         for (size_t i = queued_before; i < queue_.size(); ++i) cv_.notify_one();
       } else if (op == "cancel") {
         CancelMatching(msg["job"].get<uint64_t>(), msg.value("vertex", int64_t{-1}));
@@ -498,6 +499,17 @@ class Daemon::Impl {
     if (!reports_.empty()) PostReports();
   }
 
+  /// The job manager decides what runs here at once (it places vertices by their cpus, which
+  /// may be fractions): every task queued gets a worker now, not after the tasks ahead of it,
+  /// so that it starts when it was placed (its timeout counts from there). Workers that are
+  /// started stay, so a steady load starts no threads. Requires mu_.
+  void AddWorkersForQueue() {
+    static constexpr size_t kMaxWorkers = 1024;  // tasks asking for no cpus beyond this wait their turn
+    while (!stopping_ && workers_.size() - busy_workers_ < queue_.size() && workers_.size() < kMaxWorkers) {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    }
+  }
+
   void WorkerLoop() {
     SetThreadName("copse-vertex");
     YieldToControlThreads();
@@ -509,6 +521,7 @@ class Daemon::Impl {
         if (stopping_) return;
         task = std::move(queue_.front());
         queue_.pop_front();
+        ++busy_workers_;
         cancel_flags_[{task.spec["job"].get<uint64_t>(), task.spec["vertex"].get<uint32_t>()}] = task.cancel;
       }
       Json report = Execute(task);
@@ -520,7 +533,9 @@ class Daemon::Impl {
         const bool ok = report["ok"].get<bool>();
         reports_.push_back(std::move(report));  // before any chained successor's report
         finished_[{job, vertex, version}] = ok;
+        --busy_workers_;  // this worker takes the next queued task itself
         ReleaseHeld(job, vertex, version, ok);
+        AddWorkersForQueue();
       }
       SendReports();  // from this thread: waking the io thread would cost this worker its core
     }
@@ -596,6 +611,7 @@ class Daemon::Impl {
       it->remote_pending = false;
       if (!it->waiting_for.empty()) return;  // still waits for attempts here
       queue_.push_front(std::move(*it));
+      AddWorkersForQueue();
       cv_.notify_one();
       held_.erase(it);
       return;
@@ -928,7 +944,8 @@ class Daemon::Impl {
   std::map<std::string, std::string> nccl_ids_;  // group -> unique id, guarded by mu_
   std::condition_variable nccl_cv_;
   chan::ShmRegistry shm_;
-  std::vector<std::thread> workers_;
+  std::vector<std::thread> workers_;  // grows under mu_ (AddWorkersForQueue) until stopping_
+  size_t busy_workers_ = 0;           // running a task; guarded by mu_
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
