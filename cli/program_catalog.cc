@@ -15,6 +15,10 @@ vertex::ProgramRegistry& Programs() {
 jm::ProgramCatalog Catalog() {
   jm::ProgramCatalog catalog;
   for (auto& name : Programs().Names()) catalog.names.insert(std::move(name));
+  catalog.check_params = [](const std::string& program, const Json& params) -> Status {
+    COPSE_ASSIGN_OR_RETURN(auto instance, Programs().Create(program));
+    return instance->CheckParams(params);
+  };
   return catalog;
 }
 

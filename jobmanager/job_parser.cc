@@ -206,6 +206,11 @@ StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults
     if (p->is_object()) s.params = *p;
     else diags.Error(r.PointerOf("params"), "expected an object, got " + JsonTypeName(*p));
   }
+  if (catalog.check_params && catalog.names.count(s.program) && s.params.is_object()) {
+    if (Status st = catalog.check_params(s.program, s.params); !st.ok()) {
+      diags.Error(r.Find("params") ? r.PointerOf("params") : s.pointer, st.message() + " for program " + s.program);
+    }
+  }
   if (const Json* res = r.Find("resources")) ParseResources(*res, r.PointerOf("resources"), s.resources, diags);
   if (auto v = r.Integer("max_attempts", 1, 1000)) s.max_attempts = static_cast<int>(*v);
   if (auto v = r.Integer("max_daemon_losses", 1, 1000)) s.max_daemon_losses = static_cast<int>(*v);

@@ -3,6 +3,7 @@
 // missing keys and malformed names are reported as Diagnostics with their JSON pointers; the
 // cross-references (edges naming stages, faults naming vertices, patterns, cycles) are checked
 // when the spec is expanded (job_graph.h).
+#include <functional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -16,7 +17,10 @@ namespace copse::jm {
 struct ProgramCatalog {
   std::set<std::string> names;
   bool check = true;
-  static ProgramCatalog AcceptAny() { return {{}, false}; }
+  /// When set: what is wrong with a stage's params for its (known) program, as
+  /// InvalidArgument; the job manager, which cannot link the programs, leaves it unset.
+  std::function<Status(const std::string& program, const Json& params)> check_params;
+  static ProgramCatalog AcceptAny() { return {{}, false, nullptr}; }
 };
 
 /// Parses `doc` into a spec; problems go to `diags`. The returned spec is only meaningful when

@@ -117,6 +117,10 @@ class VertexProgram {
  public:
   virtual ~VertexProgram() = default;
   virtual Status Run(VertexContext& ctx) = 0;
+  /// What validating a job file can tell about a stage's `params` (an object; placeholders such
+  /// as `{replica}` not yet expanded) before any vertex runs: required members and their types.
+  /// InvalidArgument saying what is wrong; Run makes the same checks.
+  virtual Status CheckParams(const Json& /*params*/) const { return Status::OK(); }
 };
 
 }  // namespace copse::vertex

@@ -64,7 +64,17 @@ namespace {
 
 class ChecksumProgram final : public VertexProgram {
  public:
+  Status CheckParams(const Json& params) const override {
+    for (const char* key : {"sleep_ms", "bytes"}) {
+      if (params.contains(key) && !(params[key].is_number_integer() && params[key].get<int64_t>() >= 0)) {
+        return Status::InvalidArgument(std::string("params.") + key + " must be a whole number ≥ 0, got " + DumpJson(params[key]));
+      }
+    }
+    return Status::OK();
+  }
+
   Status Run(VertexContext& ctx) override {
+    COPSE_RETURN_NOT_OK(CheckParams(ctx.params ? *ctx.params : Json::object()).WithContext(ctx.name));
     ChecksumHasher hasher(ctx.name, ctx.params ? ctx.params->dump() : "{}");
     for (size_t port = 0; port < ctx.num_inputs(); ++port) {
       while (true) {

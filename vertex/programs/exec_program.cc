@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -58,11 +59,22 @@ std::string TailOf(const std::filesystem::path& path, size_t max) {
 
 class ExecProgram final : public VertexProgram {
  public:
-  Status Run(VertexContext& ctx) override {
-    if (!ctx.params || !ctx.params->contains("argv") || !(*ctx.params)["argv"].is_array() ||
-        (*ctx.params)["argv"].empty()) {
-      return Status::InvalidArgument(ctx.name + ": params.argv (a non-empty array of strings) is required");
+  Status CheckParams(const Json& params) const override {
+    const Json* argv = params.contains("argv") ? &params["argv"] : nullptr;
+    if (!argv || !argv->is_array() || argv->empty() ||
+        !std::all_of(argv->begin(), argv->end(), [](const Json& a) { return a.is_string(); })) {
+      return Status::InvalidArgument("params.argv (a non-empty array of strings) is required");
     }
+    for (const char* flag : {"stdout", "stdin"}) {
+      if (params.contains(flag) && !params[flag].is_boolean()) {
+        return Status::InvalidArgument(std::string("params.") + flag + " must be true or false");
+      }
+    }
+    return Status::OK();
+  }
+
+  Status Run(VertexContext& ctx) override {
+    COPSE_RETURN_NOT_OK(CheckParams(ctx.params ? *ctx.params : Json::object()).WithContext(ctx.name));
     bool use_stdout = ctx.param<bool>("stdout", ctx.num_outputs() > 0);
     bool use_stdin = ctx.param<bool>("stdin", false);
     COPSE_ASSIGN_OR_RETURN(const std::filesystem::path dir, ctx.MakeScratchDir());

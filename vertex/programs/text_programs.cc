@@ -21,10 +21,15 @@ constexpr size_t kBatchBytes = 64 * 1024;
 
 class ReadLines final : public VertexProgram {
  public:
-  Status Run(VertexContext& ctx) override {
-    if (!ctx.params || !ctx.params->contains("path") || !(*ctx.params)["path"].is_string()) {
-      return Status::InvalidArgument(ctx.name + ": params.path (a string) is required");
+  Status CheckParams(const Json& params) const override {
+    if (!params.contains("path") || !params["path"].is_string()) {
+      return Status::InvalidArgument("params.path (a string) is required");
     }
+    return Status::OK();
+  }
+
+  Status Run(VertexContext& ctx) override {
+    COPSE_RETURN_NOT_OK(CheckParams(ctx.params ? *ctx.params : Json::object()).WithContext(ctx.name));
     auto path = ctx.ResolvePath((*ctx.params)["path"].get<std::string>());
     std::ifstream in(path);
     if (!in) return Status::NotFound(ctx.name + ": cannot open " + path.string());
