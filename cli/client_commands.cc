@@ -108,6 +108,9 @@ void AddClientCommands(CLI::App& app) {
     cmd->add_option("--output", o->output_dir, "copy the job's declared outputs here (it must have completed)")->needs(job);
     cmd->add_option("-o,--format", o->format, "text or json")->check(CLI::IsMember({"text", "json"}));
     cmd->callback([o] {
+      if (!o->output_dir.empty()) {  // before a wait that may be long
+        if (Status st = CheckWritableDir(o->output_dir, "--output"); !st.ok()) return void(ExitCode() = Report(st));
+      }
       auto client = ConnectOrReport(o->jm);
       if (!client) return;
       if (o->job == 0) {
@@ -124,6 +127,7 @@ void AddClientCommands(CLI::App& app) {
       if (!status.ok()) return void(ExitCode() = Report(status.status()));
       if (!o->output_dir.empty()) {
         if (status->at("state") != "completed") {
+          std::cout << (o->format == "json" ? status->dump(2) + "\n" : RenderJobStatus(*status, false));
           return void(ExitCode() = Report(Status::FailedPrecondition(
                           "job " + std::to_string(o->job) + " is " + status->at("state").get<std::string>() +
                           ": only a completed job's outputs can be copied" + (o->watch ? "" : " (-w waits for it)"))));

@@ -56,29 +56,35 @@ Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, const WatchOpti
 
 Result<Json> WatchJob(std::unique_ptr<net::BlockingClient>& client, uint64_t job, const WatchOptions& options,
                       const Reconnect& reconnect, std::chrono::milliseconds reconnect_for) {
+  // Every loss of the connection, however many, gets a new window of `reconnect_for`.
   auto call = [&](const Json& request, std::chrono::milliseconds timeout) -> Result<Json> {
-    auto reply = client->Call(request, timeout);
-    // Unavailable: the connection broke (the job manager exited, or its host went away). An
-    // error reply or a timeout is an answer, not a lost job manager.
-    if (reply.ok() || reply.status().code() != StatusCode::kUnavailable) return reply;
-    std::cerr << "copse: lost the job manager (" << reply.status().message() << "); reconnecting for up to "
-              << reconnect_for.count() / 1000 << " s\n";
-    const auto until = std::chrono::steady_clock::now() + reconnect_for;
-    Status last = reply.status();
-    while (std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      auto fresh = reconnect();
-      if (!fresh.ok()) {
-        last = fresh.status();
-        continue;
+    while (true) {
+      auto reply = client->Call(request, timeout);
+      // Unavailable: the connection broke (the job manager exited, or its host went away). An
+      // error reply or a timeout is an answer, not a lost job manager.
+      if (reply.ok() || reply.status().code() != StatusCode::kUnavailable) return reply;
+      std::cerr << "copse: lost the job manager (" << reply.status().message() << "); reconnecting for up to "
+                << reconnect_for.count() / 1000 << " s\n";
+      const auto until = std::chrono::steady_clock::now() + reconnect_for;
+      Status last = reply.status();
+      bool reconnected = false;
+      while (!reconnected && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        auto fresh = reconnect();
+        if (fresh.ok()) {
+          client = std::move(*fresh);
+          reconnected = true;
+        } else {
+          last = fresh.status();
+        }
       }
-      client = std::move(*fresh);
+      if (!reconnected) {
+        return last.WithContext("the job manager did not come back within " + std::to_string(reconnect_for.count() / 1000) +
+                                " s");
+      }
       std::cerr << "copse: reconnected to the job manager\n";
-      return client->Call(request, timeout);
     }
-    return last.WithContext("the job manager did not come back within " + std::to_string(reconnect_for.count() / 1000) + " s");
   };
-  // A second loss is caught by the next request: each call reconnects on its own.
   return Watch(call, job, options);
 }
 

@@ -206,10 +206,12 @@ std::string GangTheseDaemonsCannotHold(const jm::JobGraph& g, const RunOpts& o) 
   for (const auto& gang : g.gangs()) {
     if (std::string why = needs.WhyUnplaceable(gang.id, daemons); !why.empty()) return why;
     const jm::Resources whole = needs.Whole(gang.id);
-    if (!jm::Within(whole, o.daemons * o.cpus, o.daemons * o.gpus)) {
-      return fmt::format("a gang of {} (with {}) needs {:g} cpus and {} gpus at once; the {} local daemons offer {} and {}",
-                         gang.members.size(), g.vertex(gang.members[0]).name, whole.cpus, whole.gpus, o.daemons,
-                         o.daemons * o.cpus, o.daemons * o.gpus);
+    const int64_t all_memory = memory > 0 ? memory * o.daemons : jm::kUnaccountedMemoryMb;
+    if (!jm::Within(whole, o.daemons * o.cpus, o.daemons * o.gpus, all_memory)) {
+      return fmt::format("a gang of {} (with {}) needs {} at once; the {} local daemons offer {}", gang.members.size(),
+                         g.vertex(gang.members[0]).name, jm::DescribeResources(whole.cpus, whole.gpus, whole.memory_mb),
+                         o.daemons,
+                         jm::DescribeResources(o.daemons * o.cpus, o.daemons * o.gpus, whole.memory_mb > 0 ? all_memory : 0));
     }
   }
   return "";
@@ -238,7 +240,7 @@ int RunJob(const RunOpts& o) {
     return 1;
   }
   if (std::string why = GangTheseDaemonsCannotHold(*load.graph, o); !why.empty()) {
-    std::cerr << "copse run: " << why << " (--daemons, --cpus, --gpus)\n";
+    std::cerr << "copse run: " << why << " (--daemons, --cpus, --gpus; each local daemon offers this machine's memory)\n";
     return 1;
   }
   // Where the results go must take them: found out now, not after a long run.

@@ -109,7 +109,7 @@ void AddDaemonCommand(CLI::App& app) {
   };
   auto opts = std::make_shared<Opts>();
   AddJmAddressFlags(cmd, opts->jm);
-  cmd->add_option("--name", opts->name, "unique daemon name")
+  cmd->add_option("--name", opts->name, "unique daemon name: letters, digits and . _ - : @ + = (at most 128)")
       ->required()
       ->check([](const std::string& name) { return jm::DaemonNameProblem(name); });
   cmd->add_option("--cpus", opts->cpus, "vertex slots")->check(CLI::Range(1, 4096));

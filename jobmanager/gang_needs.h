@@ -23,9 +23,9 @@ namespace copse::jm {
 inline constexpr int64_t kUnaccountedMemoryMb = int64_t{1} << 50;
 
 /// Whether `need` fits within `cpus`, `gpus` and `memory_mb` (cpus are fractional: a sum of
-/// 0.1s must not miss by a rounding).
+/// 0.1s must not miss by a rounding; kUnaccountedMemoryMb or more is no bound at all).
 inline bool Within(const Resources& need, double cpus, int gpus, int64_t memory_mb = kUnaccountedMemoryMb) {
-  return need.cpus <= cpus + 1e-9 && need.gpus <= gpus && need.memory_mb <= memory_mb;
+  return need.cpus <= cpus + 1e-9 && need.gpus <= gpus && (need.memory_mb <= memory_mb || memory_mb >= kUnaccountedMemoryMb);
 }
 
 /// A live daemon's whole capacity (not what is free now).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -34,10 +35,12 @@ JobId JobIdFrom(const Json& msg) {
 
 std::string DaemonNameProblem(const std::string& name) {
   if (name.empty()) return "a daemon needs a name";
-  const bool plain = name.size() <= 64 && std::all_of(name.begin(), name.end(), [](unsigned char c) {
-    return std::isalnum(c) || c == '.' || c == '_' || c == '-';
+  const bool plain = name.size() <= 128 && std::all_of(name.begin(), name.end(), [](unsigned char c) {
+    return std::isalnum(c) || std::strchr("._-:@+=", c) != nullptr;
   });
-  if (!plain) return "daemon name \"" + name.substr(0, 80) + "\" must be 1 to 64 letters, digits, '.', '_' or '-'";
+  if (!plain) {
+    return "daemon name \"" + name.substr(0, 140) + "\" must be 1 to 128 letters, digits and . _ - : @ + = (no spaces or '/')";
+  }
   return "";
 }
 
@@ -439,10 +442,12 @@ class JmServer::Impl : public DaemonSink {
   asio::local::stream_protocol::acceptor local_acceptor_;
   asio::steady_timer tick_timer_;
   SteadyClock clock_;
+  // Held while this job manager runs; declared before the journal so that it is released
+  // only after the journal's last flush (members are destroyed in reverse order).
+  std::optional<DirLock> state_lock_;
   std::unique_ptr<Journal> journal_;
   Scheduler scheduler_;
   std::string secret_;
-  std::optional<DirLock> state_lock_;  // held while this job manager runs
   std::map<std::shared_ptr<net::FramedConnection>, Peer> peers_;
   std::map<DaemonId, std::shared_ptr<net::FramedConnection>> daemon_conns_;
   std::vector<std::pair<JobId, std::weak_ptr<net::FramedConnection>>> waiters_;

@@ -29,8 +29,9 @@ struct JmServerOptions {
   uint64_t journal_compact_bytes = 64ull << 20;
 };
 
-/// Why `name` cannot name a daemon ("" when it can): 1 to 64 letters, digits, '.', '_' or '-',
-/// so that it reads plainly in tables, logs and `copse chaos kill NAME`.
+/// Why `name` cannot name a daemon ("" when it can): 1 to 128 letters, digits and . _ - : @ + =
+/// (a host name, host:slot, user@host), so that it reads plainly in tables, logs and `copse
+/// chaos kill NAME`.
 std::string DaemonNameProblem(const std::string& name);
 
 class JmServer {

@@ -159,7 +159,8 @@ void ParseResources(const Json& j, const std::string& ptr, Resources& res, Diagn
   r.RejectUnknownKeys();
   if (auto v = r.Number("cpus", 0, 4096)) res.cpus = *v;
   if (auto v = r.Integer("gpus", 0, 1024)) res.gpus = static_cast<int>(*v);
-  if (auto v = r.Integer("memory_mb", 0, int64_t{1} << 40)) res.memory_mb = *v;
+  // 2^32 MB (4 PiB) a vertex: sums over the largest gangs stay far inside int64.
+  if (auto v = r.Integer("memory_mb", 0, int64_t{1} << 32)) res.memory_mb = *v;
 }
 
 void ParseDefaults(const Json& j, JobDefaults& d, Diagnostics& diags) {

@@ -9,6 +9,7 @@
 //   scheduler_placement.cc  placing ready vertices and gangs, dispatching, flushing to daemons
 //   scheduler_faults.cc     the clock: timeouts, stragglers, return graces, injected faults
 //   scheduler_queries.cc    what the CLI is shown: status, tables, logs, output locations
+#include <algorithm>
 #include <memory>
 #include <queue>
 #include <set>
@@ -23,11 +24,14 @@ namespace copse::jm {
 
 std::shared_ptr<spdlog::logger> SchedLog();
 
+/// The memory daemon `spec` offers vertices: what it declared, or unaccounted when it declared
+/// none (or more than is ever accounted).
+inline int64_t MemoryOf(const DaemonSpec& spec) {
+  return spec.memory_mb > 0 ? std::min(spec.memory_mb, kUnaccountedMemoryMb) : kUnaccountedMemoryMb;
+}
+
 /// How an output port is stored: as its first channel's kind; a port no channel reads (a
 /// declared job output) is a file.
-/// The memory daemon `spec` offers vertices: what it declared, or unaccounted when it declared none.
-inline int64_t MemoryOf(const DaemonSpec& spec) { return spec.memory_mb > 0 ? spec.memory_mb : kUnaccountedMemoryMb; }
-
 inline ChannelKind PortKind(const JobGraph& g, const std::vector<ChannelId>& port) {
   return port.empty() ? ChannelKind::kFile : g.channel(port.front()).kind;
 }

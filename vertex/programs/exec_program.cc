@@ -137,7 +137,8 @@ class ExecProgram final : public VertexProgram {
       execvpe(cargv[0], cargv.data(), cenv.data());
       // Why, in the words of strerror (which is not async-signal-safe, so not called here).
       const int err = errno;
-      const char* why = err == ENOENT    ? "no such file in the job directory or on PATH"
+      const char* why = err == ENOENT    ? "no such file (a name without '/' is looked up on PATH; ./NAME is one in the "
+                                           "job directory), or its #! interpreter is missing"
                         : err == EACCES  ? "permission denied (not executable?)"
                         : err == ENOEXEC ? "not an executable format"
                         : err == ENOTDIR ? "a component of the path is not a directory"
