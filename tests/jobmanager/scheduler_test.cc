@@ -1442,10 +1442,12 @@ TEST_CASE("Scheduler.NcclGangsGetRanksAndTheUniqueIdIsRelayed") {
   }
 }
 
-DaemonId AddDaemonWithMemory(Harness& h, const std::string& name, double cpus, int64_t memory_mb) {
+/// A daemon with these capacities (Harness::AddDaemon gives cpus only).
+DaemonId AddDaemonOf(Harness& h, const std::string& name, double cpus, int gpus, int64_t memory_mb = 0) {
   DaemonSpec spec;
   spec.name = name;
   spec.cpus = cpus;
+  spec.gpus = gpus;
   spec.memory_mb = memory_mb;
   auto id = h.sched.AddDaemon(spec);
   REQUIRE(id.ok());
@@ -1455,7 +1457,7 @@ DaemonId AddDaemonWithMemory(Harness& h, const std::string& name, double cpus, i
 TEST_CASE("Scheduler.MemoryIsPlacedLikeCpus") {
   SUBCASE("vertices that together need more than a daemon's memory run one after the other") {
     Harness h;
-    AddDaemonWithMemory(h, "d0", 4, 1000);
+    AddDaemonOf(h, "d0", 4, 0, 1000);
     JobId job = h.Submit(R"({"stages": [{"name": "big", "program": "noop", "replicas": 2,
                                          "resources": {"cpus": 1, "memory_mb": 600}}]})");
     auto first = h.sink.TakeTasks();
@@ -1469,8 +1471,8 @@ TEST_CASE("Scheduler.MemoryIsPlacedLikeCpus") {
   }
   SUBCASE("a vertex goes to a daemon with the memory it needs, and waits for none that has it") {
     Harness h;
-    AddDaemonWithMemory(h, "small", 4, 1000);
-    const DaemonId large = AddDaemonWithMemory(h, "large", 4, 4000);
+    AddDaemonOf(h, "small", 4, 0, 1000);
+    const DaemonId large = AddDaemonOf(h, "large", 4, 0, 4000);
     h.Submit(R"({"stages": [{"name": "big", "program": "noop", "resources": {"memory_mb": 2000}},
                             {"name": "huge", "program": "noop", "resources": {"memory_mb": 8000}}]})");
     auto tasks = h.sink.TakeTasks();
@@ -1483,15 +1485,15 @@ TEST_CASE("Scheduler.MemoryIsPlacedLikeCpus") {
                                       {"name": "b", "program": "noop", "resources": {"memory_mb": 600}}],
                            "edges": [{"from": "a", "to": "b", "channel": "stream"}]})";
     Harness one;
-    AddDaemonWithMemory(one, "d0", 4, 1000);
+    AddDaemonOf(one, "d0", 4, 0, 1000);
     JobId job = one.Submit(gang);
     CHECK(one.sink.TakeTasks().empty());
     const Json waiting = one.sched.JobStatus(job)["waiting"];
     REQUIRE_FALSE(waiting.empty());
     CHECK_MESSAGE(std::string(waiting[0]["reason"]).find("1200 MB of memory") != std::string::npos, waiting.dump());
     Harness two;
-    AddDaemonWithMemory(two, "d0", 4, 1000);
-    AddDaemonWithMemory(two, "d1", 4, 1000);
+    AddDaemonOf(two, "d0", 4, 0, 1000);
+    AddDaemonOf(two, "d1", 4, 0, 1000);
     two.Submit(gang);
     auto tasks = two.sink.TakeTasks();
     REQUIRE(tasks.size() == 2);
@@ -1499,7 +1501,7 @@ TEST_CASE("Scheduler.MemoryIsPlacedLikeCpus") {
   }
   SUBCASE("a daemon that declares no memory does not count it") {
     Harness h;
-    AddDaemonWithMemory(h, "d0", 4, 0);
+    AddDaemonOf(h, "d0", 4, 0, 0);
     h.Submit(R"({"stages": [{"name": "big", "program": "noop", "replicas": 2, "resources": {"memory_mb": 600000}}]})");
     CHECK(h.sink.TakeTasks().size() == 2);
   }
@@ -1527,20 +1529,10 @@ const char* kWorkersThenAGpuGang = R"({"stages": [
   "edges": [{"from": "init", "to": "a0"}, {"from": "init", "to": "a1"}, {"from": "a0", "to": "g0"},
             {"from": "a1", "to": "g1"}, {"from": "g0", "to": "g1", "channel": "stream"}]})";
 
-DaemonId AddGpuDaemon(Harness& h, const std::string& name, double cpus, int gpus) {
-  DaemonSpec spec;
-  spec.name = name;
-  spec.cpus = cpus;
-  spec.gpus = gpus;
-  auto id = h.sched.AddDaemon(spec);
-  REQUIRE(id.ok());
-  return *id;
-}
-
 TEST_CASE("Scheduler.AnAffinityGroupIsPinnedOnlyWhereTheGangsItJoinsCanFollow") {
   Harness h;
-  AddGpuDaemon(h, "d0", 2, 1);
-  AddGpuDaemon(h, "d1", 2, 1);
+  AddDaemonOf(h, "d0", 2, 1);
+  AddDaemonOf(h, "d1", 2, 1);
   JobId job = h.Submit(kWorkersThenAGpuGang);
   auto [init_daemon, init] = h.Next("init[0]");
   h.Finish(init, true, {1000, 1000});
@@ -1575,7 +1567,7 @@ TEST_CASE("Scheduler.AGroupTooBigForTheLiveDaemonsWaitsForOneThatFits") {
   }
   SUBCASE("two groups of one gang that only one small daemon could take") {
     Harness h;
-    AddGpuDaemon(h, "d0", 4, 1);
+    AddDaemonOf(h, "d0", 4, 1);
     JobId job = h.Submit(kWorkersThenAGpuGang);
     h.Finish(h.Next("init[0]").second, true);
     auto [first_daemon, first] = h.Next();  // one worker pins its group to d0; the other waits
@@ -1588,12 +1580,12 @@ TEST_CASE("Scheduler.AGroupTooBigForTheLiveDaemonsWaitsForOneThatFits") {
   }
   SUBCASE("a group whose first vertex would pin it where its gang cannot follow") {
     Harness h;
-    AddGpuDaemon(h, "cpu", 4, 0);  // the GPU daemon has not come back yet
+    AddDaemonOf(h, "cpu", 4, 0);  // the GPU daemon has not come back yet
     JobId job = h.Submit(kWorkersThenAGpuGang);
     h.Finish(h.Next("init[0]").second, true);
     CHECK(h.sink.TakeTasks().empty());  // a0 and a1 wait rather than pin their groups to "cpu"
     CHECK(h.State(job) == "running");
-    AddGpuDaemon(h, "gpu", 2, 2);
+    AddDaemonOf(h, "gpu", 2, 2);
     h.sched.Flush();
     CHECK(h.Next("a0[0]").first == h.Next("a1[0]").first);  // both on "gpu", the one that fits
   }
@@ -1651,7 +1643,7 @@ TEST_CASE("Scheduler.AGangWaitingOnItsGroupsPinIsPlacedOnceThePinnedDaemonIsLost
   // again until capacity changes. Losing that daemon is such a change (the pin goes with it):
   // the gang must be placed elsewhere at once, not after the next slot frees somewhere.
   Harness h;
-  const DaemonId gpu = AddGpuDaemon(h, "gpu", 2, 1);
+  const DaemonId gpu = AddDaemonOf(h, "gpu", 2, 1);
   // Another job holds a CPU of "gpu" for as long as the test runs (and, once "gpu" is lost,
   // waits: no other daemon has a GPU).
   h.Submit(R"({"stages": [{"name": "hold", "program": "noop", "resources": {"cpus": 1, "gpus": 1}}]})");
@@ -1664,7 +1656,7 @@ TEST_CASE("Scheduler.AGangWaitingOnItsGroupsPinIsPlacedOnceThePinnedDaemonIsLost
     "edges": [{"from": "s", "to": "b"}, {"from": "b", "to": "c", "channel": "stream"}]})");
   auto [p_daemon, p] = h.Next("p[0]");
   REQUIRE(p_daemon == gpu);
-  const DaemonId cpu = AddGpuDaemon(h, "cpu", 2, 0);
+  const DaemonId cpu = AddDaemonOf(h, "cpu", 2, 0);
   h.sched.Flush();
   auto [s_daemon, s] = h.Next("s[0]");
   REQUIRE(s_daemon == cpu);
@@ -1681,8 +1673,8 @@ TEST_CASE("Scheduler.AGangWaitingOnItsGroupsPinIsPlacedOnceThePinnedDaemonIsLost
 TEST_CASE("Scheduler.AGangIsPlacedWhereOnlyAnotherMemberOrderFits") {
   // Member by member, "one" took d0 (most room) and "two" then fitted nowhere, for ever.
   Harness h;
-  DaemonId big = AddGpuDaemon(h, "big", 4, 2);
-  DaemonId small = AddGpuDaemon(h, "small", 2, 1);
+  DaemonId big = AddDaemonOf(h, "big", 4, 2);
+  DaemonId small = AddDaemonOf(h, "small", 2, 1);
   JobId job = h.Submit(R"({"stages": [{"name": "one", "program": "noop", "resources": {"gpus": 1}},
                                       {"name": "two", "program": "noop", "resources": {"gpus": 2}}],
                            "edges": [{"from": "one", "to": "two", "channel": "stream"}]})");
