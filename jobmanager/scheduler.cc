@@ -166,6 +166,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
                            .string();
   }
   job->started = clock_.Now();
+  job->submitted_unix_ms = UnixNowMs();
   job->runs.resize(job->g().vertices().size());
   job->faults = job->g().spec().faults;
   job->fault_fired.assign(job->faults.size(), 0);

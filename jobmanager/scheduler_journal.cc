@@ -46,6 +46,11 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
           continue;
         }
         Job& job = NewJob(id, load.graph, rec.value("job_dir", std::string()));
+        // Older journals lack the time: such a job's elapsed time counts from the restart.
+        if (const Json& at = rec.value("submitted_unix_ms", Json()); at.is_number_integer() && at.get<int64_t>() > 0) {
+          job.submitted_unix_ms = at.get<int64_t>();
+          job.started -= std::chrono::milliseconds(std::clamp<int64_t>(UnixNowMs() - job.submitted_unix_ms, 0, int64_t{1} << 40));
+        }
         Log(job, VertexId::Invalid(), "restored from the journal after a job manager restart");
         ++restored;
         continue;
@@ -84,6 +89,9 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
                                                     : JobState::kCancelled;
         job->failure = rec.value("failure", std::string());
         job->finished = clock_.Now();
+        if (const Json& ms = rec.value("elapsed_ms", Json()); ms.is_number() && ms.get<double>() >= 0 && ms.get<double>() < 1e15) {
+          job->started = job->finished - std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(ms.get<double>()));
+        }
       }
     } catch (const std::exception& e) {
       SchedLog()->error("journal: skipping a malformed record: {}", e.what());
@@ -113,7 +121,9 @@ void Scheduler::StartRecoveryGrace() {
 }
 
 Json Scheduler::JobRecord(const Job& job) {
-  return {{"t", "job"}, {"job", job.id.value()}, {"doc", job.g().spec().source}, {"job_dir", job.job_dir}};
+  return {{"t", "job"},          {"job", job.id.value()},
+          {"doc", job.g().spec().source}, {"job_dir", job.job_dir},
+          {"submitted_unix_ms", job.submitted_unix_ms}};
 }
 
 Json Scheduler::DoneRecord(const Job& job, VertexId v) const {
@@ -125,7 +135,11 @@ Json Scheduler::DoneRecord(const Job& job, VertexId v) const {
 }
 
 Json Scheduler::EndRecord(const Job& job) {
-  return {{"t", "end"}, {"job", job.id.value()}, {"state", JobStateName(job.state)}, {"failure", job.failure}};
+  return {{"t", "end"},
+          {"job", job.id.value()},
+          {"state", JobStateName(job.state)},
+          {"failure", job.failure},
+          {"elapsed_ms", std::chrono::duration<double, std::milli>(job.finished - job.started).count()}};
 }
 
 std::vector<Json> Scheduler::Snapshot() const {

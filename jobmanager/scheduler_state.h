@@ -10,6 +10,7 @@
 //   scheduler_faults.cc     the clock: timeouts, stragglers, return graces, injected faults
 //   scheduler_queries.cc    what the CLI is shown: status, tables, logs, output locations
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <queue>
 #include <set>
@@ -28,6 +29,11 @@ std::shared_ptr<spdlog::logger> SchedLog();
 /// none (or more than is ever accounted).
 inline int64_t MemoryOf(const DaemonSpec& spec) {
   return spec.memory_mb > 0 ? std::min(spec.memory_mb, kUnaccountedMemoryMb) : kUnaccountedMemoryMb;
+}
+
+/// Now on the wall clock, in ms since the epoch.
+inline int64_t UnixNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 /// How an output port is stored: as its first channel's kind; a port no channel reads (a
@@ -102,6 +108,9 @@ struct Scheduler::Job {
   size_t completed = 0;
   size_t completions = 0;  // every successful attempt, for fault triggers
   TimePoint started{}, finished{};
+  /// When it was submitted, on the wall clock: the journal carries it across a job manager
+  /// restart (the injected Clock starts anew), so a job's elapsed time does not restart.
+  int64_t submitted_unix_ms = 0;
   std::map<std::string, DaemonId> affinity;
   std::vector<FaultSpec> faults;  // the job file's, then whatever `copse chaos` adds
   std::vector<char> fault_fired;

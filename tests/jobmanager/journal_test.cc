@@ -212,6 +212,30 @@ void CompleteRuns(Scheduler& s, NullSink& sink, JobId job) {
   }
 }
 
+TEST_CASE("Journal.AFinishedJobKeepsItsElapsedTimeAcrossARestart") {
+  // The restored job manager's clock starts anew: without the journal's figure a job that ran
+  // for 5 s was shown as having taken none.
+  ManualClock clock;
+  RecordingJournal journal;
+  NullSink sink;
+  Scheduler s(sink, clock);
+  s.set_journal(&journal);
+  REQUIRE(s.AddDaemon(D0()).ok());
+  JobId job = s.Submit(testing::MustLoad(kChain), "/tmp");
+  s.Flush();
+  clock.Advance(std::chrono::seconds(5));
+  CompleteRuns(s, sink, job);
+  REQUIRE(s.StateOf(job) == JobState::kCompleted);
+  for (const auto& records : {journal.records, s.Snapshot()}) {  // as written, and as compacted
+    ManualClock later;
+    later.Advance(std::chrono::hours(1));
+    NullSink other;
+    Scheduler restored(other, later);
+    REQUIRE(restored.Restore(records, testing::TestCatalog()) == 1);
+    CHECK(restored.JobStatus(job)["elapsed_s"].get<double>() == doctest::Approx(5.0));
+  }
+}
+
 TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs") {
   RecordingJournal journal;
   ManualClock clock;
