@@ -73,6 +73,9 @@ std::string RenderJobStatus(const Json& job, bool color) {
     if (f.contains("daemon")) out += " on " + f["daemon"].get<std::string>();
     out += Fmt(" at %.0f ms\n", f["at_ms"].get<double>());
   }
+  for (const auto& f : job.value("faults_not_fired", Json::array())) {
+    out += "  fault " + f["source"].get<std::string>() + " (" + f["fault"].get<std::string>() + ") never fired\n";
+  }
   for (const auto& r : job["recoveries"]) {
     out += "  recovery: " + r["vertex"].get<std::string>() + " version " + std::to_string(r["failed_version"].get<uint32_t>()) +
            " " + r["reason"].get<std::string>() + " -> re-run: " + r["detail"].get<std::string>() + "\n";

@@ -115,6 +115,19 @@ Json Scheduler::JobStatus(JobId id) const {
               {"faults", job.faults_log},
               {"recoveries", job.recoveries}};
   if (!job.failure.empty()) out["failure"] = job.failure;
+  if (job.state != JobState::kRunning) {
+    // The job file's faults that never got their chance (a daemon name no daemon had, a `when`
+    // the job never reached, an attempt that never ran): a test of survival that did not test.
+    std::set<std::string> fired;
+    for (const Json& f : job.faults_log) fired.insert(f.value("source", std::string()));
+    Json not_fired = Json::array();
+    for (const FaultSpec& f : job.faults) {
+      if (f.pointer != "chaos" && !fired.count(f.pointer)) {
+        not_fired.push_back({{"source", f.pointer}, {"fault", FaultKindName(f.kind)}});
+      }
+    }
+    if (!not_fired.empty()) out["faults_not_fired"] = std::move(not_fired);
+  }
   if (job.progress.is_object()) {
     Json progress = job.progress;
     if (job.last_images_ms > job.first_images_ms) {

@@ -1270,6 +1270,21 @@ TEST_CASE("Scheduler.InjectedFaultsFromTheJobFile") {
   CHECK(faults[1]["source"] == "/faults/1");
 }
 
+TEST_CASE("Scheduler.AFinishedJobListsTheFaultsThatNeverFired") {
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}],
+                           "faults": [{"kill_daemon": "d9"}, {"fail": "a", "attempts": [1]}, {"fail": "a", "attempts": [3]}]})");
+  CHECK_FALSE(h.sched.JobStatus(job).contains("faults_not_fired"));  // running: they may still fire
+  h.Finish(h.Next().second, false);  // attempt 1 fails, as /faults/1 asks
+  h.Finish(h.Next().second, true);
+  REQUIRE(h.State(job) == "completed");
+  const Json not_fired = h.sched.JobStatus(job)["faults_not_fired"];
+  REQUIRE(not_fired.size() == 2);
+  CHECK(not_fired[0] == Json{{"source", "/faults/0"}, {"fault", "kill_daemon"}});
+  CHECK(not_fired[1] == Json{{"source", "/faults/2"}, {"fault", "fail"}});
+}
+
 TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
   Harness h;
   DaemonId d0 = h.AddDaemon("d0", 4);
