@@ -14,7 +14,13 @@ std::filesystem::path DefaultStateDir() {
 }
 
 void AddJmAddressFlags(CLI::App* cmd, JmAddressOptions& opts) {
-  cmd->add_option("--jm", opts.jm, "job manager HOST:PORT (default: $COPSE_JM, else the state directory's jm.addr)");
+  cmd->add_option("--jm", opts.jm, "job manager HOST:PORT (default: $COPSE_JM, else the state directory's jm.addr)")
+      ->check([](const std::string& value) {  // a malformed flag is a usage error (exit 2)
+        auto parsed = net::ParseHostPort(value, "--jm");
+        if (parsed.ok()) return std::string();
+        const std::string& why = parsed.status().message();
+        return why.rfind("--jm: ", 0) == 0 ? why.substr(6) : why;  // CLI11 names the option itself
+      });
   cmd->add_option("--state-dir", opts.state_dir, "the job manager's state directory (default: $COPSE_STATE_DIR or ~/.local/state/copse/jm)");
 }
 
