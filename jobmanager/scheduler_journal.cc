@@ -92,6 +92,22 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
         if (const Json& ms = rec.value("elapsed_ms", Json()); ms.is_number() && ms.get<double>() >= 0 && ms.get<double>() < 1e15) {
           job->started = job->finished - std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(ms.get<double>()));
         }
+        // What the summary shows of the faults it went through (older journals: none), entries
+        // of the shape the status display reads only.
+        auto keep = [](const Json& events, Json& into, auto well_formed) {
+          if (!events.is_array()) return;
+          for (const Json& e : events) {
+            if (e.is_object() && well_formed(e)) into.push_back(e);
+          }
+        };
+        keep(rec.value("faults", Json()), job->faults_log, [](const Json& e) {
+          return e.value("fault", Json()).is_string() && e.value("at_ms", Json()).is_number();
+        });
+        keep(rec.value("recoveries", Json()), job->recoveries, [](const Json& e) {
+          return e.value("vertex", Json()).is_string() && e.value("reason", Json()).is_string() &&
+                 e.value("detail", Json()).is_string() && e.value("failed_version", Json()).is_number_integer() &&
+                 e.value("failed_version", Json()) >= 0;
+        });
       }
     } catch (const std::exception& e) {
       SchedLog()->error("journal: skipping a malformed record: {}", e.what());
@@ -134,12 +150,27 @@ Json Scheduler::DoneRecord(const Job& job, VertexId v) const {
           {"bytes", r.output_bytes}, {"msgs", r.output_messages}};
 }
 
+namespace {
+
+/// At most this many faults and recoveries of a finished job are journaled (its summary after
+/// a restart): a record stays small whatever a long job went through.
+constexpr size_t kMaxJournaledEvents = 1000;
+
+Json FirstOf(const Json& events) {
+  if (events.size() <= kMaxJournaledEvents) return events;
+  return Json(std::vector<Json>(events.begin(), events.begin() + kMaxJournaledEvents));
+}
+
+}  // namespace
+
 Json Scheduler::EndRecord(const Job& job) {
   return {{"t", "end"},
           {"job", job.id.value()},
           {"state", JobStateName(job.state)},
           {"failure", job.failure},
-          {"elapsed_ms", std::chrono::duration<double, std::milli>(job.finished - job.started).count()}};
+          {"elapsed_ms", std::chrono::duration<double, std::milli>(job.finished - job.started).count()},
+          {"faults", FirstOf(job.faults_log)},
+          {"recoveries", FirstOf(job.recoveries)}};
 }
 
 std::vector<Json> Scheduler::Snapshot() const {

@@ -236,6 +236,35 @@ TEST_CASE("Journal.AFinishedJobKeepsItsElapsedTimeAcrossARestart") {
   }
 }
 
+TEST_CASE("Journal.AFinishedJobKeepsItsFaultsAndRecoveriesAcrossARestart") {
+  ManualClock clock;
+  RecordingJournal journal;
+  NullSink sink;
+  Scheduler s(sink, clock);
+  s.set_journal(&journal);
+  REQUIRE(s.AddDaemon(D0()).ok());
+  std::string doc = R"({"stages": [{"name": "a", "program": "noop"}], "faults": [{"fail": "a", "attempts": [1]}]})";
+  JobId job = s.Submit(testing::MustLoad(doc), "/tmp");
+  s.Flush();
+  CompleteRuns(s, sink, job);  // the fault was injected into attempt 1's task (the test reports success)
+  REQUIRE(s.StateOf(job) == JobState::kCompleted);
+  std::vector<Json> records = s.Snapshot();
+  Json& end = records[records.size() - 2];
+  REQUIRE(end["t"] == "end");
+  CHECK(end["faults"].size() == 1);
+  end["recoveries"] = Json::array({{{"vertex", "a[0]"}, {"failed_version", 1}, {"reason", "program_error"},
+                                    {"detail", "re-run"}, {"charged", true}, {"at_ms", 1.0}},
+                                   {{"vertex", 7}}});  // damaged: not of the shape shown, dropped
+  NullSink other;
+  Scheduler restored(other, clock);
+  REQUIRE(restored.Restore(records, testing::TestCatalog()) == 1);
+  const Json status = restored.JobStatus(job);
+  REQUIRE(status["faults"].size() == 1);
+  CHECK(status["faults"][0]["source"] == "/faults/0");
+  CHECK(status["recoveries"].size() == 1);
+  CHECK_FALSE(status.contains("faults_not_fired"));
+}
+
 TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs") {
   RecordingJournal journal;
   ManualClock clock;
