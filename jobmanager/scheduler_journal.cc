@@ -122,6 +122,7 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
       if (r.state != VertexState::kCompleted) r.version += 1000;
     }
     std::fill(job->fault_fired.begin(), job->fault_fired.end(), 1);  // injected faults fired already
+    job->faults_before_restart_unknown = true;  // which did is not journaled for a running job
     RecomputePending(*job);
   }
   journal_ = journal;

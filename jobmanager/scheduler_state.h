@@ -111,6 +111,8 @@ struct Scheduler::Job {
   /// When it was submitted, on the wall clock: the journal carries it across a job manager
   /// restart (the injected Clock starts anew), so a job's elapsed time does not restart.
   int64_t submitted_unix_ms = 0;
+  /// Restored while running: which of its faults had fired is not known (not journaled).
+  bool faults_before_restart_unknown = false;
   std::map<std::string, DaemonId> affinity;
   std::vector<FaultSpec> faults;  // the job file's, then whatever `copse chaos` adds
   std::vector<char> fault_fired;

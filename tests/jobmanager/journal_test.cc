@@ -265,6 +265,29 @@ TEST_CASE("Journal.AFinishedJobKeepsItsFaultsAndRecoveriesAcrossARestart") {
   CHECK_FALSE(status.contains("faults_not_fired"));
 }
 
+TEST_CASE("Journal.AJobRestoredWhileRunningDoesNotClaimItsFaultsNeverFired") {
+  // Which of a running job's faults had fired is not journaled: after the restart none can be
+  // said never to have fired.
+  ManualClock clock;
+  RecordingJournal journal;
+  NullSink sink;
+  Scheduler s(sink, clock);
+  s.set_journal(&journal);
+  REQUIRE(s.AddDaemon(D0()).ok());
+  JobId job = s.Submit(testing::MustLoad(R"({"stages": [{"name": "a", "program": "noop"}],
+                                             "faults": [{"kill_daemon": "d9"}]})"),
+                       "/tmp");
+  s.Flush();
+  NullSink other;
+  Scheduler restored(other, clock);
+  REQUIRE(restored.Restore(journal.records, testing::TestCatalog()) == 1);
+  REQUIRE(restored.AddDaemon(D0()).ok());
+  restored.Flush();
+  CompleteRuns(restored, other, job);
+  REQUIRE(restored.StateOf(job) == JobState::kCompleted);
+  CHECK_FALSE(restored.JobStatus(job).contains("faults_not_fired"));
+}
+
 TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs") {
   RecordingJournal journal;
   ManualClock clock;
