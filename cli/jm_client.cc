@@ -16,6 +16,7 @@ std::filesystem::path DefaultStateDir() {
 void AddJmAddressFlags(CLI::App* cmd, JmAddressOptions& opts) {
   cmd->add_option("--jm", opts.jm, "job manager HOST:PORT (default: $COPSE_JM, else the state directory's jm.addr)")
       ->check([](const std::string& value) {  // a malformed flag is a usage error (exit 2)
+        if (value.empty()) return std::string();  // as if not given: $COPSE_JM, else jm.addr
         auto parsed = net::ParseHostPort(value, "--jm");
         if (parsed.ok()) return std::string();
         const std::string& why = parsed.status().message();

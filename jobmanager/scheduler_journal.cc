@@ -89,7 +89,8 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
                                                     : JobState::kCancelled;
         job->failure = rec.value("failure", std::string());
         job->finished = clock_.Now();
-        if (const Json& ms = rec.value("elapsed_ms", Json()); ms.is_number() && ms.get<double>() >= 0 && ms.get<double>() < 1e15) {
+        // At most 2^40 ms (35 years): beyond int64 nanoseconds lies undefined behaviour.
+        if (const Json& ms = rec.value("elapsed_ms", Json()); ms.is_number() && ms.get<double>() >= 0 && ms.get<double>() < 1099511627776.0) {
           job->started = job->finished - std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(ms.get<double>()));
         }
         // What the summary shows of the faults it went through (older journals: none), entries
@@ -100,9 +101,19 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
             if (e.is_object() && well_formed(e)) into.push_back(e);
           }
         };
-        keep(rec.value("faults", Json()), job->faults_log, [](const Json& e) {
-          return e.value("fault", Json()).is_string() && e.value("at_ms", Json()).is_number();
+        auto string_if_present = [](const Json& e, const char* key) { return !e.contains(key) || e[key].is_string(); };
+        keep(rec.value("faults", Json()), job->faults_log, [&](const Json& e) {
+          return e.value("fault", Json()).is_string() && e.value("at_ms", Json()).is_number() &&
+                 string_if_present(e, "source") && string_if_present(e, "vertex") && string_if_present(e, "daemon");
         });
+        // Which of the job file's faults fired: without the list (an older journal) not known.
+        const Json& fired = rec.value("faults_fired", Json());
+        if (fired.is_array()) {
+          for (const Json& source : fired) {
+            if (source.is_string()) job->fired_before_restore.insert(source.get<std::string>());
+          }
+        }
+        if (!fired.is_array() || rec.value("faults_unknown", Json()) == true) job->faults_before_restart_unknown = true;
         keep(rec.value("recoveries", Json()), job->recoveries, [](const Json& e) {
           return e.value("vertex", Json()).is_string() && e.value("reason", Json()).is_string() &&
                  e.value("detail", Json()).is_string() && e.value("failed_version", Json()).is_number_integer() &&
@@ -171,7 +182,10 @@ Json Scheduler::EndRecord(const Job& job) {
           {"failure", job.failure},
           {"elapsed_ms", std::chrono::duration<double, std::milli>(job.finished - job.started).count()},
           {"faults", FirstOf(job.faults_log)},
-          {"recoveries", FirstOf(job.recoveries)}};
+          {"recoveries", FirstOf(job.recoveries)},
+          // Whole, unlike the lists above: what faults_not_fired is computed from.
+          {"faults_fired", job.FiredFaultSources()},
+          {"faults_unknown", job.faults_before_restart_unknown}};
 }
 
 std::vector<Json> Scheduler::Snapshot() const {

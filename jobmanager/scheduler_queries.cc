@@ -118,8 +118,7 @@ Json Scheduler::JobStatus(JobId id) const {
   if (job.state != JobState::kRunning && !job.faults_before_restart_unknown) {
     // The job file's faults that never got their chance (a daemon name no daemon had, a `when`
     // the job never reached, an attempt that never ran): a test of survival that did not test.
-    std::set<std::string> fired;
-    for (const Json& f : job.faults_log) fired.insert(f.value("source", std::string()));
+    const std::set<std::string> fired = job.FiredFaultSources();
     Json not_fired = Json::array();
     for (const FaultSpec& f : job.faults) {
       if (f.pointer != "chaos" && !fired.count(f.pointer)) {

@@ -111,8 +111,11 @@ struct Scheduler::Job {
   /// When it was submitted, on the wall clock: the journal carries it across a job manager
   /// restart (the injected Clock starts anew), so a job's elapsed time does not restart.
   int64_t submitted_unix_ms = 0;
-  /// Restored while running: which of its faults had fired is not known (not journaled).
+  /// Restored while running: which of its faults had fired is not known (not journaled);
+  /// carried through its end record, so a later restart knows it too.
   bool faults_before_restart_unknown = false;
+  /// The job file's faults (by pointer) that fired before the restart it was restored from.
+  std::set<std::string> fired_before_restore;
   std::map<std::string, DaemonId> affinity;
   std::vector<FaultSpec> faults;  // the job file's, then whatever `copse chaos` adds
   std::vector<char> fault_fired;
@@ -149,6 +152,16 @@ struct Scheduler::Job {
   double first_images = -1, first_images_ms = 0, last_images = 0, last_images_ms = 0;
 
   const JobGraph& g() const { return *graph; }
+
+  /// The pointers (`/faults/0`) of the job file's faults that have fired, `chaos` among them
+  /// when copse chaos injected some.
+  std::set<std::string> FiredFaultSources() const {
+    std::set<std::string> fired = fired_before_restore;
+    for (const Json& f : faults_log) {
+      if (auto source = f.find("source"); source != f.end() && source->is_string()) fired.insert(source->get<std::string>());
+    }
+    return fired;
+  }
 };
 
 }  // namespace copse::jm

@@ -263,6 +263,19 @@ TEST_CASE("Journal.AFinishedJobKeepsItsFaultsAndRecoveriesAcrossARestart") {
   CHECK(status["faults"][0]["source"] == "/faults/0");
   CHECK(status["recoveries"].size() == 1);
   CHECK_FALSE(status.contains("faults_not_fired"));
+
+  // The list of faults cut short (or damaged): which fired comes from faults_fired, whole.
+  end["faults"] = Json::array({{{"fault", "fail"}, {"at_ms", 1.0}, {"source", 5}}});  // damaged: dropped
+  Scheduler cut(other, clock);
+  REQUIRE(cut.Restore(records, testing::TestCatalog()) == 1);
+  CHECK(cut.JobStatus(job)["faults"].empty());
+  CHECK_FALSE(cut.JobStatus(job).contains("faults_not_fired"));
+
+  // A journal from before faults_fired: which fired is not known, so none is said not to have.
+  end.erase("faults_fired");
+  Scheduler older(other, clock);
+  REQUIRE(older.Restore(records, testing::TestCatalog()) == 1);
+  CHECK_FALSE(older.JobStatus(job).contains("faults_not_fired"));
 }
 
 TEST_CASE("Journal.AJobRestoredWhileRunningDoesNotClaimItsFaultsNeverFired") {
@@ -286,6 +299,11 @@ TEST_CASE("Journal.AJobRestoredWhileRunningDoesNotClaimItsFaultsNeverFired") {
   CompleteRuns(restored, other, job);
   REQUIRE(restored.StateOf(job) == JobState::kCompleted);
   CHECK_FALSE(restored.JobStatus(job).contains("faults_not_fired"));
+  // Nor after the next restart, from its end record.
+  NullSink third_sink;
+  Scheduler third(third_sink, clock);
+  REQUIRE(third.Restore(restored.Snapshot(), testing::TestCatalog()) == 1);
+  CHECK_FALSE(third.JobStatus(job).contains("faults_not_fired"));
 }
 
 TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs") {
