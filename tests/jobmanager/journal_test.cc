@@ -212,21 +212,28 @@ void CompleteRuns(Scheduler& s, NullSink& sink, JobId job) {
   }
 }
 
-TEST_CASE("Journal.AFinishedJobKeepsItsElapsedTimeAcrossARestart") {
-  // The restored job manager's clock starts anew: without the journal's figure a job that ran
-  // for 5 s was shown as having taken none.
+/// A scheduler that journals to memory, with daemon d0 registered.
+struct JournaledScheduler {
+  JournaledScheduler() {
+    s.set_journal(&journal);
+    REQUIRE(s.AddDaemon(D0()).ok());
+  }
   ManualClock clock;
   RecordingJournal journal;
   NullSink sink;
-  Scheduler s(sink, clock);
-  s.set_journal(&journal);
-  REQUIRE(s.AddDaemon(D0()).ok());
-  JobId job = s.Submit(testing::MustLoad(kChain), "/tmp");
-  s.Flush();
-  clock.Advance(std::chrono::seconds(5));
-  CompleteRuns(s, sink, job);
-  REQUIRE(s.StateOf(job) == JobState::kCompleted);
-  for (const auto& records : {journal.records, s.Snapshot()}) {  // as written, and as compacted
+  Scheduler s{sink, clock};
+};
+
+TEST_CASE("Journal.AFinishedJobKeepsItsElapsedTimeAcrossARestart") {
+  // The restored job manager's clock starts anew: without the journal's figure a job that ran
+  // for 5 s was shown as having taken none.
+  JournaledScheduler old;
+  JobId job = old.s.Submit(testing::MustLoad(kChain), "/tmp");
+  old.s.Flush();
+  old.clock.Advance(std::chrono::seconds(5));
+  CompleteRuns(old.s, old.sink, job);
+  REQUIRE(old.s.StateOf(job) == JobState::kCompleted);
+  for (const auto& records : {old.journal.records, old.s.Snapshot()}) {  // as written, and as compacted
     ManualClock later;
     later.Advance(std::chrono::hours(1));
     NullSink other;
@@ -237,18 +244,14 @@ TEST_CASE("Journal.AFinishedJobKeepsItsElapsedTimeAcrossARestart") {
 }
 
 TEST_CASE("Journal.AFinishedJobKeepsItsFaultsAndRecoveriesAcrossARestart") {
-  ManualClock clock;
-  RecordingJournal journal;
-  NullSink sink;
-  Scheduler s(sink, clock);
-  s.set_journal(&journal);
-  REQUIRE(s.AddDaemon(D0()).ok());
+  JournaledScheduler old;
   std::string doc = R"({"stages": [{"name": "a", "program": "noop"}], "faults": [{"fail": "a", "attempts": [1]}]})";
-  JobId job = s.Submit(testing::MustLoad(doc), "/tmp");
-  s.Flush();
-  CompleteRuns(s, sink, job);  // the fault was injected into attempt 1's task (the test reports success)
-  REQUIRE(s.StateOf(job) == JobState::kCompleted);
-  std::vector<Json> records = s.Snapshot();
+  JobId job = old.s.Submit(testing::MustLoad(doc), "/tmp");
+  old.s.Flush();
+  CompleteRuns(old.s, old.sink, job);  // the fault was injected into attempt 1's task (the test reports success)
+  REQUIRE(old.s.StateOf(job) == JobState::kCompleted);
+  ManualClock& clock = old.clock;
+  std::vector<Json> records = old.s.Snapshot();
   Json& end = records[records.size() - 2];
   REQUIRE(end["t"] == "end");
   CHECK(end["faults"].size() == 1);
@@ -281,19 +284,15 @@ TEST_CASE("Journal.AFinishedJobKeepsItsFaultsAndRecoveriesAcrossARestart") {
 TEST_CASE("Journal.AJobRestoredWhileRunningDoesNotClaimItsFaultsNeverFired") {
   // Which of a running job's faults had fired is not journaled: after the restart none can be
   // said never to have fired.
-  ManualClock clock;
-  RecordingJournal journal;
-  NullSink sink;
-  Scheduler s(sink, clock);
-  s.set_journal(&journal);
-  REQUIRE(s.AddDaemon(D0()).ok());
-  JobId job = s.Submit(testing::MustLoad(R"({"stages": [{"name": "a", "program": "noop"}],
-                                             "faults": [{"kill_daemon": "d9"}]})"),
-                       "/tmp");
-  s.Flush();
+  JournaledScheduler old;
+  JobId job = old.s.Submit(testing::MustLoad(R"({"stages": [{"name": "a", "program": "noop"}],
+                                                 "faults": [{"kill_daemon": "d9"}]})"),
+                           "/tmp");
+  old.s.Flush();
+  ManualClock& clock = old.clock;
   NullSink other;
   Scheduler restored(other, clock);
-  REQUIRE(restored.Restore(journal.records, testing::TestCatalog()) == 1);
+  REQUIRE(restored.Restore(old.journal.records, testing::TestCatalog()) == 1);
   REQUIRE(restored.AddDaemon(D0()).ok());
   restored.Flush();
   CompleteRuns(restored, other, job);
