@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "jobmanager/disjoint_sets.h"
+
 namespace copse::jm {
 namespace {
 
@@ -115,30 +117,25 @@ std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapac
   const auto& members = g_.gangs()[gang.value()].members;
   std::map<VertexId, size_t> index;
   for (size_t i = 0; i < members.size(); ++i) index[members[i]] = i;
-  std::vector<size_t> parent(members.size());
-  for (size_t i = 0; i < parent.size(); ++i) parent[i] = i;
-  auto find = [&](size_t i) {
-    while (parent[i] != i) i = parent[i] = parent[parent[i]];
-    return i;
-  };
+  DisjointSets sets(members.size());
   std::vector<char> shm(members.size(), 0);
   std::map<std::string, size_t> first_of_group;
   for (size_t i = 0; i < members.size(); ++i) {
     const std::string& group = g_.stage_of(members[i]).affinity;
     if (!group.empty()) {
       auto [it, added] = first_of_group.try_emplace(group, i);
-      if (!added) parent[find(i)] = find(it->second);
+      if (!added) sets.Union(i, it->second);
     }
     for (ChannelId ch : g_.vertex(members[i]).inputs) {
       const ChannelEdge& c = g_.channel(ch);
       auto from = index.find(c.from);
       if (c.kind != ChannelKind::kShm || from == index.end()) continue;
-      parent[find(i)] = find(from->second);
+      sets.Union(i, from->second);
       shm[i] = shm[from->second] = 1;
     }
   }
   std::map<size_t, std::vector<size_t>> components;
-  for (size_t i = 0; i < members.size(); ++i) components[find(i)].push_back(i);
+  for (size_t i = 0; i < members.size(); ++i) components[sets.Find(i)].push_back(i);
   for (const auto& [root, component] : components) {
     if (std::none_of(component.begin(), component.end(), [&](size_t i) { return shm[i]; })) continue;  // checked above
     Resources need{0, 0, 0};

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "jobmanager/disjoint_sets.h"
+
 namespace copse::jm {
 namespace {
 
@@ -20,11 +22,6 @@ struct Unit {
   std::vector<std::string> unpinned;  // its groups not placed yet: this placement pins them
   PlacementRequest request;           // its members' stored inputs together
 };
-
-size_t Root(std::vector<size_t>& parent, size_t x) {
-  while (parent[x] != x) x = parent[x] = parent[parent[x]];
-  return x;
-}
 
 std::string Names(const GangRequest& r, const std::vector<size_t>& members) {
   std::string names;
@@ -72,19 +69,18 @@ class Search {
   /// be placed as it is.
   std::string FormUnits() {
     const size_t n = r_.members.size();
-    std::vector<size_t> parent(n);
-    std::iota(parent.begin(), parent.end(), 0);
+    DisjointSets sets(n);
     std::map<std::string, size_t> first_of_group;
     for (size_t m = 0; m < n; ++m) {
       const std::string& group = r_.members[m].affinity;
       if (group.empty()) continue;
       auto [it, added] = first_of_group.try_emplace(group, m);
-      if (!added) parent[Root(parent, m)] = Root(parent, it->second);
+      if (!added) sets.Union(m, it->second);
     }
-    for (auto [a, b] : r_.share_daemon) parent[Root(parent, a)] = Root(parent, b);
+    for (auto [a, b] : r_.share_daemon) sets.Union(a, b);
     std::map<size_t, size_t> unit_of_root;
     for (size_t m = 0; m < n; ++m) {
-      auto [it, added] = unit_of_root.try_emplace(Root(parent, m), units_.size());
+      auto [it, added] = unit_of_root.try_emplace(sets.Find(m), units_.size());
       if (added) units_.emplace_back();
       Unit& u = units_[it->second];
       const GangMember& member = r_.members[m];

@@ -8,6 +8,7 @@
 
 #include "common/json_util.h"
 #include "common/text_util.h"
+#include "jobmanager/disjoint_sets.h"
 
 namespace copse::jm {
 namespace {
@@ -36,24 +37,6 @@ void SubstituteReplica(Json& j, const std::string& replica) {
     for (auto& v : j) SubstituteReplica(v, replica);
   }
 }
-
-/// Union-find over vertex indices, for gangs.
-class DisjointSets {
- public:
-  explicit DisjointSets(size_t n) : parent_(n) { std::iota(parent_.begin(), parent_.end(), 0u); }
-  uint32_t Find(uint32_t x) {
-    while (parent_[x] != x) x = parent_[x] = parent_[parent_[x]];
-    return x;
-  }
-  void Union(uint32_t a, uint32_t b) {
-    a = Find(a);
-    b = Find(b);
-    if (a != b) parent_[std::max(a, b)] = std::min(a, b);  // the smallest id represents the set
-  }
-
- private:
-  std::vector<uint32_t> parent_;
-};
 
 /// A directed graph in compressed sparse rows, for Kahn's algorithm and cycle finding.
 struct Csr {
