@@ -84,8 +84,7 @@ void AddClientCommands(CLI::App& app) {
       auto status = WatchJob(client, *job, Display(o->format), [o] { return ConnectToJm(o->jm); });
       if (!status.ok()) return void(ExitCode() = Report(status.status()));
       if (status->at("state") == "completed" && !o->output_dir.empty()) {
-        auto secret = LoadClientSecret(o->jm);
-        auto outputs = secret.ok() ? FetchOutputs(*client, *job, o->output_dir, *secret) : Result<Json>(secret.status());
+        auto outputs = FetchOutputs(*client, *job, o->output_dir, o->jm);
         if (!outputs.ok()) return void(ExitCode() = Report(outputs.status()));
         (*status)["outputs"] = *outputs;
       }
@@ -132,8 +131,7 @@ void AddClientCommands(CLI::App& app) {
                           "job " + std::to_string(o->job) + " is " + status->at("state").get<std::string>() +
                           ": only a completed job's outputs can be copied" + (o->watch ? "" : " (-w waits for it)"))));
         }
-        auto secret = LoadClientSecret(o->jm);
-        auto outputs = secret.ok() ? FetchOutputs(*client, o->job, o->output_dir, *secret) : Result<Json>(secret.status());
+        auto outputs = FetchOutputs(*client, o->job, o->output_dir, o->jm);
         if (!outputs.ok()) return void(ExitCode() = Report(outputs.status()));
         (*status)["outputs"] = *outputs;
       }

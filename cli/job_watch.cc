@@ -132,6 +132,12 @@ Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::
   return written;
 }
 
+Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,
+                          const JmAddressOptions& jm) {
+  COPSE_ASSIGN_OR_RETURN(std::string secret, LoadClientSecret(jm));
+  return FetchOutputs(client, job, dir, secret);
+}
+
 Result<uint64_t> SubmitJobFile(net::BlockingClient& client, const std::string& file) {
   jm::JobLoad load = jm::LoadJobFile(file, Catalog());
   if (!load.ok()) return load.status();

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/jm_client.h"
 #include "common/framed_connection.h"
 #include "common/json_util.h"
 
@@ -44,6 +45,9 @@ Status CheckWritableDir(const std::filesystem::path& dir, const std::string& fla
 /// Copies each declared output of a completed job into `dir`; returns [{path, bytes}].
 Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,
                           const std::string& secret);
+/// The same, with the secret a client of `jm` presents (LoadClientSecret).
+Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,
+                          const JmAddressOptions& jm);
 
 /// Reads a job file and sends it; returns the job id. Local validation errors are returned as
 /// InvalidArgument listing every diagnostic.

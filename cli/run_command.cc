@@ -193,20 +193,25 @@ class LocalCluster {
   std::unique_ptr<net::BlockingClient> client_;
 };
 
+/// The memory each local daemon offers (this machine's, as `copse daemon` defaults to), as
+/// placement counts it: unaccounted when the machine's is unknown.
+int64_t LocalDaemonMemoryMb() {
+  const int64_t memory = MachineMemoryMb();
+  return memory > 0 ? memory : jm::kUnaccountedMemoryMb;
+}
+
 /// Why a gang of `g` would wait for ever on the local cluster (nothing joins it): one of its
 /// affinity groups needs more than a daemon offers, or the whole gang more than all of them.
 /// "" when every gang may be placed.
 std::string GangTheseDaemonsCannotHold(const jm::JobGraph& g, const RunOpts& o) {
   jm::GangNeeds needs(g);
   std::vector<jm::DaemonCapacity> daemons;
-  const int64_t memory = MachineMemoryMb();  // what each local daemon offers
-  for (int i = 0; i < o.daemons; ++i) {
-    daemons.push_back({DaemonId(static_cast<uint32_t>(i)), double(o.cpus), o.gpus, memory > 0 ? memory : jm::kUnaccountedMemoryMb});
-  }
+  const int64_t memory = LocalDaemonMemoryMb();
+  for (int i = 0; i < o.daemons; ++i) daemons.push_back({DaemonId(static_cast<uint32_t>(i)), double(o.cpus), o.gpus, memory});
   for (const auto& gang : g.gangs()) {
     if (std::string why = needs.WhyUnplaceable(gang.id, daemons); !why.empty()) return why;
     const jm::Resources whole = needs.Whole(gang.id);
-    const int64_t all_memory = memory > 0 ? memory * o.daemons : jm::kUnaccountedMemoryMb;
+    const int64_t all_memory = std::min(memory * o.daemons, jm::kUnaccountedMemoryMb);
     if (!jm::Within(whole, o.daemons * o.cpus, o.daemons * o.gpus, all_memory)) {
       return fmt::format("a gang of {} (with {}) needs {} at once; the {} local daemons offer {}", gang.members.size(),
                          g.vertex(gang.members[0]).name, jm::DescribeResources(whole.cpus, whole.gpus, whole.memory_mb),
@@ -229,9 +234,9 @@ int RunJob(const RunOpts& o) {
     return 1;
   }
   // A vertex bigger than every local daemon would wait for ever: say so now.
-  const int64_t memory = MachineMemoryMb();
+  const int64_t memory = LocalDaemonMemoryMb();
   for (const auto& stage : load.graph->spec().stages) {
-    if (jm::Within(stage.resources, o.cpus, o.gpus, memory > 0 ? memory : jm::kUnaccountedMemoryMb)) continue;
+    if (jm::Within(stage.resources, o.cpus, o.gpus, memory)) continue;
     std::cerr << "copse run: stage " << stage.name << " needs "
               << jm::DescribeResources(stage.resources.cpus, stage.resources.gpus, stage.resources.memory_mb)
               << " per vertex; each local daemon offers " << o.cpus << " (--cpus) and " << o.gpus << " (--gpus)"
@@ -296,8 +301,7 @@ int RunJob(const RunOpts& o) {
     }
   }
   if (summary["state"] == "completed") {
-    auto secret = LoadClientSecret(cluster.address());
-    auto outputs = secret.ok() ? FetchOutputs(cluster.client(), *job, o.output_dir, *secret) : Result<Json>(secret.status());
+    auto outputs = FetchOutputs(cluster.client(), *job, o.output_dir, cluster.address());
     if (!outputs.ok()) {
       std::cerr << "copse run: job completed but its outputs could not be copied: " << outputs.status().message() << "\n";
       return 1;
