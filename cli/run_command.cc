@@ -214,9 +214,8 @@ std::string GangTheseDaemonsCannotHold(const jm::JobGraph& g, const RunOpts& o) 
     const int64_t all_memory = std::min(memory * o.daemons, jm::kUnaccountedMemoryMb);
     if (!jm::Within(whole, o.daemons * o.cpus, o.daemons * o.gpus, all_memory)) {
       return fmt::format("a gang of {} (with {}) needs {} at once; the {} local daemons offer {}", gang.members.size(),
-                         g.vertex(gang.members[0]).name, jm::DescribeResources(whole.cpus, whole.gpus, whole.memory_mb),
-                         o.daemons,
-                         jm::DescribeResources(o.daemons * o.cpus, o.daemons * o.gpus, whole.memory_mb > 0 ? all_memory : 0));
+                         g.vertex(gang.members[0]).name, jm::DescribeResources(whole),
+                         o.daemons, jm::DescribeResources({double(o.daemons) * o.cpus, o.daemons * o.gpus, all_memory}, whole));
     }
   }
   return "";
@@ -238,7 +237,7 @@ int RunJob(const RunOpts& o) {
   for (const auto& stage : load.graph->spec().stages) {
     if (jm::Within(stage.resources, o.cpus, o.gpus, memory)) continue;
     std::cerr << "copse run: stage " << stage.name << " needs "
-              << jm::DescribeResources(stage.resources.cpus, stage.resources.gpus, stage.resources.memory_mb)
+              << jm::DescribeResources(stage.resources)
               << " per vertex; each local daemon offers " << o.cpus << " (--cpus) and " << o.gpus << " (--gpus)"
               << (stage.resources.memory_mb > 0 ? " and " + std::to_string(memory) + " MB of memory (this machine's)" : "")
               << "\n";

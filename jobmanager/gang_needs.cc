@@ -19,9 +19,13 @@ std::string GangName(const JobGraph& g, GangId gang) {
 
 }  // namespace
 
-std::string DescribeResources(double cpus, int gpus, int64_t memory_mb) {
-  std::string text = fmt::format("{:g} cpus and {} gpus", cpus, gpus);
-  if (memory_mb > 0 && memory_mb < kUnaccountedMemoryMb) text += fmt::format(" and {} MB of memory", memory_mb);
+std::string DescribeResources(const Resources& amount, const Resources& asked) {
+  std::string text = fmt::format("{:g} cpus", amount.cpus);
+  if (asked.gpus > 0) text += fmt::format(" and {} gpus", amount.gpus);
+  if (asked.memory_mb > 0) {
+    text += amount.memory_mb >= kUnaccountedMemoryMb ? " and memory not accounted"
+                                                     : fmt::format(" and {} MB of memory", amount.memory_mb);
+  }
   return text;
 }
 
@@ -108,8 +112,8 @@ std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapac
     if (!fits_somewhere(need)) {
       return fmt::format("{} cannot be placed: its members in affinity group {} need {} on one daemon at once, "
                          "and the largest daemon has {}",
-                         GangName(g_, gang), group, DescribeResources(need.cpus, need.gpus, need.memory_mb),
-                         DescribeResources(most_cpus, most_gpus, need.memory_mb > 0 ? most_memory : 0));
+                         GangName(g_, gang), group, DescribeResources(need),
+                         DescribeResources({most_cpus, most_gpus, most_memory}, need));
     }
   }
   // Members joined by a shared-memory channel share a daemon too, and with them the rest of
@@ -150,8 +154,8 @@ std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapac
     if (!fits_somewhere(need)) {
       return fmt::format("{} cannot be placed: its members joined by shared-memory channels ({}) need {} on one daemon "
                          "at once, and the largest daemon has {}",
-                         GangName(g_, gang), names, DescribeResources(need.cpus, need.gpus, need.memory_mb),
-                         DescribeResources(most_cpus, most_gpus, need.memory_mb > 0 ? most_memory : 0));
+                         GangName(g_, gang), names, DescribeResources(need),
+                         DescribeResources({most_cpus, most_gpus, most_memory}, need));
     }
   }
   return "";

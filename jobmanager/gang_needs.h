@@ -36,8 +36,11 @@ struct DaemonCapacity {
   int64_t memory_mb = kUnaccountedMemoryMb;
 };
 
-/// "2 cpus and 1 gpus", with "and 512 MB of memory" when memory is asked for.
-std::string DescribeResources(double cpus, int gpus, int64_t memory_mb = 0);
+/// `amount` in the terms `asked` uses: its cpus always, its gpus and its memory where `asked`
+/// asks for some ("2 cpus and 1 gpus and 512 MB of memory"). Describing what a daemon offers
+/// in the terms of what a vertex asks shows the lack ("2 cpus and 0 gpus") and nothing else.
+std::string DescribeResources(const Resources& amount, const Resources& asked);
+inline std::string DescribeResources(const Resources& need) { return DescribeResources(need, need); }
 
 class GangNeeds {
  public:

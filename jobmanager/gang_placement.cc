@@ -121,8 +121,7 @@ class Search {
     }
     if (!Within(all, free_cpus, free_gpus, free_memory)) {
       return fmt::format("its members need {} together, and the live daemons have {} free",
-                         DescribeResources(all.cpus, all.gpus, all.memory_mb),
-                         DescribeResources(free_cpus, free_gpus, all.memory_mb > 0 ? free_memory : 0));
+                         DescribeResources(all), DescribeResources({free_cpus, free_gpus, free_memory}, all));
     }
     std::set<std::tuple<double, int, int64_t>> fit_somewhere;  // needs of unpinned units seen to fit (units are often alike)
     for (const Unit& u : units_) {
@@ -132,7 +131,7 @@ class Search {
       if (!u.pinned && somewhere) fit_somewhere.insert(need);
       if (!somewhere) {
         return fmt::format("{} need {} on one daemon{}, and no live daemon has that free", Names(r_, u.members),
-                           DescribeResources(u.need.cpus, u.need.gpus, u.need.memory_mb),
+                           DescribeResources(u.need),
                            u.members.size() > 1 ? " (an shm channel or an affinity group joins them)" : "");
       }
     }

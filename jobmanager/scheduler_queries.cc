@@ -18,10 +18,6 @@ std::optional<JobState> Scheduler::StateOf(JobId id) const {
 std::string Scheduler::WhyNotPlaced(const Job& job, VertexId v, std::map<uint32_t, std::string>& gang_reasons) const {
   const JobGraph& g = job.g();
   const StageSpec& stage = g.stage_of(v);
-  auto describe = [](double cpus, int gpus, int64_t memory_mb) {
-    return fmt::format("{:g} cpus", cpus) + (gpus ? fmt::format(" and {} gpus", gpus) : "") +
-           (memory_mb > 0 ? fmt::format(" and {} MB of memory", memory_mb) : "");
-  };
   if (GangId gang = g.vertex(v).gang; gang.valid()) {
     auto [cached, added] = gang_reasons.try_emplace(gang.value());
     if (!added) return cached->second;
@@ -43,21 +39,21 @@ std::string Scheduler::WhyNotPlaced(const Job& job, VertexId v, std::map<uint32_
                                members.size(), idle.why_not);
     }
     const Resources whole = job.gang_needs->Whole(gang);
-    why = fmt::format("its gang of {} waits for {} free at once", members.size(), describe(whole.cpus, whole.gpus, whole.memory_mb));
+    why = fmt::format("its gang of {} waits for {} free at once", members.size(), DescribeResources(whole));
     if (idle.gave_up) why += " (whether the live daemons could hold it even idle was not settled: " + idle.why_not + ")";
     return why;
   }
   const Resources& need = stage.resources;
   auto holds = [&](const Daemon& d) { return d.alive && Within(need, d.spec.cpus, d.spec.gpus, MemoryOf(d.spec)); };
   if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return holds(*d); })) {
-    return "needs " + describe(need.cpus, need.gpus, need.memory_mb) + ", more than any live daemon has";
+    return "needs " + DescribeResources(need) + ", more than any live daemon has";
   }
   if (!stage.affinity.empty() && !job.affinity.count(stage.affinity) &&
       std::none_of(daemons_.begin(), daemons_.end(),
                    [&](const auto& d) { return d->alive && PinFits(job, stage, *d, job.affinity); })) {
     return "no live daemon can hold affinity group " + stage.affinity + "'s vertices and the gangs they join";
   }
-  return "no daemon has " + describe(need.cpus, need.gpus, need.memory_mb) + " free";
+  return "no daemon has " + DescribeResources(need) + " free";
 }
 
 Json Scheduler::JobStatus(JobId id) const {

@@ -9,7 +9,7 @@
 namespace copse::jm::testing {
 
 inline ProgramCatalog TestCatalog() {
-  return ProgramCatalog{{"noop", "checksum", "text.read_lines", "text.count_words", "text.merge_counts", "exec"}, true};
+  return ProgramCatalog{{"noop", "checksum", "text.read_lines", "text.count_words", "text.merge_counts", "exec"}, true, nullptr};
 }
 
 inline JobLoad Load(const std::string& text) { return LoadJobText(text, "test.json", TestCatalog()); }
