@@ -43,9 +43,7 @@ GangNeeds::GangNeeds(const JobGraph& g) : g_(g), needs_(g.gangs().size()) {
       const StageSpec& stage = g.stage_of(m);
       if (stage.affinity.empty()) continue;
       auto [it, added] = by_group.try_emplace(stage.affinity, Resources{0, 0, 0});
-      it->second.cpus += stage.resources.cpus;
-      it->second.gpus += stage.resources.gpus;
-      it->second.memory_mb += stage.resources.memory_mb;
+      it->second += stage.resources;
       if (added) gangs_of_[stage.affinity].push_back(gang.id);
     }
   }
@@ -64,9 +62,7 @@ bool GangNeeds::PinFits(const std::string& group, const DaemonCapacity& daemon,
     for (const auto& [other, need] : needs_[gang.value()]) {
       auto pin = pins.find(other);
       if (other != group && (pin == pins.end() || pin->second != daemon.id)) continue;
-      together.cpus += need.cpus;
-      together.gpus += need.gpus;
-      together.memory_mb += need.memory_mb;
+      together += need;
     }
     if (!Within(together, daemon.cpus, daemon.gpus, daemon.memory_mb)) return false;
   }
@@ -75,11 +71,7 @@ bool GangNeeds::PinFits(const std::string& group, const DaemonCapacity& daemon,
 
 Resources GangNeeds::Whole(GangId gang) const {
   Resources whole{0, 0, 0};
-  for (VertexId m : g_.gangs()[gang.value()].members) {
-    whole.cpus += g_.stage_of(m).resources.cpus;
-    whole.gpus += g_.stage_of(m).resources.gpus;
-    whole.memory_mb += g_.stage_of(m).resources.memory_mb;
-  }
+  for (VertexId m : g_.gangs()[gang.value()].members) whole += g_.stage_of(m).resources;
   return whole;
 }
 
@@ -145,9 +137,7 @@ std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapac
     Resources need{0, 0, 0};
     std::string names;
     for (size_t k = 0; k < component.size(); ++k) {
-      need.cpus += g_.stage_of(members[component[k]]).resources.cpus;
-      need.gpus += g_.stage_of(members[component[k]]).resources.gpus;
-      need.memory_mb += g_.stage_of(members[component[k]]).resources.memory_mb;
+      need += g_.stage_of(members[component[k]]).resources;
       if (k < 3) names += (k ? ", " : "") + g_.vertex(members[component[k]]).name;
     }
     if (component.size() > 3) names += ", …";

@@ -84,9 +84,7 @@ class Search {
       Unit& u = units_[it->second];
       const GangMember& member = r_.members[m];
       u.members.push_back(m);
-      u.need.cpus += member.need.cpus;
-      u.need.gpus += member.need.gpus;
-      u.need.memory_mb += member.need.memory_mb;
+      u.need += member.need;
       for (const auto& [d, bytes] : member.input_bytes) u.request.input_bytes[d] += bytes;
       if (member.affinity.empty()) continue;
       auto pin = r_.pins.find(member.affinity);
@@ -112,7 +110,7 @@ class Search {
     double free_cpus = 0;
     int free_gpus = 0;
     int64_t free_memory = 0;
-    for (const Unit& u : units_) all.cpus += u.need.cpus, all.gpus += u.need.gpus, all.memory_mb += u.need.memory_mb;
+    for (const Unit& u : units_) all += u.need;
     // Below zero where tasks are chained ahead of a slot (Scheduler::Dispatch): none to give.
     for (size_t i = 0; i < daemons_.size(); ++i) {
       free_cpus += std::max(0.0, free_cpus_[i]);

@@ -39,6 +39,14 @@ struct Resources {
   double cpus = 1;
   int gpus = 0;
   int64_t memory_mb = 0;
+
+  /// What several vertices need at once: the sum, start from `Resources{0, 0, 0}`.
+  Resources& operator+=(const Resources& other) {
+    cpus += other.cpus;
+    gpus += other.gpus;
+    memory_mb += other.memory_mb;
+    return *this;
+  }
 };
 
 struct StageSpec {

@@ -147,7 +147,7 @@ TEST_CASE("AllReduce.TheNcclReducerMakesAGangOfGpuVerticesPerStep") {
   o.test_limit = 64;
   auto job = GenerateTrainingGraph(o);
   REQUIRE_MESSAGE(job.ok(), job.status().ToString());
-  const jm::ProgramCatalog catalog{{"ml.init", "ml.grad", "ml.allreduce", "ml.update", "ml.eval"}, true};
+  const jm::ProgramCatalog catalog{{"ml.init", "ml.grad", "ml.allreduce", "ml.update", "ml.eval"}, true, nullptr};
   jm::JobLoad load = jm::LoadJobText(job->dump(), "dp3-nccl.json", catalog);
   REQUIRE_MESSAGE(load.ok(), load.status().ToString());
   const jm::JobGraph& g = *load.graph;
