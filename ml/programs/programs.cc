@@ -640,7 +640,7 @@ class ForwardProgram final : public VertexProgram {
     Stash stash;
     const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
     NamedTensors out;
-    Tensor y;
+    Tensor y = Tensor::Zeros({0});  // an empty micro-batch (a short last step) sends an empty activation
     if (x.dim(0) > 0) {
       COPSE_ASSIGN_OR_RETURN(y, lease->model.Forward(x, fc, &stash));
     }
@@ -680,17 +680,19 @@ class ForwardProgram final : public VertexProgram {
 /// calls in the same order, so a replay gives the same bits.
 Result<Tensor> MicroBatchBackward(Sequential& m, const NamedTensors& stash_set, const Tensor& dy, bool recompute,
                                   const ForwardContext& fc, bool need_dx, bool accumulate) {
+  if (dy.dim(0) == 0) {  // an empty micro-batch (a short last step): its forward stashed nothing
+    if (!accumulate) m.ZeroGrad();
+    return need_dx ? Tensor::Zeros({0}) : Tensor();
+  }
   Stash stash;
   if (recompute) {
     const Tensor* x = FindTensor(stash_set, "x");
     if (!x) return Status::DataLoss("the stash lacks x");
-    if (x->dim(0) > 0) COPSE_RETURN_NOT_OK(m.Forward(*x, fc, &stash).status());
+    COPSE_RETURN_NOT_OK(m.Forward(*x, fc, &stash).status());
   } else {
     COPSE_ASSIGN_OR_RETURN(stash, ReadStash(stash_set, m.size()));
   }
-  if (dy.dim(0) > 0) return m.Backward(dy, stash, need_dx, accumulate);
-  if (!accumulate) m.ZeroGrad();
-  return need_dx ? Tensor::Zeros({0}) : Tensor();
+  return m.Backward(dy, stash, need_dx, accumulate);
 }
 
 /// Backward of pipeline stage params.stage on one micro-batch. Inputs: 0 params, 1 the stash
@@ -797,10 +799,10 @@ class BackwardProgram final : public VertexProgram {
     if (!m.DefersWeightGradients())
       return Status::InvalidArgument(ctx.name + ": params.weight_grads \"batched\" needs layers that can defer their weight gradients, not " +
                                      m.Describe());
-    COPSE_ASSIGN_OR_RETURN(Stash stash, ReadStash(stash_set, m.size()));
     std::vector<Tensor> wgrads;
     Tensor dx;
-    if (dy.dim(0) > 0) {
+    if (dy.dim(0) > 0) {  // else an empty micro-batch, whose forward stashed nothing
+      COPSE_ASSIGN_OR_RETURN(Stash stash, ReadStash(stash_set, m.size()));
       auto r = m.BackwardInputs(dy, stash, /*need_input_grad=*/stage > 0, &wgrads);
       if (!r.ok()) return r.status().WithContext(ctx.name);
       dx = std::move(r).value();

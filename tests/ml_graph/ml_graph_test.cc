@@ -236,6 +236,51 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
 // A pipeline stage's backward passes a gradient log, not its accumulated gradients, to the next
 // micro-batch (ml/programs/gradient_log.h); the daemon's cached model holds the sum. With the
 // model cache off every backward of micro-batch m > 0 rebuilds the sum by replaying the log —
+
+// An epoch's last step may hold fewer images than it has micro-batches (66 images in batches
+// of 64: the second step has 2 for 4 micro-batches, or 8 in a hybrid of 2 workers): the empty
+// micro-batches pass empty activations and gradients, add nothing, and the job reaches the
+// parameters of single-process training with its short last batch, whichever way the
+// weight gradients are summed, with the model cache or without it (the replay path).
+TEST_CASE("MlGraph.AShortLastStepWithEmptyMicroBatchesMatchesSingleProcessTraining" * doctest::timeout(240)) {
+  GraphOptions base = Small();
+  base.model = "mlp:784-64-32-10";
+  base.limit = 66;
+  const NamedTensors reference = SingleProcess(base);
+  struct Case {
+    std::string kind;
+    int stages;
+    std::string schedule;
+    bool recompute;
+    std::string weight_grads;
+    std::string env = "";
+  };
+  for (const Case& c : {Case{"pipeline", 2, "1f1b", false, "batched"}, Case{"pipeline", 2, "gpipe", true, "per-microbatch"},
+                        Case{"pipeline", 3, "1f1b", false, "per-microbatch", "COPSE_ML_MODEL_CACHE=off "},
+                        Case{"hybrid", 2, "1f1b", false, "batched"}}) {
+    CAPTURE(c.kind);
+    CAPTURE(c.stages);
+    CAPTURE(c.recompute);
+    CAPTURE(c.weight_grads);
+    CAPTURE(c.env);
+    GraphOptions o = base;
+    o.kind = c.kind;
+    o.workers = 2;
+    o.stages = c.stages;
+    o.microbatches = 4;
+    o.schedule = c.schedule;
+    o.recompute = c.recompute;
+    o.weight_grads = c.weight_grads;
+    auto job = GenerateTrainingGraph(o);
+    REQUIRE(job.ok());
+    TempDir dir;
+    const RunResult r = RunJob(*job, dir.path, 2, 2, c.env);
+    CHECK(r.metrics["train_images"] == 66);
+    const double rel = RelativeDifference(r.params, reference);
+    MESSAGE(c.kind << " P=" << c.stages << " with empty micro-batches: relative difference " << rel);
+    CHECK(rel < kTolerance);
+  }
+}
 // the path of a re-run or a cold daemon — and must reach the very same parameters.
 TEST_CASE("MlGraph.APipelineWithoutCachedModelsReplaysItsGradientLogsBitIdentically" * doctest::timeout(240)) {
   for (const bool recompute : {false, true}) {
