@@ -58,13 +58,19 @@ class JmServer::Impl : public DaemonSink {
     bool records_lost = false;
     COPSE_ASSIGN_OR_RETURN(auto records, Journal::Replay(options_.state_dir, &warnings, &records_lost));
     for (const auto& w : warnings) JmLog()->warn("{}", w);
+    std::vector<std::string> skipped;
     if (!records.empty()) {
-      size_t jobs = scheduler_.Restore(records, options_.catalog);
+      size_t jobs = scheduler_.Restore(records, options_.catalog, &skipped);
       JmLog()->warn("restored {} jobs from {} journal records", jobs, records.size());
     }
-    if (records_lost) {
+    // The rewrite below drops what was not restored: a person gets the journal as it was.
+    if (records_lost || !skipped.empty()) {
       COPSE_ASSIGN_OR_RETURN(auto copy, Journal::KeepDamagedCopy(options_.state_dir));
-      JmLog()->warn("the journal was not read to its end; it is kept as {}", copy.string());
+      JmLog()->warn("{}; the journal as it was is kept as {}",
+                    records_lost ? "the journal was not read to its end"
+                                 : fmt::format("{} journal records were skipped (logged above)", skipped.size()),
+                    copy.string());
+      warnings.insert(warnings.end(), skipped.begin(), skipped.end());  // forces the rewrite
     }
     COPSE_ASSIGN_OR_RETURN(journal_, Journal::Open(options_.state_dir, options_.journal_fsync));
     scheduler_.set_journal(journal_.get());

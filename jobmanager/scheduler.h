@@ -143,8 +143,12 @@ class Scheduler {
   void set_journal(JournalSink* journal) { journal_ = journal; }
   /// Rebuilds jobs from a journal replay: accepted jobs, completed vertices (their outputs held
   /// by daemons known by name until they re-register), regenerations and finished jobs.
-  /// Returns how many jobs were restored; records that no longer load are skipped with a log line.
-  size_t Restore(const std::vector<Json>& records, const ProgramCatalog& catalog);
+  /// Returns how many jobs were restored. Records that are malformed, no longer load or
+  /// contradict the ones before them (a second record of one job, an end in no known state, a
+  /// completion of a vertex the job lacks) are skipped, each with a log line and a line in
+  /// `skipped` (when given), so that the job manager keeps the journal as it was for a person.
+  size_t Restore(const std::vector<Json>& records, const ProgramCatalog& catalog,
+                 std::vector<std::string>* skipped = nullptr);
   /// Starts the restored daemons' `recovery_grace` again from now. The job manager calls it
   /// once it listens, so that a slow start (a long journal's replay and compaction) does not
   /// spend the time the daemons have to reach it.

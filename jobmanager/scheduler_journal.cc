@@ -25,24 +25,36 @@ DaemonId Scheduler::PlaceholderDaemon(const std::string& name) {
   return id;
 }
 
-size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog& catalog) {
+size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog& catalog,
+                          std::vector<std::string>* skipped) {
   JournalSink* journal = journal_;
   journal_ = nullptr;  // replaying must not append what it reads
   size_t restored = 0;
+  size_t index = 0;
+  auto skip = [&](const std::string& why) {
+    const std::string line = fmt::format("journal record {}: {}; skipped", index, why);
+    SchedLog()->error("{}", line);
+    if (skipped) skipped->push_back(line);
+  };
   for (const auto& rec : records) {
+    ++index;
     try {
       const std::string t = rec.at("t");
       JobId id(rec.at("job").get<uint64_t>());
       if (id.value() == 0 || id.value() >= kMaxJobId) {
-        SchedLog()->error("journal: skipping a record of job {}: job ids run from 1 to 2^53", id.value());
+        skip(fmt::format("job {} is not a job id (they run from 1 to 2^53)", id.value()));
         continue;
       }
       next_job_ = std::max(next_job_, id.value() + 1);
       if (t == "ids") continue;  // next_job_ covers it
       if (t == "job") {
+        if (FindJob(id)) {
+          skip(fmt::format("a second record of job {} (the first is kept)", id.value()));
+          continue;
+        }
         JobLoad load = LoadJobJson(rec.at("doc"), "journal", catalog);
         if (!load.ok()) {
-          SchedLog()->error("journal: job {} no longer loads, skipped: {}", id.value(), load.status().message());
+          skip(fmt::format("job {} no longer loads: {}", id.value(), load.status().message()));
           continue;
         }
         Job& job = NewJob(id, load.graph, rec.value("job_dir", std::string()));
@@ -56,7 +68,7 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
         continue;
       }
       Job* job = FindJob(id);
-      if (!job) continue;
+      if (!job) continue;  // a job that did not load (said above) or whose record compaction dropped
       if (t == "done") {
         // Every field is read before the run changes: a record damaged half-way must leave no
         // completed vertex without a daemon behind it.
@@ -68,7 +80,10 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
         const std::string daemon = rec.at("daemon").get<std::string>();
         auto bytes = rec.at("bytes").get<std::vector<uint64_t>>();
         auto messages = rec.at("msgs").get<std::vector<uint64_t>>();
-        if (v.value() >= job->runs.size()) continue;
+        if (v.value() >= job->runs.size()) {
+          skip(fmt::format("job {} has no vertex {}", id.value(), v.value()));
+          continue;
+        }
         Run& r = job->runs[v.value()];
         if (r.state != VertexState::kCompleted) ++job->completed;
         r.state = VertexState::kCompleted;
@@ -78,15 +93,23 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
         r.output_messages = std::move(messages);
         ++job->completions;
       } else if (t == "regen") {
-        Run& r = job->runs.at(rec.at("v").get<uint32_t>());
+        const uint32_t v = rec.at("v").get<uint32_t>();
+        if (v >= job->runs.size()) {
+          skip(fmt::format("job {} has no vertex {}", id.value(), v));
+          continue;
+        }
+        Run& r = job->runs[v];
         if (r.state == VertexState::kCompleted) {
           r.state = VertexState::kWaiting;
           --job->completed;
         }
       } else if (t == "end") {
-        job->state = rec.at("state") == "completed" ? JobState::kCompleted
-                     : rec.at("state") == "failed"  ? JobState::kFailed
-                                                    : JobState::kCancelled;
+        const Json& state = rec.at("state");
+        if (state != "completed" && state != "failed" && state != "cancelled") {
+          skip(fmt::format("job {} ended in {}, which is not a job's end state", id.value(), state.dump()));
+          continue;
+        }
+        job->state = state == "completed" ? JobState::kCompleted : state == "failed" ? JobState::kFailed : JobState::kCancelled;
         job->failure = rec.value("failure", std::string());
         job->finished = clock_.Now();
         // At most 2^40 ms (35 years): beyond int64 nanoseconds lies undefined behaviour.
@@ -119,9 +142,11 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
                  e.value("detail", Json()).is_string() && e.value("failed_version", Json()).is_number_integer() &&
                  e.value("failed_version", Json()) >= 0;
         });
+      } else {
+        skip(fmt::format("unknown record type {}", Json(t).dump()));
       }
     } catch (const std::exception& e) {
-      SchedLog()->error("journal: skipping a malformed record: {}", e.what());
+      skip(fmt::format("malformed: {}", e.what()));
     }
   }
   StartRecoveryGrace();

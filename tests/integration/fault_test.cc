@@ -319,6 +319,29 @@ TEST_CASE("Faults.JobsSubmittedAfterTheJournalWasDamagedSurviveTheNextRestart") 
   CHECK(kept == 1);
 }
 
+TEST_CASE("Faults.AJournalRecordThatContradictsTheOthersIsSkippedAndTheJournalKept") {
+  // A second copy of a finished job's record (damage that still parses) used to reset the job
+  // and run it again, and the rewrite made that permanent.
+  TestCluster cluster(1, 2);
+  REQUIRE(cluster.Wait(cluster.Submit(ChecksumChain(1)))["state"] == "completed");
+  cluster.KillJm();
+  const auto state = cluster.dir() / "jm";
+  const std::string before = ReadFile((state / "journal.jsonl").string()).value();
+  const std::string damaged = before + before.substr(0, before.find('\n') + 1);
+  std::ofstream(state / "journal.jsonl") << damaged;
+  cluster.RestartJm();
+  auto status = cluster.client().Call({{"op", "status"}, {"job", 1}});
+  REQUIRE(status.ok());
+  CHECK((*status)["job"]["state"] == "completed");
+  size_t kept = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(state)) {
+    if (entry.path().filename().string().rfind("journal.jsonl.damaged-", 0) != 0) continue;
+    ++kept;
+    CHECK(ReadFile(entry.path().string()).value() == damaged);
+  }
+  CHECK(kept == 1);
+}
+
 /// A 120-vertex layered checksum DAG that keeps running for at least 1.5 s.
 Json SlowDag() {
   Json job = {{"name", "chaos"}, {"stages", Json::array()}, {"edges", Json::array()}};

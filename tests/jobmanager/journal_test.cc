@@ -418,5 +418,37 @@ TEST_CASE("Journal.TheRecoveryGraceStartsAgainWhenTheJobManagerListens") {
   CHECK(restored.DaemonsTable()[0]["state"] == "lost");
 }
 
+TEST_CASE("Journal.RecordsThatContradictTheOthersAreSkippedAndNamed") {
+  // Damage that still parses: a completed job must not be reset, run again or turned into a
+  // cancelled one by a record that makes no sense after the ones before it.
+  JournaledScheduler old;
+  JobId job = old.s.Submit(testing::MustLoad(kChain), "/tmp");
+  old.s.Flush();
+  CompleteRuns(old.s, old.sink, job);
+  REQUIRE(old.s.StateOf(job) == JobState::kCompleted);
+  std::vector<Json> records = old.s.Snapshot();
+  const size_t good = records.size();
+  records.push_back(records[0]);  // a second copy of the job's record
+  records.push_back({{"t", "end"}, {"job", job.value()}, {"state", "complet3d"}});
+  records.push_back({{"t", "done"}, {"job", job.value()}, {"v", 4294967295u}, {"ver", 1u}, {"daemon", "d0"},
+                     {"bytes", Json::array()}, {"msgs", Json::array()}});
+  records.push_back({{"t", "regen"}, {"job", job.value()}, {"v", 99}});
+  records.push_back({{"t", "dome"}, {"job", job.value()}});
+  NullSink sink;
+  ManualClock clock;
+  Scheduler restored(sink, clock);
+  std::vector<std::string> skipped;
+  CHECK(restored.Restore(records, testing::TestCatalog(), &skipped) == 1);
+  CHECK(restored.StateOf(job) == JobState::kCompleted);
+  CHECK(restored.JobStatus(job)["vertices"]["completed"] == 3);
+  REQUIRE(skipped.size() == 5);
+  CHECK_MESSAGE(skipped[0].find("journal record " + std::to_string(good + 1) + ": a second record of job 1") == 0, skipped[0]);
+  CHECK_MESSAGE(skipped[1].find("ended in \"complet3d\", which is not a job's end state") != std::string::npos, skipped[1]);
+  CHECK_MESSAGE(skipped[2].find("job 1 has no vertex 4294967295") != std::string::npos, skipped[2]);
+  CHECK_MESSAGE(skipped[3].find("job 1 has no vertex 99") != std::string::npos, skipped[3]);
+  CHECK_MESSAGE(skipped[4].find("unknown record type \"dome\"") != std::string::npos, skipped[4]);
+  CHECK(restored.Snapshot() == old.s.Snapshot());  // what the rewrite keeps: as before the damage
+}
+
 }  // namespace
 }  // namespace copse::jm
