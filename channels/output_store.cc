@@ -478,47 +478,58 @@ std::optional<std::pair<OutputKey, uint64_t>> ParseOutputFileName(uint64_t job, 
 }
 
 /// Walks the record headers of an output file: its messages and payload bytes when the file is
-/// a magic followed by whole records and nothing else; nullopt when it is truncated or foreign.
+/// a magic followed by whole records and nothing else; else what is wrong with it, and where.
 /// Checksums are not verified here (every read verifies them).
-std::optional<std::pair<uint64_t, uint64_t>> CountRecords(const fs::path& file) {
+Result<std::pair<uint64_t, uint64_t>> CountRecords(const fs::path& file) {
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
+  if (fd < 0) return Status::IOError(std::string("cannot open it: ") + std::strerror(errno));
   struct stat st {};
-  std::optional<std::pair<uint64_t, uint64_t>> counted;
+  Status wrong = Status::DataLoss("it is no longer than the file magic");
+  uint64_t messages = 0, bytes = 0;
   if (::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) > sizeof internal::kFileMagic) {
     const uint64_t size = static_cast<uint64_t>(st.st_size);
     std::vector<char> window(64 << 10);  // headers are read a window at a time, payloads skipped
-    uint64_t window_at = 0, window_len = 0, at = sizeof internal::kFileMagic, messages = 0, bytes = 0;
+    uint64_t window_at = 0, window_len = 0, at = sizeof internal::kFileMagic;
     auto fill = [&](uint64_t offset) {
       const ssize_t n = ::pread(fd, window.data(), window.size(), static_cast<off_t>(offset));
       window_at = offset;
       window_len = n > 0 ? static_cast<uint64_t>(n) : 0;
     };
     fill(0);
-    bool ok = window_len >= sizeof internal::kFileMagic &&
-              std::memcmp(window.data(), internal::kFileMagic, sizeof internal::kFileMagic) == 0;
-    while (ok && at < size) {
-      if (at + kRecordHeaderBytes > window_at + window_len) fill(at);
-      if (at + kRecordHeaderBytes > window_at + window_len) {
-        ok = false;  // a header cut short
-        break;
+    if (window_len < sizeof internal::kFileMagic ||
+        std::memcmp(window.data(), internal::kFileMagic, sizeof internal::kFileMagic) != 0) {
+      wrong = Status::DataLoss("it does not start with the output file magic");
+    } else {
+      wrong = Status::OK();
+      while (at < size) {
+        if (at + kRecordHeaderBytes > window_at + window_len) fill(at);
+        if (at + kRecordHeaderBytes > window_at + window_len) {
+          wrong = Status::DataLoss(fmt::format("record {} at byte {} has {} bytes of its {}-byte header", messages + 1,
+                                               at, size - at, kRecordHeaderBytes));
+          break;
+        }
+        const uint64_t length = internal::GetU32(window.data() + (at - window_at));
+        if (at + kRecordHeaderBytes + length > size) {
+          wrong = Status::DataLoss(fmt::format("record {} at byte {} says {} bytes, past the file's end at {}", messages + 1,
+                                               at, length, size));
+          break;
+        }
+        at += kRecordHeaderBytes + length;
+        ++messages;
+        bytes += length;
       }
-      const uint64_t length = internal::GetU32(window.data() + (at - window_at));
-      at += kRecordHeaderBytes + length;
-      ++messages;
-      bytes += length;
     }
-    if (ok && at == size) counted = std::pair{messages, bytes};
   }
   ::close(fd);
-  return counted;
+  if (!wrong.ok()) return wrong;
+  return std::pair{messages, bytes};
 }
 
 }  // namespace
 
 void OutputStore::AdoptEarlierOutputs() {
   std::error_code ec;
-  size_t adopted = 0, removed = 0;
+  size_t adopted = 0, removed = 0, damaged = 0;
   uint64_t next_id = 0;
   // Files are renamed into place without fsync: after a process crash the page cache has them
   // whole, after a machine crash they may be cut short at a record boundary and still parse.
@@ -541,11 +552,22 @@ void OutputStore::AdoptEarlierOutputs() {
     std::error_code dir_ec;
     for (const auto& f : fs::directory_iterator(job_dir.path(), dir_ec)) {
       const auto parsed = ParseOutputFileName(job, f.path().filename().string());
-      const auto counted = parsed && f.is_regular_file() ? CountRecords(f.path()) : std::nullopt;
-      if (!counted || entries_.count(parsed->first)) {  // temporary, malformed or a second copy
+      if (!parsed || !f.is_regular_file() || entries_.count(parsed->first)) {  // temporary, foreign or a second copy
         std::error_code rm_ec;
         fs::remove_all(f.path(), rm_ec);
         ++removed;
+        continue;
+      }
+      const auto counted = CountRecords(f.path());
+      if (!counted.ok()) {  // not served (a read would fail), but kept for a person to look at
+        const fs::path aside = dir_ / kDamagedDir / job_name / f.path().filename();
+        std::error_code mv_ec;
+        fs::create_directories(aside.parent_path(), mv_ec);
+        if (!mv_ec) fs::rename(f.path(), aside, mv_ec);
+        if (mv_ec) fs::remove(f.path(), mv_ec);
+        Logger("chan")->warn("output store {}: {} is damaged ({}); {}", dir_.string(), f.path().string(),
+                             counted.status().message(), mv_ec ? "removed" : "moved to " + aside.string());
+        ++damaged;
         continue;
       }
       auto e = std::make_shared<Entry>();
@@ -557,9 +579,10 @@ void OutputStore::AdoptEarlierOutputs() {
     }
   }
   next_file_id_ = next_id;
-  if (adopted + removed > 0) {
-    Logger("chan")->info("output store {}: kept {} file outputs of an earlier process, removed {} other entries{}",
-                         dir_.string(), adopted, removed, same_boot ? "" : " (written before the last boot)");
+  if (adopted + removed + damaged > 0) {
+    Logger("chan")->info("output store {}: kept {} file outputs of an earlier process, set {} damaged ones aside, "
+                         "removed {} other entries{}",
+                         dir_.string(), adopted, damaged, removed, same_boot ? "" : " (written before the last boot)");
   }
 }
 

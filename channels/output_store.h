@@ -24,8 +24,10 @@
 // Memory outputs end with the process. File outputs outlive it: Make() adopts the complete
 // output files an earlier process left in `dir` (a daemon restarted on the same work dir), so
 // that they are listed again and a job manager that held them for the daemon's return need not
-// re-run their vertices; it removes anything else there (temporary or malformed files), and
-// every output when the machine has rebooted since they were written (they were never synced).
+// re-run their vertices. It removes temporary and foreign files, and every output when the
+// machine has rebooted since they were written (they were never synced); an output file that
+// does not parse (damaged while the daemon was down) is not served but moved to
+// `dir/damaged/job<J>/` with a warning naming the file and what is wrong, for a person.
 // Whoever no longer needs an adopted output drops it like any other.
 //
 // Thread-safety: every method may be called from any thread. Readers and writers are each used
@@ -91,6 +93,9 @@ struct StoredMessages {
 
 class OutputStore {
  public:
+  /// Where damaged output files found at Make are set aside, under `dir`.
+  static constexpr const char* kDamagedDir = "damaged";
+
   /// `dir`: where file outputs (and spilled memory outputs) live; created if absent.
   /// `memory_budget_bytes`: the most bytes memory outputs (stored and being written) may hold;
   /// a memory output that does not fit spills to disk (see above).
@@ -171,7 +176,8 @@ class OutputStore {
   struct Entry;
 
   OutputStore(std::filesystem::path dir, uint64_t budget);
-  /// At Make: stores the complete output files found in `dir_` (see above); removes the rest.
+  /// At Make: stores the complete output files found in `dir_`, sets damaged ones aside and
+  /// removes the rest (see above).
   void AdoptEarlierOutputs();
   bool TryReserve(uint64_t bytes);
   void Release(uint64_t bytes);

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "tests/channels/channel_test_util.h"
@@ -467,7 +468,12 @@ TEST_CASE("OutputStore.MakeKeepsTheCompleteFileOutputsOfAnEarlierProcess" * doct
   for (const auto& m : messages) bytes += m.size();
   CHECK(info->bytes == bytes);
   CHECK(info->requested == StorageKind::kFile);
-  CHECK(CountFiles(dir.path() / "outputs", ".out") == 2);  // the truncated and foreign files went
+  CHECK(CountFiles(job1, ".out") == 1);  // the truncated file and the one that is not an output went...
+  const auto damaged = dir.path() / "outputs" / OutputStore::kDamagedDir / "job1";
+  CHECK(CountFiles(damaged, ".out") == 2);  // ...aside, for a person, not deleted
+  std::stringstream foreign;
+  foreign << std::ifstream(damaged / "v9.1.p0.10.out").rdbuf();
+  CHECK(foreign.str() == "not an output file at all");
   CHECK(CountFiles(dir.path() / "outputs", ".tmp") == 0);
   CHECK(std::filesystem::exists(dir.path() / "outputs" / "keepme"));
 
@@ -476,7 +482,20 @@ TEST_CASE("OutputStore.MakeKeepsTheCompleteFileOutputsOfAnEarlierProcess" * doct
   CHECK(ReadAll(*store, kept) == messages);
   CHECK(store->CreateWriter(kept, StorageKind::kFile).status().code() == StatusCode::kAlreadyExists);
   store->DropJob(1);
-  CHECK(CountFiles(dir.path() / "outputs", ".out") == 1);
+  CHECK(CountFiles(dir.path() / "outputs" / "job7", ".out") == 1);
+  CHECK(MakeStore(dir)->List() == std::vector<OutputKey>{other_job});  // what was set aside is not adopted later
+}
+
+TEST_CASE("OutputStore.AnOutputFileWithTrailingBytesIsSetAside" * doctest::timeout(10)) {
+  TempDir dir;
+  WriteAll(*MakeStore(dir), {1, 0, 1, 0}, StorageKind::kFile, {"whole", "records"});
+  const auto job1 = dir.path() / "outputs" / "job1";
+  std::filesystem::path file;
+  for (const auto& e : std::filesystem::directory_iterator(job1)) file = e.path();
+  std::ofstream(file, std::ios::app) << "garbage";  // trailing bytes that are no whole record
+  auto store = MakeStore(dir);
+  CHECK(store->List().empty());
+  CHECK(std::filesystem::exists(dir.path() / "outputs" / OutputStore::kDamagedDir / "job1" / file.filename()));
 }
 
 TEST_CASE("OutputStore.MakeRemovesOutputsWrittenBeforeTheMachineRebooted" * doctest::timeout(10)) {
