@@ -345,6 +345,7 @@ void StreamHub::Impl::Execute(Cmd& c, std::map<std::string, zmq::socket_t>& deal
     s.set(zmq::sockopt::routing_id, rid);
     s.set(zmq::sockopt::sndhwm, 0);  // the credit window bounds what is queued
     s.set(zmq::sockopt::rcvhwm, 0);
+    s.set(zmq::sockopt::maxmsgsize, int64_t{1} << 20);  // only credits, heartbeats and aborts come back
     s.set(zmq::sockopt::linger, 1000);
     s.set(zmq::sockopt::reconnect_ivl, 100);
     s.set(zmq::sockopt::sndbuf, 4 << 20);
@@ -725,6 +726,10 @@ Result<std::unique_ptr<StreamHub>> StreamHub::Start(const std::string& host, uin
     impl->router.set(zmq::sockopt::linger, 0);
     impl->router.set(zmq::sockopt::sndbuf, 4 << 20);
     impl->router.set(zmq::sockopt::rcvbuf, 4 << 20);
+    // Frames are authenticated only once they are read (HandleRouter): without a cap an
+    // unauthenticated peer could make ZeroMQ buffer a frame of any size it announces. No
+    // message exceeds the largest window a channel may open.
+    impl->router.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxWindowBytes + 4096));
     std::string tcp = "tcp://" + host + ":" + (port == 0 ? std::string("*") : std::to_string(port));
     try {
       impl->router.bind(tcp);
