@@ -149,12 +149,23 @@ class JmServer::Impl : public DaemonSink {
     Accept(local_acceptor_);
   }
 
-  /// Accepts on `acceptor` (TCP or the local socket) until it closes.
+  /// Accepts on `acceptor` (TCP or the local socket) until it closes. A failed accept (out of
+  /// file descriptors: the pending connection stays queued, so accepting again at once would
+  /// fail again at once) rests 100 ms first, saying so at most once a second.
   template <class Acceptor>
   void Accept(Acceptor& acceptor) {
     acceptor.async_accept([this, &acceptor](std::error_code ec, auto socket) {
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
       if (ec) {
-        if (ec != asio::error::operation_aborted) Accept(acceptor);
+        const auto now = std::chrono::steady_clock::now();
+        if (now - accept_error_logged_at_ >= std::chrono::seconds(1)) {
+          JmLog()->warn("cannot accept a connection ({}); resting 100 ms", ec.message());
+          accept_error_logged_at_ = now;
+        }
+        auto rest = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
+        rest->async_wait([this, &acceptor, rest](std::error_code waited) {
+          if (!waited) Accept(acceptor);
+        });
         return;
       }
       Greet(std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxHandshakeBytes));
@@ -447,6 +458,7 @@ class JmServer::Impl : public DaemonSink {
   asio::ip::tcp::acceptor acceptor_;
   asio::local::stream_protocol::acceptor local_acceptor_;
   asio::steady_timer tick_timer_;
+  std::chrono::steady_clock::time_point accept_error_logged_at_{};
   SteadyClock clock_;
   // Held while this job manager runs; declared before the journal so that it is released
   // only after the journal's last flush (members are destroyed in reverse order).
