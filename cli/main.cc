@@ -1,9 +1,11 @@
 // The `copse` command: one binary for the job manager, the daemons and every client verb.
 #include <sys/prctl.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <new>
 
 #include "cli/commands.h"
 #include "cli/graph_command.h"
@@ -38,11 +40,22 @@ int main(int argc, char** argv) {
   copse::cli::AddRunCommand(app);
   copse::cli::AddTrainCommand(app);
   copse::cli::AddGraphCommand(app);
+  // CLI11 would say only that a subcommand is required.
+  const auto verbs = app.get_subcommands([](CLI::App*) { return true; });
+  if (argc > 1 && argv[1][0] != '-' &&
+      std::none_of(verbs.begin(), verbs.end(), [&](CLI::App* verb) { return verb->check_name(argv[1]); })) {
+    std::cerr << "copse: unknown command \"" << argv[1] << "\" (copse --help lists them)\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;  // usage errors exit 2 (INTERFACE.md)
+  } catch (const std::bad_alloc&) {
+    // A job file within every limit may still need more memory than this machine has.
+    std::cerr << "copse: out of memory\n";
+    return 1;
   }
   return copse::cli::ExitCode();
 }
