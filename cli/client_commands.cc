@@ -185,7 +185,7 @@ void AddClientCommands(CLI::App& app) {
     kill->callback([o, send] { send({{"op", "chaos"}, {"action", "kill"}, {"daemon", o->daemon}}); });
     auto* cut = cmd->add_subcommand("cut", "Cut a daemon off from the job manager for a while");
     cut->add_option("DAEMON", o->daemon, "daemon name")->required();
-    cut->add_option("--ms", o->ms, "how long")->check(CLI::Range(int64_t{1}, int64_t{3600000}));
+    cut->add_option("--ms", o->ms, "how long")->check(CLI::Range(int64_t{1}, int64_t{3600000}))->capture_default_str();
     cut->callback([o, send] { send({{"op", "chaos"}, {"action", "cut"}, {"daemon", o->daemon}, {"ms", o->ms}}); });
     for (const char* action : {"fail", "delay", "corrupt", "drop"}) {
       std::string help = std::string(action) == "fail"    ? "Make the next attempt (or --attempts) of a vertex fail"
@@ -196,10 +196,12 @@ void AddClientCommands(CLI::App& app) {
       sub->add_option("JOB", o->job, "job id")->check(kJobIdRange)->required();
       sub->add_option("VERTEX", o->vertex, "vertex name, e.g. count[1]")->required();
       if (std::string(action) == "fail" || std::string(action) == "delay") {
-        sub->add_option("--attempts", o->attempts, "attempt numbers (default: the next one)")->check(CLI::Range(1, 1000));
+        sub->add_option("--attempts", o->attempts, "attempt numbers, e.g. 1,2 (default: the next one)")
+            ->delimiter(',')
+            ->check(CLI::Range(1, 1000));
       }
       if (std::string(action) == "delay") {
-        sub->add_option("--ms", o->ms, "how much slower")->check(CLI::Range(int64_t{0}, int64_t{86'400'000}));
+        sub->add_option("--ms", o->ms, "how much slower")->check(CLI::Range(int64_t{0}, int64_t{86'400'000}))->capture_default_str();
       }
       sub->callback([o, send, a = std::string(action)] {
         Json req = {{"op", "chaos"}, {"action", a}, {"job", o->job}, {"vertex", o->vertex}, {"ms", o->ms}};
@@ -208,11 +210,11 @@ void AddClientCommands(CLI::App& app) {
       });
     }
     auto* random = cmd->add_subcommand("random", "Inject seeded random faults every interval for a while");
-    random->add_option("--seed", o->seed, "random seed: the same seed repeats the same choices");
-    random->add_option("--interval-ms", o->interval_ms, "time between faults")->check(CLI::Range(int64_t{10}, int64_t{3600000}));
-    random->add_option("--duration-s", o->duration_s, "how long to keep injecting")->check(CLI::Range(int64_t{1}, int64_t{86400}));
-    random->add_option("--kinds", o->kinds, "comma-separated: kill, fail, delay, corrupt, cut");
-    random->add_option("--cut-ms", o->ms, "how long a cut daemon stays away")->check(CLI::Range(int64_t{1}, int64_t{3'600'000}));
+    random->add_option("--seed", o->seed, "random seed: the same seed repeats the same choices")->check(Unsigned64())->capture_default_str();
+    random->add_option("--interval-ms", o->interval_ms, "time between faults")->check(CLI::Range(int64_t{10}, int64_t{3600000}))->capture_default_str();
+    random->add_option("--duration-s", o->duration_s, "how long to keep injecting")->check(CLI::Range(int64_t{1}, int64_t{86400}))->capture_default_str();
+    random->add_option("--kinds", o->kinds, "comma-separated: kill, fail, delay, corrupt, cut")->capture_default_str();
+    random->add_option("--cut-ms", o->ms, "how long a cut daemon stays away")->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))->capture_default_str();
     random->callback([o, send] {
       std::vector<std::string> kinds;
       std::stringstream ss(o->kinds);

@@ -1,7 +1,9 @@
 #pragma once
 // Each `copse` verb lives in its own file and adds itself to the CLI11 app through one of
 // these functions. Callbacks set the process exit code through ExitCode().
+#include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -25,6 +27,19 @@ inline CLI::Validator Finite() {
         return "";
       },
       "FINITE");
+}
+
+/// Accepts only a decimal number from 0 to 2^64 - 1 for an unsigned flag (a seed): CLI11 reads
+/// "-1" as 2^64 - 1 and saturates what is larger.
+inline CLI::Validator Unsigned64() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t value = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (ec != std::errc() || end != text.data() + text.size()) return "expected a whole number from 0 to 2^64-1, got " + text;
+        return "";
+      },
+      "UINT64");
 }
 
 /// The exit code a command's callback sets: 0 success, 1 the job or the input failed,

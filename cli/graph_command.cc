@@ -40,7 +40,9 @@ int RunGraph(GraphFlags& f, const std::string& kind) {
   auto job = ml::GenerateTrainingGraph(f.o);
   if (!job.ok()) {
     std::fprintf(stderr, "copse graph %s: %s\n", kind.c_str(), job.status().message().c_str());
-    return 1;
+    // Flags that do not go together (or a model string) are usage errors; an unreadable
+    // dataset is not.
+    return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
   // One line per stage, edge and output: readable, and a fraction of an indented dump.
   std::string text = "{\n";
@@ -80,8 +82,8 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
   cmd->add_option("--momentum", o.momentum, "SGD momentum")->check(Finite())->check(CLI::Range(0.0, 0.999999))->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(Finite())->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "sgd or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Seed of initialization and shuffling")->capture_default_str();
-  cmd->add_option("--data-dir", o.data_dir, "Fashion-MNIST directory (as seen by the daemons)")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of initialization and shuffling")->check(Unsigned64())->capture_default_str();
+  cmd->add_option("--data-dir", o.data_dir, "Fashion-MNIST directory, as the daemons see it (read here too, for the training set's size)")->capture_default_str();
   cmd->add_option("--limit", o.limit, "Use only the first N training images")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--test-limit", o.test_limit, "Use only the first N test images")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--threads", o.threads, "CPUs (threads) per compute vertex")->check(CLI::Range(1, 1024))->capture_default_str();

@@ -92,6 +92,7 @@ void AddTrainCommand(CLI::App& app) {
       ->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads")->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of initialization, shuffling and dropout")
+      ->check(Unsigned64())
       ->capture_default_str();
   cmd->add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--data-dir", o.data_dir, "Directory with the Fashion-MNIST IDX .gz files")
@@ -102,7 +103,7 @@ void AddTrainCommand(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--progress-every", flags->progress_every, "Steps between progress lines")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("-o,--output", flags->output, "text, or json: one JSON value at the end")
+  cmd->add_option("-o,--format", flags->output, "text, or json: one JSON value at the end")
       ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   cmd->callback([flags] { std::exit(RunTrain(*flags)); });
 }
