@@ -138,13 +138,21 @@ Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::
   return FetchOutputs(client, job, dir, secret);
 }
 
+Result<uint64_t> SubmitJob(net::BlockingClient& client, const jm::JobGraph& graph, const std::string& file) {
+  // Relative paths in the job resolve against its file's directory; a job read from a pipe
+  // (/dev/stdin, <(…)) has none but the directory it was given in.
+  std::error_code ec;
+  const auto dir = std::filesystem::is_regular_file(file, ec) ? std::filesystem::absolute(file).parent_path()
+                                                              : std::filesystem::current_path();
+  COPSE_ASSIGN_OR_RETURN(Json reply, client.Call({{"op", "submit"}, {"job", graph.spec().source},
+                                                  {"job_dir", dir.string()}, {"source", file}}));
+  return reply["job"].get<uint64_t>();
+}
+
 Result<uint64_t> SubmitJobFile(net::BlockingClient& client, const std::string& file) {
   jm::JobLoad load = jm::LoadJobFile(file, Catalog());
   if (!load.ok()) return load.status();
-  auto dir = std::filesystem::absolute(file).parent_path();
-  COPSE_ASSIGN_OR_RETURN(Json reply, client.Call({{"op", "submit"}, {"job", load.graph->spec().source},
-                                                  {"job_dir", dir.string()}, {"source", file}}));
-  return reply["job"].get<uint64_t>();
+  return SubmitJob(client, *load.graph, file);
 }
 
 }  // namespace copse::cli

@@ -10,6 +10,7 @@
 #include "cli/jm_client.h"
 #include "common/framed_connection.h"
 #include "common/json_util.h"
+#include "jobmanager/job_graph.h"
 
 namespace copse::cli {
 
@@ -52,5 +53,7 @@ Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::
 /// Reads a job file and sends it; returns the job id. Local validation errors are returned as
 /// InvalidArgument listing every diagnostic.
 Result<uint64_t> SubmitJobFile(net::BlockingClient& client, const std::string& file);
+/// Sends a job already read from `file` (read once: a pipe cannot be read twice).
+Result<uint64_t> SubmitJob(net::BlockingClient& client, const jm::JobGraph& graph, const std::string& file);
 
 }  // namespace copse::cli

@@ -271,7 +271,7 @@ int RunJob(const RunOpts& o) {
     std::cerr << "copse run: " << st.message() << "\n";
     return 1;
   }
-  auto job = SubmitJobFile(cluster.client(), o.file);
+  auto job = SubmitJob(cluster.client(), *load.graph, o.file);
   if (!job.ok()) {
     std::cerr << "copse run: " << job.status().message() << "\n";
     return 1;
