@@ -1,7 +1,10 @@
 #include "common/json_util.h"
 
 #include <fstream>
+#include <memory>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include "common/text_util.h"
 
@@ -30,14 +33,66 @@ size_t JsonNestingExceeds(std::string_view text, size_t limit) {
   return std::string_view::npos;
 }
 
-Result<Json> ParseJson(std::string_view text, std::string_view source) {
+namespace {
+
+/// A parser callback that follows where in the document the parser is (a JSON pointer) and
+/// names each key an object repeats. Keeps every value (returns true).
+Json::parser_callback_t DuplicateKeyFinder(std::vector<std::string>* duplicates) {
+  struct Level {
+    bool object = false;
+    std::set<std::string> keys;
+    std::string key;   // the object's current key
+    size_t index = 0;  // the array's current element
+  };
+  auto levels = std::make_shared<std::vector<Level>>();
+  auto pointer = [levels](size_t depth) {
+    std::string p;
+    for (size_t i = 0; i < depth && i < levels->size(); ++i) {
+      const Level& l = (*levels)[i];
+      p = PointerAppend(p, l.object ? l.key : std::to_string(l.index));
+    }
+    return p;
+  };
+  auto element_done = [levels] {  // a value (or a container, now closed) filled the array's slot
+    if (!levels->empty() && !levels->back().object) ++levels->back().index;
+  };
+  return [levels, pointer, element_done, duplicates](int, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        levels->push_back(Level{event == Json::parse_event_t::object_start, {}, {}, 0});
+        break;
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+        if (!levels->empty()) levels->pop_back();
+        element_done();
+        break;
+      case Json::parse_event_t::key:
+        if (!levels->empty() && parsed.is_string()) {
+          Level& l = levels->back();
+          l.key = parsed.get<std::string>();
+          if (!l.keys.insert(l.key).second) duplicates->push_back(pointer(levels->size()));
+        }
+        break;
+      case Json::parse_event_t::value:
+        element_done();
+        break;
+    }
+    return true;
+  };
+}
+
+}  // namespace
+
+Result<Json> ParseJson(std::string_view text, std::string_view source, std::vector<std::string>* duplicate_keys) {
   if (size_t at = JsonNestingExceeds(text, kMaxJsonDepth); at != std::string_view::npos) {
     LineColumn lc = LineColumnAt(text, at);
     return Status::InvalidArgument(std::string(source) + ":" + std::to_string(lc.line) + ":" + std::to_string(lc.column) +
                                    ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   }
   try {
-    return Json::parse(text.begin(), text.end());
+    if (!duplicate_keys) return Json::parse(text.begin(), text.end());
+    return Json::parse(text.begin(), text.end(), DuplicateKeyFinder(duplicate_keys));
   } catch (const Json::parse_error& e) {
     // nlohmann reports the byte *after* the offending token; point at the token itself.
     size_t offset = e.byte > 0 ? e.byte - 1 : 0;

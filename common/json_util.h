@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -19,8 +20,11 @@ using Json = nlohmann::json;
 inline constexpr size_t kMaxJsonDepth = 512;
 
 /// Parses `text`; on failure an InvalidArgument naming `source`, line and column. Nesting
-/// deeper than kMaxJsonDepth is such a failure.
-Result<Json> ParseJson(std::string_view text, std::string_view source);
+/// deeper than kMaxJsonDepth is such a failure. With `duplicate_keys`, the JSON pointer of
+/// every key an object repeats goes there ("/stages/0/name"): JSON keeps only the last of
+/// them, so a document a person wrote (a job file) loses the others silently otherwise.
+Result<Json> ParseJson(std::string_view text, std::string_view source,
+                       std::vector<std::string>* duplicate_keys = nullptr);
 
 /// Byte offset in `text` where nesting first goes deeper than `limit` (brackets inside strings
 /// do not count), or npos. Linear and allocation-free: run before parsing untrusted text.

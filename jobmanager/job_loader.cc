@@ -17,14 +17,23 @@ JobLoad LoadJobJson(const Json& doc, std::string source, const ProgramCatalog& c
 }
 
 JobLoad LoadJobText(std::string_view text, std::string source, const ProgramCatalog& catalog) {
-  auto doc = ParseJson(text, source);
+  std::vector<std::string> duplicates;
+  auto doc = ParseJson(text, source, &duplicates);
   if (!doc.ok()) {
     JobLoad load;
     load.source = std::move(source);
     load.diags.Error("", doc.status().message());
     return load;
   }
-  return LoadJobJson(*doc, std::move(source), catalog);
+  JobLoad load = LoadJobJson(*doc, std::move(source), catalog);
+  if (!duplicates.empty()) {
+    // Reported with whatever else is wrong: the file's author meant one of the values.
+    for (const std::string& pointer : duplicates) {
+      load.diags.Error(pointer, "the key appears more than once in its object (JSON keeps only the last)");
+    }
+    load.graph = nullptr;
+  }
+  return load;
 }
 
 JobLoad LoadJobFile(const std::string& path, const ProgramCatalog& catalog) {

@@ -45,6 +45,18 @@ TEST_CASE("Json.ParseErrorNamesLineAndColumn") {
   CHECK(PointerAppend("/stages", "a/b~c") == "/stages/a~1b~0c");
 }
 
+TEST_CASE("Json.DuplicateKeysAreNamedByTheirPointers") {
+  std::vector<std::string> duplicates;
+  auto r = ParseJson(R"({"a": [1, {"x": 1}, [2, {"k/y": 1, "k/y": 2}]], "a": 3, "b": {"c": {}, "c": {}}})", "job.json",
+                     &duplicates);
+  REQUIRE(r.ok());
+  CHECK((*r)["a"] == 3);  // JSON keeps the last
+  CHECK(duplicates == std::vector<std::string>{"/a/2/1/k~1y", "/a", "/b/c"});
+  duplicates.clear();
+  REQUIRE(ParseJson(R"({"a": [{"x": 1}, {"x": 2}], "b": {"x": 3}})", "job.json", &duplicates).ok());
+  CHECK(duplicates.empty());  // one key in many objects is no duplicate
+}
+
 TEST_CASE("Json.ANumberBeyondADoubleIsAnErrorNotAnException") {
   // out_of_range, not parse_error, inside nlohmann: one such frame aborted the job manager.
   auto r = ParseJson(R"({"op":"auth","x":1e999})", "message");
