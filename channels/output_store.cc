@@ -658,7 +658,7 @@ Result<std::unique_ptr<ChannelReader>> OutputStore::OpenReader(const OutputKey& 
 }
 
 Result<std::unique_ptr<ChannelReader>> OutputStore::OpenDurableCopy(const fs::path& file, const OutputKey& key) {
-  COPSE_ASSIGN_OR_RETURN(auto r, FileRecordReader::Open(file, key.ToString() + " (durable copy)", true));
+  COPSE_ASSIGN_OR_RETURN(auto r, FileRecordReader::Open(file, key.ToString() + " (durable copy " + file.string() + ")", true));
   return std::unique_ptr<ChannelReader>(new FileReader(std::move(r)));
 }
 

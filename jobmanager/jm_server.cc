@@ -33,6 +33,15 @@ JobId JobIdFrom(const Json& msg) {
 
 }  // namespace
 
+/// Why `host` cannot be a host name or IP address ("" when it can): shown in tables and logs,
+/// and dialled by other daemons.
+static std::string HostProblem(const std::string& host) {
+  const bool plain = !host.empty() && host.size() <= 253 && std::all_of(host.begin(), host.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr(".-:_%[]", c) != nullptr;
+  });
+  return plain ? "" : DumpJson(Json(host.substr(0, 64))) + " is not a host name or IP address";
+}
+
 std::string DaemonNameProblem(const std::string& name) {
   if (name.empty()) return "a daemon needs a name";
   const bool plain = name.size() <= 128 && std::all_of(name.begin(), name.end(), [](unsigned char c) {
@@ -240,14 +249,16 @@ class JmServer::Impl : public DaemonSink {
       DaemonSpec spec;
       spec.name = msg.at("name").get<std::string>();
       spec.cpus = msg.value("cpus", 1.0);
-      spec.gpus = msg.value("gpus", 0);
+      const int64_t gpus = msg.value("gpus", int64_t{0});  // read wide: a narrowing would wrap 2^40 to 0
       spec.memory_mb = msg.value("memory_mb", int64_t{0});
       spec.data_host = msg.at("data_host").get<std::string>();
       const int64_t data_port = msg.at("data_port").get<int64_t>();
       if (std::string why = DaemonNameProblem(spec.name); !why.empty()) return conn->SendErrorAndClose("register: " + why);
-      if (!(spec.cpus >= 0 && spec.cpus <= 1e6) || spec.gpus < 0 || spec.memory_mb < 0) {
-        return conn->SendErrorAndClose("register: cpus, gpus and memory_mb must not be negative");
+      if (!(spec.cpus >= 0 && spec.cpus <= 1e6) || gpus < 0 || gpus > 1'000'000 || spec.memory_mb < 0) {
+        return conn->SendErrorAndClose("register: cpus and gpus must be 0 to 1,000,000, memory_mb not negative");
       }
+      spec.gpus = static_cast<int>(gpus);
+      if (std::string why = HostProblem(spec.data_host); !why.empty()) return conn->SendErrorAndClose("register: data_host " + why);
       if (data_port < 1 || data_port > 65535) return conn->SendErrorAndClose("register: data_port must be 1 to 65535");
       spec.data_port = static_cast<uint16_t>(data_port);
       spec.stream_endpoints = msg.value("stream", Json::object());
@@ -295,6 +306,10 @@ class JmServer::Impl : public DaemonSink {
   }
 
   void HandleClient(const std::shared_ptr<net::FramedConnection>& conn, const std::string& op, const Json& msg) {
+    // Every request but submit (whose "job" is the document) names a job by its id.
+    if (op != "submit" && msg.contains("job") && !JobIdFrom(msg).valid()) {
+      return conn->Send({{"op", "error"}, {"message", "\"job\": expected a job id (a whole number), got " + msg["job"].dump()}});
+    }
     if (op == "submit") {
       const Json& doc = msg.at("job");
       std::string source = msg.value("source", std::string("<submitted>"));

@@ -385,7 +385,8 @@ class Daemon::Impl {
         nccl_cv_.notify_all();
       } else if (op == "cut") {
         // Injected network partition from the job manager: drop the connection and stay away.
-        int64_t ms = msg.value("ms", int64_t{1000});
+        // At most a day: a larger count of milliseconds would overflow the time point.
+        const int64_t ms = std::clamp<int64_t>(msg.value("ms", int64_t{1000}), 0, 86'400'000);
         cut_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
         DaemonLog()->warn("daemon {}: cut off from the job manager for {} ms by an injected fault", options_.name, ms);
         conn_->Close(Status::Unavailable("cut off by an injected fault"));
@@ -782,7 +783,7 @@ class Daemon::Impl {
     try {
       const std::string name = spec["name"].get<std::string>();
       if (spec.contains("inject_failure")) return fail("program_error", spec["inject_failure"].get<std::string>());
-      if (int64_t delay = spec.value("delay_ms", int64_t{0}); delay > 0) {
+      if (const int64_t delay = std::clamp<int64_t>(spec.value("delay_ms", int64_t{0}), 0, 86'400'000); delay > 0) {
         auto until = started + std::chrono::milliseconds(delay);
         while (std::chrono::steady_clock::now() < until && !task.cancel->load()) {
           std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -221,7 +221,8 @@ TEST_CASE("Cluster.ARegistrationWithImpossibleValuesIsRefusedAndTheRestGoesOn") 
   TestCluster cluster(1);
   const Json good = {{"op", "register"}, {"name", "x"}, {"cpus", 1}, {"data_host", "127.0.0.1"}, {"data_port", 9}};
   for (const auto& [key, value] : std::vector<std::pair<std::string, Json>>{
-           {"data_port", 70000}, {"data_port", 0}, {"cpus", -1}, {"gpus", -2}, {"name", ""}, {"name", "a b/c"}}) {
+           {"data_port", 70000}, {"data_port", 0}, {"cpus", -1}, {"gpus", -2}, {"gpus", int64_t{1} << 40},
+           {"name", ""}, {"name", "a b/c"}, {"data_host", "a b\n"}, {"data_host", ""}}) {
     auto daemon = net::BlockingClient::Connect("127.0.0.1", cluster.jm_port(), cluster.secret(), "daemon");
     REQUIRE(daemon.ok());
     Json bad = good;
@@ -237,6 +238,11 @@ TEST_CASE("Cluster.ARegistrationWithImpossibleValuesIsRefusedAndTheRestGoesOn") 
   auto logs = cluster.client().Call({{"op", "logs"}, {"job", 1}, {"vertex", "a[99999999999]"}});
   CHECK(!logs.ok());
   CHECK_MESSAGE(logs.status().message().find("has no vertex") != std::string::npos, logs.status().ToString());
+  // A job named by something other than its id: said so, not "no job 18446744073709551615".
+  auto named = cluster.client().Call({{"op", "status"}, {"job", "x"}});
+  CHECK(!named.ok());
+  CHECK_MESSAGE(named.status().message().find("\"job\": expected a job id (a whole number), got \"x\"") != std::string::npos,
+                named.status().ToString());
 }
 
 TEST_CASE("Cluster.AVertexWhoseErrorIsNotUtf8FailsAloneAndItsDaemonLives") {
