@@ -74,7 +74,8 @@ std::string RenderJobStatus(const Json& job, bool color) {
     out += Fmt(" at %.0f ms\n", f["at_ms"].get<double>());
   }
   for (const auto& f : job.value("faults_not_fired", Json::array())) {
-    out += "  fault " + f["source"].get<std::string>() + " (" + f["fault"].get<std::string>() + ") never fired\n";
+    out += "  fault " + f["source"].get<std::string>() + " (" + f["fault"].get<std::string>() +
+           (f.contains("vertex") ? " " + f["vertex"].get<std::string>() : "") + ") never fired\n";
   }
   for (const auto& r : job["recoveries"]) {
     out += "  recovery: " + r["vertex"].get<std::string>() + " version " + std::to_string(r["failed_version"].get<uint32_t>()) +

@@ -140,7 +140,11 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     job->fault_fired.push_back(0);
     Log(*job, v, "chaos: " + action + " armed");
     CheckFaults(*job);
-    return Json{{"fault", action}, {"vertex", job->g().vertex(v).name}, {"job", job->id.value()}, {"armed", true}};
+    Json reply = {{"fault", action}, {"vertex", job->g().vertex(v).name}, {"job", job->id.value()}, {"armed", true}};
+    if ((action == "fail" || action == "delay") && r.state == VertexState::kCompleted) {
+      reply["note"] = job->g().vertex(v).name + " has completed: the fault fires only if it runs again";
+    }
+    return reply;
   }
   if (action == "random") {
     RandomChaos chaos;

@@ -339,6 +339,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
     if (f.kind == FaultKind::kFail &&
         std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
       task["inject_failure"] = "injected fault " + f.pointer + ": attempt " + std::to_string(version) + " fails";
+      job.fault_fired[i] = 1;
       job.faults_log.push_back(
           {{"fault", "fail"}, {"vertex", node.name}, {"attempt", version}, {"at_ms", ElapsedMs(job)}, {"source", f.pointer}});
     }

@@ -114,11 +114,14 @@ Json Scheduler::JobStatus(JobId id) const {
   if (job.state != JobState::kRunning && !job.faults_before_restart_unknown) {
     // The job file's faults that never got their chance (a daemon name no daemon had, a `when`
     // the job never reached, an attempt that never ran): a test of survival that did not test.
+    // Faults copse chaos armed are told apart by their index (they share the source "chaos").
     const std::set<std::string> fired = job.FiredFaultSources();
     Json not_fired = Json::array();
-    for (const FaultSpec& f : job.faults) {
-      if (f.pointer != "chaos" && !fired.count(f.pointer)) {
+    for (size_t i = 0; i < job.faults.size(); ++i) {
+      const FaultSpec& f = job.faults[i];
+      if (f.pointer == "chaos" ? !job.fault_fired[i] : !fired.count(f.pointer)) {
         not_fired.push_back({{"source", f.pointer}, {"fault", FaultKindName(f.kind)}});
+        if (f.pointer == "chaos" && f.vertex) not_fired.back()["vertex"] = f.vertex->ToString();
       }
     }
     if (!not_fired.empty()) out["faults_not_fired"] = std::move(not_fired);

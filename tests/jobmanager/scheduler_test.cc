@@ -1285,6 +1285,30 @@ TEST_CASE("Scheduler.AFinishedJobListsTheFaultsThatNeverFired") {
   CHECK(not_fired[1] == Json{{"source", "/faults/2"}, {"fault", "fail"}});
 }
 
+TEST_CASE("Scheduler.AFinishedJobListsTheChaosFaultsThatNeverFired") {
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(kChain);
+  const uint64_t id = job.value();
+  Json a = h.Next().second;
+  h.Finish(a, true);  // a[0] completed
+  auto late = h.sched.Chaos({{"action", "fail"}, {"job", id}, {"vertex", "a[0]"}});
+  REQUIRE(late.ok());
+  CHECK((*late)["note"] == "a[0] has completed: the fault fires only if it runs again");
+  // c[0]'s first attempt may already be chained after b[0]'s: its second is armed.
+  REQUIRE(h.sched.Chaos({{"action", "fail"}, {"job", id}, {"vertex", "c[0]"}, {"attempts", {2}}}).ok());
+  h.Finish(h.Next().second, true);   // b[0]
+  h.Finish(h.Next().second, false);  // c[0] attempt 1 fails on its own
+  Json c2 = h.Next().second;
+  CHECK(c2.contains("inject_failure"));  // attempt 2 fails as armed
+  h.Finish(c2, false);
+  h.Finish(h.Next().second, true);  // attempt 3
+  REQUIRE(h.State(job) == "completed");
+  const Json not_fired = h.sched.JobStatus(job)["faults_not_fired"];
+  REQUIRE(not_fired.size() == 1);  // a[0]'s, not c[0]'s, though both came from chaos
+  CHECK(not_fired[0] == Json{{"source", "chaos"}, {"fault", "fail"}, {"vertex", "a[0]"}});
+}
+
 TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
   Harness h;
   DaemonId d0 = h.AddDaemon("d0", 4);
