@@ -323,9 +323,12 @@ int RunJob(const RunOpts& o) {
   if (json) {
     std::cout << summary.dump(2) << "\n";
   } else {
-    if (!isatty(2)) std::cerr << RenderJobStatus(summary, false);
+    // The summary is the command's result: on stdout (progress and errors stay on stderr),
+    // but not twice on one terminal, where the live display's last frame already showed it.
+    const bool shown_live = watch.live && isatty(1);
+    if (!shown_live) std::cout << RenderJobStatus(summary, false);
     if (summary.contains("test_accuracy")) {
-      std::cerr << "  test accuracy " << summary["test_accuracy"].get<double>() * 100 << " %, "
+      std::cout << "  test accuracy " << summary["test_accuracy"].get<double>() * 100 << " %, "
                 << static_cast<int64_t>(summary.value("images_per_s", 0.0)) << " images/s\n";
     }
     if (summary.contains("pipeline_bubble")) {
@@ -340,10 +343,10 @@ int RunJob(const RunOpts& o) {
       }
       line += ", " + FormatPercent(b["theory"].get<double>()) + " in theory for equal stages ((p-1)/(m+p-1), p=" +
               std::to_string(b["stages"].get<int>()) + ", m=" + std::to_string(b["microbatches"].get<int>()) + ")\n";
-      std::cerr << line;
+      std::cout << line;
     }
     for (const auto& out : summary.value("outputs", Json::array())) {
-      std::cerr << "  output " << out["path"].get<std::string>() << " (" << out["bytes"].get<uint64_t>() << " bytes)\n";
+      std::cout << "  output " << out["path"].get<std::string>() << " (" << out["bytes"].get<uint64_t>() << " bytes)\n";
     }
   }
   return summary["state"] == "completed" && trace_written ? 0 : 1;
