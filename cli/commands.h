@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -27,6 +28,22 @@ inline CLI::Validator Finite() {
         return "";
       },
       "FINITE");
+}
+
+/// A finite number above `floor` (or equal to it, with `or_equal`), said in those words: CLI11's
+/// PositiveNumber names its bound as a 309-digit double.
+inline CLI::Validator FiniteFrom(double floor, bool or_equal) {
+  return CLI::Validator(
+      [floor, or_equal](std::string& text) -> std::string {
+        double d = 0;
+        if (!CLI::detail::lexical_cast(text, d) || !std::isfinite(d) || d < floor || (!or_equal && d == floor)) {
+          std::ostringstream want;
+          want << "expected a finite number " << (or_equal ? ">= " : "> ") << floor << ", got " << text;
+          return want.str();
+        }
+        return "";
+      },
+      or_equal ? "NUMBER>=0" : "NUMBER>0");
 }
 
 /// Accepts only a decimal number from 0 to 2^64 - 1 for an unsigned flag (a seed): CLI11 reads

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <sstream>
 
@@ -78,9 +79,9 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
   cmd->add_option("--epochs", o.epochs, "Passes over the training set")->check(CLI::Range(1, 1000000))->capture_default_str();
   cmd->add_option("--steps", o.steps, "Stop after this many steps (default: all epochs)")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--batch", o.batch, "Global batch size")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("--lr", o.lr, "Learning rate")->check(Finite())->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--lr", o.lr, "Learning rate")->check(FiniteFrom(0, false))->capture_default_str();
   cmd->add_option("--momentum", o.momentum, "SGD momentum")->check(Finite())->check(CLI::Range(0.0, 0.999999))->capture_default_str();
-  cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(Finite())->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(FiniteFrom(0, true))->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "sgd or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of initialization and shuffling")->check(Unsigned64())->capture_default_str();
   cmd->add_option("--data-dir", o.data_dir, "Fashion-MNIST directory, as the daemons see it (read here too, for the training set's size)")->capture_default_str();
@@ -90,7 +91,7 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
   cmd->add_option("--daemon-cpus", o.daemon_cpus, "Slots per daemon (copse run --cpus); init vertices take them all")
       ->check(CLI::Range(1, 4096))->capture_default_str();
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "A file checkpoint every K steps (0: none)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))->capture_default_str();
   cmd->add_option("--checkpoint-dir", o.checkpoint_dir, "Checkpoint directory, relative to the job file")->capture_default_str();
   cmd->add_option("--name", o.name, "Job name");
   cmd->add_option("--out", f.out, "Write the job file here instead of standard output");

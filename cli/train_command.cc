@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -83,11 +84,11 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--epochs", o.epochs, "Passes over the training set")
       ->check(CLI::Range(1, 1000000))->capture_default_str();
   cmd->add_option("--batch", o.batch, "Batch size")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("--lr", o.lr, "Learning rate")->check(Finite())->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--lr", o.lr, "Learning rate")->check(FiniteFrom(0, false))->capture_default_str();
   cmd->add_option("--momentum", o.momentum, "SGD momentum (PyTorch semantics)")
       ->check(Finite())->check(CLI::Range(0.0, 0.999999))->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")
-      ->check(Finite())->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(FiniteFrom(0, true))->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "sgd or adam")
       ->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads")->check(CLI::Range(1, 1024))->capture_default_str();
@@ -102,7 +103,7 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--test-limit", o.test_limit, "Use only the first N test images")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--progress-every", flags->progress_every, "Steps between progress lines")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))->capture_default_str();
   cmd->add_option("-o,--format", flags->output, "text, or json: one JSON value at the end")
       ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   cmd->callback([flags] { std::exit(RunTrain(*flags)); });

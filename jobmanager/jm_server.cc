@@ -42,17 +42,6 @@ static std::string HostProblem(const std::string& host) {
   return plain ? "" : DumpJson(Json(host.substr(0, 64))) + " is not a host name or IP address";
 }
 
-std::string DaemonNameProblem(const std::string& name) {
-  if (name.empty()) return "a daemon needs a name";
-  const bool plain = name.size() <= 128 && std::all_of(name.begin(), name.end(), [](unsigned char c) {
-    return std::isalnum(c) || std::strchr("._-:@+=", c) != nullptr;
-  });
-  if (!plain) {
-    return "daemon name \"" + name.substr(0, 140) + "\" must be 1 to 128 letters, digits and . _ - : @ + = (no spaces or '/')";
-  }
-  return "";
-}
-
 class JmServer::Impl : public DaemonSink {
  public:
   explicit Impl(JmServerOptions options)

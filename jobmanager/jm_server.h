@@ -29,11 +29,6 @@ struct JmServerOptions {
   uint64_t journal_compact_bytes = 64ull << 20;
 };
 
-/// Why `name` cannot name a daemon ("" when it can): 1 to 128 letters, digits and . _ - : @ + =
-/// (a host name, host:slot, user@host), so that it reads plainly in tables, logs and `copse
-/// chaos kill NAME`.
-std::string DaemonNameProblem(const std::string& name);
-
 class JmServer {
  public:
   static Result<std::unique_ptr<JmServer>> Start(JmServerOptions options);

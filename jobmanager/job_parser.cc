@@ -218,12 +218,20 @@ StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults
   if (auto v = r.Number("timeout_s", 0, 1e9)) s.timeout_s = *v;
   if (auto a = r.String("affinity", false)) s.affinity = *a;
   if (const Json* keep = r.Find("retain")) {
-    const bool ports = keep->is_array() && std::all_of(keep->begin(), keep->end(), [](const Json& x) {
-      return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < 65536;
-    });
-    if (keep->is_boolean()) s.retain_all = keep->get<bool>();
-    else if (ports) s.retain_ports = keep->get<std::vector<int>>();
-    else diags.Error(r.PointerOf("retain"), "expected true, false or an array of output ports, got " + JsonTypeName(*keep));
+    if (keep->is_boolean()) {
+      s.retain_all = keep->get<bool>();
+    } else if (keep->is_array()) {
+      for (size_t i = 0; i < keep->size(); ++i) {
+        const Json& x = (*keep)[i];
+        if (x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < 65536) {
+          s.retain_ports.push_back(x.get<int>());
+        } else {
+          diags.Error(PointerAppend(r.PointerOf("retain"), i), "expected an output port (0 to 65535), got " + x.dump());
+        }
+      }
+    } else {
+      diags.Error(r.PointerOf("retain"), "expected true, false or an array of output ports, got " + JsonTypeName(*keep));
+    }
   }
   if (const Json* h = r.Find("input_hosts")) {
     if (h->is_string()) {
@@ -314,7 +322,10 @@ FaultSpec ParseFault(const Json& j, std::string ptr, Diagnostics& diags) {
   }
   f.kind = kinds[0];
   if (f.kind == FaultKind::kKillDaemon) {
-    if (auto d = r.String("kill_daemon", true)) f.daemon = *d;
+    if (auto d = r.String("kill_daemon", true)) {
+      f.daemon = *d;
+      if (std::string why = DaemonNameProblem(*d); !why.empty()) diags.Error(r.PointerOf("kill_daemon"), why);
+    }
   } else {
     f.vertex = ReadEndpoint(r, FaultKindName(f.kind), true, diags);
   }

@@ -1,6 +1,9 @@
 #include "jobmanager/job_spec.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <cstring>
 
 namespace copse::jm {
 
@@ -82,6 +85,17 @@ int JobSpec::FindStage(std::string_view stage_name) const {
     if (stages[i].name == stage_name) return static_cast<int>(i);
   }
   return -1;
+}
+
+std::string DaemonNameProblem(const std::string& name) {
+  if (name.empty()) return "a daemon needs a name";
+  const bool plain = name.size() <= 128 && std::all_of(name.begin(), name.end(), [](unsigned char c) {
+    return std::isalnum(c) || std::strchr("._-:@+=", c) != nullptr;
+  });
+  if (!plain) {
+    return "daemon name \"" + name.substr(0, 140) + "\" must be 1 to 128 letters, digits and . _ - : @ + = (no spaces or '/')";
+  }
+  return "";
 }
 
 }  // namespace copse::jm

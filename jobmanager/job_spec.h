@@ -35,6 +35,11 @@ inline bool IsLive(ChannelKind k) {
 /// Channels that carry data (every kind but `order`).
 inline bool CarriesData(ChannelKind k) { return k != ChannelKind::kOrder; }
 
+/// Why `name` cannot name a daemon ("" when it can): 1 to 128 letters, digits and . _ - : @ + =
+/// (a host name, host:slot, user@host), so that it reads plainly in tables, logs and `copse
+/// chaos kill NAME`.
+std::string DaemonNameProblem(const std::string& name);
+
 struct Resources {
   double cpus = 1;
   int gpus = 0;

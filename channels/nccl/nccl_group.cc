@@ -152,9 +152,14 @@ Result<std::unique_ptr<NcclGroup>> NcclGroup::Create(std::string_view unique_id_
   if (nranks < 1 || rank < 0 || rank >= nranks)
     return Status::InvalidArgument("nccl group: rank " + std::to_string(rank) + " of " + std::to_string(nranks));
   int devices = CudaDeviceCount();
-  if (cuda_device < 0 || cuda_device >= devices)
-    return Status::InvalidArgument("nccl group: CUDA device " + std::to_string(cuda_device) + " of " +
-                                   std::to_string(devices));
+  if (devices == 0) {
+    return Status::FailedPrecondition("nccl group: this machine has no CUDA device (a daemon's --gpus promises some; "
+                                      "its GPUs must be real for NCCL)");
+  }
+  if (cuda_device < 0 || cuda_device >= devices) {
+    return Status::InvalidArgument("nccl group: CUDA device " + std::to_string(cuda_device) + " asked for, but this "
+                                   "machine has devices 0 to " + std::to_string(devices - 1));
+  }
   auto impl = std::make_unique<Impl>();
   impl->rank = rank;
   impl->nranks = nranks;

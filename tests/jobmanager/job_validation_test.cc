@@ -120,12 +120,13 @@ TEST_CASE("Validation.FaultsMustNameExistingVertices") {
   auto load = Load(R"({"stages": [{"name": "count", "program": "noop", "replicas": 2}],
                        "faults": [{"kill_daemon_of": "count[5]"}, {"fail": "cuont[0]", "attempts": [1, 2]},
                                   {"delay": "count[0]"}, {"fail": "count[0]", "ms": 3},
-                                  {"kill_daemon": "d0", "when": {"completed": 1, "after_ms": 2}}]})");
+                                  {"kill_daemon": "d0", "when": {"completed": 1, "after_ms": 2}}, {"kill_daemon": ""}]})");
   CHECK_ERROR(load, "/faults/0/kill_daemon_of", "out of range");
   CHECK_ERROR(load, "/faults/1/fail", "did you mean \"count\"");
   CHECK_ERROR(load, "/faults/2", "missing required key \"ms\"");
   CHECK_ERROR(load, "/faults/3/ms", "belongs to a \"delay\" fault only");
   CHECK_ERROR(load, "/faults/4/when", "not both");
+  CHECK_ERROR(load, "/faults/5/kill_daemon", "a daemon needs a name");  // as a daemon's --name would be told
 }
 
 TEST_CASE("Validation.OutputsNameOneVertexAndAPathInside") {
@@ -149,7 +150,7 @@ TEST_CASE("Validation.RetainAndInputHostsAreTypeChecked") {
                                   "input_hosts": ["h0", "h1"]}]})");
   CHECK_ERROR(load, "/stages/0/retain", "expected true, false or an array of output ports, got string");
   auto negative = Load(R"({"stages": [{"name": "a", "program": "noop", "retain": [0, -1]}]})");
-  CHECK_ERROR(negative, "/stages/0/retain", "an array of output ports");
+  CHECK_ERROR(negative, "/stages/0/retain/1", "expected an output port (0 to 65535), got -1");  // which element
   CHECK_ERROR(load, "/stages/0/input_hosts", "an array of 3 host names, one per replica");
   auto ok = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 3, "retain": true,
                                 "input_hosts": "node-{replica}"}]})");
