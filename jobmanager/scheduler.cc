@@ -295,8 +295,17 @@ Result<Json> Scheduler::Trace(JobId id) const {
                       {"args", {{"version", s.version}, {"outcome", s.end_ms >= 0 ? s.outcome : "running"}}}});
   }
   for (const auto& [daemon, free_at] : lanes) {
+    // A daemon that registered again (after a cut, or restarted) is a new process under its
+    // old name: its registrations are told apart.
+    const std::string& name = daemons_[daemon]->spec.name;
+    size_t registration = 0, registrations = 0;
+    for (const auto& d : daemons_) {
+      if (d->spec.name != name) continue;
+      ++registrations;
+      if (d->id.value() <= daemon) ++registration;
+    }
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", daemon},
-                      {"args", {{"name", "daemon " + daemons_[daemon]->spec.name}}}});
+                      {"args", {{"name", "daemon " + name + (registrations > 1 ? fmt::format(" (registration {})", registration) : "")}}}});
   }
   return Json{{"traceEvents", events}, {"displayTimeUnit", "ms"},
               {"otherData", {{"job", id.value()}, {"name", job->g().spec().name}, {"state", JobStateName(job->state)}}}};
@@ -315,12 +324,12 @@ void Scheduler::FreeSlot(Job& job, VertexId v, DaemonId daemon) {
   if (d.running) --d.running;
 }
 
-void Scheduler::ReleaseSlots(Job& job, VertexId v) {
+void Scheduler::ReleaseSlots(Job& job, VertexId v, std::string_view outcome) {
   Run& r = job.runs[v.value()];
   if (r.state != VertexState::kRunning) return;
   job.running.erase(v.value());
-  CloseSpan(job, v, r.version, "stopped");
-  if (r.dup_version) CloseSpan(job, v, r.dup_version, "stopped");
+  CloseSpan(job, v, r.version, std::string(outcome));
+  if (r.dup_version) CloseSpan(job, v, r.dup_version, std::string(outcome));
   FreeSlot(job, v, r.daemon);
   if (r.dup_version) {
     FreeSlot(job, v, r.dup_daemon);
@@ -458,6 +467,12 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   r.output_bytes = rep.output_bytes;
   r.output_bytes.resize(job.g().vertex(v).outputs.size(), 0);
   r.output_messages = rep.output_messages;
+  {
+    uint64_t bytes = 0;
+    for (uint64_t b : r.output_bytes) bytes += b;
+    Log(job, v, fmt::format("version {} completed on {} in {:.1f} ms, {} output bytes", r.version,
+                            r.daemon.valid() ? daemons_[r.daemon.value()]->spec.name : "?", rep.duration_ms, bytes));
+  }
   // Unknown counts (an older daemon) mean "fetch it": never claim an output is empty.
   r.output_messages.resize(r.output_bytes.size(), 1);
   Journal(DoneRecord(job, v));
@@ -803,7 +818,7 @@ void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& 
     ResetGang(job, gang, v, name + " failed (" + std::string(FailureClassName(cls)) + "): " + error);
     detail += " (its gang of " + std::to_string(job.g().gangs()[gang.value()].members.size()) + " restarts)";
   } else {
-    ReleaseSlots(job, v);
+    ReleaseSlots(job, v, FailureClassName(cls));  // its span's outcome, where no report closed it (a lost daemon)
     r.state = VertexState::kWaiting;
     r.chained_after.clear();
     WithdrawRemoteChains(job, v);

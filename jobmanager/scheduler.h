@@ -280,7 +280,9 @@ class Scheduler {
   /// Adds one entry to the job's recoveries: what re-runs and why.
   void RecordRecovery(Job& job, VertexId v, uint32_t version, std::string_view reason, const std::string& detail,
                       bool charged);
-  void ReleaseSlots(Job& job, VertexId v);
+  /// Frees a running vertex's slots (its duplicate's too) and closes its open trace spans with
+  /// `outcome` (spans a report closed already keep theirs).
+  void ReleaseSlots(Job& job, VertexId v, std::string_view outcome = "stopped");
   /// Marks v's outputs lost and schedules it again; consumers that were waiting on nothing
   /// else go back to waiting.
   void Regenerate(Job& job, VertexId v, const std::string& why);

@@ -198,6 +198,28 @@ TEST_CASE("Scheduler.TraceHasASpanPerAttemptInLanesPerDaemon") {
   CHECK(lanes.size() == 2);  // the two overlapping s attempts sit in two lanes
 }
 
+TEST_CASE("Scheduler.TraceNamesAnAttemptLostWithItsDaemonAndTellsRegistrationsApart") {
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "x", "program": "noop"}]})");
+  auto [first, t1] = h.Next("x[0]");
+  h.LoseForGood(first);
+  h.ComeBack("d0", {});  // the same name, registered again: a new process
+  h.sched.Flush();
+  h.Finish(h.Next("x[0]").second, true);
+  REQUIRE(h.State(job) == "completed");
+  auto trace = h.sched.Trace(job);
+  REQUIRE(trace.ok());
+  std::vector<std::string> outcomes, processes;
+  for (const auto& e : (*trace)["traceEvents"]) {
+    if (e["ph"] == "X") outcomes.push_back(e["args"]["outcome"]);
+    if (e["name"] == "process_name") processes.push_back(e["args"]["name"]);
+  }
+  CHECK(outcomes == std::vector<std::string>{"daemon_lost", "completed"});  // a failure class, like the others
+  CHECK(processes == std::vector<std::string>{"daemon d0 (registration 1)", "daemon d0 (registration 2)"});
+  (void)t1;
+}
+
 TEST_CASE("Scheduler.RetriesWithNewVersionsThenFailsTheJobWithTheReason") {
   Harness h;
   h.AddDaemon("d0");
@@ -1307,6 +1329,18 @@ TEST_CASE("Scheduler.AFinishedJobListsTheChaosFaultsThatNeverFired") {
   const Json not_fired = h.sched.JobStatus(job)["faults_not_fired"];
   REQUIRE(not_fired.size() == 1);  // a[0]'s, not c[0]'s, though both came from chaos
   CHECK(not_fired[0] == Json{{"source", "chaos"}, {"fault", "fail"}, {"vertex", "a[0]"}});
+}
+
+TEST_CASE("Scheduler.AVertexLogSaysWhereAndWhenItCompleted") {
+  // Placements and failures were logged, completions not: after "placed on" a reader could
+  // not tell whether the attempt succeeded.
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(kChain);
+  h.Finish(h.Next().second, true, {42});
+  const std::string logs = h.sched.Logs(job, "a[0]").dump();
+  CHECK_MESSAGE(logs.find("a[0] version 1 completed on d0 in ") != std::string::npos, logs);
+  CHECK_MESSAGE(logs.find(" ms, 42 output bytes") != std::string::npos, logs);
 }
 
 TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
