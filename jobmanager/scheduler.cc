@@ -467,12 +467,6 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   r.output_bytes = rep.output_bytes;
   r.output_bytes.resize(job.g().vertex(v).outputs.size(), 0);
   r.output_messages = rep.output_messages;
-  {
-    uint64_t bytes = 0;
-    for (uint64_t b : r.output_bytes) bytes += b;
-    Log(job, v, fmt::format("version {} completed on {} in {:.1f} ms, {} output bytes", r.version,
-                            r.daemon.valid() ? daemons_[r.daemon.value()]->spec.name : "?", rep.duration_ms, bytes));
-  }
   // Unknown counts (an older daemon) mean "fetch it": never claim an output is empty.
   r.output_messages.resize(r.output_bytes.size(), 1);
   Journal(DoneRecord(job, v));

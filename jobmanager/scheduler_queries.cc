@@ -1,6 +1,7 @@
 #include "jobmanager/scheduler_state.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -170,11 +171,28 @@ Json Scheduler::Logs(JobId id, const std::string& vertex) const {
   if (!job) return nullptr;
   VertexId only = vertex.empty() ? VertexId::Invalid() : job->g().FindVertex(vertex);
   if (!vertex.empty() && !only.valid()) return nullptr;
-  Json lines = Json::array();
+  // The log, and each completed attempt's line from its trace span (made here, not as it
+  // completes: the scheduler's hot path writes no line per completion), in time order.
+  std::vector<std::pair<double, std::string>> lines;
   for (const auto& [v, line] : job->log) {
-    if (vertex.empty() || v == only) lines.push_back(line);
+    if (vertex.empty() || v == only) lines.emplace_back(std::strtod(line.c_str(), nullptr) * 1000.0, line);
   }
-  return lines;
+  for (const auto& s : job->spans) {
+    if (s.outcome != "completed" || (only.valid() && s.vertex != only.value())) continue;
+    const std::string& name = job->g().vertex(VertexId(s.vertex)).name;
+    std::string line = fmt::format("{:10.3f}s {} version {} completed on {} in {:.1f} ms", s.end_ms / 1000.0, name,
+                                   s.version, daemons_[s.daemon.value()]->spec.name, s.end_ms - s.start_ms);
+    if (const Run& r = job->runs[s.vertex]; r.state == VertexState::kCompleted && r.version == s.version) {
+      uint64_t bytes = 0;
+      for (uint64_t b : r.output_bytes) bytes += b;
+      line += fmt::format(", {} output bytes", bytes);
+    }
+    lines.emplace_back(s.end_ms, std::move(line));
+  }
+  std::stable_sort(lines.begin(), lines.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  Json out = Json::array();
+  for (auto& [at, line] : lines) out.push_back(std::move(line));
+  return out;
 }
 
 Result<Json> Scheduler::OutputLocations(JobId id) const {
