@@ -160,6 +160,8 @@ struct DataServer::Impl {
   void Serve(Socket& sock, std::atomic<int64_t>& handshake_until_ms);
   /// Shuts down connections whose handshake outlived its deadline. Requires mu.
   void EndOverdueHandshakesLocked();
+  /// Shuts down the connection that has been in its handshake longest. Requires mu.
+  void EndOldestHandshakeLocked();
   /// Authenticates a new connection and clears its `handshake_until_ms`; false when it must be
   /// closed.
   bool Handshake(BufferedSocket& in, const std::string& peer, std::atomic<int64_t>& handshake_until_ms);
@@ -202,14 +204,17 @@ void DataServer::Impl::AcceptLoop() {
         }
         continue;
       }
+      // At the cap, the connection longest in its handshake makes room: a peer that opens
+      // connections and says nothing cannot lock real ones out, whose handshake takes a
+      // round trip, unless it opens max_handshaking of them in that time.
       const auto handshaking = std::count_if(conns.begin(), conns.end(), [](const Conn& c) { return c.handshake_until_ms.load() != 0; });
       if (handshaking >= options.max_handshaking) {
         if (SteadyMs() - refused_logged_ms >= 1000) {  // one line a second, however many come
-          Logger("chan")->warn("data server: {} connections are already in their handshake; closing new ones", handshaking);
+          Logger("chan")->warn("data server: {} connections are in their handshake; closing the oldest for each new one",
+                               handshaking);
           refused_logged_ms = SteadyMs();
         }
-        ::close(fd);
-        continue;
+        EndOldestHandshakeLocked();
       }
       if (!local) {
         int one = 1;
@@ -239,6 +244,18 @@ void DataServer::Impl::AcceptLoop() {
         resting_until_ms = SteadyMs() + kAcceptRestMs;
       }
     }
+  }
+}
+
+void DataServer::Impl::EndOldestHandshakeLocked() {
+  Conn* oldest = nullptr;
+  int64_t oldest_until = 0;
+  for (auto& c : conns) {
+    const int64_t until = c.handshake_until_ms.load();
+    if (until != 0 && (!oldest || until < oldest_until)) oldest = &c, oldest_until = until;
+  }
+  if (oldest && oldest->handshake_until_ms.compare_exchange_strong(oldest_until, 0)) {
+    ::shutdown(oldest->sock.fd(), SHUT_RDWR);  // its thread's blocked read ends
   }
 }
 

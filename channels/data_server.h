@@ -31,8 +31,9 @@
 // peer only ever blocks its own thread). The whole handshake must finish within
 // `handshake_timeout_ms`, however slowly its bytes trickle in (the acceptor shuts down a
 // connection that overruns it), and at most `max_handshaking` connections may be in their
-// handshake at once; an idle authenticated connection may stay open (the fetching side pools
-// it). Out of descriptors or threads, the acceptor closes what it cannot serve and backs off
+// handshake at once (a new one beyond that closes the oldest, so idle unauthenticated peers
+// cannot lock real ones out); an idle authenticated connection may stay open (the fetching
+// side pools it). Out of descriptors or threads, the acceptor closes what it cannot serve and backs off
 // rather than spin or end the daemon. Stop() closes every connection and joins every thread.
 #include <atomic>
 #include <cstdint>
@@ -49,8 +50,8 @@ struct DataServerOptions {
   int frame_timeout_ms = 30'000;  // for the rest of a frame once its first byte arrived
   /// Also serve readers on this host through LocalSocketName.
   bool local_socket = true;
-  /// Connections still in their handshake beyond this many are closed as they arrive: each
-  /// holds a thread, and a peer need not know the secret to open them.
+  /// At most this many connections in their handshake (each holds a thread, and a peer need
+  /// not know the secret to open them): a new one beyond them closes the oldest.
   int max_handshaking = 64;
 };
 

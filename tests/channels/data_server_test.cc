@@ -462,7 +462,8 @@ TEST_CASE("DataServer.GarbageIsRefusedAndOthersAreServed" * doctest::timeout(20)
 
 TEST_CASE("DataServer.ConnectionsInTheirHandshakeAreCappedAndTheRestServed" * doctest::timeout(20)) {
   // Anyone may connect, and each connection holds a thread until its handshake ends: beyond the
-  // cap, new ones are closed at once; authenticated ones are not counted.
+  // cap, the oldest in its handshake is closed for each new one, so silent peers cannot lock a
+  // real one out; authenticated ones are not counted.
   TempDir dir;
   auto store = OutputStore::Make(dir.path() / "outputs", 1 << 20);
   REQUIRE(store.ok());
@@ -478,10 +479,21 @@ TEST_CASE("DataServer.ConnectionsInTheirHandshakeAreCappedAndTheRestServed" * do
   silent1->ReadJson();  // hello: served
   silent2->ReadJson();
   Raw third(port);
+  third.ReadJson();  // greeted...
   char byte;
-  auto r = third.s.socket().ReadSome(&byte, 1, 1000);
-  CHECK_MESSAGE(!r.ok(), "the third connection was greeted");  // no hello: closed as it came
+  auto r = silent1->s.socket().ReadSome(&byte, 1, 1000);
+  CHECK_MESSAGE(!r.ok(), "the oldest silent connection was kept");  // ...and the oldest closed for it
   CHECK(r.status().code() == StatusCode::kUnavailable);
+  {
+    // Silent peers hold the cap (silent2, third): a real fetch still gets through.
+    auto w = (*store)->CreateWriter({9, 0, 0, 0}, StorageKind::kMemory);
+    REQUIRE(w.ok());
+    REQUIRE((*w)->Write(Buffer(std::string("held"))).ok());
+    REQUIRE((*w)->Close().ok());
+    auto reader = OpenRemoteReader(kHost, port, {9, 0, 0, 0}, kSecret, Quick());
+    REQUIRE_MESSAGE(reader.ok(), reader.status().ToString());
+    CHECK(Drain(**reader) == std::vector<std::string>{"held"});
+  }
   silent1.reset();
   silent2.reset();
   // Their threads end with them; a new peer is greeted again.
