@@ -165,8 +165,11 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     chaos.interval = std::chrono::milliseconds(interval_ms);
     chaos.until = clock_.Now() + std::chrono::milliseconds(duration_ms);
     chaos.next = clock_.Now() + chaos.interval;
+    const bool replaced = chaos_.has_value();  // one seeded sequence at a time
     chaos_ = std::move(chaos);
-    return Json{{"random", true}, {"kinds", chaos_->kinds}};
+    Json reply = {{"random", true}, {"kinds", chaos_->kinds}};
+    if (replaced) reply["replaced"] = "the random chaos that was running";
+    return reply;
   }
   if (action == "stop") {
     chaos_.reset();

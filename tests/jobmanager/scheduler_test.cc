@@ -279,6 +279,13 @@ TEST_CASE("Scheduler.ChaosRequestsOutsideTheJobFilesBoundsAreRefused") {
     CHECK_MESSAGE(done.status().code() == StatusCode::kInvalidArgument, bad.dump());
   }
   CHECK(h.sched.Chaos({{"action", "fail"}, {"job", id}, {"vertex", "b[0]"}, {"attempts", {1, 2}}}).ok());
+  // A second random chaos replaces the first, and says so.
+  auto first = h.sched.Chaos({{"action", "random"}, {"seed", 1}});
+  REQUIRE(first.ok());
+  CHECK_FALSE(first->contains("replaced"));
+  auto second = h.sched.Chaos({{"action", "random"}, {"seed", 2}});
+  REQUIRE(second.ok());
+  CHECK((*second)["replaced"] == "the random chaos that was running");
 }
 
 TEST_CASE("Scheduler.InjectedKillsAndCutsAreNotCountedAsDaemonLosses") {
