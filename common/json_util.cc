@@ -1,7 +1,6 @@
 #include "common/json_util.h"
 
 #include <fstream>
-#include <memory>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -35,52 +34,58 @@ size_t JsonNestingExceeds(std::string_view text, size_t limit) {
 
 namespace {
 
-/// A parser callback that follows where in the document the parser is (a JSON pointer) and
-/// names each key an object repeats. Keeps every value (returns true).
-Json::parser_callback_t DuplicateKeyFinder(std::vector<std::string>* duplicates) {
+/// A SAX pass that follows where in the document the parser is (a JSON pointer) and names each
+/// key an object repeats. Separate from building the document: nlohmann's parser with a
+/// callback rescans the parent container after every object, quadratic in a file's size.
+class DuplicateKeyFinder final : public nlohmann::json_sax<Json> {
+ public:
+  explicit DuplicateKeyFinder(std::vector<std::string>* duplicates) : duplicates_(duplicates) {}
+
+  bool null() override { return Value(); }
+  bool boolean(bool) override { return Value(); }
+  bool number_integer(number_integer_t) override { return Value(); }
+  bool number_unsigned(number_unsigned_t) override { return Value(); }
+  bool number_float(number_float_t, const string_t&) override { return Value(); }
+  bool string(string_t&) override { return Value(); }
+  bool binary(binary_t&) override { return Value(); }
+  bool start_object(std::size_t) override { return Open(true); }
+  bool start_array(std::size_t) override { return Open(false); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+  bool key(string_t& key) override {
+    Level& l = levels_.back();
+    l.key = key;
+    if (!l.keys.insert(key).second) {
+      std::string p;
+      for (const Level& each : levels_) p = PointerAppend(p, each.object ? each.key : std::to_string(each.index));
+      duplicates_->push_back(std::move(p));
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
   struct Level {
     bool object = false;
     std::set<std::string> keys;
     std::string key;   // the object's current key
     size_t index = 0;  // the array's current element
   };
-  auto levels = std::make_shared<std::vector<Level>>();
-  auto pointer = [levels](size_t depth) {
-    std::string p;
-    for (size_t i = 0; i < depth && i < levels->size(); ++i) {
-      const Level& l = (*levels)[i];
-      p = PointerAppend(p, l.object ? l.key : std::to_string(l.index));
-    }
-    return p;
-  };
-  auto element_done = [levels] {  // a value (or a container, now closed) filled the array's slot
-    if (!levels->empty() && !levels->back().object) ++levels->back().index;
-  };
-  return [levels, pointer, element_done, duplicates](int, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        levels->push_back(Level{event == Json::parse_event_t::object_start, {}, {}, 0});
-        break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        if (!levels->empty()) levels->pop_back();
-        element_done();
-        break;
-      case Json::parse_event_t::key:
-        if (!levels->empty() && parsed.is_string()) {
-          Level& l = levels->back();
-          l.key = parsed.get<std::string>();
-          if (!l.keys.insert(l.key).second) duplicates->push_back(pointer(levels->size()));
-        }
-        break;
-      case Json::parse_event_t::value:
-        element_done();
-        break;
-    }
+  bool Open(bool object) {
+    levels_.push_back(Level{object, {}, {}, 0});
     return true;
-  };
-}
+  }
+  bool Close() {
+    levels_.pop_back();
+    return Value();  // the container, now closed, filled its parent's slot
+  }
+  bool Value() {
+    if (!levels_.empty() && !levels_.back().object) ++levels_.back().index;
+    return true;
+  }
+  std::vector<std::string>* duplicates_;
+  std::vector<Level> levels_;
+};
 
 }  // namespace
 
@@ -91,8 +96,12 @@ Result<Json> ParseJson(std::string_view text, std::string_view source, std::vect
                                    ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   }
   try {
-    if (!duplicate_keys) return Json::parse(text.begin(), text.end());
-    return Json::parse(text.begin(), text.end(), DuplicateKeyFinder(duplicate_keys));
+    Json doc = Json::parse(text.begin(), text.end());
+    if (duplicate_keys) {
+      DuplicateKeyFinder finder(duplicate_keys);
+      Json::sax_parse(text.begin(), text.end(), &finder);  // well-formed: the parse above said so
+    }
+    return doc;
   } catch (const Json::parse_error& e) {
     // nlohmann reports the byte *after* the offending token; point at the token itself.
     size_t offset = e.byte > 0 ? e.byte - 1 : 0;
