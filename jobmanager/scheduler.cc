@@ -10,7 +10,6 @@ namespace copse::jm {
 
 namespace {
 
-constexpr size_t kMaxLogLines = 20000;
 constexpr uint32_t kMaxChainedAfter = 8;  // unfinished input edges a vertex may be chained after
 // How deep chained tasks may wait behind a started one: a task chained after one that is itself
 // still held waits at depth 2. Two keeps the next task on its daemon one whole task ahead of
@@ -107,7 +106,7 @@ void Scheduler::Log(Job& job, VertexId v, std::string text) {
   std::snprintf(stamp, sizeof(stamp), "%10.3fs ", ElapsedMs(job) / 1000.0);
   std::string line = stamp + (v.valid() ? job.g().vertex(v).name + " " : std::string()) + text;
   SchedLog()->info("job={} {}", job.id.value(), line);
-  if (job.log.size() < kMaxLogLines) job.log.emplace_back(v, std::move(line));
+  if (job.log.size() < kMaxLogLines) job.log.push_back({v, std::move(line)});
 }
 
 
@@ -263,6 +262,7 @@ void Scheduler::CloseSpan(Job& job, VertexId v, uint32_t version, const std::str
   // report latencies (or a chained attempt's wait), shifted by one report's latency.
   if (ran_ms >= 0) span.start_ms = std::max(span.start_ms, span.end_ms - ran_ms);
   span.outcome = outcome;
+  span.log_lines_before_end = job.log.size();
   job.open_spans.erase(it);
 }
 

@@ -1,8 +1,8 @@
 #include "jobmanager/scheduler_state.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string_view>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -171,11 +171,19 @@ Json Scheduler::Logs(JobId id, const std::string& vertex) const {
   if (!job) return nullptr;
   VertexId only = vertex.empty() ? VertexId::Invalid() : job->g().FindVertex(vertex);
   if (!vertex.empty() && !only.valid()) return nullptr;
-  // The log, and each completed attempt's line from its trace span (made here, not as it
-  // completes: the scheduler's hot path writes no line per completion), in time order.
-  std::vector<std::pair<double, std::string>> lines;
-  for (const auto& [v, line] : job->log) {
-    if (vertex.empty() || v == only) lines.emplace_back(std::strtod(line.c_str(), nullptr) * 1000.0, line);
+  // The log, and each completed attempt's line made from its trace span (here, not as it
+  // completes: the scheduler's hot path writes no line per completion), each where the log
+  // stood when the attempt ended, before what its completion caused.
+  struct Line {
+    size_t position;  // in the log: a line's index, or how many lines preceded a completion
+    bool logged;
+    double end_ms;
+    std::string text;
+  };
+  std::vector<Line> lines;
+  for (size_t i = 0; i < job->log.size(); ++i) {
+    const auto& l = job->log[i];
+    if (vertex.empty() || l.vertex == only) lines.push_back({i, true, 0, l.text});
   }
   for (const auto& s : job->spans) {
     if (s.outcome != "completed" || (only.valid() && s.vertex != only.value())) continue;
@@ -187,11 +195,17 @@ Json Scheduler::Logs(JobId id, const std::string& vertex) const {
       for (uint64_t b : r.output_bytes) bytes += b;
       line += fmt::format(", {} output bytes", bytes);
     }
-    lines.emplace_back(s.end_ms, std::move(line));
+    lines.push_back({s.log_lines_before_end, false, s.end_ms, std::move(line)});
   }
-  std::stable_sort(lines.begin(), lines.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::stable_sort(lines.begin(), lines.end(), [](const Line& a, const Line& b) {
+    return std::tie(a.position, a.logged, a.end_ms) < std::tie(b.position, b.logged, b.end_ms);
+  });
   Json out = Json::array();
-  for (auto& [at, line] : lines) out.push_back(std::move(line));
+  for (size_t i = 0; i < lines.size() && i < kMaxLogLines; ++i) out.push_back(std::move(lines[i].text));
+  if (lines.size() > kMaxLogLines) {
+    out.push_back(fmt::format("… {} more lines not shown (a job's log answers with its first {})", lines.size() - kMaxLogLines,
+                              kMaxLogLines));
+  }
   return out;
 }
 

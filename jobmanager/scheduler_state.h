@@ -25,6 +25,10 @@ namespace copse::jm {
 
 std::shared_ptr<spdlog::logger> SchedLog();
 
+/// The most lines a job's log keeps, and `copse logs` answers with (a reply must stay well
+/// within one control message).
+inline constexpr size_t kMaxLogLines = 20000;
+
 /// The memory daemon `spec` offers vertices: what it declared, or unaccounted when it declared
 /// none (or more than is ever accounted).
 inline int64_t MemoryOf(const DaemonSpec& spec) {
@@ -121,7 +125,11 @@ struct Scheduler::Job {
   std::vector<char> fault_fired;
   Json faults_log = Json::array();  // every fault injected so far, for the summary
   Json recoveries = Json::array();
-  std::vector<std::pair<VertexId, std::string>> log;
+  struct LogLine {
+    VertexId vertex;  // invalid: the job's own line
+    std::string text;
+  };
+  std::vector<LogLine> log;  // at most kMaxLogLines
   std::vector<uint32_t> gang_version;  // per gang: the version of its current attempt
   /// Per gang, after a search found no placement: until capacity frees or a pin goes, a new
   /// search could only fail again; and searches of a big gang are spaced by their cost.
@@ -138,6 +146,7 @@ struct Scheduler::Job {
     DaemonId daemon;
     double start_ms, end_ms = -1;
     std::string outcome;
+    size_t log_lines_before_end = 0;  // where its end falls in `log` (Logs() merges the two)
   };
   std::vector<Span> spans;
   std::map<std::pair<uint32_t, uint32_t>, size_t> open_spans;  // (vertex, version) -> index

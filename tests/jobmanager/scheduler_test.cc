@@ -1348,6 +1348,14 @@ TEST_CASE("Scheduler.AVertexLogSaysWhereAndWhenItCompleted") {
   const std::string logs = h.sched.Logs(job, "a[0]").dump();
   CHECK_MESSAGE(logs.find("a[0] version 1 completed on d0 in ") != std::string::npos, logs);
   CHECK_MESSAGE(logs.find(" ms, 42 output bytes") != std::string::npos, logs);
+  // In time order, a completion before what it caused at the same instant: the job's end last.
+  h.Finish(h.Next().second, true);
+  h.Finish(h.Next().second, true);
+  REQUIRE(h.State(job) == "completed");
+  const Json all = h.sched.Logs(job, "");
+  REQUIRE(all.size() >= 2);
+  CHECK_MESSAGE(all[all.size() - 2].get<std::string>().find("c[0] version 1 completed on d0") != std::string::npos, all.dump());
+  CHECK_MESSAGE(all.back().get<std::string>().find("s completed") != std::string::npos, all.dump());
 }
 
 TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
