@@ -293,7 +293,12 @@ bool DataServer::Impl::Handshake(BufferedSocket& in, const std::string& peer, st
     return false;
   };
   auto msg = internal::ReadJson(in, kMaxRequestBytes, options.handshake_timeout_ms, options.handshake_timeout_ms);
-  if (!msg.ok()) return refuse("bad handshake: " + msg.status().message());
+  if (!msg.ok()) {
+    // Shut down by the acceptor (overdue, or the oldest at the cap), which said so at a
+    // bounded rate: a line per such connection would let a peer flood the log.
+    if (handshake_until_ms.load() == 0) return false;
+    return refuse("bad handshake: " + msg.status().message());
+  }
   const Json& j = *msg;
   if (StringMember(j, "op") != "auth") return refuse("expected {\"op\":\"auth\"} first");
   const std::string role = StringMember(j, "role");

@@ -581,6 +581,10 @@ class StreamWriter final : public ChannelWriter {
   }
 
   Status Write(Buffer message) override {
+    if (message.size() > kMaxWindowBytes) {  // the consumer's hub drops a larger frame with its connection
+      return Status::InvalidArgument("stream " + c_->key.ToString() + ": a message of " + std::to_string(message.size()) +
+                                     " bytes exceeds a live channel's limit of " + std::to_string(kMaxWindowBytes));
+    }
     std::unique_lock lock(hub_->mu);
     for (;;) {
       COPSE_RETURN_NOT_OK(Check());
