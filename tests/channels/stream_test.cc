@@ -130,6 +130,27 @@ TEST_CASE("Stream.OrderAndBoundariesOverTcpAndIpc" * doctest::timeout(20)) {
   CHECK(p.cons->dropped_frames() == 0);
 }
 
+TEST_CASE("Stream.AMessageLargerThanAnyWindowIsRefusedAtWrite" * doctest::timeout(10)) {
+  // The consumer's hub would drop the frame with its connection (its cap on what an
+  // unauthenticated peer may make it buffer): the writer says so instead.
+  class Huge final : public Payload {
+   public:
+    size_t EncodedSize() const override { return (size_t{1} << 30) + 1; }
+    std::string Encode() const override { return {}; }  // never called
+  };
+  Pair p;
+  auto w = p.prod->OpenWriter(p.peer(false), {1, 4, 0}, Quick());
+  REQUIRE(w.ok());
+  const Status st = (*w)->Write(Buffer(std::shared_ptr<const Payload>(std::make_shared<Huge>())));
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK_MESSAGE(st.message().find("exceeds a live channel's limit of 1073741824") != std::string::npos, st.message());
+  REQUIRE((*w)->Write(Buffer("small")).ok());  // the channel goes on
+  REQUIRE((*w)->Close().ok());
+  auto r = p.cons->OpenReader({1, 4, 0}, Quick());
+  REQUIRE(r.ok());
+  CHECK(Drain(**r) == std::vector<std::string>{"small"});
+}
+
 TEST_CASE("Stream.ReaderOpenedAfterTheProducerFinished" * doctest::timeout(10)) {
   Pair p;
   StreamKey key{1, 3, 0};
