@@ -139,11 +139,14 @@ Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::
 }
 
 Result<uint64_t> SubmitJob(net::BlockingClient& client, const jm::JobGraph& graph, const std::string& file) {
-  // Relative paths in the job resolve against its file's directory; a job read from a pipe
-  // (/dev/stdin, <(…)) has none but the directory it was given in.
+  // Relative paths in the job resolve against its file's directory. /dev/stdin (or /dev/fd/N,
+  // /proc/self/fd/N) stands for the file it was redirected from, whose directory is meant, or
+  // for a pipe, which has none but the directory the command was given in.
+  namespace fs = std::filesystem;
   std::error_code ec;
-  const auto dir = std::filesystem::is_regular_file(file, ec) ? std::filesystem::absolute(file).parent_path()
-                                                              : std::filesystem::current_path();
+  const bool stands_for_another = file.rfind("/dev/", 0) == 0 || file.rfind("/proc/", 0) == 0;
+  const fs::path real = stands_for_another ? fs::canonical(file, ec) : fs::absolute(file, ec);
+  const auto dir = !ec && fs::is_regular_file(real, ec) ? real.parent_path() : fs::current_path();
   COPSE_ASSIGN_OR_RETURN(Json reply, client.Call({{"op", "submit"}, {"job", graph.spec().source},
                                                   {"job_dir", dir.string()}, {"source", file}}));
   return reply["job"].get<uint64_t>();

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <new>
+#include <string_view>
 
 #include "cli/commands.h"
 #include "cli/graph_command.h"
@@ -41,10 +42,15 @@ int main(int argc, char** argv) {
   copse::cli::AddTrainCommand(app);
   copse::cli::AddGraphCommand(app);
   // CLI11 would say only that a subcommand is required.
+  // The first word that is not a global option (--log-level takes a value) is the verb.
+  int first = 1;
+  while (first < argc && std::string_view(argv[first]).rfind("--log-level", 0) == 0) {
+    first += std::string_view(argv[first]) == "--log-level" ? 2 : 1;
+  }
   const auto verbs = app.get_subcommands([](CLI::App*) { return true; });
-  if (argc > 1 && argv[1][0] != '-' &&
-      std::none_of(verbs.begin(), verbs.end(), [&](CLI::App* verb) { return verb->check_name(argv[1]); })) {
-    std::cerr << "copse: unknown command \"" << argv[1] << "\" (copse --help lists them)\n";
+  if (first < argc && argv[first][0] != '-' &&
+      std::none_of(verbs.begin(), verbs.end(), [&](CLI::App* verb) { return verb->check_name(argv[first]); })) {
+    std::cerr << "copse: unknown command \"" << argv[first] << "\" (copse --help lists them)\n";
     return 2;
   }
   try {
