@@ -560,7 +560,11 @@ void OutputStore::AdoptEarlierOutputs() {
       }
       const auto counted = CountRecords(f.path());
       if (!counted.ok()) {  // not served (a read would fail), but kept for a person to look at
-        const fs::path aside = dir_ / kDamagedDir / job_name / f.path().filename();
+        // Names recur (job ids start again with a new job manager state): never over another.
+        fs::path aside = dir_ / kDamagedDir / job_name / f.path().filename();
+        for (int n = 1; fs::exists(aside); ++n) {
+          aside = dir_ / kDamagedDir / job_name / (f.path().filename().string() + "." + std::to_string(n));
+        }
         std::error_code mv_ec;
         fs::create_directories(aside.parent_path(), mv_ec);
         if (!mv_ec) fs::rename(f.path(), aside, mv_ec);

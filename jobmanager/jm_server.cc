@@ -238,7 +238,14 @@ class JmServer::Impl : public DaemonSink {
       DaemonSpec spec;
       spec.name = msg.at("name").get<std::string>();
       spec.cpus = msg.value("cpus", 1.0);
-      const int64_t gpus = msg.value("gpus", int64_t{0});  // read wide: a narrowing would wrap 2^40 to 0
+      // Whole numbers, read wide: a narrowing would wrap 2^40 gpus to 0, and a float beyond
+      // int64 converts to nothing defined.
+      for (const char* key : {"gpus", "memory_mb"}) {
+        if (msg.contains(key) && !msg[key].is_number_integer()) {
+          return conn->SendErrorAndClose(std::string("register: ") + key + " must be a whole number");
+        }
+      }
+      const int64_t gpus = msg.value("gpus", int64_t{0});
       spec.memory_mb = msg.value("memory_mb", int64_t{0});
       spec.data_host = msg.at("data_host").get<std::string>();
       const int64_t data_port = msg.at("data_port").get<int64_t>();

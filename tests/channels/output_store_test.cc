@@ -495,7 +495,15 @@ TEST_CASE("OutputStore.AnOutputFileWithTrailingBytesIsSetAside" * doctest::timeo
   std::ofstream(file, std::ios::app) << "garbage";  // trailing bytes that are no whole record
   auto store = MakeStore(dir);
   CHECK(store->List().empty());
-  CHECK(std::filesystem::exists(dir.path() / "outputs" / OutputStore::kDamagedDir / "job1" / file.filename()));
+  const auto aside = dir.path() / "outputs" / OutputStore::kDamagedDir / "job1" / file.filename();
+  CHECK(std::filesystem::exists(aside));
+  // The same name damaged again later (job ids start again with a new job manager's state):
+  // set aside beside the first, not over it.
+  store.reset();
+  std::filesystem::copy_file(aside, file);
+  CHECK(MakeStore(dir)->List().empty());
+  CHECK(std::filesystem::exists(aside));
+  CHECK(std::filesystem::exists(aside.string() + ".1"));
 }
 
 TEST_CASE("OutputStore.MakeRemovesOutputsWrittenBeforeTheMachineRebooted" * doctest::timeout(10)) {

@@ -221,7 +221,8 @@ TEST_CASE("Cluster.ARegistrationWithImpossibleValuesIsRefusedAndTheRestGoesOn") 
   TestCluster cluster(1);
   const Json good = {{"op", "register"}, {"name", "x"}, {"cpus", 1}, {"data_host", "127.0.0.1"}, {"data_port", 9}};
   for (const auto& [key, value] : std::vector<std::pair<std::string, Json>>{
-           {"data_port", 70000}, {"data_port", 0}, {"cpus", -1}, {"gpus", -2}, {"gpus", int64_t{1} << 40},
+           {"data_port", 70000}, {"data_port", 0}, {"cpus", -1}, {"gpus", -2}, {"gpus", int64_t{1} << 40}, {"gpus", 1e300},
+           {"memory_mb", -1e300},
            {"name", ""}, {"name", "a b/c"}, {"data_host", "a b\n"}, {"data_host", ""}}) {
     auto daemon = net::BlockingClient::Connect("127.0.0.1", cluster.jm_port(), cluster.secret(), "daemon");
     REQUIRE(daemon.ok());
