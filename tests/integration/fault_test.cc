@@ -292,6 +292,17 @@ TEST_CASE("Faults.AJobManagerWhoseJournalWasCompactedMidJobResumesFromTheSnapsho
   CHECK(cluster.Submit(ChecksumChain(1)) == 4);  // no job id is handed out twice
 }
 
+/// The contents of the damaged journals the job manager kept in `state` for a person.
+std::vector<std::string> KeptDamagedJournals(const std::filesystem::path& state) {
+  std::vector<std::string> kept;
+  for (const auto& entry : std::filesystem::directory_iterator(state)) {
+    if (entry.path().filename().string().rfind("journal.jsonl.damaged-", 0) == 0) {
+      kept.push_back(ReadFile(entry.path().string()).value());
+    }
+  }
+  return kept;
+}
+
 TEST_CASE("Faults.JobsSubmittedAfterTheJournalWasDamagedSurviveTheNextRestart") {
   TestCluster cluster(1, 2);
   REQUIRE(cluster.Wait(cluster.Submit(ChecksumChain(1)))["state"] == "completed");
@@ -310,13 +321,7 @@ TEST_CASE("Faults.JobsSubmittedAfterTheJournalWasDamagedSurviveTheNextRestart") 
   REQUIRE_MESSAGE(status.ok(), "job " << after << " was lost: " << status.status().ToString());
   CHECK((*status)["job"]["state"] == "completed");
   // The damaged journal is kept, whole, for a person to look at.
-  size_t kept = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(state)) {
-    if (entry.path().filename().string().rfind("journal.jsonl.damaged-", 0) != 0) continue;
-    ++kept;
-    CHECK(ReadFile(entry.path().string()).value() == "GARBAGE\n" + before);
-  }
-  CHECK(kept == 1);
+  CHECK(KeptDamagedJournals(state) == std::vector<std::string>{"GARBAGE\n" + before});
 }
 
 TEST_CASE("Faults.AJournalRecordThatContradictsTheOthersIsSkippedAndTheJournalKept") {
@@ -333,13 +338,7 @@ TEST_CASE("Faults.AJournalRecordThatContradictsTheOthersIsSkippedAndTheJournalKe
   auto status = cluster.client().Call({{"op", "status"}, {"job", 1}});
   REQUIRE(status.ok());
   CHECK((*status)["job"]["state"] == "completed");
-  size_t kept = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(state)) {
-    if (entry.path().filename().string().rfind("journal.jsonl.damaged-", 0) != 0) continue;
-    ++kept;
-    CHECK(ReadFile(entry.path().string()).value() == damaged);
-  }
-  CHECK(kept == 1);
+  CHECK(KeptDamagedJournals(state) == std::vector<std::string>{damaged});
 }
 
 /// A 120-vertex layered checksum DAG that keeps running for at least 1.5 s.

@@ -79,6 +79,18 @@ GraphOptions SmallPipeline() {
   return o;
 }
 
+/// `base` as a pipeline (or hybrid) of that shape.
+GraphOptions PipelineOf(GraphOptions base, const std::string& kind, int stages, int micro, const std::string& schedule,
+                        bool recompute, const std::string& weight_grads) {
+  base.kind = kind;
+  base.stages = stages;
+  base.microbatches = micro;
+  base.schedule = schedule;
+  base.recompute = recompute;
+  base.weight_grads = weight_grads;
+  return base;
+}
+
 /// Writes `job` into `dir`, runs it with `copse run` (`env`: "NAME=value " settings for the
 /// cluster's processes), returns the summary and eval's outputs.
 RunResult RunJob(const Json& job, const fs::path& dir, int daemons, int cpus = 2, const std::string& env = "") {
@@ -188,14 +200,7 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
     CAPTURE(c.schedule);
     CAPTURE(c.recompute);
     CAPTURE(c.weight_grads);
-    GraphOptions o = base;
-    o.kind = "pipeline";
-    o.stages = c.stages;
-    o.microbatches = c.micro;
-    o.schedule = c.schedule;
-    o.recompute = c.recompute;
-    o.weight_grads = c.weight_grads;
-    auto job = GenerateTrainingGraph(o);
+    auto job = GenerateTrainingGraph(PipelineOf(base, "pipeline", c.stages, c.micro, c.schedule, c.recompute, c.weight_grads));
     REQUIRE(job.ok());
     TempDir dir;
     const RunResult r = RunJob(*job, dir.path, c.stages);
@@ -263,14 +268,8 @@ TEST_CASE("MlGraph.AShortLastStepWithEmptyMicroBatchesMatchesSingleProcessTraini
     CAPTURE(c.recompute);
     CAPTURE(c.weight_grads);
     CAPTURE(c.env);
-    GraphOptions o = base;
-    o.kind = c.kind;
+    GraphOptions o = PipelineOf(base, c.kind, c.stages, 4, c.schedule, c.recompute, c.weight_grads);
     o.workers = 2;
-    o.stages = c.stages;
-    o.microbatches = 4;
-    o.schedule = c.schedule;
-    o.recompute = c.recompute;
-    o.weight_grads = c.weight_grads;
     auto job = GenerateTrainingGraph(o);
     REQUIRE(job.ok());
     TempDir dir;
@@ -285,15 +284,10 @@ TEST_CASE("MlGraph.AShortLastStepWithEmptyMicroBatchesMatchesSingleProcessTraini
 TEST_CASE("MlGraph.APipelineWithoutCachedModelsReplaysItsGradientLogsBitIdentically" * doctest::timeout(240)) {
   for (const bool recompute : {false, true}) {
     CAPTURE(recompute);
-    GraphOptions o = Small();
-    o.model = "mlp:784-64-32-10";
-    o.kind = "pipeline";
-    o.stages = 2;
-    o.microbatches = 4;
-    o.schedule = recompute ? "gpipe" : "1f1b";
-    o.recompute = recompute;
-    o.weight_grads = "per-microbatch";  // batched weight gradients keep no sum to replay
-    auto job = GenerateTrainingGraph(o);
+    GraphOptions base = Small();
+    base.model = "mlp:784-64-32-10";
+    // Batched weight gradients keep no sum to replay: per micro-batch.
+    auto job = GenerateTrainingGraph(PipelineOf(base, "pipeline", 2, 4, recompute ? "gpipe" : "1f1b", recompute, "per-microbatch"));
     REQUIRE(job.ok());
     TempDir warm_dir, cold_dir;
     const RunResult warm = RunJob(*job, warm_dir.path, 2);
