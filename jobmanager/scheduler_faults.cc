@@ -264,6 +264,18 @@ void Scheduler::CheckFaults(Job& job) {
         keys.push_back({{"job", job.id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", p}});
       }
       sink_.SendToDaemon(target->id, {{"op", f.kind == FaultKind::kCorruptOutputOf ? "corrupt" : "drop"}, {"keys", keys}});
+      // Readers detect a damaged output and have it regenerated. A job output that no vertex
+      // of the job reads any more has no reader until the job's outputs are fetched, when it
+      // would be too late: the job manager, which damaged it, has it regenerated now.
+      bool read_later = false;
+      for (const auto& port : g.vertex(v).outputs) {
+        for (ChannelId ch : port) read_later = read_later || job.runs[g.channel(ch).to.value()].state != VertexState::kCompleted;
+      }
+      if (job.declared[v.value()] && !read_later) {
+        Regenerate(job, v, std::string("a job output ") + (f.kind == FaultKind::kCorruptOutputOf ? "damaged" : "deleted") +
+                               " by an injected fault, which no vertex of the job reads");
+        RecomputePending(job);
+      }
     }
   }
 }

@@ -1338,6 +1338,29 @@ TEST_CASE("Scheduler.AFinishedJobListsTheChaosFaultsThatNeverFired") {
   CHECK(not_fired[0] == Json{{"source", "chaos"}, {"fault", "fail"}, {"vertex", "a[0]"}});
 }
 
+TEST_CASE("Scheduler.AJobOutputDamagedByAFaultThatNoVertexReadsIsRegenerated") {
+  // Readers detect damage; a job output has none inside the job once its consumers are done,
+  // so the job would complete with it damaged and its fetch fail (seen under random chaos,
+  // which may damage the sink while another branch still runs).
+  Harness h;
+  h.AddDaemon("d0", 2);
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "s", "program": "noop"},
+                                      {"name": "c", "program": "noop"}],
+                           "edges": [{"from": "a", "to": "s"}, {"from": "a", "to": "c"}],
+                           "outputs": [{"from": "s", "path": "out"}]})");
+  h.Finish(h.Next("a[0]").second, true);
+  Json s1 = h.Next("s[0]").second, c1 = h.Next("c[0]").second;
+  h.Finish(s1, true);  // the job output is stored; c still runs
+  REQUIRE(h.sched.Chaos({{"action", "corrupt"}, {"job", job.value()}, {"vertex", "s[0]"}}).ok());
+  CHECK(h.sink.WithOp("corrupt").size() == 1);
+  h.Finish(c1, true);
+  CHECK(h.State(job) == "running");  // not completed with a damaged output
+  Json s2 = h.Next("s[0]").second;
+  CHECK(s2["version"].get<uint32_t>() > s1["version"].get<uint32_t>());
+  h.Finish(s2, true);
+  CHECK(h.State(job) == "completed");
+}
+
 TEST_CASE("Scheduler.AVertexLogSaysWhereAndWhenItCompleted") {
   // Placements and failures were logged, completions not: after "placed on" a reader could
   // not tell whether the attempt succeeded.
