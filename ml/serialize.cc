@@ -52,6 +52,13 @@ void AppendPrefix(std::string& out, size_t count) {
 }
 
 /// What comes before a tensor's data.
+/// What goes on the wire for `t`: an undefined tensor (no storage, yet a product of no
+/// dimensions says one element) as an empty one, never a read through its null data.
+const Tensor& Wire(const Tensor& t) {
+  static const Tensor* const kEmpty = new Tensor(Tensor::Zeros({0}));
+  return t.defined() ? t : *kEmpty;
+}
+
 void AppendTensorHeader(std::string& out, const std::string& name, const Tensor& t) {
   Put<uint32_t>(out, static_cast<uint32_t>(name.size()));
   out.append(name);
@@ -67,7 +74,10 @@ uint64_t Checksum(std::string_view bytes) { return XXH64(bytes.data(), bytes.siz
 
 size_t EncodedSize(const NamedTensors& tensors) {
   size_t total = sizeof(kMagic) + 8 + 8;
-  for (const auto& [name, t] : tensors) total += 8 + name.size() + 8 * t.ndim() + t.bytes();
+  for (const auto& [name, tensor] : tensors) {
+    const Tensor& t = Wire(tensor);
+    total += 8 + name.size() + 8 * t.ndim() + t.bytes();
+  }
   return total;
 }
 
@@ -75,7 +85,8 @@ std::string SerializeTensors(const NamedTensors& tensors) {
   std::string out;
   out.reserve(EncodedSize(tensors));
   AppendPrefix(out, tensors.size());
-  for (const auto& [name, t] : tensors) {
+  for (const auto& [name, tensor] : tensors) {
+    const Tensor& t = Wire(tensor);
     AppendTensorHeader(out, name, t);
     if (t.bytes() == 0) continue;
     if (t.is_cpu()) {
@@ -92,13 +103,13 @@ std::string SerializeTensors(const NamedTensors& tensors) {
 
 std::vector<std::string_view> SerializedSpans(const NamedTensors& tensors, std::string* scratch) {
   for (const auto& [name, t] : tensors) {
-    if (t.bytes() > 0 && !t.is_cpu()) return {};
+    if (Wire(t).bytes() > 0 && !t.is_cpu()) return {};
   }
   std::string headers;
   std::vector<size_t> header_ends;  // headers[previous end, this end) comes before tensor i's data
   AppendPrefix(headers, tensors.size());
   for (const auto& [name, t] : tensors) {
-    AppendTensorHeader(headers, name, t);
+    AppendTensorHeader(headers, name, Wire(t));
     header_ends.push_back(headers.size());
   }
   std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> hash(XXH64_createState(), XXH64_freeState);
@@ -106,7 +117,7 @@ std::vector<std::string_view> SerializedSpans(const NamedTensors& tensors, std::
   size_t begin = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     XXH64_update(hash.get(), headers.data() + begin, header_ends[i] - begin);
-    XXH64_update(hash.get(), tensors[i].second.data(), tensors[i].second.bytes());
+    XXH64_update(hash.get(), Wire(tensors[i].second).data(), Wire(tensors[i].second).bytes());
     begin = header_ends[i];
   }
   XXH64_update(hash.get(), headers.data() + begin, headers.size() - begin);  // the prefix, when no tensors
@@ -118,8 +129,8 @@ std::vector<std::string_view> SerializedSpans(const NamedTensors& tensors, std::
   begin = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     spans.push_back(all.substr(begin, header_ends[i] - begin));
-    if (tensors[i].second.bytes() > 0)
-      spans.emplace_back(reinterpret_cast<const char*>(tensors[i].second.data()), tensors[i].second.bytes());
+    if (const Tensor& t = Wire(tensors[i].second); t.bytes() > 0)
+      spans.emplace_back(reinterpret_cast<const char*>(t.data()), t.bytes());
     begin = header_ends[i];
   }
   spans.push_back(all.substr(begin));  // the prefix (when no tensors) and the trailer

@@ -66,6 +66,23 @@ TEST_CASE("Serialize.SpansAreTheEncodingWithTheTensorsInPlace") {
   }
 }
 
+TEST_CASE("Serialize.AnUndefinedTensorGoesOnTheWireAsAnEmptyOne") {
+  // An undefined tensor has no storage, yet its product of no dimensions says one element:
+  // encoding it read 4 bytes through a null pointer, and a daemon's data server, sending a
+  // message that held one, crashed the daemon.
+  const NamedTensors in{{"undefined", Tensor()}, {"x", RandomTensor({2}, 3)}};
+  const std::string bytes = SerializeTensors(in);
+  CHECK(bytes.size() == EncodedSize(in));
+  std::string headers;
+  std::string joined;
+  for (std::string_view span : SerializedSpans(in, &headers)) joined += span;
+  CHECK(joined == bytes);
+  auto out = DeserializeTensors(bytes);
+  REQUIRE(out.ok());
+  CHECK((*out)[0].second.shape() == Shape{0});
+  CHECK((*out)[1].second.BitwiseEquals(in[1].second));
+}
+
 TEST_CASE("TensorMessage.LocalReadersShareTheTensorsAndRemoteOnesGetTheSameBytes") {
   const NamedTensors in = {{"w", RandomTensor({3, 4}, 5)}, {"b", RandomTensor({4}, 6)}};
   const chan::Buffer msg = TensorMessage(in);
