@@ -140,6 +140,7 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     job->fault_fired.push_back(0);
     Log(*job, v, "chaos: " + action + " armed");
     CheckFaults(*job);
+    Schedule();  // what a fired fault made run again goes now, not at the next tick
     Json reply = {{"fault", action}, {"vertex", job->g().vertex(v).name}, {"job", job->id.value()}, {"armed", true}};
     if ((action == "fail" || action == "delay") && r.state == VertexState::kCompleted) {
       reply["note"] = job->g().vertex(v).name + " has completed: the fault fires only if it runs again";
@@ -264,16 +265,14 @@ void Scheduler::CheckFaults(Job& job) {
         keys.push_back({{"job", job.id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", p}});
       }
       sink_.SendToDaemon(target->id, {{"op", f.kind == FaultKind::kCorruptOutputOf ? "corrupt" : "drop"}, {"keys", keys}});
-      // Readers detect a damaged output and have it regenerated. A job output that no vertex
-      // of the job reads any more has no reader until the job's outputs are fetched, when it
-      // would be too late: the job manager, which damaged it, has it regenerated now.
-      bool read_later = false;
-      for (const auto& port : g.vertex(v).outputs) {
-        for (ChannelId ch : port) read_later = read_later || job.runs[g.channel(ch).to.value()].state != VertexState::kCompleted;
-      }
-      if (job.declared[v.value()] && !read_later) {
+      // Readers detect a damaged output and have it regenerated. A job output may have none
+      // that will: a reader that opened it before keeps the undamaged copy, one over a durable
+      // channel falls back to its copy, a live channel's reader never reads the stored port,
+      // and the job's outputs are fetched only once it completed. The job manager, which did
+      // the damage, has a job output regenerated at once.
+      if (job.declared[v.value()]) {
         Regenerate(job, v, std::string("a job output ") + (f.kind == FaultKind::kCorruptOutputOf ? "damaged" : "deleted") +
-                               " by an injected fault, which no vertex of the job reads");
+                               " by an injected fault");
         RecomputePending(job);
       }
     }

@@ -51,7 +51,6 @@ void AppendPrefix(std::string& out, size_t count) {
   Put<uint32_t>(out, static_cast<uint32_t>(count));
 }
 
-/// What comes before a tensor's data.
 /// What goes on the wire for `t`: an undefined tensor (no storage, yet a product of no
 /// dimensions says one element) as an empty one, never a read through its null data.
 const Tensor& Wire(const Tensor& t) {
@@ -59,6 +58,7 @@ const Tensor& Wire(const Tensor& t) {
   return t.defined() ? t : *kEmpty;
 }
 
+/// What comes before a tensor's data.
 void AppendTensorHeader(std::string& out, const std::string& name, const Tensor& t) {
   Put<uint32_t>(out, static_cast<uint32_t>(name.size()));
   out.append(name);
