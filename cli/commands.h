@@ -43,7 +43,7 @@ inline CLI::Validator FiniteFrom(double floor, bool or_equal) {
         }
         return "";
       },
-      or_equal ? "NUMBER>=0" : "NUMBER>0");
+      std::string(or_equal ? "NUMBER>=" : "NUMBER>") + CLI::detail::to_string(floor));
 }
 
 /// Accepts only a decimal number from 0 to 2^64 - 1 for an unsigned flag (a seed): CLI11 reads

@@ -41,8 +41,8 @@ int main(int argc, char** argv) {
   copse::cli::AddRunCommand(app);
   copse::cli::AddTrainCommand(app);
   copse::cli::AddGraphCommand(app);
-  // CLI11 would say only that a subcommand is required.
-  // The first word that is not a global option (--log-level takes a value) is the verb.
+  // An unknown verb is named here (CLI11 would say only that a subcommand is required): the
+  // first word that is not a global option (--log-level takes a value) is the verb.
   int first = 1;
   while (first < argc && std::string_view(argv[first]).rfind("--log-level", 0) == 0) {
     first += std::string_view(argv[first]) == "--log-level" ? 2 : 1;

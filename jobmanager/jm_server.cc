@@ -31,16 +31,16 @@ JobId JobIdFrom(const Json& msg) {
   return JobId(it->get<uint64_t>());
 }
 
-}  // namespace
-
 /// Why `host` cannot be a host name or IP address ("" when it can): shown in tables and logs,
 /// and dialled by other daemons.
-static std::string HostProblem(const std::string& host) {
+std::string HostProblem(const std::string& host) {
   const bool plain = !host.empty() && host.size() <= 253 && std::all_of(host.begin(), host.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || std::strchr(".-:_%[]", c) != nullptr;
   });
   return plain ? "" : DumpJson(Json(host.substr(0, 64))) + " is not a host name or IP address";
 }
+
+}  // namespace
 
 class JmServer::Impl : public DaemonSink {
  public:

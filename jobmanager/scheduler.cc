@@ -610,15 +610,9 @@ void Scheduler::TryChain(Job& job, VertexId u) {
     ahead.push_back(a);
     todo.insert(todo.end(), p.chained_after.begin(), p.chained_after.end());
   }
-  double cpus = d.free_cpus;
-  int gpus = d.free_gpus;
-  int64_t memory = d.free_memory_mb;
-  for (VertexId a : ahead) {
-    cpus += g.stage_of(a).resources.cpus;
-    gpus += g.stage_of(a).resources.gpus;
-    memory += g.stage_of(a).resources.memory_mb;
-  }
-  if (!d.alive || d.awaiting || !Within(stage.resources, cpus, gpus, memory)) return;
+  Resources room{d.free_cpus, d.free_gpus, d.free_memory_mb};
+  for (VertexId a : ahead) room += g.stage_of(a).resources;
+  if (!d.alive || d.awaiting || !Within(stage.resources, room.cpus, room.gpus, room.memory_mb)) return;
   Dispatch(job, u, d, /*duplicate=*/false, after);
 }
 

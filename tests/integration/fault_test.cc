@@ -303,13 +303,19 @@ std::vector<std::string> KeptDamagedJournals(const std::filesystem::path& state)
   return kept;
 }
 
-TEST_CASE("Faults.JobsSubmittedAfterTheJournalWasDamagedSurviveTheNextRestart") {
-  TestCluster cluster(1, 2);
+/// Runs job 1 to completion on `cluster`, kills its job manager, and returns the journal the
+/// job manager left, for a test to damage before restarting it.
+std::string JournalOfAFinishedJobAfterTheJobManagerDied(TestCluster& cluster) {
   REQUIRE(cluster.Wait(cluster.Submit(ChecksumChain(1)))["state"] == "completed");
   cluster.KillJm();
+  return ReadFile((cluster.dir() / "jm" / "journal.jsonl").string()).value();
+}
+
+TEST_CASE("Faults.JobsSubmittedAfterTheJournalWasDamagedSurviveTheNextRestart") {
+  TestCluster cluster(1, 2);
+  const std::string before = JournalOfAFinishedJobAfterTheJobManagerDied(cluster);
   // Its first line damaged: nothing after it can be trusted, so none of it is restored.
   const auto state = cluster.dir() / "jm";
-  const std::string before = ReadFile((state / "journal.jsonl").string()).value();
   std::ofstream(state / "journal.jsonl") << "GARBAGE\n" << before;
   cluster.RestartJm();
   const uint64_t after = cluster.Submit(ChecksumChain(1));
@@ -328,10 +334,8 @@ TEST_CASE("Faults.AJournalRecordThatContradictsTheOthersIsSkippedAndTheJournalKe
   // A second copy of a finished job's record (damage that still parses) used to reset the job
   // and run it again, and the rewrite made that permanent.
   TestCluster cluster(1, 2);
-  REQUIRE(cluster.Wait(cluster.Submit(ChecksumChain(1)))["state"] == "completed");
-  cluster.KillJm();
+  const std::string before = JournalOfAFinishedJobAfterTheJobManagerDied(cluster);
   const auto state = cluster.dir() / "jm";
-  const std::string before = ReadFile((state / "journal.jsonl").string()).value();
   const std::string damaged = before + before.substr(0, before.find('\n') + 1);
   std::ofstream(state / "journal.jsonl") << damaged;
   cluster.RestartJm();
