@@ -314,6 +314,12 @@ class Scheduler {
   bool ReadsAHeldOutput(const Job& job, VertexId v) const;
   /// Whether every output port of v is stored as a file (which outlives its daemon's process).
   static bool OutputsInFiles(const JobGraph& g, VertexId v);
+  /// A daemon registered again under its name after an earlier registration of it was given up
+  /// (its return grace over, or not back within the recovery grace after a restart): the
+  /// outputs it lists of completed vertices still placed on that earlier registration — a
+  /// finished job's declared outputs, a running job's outputs not re-run meanwhile — are its
+  /// again, instead of being released as stale. Only whole outputs (every port still read).
+  void AdoptOutputs(const Daemon& d, const OutputInventory& inventory);
   /// Queues, to go before d's first task, the release of the outputs in `inventory` that no job
   /// reads from d (jobs forgotten, vertices re-run elsewhere or released meanwhile).
   void ReleaseStale(const Daemon& d, const OutputInventory& inventory);

@@ -40,6 +40,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
       }
       RecomputePending(job);
     }
+    AdoptOutputs(*d, inventory);
     ReleaseStale(*d, inventory);
     Schedule();
     return d->id;
@@ -54,10 +55,55 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
   DaemonId id = d->id;
   SchedLog()->info("daemon {} joined: {} cpus, {} gpus, data at {}:{}", d->spec.name, d->spec.cpus, d->spec.gpus,
                    d->spec.data_host, d->spec.data_port);
-  ReleaseStale(*d, inventory);
   daemons_.push_back(std::move(d));
+  AdoptOutputs(*daemons_.back(), inventory);
+  ReleaseStale(*daemons_.back(), inventory);
   Schedule();
   return id;
+}
+
+void Scheduler::AdoptOutputs(const Daemon& d, const OutputInventory& inventory) {
+  size_t adopted = 0;
+  std::set<Job*> rerun_spared;
+  for (const auto& [job_id, vertex, version, port] : inventory) {
+    auto it = jobs_.find(JobId(job_id));
+    if (it == jobs_.end() || vertex >= it->second->runs.size()) continue;
+    Job& job = *it->second;
+    Run& r = job.runs[vertex];
+    if (r.version != version || !r.daemon.valid() || r.daemon == d.id) continue;
+    const Daemon& earlier = *daemons_[r.daemon.value()];
+    if (earlier.alive || earlier.awaiting || earlier.spec.name != d.spec.name) continue;
+    // Still the version the job manager would read there: completed, or counted lost with
+    // that earlier registration and not run again since (a gang restarts whole instead).
+    const bool completed = r.state == VertexState::kCompleted;
+    const bool lost_with_it = job.state == JobState::kRunning && r.lost_with_daemon_version == version &&
+                              (r.state == VertexState::kWaiting || r.state == VertexState::kReady) &&
+                              !job.g().vertex(VertexId(vertex)).gang.valid();
+    if (!completed && !lost_with_it) continue;
+    if (job.state != JobState::kRunning && !(job.state == JobState::kCompleted && job.declared[vertex])) continue;
+    // Every port the job manager would read from there must be listed: half an output is none.
+    bool whole = true;
+    for (size_t p = 0; p < r.output_messages.size() && whole; ++p) {
+      const bool read = r.output_messages[p] > 0 && !OutputReleased(job.g(), VertexId(vertex), r, static_cast<int>(p));
+      whole = !read || inventory.count({job_id, vertex, version, static_cast<uint32_t>(p)});
+    }
+    if (!whole) continue;
+    r.daemon = d.id;
+    ++adopted;
+    Log(job, VertexId(vertex), "output of version " + std::to_string(version) + " is on daemon " + d.spec.name + " again");
+    if (completed) continue;  // the journal names daemons by name: its "done" record still holds
+    r.state = VertexState::kCompleted;
+    r.lost_with_daemon_version = 0;
+    job.settled[vertex] = 0;
+    ++job.completed;
+    Journal(DoneRecord(job, VertexId(vertex)));
+    rerun_spared.insert(&job);
+  }
+  if (adopted) SchedLog()->info("daemon {}: it serves {} completed vertices' outputs again", d.spec.name, adopted);
+  for (Job* job : rerun_spared) {
+    RecomputePending(*job);
+    if (job->completed == job->runs.size()) FinishJob(*job, JobState::kCompleted, "");
+  }
 }
 
 void Scheduler::ReleaseStale(const Daemon& d, const OutputInventory& inventory) {
@@ -157,7 +203,10 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
       if (r.state != VertexState::kCompleted || r.daemon != id || r.released) continue;
       if (hold_files && OutputsInFiles(g, v)) continue;  // until it is back, or its grace is over
       // Durable channels have their copies: lineage stops at them (a checkpoint).
-      if (OutputNeeded(job, v, /*count_durable=*/false)) Regenerate(job, v, "its outputs were on lost daemon " + d.spec.name);
+      if (OutputNeeded(job, v, /*count_durable=*/false)) {
+        Regenerate(job, v, "its outputs were on lost daemon " + d.spec.name);
+        if (r.state != VertexState::kCompleted) r.lost_with_daemon_version = r.version;
+      }
     }
     RecomputePending(job);
   }

@@ -94,6 +94,10 @@ struct Scheduler::Run {
   std::vector<VertexId> chained_after;
   double duration_ms = 0;
   std::string last_error;
+  // Set to `version` when that completed version's outputs were counted lost with its daemon
+  // (given up): should that daemon come back under its name holding them before the vertex
+  // runs again, they are its outputs again (Scheduler::AdoptOutputs).
+  uint32_t lost_with_daemon_version = 0;
 };
 
 struct Scheduler::Job {

@@ -243,6 +243,43 @@ TEST_CASE("Journal.AFinishedJobKeepsItsElapsedTimeAcrossARestart") {
   }
 }
 
+TEST_CASE("Journal.ADaemonBackAfterTheRecoveryGraceStillServesACompletedJobsOutputs") {
+  // A daemon that reaches a restarted job manager only after its recovery grace is a new
+  // registration of its name: the finished job's declared output it holds stays its, where
+  // before it was released as stale and the completed job's output was gone.
+  JournaledScheduler old;
+  const std::string doc = R"({"stages": [{"name": "a", "program": "noop"}], "outputs": [{"from": "a", "path": "out"}]})";
+  JobId job = old.s.Submit(testing::MustLoad(doc), "/tmp");
+  old.s.Flush();
+  CompleteRuns(old.s, old.sink, job);
+  REQUIRE(old.s.StateOf(job) == JobState::kCompleted);
+  ManualClock clock;
+  std::vector<Json> released;
+  class ReleaseSink final : public DaemonSink {
+   public:
+    explicit ReleaseSink(std::vector<Json>& out) : out_(out) {}
+    void SendToDaemon(DaemonId, const Json& m) override {
+      if (m["op"] == "release") out_.push_back(m);
+    }
+    std::vector<Json>& out_;
+  } releases(released);
+  Scheduler restored(releases, clock);
+  REQUIRE(restored.Restore(old.journal.records, testing::TestCatalog()) == 1);
+  restored.StartRecoveryGrace();
+  clock.Advance(SchedulerOptions().recovery_grace + std::chrono::seconds(1));
+  restored.Tick();
+  DaemonSpec d0 = D0();
+  d0.data_port = 9100;
+  REQUIRE(restored.AddDaemon(d0, {{job.value(), 0, 1, 0}}).ok());
+  restored.Tick();
+  restored.Flush();
+  CHECK(released.empty());
+  auto outputs = restored.OutputLocations(job);
+  REQUIRE(outputs.ok());
+  CHECK((*outputs)[0]["port"] == 9100);
+  CHECK((*outputs)[0]["alive"] == true);
+}
+
 TEST_CASE("Journal.AFinishedJobKeepsItsFaultsAndRecoveriesAcrossARestart") {
   JournaledScheduler old;
   std::string doc = R"({"stages": [{"name": "a", "program": "noop"}], "faults": [{"fail": "a", "attempts": [1]}]})";

@@ -367,6 +367,61 @@ TEST_CASE("Scheduler.ADaemonLossRegeneratesLostOutputsUpstream") {
   (void)c;
 }
 
+TEST_CASE("Scheduler.ADaemonBackAfterItsGraceKeepsACompletedJobsDeclaredOutputs") {
+  // The hostile test's data loss: a daemon stopped (or cut off) past its return grace came
+  // back as a new registration, and every output it listed, a finished job's declared ones
+  // included, was released as stale: the job said completed, its output was gone.
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0");
+  JobId job = h.Submit(kChain);
+  Json c;
+  for (const char* name : {"a[0]", "b[0]", "c[0]"}) {
+    Json t = h.Next(name).second;
+    h.Finish(t, true);
+    c = t;
+  }
+  REQUIRE(h.State(job) == "completed");
+  h.LoseForGood(d0);
+  h.sink.sent.clear();
+  const OutputInventory::value_type declared{job.value(), c["vertex"].get<uint32_t>(), c["version"].get<uint32_t>(), 0};
+  const DaemonId back = h.ComeBack("d0", {declared, {job.value(), c["vertex"].get<uint32_t>(), 99, 0}});
+  CHECK(back != d0);  // a new registration
+  auto releases = h.Releases();
+  REQUIRE(releases.size() == 1);  // only the version no one reads
+  REQUIRE(releases[0].second["keys"].size() == 1);
+  CHECK(releases[0].second["keys"][0]["version"] == 99);
+  auto outputs = h.sched.OutputLocations(job);
+  REQUIRE(outputs.ok());
+  CHECK((*outputs)[0]["port"] == 9100);  // served from where it is now
+}
+
+TEST_CASE("Scheduler.ADaemonBackAfterItsGraceServesARunningJobsOutputsNotRerunMeanwhile") {
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
+                                      {"name": "c", "program": "noop"}],
+                           "edges": [{"from": "a", "to": "c"}, {"from": "b", "to": "c"}],
+                           "outputs": [{"from": "c", "path": "out"}]})");
+  Json a = h.Next("a[0]").second;
+  h.Finish(a, true);
+  h.Next("b[0]"), h.Next("c[0]");  // lost with d0, with a's output
+  h.LoseForGood(d0);
+  CHECK(h.sched.JobStatus(job)["recoveries"].size() == 3);
+  // d0 back under its name before a ran again: a's output is served from there again, not
+  // dropped and regenerated.
+  const DaemonId back = h.ComeBack("d0", {{job.value(), a["vertex"].get<uint32_t>(), 1, 0}});
+  h.sched.Flush();
+  h.Finish(h.Next("b[0]").second, true);
+  auto [where, c] = h.Next("c[0]");
+  CHECK(where == back);
+  CHECK(c["version"] == 2);
+  CHECK(c["inputs"][0]["port"] == 9100);
+  CHECK(c["inputs"][0]["key"]["version"] == 1);
+  CHECK(h.Releases().empty());  // a's output was not dropped as stale
+  h.Finish(c, true);
+  CHECK(h.State(job) == "completed");
+}
+
 TEST_CASE("Scheduler.ADaemonBackWithinItsGraceKeepsTheFileOutputsItStillHolds") {
   Harness h;
   DaemonId d0 = h.AddDaemon("d0");
