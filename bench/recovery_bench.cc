@@ -1,6 +1,6 @@
 // Locality and recovery figures (issue 5).
 //
-//   recovery_bench [--reps R] [--kills K] [--skip locality,replace,fanin]
+//   recovery_bench [--reps R] [--kills K] [--skip locality,replace,fanin,run]
 //
 // Starts `copse jm` and `copse daemon` processes on 127.0.0.1 (tests/soak/supervised_cluster.h)
 // and prints:
@@ -17,6 +17,11 @@
 //     9) of 5 ms `checksum` vertices on 2 daemons of 2 slots: fault-free time and the time with
 //     one daemon SIGKILLed at 1,000 completions (`kill_daemon_of` a leaf), both when the killed
 //     daemon stays dead and when a supervisor restarts it (medians of R runs each).
+//  d. the same fan-in tree and kill through `copse run --daemons 2 --cpus 2 -o json` (the
+//     embedded cluster, which restarts a killed daemon itself), against `--no-restart-daemons`:
+//     the job's elapsed_s fault-free and with the kill, runs interleaved, medians of R.
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cstring>
 #include <random>
@@ -265,6 +270,67 @@ void FanIn(int reps) {
   std::printf("   (Dask distributed loses 42 %% in this scenario)\n");
 }
 
+// ---- d. the fan-in kill through `copse run` ----------------------------------------------------
+
+/// Runs `copse run FILE -o json` plus `extra` and returns its summary.
+Json CopseRun(const std::string& file, const std::vector<std::string>& extra, const std::string& dir) {
+  std::vector<std::string> args = {"run", file, "--daemons", "2", "--cpus", "2", "-o", "json", "--output", dir + "/out"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const std::string out = dir + "/run.json";
+  std::filesystem::remove(out);
+  std::string command = std::string(COPSE_BINARY_DIR) + "/cli/copse";
+  for (const auto& a : args) command += " '" + a + "'";
+  command += " > '" + out + "' 2>> '" + dir + "/run.log'";
+  const int rc = std::system(command.c_str());
+  auto text = copse::ReadFile(out);
+  if (rc != 0 || !text.ok()) copse::soak::Die("copse run failed (" + std::to_string(rc) + "); see " + dir + "/run.log");
+  return Json::parse(*text);
+}
+
+void FanInThroughRun(int reps) {
+  char tmpl[] = "/tmp/copse-recovery-run-XXXXXX";
+  if (!mkdtemp(tmpl)) copse::soak::Die("mkdtemp");
+  const std::string dir = tmpl;
+  Json clean = FanInTree();
+  Json faulted = clean;
+  faulted["faults"] = {{{"kill_daemon_of", "leaf[0]"}, {"when", {{"completed", 1000}}}}};
+  std::ofstream(dir + "/clean.json") << clean.dump();
+  std::ofstream(dir + "/faulted.json") << faulted.dump();
+  std::printf("d. the fan-in tree and kill of c. through `copse run --daemons 2 --cpus 2` (its own supervision), interleaved, "
+              "medians of %d runs (job elapsed_s)\n", reps);
+  std::fflush(stdout);
+  struct Mode {
+    const char* name;
+    std::vector<std::string> flags;
+    std::vector<double> base, hit;
+    double recoveries = 0, restarts = 0;
+  };
+  std::vector<Mode> modes(2);
+  modes[0].name = "copse run (restarts the killed daemon):";
+  modes[1].name = "copse run --no-restart-daemons:";
+  modes[1].flags = {"--no-restart-daemons"};
+  CopseRun(dir + "/clean.json", {}, dir);  // warm-up: page cache, binary
+  for (int r = 0; r < reps; ++r) {
+    for (auto& m : modes) {
+      Json a = CopseRun(dir + "/clean.json", m.flags, dir);
+      Json b = CopseRun(dir + "/faulted.json", m.flags, dir);
+      if (a["state"] != "completed" || b["state"] != "completed") copse::soak::Die("a fan-in run failed; see " + dir);
+      m.base.push_back(a["elapsed_s"].get<double>());
+      m.hit.push_back(b["elapsed_s"].get<double>());
+      m.recoveries += b["recoveries"].size();
+      m.restarts += b.value("daemon_restarts", 0);
+    }
+  }
+  for (const auto& m : modes) {
+    const double mb = Median(m.base), mh = Median(m.hit);
+    std::printf("   %-44s fault-free %.3f s, with the kill %.3f s: extra %.3f s = %+.1f %%  (recoveries per run %.0f, daemon "
+                "restarts per run %.1f)\n",
+                m.name, mb, mh, mh - mb, 100.0 * (mh - mb) / mb, m.recoveries / reps, m.restarts / reps);
+  }
+  std::fflush(stdout);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -280,6 +346,7 @@ int main(int argc, char** argv) {
     if (skip.find("locality") == std::string::npos) Locality(reps);
     if (skip.find("replace") == std::string::npos) KillToReplace(kills);
     if (skip.find("fanin") == std::string::npos) FanIn(reps);
+    if (skip.find("run") == std::string::npos) FanInThroughRun(reps);
   } catch (const copse::soak::Failure& e) {
     std::fprintf(stderr, "recovery_bench: %s\n", e.what());
     return 1;

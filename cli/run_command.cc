@@ -41,6 +41,7 @@ struct RunOpts {
   int heartbeat_timeout_ms = 1000;
   bool chain_dispatch = true;
   bool local_socket = true;
+  bool restart_daemons = true;
 };
 
 /// "51.2 %" for 0.512.
@@ -102,9 +103,11 @@ class LocalCluster {
     std::vector<std::string> jm_args = {"jm", "--listen", "127.0.0.1:0", "--state-dir", state.string(),
                                         "--heartbeat-timeout-ms", std::to_string(o.heartbeat_timeout_ms)};
     if (!o.chain_dispatch) jm_args.push_back("--no-chain-dispatch");
-    // Nothing restarts a daemon of this embedded cluster: a lost one's file outputs are not
-    // worth waiting for.
-    jm_args.insert(jm_args.end(), {"--daemon-return-grace-ms", "0"});
+    // Supervised daemons come back on their work dirs within moments, their file outputs with
+    // them: the job manager's return grace holds those meanwhile. Unsupervised, a lost one's
+    // outputs are not worth waiting for.
+    restart_daemons_ = o.restart_daemons;
+    if (!restart_daemons_) jm_args.insert(jm_args.end(), {"--daemon-return-grace-ms", "0"});
     COPSE_ASSIGN_OR_RETURN(pid_t jm, SpawnSelf(jm_args, {}, (dir_ / "jm.log").string()));
     pids_.push_back(jm);
     jm_ = jm;
@@ -132,9 +135,10 @@ class LocalCluster {
                                        "--gpus", std::to_string(o.gpus), "--work-dir", (dir_ / name).string(),
                                        "--label", "host=local"};
       if (!o.local_socket) args.push_back("--no-local-socket");
-      COPSE_ASSIGN_OR_RETURN(pid_t d, SpawnSelf(args, env, (dir_ / (name + ".log")).string()));
+      DaemonProcess daemon{name, std::move(args), std::move(env), (dir_ / (name + ".log")).string()};
+      COPSE_ASSIGN_OR_RETURN(pid_t d, SpawnSelf(daemon.args, daemon.env, daemon.log));
       pids_.push_back(d);
-      daemons_[d] = name;
+      daemons_[d] = std::move(daemon);
     }
     COPSE_ASSIGN_OR_RETURN(client_, ConnectToJm(address_));
     while (true) {
@@ -155,18 +159,45 @@ class LocalCluster {
   net::BlockingClient& client() { return *client_; }
   const JmAddressOptions& address() const { return address_; }
 
-  /// OK while a job can still make progress here: nothing restarts this cluster's processes,
-  /// so once the job manager or every daemon has exited (killed by `copse chaos`, a job's
-  /// fault, the kernel), the job would wait for ever.
+  /// OK while a job can still make progress here. A daemon that exited (killed by `copse
+  /// chaos`, a job's fault, the kernel) is started again on its work dir under its name, as
+  /// Dask's nanny or systemd's Restart=always would (unless --no-restart-daemons): it
+  /// registers with the outputs its store kept. A daemon that keeps exiting at once is started
+  /// again after a growing pause, up to 5 s. Without restarts, once the job manager or every
+  /// daemon has exited the job would wait for ever.
   Status CanProgress() {
+    const auto now = std::chrono::steady_clock::now();
     for (auto it = daemons_.begin(); it != daemons_.end();) {
       if (!ChildExited(it->first)) {
         ++it;
         continue;
       }
       std::erase(pids_, it->first);  // reaped: its id may be reused, so never signal it again
-      exited_.push_back(it->second);
+      DaemonProcess daemon = std::move(it->second);
       it = daemons_.erase(it);
+      if (!restart_daemons_) {
+        exited_.push_back(daemon.name);
+        continue;
+      }
+      // Quick exits in a row (refused while its predecessor still looked alive, or crashing
+      // at start) back off; one that ran a while restarts at once.
+      daemon.quick_exits = now - daemon.started < std::chrono::seconds(5) ? daemon.quick_exits + 1 : 0;
+      daemon.restart_at = now + std::min(std::chrono::milliseconds(5000), std::chrono::milliseconds(50) * (1 << std::min(daemon.quick_exits, 7)) -
+                                                                               std::chrono::milliseconds(50));
+      std::cerr << "copse run: daemon " << daemon.name << " exited; restarting it on its work dir\n";
+      restarting_.push_back(std::move(daemon));
+    }
+    for (auto it = restarting_.begin(); it != restarting_.end();) {
+      if (now < it->restart_at) {
+        ++it;
+        continue;
+      }
+      it->started = now;
+      ++restarts_;
+      COPSE_ASSIGN_OR_RETURN(pid_t d, SpawnSelf(it->args, it->env, it->log));
+      pids_.push_back(d);
+      daemons_[d] = std::move(*it);
+      it = restarting_.erase(it);
     }
     const std::string logs = remove_dir_ ? "" : "; see the logs in " + dir_.string();
     if (jm_ > 0 && ChildExited(jm_)) {
@@ -174,21 +205,38 @@ class LocalCluster {
       jm_ = 0;
     }
     if (jm_ == 0) return Status::Unavailable("the job manager exited" + logs);
-    if (daemons_.empty()) {
+    if (daemons_.empty() && restarting_.empty()) {
       std::string names;
       for (const auto& n : exited_) names += (names.empty() ? "" : ", ") + n;
-      return Status::Unavailable("every daemon exited (" + names + "), and nothing restarts them here: the job cannot go on" + logs);
+      return Status::Unavailable("every daemon exited (" + names + "), and --no-restart-daemons was given: the job cannot go on" +
+                                 logs);
     }
     return Status::OK();
   }
+
+  /// How many times a daemon was started again.
+  int restarts() const { return restarts_; }
 
  private:
   std::filesystem::path dir_;
   bool remove_dir_ = false;
   std::vector<pid_t> pids_;  // every child still to stop
   pid_t jm_ = 0;             // 0 once it has exited
-  std::map<pid_t, std::string> daemons_;  // running ones, by name
-  std::vector<std::string> exited_;       // daemons that exited, in the order seen
+  /// A local daemon: how it is started, again after it exits.
+  struct DaemonProcess {
+    std::string name;
+    std::vector<std::string> args;
+    std::map<std::string, std::string> env;
+    std::string log;
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+    int quick_exits = 0;  // in a row, each within 5 s of its start
+    std::chrono::steady_clock::time_point restart_at{};
+  };
+  bool restart_daemons_ = true;
+  std::map<pid_t, DaemonProcess> daemons_;  // running ones, by pid
+  std::vector<DaemonProcess> restarting_;   // exited, to start again at restart_at
+  std::vector<std::string> exited_;         // daemons that exited and stay so, in the order seen
+  int restarts_ = 0;
   JmAddressOptions address_;
   std::unique_ptr<net::BlockingClient> client_;
 };
@@ -291,6 +339,7 @@ int RunJob(const RunOpts& o) {
     return 1;
   }
   Json summary = *status;
+  if (cluster.restarts() > 0) summary["daemon_restarts"] = cluster.restarts();
   bool trace_written = true;  // a trace asked for and not written fails the command, after the outputs are copied
   if (!o.trace_file.empty()) {
     auto trace = cluster.client().Call({{"op", "trace"}, {"job", *job}});
@@ -345,6 +394,9 @@ int RunJob(const RunOpts& o) {
               std::to_string(b["stages"].get<int>()) + ", m=" + std::to_string(b["microbatches"].get<int>()) + ")\n";
       std::cout << line;
     }
+    if (summary.contains("daemon_restarts")) {
+      std::cout << "  daemons restarted " << summary["daemon_restarts"].get<int>() << " times on their work dirs\n";
+    }
     for (const auto& out : summary.value("outputs", Json::array())) {
       std::cout << "  output " << out["path"].get<std::string>() << " (" << out["bytes"].get<uint64_t>() << " bytes)\n";
     }
@@ -371,6 +423,8 @@ void AddRunCommand(CLI::App& app) {
                 "send every vertex only once its inputs are complete (see copse jm --no-chain-dispatch)");
   cmd->add_flag("!--no-local-socket", o->local_socket,
                 "daemons fetch each other's outputs over TCP (see copse daemon --no-local-socket)");
+  cmd->add_flag("!--no-restart-daemons", o->restart_daemons,
+                "leave a daemon that exited (killed, crashed) dead instead of starting it again on its work dir");
   cmd->callback([o] { ExitCode() = RunJob(*o); });
 }
 
