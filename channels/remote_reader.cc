@@ -1,6 +1,7 @@
 #include "channels/remote_reader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -22,11 +23,19 @@ namespace {
 constexpr size_t kMaxIdlePerPeer = 16;
 constexpr uint32_t kMaxEndBytes = 1 << 20;
 constexpr size_t kHashChunkBytes = 128 << 10;
+constexpr const char* kAbortedWhy = "its daemon was declared lost by the job manager";
 
+/// A connection to a peer's data server, in use or idle in the pool. Every live one is known
+/// to the pool by its peer, so AbortFetchesFrom can shut it down from another thread.
 struct Conn {
-  Conn(Socket s, std::string k) : in(std::move(s)), pool_key(std::move(k)) {}
+  Conn(Socket s, std::string k, std::string p);
+  ~Conn();
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
   BufferedSocket in;
   std::string pool_key;
+  std::string peer;                   // host:port
+  std::atomic<bool> aborted{false};   // shut down by AbortFetchesFrom
 };
 
 StatusCode CodeFromName(const std::string& name) {
@@ -76,16 +85,64 @@ class Pool {
   }
 
   void CloseIdle() {
+    std::map<std::string, std::vector<std::unique_ptr<Conn>>> closing;  // destroyed unlocked: ~Conn locks
     std::lock_guard lock(mu_);
-    idle_.clear();
+    closing.swap(idle_);
     stats_.idle = 0;
+  }
+
+  void Track(Conn* c) {
+    std::lock_guard lock(mu_);
+    live_.emplace(c->peer, c);
+  }
+  /// Called before the connection's socket closes, so that Abort never shuts down a descriptor
+  /// that was closed and handed out again.
+  void Untrack(Conn* c) {
+    std::lock_guard lock(mu_);
+    auto [first, last] = live_.equal_range(c->peer);
+    for (auto it = first; it != last; ++it) {
+      if (it->second == c) {
+        live_.erase(it);
+        break;
+      }
+    }
+  }
+
+  size_t Abort(const std::string& peer) {
+    std::vector<std::unique_ptr<Conn>> closing;  // destroyed unlocked: ~Conn locks
+    size_t aborted = 0;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [key, conns] : idle_) {
+        std::erase_if(conns, [&](std::unique_ptr<Conn>& c) {
+          if (c->peer != peer) return false;
+          closing.push_back(std::move(c));
+          --stats_.idle;
+          return true;
+        });
+      }
+      auto [first, last] = live_.equal_range(peer);
+      for (auto it = first; it != last; ++it) {
+        it->second->aborted = true;
+        it->second->in.socket().Shutdown();
+        ++aborted;
+      }
+    }
+    return aborted - closing.size();
   }
 
  private:
   std::mutex mu_;
   std::map<std::string, std::vector<std::unique_ptr<Conn>>> idle_;
+  std::multimap<std::string, Conn*> live_;  // every Conn, in use or idle, by peer
   RemotePoolStats stats_;
 };
+
+Conn::Conn(Socket s, std::string k, std::string p) : in(std::move(s)), pool_key(std::move(k)), peer(std::move(p)) {
+  Pool::Get().Track(this);
+}
+
+Conn::~Conn() { Pool::Get().Untrack(this); }
 
 std::string PeerName(const std::string& host, uint16_t port) { return host + ":" + std::to_string(port); }
 
@@ -119,7 +176,7 @@ Result<std::unique_ptr<Conn>> Dial(const std::string& host, uint16_t port, const
   std::string peer = PeerName(host, port);
   COPSE_ASSIGN_OR_RETURN(Socket s, Connect(host, port, o));
   const bool local = s.local();
-  auto c = std::make_unique<Conn>(std::move(s), pool_key);
+  auto c = std::make_unique<Conn>(std::move(s), pool_key, peer);
   auto hello = internal::ReadJson(c->in, kMaxEndBytes, o.connect_timeout_ms, o.connect_timeout_ms);
   if (!hello.ok()) return Status::Unavailable("handshake with " + peer + ": " + hello.status().message());
   auto answer = auth::AnswerHello(*hello, secret, "peer");
@@ -204,7 +261,9 @@ class RemoteReader final : public ChannelReader {
  private:
   std::string What() const { return "output " + key_.ToString() + " from " + peer_; }
 
-  Status Lost(const Status& st) { return Status::Unavailable("fetching " + What() + ": " + st.message()); }
+  Status Lost(const Status& st) {
+    return Status::Unavailable("fetching " + What() + ": " + (conn_ && conn_->aborted ? kAbortedWhy : st.message()));
+  }
 
   Status Read(char* p, size_t n) {
     Status st = conn_->in.ReadFull(p, n, timeout_ms_);
@@ -390,6 +449,7 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
                                                                      o.read_timeout_ms)
                                               : Result<wire::FrameHeader>(st);
     if (!first.ok()) {
+      if (conn->aborted) return Status::Unavailable("fetching output " + key.ToString() + " from " + peer + ": " + kAbortedWhy);
       if (reused && first.status().code() == StatusCode::kUnavailable) continue;
       return Status::Unavailable("fetching output " + key.ToString() + " from " + peer + ": " +
                                  first.status().message());
@@ -401,6 +461,7 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
 }
 
 RemotePoolStats GetRemotePoolStats() { return Pool::Get().Stats(); }
+size_t AbortFetchesFrom(const std::string& host, uint16_t port) { return Pool::Get().Abort(PeerName(host, port)); }
 void CloseIdleRemoteConnections() { Pool::Get().CloseIdle(); }
 
 }  // namespace copse::chan

@@ -56,5 +56,11 @@ struct RemotePoolStats {
 RemotePoolStats GetRemotePoolStats();
 /// Closes every idle pooled connection (e.g. before a daemon exits, or in tests).
 void CloseIdleRemoteConnections();
+/// Ends at once every fetch from the data server at host:port, in any thread of this process:
+/// their readers fail with Unavailable (as if the peer had dropped them), and idle pooled
+/// connections to it close. For a peer the job manager declared lost: a stopped or cut-off
+/// daemon accepts connections and then says nothing, and its consumers would otherwise wait
+/// for `read_timeout_ms` holding their slots. Returns how many fetches it ended.
+size_t AbortFetchesFrom(const std::string& host, uint16_t port);
 
 }  // namespace copse::chan

@@ -154,6 +154,15 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   outbox_.erase(id);
   stale_outbox_.erase(id);
   release_outbox_.erase(id);
+  // Consumers elsewhere fetching from it (a stopped or cut-off daemon accepts and then says
+  // nothing) would hold their slots for the data plane's read timeout: their daemons end those
+  // fetches now, and the attempts report the input unreachable.
+  if (d.spec.data_port != 0) {
+    const Json peer_lost = {{"op", "peer_lost"}, {"host", d.spec.data_host}, {"port", d.spec.data_port}};
+    for (const auto& other : daemons_) {
+      if (other->alive) sink_.SendToDaemon(other->id, peer_lost);
+    }
+  }
   for (auto& [job_id, job_ptr] : jobs_) {
     Job& job = *job_ptr;
     if (job.state != JobState::kRunning) continue;

@@ -379,6 +379,18 @@ class Daemon::Impl {
         for (const auto& k : msg["keys"]) {
           if (auto key = chan::OutputKey::FromJson(k); key.ok()) store_->Drop(*key);
         }
+      } else if (op == "peer_lost") {
+        // The job manager declared that daemon lost: fetches from it would wait out their read
+        // timeout (a stopped or cut-off daemon accepts and then says nothing). Their consumers
+        // fail at once with the input unreachable, and the job manager re-runs or holds it.
+        const std::string host = msg["host"].get<std::string>();
+        const uint64_t port = msg["port"].get<uint64_t>();
+        if (port == 0 || port > 65535) {
+          DaemonLog()->error("daemon {}: malformed \"peer_lost\" from the job manager: port {} is not a port", options_.name, port);
+          return;
+        }
+        const size_t ended = chan::AbortFetchesFrom(host, static_cast<uint16_t>(port));
+        if (ended) DaemonLog()->info("daemon {}: ended {} fetches from lost daemon at {}:{}", options_.name, ended, host, port);
       } else if (op == "nccl_id") {
         std::lock_guard<std::mutex> lock(mu_);
         nccl_ids_[msg["group"].get<std::string>()] = msg["id"].get<std::string>();

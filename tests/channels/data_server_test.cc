@@ -587,6 +587,51 @@ TEST_CASE("RemoteFetch.StalledPeerTimesOut" * doctest::timeout(20)) {
   child.Kill();
 }
 
+TEST_CASE("RemoteFetch.FetchesFromAPeerDeclaredLostEndAtOnce" * doctest::timeout(20)) {
+  // A stopped peer accepts and then says nothing: without the job manager's word its readers
+  // would wait out the 60 s read timeout, holding their slots.
+  TempDir dir;
+  copse::testing::ChildProcess child("data_server_96mib");
+  uint16_t port = StartChildDaemon(child, dir);
+  RemoteReaderOptions o{2000, 60'000};
+  o.local_socket = false;
+  auto r = OpenRemoteReader(kHost, port, {9, 0, 0, 0}, kSecret, o);
+  REQUIRE(r.ok());
+  REQUIRE((*r)->Next().ok());
+  ::kill(child.pid(), SIGSTOP);
+  std::thread job_manager([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK(AbortFetchesFrom(kHost, port) == 1);
+  });
+  const auto start = Clock::now();
+  Status st = DrainStatus(**r);
+  job_manager.join();
+  CHECK(st.code() == StatusCode::kUnavailable);
+  CHECK(st.message().find("its daemon was declared lost by the job manager") != std::string::npos);
+  CHECK(Clock::now() - start < std::chrono::seconds(5));
+  CHECK(AbortFetchesFrom(kHost, port) == 0);  // nothing left to end
+  child.Kill();
+}
+
+TEST_CASE("RemoteFetch.AFetchWaitingForAnOutputOfAPeerDeclaredLostEndsAtOnce" * doctest::timeout(20)) {
+  // A chained consumer's prefetch waits for an output its producer has not written yet.
+  Daemon d;
+  RemoteReaderOptions waiting = Quick();
+  waiting.wait_ms = 30'000;
+  waiting.local_socket = false;
+  std::thread job_manager([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    AbortFetchesFrom(kHost, d.server->port());
+  });
+  const auto start = Clock::now();
+  auto r = OpenRemoteReader(kHost, d.server->port(), {5, 1, 1, 0}, kSecret, waiting);
+  job_manager.join();
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kUnavailable);
+  CHECK(r.status().message().find("declared lost") != std::string::npos);
+  CHECK(Clock::now() - start < std::chrono::seconds(5));
+}
+
 }  // namespace copse::chan
 
 namespace copse::chan {

@@ -367,6 +367,21 @@ TEST_CASE("Scheduler.ADaemonLossRegeneratesLostOutputsUpstream") {
   (void)c;
 }
 
+TEST_CASE("Scheduler.EveryLiveDaemonIsToldToEndItsFetchesFromALostOne") {
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0"), d1 = h.AddDaemon("d1"), d2 = h.AddDaemon("d2");
+  h.sched.DaemonLost(d1, "missed heartbeats");
+  h.sched.DaemonLost(d2, "missed heartbeats");
+  auto told = h.sink.WithOp("peer_lost");
+  REQUIRE(told.size() == 3);  // d0 and d2 of d1's loss, then d0 of d2's
+  CHECK(told[0].first == d0);
+  CHECK(told[0].second["host"] == "127.0.0.1");
+  CHECK(told[0].second["port"] == 9000 + '1');
+  CHECK(told[1].first == d2);
+  CHECK(told[2].first == d0);
+  CHECK(told[2].second["port"] == 9000 + '2');
+}
+
 TEST_CASE("Scheduler.ADaemonBackAfterItsGraceKeepsACompletedJobsDeclaredOutputs") {
   // The hostile test's data loss: a daemon stopped (or cut off) past its return grace came
   // back as a new registration, and every output it listed, a finished job's declared ones
