@@ -106,6 +106,7 @@ void AddDaemonCommand(CLI::App& app) {
     std::string data_host = "127.0.0.1";
     int64_t memory_budget_mb = 2048;  // signed: CLI11 wraps "-5" into an unsigned one
     bool local_socket = true;
+    int64_t reconnect_timeout_s = 0;
   };
   auto opts = std::make_shared<Opts>();
   AddJmAddressFlags(cmd, opts->jm);
@@ -123,6 +124,10 @@ void AddDaemonCommand(CLI::App& app) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_flag("!--no-local-socket", opts->local_socket,
                 "reach the job manager and serve daemons on this host over TCP, not through local sockets");
+  cmd->add_option("--reconnect-timeout-s", opts->reconnect_timeout_s,
+                  "exit once the job manager has been unreachable this long (0: keep trying)")
+      ->check(CLI::Range(int64_t{0}, int64_t{86400 * 365}))
+      ->capture_default_str();
   cmd->callback([opts] {
     vertex::DaemonOptions o;
     o.name = opts->name;
@@ -133,6 +138,7 @@ void AddDaemonCommand(CLI::App& app) {
     o.data_host = opts->data_host;
     o.memory_budget_bytes = static_cast<uint64_t>(opts->memory_budget_mb) << 20;
     o.local_socket = opts->local_socket;
+    o.reconnect_timeout = std::chrono::seconds(opts->reconnect_timeout_s);
     o.programs = &Programs();
     for (const auto& l : opts->labels) {
       auto eq = l.find('=');

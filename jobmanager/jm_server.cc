@@ -171,8 +171,20 @@ class JmServer::Impl : public DaemonSink {
     });
   }
 
-  /// A new peer: it must authenticate before anything else.
+  /// A new peer: it must authenticate before anything else, within the handshake timeout. At
+  /// most kMaxHandshakes wait to authenticate at once: beyond that the oldest is closed, so a
+  /// flood of connections that never authenticate neither runs the job manager out of file
+  /// descriptors nor keeps a real daemon or client out for long.
   void Greet(std::shared_ptr<net::FramedConnection> conn) {
+    size_t waiting = 0;
+    std::shared_ptr<net::FramedConnection> oldest;
+    std::chrono::steady_clock::time_point oldest_seen = std::chrono::steady_clock::time_point::max();
+    for (const auto& [c, p] : peers_) {
+      if (p.authenticated) continue;
+      ++waiting;
+      if (p.last_seen < oldest_seen) oldest = c, oldest_seen = p.last_seen;
+    }
+    if (waiting >= kMaxHandshakes && oldest) oldest->Close(Status::Unavailable("too many connections in their handshake"));
     Peer& peer = peers_[conn];
     peer.nonce = auth::NewNonce();
     peer.last_seen = std::chrono::steady_clock::now();
@@ -205,7 +217,16 @@ class JmServer::Impl : public DaemonSink {
                 (role == "daemon" || role == "client") &&
                 auth::ConstantTimeEquals(msg["mac"].get<std::string>(), auth::Mac(secret_, peer.nonce));
       if (!ok) {
-        JmLog()->warn("refused unauthenticated peer {}", conn->peer());
+        // At most a line a second, however many are refused: a flood must not fill the disk.
+        const auto now = std::chrono::steady_clock::now();
+        if (now - refusal_logged_at_ >= std::chrono::seconds(1)) {
+          JmLog()->warn("refused unauthenticated peer {}{}", conn->peer(),
+                        refusals_unlogged_ ? fmt::format(" (and {} more since the last such line)", refusals_unlogged_) : "");
+          refusal_logged_at_ = now;
+          refusals_unlogged_ = 0;
+        } else {
+          ++refusals_unlogged_;
+        }
         return conn->SendErrorAndClose("authentication failed: answer the hello nonce with the job manager's secret");
       }
       peer.authenticated = true;
@@ -453,9 +474,9 @@ class JmServer::Impl : public DaemonSink {
       ForgiveOwnStall(now);
       std::vector<std::shared_ptr<net::FramedConnection>> silent;
       for (auto& [conn, peer] : peers_) {
-        if (now - peer.last_seen > options_.heartbeat_timeout && (peer.daemon.valid() || !peer.authenticated)) {
-          silent.push_back(conn);
-        }
+        const bool daemon_silent = peer.daemon.valid() && now - peer.last_seen > options_.heartbeat_timeout;
+        const bool handshake_over = !peer.authenticated && now - peer.last_seen > options_.handshake_timeout;
+        if (daemon_silent || handshake_over) silent.push_back(conn);
       }
       for (auto& conn : silent) conn->Close(Status::Timeout("no heartbeat"));
       scheduler_.Tick();
@@ -479,6 +500,9 @@ class JmServer::Impl : public DaemonSink {
   std::string secret_;
   std::map<std::shared_ptr<net::FramedConnection>, Peer> peers_;
   std::map<DaemonId, std::shared_ptr<net::FramedConnection>> daemon_conns_;
+  static constexpr size_t kMaxHandshakes = 128;
+  std::chrono::steady_clock::time_point refusal_logged_at_{};
+  uint64_t refusals_unlogged_ = 0;
   std::vector<std::pair<JobId, std::weak_ptr<net::FramedConnection>>> waiters_;
   bool flush_pending_ = false;
   std::chrono::steady_clock::time_point last_tick_at_;  // when the last tick began (or Listen)

@@ -22,6 +22,9 @@ struct JmServerOptions {
   std::filesystem::path state_dir;
   ProgramCatalog catalog = ProgramCatalog::AcceptAny();
   std::chrono::milliseconds heartbeat_timeout{1000};  // a daemon silent this long is lost
+  /// How long a new connection has to authenticate: apart from the heartbeat timeout, so that a
+  /// short one (150 ms) does not cut off a client or daemon further away than that.
+  std::chrono::milliseconds handshake_timeout{10000};
   std::chrono::milliseconds tick{50};
   SchedulerOptions scheduler;
   bool journal_fsync = false;  // fdatasync the journal at every group commit

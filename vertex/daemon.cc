@@ -1,11 +1,16 @@
 #include "vertex/daemon.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <map>
@@ -248,6 +253,17 @@ class Daemon::Impl {
     const Json every = registered->value("heartbeat_ms", Json());
     const int64_t ms = every.is_number_integer() ? every.get<int64_t>() : 0;
     heartbeat_every_ = ms >= 1 && ms <= 60'000 ? std::chrono::milliseconds(ms) : options_.heartbeat_interval;
+    if (!client.local()) {
+      // Cut off from the job manager (a partition, not its restart or a stall: its kernel still
+      // acknowledges), our heartbeats stay unacknowledged, and the kernel ends the connection
+      // a little after the job manager has declared us lost: this daemon then abandons the
+      // attempts the job manager has re-run elsewhere and reconnects, instead of running them
+      // for as long as the partition lasts.
+      const unsigned user_timeout_ms = static_cast<unsigned>(6 * heartbeat_every_.count());
+      if (::setsockopt(client.native_handle(), IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms) != 0) {
+        DaemonLog()->warn("daemon {}: cannot bound unacknowledged sends to the job manager: {}", options_.name, std::strerror(errno));
+      }
+    }
     DaemonLog()->info("daemon {} registered over {}; data server on {}:{}", options_.name,
                       client.local() ? "the job manager's local socket" : "TCP", options_.data_host, data_server_->port());
     COPSE_ASSIGN_OR_RETURN(auto conn, client.Detach(io_, wire::kMaxControlBytes));
@@ -276,12 +292,17 @@ class Daemon::Impl {
       while (std::chrono::steady_clock::now() < cut_until_ && !stopping_requested_) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
-      auto deadline = std::chrono::steady_clock::now() + options_.reconnect_timeout;
+      const bool forever = options_.reconnect_timeout <= std::chrono::milliseconds::zero();
+      const auto deadline = std::chrono::steady_clock::now() + options_.reconnect_timeout;
       Status st;
-      while (!stopping_requested_) {
+      auto pause = std::chrono::milliseconds(100);
+      for (int tries = 1; !stopping_requested_; ++tries) {
         st = Register();
-        if (st.ok() || std::chrono::steady_clock::now() > deadline) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (st.ok() || (!forever && std::chrono::steady_clock::now() > deadline)) break;
+        // Said once in a while, not per try: a long partition or a stopped job manager.
+        if (tries % 50 == 0) DaemonLog()->warn("daemon {}: still reconnecting: {}", options_.name, st.message());
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::milliseconds(1000));
       }
       if (stopping_requested_) return Status::OK();
       if (!st.ok()) return exit_status_.WithContext("gave up reconnecting (" + st.message() + ")");

@@ -39,8 +39,9 @@ struct DaemonOptions {
   uint64_t memory_budget_bytes = 2ull << 30;
   /// Until the job manager says otherwise at registration (a fifth of its heartbeat timeout).
   std::chrono::milliseconds heartbeat_interval{200};
-  /// How long to keep trying to reach a job manager that went away (a restart) before exiting.
-  std::chrono::milliseconds reconnect_timeout{30000};
+  /// How long to keep trying to reach a job manager that went away (a restart, a partition)
+  /// before exiting; zero or less: keep trying for as long as it runs.
+  std::chrono::milliseconds reconnect_timeout{0};
   /// How long one attempt to register may take, connecting included: a job manager that
   /// accepts and then says nothing, or an address that drops packets, fails the attempt then.
   std::chrono::milliseconds handshake_timeout{10000};
@@ -52,7 +53,7 @@ class Daemon {
   /// Starts the data server and workers, connects and registers with the job manager.
   static Result<std::unique_ptr<Daemon>> Start(DaemonOptions options);
   ~Daemon();
-  /// Runs until Stop(), or until the job manager stays unreachable for reconnect_timeout.
+  /// Runs until Stop(), or until the job manager stays unreachable for reconnect_timeout (if set).
   Status Run();
   void Stop();
 

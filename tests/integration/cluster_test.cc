@@ -1,6 +1,7 @@
 // A job manager and three daemons as separate processes on loopback, running real jobs.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <map>
 #include <random>
 #include <sstream>
@@ -8,6 +9,7 @@
 #include "channels/remote_reader.h"
 #include "cli/job_watch.h"
 #include "cli/program_catalog.h"
+#include "common/auth.h"
 #include "jobmanager/job_loader.h"
 #include "tests/integration/test_cluster.h"
 #include "vertex/programs/checksum.h"
@@ -300,6 +302,34 @@ TEST_CASE("Cluster.ADaemonIsNotLostForHeartbeatsTheJobManagerWasTooBusyToRead") 
   WARN_MESSAGE(log.find("busy for") != std::string::npos,
                "building the job did not stall the job manager for half the timeout: "
                "only the heartbeat pace was tested");
+}
+
+TEST_CASE("Cluster.APeerSlowerThanTheHeartbeatTimeoutStillAuthenticates") {
+  // The hostile test: with --heartbeat-timeout-ms 150 a client 200 ms away was cut off in its
+  // handshake at the heartbeat timeout, every time. Here the answer to the hello goes 400 ms late.
+  TestCluster cluster(1, 2, /*heartbeat_timeout_ms=*/150);
+  cluster.WaitForDaemons(1);
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), cluster.jm_port()});
+  const timeval five_s{5, 0};
+  ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &five_s, sizeof five_s);
+  auto read_frame = [&] {
+    std::array<char, wire::kHeaderBytes> header{};
+    asio::read(s, asio::buffer(header));
+    auto h = wire::DecodeHeader(header.data(), 1 << 20);
+    REQUIRE(h.ok());
+    std::string body(h->length, '\0');
+    asio::read(s, asio::buffer(body));
+    return Json::parse(body);
+  };
+  const Json hello = read_frame();
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto answer = auth::AnswerHello(hello, cluster.secret(), "client");
+  REQUIRE(answer.ok());
+  asio::write(s, asio::buffer(wire::EncodeFrame(wire::FrameType::kJson, answer->message.dump())));
+  const Json welcome = read_frame();
+  CHECK(auth::CheckWelcome(welcome, cluster.secret(), *answer).ok());
 }
 
 TEST_CASE("Cluster.ADaemonGivenOnlyTheStateDirFindsTheJobManager") {

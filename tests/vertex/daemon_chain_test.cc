@@ -124,7 +124,7 @@ DaemonOptions OptionsFor(const ScriptedJobManager& jm, const std::filesystem::pa
   o.cpus = 2;
   o.gpus = gpus;
   o.work_dir = dir;
-  o.reconnect_timeout = std::chrono::milliseconds(0);
+  o.reconnect_timeout = std::chrono::milliseconds(1);  // give up at once
   return o;
 }
 
