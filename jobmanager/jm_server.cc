@@ -311,6 +311,7 @@ class JmServer::Impl : public DaemonSink {
         r.failure = ParseFailureClass(a.value("class", "program_error")).value_or(FailureClass::kProgramError);
         r.lost_input_port = a.value("lost_input", -1);
         r.lost_input_unreachable = a.value("lost_input_unreachable", false);
+        r.lost_input_version = a.value("lost_input_version", uint32_t{0});
         r.output_bytes = a.value("output_bytes", std::vector<uint64_t>{});
         r.output_messages = a.value("output_messages", std::vector<uint64_t>{});
         r.duration_ms = a.value("duration_ms", 0.0);

@@ -411,6 +411,15 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     // its return) runs again once the daemon is back, at its new address if it has one. A
     // damaged or missing output, or one whose daemon answered, is regenerated as before.
     Run& pr = job->runs[producer.value()];
+    if (rep.lost_input_version != 0 && rep.lost_input_version != pr.version) {
+      // It read a version of its input that was re-run meanwhile (the consumer was sent before
+      // the producer's new version existed): run it again on the new one, nothing regenerated.
+      Fail(*job, rep.vertex, FailureClass::kInputLost, rep.error + " (a superseded version " +
+           std::to_string(rep.lost_input_version) + "; now " + std::to_string(pr.version) + ")", /*charge=*/false);
+      RecomputePending(*job);
+      Schedule();
+      return;
+    }
     const Daemon* holder = pr.state == VertexState::kCompleted && pr.daemon.valid() ? daemons_[pr.daemon.value()].get() : nullptr;
     bool held = rep.lost_input_unreachable && holder && (holder->awaiting || holder->returned_at > r.started);
     // Unreachable but still registered: most likely dead with its loss not seen yet. The file

@@ -75,6 +75,7 @@ struct AttemptReport {
   std::string error;
   int lost_input_port = -1;           // with kInputLost: which input could not be read
   bool lost_input_unreachable = false;  // ... because its daemon could not be reached (not damaged or missing)
+  uint32_t lost_input_version = 0;      // ... the producer's version it read (0: not said)
   std::vector<uint64_t> output_bytes;     // per output port
   std::vector<uint64_t> output_messages;  // per output port; 0 lets consumers skip the fetch
   double duration_ms = 0;

@@ -808,7 +808,15 @@ class Daemon::Impl {
     auto fail = [&](const std::string& cls, const std::string& error, int lost_input = -1, StatusCode code = StatusCode::kOk) {
       report["class"] = cls;
       report["error"] = error;
-      if (lost_input >= 0) report["lost_input"] = lost_input;
+      if (lost_input >= 0) {
+        report["lost_input"] = lost_input;
+        // Which version of it: one the job manager has since re-run is not lost again.
+        const Json& in = spec["inputs"][lost_input];
+        if (const Json* key = in.is_object() && in.contains("key") ? &in["key"] : nullptr;
+            key && key->is_object() && key->contains("version") && (*key)["version"].is_number_unsigned()) {
+          report["lost_input_version"] = (*key)["version"];
+        }
+      }
       if (lost_input >= 0 && code == StatusCode::kUnavailable) report["lost_input_unreachable"] = true;
       report["duration_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
       return report;

@@ -367,6 +367,45 @@ TEST_CASE("Scheduler.ADaemonLossRegeneratesLostOutputsUpstream") {
   (void)c;
 }
 
+TEST_CASE("Scheduler.AnInputLostInASupersededVersionDoesNotReRunItsProducerAgain") {
+  // Two consumers read a's version 1; the first finds it damaged, and a runs again as version
+  // 2. The second's report of the same damage names version 1: it runs again on version 2,
+  // and a does not run a third time.
+  Harness h;
+  h.AddDaemon("d0", 3);
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
+                                      {"name": "c", "program": "noop"}],
+                           "edges": [{"from": "a", "to": "b"}, {"from": "a", "to": "c"}]})");
+  Json a1 = h.Next("a[0]").second;
+  h.Finish(a1, true);
+  Json b1 = h.Next("b[0]").second, c1 = h.Next("c[0]").second;
+  auto lost = [&](const Json& task) {
+    AttemptReport r;
+    r.job = job;
+    r.vertex = VertexId(task["vertex"].get<uint32_t>());
+    r.version = task["version"];
+    r.failure = FailureClass::kInputLost;
+    r.error = "checksum mismatch";
+    r.lost_input_port = 0;
+    r.lost_input_version = task["inputs"][0]["key"]["version"];
+    h.sched.OnAttemptFinished(r);
+    h.sched.Flush();
+  };
+  lost(b1);
+  Json a2 = h.Next("a[0]").second;
+  CHECK(a2["version"] == 2);
+  h.Finish(a2, true);
+  lost(c1);
+  for (auto& [d, t] : h.sink.TakeTasks()) h.unclaimed.push_back({d, t});
+  for (const auto& [d, t] : h.unclaimed) CHECK(t["name"] != "a[0]");  // a is not run again
+  Json c2 = h.Next("c[0]").second;
+  CHECK(c2["inputs"][0]["key"]["version"] == 2);
+  h.Finish(c2, true);
+  h.Finish(h.Next("b[0]").second, true);
+  CHECK(h.State(job) == "completed");
+  CHECK(h.sched.JobStatus(job)["recoveries"].size() == 3);  // b, a, c: nothing for a second a
+}
+
 TEST_CASE("Scheduler.EveryLiveDaemonIsToldToEndItsFetchesFromALostOne") {
   Harness h;
   DaemonId d0 = h.AddDaemon("d0"), d1 = h.AddDaemon("d1"), d2 = h.AddDaemon("d2");
