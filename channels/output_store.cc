@@ -184,7 +184,7 @@ Status FileSink::OpenFile() {
   }
   tmp_ = final_;
   tmp_ += ".tmp";
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);  // outputs are the job's data, no one else's
   if (fd_ < 0) {
     tmp_.clear();
     return Status::IOError(Errno("creating " + final_.string() + ".tmp"));
@@ -444,6 +444,10 @@ Result<std::unique_ptr<OutputStore>> OutputStore::Make(fs::path dir, uint64_t me
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status::IOError("cannot create output directory " + dir.string() + ": " + ec.message());
+  // Jobs' outputs are served to daemons that hold the cluster secret, never read by other users
+  // of this host: the directory is this user's alone (files made by earlier versions included).
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace, ec);
+  if (ec) return Status::IOError("cannot make output directory " + dir.string() + " private: " + ec.message());
   std::unique_ptr<OutputStore> store(new OutputStore(std::move(dir), memory_budget_bytes));
   store->AdoptEarlierOutputs();
   return store;

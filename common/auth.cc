@@ -56,9 +56,23 @@ Result<std::string> ReadSecret(const std::filesystem::path& file) {
 
 Result<std::string> LoadOrCreateSecret(const std::filesystem::path& dir) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  if (std::filesystem::create_directories(dir, ec) && !ec) {
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_all, std::filesystem::perm_options::replace, ec);
+  }
   if (ec) return Status::IOError("cannot create state directory " + dir.string() + ": " + ec.message());
+  // Whoever can write there can plant a secret of their own (and so take the cluster) or
+  // replace the journal: such a directory, or a secret someone else owns, is refused.
+  struct stat dir_st{};
+  if (stat(dir.c_str(), &dir_st) != 0) return Status::IOError("cannot read state directory " + dir.string());
+  if (dir_st.st_mode & S_IWOTH) {
+    return Status::PermissionDenied("state directory " + dir.string() + " is writable by every user; chmod o-w it");
+  }
   auto path = dir / kSecretFileName;
+  struct stat secret_st{};
+  if (stat(path.c_str(), &secret_st) == 0 && secret_st.st_uid != geteuid()) {
+    return Status::PermissionDenied("secret file " + path.string() + " belongs to user " + std::to_string(secret_st.st_uid) +
+                                    ", not to this one (" + std::to_string(geteuid()) + ")");
+  }
   if (std::filesystem::exists(path)) return ReadSecret(path);
   std::string secret = RandomHex(32);
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);

@@ -95,6 +95,23 @@ TEST_CASE("OutputStore.RoundTripKeepsMessageBoundaries" * doctest::timeout(20)) 
   }
 }
 
+TEST_CASE("OutputStore.OutputsAreReadableByTheirOwnerAlone" * doctest::timeout(10)) {
+  namespace fs = std::filesystem;
+  TempDir dir;
+  fs::create_directories(dir.path() / "outputs");
+  fs::permissions(dir.path() / "outputs", fs::perms::all);  // as an earlier version left it
+  auto store = MakeStore(dir);
+  WriteAll(*store, {1, 2, 1, 0}, StorageKind::kFile, Messages());
+  CHECK((fs::status(dir.path() / "outputs").permissions() & fs::perms::all) == fs::perms::owner_all);
+  size_t files = 0;
+  for (const auto& f : fs::recursive_directory_iterator(dir.path() / "outputs")) {
+    if (!f.is_regular_file() || f.path().extension() != ".out") continue;
+    ++files;
+    CHECK((f.status().permissions() & (fs::perms::group_all | fs::perms::others_all)) == fs::perms::none);
+  }
+  CHECK(files == 1);
+}
+
 TEST_CASE("OutputStore.EmptyOutputsNeedNoFile" * doctest::timeout(5)) {
   TempDir dir;
   auto store = MakeStore(dir);

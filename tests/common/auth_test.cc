@@ -3,6 +3,9 @@
 #include "common/auth.h"
 
 #include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 namespace copse::auth {
 namespace {
@@ -10,6 +13,32 @@ namespace {
 const std::string kSecret = "auth-test-secret-0123456789abcdef";
 
 Json Hello() { return {{"op", "hello"}, {"nonce", NewNonce()}, {"version", 1}}; }
+
+TEST_CASE("Auth.TheJobManagerKeepsItsSecretWhereNoOtherUserCanPlantOne") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("copse-auth-test-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  // A new state directory is made this user's alone.
+  auto made = LoadOrCreateSecret(root / "new");
+  REQUIRE(made.ok());
+  CHECK((fs::status(root / "new").permissions() & fs::perms::all) == fs::perms::owner_all);
+  CHECK(LoadOrCreateSecret(root / "new").ValueOr("") == *made);
+  // One others may write in is refused, naming it and what to do.
+  fs::create_directories(root / "open");
+  fs::permissions(root / "open", fs::perms::all);
+  auto open = LoadOrCreateSecret(root / "open");
+  CHECK(open.status().code() == StatusCode::kPermissionDenied);
+  CHECK(open.status().message().find("writable by every user; chmod o-w it") != std::string::npos);
+  CHECK_FALSE(fs::exists(root / "open" / kSecretFileName));
+  // A secret someone else owns is refused (only root can make one here to test it).
+  if (::geteuid() == 0) {
+    REQUIRE(::chown((root / "new" / kSecretFileName).c_str(), 65534, 65534) == 0);
+    auto planted = LoadOrCreateSecret(root / "new");
+    CHECK(planted.status().code() == StatusCode::kPermissionDenied);
+    CHECK(planted.status().message().find("belongs to user 65534") != std::string::npos);
+  }
+  fs::remove_all(root);
+}
 
 TEST_CASE("Auth.BothSidesProveTheyHoldTheSecret") {
   Json hello = Hello();
