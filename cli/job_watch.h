@@ -50,8 +50,9 @@ Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::
 Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,
                           const JmAddressOptions& jm);
 
-/// Reads a job file and sends it; returns the job id. Local validation errors are returned as
-/// InvalidArgument listing every diagnostic.
+/// Reads a job file and sends it; returns the job id. Local validation errors (the file's
+/// shape; programs and params are the job manager's to check) are returned as InvalidArgument
+/// listing every diagnostic.
 Result<uint64_t> SubmitJobFile(net::BlockingClient& client, const std::string& file);
 /// Sends a job already read from `file` (read once: a pipe cannot be read twice).
 Result<uint64_t> SubmitJob(net::BlockingClient& client, const jm::JobGraph& graph, const std::string& file);
