@@ -165,6 +165,9 @@ class SupervisedCluster {
   int respawns() const { return respawns_.load(); }
   void set_keep(bool keep) { keep_ = keep; }
   const std::filesystem::path& dir() const { return dir_; }
+  const std::filesystem::path& state_dir() const { return state_; }
+  pid_t jm_pid() const { return jm_pid_; }
+  const cli::JmAddressOptions& client_address() const { return address_; }
   std::string secret() const { return ReadFile((state_ / "secret").string()).value().substr(0, 64); }
 
  private:
