@@ -10,6 +10,7 @@
 #include "cli/jm_client.h"
 #include "cli/job_watch.h"
 #include "cli/status_view.h"
+#include "cli/trace_client.h"
 
 namespace copse::cli {
 namespace {
@@ -235,14 +236,16 @@ void AddClientCommands(CLI::App& app) {
     cmd->add_option("JOB", *job, "job id")->check(kJobIdRange)->required();
     cmd->add_option("-f,--file", *out, "write here instead of standard output (open in ui.perfetto.dev or chrome://tracing)");
     cmd->callback([jm, job, out] {
-      auto reply = CallOrReport(*jm, {{"op", "trace"}, {"job", *job}});
-      if (!reply) return;
-      std::string text = (*reply)["trace"].dump() + "\n";
-      if (out->empty()) {
-        std::cout << text;
-      } else if (!(std::ofstream(*out) << text)) {
-        ExitCode() = Report(Status::IOError("cannot write " + *out));
+      auto client = ConnectOrReport(*jm);
+      if (!client) return;
+      std::ofstream file;
+      if (!out->empty()) {
+        file.open(*out);
+        if (!file) return void(ExitCode() = Report(Status::IOError("cannot write " + *out)));
       }
+      // Written as it arrives: a million attempts make some 200 MB of it.
+      Status st = WriteTrace(*client, *job, out->empty() ? std::cout : file);
+      if (!st.ok()) ExitCode() = Report(out->empty() || st.code() != StatusCode::kIOError ? st : Status::IOError("cannot write " + *out));
     });
   }
   {

@@ -19,6 +19,7 @@
 #include "cli/process_util.h"
 #include "cli/program_catalog.h"
 #include "cli/status_view.h"
+#include "cli/trace_client.h"
 #include "common/auth.h"
 #include "jobmanager/gang_needs.h"
 #include "jobmanager/job_loader.h"
@@ -57,14 +58,14 @@ std::string FormatPercent(double share) {
 std::optional<Json> PipelineBubble(net::BlockingClient& client, uint64_t job, const Json& config) {
   if (config.value("kind", "") != "pipeline") return std::nullopt;
   const int stages = config.value("stages", 0), microbatches = config.value("microbatches", 0);
-  auto trace = client.Call({{"op", "trace"}, {"job", job}});
-  if (!trace.ok() || stages < 1 || microbatches < 1) return std::nullopt;
+  if (stages < 1 || microbatches < 1) return std::nullopt;
   std::map<std::string, ml::Span> spans;
-  for (const auto& e : (*trace)["trace"].value("traceEvents", Json::array())) {
-    if (e.value("ph", "") != "X" || e["args"].value("outcome", "") != "completed") continue;
+  auto trace = ReceiveTrace(client, job, [&](const Json& e) {
+    if (e.value("ph", "") != "X" || !e.contains("args") || e["args"].value("outcome", "") != "completed") return;
     const double ts = e.value("ts", 0.0), dur = e.value("dur", 0.0);
     spans[e.value("name", "")] = {ts, ts + dur};  // the last completed attempt
-  }
+  });
+  if (!trace.ok()) return std::nullopt;
   auto measured = ml::MeasuredBubble(spans, stages, microbatches);
   if (!measured) return std::nullopt;
   Json out = {{"measured", measured->mean},
@@ -342,8 +343,8 @@ int RunJob(const RunOpts& o) {
   if (cluster.restarts() > 0) summary["daemon_restarts"] = cluster.restarts();
   bool trace_written = true;  // a trace asked for and not written fails the command, after the outputs are copied
   if (!o.trace_file.empty()) {
-    auto trace = cluster.client().Call({{"op", "trace"}, {"job", *job}});
-    if (!trace.ok() || !(std::ofstream(o.trace_file) << (*trace)["trace"].dump() << "\n")) {
+    std::ofstream file(o.trace_file);
+    if (!file || !WriteTrace(cluster.client(), *job, file).ok()) {
       std::cerr << "copse run: cannot write the trace to " << o.trace_file << "\n";
       trace_written = false;
     }

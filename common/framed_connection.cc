@@ -110,6 +110,11 @@ void FramedConnection::ReadMoreBody(uint32_t length) {
 
 void FramedConnection::Send(const Json& message) { SendRaw(wire::EncodeFrame(wire::FrameType::kJson, DumpJson(message))); }
 
+size_t FramedConnection::queued_bytes() const {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  return queued_bytes_;
+}
+
 void FramedConnection::SendRaw(std::string frame) {
   std::unique_lock<std::mutex> lock(write_mu_);
   if (!open_ || overflowed_) return;

@@ -72,6 +72,9 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   void SendErrorAndClose(const std::string& message);
   void Close(const Status& why);
   bool open() const { return open_; }
+  /// Bytes of messages queued for the peer and not written yet; thread-safe. A sender of many
+  /// messages from another thread waits while this is large, instead of overflowing the queue.
+  size_t queued_bytes() const;
   std::string peer() const { return peer_; }
   /// Whether it runs over a local socket.
   bool local() const { return local_; }
@@ -100,7 +103,7 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   std::string body_;
   /// Guards the writing side: the queue, whether an asynchronous write owns it, and the socket's
   /// closing (so no thread writes to a closed, possibly reused, descriptor).
-  std::mutex write_mu_;
+  mutable std::mutex write_mu_;
   std::deque<std::string> out_;  // frames not yet written; out_.front() is being written
   size_t queued_bytes_ = 0;      // in out_
   bool overflowed_ = false;      // out_ outgrew kMaxQueuedBytes: closing, nothing more is sent

@@ -16,6 +16,7 @@
 #include "jobmanager/job_loader.h"
 #include "jobmanager/journal.h"
 #include "jobmanager/scheduler.h"
+#include "jobmanager/trace_streamer.h"
 
 namespace copse::jm {
 namespace {
@@ -378,9 +379,10 @@ class JmServer::Impl : public DaemonSink {
       return conn->Send({{"op", "chaos"}, {"done", *done}});
     }
     if (op == "trace") {
-      auto trace = scheduler_.Trace(JobIdFrom(msg));
-      if (!trace.ok()) return conn->Send({{"op", "error"}, {"message", trace.status().message()}});
-      return conn->Send({{"op", "trace"}, {"trace", *trace}});
+      // Copied here, formatted and sent in parts by the streamer's thread (trace_streamer.h).
+      auto snapshot = scheduler_.Trace(JobIdFrom(msg));
+      if (!snapshot.ok()) return conn->Send({{"op", "error"}, {"message", snapshot.status().message()}});
+      return trace_streamer_.Send(conn, std::move(*snapshot));
     }
     if (op == "outputs") {
       auto locations = scheduler_.OutputLocations(JobIdFrom(msg));
@@ -505,6 +507,7 @@ class JmServer::Impl : public DaemonSink {
   std::chrono::steady_clock::time_point refusal_logged_at_{};
   uint64_t refusals_unlogged_ = 0;
   std::vector<std::pair<JobId, std::weak_ptr<net::FramedConnection>>> waiters_;
+  TraceStreamer trace_streamer_;  // before the connections it sends on are gone: destroyed first
   bool flush_pending_ = false;
   std::chrono::steady_clock::time_point last_tick_at_;  // when the last tick began (or Listen)
   uint64_t retry_compaction_at_ = 0;  // journal size at which to try again after a failed rewrite

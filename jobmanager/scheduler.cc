@@ -266,49 +266,26 @@ void Scheduler::CloseSpan(Job& job, VertexId v, uint32_t version, const std::str
   job.open_spans.erase(it);
 }
 
-Result<Json> Scheduler::Trace(JobId id) const {
+Result<TraceSnapshot> Scheduler::Trace(JobId id) const {
   const Job* job = FindJob(id);
   if (!job) return Status::NotFound("no job " + id.ToString());
-  // Chrome / Perfetto trace-event format: a process per daemon, a thread per concurrent slot.
-  Json events = Json::array();
-  std::map<uint32_t, std::vector<double>> lanes;  // per daemon: when each lane frees up
-  std::vector<size_t> order(job->spans.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return job->spans[a].start_ms < job->spans[b].start_ms; });
-  double now = ElapsedMs(*job);
-  for (size_t i : order) {
-    const auto& s = job->spans[i];
-    double end = s.end_ms >= 0 ? s.end_ms : now;
-    auto& free_at = lanes[s.daemon.value()];
-    size_t lane = 0;
-    while (lane < free_at.size() && free_at[lane] > s.start_ms) ++lane;
-    if (lane == free_at.size()) free_at.push_back(0);
-    free_at[lane] = end;
-    const VertexNode& node = job->g().vertex(VertexId(s.vertex));
-    events.push_back({{"name", node.name},
-                      {"cat", job->g().spec().stages[node.stage].name},
-                      {"ph", "X"},
-                      {"ts", s.start_ms * 1000},
-                      {"dur", (end - s.start_ms) * 1000},
-                      {"pid", s.daemon.value()},
-                      {"tid", lane},
-                      {"args", {{"version", s.version}, {"outcome", s.end_ms >= 0 ? s.outcome : "running"}}}});
+  TraceSnapshot snap;
+  snap.job = id.value();
+  snap.name = job->g().spec().name;
+  snap.state = JobStateName(job->state);
+  snap.now_ms = ElapsedMs(*job);
+  snap.graph = job->graph;
+  std::map<std::string, size_t> registrations;  // per name: how many so far
+  for (const auto& d : daemons_) ++registrations[d->spec.name];
+  std::map<std::string, size_t> seen;
+  snap.daemons.reserve(daemons_.size());
+  for (const auto& d : daemons_) {
+    const size_t n = ++seen[d->spec.name];
+    snap.daemons.emplace_back(d->spec.name, registrations[d->spec.name] > 1 ? n : 0);
   }
-  for (const auto& [daemon, free_at] : lanes) {
-    // A daemon that registered again (after a cut, or restarted) is a new process under its
-    // old name: its registrations are told apart.
-    const std::string& name = daemons_[daemon]->spec.name;
-    size_t registration = 0, registrations = 0;
-    for (const auto& d : daemons_) {
-      if (d->spec.name != name) continue;
-      ++registrations;
-      if (d->id.value() <= daemon) ++registration;
-    }
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", daemon},
-                      {"args", {{"name", "daemon " + name + (registrations > 1 ? fmt::format(" (registration {})", registration) : "")}}}});
-  }
-  return Json{{"traceEvents", events}, {"displayTimeUnit", "ms"},
-              {"otherData", {{"job", id.value()}, {"name", job->g().spec().name}, {"state", JobStateName(job->state)}}}};
+  snap.spans.reserve(job->spans.size());
+  for (const auto& s : job->spans) snap.spans.push_back({s.vertex, s.version, s.daemon.value(), s.start_ms, s.end_ms, s.outcome});
+  return snap;
 }
 
 void Scheduler::FreeSlot(Job& job, VertexId v, DaemonId daemon) {

@@ -33,6 +33,7 @@
 #include "jobmanager/job_parser.h"
 #include "jobmanager/journal.h"
 #include "jobmanager/placement.h"
+#include "jobmanager/trace_export.h"
 
 namespace copse::jm {
 
@@ -201,9 +202,9 @@ class Scheduler {
   Json Logs(JobId job, const std::string& vertex) const;
   /// NCCL bootstrap: rank 0's daemon created `id` for `group`; the other members' daemons get it.
   void RelayNcclId(const std::string& group, const std::string& id, DaemonId from);
-  /// The job's attempts as Chrome/Perfetto trace events: one span per vertex execution per
-  /// daemon, so pipeline bubbles and recoveries are visible.
-  Result<Json> Trace(JobId job) const;
+  /// What the job's trace shows (trace_export.h formats it): a copy of its attempts' spans,
+  /// taken in tens of milliseconds for a million, so that formatting happens off this thread.
+  Result<TraceSnapshot> Trace(JobId job) const;
   /// Where each declared output of a completed job is: [{path, host, port, key}].
   Result<Json> OutputLocations(JobId job) const;
 

@@ -9,6 +9,7 @@
 #include "channels/remote_reader.h"
 #include "cli/job_watch.h"
 #include "cli/program_catalog.h"
+#include "cli/trace_client.h"
 #include "common/auth.h"
 #include "jobmanager/job_loader.h"
 #include "tests/integration/test_cluster.h"
@@ -302,6 +303,41 @@ TEST_CASE("Cluster.ADaemonIsNotLostForHeartbeatsTheJobManagerWasTooBusyToRead") 
   WARN_MESSAGE(log.find("busy for") != std::string::npos,
                "building the job did not stall the job manager for half the timeout: "
                "only the heartbeat pace was tested");
+}
+
+TEST_CASE("Cluster.ATraceLargerThanOnePartArrivesWholeAndInOrder") {
+  // 25,000 attempts: three parts of the streamed answer (jobmanager/trace_streamer.h). Before
+  // the answer was streamed, a million-attempt trace stalled the job manager for seconds and
+  // then exceeded the largest frame.
+  TestCluster cluster(2);
+  const int n = 25000;
+  uint64_t id = cluster.Submit({{"stages", {{{"name", "s"}, {"program", "noop"}, {"replicas", n}}}}});
+  REQUIRE(cluster.Wait(id)["state"] == "completed");
+  std::ostringstream out;
+  REQUIRE(cli::WriteTrace(cluster.client(), id, out).ok());
+  const Json trace = Json::parse(out.str());
+  size_t spans = 0, processes = 0;
+  double last_ts = -1;
+  bool ordered = true;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") {
+      ++spans;
+      ordered &= e["ts"].get<double>() >= last_ts;
+      last_ts = e["ts"].get<double>();
+    }
+    processes += e["name"] == "process_name";
+  }
+  CHECK(spans == n);
+  CHECK(ordered);
+  CHECK(processes >= 1);
+  CHECK(trace["otherData"]["job"] == id);
+  CHECK(trace["otherData"]["state"] == "completed");
+  // A job that does not exist: the job manager's error, and the connection still serves.
+  std::ostringstream none;
+  Status missing = cli::WriteTrace(cluster.client(), 999, none);
+  CHECK(missing.code() == StatusCode::kFailedPrecondition);
+  CHECK(missing.message().find("no job 999") != std::string::npos);
+  CHECK(cluster.client().Call({{"op", "daemons"}}).ok());
 }
 
 TEST_CASE("Cluster.APeerSlowerThanTheHeartbeatTimeoutStillAuthenticates") {

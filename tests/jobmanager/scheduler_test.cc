@@ -183,11 +183,12 @@ TEST_CASE("Scheduler.TraceHasASpanPerAttemptInLanesPerDaemon") {
   h.Finish(s1, true);
   h.Finish(t1, false);               // t, attempt 1 (injected)
   h.Finish(h.Next().second, true);   // t, attempt 2
-  auto trace = h.sched.Trace(job);
-  REQUIRE(trace.ok());
+  auto snapshot = h.sched.Trace(job);
+  REQUIRE(snapshot.ok());
+  const Json trace = TraceJson(*snapshot);
   int spans = 0, failed = 0;
   std::set<int> lanes;
-  for (const auto& e : (*trace)["traceEvents"]) {
+  for (const auto& e : trace["traceEvents"]) {
     if (e["ph"] != "X") continue;
     ++spans;
     failed += e["args"]["outcome"] == "program_error";
@@ -208,10 +209,11 @@ TEST_CASE("Scheduler.TraceNamesAnAttemptLostWithItsDaemonAndTellsRegistrationsAp
   h.sched.Flush();
   h.Finish(h.Next("x[0]").second, true);
   REQUIRE(h.State(job) == "completed");
-  auto trace = h.sched.Trace(job);
-  REQUIRE(trace.ok());
+  auto snapshot = h.sched.Trace(job);
+  REQUIRE(snapshot.ok());
+  const Json trace = TraceJson(*snapshot);
   std::vector<std::string> outcomes, processes;
-  for (const auto& e : (*trace)["traceEvents"]) {
+  for (const auto& e : trace["traceEvents"]) {
     if (e["ph"] == "X") outcomes.push_back(e["args"]["outcome"]);
     if (e["name"] == "process_name") processes.push_back(e["args"]["name"]);
   }

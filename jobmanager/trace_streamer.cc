@@ -1,0 +1,69 @@
+#include "jobmanager/trace_streamer.h"
+
+#include <chrono>
+
+#include "common/thread_name.h"
+#include "common/wire.h"
+
+namespace copse::jm {
+
+TraceStreamer::TraceStreamer() : thread_([this] { Loop(); }) {}
+
+TraceStreamer::~TraceStreamer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    queue_.clear();
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void TraceStreamer::Send(std::shared_ptr<net::FramedConnection> conn, TraceSnapshot snapshot) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.emplace_back(conn, std::move(snapshot));
+  }
+  cv_.notify_one();
+}
+
+void TraceStreamer::Loop() {
+  SetThreadName("jm-trace");
+  while (true) {
+    std::pair<std::weak_ptr<net::FramedConnection>, TraceSnapshot> work;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (auto conn = work.first.lock()) Stream(*conn, work.second);
+  }
+}
+
+void TraceStreamer::Stream(net::FramedConnection& conn, const TraceSnapshot& snapshot) {
+  bool sent_all = true;
+  FormatTraceEvents(snapshot, kEventsPerPart, [&](std::string_view part) {
+    while (conn.open() && conn.queued_bytes() > kMaxBacklogBytes) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!conn.open() || stopping_) return sent_all = false;
+    std::string body = R"({"op":"trace_part","events":[)";
+    body.append(part);
+    body += "]}";
+    conn.SendRaw(wire::EncodeFrame(wire::FrameType::kJson, body));
+    return true;
+  });
+  if (!sent_all) return;
+  Json end = TraceTrailer(snapshot);
+  end["op"] = "trace";
+  conn.Send(end);
+}
+
+}  // namespace copse::jm
