@@ -6,6 +6,7 @@
 //   kNotFound         a named thing does not exist
 //   kUnavailable      a peer or resource is gone for now: retry or re-place
 //   kDataLoss         stored bytes failed their checksum or vanished: regenerate them
+//   kResourceExhausted a limit (a vertex's memory) was reached: fail that work, not the process
 //   kCancelled, kTimeout, kPermissionDenied, kFailedPrecondition, kIOError, kInternal
 // Status is cheap to copy when ok (no allocation). Thread-compatible, like any value type.
 #include <cassert>
@@ -31,6 +32,7 @@ enum class StatusCode {
   kFailedPrecondition,
   kIOError,
   kInternal,
+  kResourceExhausted,
 };
 
 /// Name of a status code, e.g. "InvalidArgument".
@@ -54,6 +56,7 @@ class [[nodiscard]] Status {
   static Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
   static Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
 
   bool ok() const { return state_ == nullptr; }
   StatusCode code() const { return state_ ? state_->code : StatusCode::kOk; }

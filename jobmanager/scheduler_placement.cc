@@ -318,6 +318,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
   Json task = {{"job", job.id.value()},     {"vertex", v.value()},         {"version", version},
                {"name", node.name},         {"program", stage.program},    {"replica", node.replica},
                {"params", *node.params},    {"job_dir", job.job_dir},      {"threads", std::max(1, static_cast<int>(stage.resources.cpus))}, {"gpus", stage.resources.gpus},
+               {"memory_mb", stage.resources.memory_mb},
                {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
   if (node.gang.valid()) AddNcclInfo(job, v, version, task);
   if (!after.empty()) {

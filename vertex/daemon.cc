@@ -441,6 +441,13 @@ class Daemon::Impl {
     }
   }
 
+  /// The memory this daemon offers vertices, in MB: what it was told, else the machine's.
+  int64_t OfferedMemoryMb() const {
+    if (options_.memory_mb > 0) return options_.memory_mb;
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page_bytes = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page_bytes > 0 ? (static_cast<int64_t>(pages) * page_bytes) >> 20 : 0;
+  }
+
   /// What is wrong with a task's identity and chaining (read outside any handler, on worker
   /// threads), or "" when they are well formed.
   static std::string MalformedTask(const Json& spec) {
@@ -927,6 +934,10 @@ class Daemon::Impl {
       ctx.scratch_dir = scratch;
       ctx.job_dir = spec.value("job_dir", std::string());
       ctx.threads = spec.value("threads", 1u);
+      // Its own limit when its stage declares one, else what this daemon offers all of them.
+      const int64_t declared_mb = spec.value("memory_mb", int64_t{0});
+      ctx.memory_declared = declared_mb > 0;
+      ctx.memory_limit_bytes = (ctx.memory_declared ? declared_mb : OfferedMemoryMb()) << 20;
       ctx.gpu = gpu.device();
       ctx.collective = task.collective.get();
       Status st;

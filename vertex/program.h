@@ -76,6 +76,12 @@ class VertexContext {
   unsigned threads = 1;                       // cpus granted to this vertex
   int gpu = -1;                               // the CUDA device granted to it (resources.gpus > 0)
   Collective* collective = nullptr;           // with nccl channels: the gang's group
+  /// The memory this vertex may hold: its stage's resources.memory_mb, else what its daemon
+  /// offers; 0: unbounded. Programs account what they buffer with ChargeMemory; `exec` children
+  /// get it as their address-space limit when the stage declares it.
+  int64_t memory_limit_bytes = 0;
+  /// Whether the stage declared resources.memory_mb (the limit is then the vertex's own).
+  bool memory_declared = false;
   /// What a successful attempt tells about the job's progress: a small JSON object (a training
   /// update sets {"step", "steps", "loss", "images"}). It travels with the attempt's report and
   /// shows in `copse status` / `copse run` while the job runs.
@@ -108,9 +114,18 @@ class VertexContext {
   Status CloseOutputs();
   /// Writes `message` to every output.
   Status WriteAll(const chan::Buffer& message);
+  /// Accounts `delta` bytes more (or fewer, when negative) that the program holds: what it
+  /// buffers of its inputs, tables it builds. Fails the attempt, as Spark fails a task that
+  /// cannot acquire execution memory, with ResourceExhausted naming the vertex, the limit and
+  /// where it comes from, once the total passes memory_limit_bytes; the program returns that
+  /// error. A runaway vertex (a "line" of /dev/zero) fails alone instead of taking its daemon
+  /// and every vertex beside it down with it.
+  Status ChargeMemory(int64_t delta);
+  int64_t memory_charged() const { return memory_charged_; }
 
  private:
   bool scratch_created_ = false;
+  int64_t memory_charged_ = 0;
 };
 
 class VertexProgram {

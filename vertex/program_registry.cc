@@ -1,5 +1,9 @@
 #include "vertex/program_registry.h"
 
+#include <algorithm>
+
+#include <fmt/format.h>
+
 #include "common/text_util.h"
 
 namespace copse::vertex {
@@ -15,6 +19,15 @@ Result<std::filesystem::path> VertexContext::MakeScratchDir() {
   if (ec) return Status::IOError(name + ": cannot create " + scratch_dir.string() + ": " + ec.message());
   scratch_created_ = true;
   return scratch_dir;
+}
+
+Status VertexContext::ChargeMemory(int64_t delta) {
+  memory_charged_ = std::max<int64_t>(0, memory_charged_ + delta);
+  if (memory_limit_bytes <= 0 || memory_charged_ <= memory_limit_bytes) return Status::OK();
+  return Status::ResourceExhausted(fmt::format(
+      "{} needs more than its {} of {} MB (it holds {} MB): declare more, or give it less to hold at once", name,
+      memory_declared ? "resources.memory_mb" : "daemon's memory, since its stage declares no resources.memory_mb,",
+      memory_limit_bytes >> 20, memory_charged_ >> 20));
 }
 
 Status VertexContext::CloseOutputs() {

@@ -151,6 +151,14 @@ TEST_CASE("Scheduler.RunsAChainToCompletion") {
   CHECK(gc[0].second["keep"].size() == 1);
 }
 
+TEST_CASE("Scheduler.ATaskCarriesItsStagesMemoryForItsDaemonToEnforce") {
+  Harness h;
+  h.AddDaemon("d0", 2);
+  h.Submit(R"({"stages": [{"name": "a", "program": "noop", "resources": {"memory_mb": 300}}, {"name": "b", "program": "noop"}]})");
+  CHECK(h.Next("a[0]").second["memory_mb"] == 300);
+  CHECK(h.Next("b[0]").second["memory_mb"] == 0);  // none declared: its daemon's offer bounds it
+}
+
 TEST_CASE("Scheduler.PlacesAVertexWhereMostOfItsInputBytesAre") {
   Harness h;
   DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);

@@ -1,8 +1,12 @@
 // The built-in programs, run directly against in-memory channels.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <sstream>
+#include <thread>
 
 #include "channels/memory_queue.h"
 #include "vertex/program_registry.h"
@@ -26,7 +30,7 @@ struct Run {
 };
 
 Run RunProgram(const std::string& program, Json params, std::vector<std::vector<std::string>> inputs, size_t n_out,
-               std::string name = "v[0]") {
+               std::string name = "v[0]", const std::function<void(VertexContext&)>& setup = {}) {
   auto prog = ProgramRegistry::Default().Create(program);
   REQUIRE(prog.ok());
   std::vector<std::unique_ptr<chan::ChannelReader>> readers;
@@ -51,6 +55,7 @@ Run RunProgram(const std::string& program, Json params, std::vector<std::vector<
     writers.push_back(std::make_unique<chan::MessageLogWriter>(run.outputs.back()));
     ctx.outputs.push_back(writers.back().get());
   }
+  if (setup) setup(ctx);
   run.status = (*prog)->Run(ctx);
   std::filesystem::remove_all(scratch);
   return run;
@@ -97,6 +102,62 @@ TEST_CASE("Programs.WordCountTrioCountsWords") {
   auto missing = RunProgram("text.read_lines", {{"path", "/no/such/file"}}, {}, 1);
   CHECK(missing.status.code() == StatusCode::kNotFound);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Programs.ReadLinesSplitsLinesAsGetlineDoesAcrossItsReadChunks") {
+  auto dir = std::filesystem::temp_directory_path() / ("copse-lines-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string long_line(3 << 20, 'x');  // spans read chunks
+  for (const std::string& text : {std::string("a\nb\n"), std::string("no break at the end"), std::string("\n\nx\n\n"),
+                                  "start\n" + long_line + "\nend", std::string()}) {
+    std::ofstream(dir / "in.txt", std::ios::binary) << text;
+    auto read = RunProgram("text.read_lines", {{"path", (dir / "in.txt").string()}}, {}, 1);
+    REQUIRE(read.status.ok());
+    std::string expected, line;
+    std::istringstream in(text);
+    while (std::getline(in, line)) expected += line + "\n";
+    CHECK(read.Output(0) == expected);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Programs.ReadLinesOfADeviceWithoutLineBreaksFailsAtItsMemoryLimit" * doctest::timeout(30)) {
+  // The hostile test: text.read_lines of /dev/zero grew its daemon to 9.4 GB in 10 s.
+  auto read = RunProgram("text.read_lines", {{"path", "/dev/zero"}}, {}, 1, "read[0]", [](VertexContext& ctx) {
+    ctx.memory_limit_bytes = 64 << 20;
+    ctx.memory_declared = true;
+  });
+  CHECK(read.status.code() == StatusCode::kResourceExhausted);
+  CHECK(read.status.message().find("read[0] needs more than its resources.memory_mb of 64 MB") != std::string::npos);
+  CHECK(read.status.message().find("/dev/zero has a line longer than that") != std::string::npos);
+}
+
+TEST_CASE("Programs.ACancelledReadLinesStopsReading" * doctest::timeout(30)) {
+  std::atomic<bool> cancel{false};
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    cancel = true;
+  });
+  auto read = RunProgram("text.read_lines", {{"path", "/dev/zero"}}, {}, 1, "read[0]",
+                         [&](VertexContext& ctx) { ctx.cancel_flag = &cancel; });
+  canceller.join();
+  CHECK(read.status.code() == StatusCode::kCancelled);
+}
+
+TEST_CASE("Programs.AnExecChildIsBoundByItsDeclaredMemory" * doctest::timeout(30)) {
+  const Json params = {{"argv", {"sh", "-c", "head -c 300000000 /dev/zero | sort > /dev/null"}}};
+  auto bounded = RunProgram("exec", params, {}, 0, "big[0]", [](VertexContext& ctx) {
+    ctx.memory_limit_bytes = 64 << 20;
+    ctx.memory_declared = true;
+  });
+  CHECK_FALSE(bounded.status.ok());
+  MESSAGE(bounded.status.message());
+  auto unbounded = RunProgram("exec", {{"argv", {"sh", "-c", "head -c 1000 /dev/zero | sort > /dev/null"}}}, {}, 0, "small[0]",
+                              [](VertexContext& ctx) {
+                                ctx.memory_limit_bytes = 64 << 20;
+                                ctx.memory_declared = true;
+                              });
+  CHECK(unbounded.status.ok());
 }
 
 TEST_CASE("Programs.ExecRunsAChildWithInputsAndOutputs") {

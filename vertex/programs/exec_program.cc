@@ -8,6 +8,8 @@
 // status fails the attempt with the tail of standard error. Cancellation kills the child.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,6 +57,34 @@ std::string TailOf(const std::filesystem::path& path, size_t max) {
   std::ifstream in(path, std::ios::binary);
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return s.size() > max ? "…" + s.substr(s.size() - max) : s;
+}
+
+/// The child's standard input, output and error, opened by the parent.
+struct ChildFiles {
+  int in = -1, out = -1, err = -1;
+  ~ChildFiles() { Close(); }
+  Status Open(const std::filesystem::path& in_path, const std::filesystem::path& out_path,
+              const std::filesystem::path& err_path) {
+    in = ::open(in_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (in < 0) return Status::IOError("cannot open " + in_path.string() + ": " + std::strerror(errno));
+    out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (out < 0) return Status::IOError("cannot create " + out_path.string() + ": " + std::strerror(errno));
+    err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (err < 0) return Status::IOError("cannot create " + err_path.string() + ": " + std::strerror(errno));
+    return Status::OK();
+  }
+  void Close() {
+    for (int* fd : {&in, &out, &err}) {
+      if (*fd >= 0) ::close(*fd);
+      *fd = -1;
+    }
+  }
+};
+
+/// Whether the file system holding `dir` has no room left for an unprivileged writer.
+bool DiskFull(const std::filesystem::path& dir) {
+  struct statvfs fs{};
+  return ::statvfs(dir.c_str(), &fs) == 0 && fs.f_bavail == 0;
 }
 
 class ExecProgram final : public VertexProgram {
@@ -118,21 +148,27 @@ class ExecProgram final : public VertexProgram {
     std::vector<char*> cenv;
     for (auto& e : full_env) cenv.push_back(e.data());
     cenv.push_back(nullptr);
-    std::string out_s = stdout_path.string(), err_s = stderr_path.string(), in_s = stdin_path.string();
     std::string cwd = ctx.job_dir.empty() ? dir.string() : ctx.job_dir.string();
+    // Opened here, where a failure (a full disk, a missing directory) can be told with its
+    // reason, not in the child, which could only exit.
+    ChildFiles files;
+    COPSE_RETURN_NOT_OK(files.Open(stdin_path, stdout_path, stderr_path).WithContext(ctx.name));
+    // The stage's own memory limit bounds the child's address space (a program that reserves
+    // far more than it touches needs a larger resources.memory_mb).
+    const rlim_t memory_limit = ctx.memory_declared && ctx.memory_limit_bytes > 0 ? static_cast<rlim_t>(ctx.memory_limit_bytes) : 0;
 
     pid_t pid = fork();
     if (pid < 0) return Status::Internal(ctx.name + ": fork failed: " + std::strerror(errno));
     if (pid == 0) {
       // Child: only async-signal-safe calls until exec.
       setpgid(0, 0);
-      int in_fd = open(in_s.c_str(), O_RDONLY);
-      int out_fd = open(out_s.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int err_fd = open(err_s.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (in_fd < 0 || out_fd < 0 || err_fd < 0) _exit(126);
-      dup2(in_fd, 0);
-      dup2(out_fd, 1);
-      dup2(err_fd, 2);
+      dup2(files.in, 0);
+      dup2(files.out, 1);
+      dup2(files.err, 2);
+      if (memory_limit > 0) {
+        const rlimit limit{memory_limit, memory_limit};
+        if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(126);
+      }
       if (chdir(cwd.c_str()) != 0) _exit(126);
       execvpe(cargv[0], cargv.data(), cenv.data());
       // Why, in the words of strerror (which is not async-signal-safe, so not called here).
@@ -151,6 +187,7 @@ class ExecProgram final : public VertexProgram {
       (void)!write(2, "\n", 1);
       _exit(127);
     }
+    files.Close();
     int status = 0;
     while (true) {
       pid_t r = waitpid(pid, &status, WNOHANG);
@@ -166,7 +203,12 @@ class ExecProgram final : public VertexProgram {
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       std::string how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
                                           : "was killed by signal " + std::to_string(WTERMSIG(status));
-      return Status::Internal(ctx.name + ": " + argv[0] + " " + how + "; stderr: " + TailOf(stderr_path, 2000));
+      std::string err = TailOf(stderr_path, 2000);
+      if (err.empty() && DiskFull(dir)) err = "(none: the disk holding " + dir.string() + " is full, so it could not be written)";
+      if (memory_limit > 0 && WIFSIGNALED(status)) {
+        how += " (its address space is limited to its resources.memory_mb, " + std::to_string(memory_limit >> 20) + " MB)";
+      }
+      return Status::Internal(ctx.name + ": " + argv[0] + " " + how + "; stderr: " + err);
     }
     for (size_t k = 0; k < ctx.num_outputs(); ++k) {
       auto path = (k == 0 && use_stdout) ? stdout_path : dir / ("output-" + std::to_string(k));

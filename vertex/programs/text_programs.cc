@@ -18,6 +18,7 @@ namespace copse::vertex {
 namespace {
 
 constexpr size_t kBatchBytes = 64 * 1024;
+constexpr size_t kReadBytes = 1 << 20;
 
 class ReadLines final : public VertexProgram {
  public:
@@ -31,23 +32,46 @@ class ReadLines final : public VertexProgram {
   Status Run(VertexContext& ctx) override {
     COPSE_RETURN_NOT_OK(CheckParams(ctx.params ? *ctx.params : Json::object()).WithContext(ctx.name));
     auto path = ctx.ResolvePath((*ctx.params)["path"].get<std::string>());
-    std::ifstream in(path);
+    std::ifstream in(path, std::ios::binary);
     if (!in) return Status::NotFound(ctx.name + ": cannot open " + path.string());
-    size_t n = ctx.num_outputs();
+    const size_t n = ctx.num_outputs();
     std::vector<std::string> batches(n);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (n == 0) continue;
-      size_t out = XXH3_64bits(line.data(), line.size()) % n;
-      batches[out] += line;
+    // Read a chunk at a time, not a line: a file without line breaks (a device such as
+    // /dev/zero, a binary file) would otherwise grow one line without end, beyond the reach of
+    // both cancellation and the memory limit.
+    std::string chunk(kReadBytes, '\0'), line;
+    auto emit = [&](std::string_view text) -> Status {
+      if (n == 0) return Status::OK();
+      const size_t out = XXH3_64bits(text.data(), text.size()) % n;
+      batches[out] += text;
       batches[out] += '\n';
-      if (batches[out].size() >= kBatchBytes) {
-        COPSE_RETURN_NOT_OK(ctx.output(out).Write(chan::Buffer(std::move(batches[out]))));
-        batches[out].clear();
-      }
+      if (batches[out].size() < kBatchBytes) return Status::OK();
+      COPSE_RETURN_NOT_OK(ctx.output(out).Write(chan::Buffer(std::move(batches[out]))));
+      batches[out].clear();
+      return Status::OK();
+    };
+    while (in) {
       if (ctx.cancelled()) return Status::Cancelled(ctx.name + " cancelled");
+      in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+      std::string_view data(chunk.data(), static_cast<size_t>(in.gcount()));
+      for (size_t nl; (nl = data.find('\n')) != std::string_view::npos; data.remove_prefix(nl + 1)) {
+        if (line.empty()) {
+          COPSE_RETURN_NOT_OK(emit(data.substr(0, nl)));
+        } else {
+          line.append(data.substr(0, nl));
+          COPSE_RETURN_NOT_OK(emit(line));
+          COPSE_RETURN_NOT_OK(ctx.ChargeMemory(-static_cast<int64_t>(line.size())));
+          line.clear();
+        }
+      }
+      // The start of a line that goes on in the next chunk: held, and accounted.
+      line.append(data);
+      if (Status st = ctx.ChargeMemory(static_cast<int64_t>(data.size())); !st.ok()) {
+        return Status::ResourceExhausted(st.message() + "; " + path.string() + " has a line longer than that");
+      }
     }
     if (in.bad()) return Status::IOError(ctx.name + ": error reading " + path.string());
+    if (!line.empty()) COPSE_RETURN_NOT_OK(emit(line));  // the last line, without its line break
     for (size_t i = 0; i < n; ++i) {
       if (!batches[i].empty()) COPSE_RETURN_NOT_OK(ctx.output(i).Write(chan::Buffer(std::move(batches[i]))));
     }
@@ -78,6 +102,7 @@ template <typename Fn>
 Status ForEachInput(VertexContext& ctx, Fn&& fn) {
   for (size_t port = 0; port < ctx.num_inputs(); ++port) {
     while (true) {
+      if (ctx.cancelled()) return Status::Cancelled(ctx.name + " cancelled");
       COPSE_ASSIGN_OR_RETURN(auto msg, ctx.input(port).Next());
       if (!msg) break;
       COPSE_RETURN_NOT_OK(fn(port, msg->view()));
@@ -85,6 +110,10 @@ Status ForEachInput(VertexContext& ctx, Fn&& fn) {
   }
   return Status::OK();
 }
+
+/// What one more word costs a count table: its text and a tree node (accounted, as an estimate,
+/// against the vertex's memory limit).
+int64_t EntryBytes(std::string_view word) { return static_cast<int64_t>(word.size() + 80); }
 
 bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
@@ -101,8 +130,12 @@ class CountWords final : public VertexProgram {
         if (i > start) {
           auto word = text.substr(start, i - start);
           auto it = counts.find(word);
-          if (it == counts.end()) counts.emplace(std::string(word), 1);
-          else ++it->second;
+          if (it != counts.end()) {
+            ++it->second;
+            continue;
+          }
+          COPSE_RETURN_NOT_OK(ctx.ChargeMemory(EntryBytes(word)));
+          counts.emplace(std::string(word), 1);
         }
       }
       return Status::OK();
@@ -130,7 +163,13 @@ class MergeCounts final : public VertexProgram {
           return Status::InvalidArgument(ctx.name + ": input " + std::to_string(port) +
                                          " has a line that is not \"word<TAB>count\": " + std::string(line.substr(0, 80)));
         }
-        counts[std::string(line.substr(0, tab))] += n;
+        const auto word = line.substr(0, tab);
+        auto it = counts.find(word);
+        if (it == counts.end()) {
+          COPSE_RETURN_NOT_OK(ctx.ChargeMemory(EntryBytes(word)));
+          it = counts.emplace(std::string(word), 0).first;
+        }
+        it->second += n;
       }
       return Status::OK();
     }));
