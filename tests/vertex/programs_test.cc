@@ -1,5 +1,6 @@
 // The built-in programs, run directly against in-memory channels.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
@@ -158,6 +159,21 @@ TEST_CASE("Programs.AnExecChildIsBoundByItsDeclaredMemory" * doctest::timeout(30
                                 ctx.memory_declared = true;
                               });
   CHECK(unbounded.status.ok());
+}
+
+TEST_CASE("Programs.AnExecChildCannotSignalItsDaemon" * doctest::timeout(30)) {
+  // The hostile test: an exec of `kill -STOP $PPID` froze one daemon after another. Where the
+  // kernel allows PID namespaces (root), the child sees no process of the host.
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: PID namespaces need root here");
+    return;
+  }
+  const std::string daemon = std::to_string(::getpid());  // the test process hosts the program
+  auto probe = RunProgram("exec", {{"argv", {"sh", "-c", "echo $$; kill -0 " + daemon}}}, {}, 1);
+  CHECK_FALSE(probe.status.ok());  // no such process, from inside
+  auto pid = RunProgram("exec", {{"argv", {"sh", "-c", "echo $$"}}}, {}, 1);
+  REQUIRE(pid.status.ok());
+  CHECK(pid.Output(0) == "1\n");  // the first process of its own namespace
 }
 
 TEST_CASE("Programs.ExecRunsAChildWithInputsAndOutputs") {

@@ -5,8 +5,11 @@
 // "stdout": true (the default when the vertex has outputs) the child's standard output becomes
 // output 0 instead of the file. With "stdin": true input 0 is fed to its standard input.
 // "{input0}", "{output1}", "{scratch}" … in argv are replaced by those paths. A non-zero exit
-// status fails the attempt with the tail of standard error. Cancellation kills the child.
+// status fails the attempt with the tail of standard error. Cancellation kills the child's
+// process group. Where the kernel allows it the child runs in a PID namespace of its own
+// (StartChild), so it cannot signal its daemon.
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
@@ -15,6 +18,8 @@
 
 #include <chrono>
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -80,6 +85,64 @@ struct ChildFiles {
     }
   }
 };
+
+/// What the child does between its start and exec; read-only, prepared by the parent.
+struct ChildSetup {
+  int in, out, err;
+  rlim_t memory_limit;  // 0: none
+  const char* cwd;
+  char* const* argv;
+  char* const* envp;
+};
+
+/// The child: only async-signal-safe calls until exec.
+[[noreturn]] void ChildMain(const ChildSetup& c) {
+  setpgid(0, 0);
+  dup2(c.in, 0);
+  dup2(c.out, 1);
+  dup2(c.err, 2);
+  if (c.memory_limit > 0) {
+    const rlimit limit{c.memory_limit, c.memory_limit};
+    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(126);
+  }
+  if (chdir(c.cwd) != 0) _exit(126);
+  execvpe(c.argv[0], c.argv, c.envp);
+  // Why, in the words of strerror (which is not async-signal-safe, so not called here).
+  const int err = errno;
+  const char* why = err == ENOENT    ? "no such file (a name without '/' is looked up on PATH; ./NAME is one in the "
+                                       "job directory), or its #! interpreter is missing"
+                    : err == EACCES  ? "permission denied (not executable?)"
+                    : err == ENOEXEC ? "not an executable format"
+                    : err == ENOTDIR ? "a component of the path is not a directory"
+                                     : "exec failed";
+  const char head[] = "exec failed: cannot run ";
+  (void)!write(2, head, sizeof(head) - 1);
+  (void)!write(2, c.argv[0], strlen(c.argv[0]));
+  (void)!write(2, ": ", 2);
+  (void)!write(2, why, strlen(why));
+  (void)!write(2, "\n", 1);
+  _exit(127);
+}
+
+/// Starts the child in a PID namespace of its own where the kernel allows it (root, or
+/// CAP_SYS_ADMIN): it sees neither its daemon nor anything else of this host's processes, so it
+/// cannot stop or kill them (`kill -STOP $PPID` froze one daemon after another), and whatever
+/// it leaves running dies with it. Elsewhere, an ordinary child. Returns its pid, or -1.
+pid_t StartChild(const ChildSetup& setup) {
+  static std::atomic<bool> namespaces_refused{false};
+  if (!namespaces_refused.load(std::memory_order_relaxed)) {
+    constexpr size_t kStackBytes = 256 << 10;  // the child's own copy; execs at once
+    std::unique_ptr<char[]> stack(new char[kStackBytes]);
+    auto entry = [](void* arg) -> int { ChildMain(*static_cast<const ChildSetup*>(arg)); };
+    const pid_t pid = ::clone(entry, stack.get() + kStackBytes, CLONE_NEWPID | SIGCHLD, const_cast<ChildSetup*>(&setup));
+    if (pid >= 0) return pid;
+    if (errno != EPERM && errno != EINVAL && errno != ENOSPC && errno != EUSERS) return -1;
+    namespaces_refused = true;
+  }
+  const pid_t pid = fork();
+  if (pid == 0) ChildMain(setup);
+  return pid;
+}
 
 /// Whether the file system holding `dir` has no room left for an unprivileged writer.
 bool DiskFull(const std::filesystem::path& dir) {
@@ -157,36 +220,9 @@ class ExecProgram final : public VertexProgram {
     // far more than it touches needs a larger resources.memory_mb).
     const rlim_t memory_limit = ctx.memory_declared && ctx.memory_limit_bytes > 0 ? static_cast<rlim_t>(ctx.memory_limit_bytes) : 0;
 
-    pid_t pid = fork();
-    if (pid < 0) return Status::Internal(ctx.name + ": fork failed: " + std::strerror(errno));
-    if (pid == 0) {
-      // Child: only async-signal-safe calls until exec.
-      setpgid(0, 0);
-      dup2(files.in, 0);
-      dup2(files.out, 1);
-      dup2(files.err, 2);
-      if (memory_limit > 0) {
-        const rlimit limit{memory_limit, memory_limit};
-        if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(126);
-      }
-      if (chdir(cwd.c_str()) != 0) _exit(126);
-      execvpe(cargv[0], cargv.data(), cenv.data());
-      // Why, in the words of strerror (which is not async-signal-safe, so not called here).
-      const int err = errno;
-      const char* why = err == ENOENT    ? "no such file (a name without '/' is looked up on PATH; ./NAME is one in the "
-                                           "job directory), or its #! interpreter is missing"
-                        : err == EACCES  ? "permission denied (not executable?)"
-                        : err == ENOEXEC ? "not an executable format"
-                        : err == ENOTDIR ? "a component of the path is not a directory"
-                                         : "exec failed";
-      const char head[] = "exec failed: cannot run ";
-      (void)!write(2, head, sizeof(head) - 1);
-      (void)!write(2, cargv[0], strlen(cargv[0]));
-      (void)!write(2, ": ", 2);
-      (void)!write(2, why, strlen(why));
-      (void)!write(2, "\n", 1);
-      _exit(127);
-    }
+    ChildSetup setup{files.in, files.out, files.err, memory_limit, cwd.c_str(), cargv.data(), cenv.data()};
+    pid_t pid = StartChild(setup);
+    if (pid < 0) return Status::Internal(ctx.name + ": cannot start a child process: " + std::strerror(errno));
     files.Close();
     int status = 0;
     while (true) {
