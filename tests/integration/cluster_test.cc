@@ -4,6 +4,7 @@
 #include <array>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "channels/remote_reader.h"
@@ -220,6 +221,28 @@ TEST_CASE("Cluster.UnauthenticatedAndGarbagePeersAreRefusedWhileAJobRuns") {
   CHECK(cluster.client().Call({{"op", "daemons"}}).ok());
 }
 
+TEST_CASE("Cluster.AFloodOfRefusedHandshakesLogsALineASecond") {
+  // The hostile test: each refused handshake logged a line (1.3 MB in 40 s of flood).
+  TestCluster cluster(1);
+  for (int i = 0; i < 40; ++i) {
+    auto bad = net::BlockingClient::Connect("127.0.0.1", cluster.jm_port(), std::string(64, 'b'), "client");
+    CHECK(bad.status().code() == StatusCode::kPermissionDenied);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  auto last = net::BlockingClient::Connect("127.0.0.1", cluster.jm_port(), std::string(64, 'b'), "client");
+  CHECK_FALSE(last.ok());
+  CHECK(cluster.client().Call({{"op", "daemons"}}).ok());
+  const std::string log = ReadFile((cluster.dir() / "jm.log").string()).ValueOr("");
+  size_t lines = 0;
+  for (size_t at = log.find("refused unauthenticated peer"); at != std::string::npos;
+       at = log.find("refused unauthenticated peer", at + 1)) {
+    ++lines;
+  }
+  CHECK(lines >= 2);
+  CHECK(lines <= 3);
+  CHECK(log.find("more since the last such line") != std::string::npos);
+}
+
 TEST_CASE("Cluster.ARegistrationWithImpossibleValuesIsRefusedAndTheRestGoesOn") {
   TestCluster cluster(1);
   const Json good = {{"op", "register"}, {"name", "x"}, {"cpus", 1}, {"data_host", "127.0.0.1"}, {"data_port", 9}};
@@ -265,10 +288,30 @@ TEST_CASE("Cluster.AVertexWhoseErrorIsNotUtf8FailsAloneAndItsDaemonLives") {
 
 TEST_CASE("Cluster.AVertexThatKillsItsDaemonFailsTheJobAtMaxDaemonLossesAndSparesTheRest") {
   TestCluster cluster(3);
-  // `sh` is the daemon's child: it SIGKILLs its parent, as a program crashing in-process would.
+  // Each attempt of `killer` takes its daemon down, as a program crashing in-process would: the
+  // test SIGKILLs whichever daemon runs it (an exec child can no longer signal its daemon).
   Json job = {{"stages", {{{"name", "killer"}, {"program", "exec"}, {"max_daemon_losses", 2},
-                           {"params", {{"argv", {"sh", "-c", "kill -9 $PPID; sleep 5"}}}}}}}};
-  Json status = cluster.Wait(cluster.Submit(job), std::chrono::seconds(30));
+                           {"params", {{"argv", {"sleep", "30"}}}}}}}};
+  const uint64_t id = cluster.Submit(job);
+  std::vector<pid_t> all = cluster.pids();
+  std::set<std::string> killed;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::string runner;
+    for (int i = 0; i < 1000 && runner.empty(); ++i) {
+      const Json listing = *cluster.client().Call({{"op", "daemons"}});
+      for (const auto& d : listing["daemons"]) {
+        if (d["alive"] == true && d["running"] == 1 && !killed.count(d["name"].get<std::string>())) {
+          runner = d["name"].get<std::string>();
+        }
+      }
+      if (runner.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE_MESSAGE(!runner.empty(), "no daemon ran killer[0]: " << (*cluster.client().Call({{"op", "daemons"}})).dump()
+                                                                 << (*cluster.client().Call({{"op", "status"}, {"job", id}})).dump());
+    ::kill(all[std::stoi(runner.substr(1))], SIGKILL);
+    killed.insert(runner);
+  }
+  Json status = cluster.Wait(id, std::chrono::seconds(30));
   CHECK(status["state"] == "failed");
   CHECK_MESSAGE(status.value("failure", "").find(
                     "killer[0] reached max_daemon_losses 2: its daemon was lost with no fault injected") !=
