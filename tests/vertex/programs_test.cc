@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -174,6 +175,25 @@ TEST_CASE("Programs.AnExecChildCannotSignalItsDaemon" * doctest::timeout(30)) {
   auto pid = RunProgram("exec", {{"argv", {"sh", "-c", "echo $$"}}}, {}, 1);
   REQUIRE(pid.status.ok());
   CHECK(pid.Output(0) == "1\n");  // the first process of its own namespace
+}
+
+TEST_CASE("Programs.AnExecChildThatFailsOnAFullDiskSaysSo" * doctest::timeout(30)) {
+  // The hostile test: an exec vertex's error on a full disk was lost (its stderr could not be
+  // written), leaving "stderr: " and nothing. A 64 KiB tmpfs stands for the full disk.
+  namespace fs = std::filesystem;
+  const fs::path small = fs::temp_directory_path() / ("copse-full-disk-" + std::to_string(::getpid()));
+  fs::create_directories(small);
+  if (std::system(("mount -t tmpfs -o size=64k copse-test " + small.string() + " 2>/dev/null").c_str()) != 0) {
+    fs::remove_all(small);
+    MESSAGE("skipped: cannot mount a small tmpfs here");
+    return;
+  }
+  auto run = RunProgram("exec", {{"argv", {"sh", "-c", "head -c 1000000 /dev/zero; echo failed >&2; exit 3"}}}, {}, 1, "full[0]",
+                        [&](VertexContext& ctx) { ctx.scratch_dir = small / "scratch"; });
+  CHECK_FALSE(run.status.ok());
+  CHECK_MESSAGE(run.status.message().find("is full, so it could not be written") != std::string::npos, run.status.message());
+  CHECK(std::system(("umount " + small.string()).c_str()) == 0);
+  fs::remove_all(small);
 }
 
 TEST_CASE("Programs.ExecRunsAChildWithInputsAndOutputs") {
