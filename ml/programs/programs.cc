@@ -757,6 +757,7 @@ class BackwardProgram final : public VertexProgram {
       lease->grads_key = 0;
       m.FreshGradients();  // the entry's may be a message's
       for (size_t i = 0; i < static_cast<size_t>(pos.m); ++i) {
+        if (ctx.cancelled()) return Status::Cancelled(ctx.name + " cancelled");  // a long replay
         const NamedTensors entry = GradientLogEntry(log, i);
         const ForwardContext fc{true, StepSeed(s, pos.step, pos.w * pos.M + static_cast<int>(i))};
         const Status st = MicroBatchBackward(m, entry, *FindTensor(entry, "dy"), recompute, fc, false, i > 0).status();
