@@ -67,6 +67,7 @@ class Pool {
   void Put(std::unique_ptr<Conn> c) {
     if (c->in.buffered() != 0 || c->in.socket().has_received_fds()) return;  // out of step: never reuse
     std::lock_guard lock(mu_);
+    if (c->aborted) return;  // shut down after its last read: dead, and Abort set the flag under mu_
     auto& v = idle_[c->pool_key];
     if (v.size() >= kMaxIdlePerPeer) return;
     v.push_back(std::move(c));

@@ -1,6 +1,7 @@
 // Client verbs of a running job manager: submit, status, cancel, daemons, logs.
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <iostream>
@@ -245,7 +246,13 @@ void AddClientCommands(CLI::App& app) {
       }
       // Written as it arrives: a million attempts make some 200 MB of it.
       Status st = WriteTrace(*client, *job, out->empty() ? std::cout : file);
-      if (!st.ok()) ExitCode() = Report(out->empty() || st.code() != StatusCode::kIOError ? st : Status::IOError("cannot write " + *out));
+      if (st.ok()) return;
+      ExitCode() = Report(out->empty() || st.code() != StatusCode::kIOError ? st : Status::IOError("cannot write " + *out));
+      if (!out->empty()) {
+        file.close();
+        std::error_code ec;
+        std::filesystem::remove(*out, ec);  // never leave half a trace that looks like one
+      }
     });
   }
   {

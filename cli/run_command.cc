@@ -181,8 +181,15 @@ class LocalCluster {
         continue;
       }
       // Quick exits in a row (refused while its predecessor still looked alive, or crashing
-      // at start) back off; one that ran a while restarts at once.
+      // at start) back off; one that ran a while restarts at once; one that never stays up
+      // (its work dir held by another process, say) is given up on, so the run can end.
       daemon.quick_exits = now - daemon.started < std::chrono::seconds(5) ? daemon.quick_exits + 1 : 0;
+      if (daemon.quick_exits > kMaxQuickExits) {
+        std::cerr << "copse run: daemon " << daemon.name << " exited " << daemon.quick_exits
+                  << " times in a row within 5 s of its start; not restarting it (see its log)\n";
+        exited_.push_back(daemon.name);
+        continue;
+      }
       daemon.restart_at = now + std::min(std::chrono::milliseconds(5000), std::chrono::milliseconds(50) * (1 << std::min(daemon.quick_exits, 7)) -
                                                                                std::chrono::milliseconds(50));
       std::cerr << "copse run: daemon " << daemon.name << " exited; restarting it on its work dir\n";
@@ -209,8 +216,9 @@ class LocalCluster {
     if (daemons_.empty() && restarting_.empty()) {
       std::string names;
       for (const auto& n : exited_) names += (names.empty() ? "" : ", ") + n;
-      return Status::Unavailable("every daemon exited (" + names + "), and --no-restart-daemons was given: the job cannot go on" +
-                                 logs);
+      return Status::Unavailable("every daemon exited (" + names + ")" +
+                                 (restart_daemons_ ? ", and none stays up when restarted" : ", and --no-restart-daemons was given") +
+                                 ": the job cannot go on" + logs);
     }
     return Status::OK();
   }
@@ -234,6 +242,7 @@ class LocalCluster {
     std::chrono::steady_clock::time_point restart_at{};
   };
   bool restart_daemons_ = true;
+  static constexpr int kMaxQuickExits = 10;
   std::map<pid_t, DaemonProcess> daemons_;  // running ones, by pid
   std::vector<DaemonProcess> restarting_;   // exited, to start again at restart_at
   std::vector<std::string> exited_;         // daemons that exited and stay so, in the order seen
@@ -345,6 +354,9 @@ int RunJob(const RunOpts& o) {
   if (!o.trace_file.empty()) {
     std::ofstream file(o.trace_file);
     if (!file || !WriteTrace(cluster.client(), *job, file).ok()) {
+      file.close();
+      std::error_code ec;
+      std::filesystem::remove(o.trace_file, ec);  // never leave half a trace that looks like one
       std::cerr << "copse run: cannot write the trace to " << o.trace_file << "\n";
       trace_written = false;
     }

@@ -67,11 +67,18 @@ Result<std::string> LoadOrCreateSecret(const std::filesystem::path& dir) {
   if (dir_st.st_mode & S_IWOTH) {
     return Status::PermissionDenied("state directory " + dir.string() + " is writable by every user; chmod o-w it");
   }
+  if (dir_st.st_uid != geteuid()) {
+    return Status::PermissionDenied("state directory " + dir.string() + " belongs to user " + std::to_string(dir_st.st_uid) +
+                                    ", not to this one (" + std::to_string(geteuid()) + "): its owner could replace the secret");
+  }
   auto path = dir / kSecretFileName;
   struct stat secret_st{};
-  if (stat(path.c_str(), &secret_st) == 0 && secret_st.st_uid != geteuid()) {
-    return Status::PermissionDenied("secret file " + path.string() + " belongs to user " + std::to_string(secret_st.st_uid) +
-                                    ", not to this one (" + std::to_string(geteuid()) + ")");
+  if (lstat(path.c_str(), &secret_st) == 0) {
+    if (S_ISLNK(secret_st.st_mode)) return Status::PermissionDenied("secret file " + path.string() + " is a symbolic link");
+    if (secret_st.st_uid != geteuid()) {
+      return Status::PermissionDenied("secret file " + path.string() + " belongs to user " + std::to_string(secret_st.st_uid) +
+                                      ", not to this one (" + std::to_string(geteuid()) + ")");
+    }
   }
   if (std::filesystem::exists(path)) return ReadSecret(path);
   std::string secret = RandomHex(32);

@@ -200,6 +200,10 @@ void FramedConnection::SendErrorAndClose(const std::string& message) {
   }
 }
 
+void FramedConnection::CloseFromAnyThread(Status why) {
+  asio::post(socket_.get_executor(), [self = shared_from_this(), why = std::move(why)] { self->Close(why); });
+}
+
 void FramedConnection::Close(const Status& why) {
   if (!open_.exchange(false)) return;
   {

@@ -71,6 +71,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// Sends {"op":"error","message":…} and closes once it is written.
   void SendErrorAndClose(const std::string& message);
   void Close(const Status& why);
+  /// Close from any thread: runs Close on the io thread.
+  void CloseFromAnyThread(Status why);
   bool open() const { return open_; }
   /// Bytes of messages queued for the peer and not written yet; thread-safe. A sender of many
   /// messages from another thread waits while this is large, instead of overflowing the queue.

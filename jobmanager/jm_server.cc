@@ -111,7 +111,10 @@ class JmServer::Impl : public DaemonSink {
       acceptor_.close(ec);
       local_acceptor_.close(ec);
       tick_timer_.cancel();
-      for (auto& [conn, peer] : peers_) conn->Close(Status::Cancelled("job manager stopping"));
+      // Closing a connection erases it from peers_ (OnClose): close a copy's.
+      std::vector<std::shared_ptr<net::FramedConnection>> open;
+      for (const auto& [conn, peer] : peers_) open.push_back(conn);
+      for (auto& conn : open) conn->Close(Status::Cancelled("job manager stopping"));
       io_.stop();
     });
   }
@@ -179,13 +182,21 @@ class JmServer::Impl : public DaemonSink {
   void Greet(std::shared_ptr<net::FramedConnection> conn) {
     size_t waiting = 0;
     std::shared_ptr<net::FramedConnection> oldest;
-    std::chrono::steady_clock::time_point oldest_seen = std::chrono::steady_clock::time_point::max();
+    const auto now = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point oldest_seen = now;
     for (const auto& [c, p] : peers_) {
       if (p.authenticated) continue;
       ++waiting;
       if (p.last_seen < oldest_seen) oldest = c, oldest_seen = p.last_seen;
     }
-    if (waiting >= kMaxHandshakes && oldest) oldest->Close(Status::Unavailable("too many connections in their handshake"));
+    if (waiting >= kMaxHandshakes) {
+      // A handshake takes a round trip: one waiting for a second is a stranger's, and goes;
+      // when all are young (a restarted job manager's daemons all reconnecting), the newcomer
+      // does, and retries.
+      const bool stale = oldest && now - oldest_seen > std::chrono::seconds(1);
+      (stale ? oldest : conn)->Close(Status::Unavailable("too many connections in their handshake"));
+      if (!stale) return;
+    }
     Peer& peer = peers_[conn];
     peer.nonce = auth::NewNonce();
     peer.last_seen = std::chrono::steady_clock::now();
@@ -380,6 +391,9 @@ class JmServer::Impl : public DaemonSink {
     }
     if (op == "trace") {
       // Copied here, formatted and sent in parts by the streamer's thread (trace_streamer.h).
+      if (!trace_streamer_.Accepts(conn)) {
+        return conn->Send({{"op", "error"}, {"message", "too many traces are being sent; ask again later"}});
+      }
       auto snapshot = scheduler_.Trace(JobIdFrom(msg));
       if (!snapshot.ok()) return conn->Send({{"op", "error"}, {"message", snapshot.status().message()}});
       return trace_streamer_.Send(conn, std::move(*snapshot));

@@ -322,6 +322,9 @@ class Scheduler {
   /// finished job's declared outputs, a running job's outputs not re-run meanwhile — are its
   /// again, instead of being released as stale. Only whole outputs (every port still read).
   void AdoptOutputs(const Daemon& d, const OutputInventory& inventory);
+  /// Whether `inventory` lists every port of completed vertex v that the job manager reads from
+  /// its daemon: a running job's unreleased ports, a finished job's declared ones.
+  bool HoldsWhatIsRead(const Job& job, VertexId v, const OutputInventory& inventory) const;
   /// Queues, to go before d's first task, the release of the outputs in `inventory` that no job
   /// reads from d (jobs forgotten, vertices re-run elsewhere or released meanwhile).
   void ReleaseStale(const Daemon& d, const OutputInventory& inventory);

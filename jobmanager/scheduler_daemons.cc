@@ -64,7 +64,7 @@ Result<DaemonId> Scheduler::AddDaemon(DaemonSpec spec, const OutputInventory& in
 
 void Scheduler::AdoptOutputs(const Daemon& d, const OutputInventory& inventory) {
   size_t adopted = 0;
-  std::set<Job*> rerun_spared;
+  std::vector<std::pair<Job*, VertexId>> running_jobs;  // adopted vertices of running jobs
   for (const auto& [job_id, vertex, version, port] : inventory) {
     auto it = jobs_.find(JobId(job_id));
     if (it == jobs_.end() || vertex >= it->second->runs.size()) continue;
@@ -75,35 +75,57 @@ void Scheduler::AdoptOutputs(const Daemon& d, const OutputInventory& inventory) 
     if (earlier.alive || earlier.awaiting || earlier.spec.name != d.spec.name) continue;
     // Still the version the job manager would read there: completed, or counted lost with
     // that earlier registration and not run again since (a gang restarts whole instead).
+    const bool running = job.state == JobState::kRunning;
     const bool completed = r.state == VertexState::kCompleted;
-    const bool lost_with_it = job.state == JobState::kRunning && r.lost_with_daemon_version == version &&
+    const bool lost_with_it = running && r.lost_with_daemon_version == version &&
                               (r.state == VertexState::kWaiting || r.state == VertexState::kReady) &&
                               !job.g().vertex(VertexId(vertex)).gang.valid();
     if (!completed && !lost_with_it) continue;
-    if (job.state != JobState::kRunning && !(job.state == JobState::kCompleted && job.declared[vertex])) continue;
-    // Every port the job manager would read from there must be listed: half an output is none.
-    bool whole = true;
-    for (size_t p = 0; p < r.output_messages.size() && whole; ++p) {
-      const bool read = r.output_messages[p] > 0 && !OutputReleased(job.g(), VertexId(vertex), r, static_cast<int>(p));
-      whole = !read || inventory.count({job_id, vertex, version, static_cast<uint32_t>(p)});
-    }
-    if (!whole) continue;
+    if (!running && !(job.state == JobState::kCompleted && job.declared[vertex])) continue;
+    if (!HoldsWhatIsRead(job, VertexId(vertex), inventory)) continue;
     r.daemon = d.id;
     ++adopted;
     Log(job, VertexId(vertex), "output of version " + std::to_string(version) + " is on daemon " + d.spec.name + " again");
+    if (running) running_jobs.emplace_back(&job, VertexId(vertex));
     if (completed) continue;  // the journal names daemons by name: its "done" record still holds
     r.state = VertexState::kCompleted;
     r.lost_with_daemon_version = 0;
     job.settled[vertex] = 0;
     ++job.completed;
     Journal(DoneRecord(job, VertexId(vertex)));
-    rerun_spared.insert(&job);
   }
   if (adopted) SchedLog()->info("daemon {}: it serves {} completed vertices' outputs again", d.spec.name, adopted);
-  for (Job* job : rerun_spared) {
-    RecomputePending(*job);
-    if (job->completed == job->runs.size()) FinishJob(*job, JobState::kCompleted, "");
+  std::set<Job*> touched;
+  for (auto [job, v] : running_jobs) {
+    touched.insert(job);
+    // What was not released or settled while its daemon was gone (both need it alive) is now.
+    ForEachSuccessor(job->g(), v, [&](VertexId u) {
+      if (job->runs[u.value()].state == VertexState::kCompleted) ReleaseConsumedInputs(*job, u);
+    });
+    if (job->retains) Settle(*job, v);
   }
+  // A job that has every vertex completed again ends at the next tick, once this daemon's
+  // connection can be sent its end-of-job cleanup too.
+  for (Job* job : touched) RecomputePending(*job);
+}
+
+bool Scheduler::HoldsWhatIsRead(const Job& job, VertexId v, const OutputInventory& inventory) const {
+  const Run& r = job.runs[v.value()];
+  auto listed = [&](size_t port) {
+    return inventory.count({job.id.value(), v.value(), r.version, static_cast<uint32_t>(port)}) > 0;
+  };
+  if (job.state != JobState::kRunning) {
+    // A finished job's daemons kept only its declared outputs (FinishJob's gc): those ports.
+    for (const auto& o : job.g().spec().outputs) {
+      if (job.g().FindVertex(o.from.ToString()) == v && !listed(static_cast<size_t>(o.port))) return false;
+    }
+    return true;
+  }
+  for (size_t port = 0; port < r.output_messages.size(); ++port) {
+    const bool read = r.output_messages[port] > 0 && !OutputReleased(job.g(), v, r, static_cast<int>(port));
+    if (read && !listed(port)) return false;  // half an output is none
+  }
+  return true;
 }
 
 void Scheduler::ReleaseStale(const Daemon& d, const OutputInventory& inventory) {

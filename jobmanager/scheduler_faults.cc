@@ -15,6 +15,8 @@ void Scheduler::Tick() {
   }
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     Job& job = *it->second;
+    // Completed by a returning daemon's outputs (AdoptOutputs), not by a report.
+    if (job.state == JobState::kRunning && job.completed == job.runs.size()) FinishJob(job, JobState::kCompleted, "");
     if (job.state != JobState::kRunning) {
       it = (now - job.finished > options_.finished_job_ttl) ? jobs_.erase(it) : std::next(it);
       continue;

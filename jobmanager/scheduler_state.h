@@ -46,6 +46,18 @@ inline ChannelKind PortKind(const JobGraph& g, const std::vector<ChannelId>& por
   return port.empty() ? ChannelKind::kFile : g.channel(port.front()).kind;
 }
 
+/// Calls fn for every vertex that reads v's outputs (not live ones) or is ordered after it; a
+/// vertex with several such edges is visited once per edge.
+template <typename Fn>
+void ForEachSuccessor(const JobGraph& g, VertexId v, Fn&& fn) {
+  for (const auto& port : g.vertex(v).outputs) {
+    for (ChannelId ch : port) {
+      if (!IsLive(g.channel(ch).kind)) fn(g.channel(ch).to);
+    }
+  }
+  for (ChannelId ch : g.vertex(v).order_out) fn(g.channel(ch).to);
+}
+
 struct Scheduler::Daemon {
   DaemonId id;
   DaemonSpec spec;

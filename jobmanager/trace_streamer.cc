@@ -19,6 +19,15 @@ TraceStreamer::~TraceStreamer() {
   thread_.join();
 }
 
+bool TraceStreamer::Accepts(const std::shared_ptr<net::FramedConnection>& conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queue_.size() >= kMaxQueued) return false;
+  for (const auto& [waiting, snapshot] : queue_) {
+    if (waiting.lock() == conn) return false;
+  }
+  return true;
+}
+
 void TraceStreamer::Send(std::shared_ptr<net::FramedConnection> conn, TraceSnapshot snapshot) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -45,10 +54,15 @@ void TraceStreamer::Loop() {
 void TraceStreamer::Stream(net::FramedConnection& conn, const TraceSnapshot& snapshot) {
   bool sent_all = true;
   FormatTraceEvents(snapshot, kEventsPerPart, [&](std::string_view part) {
+    const auto stalled_at = std::chrono::steady_clock::now();
     while (conn.open() && conn.queued_bytes() > kMaxBacklogBytes) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (stopping_) break;
+      }
+      if (std::chrono::steady_clock::now() - stalled_at > kStallLimit) {
+        conn.CloseFromAnyThread(Status::Timeout("took none of its trace for " + std::to_string(kStallLimit.count()) + " s"));
+        return sent_all = false;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }

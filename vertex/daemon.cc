@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -301,7 +302,8 @@ class Daemon::Impl {
         if (st.ok() || (!forever && std::chrono::steady_clock::now() > deadline)) break;
         // Said once in a while, not per try: a long partition or a stopped job manager.
         if (tries % 50 == 0) DaemonLog()->warn("daemon {}: still reconnecting: {}", options_.name, st.message());
-        std::this_thread::sleep_for(pause);
+        // Jittered, so that a restarted job manager's daemons do not all come back at once.
+        std::this_thread::sleep_for(pause * (75 + std::rand() % 50) / 100);
         pause = std::min(pause * 2, std::chrono::milliseconds(1000));
       }
       if (stopping_requested_) return Status::OK();
@@ -934,10 +936,14 @@ class Daemon::Impl {
       ctx.scratch_dir = scratch;
       ctx.job_dir = spec.value("job_dir", std::string());
       ctx.threads = spec.value("threads", 1u);
-      // Its own limit when its stage declares one, else what this daemon offers all of them.
+      // Its own limit when its stage declares one, else its cpus' share of what this daemon
+      // offers: the vertices it can run at once then fit together.
       const int64_t declared_mb = spec.value("memory_mb", int64_t{0});
       ctx.memory_declared = declared_mb > 0;
-      ctx.memory_limit_bytes = (ctx.memory_declared ? declared_mb : OfferedMemoryMb()) << 20;
+      ctx.memory_limit_bytes =
+          (ctx.memory_declared ? declared_mb
+                               : OfferedMemoryMb() * std::max<int64_t>(1, ctx.threads) / std::max(1, options_.cpus))
+          << 20;
       ctx.gpu = gpu.device();
       ctx.collective = task.collective.get();
       Status st;

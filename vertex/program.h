@@ -76,8 +76,8 @@ class VertexContext {
   unsigned threads = 1;                       // cpus granted to this vertex
   int gpu = -1;                               // the CUDA device granted to it (resources.gpus > 0)
   Collective* collective = nullptr;           // with nccl channels: the gang's group
-  /// The memory this vertex may hold: its stage's resources.memory_mb, else what its daemon
-  /// offers; 0: unbounded. Programs account what they buffer with ChargeMemory; `exec` children
+  /// The memory this vertex may hold: its stage's resources.memory_mb, else its cpus' share of
+  /// what its daemon offers; 0: unbounded. Programs account what they buffer with ChargeMemory; `exec` children
   /// get it as their address-space limit when the stage declares it.
   int64_t memory_limit_bytes = 0;
   /// Whether the stage declared resources.memory_mb (the limit is then the vertex's own).

@@ -26,7 +26,7 @@ Status VertexContext::ChargeMemory(int64_t delta) {
   if (memory_limit_bytes <= 0 || memory_charged_ <= memory_limit_bytes) return Status::OK();
   return Status::ResourceExhausted(fmt::format(
       "{} needs more than its {} of {} MB (it holds {} MB): declare more, or give it less to hold at once", name,
-      memory_declared ? "resources.memory_mb" : "daemon's memory, since its stage declares no resources.memory_mb,",
+      memory_declared ? "resources.memory_mb" : "share of its daemon's memory (its stage declares no resources.memory_mb)",
       memory_limit_bytes >> 20, memory_charged_ >> 20));
 }
 

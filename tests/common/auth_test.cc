@@ -30,8 +30,13 @@ TEST_CASE("Auth.TheJobManagerKeepsItsSecretWhereNoOtherUserCanPlantOne") {
   CHECK(open.status().code() == StatusCode::kPermissionDenied);
   CHECK(open.status().message().find("writable by every user; chmod o-w it") != std::string::npos);
   CHECK_FALSE(fs::exists(root / "open" / kSecretFileName));
-  // A secret someone else owns is refused (only root can make one here to test it).
+  // A secret, or a state directory, someone else owns is refused (only root can make one here).
   if (::geteuid() == 0) {
+    fs::create_directories(root / "theirs");
+    REQUIRE(::chown((root / "theirs").c_str(), 65534, 65534) == 0);
+    auto theirs = LoadOrCreateSecret(root / "theirs");
+    CHECK(theirs.status().code() == StatusCode::kPermissionDenied);
+    CHECK(theirs.status().message().find("belongs to user 65534") != std::string::npos);
     REQUIRE(::chown((root / "new" / kSecretFileName).c_str(), 65534, 65534) == 0);
     auto planted = LoadOrCreateSecret(root / "new");
     CHECK(planted.status().code() == StatusCode::kPermissionDenied);

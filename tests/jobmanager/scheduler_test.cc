@@ -459,6 +459,28 @@ TEST_CASE("Scheduler.ADaemonBackAfterItsGraceKeepsACompletedJobsDeclaredOutputs"
   CHECK((*outputs)[0]["port"] == 9100);  // served from where it is now
 }
 
+TEST_CASE("Scheduler.ADaemonBackAfterItsGraceKeepsADeclaredPortOfAVertexWithOthers") {
+  // a's port 1 feeds b; only port 0 is the job's output, so the job's end dropped port 1 from
+  // d0 (gc). Back as a new registration, d0 lists port 0 alone: that is all the job still reads.
+  Harness h;
+  DaemonId d0 = h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
+                           "edges": [{"from": "a", "to": "b", "from_port": 1}],
+                           "outputs": [{"from": "a", "port": 0, "path": "out"}]})");
+  Json a = h.Next("a[0]").second;
+  REQUIRE(a["outputs"].size() == 2);
+  h.Finish(a, true);
+  h.Finish(h.Next("b[0]").second, true);
+  REQUIRE(h.State(job) == "completed");
+  h.LoseForGood(d0);
+  h.sink.sent.clear();
+  h.ComeBack("d0", {{job.value(), a["vertex"].get<uint32_t>(), 1, 0}});
+  CHECK(h.Releases().empty());
+  auto outputs = h.sched.OutputLocations(job);
+  REQUIRE(outputs.ok());
+  CHECK((*outputs)[0]["port"] == 9100);
+}
+
 TEST_CASE("Scheduler.ADaemonBackAfterItsGraceServesARunningJobsOutputsNotRerunMeanwhile") {
   Harness h;
   DaemonId d0 = h.AddDaemon("d0");

@@ -174,7 +174,12 @@ TEST_CASE("Programs.AnExecChildCannotSignalItsDaemon" * doctest::timeout(30)) {
   CHECK_FALSE(probe.status.ok());  // no such process, from inside
   auto pid = RunProgram("exec", {{"argv", {"sh", "-c", "echo $$"}}}, {}, 1);
   REQUIRE(pid.status.ok());
-  CHECK(pid.Output(0) == "1\n");  // the first process of its own namespace
+  CHECK(pid.Output(0) == "2\n");  // in a namespace of its own, after its init
+  // As an ordinary process there, it may signal itself; the status it ends with is its own.
+  auto self = RunProgram("exec", {{"argv", {"sh", "-c", "kill -TERM $$; sleep 5"}}}, {}, 0);
+  CHECK(self.status.message().find("was killed by signal 15") != std::string::npos);
+  auto code = RunProgram("exec", {{"argv", {"sh", "-c", "exit 7"}}}, {}, 0);
+  CHECK(code.status.message().find("exited with status 7") != std::string::npos);
 }
 
 TEST_CASE("Programs.AnExecChildThatFailsOnAFullDiskSaysSo" * doctest::timeout(30)) {

@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,13 +71,23 @@ struct ChildFiles {
   ~ChildFiles() { Close(); }
   Status Open(const std::filesystem::path& in_path, const std::filesystem::path& out_path,
               const std::filesystem::path& err_path) {
-    in = ::open(in_path.c_str(), O_RDONLY | O_CLOEXEC);
+    in = AboveStandard(::open(in_path.c_str(), O_RDONLY | O_CLOEXEC));
     if (in < 0) return Status::IOError("cannot open " + in_path.string() + ": " + std::strerror(errno));
-    out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    out = AboveStandard(::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     if (out < 0) return Status::IOError("cannot create " + out_path.string() + ": " + std::strerror(errno));
-    err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    err = AboveStandard(::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     if (err < 0) return Status::IOError("cannot create " + err_path.string() + ": " + std::strerror(errno));
     return Status::OK();
+  }
+  /// `fd` moved to 3 or above: a daemon started with 0, 1 or 2 closed gets those numbers from
+  /// open(), and the child's dup2 onto the same number would leave it close-on-exec.
+  static int AboveStandard(int fd) {
+    if (fd < 0 || fd > 2) return fd;
+    const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+    return moved;
   }
   void Close() {
     for (int* fd : {&in, &out, &err}) {
@@ -93,11 +104,11 @@ struct ChildSetup {
   const char* cwd;
   char* const* argv;
   char* const* envp;
+  int status_fd = -1;  // in a PID namespace: where its init writes the program's wait status
 };
 
-/// The child: only async-signal-safe calls until exec.
-[[noreturn]] void ChildMain(const ChildSetup& c) {
-  setpgid(0, 0);
+/// Sets the child up and execs the program: only async-signal-safe calls.
+[[noreturn]] void SetUpAndExec(const ChildSetup& c) {
   dup2(c.in, 0);
   dup2(c.out, 1);
   dup2(c.err, 2);
@@ -124,24 +135,76 @@ struct ChildSetup {
   _exit(127);
 }
 
+/// Process 1 of the child's PID namespace: runs the program as process 2 (so that it has the
+/// ordinary signal semantics process 1 lacks: a script may signal itself), reaps whatever
+/// else ends there, and when the program ends passes its wait status to the daemon and exits,
+/// which ends everything left in the namespace.
+[[noreturn]] void NamespaceInit(const ChildSetup& c) {
+  setpgid(0, 0);  // the daemon's cancel kills the group: this process and the program
+  // The raw system call, not fork(): this process is a copy of a multi-threaded daemon made
+  // by clone, and fork()'s atfork handlers would wait on locks (the allocator's) that another
+  // thread of the daemon held at that moment, for ever.
+  const pid_t program = static_cast<pid_t>(::syscall(SYS_clone, SIGCHLD, nullptr, nullptr, nullptr, nullptr));
+  if (program < 0) _exit(126);
+  if (program == 0) SetUpAndExec(c);
+  while (true) {
+    int status = 0;
+    const pid_t ended = waitpid(-1, &status, 0);
+    if (ended == program) {
+      (void)!write(c.status_fd, &status, sizeof status);
+      _exit(0);
+    }
+    if (ended < 0 && errno != EINTR) _exit(126);
+  }
+}
+
+/// A started child: its pid, and in a PID namespace the pipe its init reports the program's
+/// wait status on (else -1).
+struct StartedChild {
+  pid_t pid = -1;
+  int status_pipe = -1;
+};
+
 /// Starts the child in a PID namespace of its own where the kernel allows it (root, or
 /// CAP_SYS_ADMIN): it sees neither its daemon nor anything else of this host's processes, so it
 /// cannot stop or kill them (`kill -STOP $PPID` froze one daemon after another), and whatever
-/// it leaves running dies with it. Elsewhere, an ordinary child. Returns its pid, or -1.
-pid_t StartChild(const ChildSetup& setup) {
+/// it leaves running ends with it. Elsewhere, an ordinary child in a process group of its own.
+StartedChild StartChild(ChildSetup setup) {
   static std::atomic<bool> namespaces_refused{false};
   if (!namespaces_refused.load(std::memory_order_relaxed)) {
-    constexpr size_t kStackBytes = 256 << 10;  // the child's own copy; execs at once
+    int status_pipe[2];
+    if (::pipe2(status_pipe, O_CLOEXEC) != 0) return {};
+    setup.status_fd = status_pipe[1];
+    constexpr size_t kStackBytes = 256 << 10;  // the init's own copy of this process's memory
     std::unique_ptr<char[]> stack(new char[kStackBytes]);
-    auto entry = [](void* arg) -> int { ChildMain(*static_cast<const ChildSetup*>(arg)); };
-    const pid_t pid = ::clone(entry, stack.get() + kStackBytes, CLONE_NEWPID | SIGCHLD, const_cast<ChildSetup*>(&setup));
-    if (pid >= 0) return pid;
-    if (errno != EPERM && errno != EINVAL && errno != ENOSPC && errno != EUSERS) return -1;
+    auto entry = [](void* arg) -> int { NamespaceInit(*static_cast<const ChildSetup*>(arg)); };
+    const pid_t pid = ::clone(entry, stack.get() + kStackBytes, CLONE_NEWPID | SIGCHLD, &setup);
+    const int saved = errno;
+    ::close(status_pipe[1]);
+    if (pid >= 0) return {pid, status_pipe[0]};
+    ::close(status_pipe[0]);
+    if (saved != EPERM && saved != EINVAL && saved != ENOSPC && saved != EUSERS) {
+      errno = saved;
+      return {};
+    }
     namespaces_refused = true;
   }
+  setup.status_fd = -1;
   const pid_t pid = fork();
-  if (pid == 0) ChildMain(setup);
-  return pid;
+  if (pid == 0) {
+    setpgid(0, 0);
+    SetUpAndExec(setup);
+  }
+  return {pid, -1};
+}
+
+/// The program's wait status: its init's word for it in a PID namespace, else `status`.
+int ProgramStatus(int status, int status_pipe) {
+  if (status_pipe < 0) return status;
+  int program = 0;
+  const bool told = ::read(status_pipe, &program, sizeof program) == static_cast<ssize_t>(sizeof program);
+  ::close(status_pipe);
+  return told ? program : status;
 }
 
 /// Whether the file system holding `dir` has no room left for an unprivileged writer.
@@ -221,21 +284,27 @@ class ExecProgram final : public VertexProgram {
     const rlim_t memory_limit = ctx.memory_declared && ctx.memory_limit_bytes > 0 ? static_cast<rlim_t>(ctx.memory_limit_bytes) : 0;
 
     ChildSetup setup{files.in, files.out, files.err, memory_limit, cwd.c_str(), cargv.data(), cenv.data()};
-    pid_t pid = StartChild(setup);
+    const StartedChild child = StartChild(setup);
+    const pid_t pid = child.pid;
     if (pid < 0) return Status::Internal(ctx.name + ": cannot start a child process: " + std::strerror(errno));
     files.Close();
     int status = 0;
     while (true) {
       pid_t r = waitpid(pid, &status, WNOHANG);
       if (r == pid) break;
-      if (r < 0 && errno != EINTR) return Status::Internal(ctx.name + ": waitpid failed");
+      if (r < 0 && errno != EINTR) {
+        ProgramStatus(status, child.status_pipe);  // closes it
+        return Status::Internal(ctx.name + ": waitpid failed");
+      }
       if (ctx.cancelled()) {
         kill(-pid, SIGKILL);
         waitpid(pid, &status, 0);
+        ProgramStatus(status, child.status_pipe);  // closes it
         return Status::Cancelled(ctx.name + " cancelled");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
+    status = ProgramStatus(status, child.status_pipe);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       std::string how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
                                           : "was killed by signal " + std::to_string(WTERMSIG(status));

@@ -40,6 +40,7 @@ class ReadLines final : public VertexProgram {
     // /dev/zero, a binary file) would otherwise grow one line without end, beyond the reach of
     // both cancellation and the memory limit.
     std::string chunk(kReadBytes, '\0'), line;
+    int64_t line_charged = 0;  // line's capacity, accounted: it keeps it once cleared
     auto emit = [&](std::string_view text) -> Status {
       if (n == 0) return Status::OK();
       const size_t out = XXH3_64bits(text.data(), text.size()) % n;
@@ -60,15 +61,16 @@ class ReadLines final : public VertexProgram {
         } else {
           line.append(data.substr(0, nl));
           COPSE_RETURN_NOT_OK(emit(line));
-          COPSE_RETURN_NOT_OK(ctx.ChargeMemory(-static_cast<int64_t>(line.size())));
           line.clear();
         }
       }
       // The start of a line that goes on in the next chunk: held, and accounted.
       line.append(data);
-      if (Status st = ctx.ChargeMemory(static_cast<int64_t>(data.size())); !st.ok()) {
+      const int64_t capacity = static_cast<int64_t>(line.capacity());
+      if (Status st = ctx.ChargeMemory(capacity - line_charged); !st.ok()) {
         return Status::ResourceExhausted(st.message() + "; " + path.string() + " has a line longer than that");
       }
+      line_charged = capacity;
     }
     if (in.bad()) return Status::IOError(ctx.name + ": error reading " + path.string());
     if (!line.empty()) COPSE_RETURN_NOT_OK(emit(line));  // the last line, without its line break
