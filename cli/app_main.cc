@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <new>
 #include <string>
@@ -34,8 +35,17 @@ std::string_view VerbOf(int argc, char** argv) {
 
 int RunApp(CLI::App& app, int argc, char** argv) {
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("copse ") + COPSE_VERSION);
   std::string log_level;
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off (default: $COPSE_LOG or warn)");
+  // Global options may follow the verb too (`copse jm --log-level info`).
+  std::function<void(CLI::App&)> fall_through = [&](CLI::App& parent) {
+    for (CLI::App* verb : parent.get_subcommands([](CLI::App*) { return true; })) {
+      verb->fallthrough();
+      fall_through(*verb);  // `copse chaos kill d0 --log-level info`
+    }
+  };
+  fall_through(app);
   app.parse_complete_callback([&] {
     if (!log_level.empty() && !copse::SetLogLevel(log_level)) {
       throw CLI::ValidationError("--log-level", "unknown level \"" + log_level + "\"");

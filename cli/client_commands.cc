@@ -138,6 +138,8 @@ void AddClientCommands(CLI::App& app) {
         (*status)["outputs"] = *outputs;
       }
       std::cout << (o->format == "json" ? status->dump(2) + "\n" : RenderJobStatus(*status, false));
+      // Waiting for a job, as kubectl wait: success only when it completed.
+      if (o->watch && status->at("state") != "completed") ExitCode() = 1;
     });
   }
   {

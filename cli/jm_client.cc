@@ -23,6 +23,8 @@ void AddJmAddressFlags(CLI::App* cmd, JmAddressOptions& opts) {
         return why.rfind("--jm: ", 0) == 0 ? why.substr(6) : why;  // CLI11 names the option itself
       });
   cmd->add_option("--state-dir", opts.state_dir, "the job manager's state directory (default: $COPSE_STATE_DIR or ~/.local/state/copse/jm)");
+  cmd->add_option("--token-file", opts.secret_file,
+                  "the cluster's secret file (default: $COPSE_TOKEN_FILE, else the state directory's secret)");
 }
 
 Result<std::string> LoadClientSecret(const JmAddressOptions& opts) {
@@ -30,7 +32,7 @@ Result<std::string> LoadClientSecret(const JmAddressOptions& opts) {
   if (const char* file = std::getenv("COPSE_TOKEN_FILE")) return auth::ReadSecret(file);
   auto dir = opts.state_dir.empty() ? DefaultStateDir() : std::filesystem::path(opts.state_dir);
   auto secret = auth::ReadSecret(dir / auth::kSecretFileName);
-  if (!secret.ok()) return secret.status().WithContext("set COPSE_TOKEN_FILE or --state-dir to the job manager's");
+  if (!secret.ok()) return secret.status().WithContext("pass --token-file, or set COPSE_TOKEN_FILE or --state-dir to the job manager's");
   return secret;
 }
 

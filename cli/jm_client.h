@@ -15,13 +15,13 @@ namespace copse::cli {
 struct JmAddressOptions {
   std::string jm;         // HOST:PORT
   std::string state_dir;  // the job manager's state directory
-  /// The secret file to present, before $COPSE_TOKEN_FILE (an embedded cluster's own).
+  /// The secret file to present, before $COPSE_TOKEN_FILE (--token-file; an embedded cluster's own).
   std::string secret_file;
 };
 
 /// Default state directory of `copse jm`: $COPSE_STATE_DIR or ~/.local/state/copse/jm.
 std::filesystem::path DefaultStateDir();
-/// Adds --jm and --state-dir to a client subcommand.
+/// Adds --jm, --state-dir and --token-file to a client subcommand.
 void AddJmAddressFlags(CLI::App* cmd, JmAddressOptions& opts);
 /// Where the job manager's address was found, and what it says.
 struct JmAddressSource {

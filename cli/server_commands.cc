@@ -88,6 +88,9 @@ void AddJmCommand(CLI::App& app) {
       return;
     }
     jm::JmServer* s = server->get();
+    // Said once it listens, on stdout, for a person or a service manager's journal.
+    std::cout << "copse jm: listening on " << hp->first << ":" << s->port() << ", state in "
+              << (opts->state_dir.empty() ? DefaultStateDir().string() : opts->state_dir) << std::endl;
     StopOnSignals([s] { s->Stop(); });
     s->Run();
   });
@@ -168,12 +171,15 @@ void AddDaemonCommand(CLI::App& app) {
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, nullptr);  // workers inherit the mask; the signal thread stops us
+    const std::string jm_address = o.jm_host + ":" + std::to_string(o.jm_port);
     auto daemon = vertex::Daemon::Start(std::move(o));
     if (!daemon.ok()) {
       std::cerr << "copse daemon: " << daemon.status().message() << "\n";
       ExitCode() = 1;
       return;
     }
+    std::cout << "copse daemon " << opts->name << ": registered with the job manager at " << jm_address << ", "
+              << opts->cpus << " cpus, work dir " << opts->work_dir << std::endl;
     vertex::Daemon* d = daemon->get();
     StopOnSignals([d] { d->Stop(); });
     Status st = d->Run();
