@@ -80,7 +80,8 @@ void AddClientCommands(CLI::App& app) {
       auto job = SubmitJobFile(*client, o->file);
       if (!job.ok()) return void(ExitCode() = Report(job.status()));
       if (!o->wait) {
-        std::cout << (o->format == "json" ? Json({{"job", *job}}).dump() : "submitted job " + std::to_string(*job)) << "\n";
+        // "id", as the job's own field is spelled in every status.
+        std::cout << (o->format == "json" ? Json({{"id", *job}}).dump() : "submitted job " + std::to_string(*job)) << "\n";
         return;
       }
       auto status = WatchJob(client, *job, Display(o->format), [o] { return ConnectToJm(o->jm); });
@@ -172,10 +173,12 @@ void AddClientCommands(CLI::App& app) {
     auto* cmd = app.add_subcommand("chaos", "Inject faults into a running cluster, targeted or seeded-random");
     cmd->require_subcommand(1);
     auto jm = std::make_shared<JmAddressOptions>();
-    auto send = [jm](Json request) {
+    auto format = std::make_shared<std::string>("text");
+    cmd->add_option("-o,--format", *format, "text or json (the job manager's answer)")->check(CLI::IsMember({"text", "json"}));
+    auto send = [jm, format](Json request) {
       auto reply = CallOrReport(*jm, request);
       if (!reply) return;
-      std::cout << (*reply)["done"].dump() << "\n";
+      std::cout << (*format == "json" ? (*reply)["done"].dump() + "\n" : RenderChaosReply((*reply)["done"]));
     };
     struct Opts {
       std::string daemon, vertex, kinds = "kill,fail,delay,corrupt,cut";

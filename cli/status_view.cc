@@ -130,4 +130,28 @@ std::string RenderDaemonsTable(const Json& daemons, bool all) {
   return out;
 }
 
+std::string RenderChaosReply(const Json& done) {
+  const std::string fault = done.value("fault", "");
+  std::string text;
+  if (fault == "kill_daemon") {
+    text = "killed daemon " + done.value("daemon", "?");
+  } else if (fault == "cut_daemon") {
+    text = fmt::format("cut daemon {} off from the job manager for {} ms", done.value("daemon", "?"), done.value("ms", int64_t{0}));
+  } else if (!fault.empty()) {
+    text = fmt::format("armed {} on {} of job {}", fault, done.value("vertex", "?"), done.value("job", uint64_t{0}));
+  } else if (done.value("random", false)) {
+    std::string kinds;
+    for (const auto& k : done.value("kinds", Json::array())) kinds += (kinds.empty() ? "" : ", ") + k.get<std::string>();
+    text = "random chaos started (" + kinds + ")";
+    if (done.contains("replaced")) text += ", replacing " + done.value("replaced", "the one running");
+  } else if (done.contains("random")) {
+    text = "random chaos stopped";
+  } else {
+    text = done.dump();  // an answer this client does not know: as sent
+  }
+  text += "\n";
+  if (done.contains("note")) text += "  note: " + done.value("note", "") + "\n";
+  return text;
+}
+
 }  // namespace copse::cli

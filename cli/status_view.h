@@ -14,5 +14,7 @@ std::string RenderJobsTable(const Json& jobs);
 /// One row per daemon name, its newest registration; `all` adds the superseded ones (a daemon
 /// that registered again after its return grace keeps its old, lost row).
 std::string RenderDaemonsTable(const Json& daemons, bool all = false);
+/// What `copse chaos` did, in a line or two: the job manager's answer to a chaos request.
+std::string RenderChaosReply(const Json& done);
 
 }  // namespace copse::cli

@@ -52,4 +52,15 @@ TEST_CASE("StatusView.TheDaemonsTableListsANameOnceUnlessAskedForEveryRegistrati
 }
 
 }  // namespace
+TEST_CASE("StatusView.ChaosAnswersReadAsSentences") {
+  CHECK(RenderChaosReply({{"fault", "kill_daemon"}, {"daemon", "d1"}, {"source", "chaos"}}) == "killed daemon d1\n");
+  CHECK(RenderChaosReply({{"fault", "cut_daemon"}, {"daemon", "d0"}, {"ms", 500}}) ==
+        "cut daemon d0 off from the job manager for 500 ms\n");
+  CHECK(RenderChaosReply({{"fault", "fail"}, {"vertex", "a[0]"}, {"job", 3}, {"armed", true},
+                          {"note", "a[0] has completed: the fault fires only if it runs again"}}) ==
+        "armed fail on a[0] of job 3\n  note: a[0] has completed: the fault fires only if it runs again\n");
+  CHECK(RenderChaosReply({{"random", true}, {"kinds", {"kill", "cut"}}}) == "random chaos started (kill, cut)\n");
+  CHECK(RenderChaosReply({{"random", false}}) == "random chaos stopped\n");
+}
+
 }  // namespace copse::cli

@@ -17,7 +17,7 @@ echo '{"stages": [{"name": "x", "program": "exec", "max_attempts": 1, "params": 
 echo '{"stages": [{"name": "x", "program": "noop"}]}' > "$d/works.json"
 "$copse" submit --state-dir "$d/jm" "$d/fails.json" > /dev/null
 "$copse" status --state-dir "$d/jm" 1 -w > /dev/null 2>&1; echo "failed job: status -w exit=$?"
-"$copse" submit --state-dir "$d/jm" "$d/works.json" > /dev/null
+"$copse" submit --state-dir "$d/jm" "$d/works.json" -o json
 "$copse" status --state-dir "$d/jm" 2 -w > /dev/null 2>&1; echo "completed job: status -w exit=$?"
 "$copse" status --state-dir "$d/jm" 1 > /dev/null 2>&1; echo "failed job: status exit=$?"
 # The secret named by --token-file alone, with no state directory to fall back on.
