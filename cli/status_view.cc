@@ -85,14 +85,16 @@ std::string RenderJobStatus(const Json& job, bool color) {
 }
 
 std::string RenderJobsTable(const Json& jobs) {
-  std::string out = "  ID  STATE      DONE/TOTAL  ELAPSED  NAME\n";
+  bool reasons = false;
+  for (const auto& j : jobs) reasons = reasons || j.contains("reason");
+  std::string out = reasons ? "  ID  STATE      DONE/TOTAL  ELAPSED  NAME                  REASON\n"
+                            : "  ID  STATE      DONE/TOTAL  ELAPSED  NAME\n";
   for (const auto& j : jobs) {
-    char line[256];
-    std::snprintf(line, sizeof(line), "%4llu  %-9s  %5zu/%-5zu  %6.1fs  %s\n",
-                  static_cast<unsigned long long>(j["id"].get<uint64_t>()), j["state"].get<std::string>().c_str(),
-                  j["completed"].get<size_t>(), j["total"].get<size_t>(), j["elapsed_s"].get<double>(),
-                  j["name"].get<std::string>().c_str());
-    out += line;
+    std::string line = fmt::format("{:4}  {:<9}  {:5}/{:<5}  {:6.1f}s  ", j["id"].get<uint64_t>(), j["state"].get<std::string>(),
+                                   j["completed"].get<size_t>(), j["total"].get<size_t>(), j["elapsed_s"].get<double>());
+    line += reasons ? fmt::format("{:<20}  {}", j["name"].get<std::string>(), j.value("reason", "")) : j["name"].get<std::string>();
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
   }
   return out;
 }

@@ -444,6 +444,14 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
   // Unknown counts (an older daemon) mean "fetch it": never claim an output is empty.
   r.output_messages.resize(r.output_bytes.size(), 1);
   Journal(DoneRecord(job, v));
+  // What placement achieved, counted when the reader succeeded: a chained task is sent before
+  // its producers' sizes are known, so counting at dispatch missed nearly all of a pipeline's.
+  for (ChannelId ch : job.g().vertex(v).inputs) {
+    const ChannelEdge& c = job.g().channel(ch);
+    const Run& p = job.runs[c.from.value()];
+    const uint64_t bytes = static_cast<size_t>(c.from_port) < p.output_bytes.size() ? p.output_bytes[c.from_port] : 0;
+    (p.daemon == r.daemon ? job.local_input_bytes : job.remote_input_bytes) += bytes;
+  }
   r.duration_ms = rep.duration_ms;
   if (rep.progress.is_object()) NoteProgress(job, rep.progress);
   ++job.completed;

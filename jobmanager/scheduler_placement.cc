@@ -354,12 +354,6 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
       }
     }
   }
-  for (ChannelId ch : node.inputs) {
-    const ChannelEdge& c = g.channel(ch);
-    const Run& p = job.runs[c.from.value()];
-    uint64_t bytes = static_cast<size_t>(c.from_port) < p.output_bytes.size() ? p.output_bytes[c.from_port] : 0;
-    (p.daemon == d.id ? job.local_input_bytes : job.remote_input_bytes) += bytes;
-  }
   if (job.spans.size() < kMaxSpans) {
     job.open_spans[{v.value(), version}] = job.spans.size();
     job.spans.push_back({v.value(), version, d.id, ElapsedMs(job), -1, ""});

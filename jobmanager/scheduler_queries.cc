@@ -140,8 +140,18 @@ Json Scheduler::JobStatus(JobId id) const {
 Json Scheduler::JobsTable() const {
   Json rows = Json::array();
   for (const auto& [id, job] : jobs_) {
-    rows.push_back({{"id", id.value()}, {"name", job->g().spec().name}, {"state", JobStateName(job->state)},
-                    {"completed", job->completed}, {"total", job->runs.size()}, {"elapsed_s", ElapsedMs(*job) / 1000.0}});
+    Json row = {{"id", id.value()}, {"name", job->g().spec().name}, {"state", JobStateName(job->state)},
+                {"completed", job->completed}, {"total", job->runs.size()}, {"elapsed_s", ElapsedMs(*job) / 1000.0}};
+    // A running job with nothing running: why its next vertex waits (as squeue's reason
+    // column). Only the front of the ready queue is asked, so a table of huge jobs stays cheap.
+    if (job->state == JobState::kRunning && job->running.empty() && !job->ready.empty()) {
+      const VertexId next(job->ready.top().second);
+      if (job->runs[next.value()].state == VertexState::kReady) {
+        std::map<uint32_t, std::string> gang_reasons;
+        row["reason"] = WhyNotPlaced(*job, next, gang_reasons);
+      }
+    }
+    rows.push_back(std::move(row));
   }
   return rows;
 }

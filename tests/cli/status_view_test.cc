@@ -63,4 +63,14 @@ TEST_CASE("StatusView.ChaosAnswersReadAsSentences") {
   CHECK(RenderChaosReply({{"random", false}}) == "random chaos stopped\n");
 }
 
+TEST_CASE("StatusView.TheJobsTableHasAReasonColumnWhenAJobWaits") {
+  const Json jobs = {{{"id", 1}, {"name", "big"}, {"state", "running"}, {"completed", 0}, {"total", 5}, {"elapsed_s", 2.0},
+                      {"reason", "needs 64 cpus; the largest daemon offers 2"}},
+                     {{"id", 2}, {"name", "small"}, {"state", "completed"}, {"completed", 1}, {"total", 1}, {"elapsed_s", 0.1}}};
+  const std::string table = RenderJobsTable(jobs);
+  CHECK(table.find("REASON") != std::string::npos);
+  CHECK(table.find("needs 64 cpus; the largest daemon offers 2") != std::string::npos);
+  CHECK(RenderJobsTable(Json::array({jobs[1]})).find("REASON") == std::string::npos);  // none waits: no column
+}
+
 }  // namespace copse::cli
