@@ -42,7 +42,9 @@ std::string RenderProgress(const Json& p) {
   }
   if (p.contains("loss") && p["loss"].is_number()) out += sep + Fmt("loss %.4f", p["loss"].get<double>()), sep = ", ";
   if (p.contains("images_per_s") && p["images_per_s"].is_number())
-    out += sep + Fmt("%.0f images/s", p["images_per_s"].get<double>());
+    out += sep + Fmt("%.0f images/s", p["images_per_s"].get<double>()), sep = ", ";
+  if (p.contains("test_accuracy") && p["test_accuracy"].is_number())
+    out += sep + Fmt("test accuracy %.2f %%", 100 * p["test_accuracy"].get<double>());
   return out;
 }
 

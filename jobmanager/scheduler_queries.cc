@@ -148,7 +148,8 @@ Json Scheduler::JobsTable() const {
       const VertexId next(job->ready.top().second);
       if (job->runs[next.value()].state == VertexState::kReady) {
         std::map<uint32_t, std::string> gang_reasons;
-        row["reason"] = WhyNotPlaced(*job, next, gang_reasons);
+        row["reason"] = ReadsAHeldOutput(*job, next) ? "reads an output held for its daemon's return"
+                                                     : WhyNotPlaced(*job, next, gang_reasons);
       }
     }
     rows.push_back(std::move(row));

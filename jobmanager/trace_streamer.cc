@@ -54,8 +54,13 @@ void TraceStreamer::Loop() {
 void TraceStreamer::Stream(net::FramedConnection& conn, const TraceSnapshot& snapshot) {
   bool sent_all = true;
   FormatTraceEvents(snapshot, kEventsPerPart, [&](std::string_view part) {
-    const auto stalled_at = std::chrono::steady_clock::now();
+    auto stalled_at = std::chrono::steady_clock::now();
+    size_t backlog = SIZE_MAX;
     while (conn.open() && conn.queued_bytes() > kMaxBacklogBytes) {
+      if (const size_t now_queued = conn.queued_bytes(); now_queued < backlog) {
+        backlog = now_queued;  // it reads: the wait starts again
+        stalled_at = std::chrono::steady_clock::now();
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (stopping_) break;

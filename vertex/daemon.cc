@@ -942,7 +942,7 @@ class Daemon::Impl {
       ctx.memory_declared = declared_mb > 0;
       ctx.memory_limit_bytes =
           (ctx.memory_declared ? declared_mb
-                               : OfferedMemoryMb() * std::max<int64_t>(1, ctx.threads) / std::max(1, options_.cpus))
+                               : std::max<int64_t>(1, OfferedMemoryMb() * std::max<int64_t>(1, ctx.threads) / std::max(1, options_.cpus)))
           << 20;
       ctx.gpu = gpu.device();
       ctx.collective = task.collective.get();

@@ -877,6 +877,10 @@ class EvalProgram final : public VertexProgram {
         {"parameter_digest", digest},
     };
     if (ctx.params && ctx.params->contains("config")) metrics["config"] = (*ctx.params)["config"];
+    // The job's results, for every status of it (copse status, submit --wait), not only for
+    // those who copy metrics.json.
+    ctx.progress = {{"final", true}, {"test_accuracy", accuracy}};
+    if (seconds > 0) ctx.progress["images_per_s"] = train_images / seconds;
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(chan::Buffer(metrics.dump(2) + "\n")));
     if (ctx.num_outputs() > 1) COPSE_RETURN_NOT_OK(ctx.output(1).Write(chan::Buffer(SerializeTensors(params))));
     return ctx.CloseOutputs();

@@ -73,4 +73,12 @@ TEST_CASE("StatusView.TheJobsTableHasAReasonColumnWhenAJobWaits") {
   CHECK(RenderJobsTable(Json::array({jobs[1]})).find("REASON") == std::string::npos);  // none waits: no column
 }
 
+TEST_CASE("StatusView.AJobsTestAccuracyShowsInItsProgressLine") {
+  const Json job = {{"id", 1}, {"name", "mlp"}, {"state", "completed"}, {"elapsed_s", 3.0},
+                    {"vertices", {{"completed", 1}, {"total", 1}}}, {"stages", Json::array()}, {"waiting", Json::array()},
+                    {"faults", Json::array()}, {"recoveries", Json::array()},
+                    {"progress", {{"step", 50}, {"steps", 50}, {"loss", 0.25}, {"test_accuracy", 0.8123}}}};
+  CHECK(RenderJobStatus(job, false).find("progress: step 50/50, loss 0.2500, test accuracy 81.23 %") != std::string::npos);
+}
+
 }  // namespace copse::cli

@@ -191,6 +191,34 @@ TEST_CASE("Scheduler.InputBytesCountAChainedReadersInputs") {
   CHECK(st["input_bytes"]["remote"] == 0);
 }
 
+TEST_CASE("Scheduler.AJobsFinalResultsJoinItsProgressFigures") {
+  // A training job's test accuracy was only in the metrics file copse run copies: every status
+  // now shows it beside the last step's figures.
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "update", "program": "noop"}, {"name": "eval", "program": "noop"}],
+                           "edges": [{"from": "update", "to": "eval"}]})");
+  auto report = [&](const Json& task, Json progress) {
+    AttemptReport r;
+    r.job = job;
+    r.vertex = VertexId(task["vertex"].get<uint32_t>());
+    r.version = task["version"];
+    r.ok = true;
+    r.output_bytes.assign(task["outputs"].size(), 1);
+    r.output_messages.assign(task["outputs"].size(), 1);
+    r.progress = std::move(progress);
+    h.sched.OnAttemptFinished(r);
+    h.sched.Flush();
+  };
+  report(h.Next("update[0]").second, {{"step", 50}, {"steps", 50}, {"loss", 0.5}});
+  report(h.Next("eval[0]").second, {{"final", true}, {"test_accuracy", 0.81}});
+  const Json progress = h.sched.JobStatus(job)["progress"];
+  CHECK(progress["step"] == 50);
+  CHECK(progress["loss"] == 0.5);
+  CHECK(progress["test_accuracy"] == 0.81);
+  CHECK_FALSE(progress.contains("final"));
+}
+
 TEST_CASE("Scheduler.PlacesAVertexWhereMostOfItsInputBytesAre") {
   Harness h;
   DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);

@@ -107,11 +107,21 @@ struct ChildSetup {
   int status_fd = -1;  // in a PID namespace: where its init writes the program's wait status
 };
 
-/// Sets the child up and execs the program: only async-signal-safe calls.
-[[noreturn]] void SetUpAndExec(const ChildSetup& c) {
+/// Makes the child's standard descriptors the prepared files.
+void UseStandardFiles(const ChildSetup& c) {
   dup2(c.in, 0);
   dup2(c.out, 1);
   dup2(c.err, 2);
+}
+
+/// Sets the child up and execs the program: only async-signal-safe calls. Its standard
+/// descriptors are in place already (UseStandardFiles).
+[[noreturn]] void SetUpAndExec(const ChildSetup& c) {
+  // The daemon's worker threads block SIGINT and SIGTERM (its signal thread stops it), and a
+  // blocked mask survives exec: the program gets the defaults.
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
   if (c.memory_limit > 0) {
     const rlimit limit{c.memory_limit, c.memory_limit};
     if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(126);
@@ -141,17 +151,27 @@ struct ChildSetup {
 /// which ends everything left in the namespace.
 [[noreturn]] void NamespaceInit(const ChildSetup& c) {
   setpgid(0, 0);  // the daemon's cancel kills the group: this process and the program
+  // A copy of the daemon's descriptor table, which this process never execs to shed: keep the
+  // program's files and the status pipe (as 3), close the rest (the work dir's lock, the
+  // daemon's sockets) so that they never outlive the daemon in this process.
+  UseStandardFiles(c);
+  if (dup2(c.status_fd, 3) != 3) _exit(126);
+  ::syscall(SYS_close_range, 4u, ~0u, 0u);
+  const int status_fd = 3;
   // The raw system call, not fork(): this process is a copy of a multi-threaded daemon made
   // by clone, and fork()'s atfork handlers would wait on locks (the allocator's) that another
   // thread of the daemon held at that moment, for ever.
   const pid_t program = static_cast<pid_t>(::syscall(SYS_clone, SIGCHLD, nullptr, nullptr, nullptr, nullptr));
   if (program < 0) _exit(126);
-  if (program == 0) SetUpAndExec(c);
+  if (program == 0) {
+    close(status_fd);
+    SetUpAndExec(c);
+  }
   while (true) {
     int status = 0;
     const pid_t ended = waitpid(-1, &status, 0);
     if (ended == program) {
-      (void)!write(c.status_fd, &status, sizeof status);
+      (void)!write(status_fd, &status, sizeof status);
       _exit(0);
     }
     if (ended < 0 && errno != EINTR) _exit(126);
@@ -172,8 +192,10 @@ struct StartedChild {
 StartedChild StartChild(ChildSetup setup) {
   static std::atomic<bool> namespaces_refused{false};
   if (!namespaces_refused.load(std::memory_order_relaxed)) {
+    // Non-blocking: the status is in the pipe once the init is reaped, and a killed init wrote
+    // none (another thread's init, cloned meanwhile, may hold a copy of the write end).
     int status_pipe[2];
-    if (::pipe2(status_pipe, O_CLOEXEC) != 0) return {};
+    if (::pipe2(status_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return {};
     setup.status_fd = status_pipe[1];
     constexpr size_t kStackBytes = 256 << 10;  // the init's own copy of this process's memory
     std::unique_ptr<char[]> stack(new char[kStackBytes]);
@@ -193,6 +215,7 @@ StartedChild StartChild(ChildSetup setup) {
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
+    UseStandardFiles(setup);
     SetUpAndExec(setup);
   }
   return {pid, -1};
@@ -298,6 +321,7 @@ class ExecProgram final : public VertexProgram {
       }
       if (ctx.cancelled()) {
         kill(-pid, SIGKILL);
+        kill(pid, SIGKILL);  // before it made its group, too: the init's end ends its namespace
         waitpid(pid, &status, 0);
         ProgramStatus(status, child.status_pipe);  // closes it
         return Status::Cancelled(ctx.name + " cancelled");
