@@ -93,11 +93,4 @@ void StopChildren(const std::vector<pid_t>& pids, int grace_ms) {
   }
 }
 
-int64_t MachineMemoryMb() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page_bytes = ::sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page_bytes <= 0) return 0;  // unknown: the daemon declares none
-  return static_cast<int64_t>(pages) * page_bytes >> 20;
-}
-
 }  // namespace copse::cli

@@ -31,7 +31,4 @@ void StopChildren(const std::vector<pid_t>& pids, int grace_ms);
 /// True when the child has exited (reaps it).
 bool ChildExited(pid_t pid);
 
-/// This machine's physical memory in MB: what a daemon offers vertices unless told otherwise.
-int64_t MachineMemoryMb();
-
 }  // namespace copse::cli

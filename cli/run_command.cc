@@ -21,6 +21,7 @@
 #include "cli/status_view.h"
 #include "cli/trace_client.h"
 #include "common/auth.h"
+#include "common/machine_memory.h"
 #include "jobmanager/gang_needs.h"
 #include "jobmanager/job_loader.h"
 #include "ml/pipeline_bubble.h"

@@ -7,6 +7,7 @@
 #include "cli/process_util.h"
 #include "cli/program_catalog.h"
 #include "common/auth.h"
+#include "common/machine_memory.h"
 #include "common/framed_connection.h"
 #include "jobmanager/jm_server.h"
 #include "vertex/daemon.h"

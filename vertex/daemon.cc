@@ -39,6 +39,7 @@
 #include "common/local_peer.h"
 #include "common/json_util.h"
 #include "common/logging.h"
+#include "common/machine_memory.h"
 #include "common/thread_name.h"
 #include "vertex/input_prefetcher.h"
 
@@ -444,11 +445,7 @@ class Daemon::Impl {
   }
 
   /// The memory this daemon offers vertices, in MB: what it was told, else the machine's.
-  int64_t OfferedMemoryMb() const {
-    if (options_.memory_mb > 0) return options_.memory_mb;
-    const long pages = ::sysconf(_SC_PHYS_PAGES), page_bytes = ::sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && page_bytes > 0 ? (static_cast<int64_t>(pages) * page_bytes) >> 20 : 0;
-  }
+  int64_t OfferedMemoryMb() const { return options_.memory_mb > 0 ? options_.memory_mb : MachineMemoryMb(); }
 
   /// What is wrong with a task's identity and chaining (read outside any handler, on worker
   /// threads), or "" when they are well formed.
