@@ -1,8 +1,6 @@
 // Client verbs of a running job manager: submit, status, cancel, daemons, logs.
 #include <unistd.h>
 
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <iostream>
 #include <optional>
@@ -244,20 +242,9 @@ void AddClientCommands(CLI::App& app) {
     cmd->callback([jm, job, out] {
       auto client = ConnectOrReport(*jm);
       if (!client) return;
-      std::ofstream file;
-      if (!out->empty()) {
-        file.open(*out);
-        if (!file) return void(ExitCode() = Report(Status::IOError("cannot write " + *out)));
-      }
       // Written as it arrives: a million attempts make some 200 MB of it.
-      Status st = WriteTrace(*client, *job, out->empty() ? std::cout : file);
-      if (st.ok()) return;
-      ExitCode() = Report(out->empty() || st.code() != StatusCode::kIOError ? st : Status::IOError("cannot write " + *out));
-      if (!out->empty()) {
-        file.close();
-        std::error_code ec;
-        std::filesystem::remove(*out, ec);  // never leave half a trace that looks like one
-      }
+      Status st = out->empty() ? WriteTrace(*client, *job, std::cout) : WriteTraceFile(*client, *job, *out);
+      if (!st.ok()) ExitCode() = Report(st);
     });
   }
   {

@@ -353,11 +353,7 @@ int RunJob(const RunOpts& o) {
   if (cluster.restarts() > 0) summary["daemon_restarts"] = cluster.restarts();
   bool trace_written = true;  // a trace asked for and not written fails the command, after the outputs are copied
   if (!o.trace_file.empty()) {
-    std::ofstream file(o.trace_file);
-    if (!file || !WriteTrace(cluster.client(), *job, file).ok()) {
-      file.close();
-      std::error_code ec;
-      std::filesystem::remove(o.trace_file, ec);  // never leave half a trace that looks like one
+    if (!WriteTraceFile(cluster.client(), *job, o.trace_file).ok()) {
       std::cerr << "copse run: cannot write the trace to " << o.trace_file << "\n";
       trace_written = false;
     }

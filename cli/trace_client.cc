@@ -1,5 +1,8 @@
 #include "cli/trace_client.h"
 
+#include <filesystem>
+#include <fstream>
+
 namespace copse::cli {
 
 Result<Json> ReceiveTrace(net::BlockingClient& client, uint64_t job, const std::function<void(const Json& event)>& on_event) {
@@ -31,6 +34,17 @@ Status WriteTrace(net::BlockingClient& client, uint64_t job, std::ostream& out) 
   out << "}\n";
   out.flush();
   return out ? Status::OK() : Status::IOError("cannot write the trace");
+}
+
+Status WriteTraceFile(net::BlockingClient& client, uint64_t job, const std::string& path) {
+  std::ofstream file(path);
+  if (!file) return Status::IOError("cannot write " + path);
+  Status st = WriteTrace(client, job, file);
+  if (st.ok()) return st;
+  file.close();
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  return st.code() == StatusCode::kIOError ? Status::IOError("cannot write " + path) : st;
 }
 
 }  // namespace copse::cli

@@ -19,4 +19,8 @@ Result<Json> ReceiveTrace(net::BlockingClient& client, uint64_t job, const std::
 /// event as they arrive (a job of a million attempts makes some 200 MB of it).
 Status WriteTrace(net::BlockingClient& client, uint64_t job, std::ostream& out);
 
+/// WriteTrace into the file at `path`; a trace that fails half way is removed rather than left
+/// looking like one. IOError names the path when it cannot be written.
+Status WriteTraceFile(net::BlockingClient& client, uint64_t job, const std::string& path);
+
 }  // namespace copse::cli
