@@ -629,23 +629,15 @@ void Scheduler::NoteProgress(Job& job, const Json& figures) {
   // A job's results ({"final": true, "test_accuracy": …}, from its evaluation) join the newest
   // figures whenever they come, so every status shows them beside the last step's.
   if (figures.value("final", false) == true) {
-    if (!job.progress.is_object()) job.progress = Json::object();
     for (const auto& [key, value] : figures.items()) {
-      if (key != "final") job.progress[key] = value;
+      if (key != "final") job.results[key] = value;
     }
     return;
   }
   // A re-run (recovery) reports an older step: the newest figures stay.
   auto step = [](const Json& j) { return j.contains("step") && j["step"].is_number() ? j["step"].get<double>() : -1.0; };
   if (job.progress.is_object() && step(figures) < step(job.progress)) return;
-  Json results = Json::object();  // what a final report set stays
-  if (job.progress.is_object()) {
-    for (const char* key : {"test_accuracy"}) {
-      if (job.progress.contains(key)) results[key] = job.progress[key];
-    }
-  }
   job.progress = figures;
-  for (const auto& [key, value] : results.items()) job.progress[key] = value;
   if (figures.contains("images") && figures["images"].is_number()) {
     const double images = figures["images"].get<double>(), now = ElapsedMs(job);
     if (job.first_images < 0) job.first_images = images, job.first_images_ms = now;

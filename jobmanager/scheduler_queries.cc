@@ -127,8 +127,9 @@ Json Scheduler::JobStatus(JobId id) const {
     }
     if (!not_fired.empty()) out["faults_not_fired"] = std::move(not_fired);
   }
-  if (job.progress.is_object()) {
-    Json progress = job.progress;
+  if (job.progress.is_object() || !job.results.empty()) {
+    Json progress = job.progress.is_object() ? job.progress : Json::object();
+    progress.update(job.results);
     if (job.last_images_ms > job.first_images_ms) {
       progress["images_per_s"] = (job.last_images - job.first_images) / ((job.last_images_ms - job.first_images_ms) / 1000.0);
     }

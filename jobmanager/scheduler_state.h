@@ -174,6 +174,9 @@ struct Scheduler::Job {
   /// The newest progress figures a program reported (by "step" when they carry one), and when
   /// the first and newest "images" counts arrived, for a live images/s.
   Json progress;
+  /// Its results, reported once as final figures (a training job's test accuracy): shown in
+  /// its progress whatever step comes after.
+  Json results = Json::object();
   double first_images = -1, first_images_ms = 0, last_images = 0, last_images_ms = 0;
 
   const JobGraph& g() const { return *graph; }
