@@ -129,7 +129,7 @@ class Pool {
         ++aborted;
       }
     }
-    return aborted - closing.size();
+    return aborted - closing.size();  // live_ lists idle ones too: only fetches in progress count
   }
 
  private:

@@ -65,6 +65,18 @@ std::string TailOf(const std::filesystem::path& path, size_t max) {
   return s.size() > max ? "…" + s.substr(s.size() - max) : s;
 }
 
+/// `fd` moved to 3 or above: a daemon started with 0, 1 or 2 closed gets those numbers from
+/// open() or pipe(), and the child's dup2 onto the standard descriptors would overwrite them
+/// (or, onto the same number, leave them close-on-exec).
+int AboveStandard(int fd) {
+  if (fd < 0 || fd > 2) return fd;
+  const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  return moved;
+}
+
 /// The child's standard input, output and error, opened by the parent.
 struct ChildFiles {
   int in = -1, out = -1, err = -1;
@@ -78,16 +90,6 @@ struct ChildFiles {
     err = AboveStandard(::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     if (err < 0) return Status::IOError("cannot create " + err_path.string() + ": " + std::strerror(errno));
     return Status::OK();
-  }
-  /// `fd` moved to 3 or above: a daemon started with 0, 1 or 2 closed gets those numbers from
-  /// open(), and the child's dup2 onto the same number would leave it close-on-exec.
-  static int AboveStandard(int fd) {
-    if (fd < 0 || fd > 2) return fd;
-    const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
-    const int saved = errno;
-    ::close(fd);
-    errno = saved;
-    return moved;
   }
   void Close() {
     for (int* fd : {&in, &out, &err}) {
@@ -196,6 +198,11 @@ StartedChild StartChild(ChildSetup setup) {
     // none (another thread's init, cloned meanwhile, may hold a copy of the write end).
     int status_pipe[2];
     if (::pipe2(status_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return {};
+    status_pipe[1] = AboveStandard(status_pipe[1]);
+    if (status_pipe[1] < 0) {
+      ::close(status_pipe[0]);
+      return {};
+    }
     setup.status_fd = status_pipe[1];
     constexpr size_t kStackBytes = 256 << 10;  // the init's own copy of this process's memory
     std::unique_ptr<char[]> stack(new char[kStackBytes]);
