@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 
 #include <asio.hpp>
 
@@ -13,6 +14,7 @@
 #include "common/dir_lock.h"
 #include "common/framed_connection.h"
 #include "common/logging.h"
+#include "jobmanager/job_history.h"
 #include "jobmanager/job_loader.h"
 #include "jobmanager/journal.h"
 #include "jobmanager/scheduler.h"
@@ -58,9 +60,16 @@ class JmServer::Impl : public DaemonSink {
     COPSE_ASSIGN_OR_RETURN(auto records, Journal::Replay(options_.state_dir, &warnings, &records_lost));
     for (const auto& w : warnings) JmLog()->warn("{}", w);
     std::vector<std::string> skipped;
+    COPSE_ASSIGN_OR_RETURN(history_, JobHistory::Open(options_.state_dir / "history"));
     if (!records.empty()) {
       size_t jobs = scheduler_.Restore(records, options_.catalog, &skipped);
       JmLog()->warn("restored {} jobs from {} journal records", jobs, records.size());
+    }
+    // Their event lines and attempts from before the restart: traces and logs of their whole life.
+    scheduler_.set_history(history_.get());
+    for (uint64_t id : scheduler_.JobIds()) {
+      JobHistory::Events events = history_->Load(JobId(id));
+      scheduler_.RestoreHistory(JobId(id), std::move(events.lines), std::move(events.spans));
     }
     // The rewrite below drops what was not restored: a person gets the journal as it was.
     if (records_lost || !skipped.empty()) {
@@ -312,8 +321,13 @@ class JmServer::Impl : public DaemonSink {
       scheduler_.RelayNcclId(msg.at("group").get<std::string>(), msg.at("id").get<std::string>(), peer.daemon);
       return;
     }
+    if (op == "vertex_log") {
+      StoreVertexLog(msg, msg.at("chunks"));
+      return;
+    }
     if (op == "report") {
       for (const auto& a : msg.at("attempts")) {
+        if (a.contains("log")) StoreVertexLog(a, a["log"]);  // before the report is acted on
         AttemptReport r;
         r.job = JobId(a.at("job").get<uint64_t>());
         r.vertex = VertexId(a.at("vertex").get<uint32_t>());
@@ -327,6 +341,7 @@ class JmServer::Impl : public DaemonSink {
         r.output_bytes = a.value("output_bytes", std::vector<uint64_t>{});
         r.output_messages = a.value("output_messages", std::vector<uint64_t>{});
         r.duration_ms = a.value("duration_ms", 0.0);
+        r.deterministic = a.value("deterministic", false);
         if (auto it = a.find("progress"); it != a.end() && it->is_object()) r.progress = *it;
         scheduler_.OnAttemptFinished(r);
       }
@@ -358,13 +373,19 @@ class JmServer::Impl : public DaemonSink {
       if (!msg.contains("job")) return conn->Send({{"op", "jobs"}, {"jobs", scheduler_.JobsTable()}});
       JobId job = JobIdFrom(msg);
       Json status = scheduler_.JobStatus(job);
+      if (status.is_null()) status = ForgottenSummary(job);
       if (status.is_null()) return conn->Send({{"op", "error"}, {"message", "no job " + job.ToString()}});
       return conn->Send({{"op", "job"}, {"job", status}});
     }
+    if (op == "jobs") return conn->Send({{"op", "jobs"}, {"jobs", JobsSince(msg.value("since_unix_ms", int64_t{0}))}});
+    if (op == "vertex_log") return AnswerVertexLog(conn, msg);
     if (op == "wait") {
       // Answered with the job's final status once it is no longer running (see AnswerWaiters).
       JobId job = JobIdFrom(msg);
-      if (!scheduler_.HasJob(job)) return conn->Send({{"op", "error"}, {"message", "no job " + job.ToString()}});
+      if (!scheduler_.HasJob(job)) {
+        if (Json summary = ForgottenSummary(job); !summary.is_null()) return conn->Send({{"op", "job"}, {"job", summary}});
+        return conn->Send({{"op", "error"}, {"message", "no job " + job.ToString()}});
+      }
       waiters_.emplace_back(job, conn);
       return;
     }
@@ -378,6 +399,12 @@ class JmServer::Impl : public DaemonSink {
       const JobId job = JobIdFrom(msg);
       const std::string vertex = msg.value("vertex", std::string());
       Json lines = scheduler_.Logs(job, vertex);
+      if (lines.is_null() && !scheduler_.HasJob(job) && history_->Summary(job)) {
+        lines = JobHistory::EventLog(history_->Load(job), vertex);
+        if (lines.is_null()) {
+          return conn->Send({{"op", "error"}, {"message", "job " + job.ToString() + "'s history has no attempt of a vertex \"" + vertex + "\""}});
+        }
+      }
       if (lines.is_null()) {
         return conn->Send({{"op", "error"}, {"message", scheduler_.HasJob(job) ? "job " + job.ToString() + " has no vertex \"" + vertex + "\""
                                                                                : "no job " + job.ToString()}});
@@ -395,15 +422,123 @@ class JmServer::Impl : public DaemonSink {
         return conn->Send({{"op", "error"}, {"message", "too many traces are being sent; ask again later"}});
       }
       auto snapshot = scheduler_.Trace(JobIdFrom(msg));
+      if (!snapshot.ok() && !scheduler_.HasJob(JobIdFrom(msg))) {
+        if (auto summary = history_->Summary(JobIdFrom(msg))) {
+          snapshot = JobHistory::Trace(JobIdFrom(msg), history_->Load(JobIdFrom(msg)), *summary);
+        }
+      }
       if (!snapshot.ok()) return conn->Send({{"op", "error"}, {"message", snapshot.status().message()}});
       return trace_streamer_.Send(conn, std::move(*snapshot));
     }
     if (op == "outputs") {
+      if (!scheduler_.HasJob(JobIdFrom(msg)) && history_->Summary(JobIdFrom(msg))) {
+        return conn->Send({{"op", "error"}, {"message", "job " + JobIdFrom(msg).ToString() + " finished more than --finished-job-ttl-s ago: "
+                                                         "its outputs were released (its summary, logs and trace are kept)"}});
+      }
       auto locations = scheduler_.OutputLocations(JobIdFrom(msg));
       if (!locations.ok()) return conn->Send({{"op", "error"}, {"message", locations.status().message()}});
       return conn->Send({{"op", "outputs"}, {"outputs", *locations}});
     }
     conn->SendErrorAndClose("unknown client message \"" + op + "\"");
+  }
+
+  /// A daemon's chunks of an attempt's log (`msg` names the attempt), kept in the job's history.
+  /// Malformed ones are logged and dropped: they cost the log, never the job manager.
+  void StoreVertexLog(const Json& msg, const Json& chunks) {
+    const JobId job = JobIdFrom(msg);
+    const Json& vertex = msg.value("vertex", Json());
+    const Json& version = msg.value("version", Json());
+    if (!job.valid() || !vertex.is_number_unsigned() || !version.is_number_unsigned() ||
+        !scheduler_.HasVertex(job, VertexId(vertex.get<uint32_t>()))) {
+      JmLog()->warn("dropping a vertex log naming no attempt of a known job: job {}, vertex {}, version {}",
+                    msg.value("job", Json()).dump(), vertex.dump(), version.dump());
+      return;
+    }
+    if (Status st = history_->AppendVertexLog(job, VertexId(vertex.get<uint32_t>()), version.get<uint32_t>(), chunks); !st.ok()) {
+      JmLog()->warn("job {}: dropping a vertex log: {}", job.value(), st.message());
+    }
+  }
+
+  /// {"op": "vertex_log", "job", "vertex": name, "attempt": N (0: newest), "from": offset}:
+  /// that attempt's log from `from`, whether it still runs, and which attempts printed.
+  void AnswerVertexLog(const std::shared_ptr<net::FramedConnection>& conn, const Json& msg) {
+    constexpr size_t kMaxReplyBytes = 1 << 20;
+    const JobId job = JobIdFrom(msg);
+    const std::string name = msg.value("vertex", std::string());
+    const Json& attempt_json = msg.value("attempt", Json(0));
+    const Json& from_json = msg.value("from", Json(0));
+    if (!attempt_json.is_number_unsigned() || !from_json.is_number_unsigned() || attempt_json.get<uint64_t>() > UINT32_MAX) {
+      return conn->Send({{"op", "error"}, {"message", "\"attempt\" and \"from\" must be whole numbers"}});
+    }
+    uint32_t attempt = attempt_json.get<uint32_t>();
+    Json reply = {{"op", "vertex_log"}, {"vertex", name}};
+    VertexId v;
+    if (scheduler_.HasJob(job)) {
+      auto found = scheduler_.Attempt(job, name, attempt);
+      if (!found.ok()) return conn->Send({{"op", "error"}, {"message", found.status().message()}});
+      v = VertexId((*found)["vertex"].get<uint32_t>());
+      attempt = (*found)["attempt"].get<uint32_t>();
+      reply["running"] = (*found)["running"];
+      if (found->contains("daemon")) reply["daemon"] = (*found)["daemon"];
+      if (found->contains("outcome")) reply["outcome"] = (*found)["outcome"];
+    } else if (history_->Summary(job)) {
+      const JobHistory::Events events = history_->Load(job);
+      for (const auto& [id, names] : events.names) {
+        if (names.first == name) v = VertexId(id);
+      }
+      if (!v.valid()) return conn->Send({{"op", "error"}, {"message", "job " + job.ToString() + "'s history has no attempt of a vertex \"" + name + "\""}});
+      for (const auto& s : events.spans) {
+        if (s.vertex != v.value() || (attempt != 0 && s.version != attempt)) continue;
+        if (attempt == 0 && s.version < reply.value("attempt", 0u)) continue;
+        reply["attempt"] = s.version;
+        reply["daemon"] = s.daemon;
+        reply["outcome"] = s.outcome;
+      }
+      if (!reply.contains("attempt")) {
+        return conn->Send({{"op", "error"}, {"message", fmt::format("job {}'s history has no attempt {} of {}", job.value(), attempt, name)}});
+      }
+      attempt = reply["attempt"].get<uint32_t>();
+      reply["running"] = false;
+    } else {
+      return conn->Send({{"op", "error"}, {"message", "no job " + job.ToString()}});
+    }
+    JobHistory::LogRead read = history_->ReadVertexLog(job, v, attempt, from_json.get<uint64_t>(), kMaxReplyBytes);
+    reply["attempt"] = attempt;
+    reply["records"] = std::move(read.records);
+    reply["next"] = read.next;
+    reply["attempts"] = history_->LoggedVersions(job, v);
+    conn->Send(reply);
+  }
+
+  /// A job the scheduler has forgotten (--finished-job-ttl-s), as its history keeps it, or null.
+  Json ForgottenSummary(JobId job) const {
+    if (scheduler_.HasJob(job)) return nullptr;
+    auto summary = history_->Summary(job);
+    if (!summary) return nullptr;
+    (*summary)["forgotten"] = true;  // its outputs released
+    return std::move(*summary);
+  }
+
+  /// `copse jobs`: the jobs the scheduler holds and those its history keeps, submitted at or
+  /// after `since_unix_ms`, by id.
+  Json JobsSince(int64_t since_unix_ms) const {
+    std::map<uint64_t, Json> rows;
+    for (Json& row : scheduler_.JobsTable()) {
+      if (row.value("submitted_unix_ms", int64_t{0}) >= since_unix_ms) rows[row["id"].get<uint64_t>()] = std::move(row);
+    }
+    for (Json& summary : history_->Summaries(since_unix_ms)) {
+      const uint64_t id = summary.value("id", uint64_t{0});
+      if (rows.count(id)) continue;
+      const Json& vertices = summary.value("vertices", Json::object());
+      rows[id] = {{"id", id}, {"name", summary.value("name", "")}, {"state", summary.value("state", "")},
+                  {"completed", vertices.value("completed", 0)}, {"total", vertices.value("total", 0)},
+                  {"elapsed_s", summary.value("elapsed_s", 0.0)}, {"submitted_unix_ms", summary.value("submitted_unix_ms", 0)},
+                  {"finished_unix_ms", summary.value("finished_unix_ms", 0)}, {"forgotten", true}};
+      if (summary.contains("failure")) rows[id]["failure"] = summary["failure"];
+    }
+    Json out = Json::array();
+    for (auto& [id, row] : rows) out.push_back(std::move(row));
+    return out;
   }
 
   /// Coalesces the scheduler's outgoing batches: one flush after every message that is
@@ -414,6 +549,7 @@ class JmServer::Impl : public DaemonSink {
     asio::post(io_, [this] {
       flush_pending_ = false;
       FlushJournal();
+      history_->Flush();
       scheduler_.Flush();
       AnswerWaiters();
     });
@@ -478,6 +614,18 @@ class JmServer::Impl : public DaemonSink {
                   std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
   }
 
+  /// Once a minute: finished jobs past the history retention, and not still held, are removed.
+  void PruneHistory(std::chrono::steady_clock::time_point now) {
+    if (options_.history_retention <= std::chrono::seconds::zero() || now < next_prune_) return;
+    next_prune_ = now + std::chrono::minutes(1);
+    const auto ids = scheduler_.JobIds();
+    const auto cutoff = std::chrono::system_clock::now() - options_.history_retention;
+    const int64_t before = std::chrono::duration_cast<std::chrono::milliseconds>(cutoff.time_since_epoch()).count();
+    if (size_t removed = history_->Prune(before, std::set<uint64_t>(ids.begin(), ids.end())); removed > 0) {
+      JmLog()->info("removed the history of {} jobs finished more than {} s ago", removed, options_.history_retention.count());
+    }
+  }
+
   /// Five heartbeats per timeout, within what a daemon accepts (1 ms to 60 s).
   int64_t HeartbeatIntervalMs() const {
     return std::clamp<int64_t>(options_.heartbeat_timeout.count() / 5, 10, 60'000);
@@ -497,6 +645,7 @@ class JmServer::Impl : public DaemonSink {
       }
       for (auto& conn : silent) conn->Close(Status::Timeout("no heartbeat"));
       scheduler_.Tick();
+      PruneHistory(now);
       RequestFlush();
       ScheduleTick();
     });
@@ -513,6 +662,8 @@ class JmServer::Impl : public DaemonSink {
   // only after the journal's last flush (members are destroyed in reverse order).
   std::optional<DirLock> state_lock_;
   std::unique_ptr<Journal> journal_;
+  std::unique_ptr<JobHistory> history_;  // before the scheduler, which writes to it: destroyed after it
+  std::chrono::steady_clock::time_point next_prune_{};
   Scheduler scheduler_;
   std::string secret_;
   std::map<std::shared_ptr<net::FramedConnection>, Peer> peers_;

@@ -30,6 +30,9 @@ struct JmServerOptions {
   bool journal_fsync = false;  // fdatasync the journal at every group commit
   /// Compact the journal once it reaches this size and at least half of it is superseded (0: never).
   uint64_t journal_compact_bytes = 64ull << 20;
+  /// How long a finished job's history (summary, event log, trace, vertex logs) is kept; zero:
+  /// for ever.
+  std::chrono::seconds history_retention = std::chrono::hours(24 * 7);
 };
 
 class JmServer {

@@ -94,6 +94,7 @@ void Scheduler::Log(Job& job, VertexId v, std::string text) {
   std::snprintf(stamp, sizeof(stamp), "%10.3fs ", ElapsedMs(job) / 1000.0);
   std::string line = stamp + (v.valid() ? job.g().vertex(v).name + " " : std::string()) + text;
   SchedLog()->info("job={} {}", job.id.value(), line);
+  if (history_) history_->JobLine(job.id, v, line);
   if (job.log.size() < kMaxLogLines) job.log.push_back({v, std::move(line)});
 }
 
@@ -252,6 +253,12 @@ void Scheduler::CloseSpan(Job& job, VertexId v, uint32_t version, const std::str
   span.outcome = outcome;
   span.log_lines_before_end = job.log.size();
   job.open_spans.erase(it);
+  if (history_) {
+    const VertexNode& node = job.g().vertex(v);
+    history_->JobSpan(job.id, {span.vertex, span.version, span.start_ms, span.end_ms, span.outcome,
+                               daemons_[span.daemon.value()]->spec.name, node.name, job.g().spec().stages[node.stage].name,
+                               span.log_lines_before_end});
+  }
 }
 
 Result<TraceSnapshot> Scheduler::Trace(JobId id) const {
@@ -423,7 +430,8 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     }
     RecomputePending(*job);
   } else {
-    Fail(*job, rep.vertex, rep.failure, rep.error, rep.failure != FailureClass::kCancelled);
+    Fail(*job, rep.vertex, rep.failure, rep.error, rep.failure != FailureClass::kCancelled,
+         rep.deterministic && rep.failure == FailureClass::kProgramError);
   }
   Schedule();
 }
@@ -611,13 +619,13 @@ void Scheduler::WithdrawRemoteChains(Job& job, VertexId v) {
   });
 }
 
-void Scheduler::Unchain(Job& job, VertexId u, bool rechain) {
+void Scheduler::Unchain(Job& job, VertexId u, bool rechain, std::string_view why) {
   Run& r = job.runs[u.value()];
   ReleaseSlots(job, u);
   r.state = VertexState::kWaiting;
   r.chained_after.clear();
   WithdrawRemoteChains(job, u);  // u will not run: nor will what waits for it elsewhere
-  Log(job, u, "version " + std::to_string(r.version) + " withdrawn: the vertex it was chained after did not succeed");
+  Log(job, u, "version " + std::to_string(r.version) + " withdrawn: " + std::string(why));
   if (r.pending == 0) {
     MakeReady(job, u);
   } else if (rechain) {
@@ -783,7 +791,7 @@ void Scheduler::RecordRecovery(Job& job, VertexId v, uint32_t version, std::stri
                             {"at_ms", ElapsedMs(job)}});
 }
 
-void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge) {
+void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge, bool deterministic) {
   Run& r = job.runs[v.value()];
   const std::string& name = job.g().vertex(v).name;
   const GangId gang = job.g().vertex(v).gang;
@@ -805,6 +813,14 @@ void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& 
   r.last_error = error;
   if (charge) ++r.charged;
   const int max_attempts = job.g().stage_of(v).max_attempts;
+  if (charge && deterministic && r.charged < max_attempts) {
+    // The program said this error comes back on every attempt (a missing file, bad params):
+    // retrying it would only spend max_attempts - 1 more runs before the same failure.
+    FinishJob(job, JobState::kFailed,
+              "vertex " + name + " failed (" + std::string(FailureClassName(cls)) + "), not retried: the program reports "
+                  "an error that repeats on every attempt: " + error);
+    return;
+  }
   if (charge && r.charged >= max_attempts) {
     FinishJob(job, JobState::kFailed,
               "vertex " + name + " failed " + std::to_string(r.charged) + " of " + std::to_string(max_attempts) +
@@ -866,6 +882,7 @@ void Scheduler::FinishJob(Job& job, JobState state, const std::string& reason) {
     sink_.SendToDaemon(d->id, {{"op", "gc"}, {"job", job.id.value()}, {"keep", keep.count(d->id) ? keep[d->id] : Json::array()}});
   }
   RemoveDurableCopies(job);  // checkpoints for recovery only: the job needs them no more
+  if (history_) history_->JobFinished(job.id, Summary(job));
 }
 
 }  // namespace copse::jm

@@ -66,6 +66,25 @@ class DaemonSink {
   virtual void SendToDaemon(DaemonId daemon, const Json& message) = 0;
 };
 
+/// One ended attempt as a job's history keeps it (job_history.h): enough to draw its trace and
+/// its event log without the job's graph.
+struct HistorySpan {
+  uint32_t vertex = 0, version = 0;
+  double start_ms = 0, end_ms = 0;  // in the job's elapsed time
+  std::string outcome, daemon, vertex_name, stage;
+  size_t log_lines_before_end = 0;  // where its end falls among the job's event lines
+};
+
+/// Where a job's history goes as it runs (job_history.h): its event lines, its ended
+/// attempts, and its final status when it finishes.
+class HistorySink {
+ public:
+  virtual ~HistorySink() = default;
+  virtual void JobLine(JobId job, VertexId vertex, const std::string& line) = 0;
+  virtual void JobSpan(JobId job, const HistorySpan& span) = 0;
+  virtual void JobFinished(JobId job, const Json& summary) = 0;
+};
+
 /// Result of one attempt, as a daemon reports it.
 struct AttemptReport {
   JobId job;
@@ -81,6 +100,9 @@ struct AttemptReport {
   std::vector<uint64_t> output_messages;  // per output port; 0 lets consumers skip the fetch
   double duration_ms = 0;
   Json progress;  // the program's progress figures (an object), or null
+  /// A program error the program says repeats on every attempt (InvalidArgument, NotFound:
+  /// vertex/program.h): the job fails without retrying it.
+  bool deterministic = false;
 };
 
 struct SchedulerOptions {
@@ -151,6 +173,13 @@ class Scheduler {
   /// `skipped` (when given), so that the job manager keeps the journal as it was for a person.
   size_t Restore(const std::vector<Json>& records, const ProgramCatalog& catalog,
                  std::vector<std::string>* skipped = nullptr);
+  /// Where jobs' histories go from now on (null: nowhere).
+  void set_history(HistorySink* history) { history_ = history; }
+  /// Puts back a restored job's event lines and ended attempts from before the restart (its
+  /// history), ahead of what the restore logged; attempts still running then are lost.
+  void RestoreHistory(JobId job, std::vector<std::pair<VertexId, std::string>> lines, std::vector<HistorySpan> spans);
+  /// The running and remembered jobs' ids.
+  std::vector<uint64_t> JobIds() const;
   /// Starts the restored daemons' `recovery_grace` again from now. The job manager calls it
   /// once it listens, so that a slow start (a long journal's replay and compaction) does not
   /// spend the time the daemons have to reach it.
@@ -191,6 +220,11 @@ class Scheduler {
 
   // ---- queries -------------------------------------------------------------------------------
   bool HasJob(JobId job) const;
+  bool HasVertex(JobId job, VertexId v) const;
+  /// Attempt `attempt` of `vertex` (0: its newest), for `copse logs JOB VERTEX`: {"vertex": its
+  /// id, "name", "attempt", "running", "daemon" (once placed), "outcome" (once ended)}; NotFound
+  /// naming the job, vertex or attempt that is not there.
+  Result<Json> Attempt(JobId job, const std::string& vertex, uint32_t attempt) const;
   std::optional<JobState> StateOf(JobId job) const;
   /// Full status of one job (stages with progress, failure, waiting reasons, faults, recoveries).
   Json JobStatus(JobId job) const;
@@ -222,6 +256,8 @@ class Scheduler {
   void Journal(const Json& record) {
     if (journal_) journal_->Record(record);
   }
+  /// A finished job's final status, as its history keeps it.
+  Json Summary(const Job& job) const;
   Job* FindJob(JobId id);
   const Job* FindJob(JobId id) const;
   void MakeReady(Job& job, VertexId v);
@@ -262,7 +298,8 @@ class Scheduler {
   int ChainDepth(const Job& job, VertexId v) const;
   /// A chained attempt that never started (its predecessor failed): back to waiting, neither
   /// charged nor counted as a recovery; chained again at once when `rechain` and it applies.
-  void Unchain(Job& job, VertexId u, bool rechain);
+  void Unchain(Job& job, VertexId u, bool rechain,
+               std::string_view why = "the vertex it was chained after did not succeed");
   /// The attempts chained after v's current one on daemons other than v's: v will not deliver
   /// (it failed, or a duplicate won), and they learn it from no one else. Cancelled there and
   /// unchained.
@@ -277,7 +314,9 @@ class Scheduler {
   void Complete(Job& job, VertexId v, const AttemptReport& report);
   /// Keeps the newest progress figures a completed attempt reported (see VertexContext::progress).
   void NoteProgress(Job& job, const Json& figures);
-  void Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge);
+  /// `deterministic`: the program said the error repeats on every attempt, so a charged failure
+  /// fails the job at once instead of retrying up to max_attempts.
+  void Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge, bool deterministic = false);
   void FinishJob(Job& job, JobState state, const std::string& reason);
   /// Adds one entry to the job's recoveries: what re-runs and why.
   void RecordRecovery(Job& job, VertexId v, uint32_t version, std::string_view reason, const std::string& detail,
@@ -351,6 +390,7 @@ class Scheduler {
   uint64_t capacity_epoch_ = 0;
   std::unique_ptr<PlacementPolicy> policy_;
   JournalSink* journal_ = nullptr;
+  HistorySink* history_ = nullptr;
   struct RandomChaos {
     std::mt19937_64 rng;
     Duration interval{};

@@ -141,6 +141,16 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     job->faults.push_back(f);
     job->fault_fired.push_back(0);
     Log(*job, v, "chaos: " + action + " armed");
+    if (Run& chained = job->runs[v.value()];
+        (action == "fail" || action == "delay") && chained.state == VertexState::kRunning && !chained.chained_after.empty()) {
+      // Sent chained, it waits on its daemon with a task that carries no fault: withdrawn (it
+      // has not started) and sent again, as attempt `next`, with the fault in it.
+      Flush();  // its "run" must not arrive after its cancel
+      if (daemons_[chained.daemon.value()]->alive) {
+        sink_.SendToDaemon(chained.daemon, {{"op", "cancel"}, {"job", job->id.value()}, {"vertex", v.value()}, {"version", chained.version}});
+      }
+      Unchain(*job, v, /*rechain=*/true, "copse chaos armed a fault on it before it started");
+    }
     CheckFaults(*job);
     Schedule();  // what a fired fault made run again goes now, not at the next tick
     Json reply = {{"fault", action}, {"vertex", job->g().vertex(v).name}, {"job", job->id.value()}, {"armed", true}};

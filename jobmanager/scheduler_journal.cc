@@ -25,6 +25,55 @@ DaemonId Scheduler::PlaceholderDaemon(const std::string& name) {
   return id;
 }
 
+void Scheduler::RestoreHistory(JobId id, std::vector<std::pair<VertexId, std::string>> lines, std::vector<HistorySpan> spans) {
+  Job* job = FindJob(id);
+  if (!job) return;
+  // A name the restore knows (a daemon holding outputs, awaited) keeps its id; any other is
+  // one that ran attempts and holds nothing: a lost entry of its own, for the trace's names.
+  std::map<std::string, DaemonId> by_name;
+  for (const auto& d : daemons_) by_name[d->spec.name] = d->id;
+  auto daemon_named = [&](const std::string& name) {
+    auto [it, fresh] = by_name.try_emplace(name);
+    if (fresh) {
+      auto d = std::make_unique<Daemon>();
+      d->id = it->second = DaemonId(static_cast<uint32_t>(daemons_.size()));
+      d->spec.name = name;
+      d->spec.cpus = 0;
+      d->spec.control.clear();
+      d->alive = false;
+      daemons_.push_back(std::move(d));
+    }
+    return it->second;
+  };
+  const size_t before = std::min(lines.size(), kMaxLogLines);
+  std::vector<Job::LogLine> log;
+  log.reserve(before + job->log.size());
+  for (size_t i = 0; i < before; ++i) {
+    const VertexId v = lines[i].first.valid() && lines[i].first.value() < job->runs.size() ? lines[i].first : VertexId::Invalid();
+    log.push_back({v, std::move(lines[i].second)});
+  }
+  for (auto& l : job->log) {
+    if (log.size() < kMaxLogLines) log.push_back(std::move(l));
+  }
+  job->log = std::move(log);
+  std::vector<Job::Span> restored;
+  for (const HistorySpan& s : spans) {
+    if (s.vertex >= job->runs.size() || restored.size() >= kMaxSpans) continue;
+    restored.push_back({s.vertex, s.version, daemon_named(s.daemon), s.start_ms, s.end_ms, s.outcome,
+                        std::min(s.log_lines_before_end, before)});
+  }
+  // Spans opened since the restore (none yet, unless the restore ran something) come after.
+  for (auto& [key, index] : job->open_spans) index += restored.size();
+  restored.insert(restored.end(), job->spans.begin(), job->spans.end());
+  job->spans = std::move(restored);
+}
+
+std::vector<uint64_t> Scheduler::JobIds() const {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, job] : jobs_) ids.push_back(id.value());
+  return ids;
+}
+
 size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog& catalog,
                           std::vector<std::string>* skipped) {
   JournalSink* journal = journal_;

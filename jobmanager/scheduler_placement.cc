@@ -9,7 +9,7 @@ namespace copse::jm {
 
 namespace {
 
-constexpr size_t kMaxSpans = 1'000'000;
+
 const std::string kHostLabel = "host";
 const std::string kRackLabel = "rack";
 constexpr size_t kMaxBlockedScan = 64;  // ready vertices tried per job per pass when slots are short

@@ -6,9 +6,43 @@
 
 #include <fmt/format.h>
 
+#include "jobmanager/event_log.h"
+
 namespace copse::jm {
 
 bool Scheduler::HasJob(JobId id) const { return FindJob(id) != nullptr; }
+
+bool Scheduler::HasVertex(JobId id, VertexId v) const {
+  const Job* job = FindJob(id);
+  return job && v.valid() && v.value() < job->runs.size();
+}
+
+Result<Json> Scheduler::Attempt(JobId id, const std::string& vertex, uint32_t attempt) const {
+  const Job* job = FindJob(id);
+  if (!job) return Status::NotFound("no job " + id.ToString());
+  const VertexId v = job->g().FindVertex(vertex);
+  if (!v.valid()) return Status::NotFound("job " + id.ToString() + " has no vertex \"" + vertex + "\"");
+  const Run& r = job->runs[v.value()];
+  const uint32_t newest = std::max(r.version, r.dup_version);
+  if (attempt == 0) attempt = newest;
+  if (attempt > newest) {
+    return Status::NotFound(fmt::format("{} of job {} has had {} attempts; there is no attempt {}", vertex, id.value(), newest, attempt));
+  }
+  const bool running = attempt > 0 && r.state == VertexState::kRunning && r.chained_after.empty() &&
+                       (r.version == attempt || r.dup_version == attempt) && job->state == JobState::kRunning;
+  Json out = {{"vertex", v.value()}, {"name", vertex}, {"attempt", attempt}, {"running", running}};
+  if (auto it = job->open_spans.find({v.value(), attempt}); it != job->open_spans.end()) {
+    out["daemon"] = daemons_[job->spans[it->second].daemon.value()]->spec.name;
+  } else if (attempt > 0) {
+    for (const auto& s : job->spans) {
+      if (s.vertex == v.value() && s.version == attempt) {
+        out["daemon"] = daemons_[s.daemon.value()]->spec.name;
+        out["outcome"] = s.outcome;
+      }
+    }
+  }
+  return out;
+}
 
 std::optional<JobState> Scheduler::StateOf(JobId id) const {
   const Job* job = FindJob(id);
@@ -138,11 +172,27 @@ Json Scheduler::JobStatus(JobId id) const {
   return out;
 }
 
+Json Scheduler::Summary(const Job& job) const {
+  Json summary = JobStatus(job.id);
+  summary["submitted_unix_ms"] = job.submitted_unix_ms;
+  summary["finished_unix_ms"] = UnixNowMs();
+  if (auto outputs = OutputLocations(job.id); outputs.ok()) {
+    for (Json& o : *outputs) {  // where they were: the bytes go when the job is forgotten
+      const Run& r = job.runs[o["key"]["vertex"].get<uint32_t>()];
+      const size_t port = o["key"]["port"].get<size_t>();
+      o["bytes"] = port < r.output_bytes.size() ? r.output_bytes[port] : 0;
+    }
+    summary["outputs"] = std::move(*outputs);
+  }
+  return summary;
+}
+
 Json Scheduler::JobsTable() const {
   Json rows = Json::array();
   for (const auto& [id, job] : jobs_) {
     Json row = {{"id", id.value()}, {"name", job->g().spec().name}, {"state", JobStateName(job->state)},
-                {"completed", job->completed}, {"total", job->runs.size()}, {"elapsed_s", ElapsedMs(*job) / 1000.0}};
+                {"completed", job->completed}, {"total", job->runs.size()}, {"elapsed_s", ElapsedMs(*job) / 1000.0},
+                {"submitted_unix_ms", job->submitted_unix_ms}};
     // A running job with nothing running: why its next vertex waits (as squeue's reason
     // column). Only the front of the ready queue is asked, so a table of huge jobs stays cheap.
     if (job->state == JobState::kRunning && job->running.empty() && !job->ready.empty()) {
@@ -184,24 +234,16 @@ Json Scheduler::Logs(JobId id, const std::string& vertex) const {
   VertexId only = vertex.empty() ? VertexId::Invalid() : job->g().FindVertex(vertex);
   if (!vertex.empty() && !only.valid()) return nullptr;
   // The log, and each completed attempt's line made from its trace span (here, not as it
-  // completes: the scheduler's hot path writes no line per completion), each where the log
-  // stood when the attempt ended, before what its completion caused.
-  struct Line {
-    size_t position;  // in the log: a line's index, or how many lines preceded a completion
-    bool logged;
-    double end_ms;
-    std::string text;
-  };
-  std::vector<Line> lines;
+  // completes: the scheduler's hot path writes no line per completion).
+  std::vector<EventLine> lines;
   for (size_t i = 0; i < job->log.size(); ++i) {
     const auto& l = job->log[i];
     if (vertex.empty() || l.vertex == only) lines.push_back({i, true, 0, l.text});
   }
   for (const auto& s : job->spans) {
     if (s.outcome != "completed" || (only.valid() && s.vertex != only.value())) continue;
-    const std::string& name = job->g().vertex(VertexId(s.vertex)).name;
-    std::string line = fmt::format("{:10.3f}s {} version {} completed on {} in {:.1f} ms", s.end_ms / 1000.0, name,
-                                   s.version, daemons_[s.daemon.value()]->spec.name, s.end_ms - s.start_ms);
+    std::string line = CompletedLine(s.end_ms, job->g().vertex(VertexId(s.vertex)).name, s.version,
+                                     daemons_[s.daemon.value()]->spec.name, s.end_ms - s.start_ms);
     if (const Run& r = job->runs[s.vertex]; r.state == VertexState::kCompleted && r.version == s.version) {
       uint64_t bytes = 0;
       for (uint64_t b : r.output_bytes) bytes += b;
@@ -209,16 +251,7 @@ Json Scheduler::Logs(JobId id, const std::string& vertex) const {
     }
     lines.push_back({s.log_lines_before_end, false, s.end_ms, std::move(line)});
   }
-  std::stable_sort(lines.begin(), lines.end(), [](const Line& a, const Line& b) {
-    return std::tie(a.position, a.logged, a.end_ms) < std::tie(b.position, b.logged, b.end_ms);
-  });
-  Json out = Json::array();
-  for (size_t i = 0; i < lines.size() && i < kMaxLogLines; ++i) out.push_back(std::move(lines[i].text));
-  if (lines.size() > kMaxLogLines) {
-    out.push_back(fmt::format("… {} more lines not shown (a job's log answers with its first {})", lines.size() - kMaxLogLines,
-                              kMaxLogLines));
-  }
-  return out;
+  return MergeEventLog(std::move(lines), kMaxLogLines);
 }
 
 Result<Json> Scheduler::OutputLocations(JobId id) const {

@@ -28,6 +28,8 @@ std::shared_ptr<spdlog::logger> SchedLog();
 /// The most lines a job's log keeps, and `copse logs` answers with (a reply must stay well
 /// within one control message).
 inline constexpr size_t kMaxLogLines = 20000;
+/// The most attempt spans a job's trace keeps.
+inline constexpr size_t kMaxSpans = 1'000'000;
 
 /// The memory daemon `spec` offers vertices: what it declared, or unaccounted when it declared
 /// none (or more than is ever accounted).

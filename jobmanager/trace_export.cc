@@ -9,7 +9,17 @@
 namespace copse::jm {
 
 void FormatTraceEvents(const TraceSnapshot& snapshot, size_t batch, const std::function<bool(std::string_view events)>& sink) {
-  const JobGraph& g = *snapshot.graph;
+  const JobGraph* g = snapshot.graph.get();
+  const std::pair<std::string, std::string> unknown{"?", "?"};
+  auto names_of = [&](uint32_t v) -> std::pair<std::string_view, std::string_view> {
+    if (g) {
+      const VertexNode& node = g->vertex(VertexId(v));
+      return {node.name, g->spec().stages[node.stage].name};
+    }
+    auto it = snapshot.names.find(v);
+    const auto& names = it != snapshot.names.end() ? it->second : unknown;
+    return {names.first, names.second};
+  };
   std::vector<uint32_t> order(snapshot.spans.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
@@ -34,9 +44,9 @@ void FormatTraceEvents(const TraceSnapshot& snapshot, size_t batch, const std::f
     while (lane < free_at.size() && free_at[lane] > s.start_ms) ++lane;
     if (lane == free_at.size()) free_at.push_back(0);
     free_at[lane] = end;
-    const VertexNode& node = g.vertex(VertexId(s.vertex));
-    if (!add({{"name", node.name},
-              {"cat", g.spec().stages[node.stage].name},
+    const auto [name, stage] = names_of(s.vertex);
+    if (!add({{"name", name},
+              {"cat", stage},
               {"ph", "X"},
               {"ts", s.start_ms * 1000},
               {"dur", (end - s.start_ms) * 1000},

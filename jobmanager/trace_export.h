@@ -9,6 +9,7 @@
 // scheduler goes on (jm_server.cc streams each batch to the client as it is made).
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -32,6 +33,8 @@ struct TraceSnapshot {
   std::string state;  // the job's
   double now_ms = 0;  // the job's elapsed time when taken: where running spans end
   std::shared_ptr<const JobGraph> graph;
+  /// Without a graph (a job read back from its history): per vertex, its name and stage.
+  std::map<uint32_t, std::pair<std::string, std::string>> names;
   /// Per daemon id: its name, and which registration of that name it is (0: the only one).
   std::vector<std::pair<std::string, size_t>> daemons;
   std::vector<Span> spans;

@@ -41,6 +41,7 @@
 #include "common/logging.h"
 #include "common/machine_memory.h"
 #include "common/thread_name.h"
+#include "vertex/attempt_log.h"
 #include "vertex/input_prefetcher.h"
 
 namespace copse::vertex {
@@ -147,7 +148,7 @@ class EmptyReader final : public chan::ChannelReader {
 class Daemon::Impl {
  public:
   explicit Impl(DaemonOptions options)
-      : options_(std::move(options)), heartbeat_(io_), heartbeat_every_(options_.heartbeat_interval) {}
+      : options_(std::move(options)), heartbeat_(io_), log_flush_(io_), heartbeat_every_(options_.heartbeat_interval) {}
 
   ~Impl() {
     {
@@ -283,9 +284,11 @@ class Daemon::Impl {
                    [this](const Status& why) {
                      exit_status_ = why.WithContext("job manager connection ended");
                      heartbeat_.cancel();
+                     log_flush_.cancel();
                      io_.stop();
                    });
       Heartbeat();
+      FlushLogsEvery();
       io_.run();
       if (stopping_requested_) return Status::OK();
       DaemonLog()->warn("daemon {}: {}; reconnecting", options_.name, exit_status_.message());
@@ -342,6 +345,7 @@ class Daemon::Impl {
     std::unique_ptr<Collective> collective;
     int device = -1;
     std::shared_ptr<PrefetchedInputs> prefetched;  // remote inputs fetched while it was held
+    std::shared_ptr<AttemptLog> log;  // what it prints, once it runs
     // Held (chained): the attempts here it still waits for, and whether it still waits for the
     // outputs of one on another daemon. Queued when neither is left.
     std::vector<AttemptKey> waiting_for;
@@ -355,6 +359,37 @@ class Daemon::Impl {
       conn_->Send({{"op", "heartbeat"}});
       Heartbeat();
     });
+  }
+
+  /// Sends what the running attempts' logs hold beyond what was sent, every
+  /// AttemptLog::kFlushInterval, so `copse logs -f` follows them. Under report_send_mu_: a
+  /// chunk taken here goes out before the attempt's report, which carries the rest.
+  void FlushLogsEvery() {
+    log_flush_.expires_after(AttemptLog::kFlushInterval);
+    log_flush_.async_wait([this](std::error_code ec) {
+      if (ec) return;
+      {
+        std::lock_guard<std::mutex> in_order(report_send_mu_);
+        std::vector<std::pair<AttemptKey, std::shared_ptr<AttemptLog>>> logs;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          logs.assign(live_logs_.begin(), live_logs_.end());
+        }
+        for (const auto& [key, log] : logs) {
+          Json chunks = LogChunksJson(log->Take());
+          if (chunks.empty()) continue;
+          conn_->Send({{"op", "vertex_log"}, {"job", std::get<0>(key)}, {"vertex", std::get<1>(key)},
+                       {"version", std::get<2>(key)}, {"chunks", std::move(chunks)}});
+        }
+      }
+      FlushLogsEvery();
+    });
+  }
+
+  static Json LogChunksJson(std::vector<AttemptLog::Chunk> chunks) {
+    Json out = Json::array();
+    for (auto& c : chunks) out.push_back({{"stream", std::move(c.stream)}, {"text", std::move(c.text)}});
+    return out;
   }
 
   void OnMessage(Json msg) {
@@ -563,13 +598,19 @@ class Daemon::Impl {
         queue_.pop_front();
         ++busy_workers_;
         cancel_flags_[{task.spec["job"].get<uint64_t>(), task.spec["vertex"].get<uint32_t>()}] = task.cancel;
+        task.log = std::make_shared<AttemptLog>();
+        live_logs_[KeyOf(task)] = task.log;
       }
       Json report = Execute(task);
+      // The rest of its log travels with its report: stored before the job manager acts on it.
+      task.log->Finish();
+      if (Json chunks = LogChunksJson(task.log->Take()); !chunks.empty()) report["log"] = std::move(chunks);
       {
         std::lock_guard<std::mutex> lock(mu_);
         const uint64_t job = task.spec["job"].get<uint64_t>();
         const uint32_t vertex = task.spec["vertex"].get<uint32_t>(), version = task.spec["version"].get<uint32_t>();
         cancel_flags_.erase({job, vertex});
+        live_logs_.erase({job, vertex, version});
         const bool ok = report["ok"].get<bool>();
         reports_.push_back(std::move(report));  // before any chained successor's report
         finished_[{job, vertex, version}] = ok;
@@ -929,7 +970,7 @@ class Daemon::Impl {
       for (auto& r : readers) ctx.inputs.push_back(r.get());
       for (auto& w : writers) ctx.outputs.push_back(w.get());
       ctx.cancel_flag = task.cancel.get();
-      ctx.logger = Logger("vertex");
+      ctx.attempt_log = task.log.get();
       ctx.scratch_dir = scratch;
       ctx.job_dir = spec.value("job_dir", std::string());
       ctx.threads = spec.value("threads", 1u);
@@ -964,7 +1005,9 @@ class Daemon::Impl {
       if (task.cancel->load()) return fail("cancelled", "cancelled");
       if (!st.ok()) {
         if (lost_port >= 0) return fail("input_lost", "input " + std::to_string(lost_port) + ": " + st.message(), lost_port, st.code());
-        return fail("program_error", st.message());
+        fail("program_error", st.message());
+        if (IsDeterministicError(st.code())) report["deterministic"] = true;
+        return report;
       }
       Json bytes = Json::array(), messages = Json::array();
       for (auto& w : writers) {
@@ -985,6 +1028,7 @@ class Daemon::Impl {
   DaemonOptions options_;
   asio::io_context io_;
   asio::steady_timer heartbeat_;
+  asio::steady_timer log_flush_;
   std::chrono::milliseconds heartbeat_every_;  // what the job manager asked for at registration
   std::atomic<bool> stopping_requested_{false};
   std::chrono::steady_clock::time_point cut_until_{};
@@ -1010,6 +1054,7 @@ class Daemon::Impl {
   /// How each attempt run here ended (true: succeeded), for chained tasks arriving after it.
   std::map<AttemptKey, bool> finished_;  // guarded by mu_
   std::map<std::pair<uint64_t, uint32_t>, std::shared_ptr<std::atomic<bool>>> cancel_flags_;
+  std::map<AttemptKey, std::shared_ptr<AttemptLog>> live_logs_;  // of the attempts running; guarded by mu_
   std::vector<Json> reports_;
   bool report_posted_ = false;
   bool stopping_ = false;

@@ -17,7 +17,10 @@
 // A program must be deterministic given (params, inputs, replica): recovery re-runs it and
 // expects the same bytes. Returning an error or throwing fails the attempt (the host catches
 // exceptions); it never takes the daemon down. Outputs not closed by the program are closed
-// by the host after a successful Run.
+// by the host after a successful Run. An error is retried up to the stage's max_attempts,
+// unless its code says it would come back on every attempt (IsDeterministicError): bad params
+// or input data (InvalidArgument), a file that is not there (NotFound). The job then fails at
+// once, as Kubernetes' podFailurePolicy FailJob does for the exit codes it lists.
 #include <atomic>
 #include <filesystem>
 #include <memory>
@@ -32,6 +35,8 @@
 #include "common/json_util.h"
 
 namespace copse::vertex {
+
+class AttemptLog;
 
 /// A collective group over the GPU vertices of this vertex's gang that `nccl` channels join
 /// (ranks in vertex-id order). Owned by the host for the duration of Run.
@@ -70,7 +75,8 @@ class VertexContext {
   std::vector<chan::ChannelReader*> inputs;   // by input port
   std::vector<chan::ChannelWriter*> outputs;  // by output port
   const std::atomic<bool>* cancel_flag = nullptr;
-  std::shared_ptr<spdlog::logger> logger;
+  /// Where this attempt's own output goes (`copse logs JOB VERTEX`); set by the host.
+  AttemptLog* attempt_log = nullptr;
   std::filesystem::path scratch_dir;          // private directory; see MakeScratchDir()
   std::filesystem::path job_dir;              // the submitted job file's directory
   unsigned threads = 1;                       // cpus granted to this vertex
@@ -122,11 +128,22 @@ class VertexContext {
   /// and every vertex beside it down with it.
   Status ChargeMemory(int64_t delta);
   int64_t memory_charged() const { return memory_charged_; }
+  /// This attempt's logger: its lines (info and above, as `HH:MM:SS.mmm level text`) are kept
+  /// with the attempt and shown by `copse logs JOB VERTEX`, as a task's prints are in Ray or
+  /// Spark. Made on first use.
+  spdlog::logger& log();
 
  private:
+  std::shared_ptr<spdlog::logger> logger_;
   bool scratch_created_ = false;
   int64_t memory_charged_ = 0;
 };
+
+/// Whether a program's error repeats on every attempt, so retrying it is pointless. Errors
+/// reading an input are the host's to judge (the input may be regenerated), never these.
+inline bool IsDeterministicError(StatusCode code) {
+  return code == StatusCode::kInvalidArgument || code == StatusCode::kNotFound;
+}
 
 class VertexProgram {
  public:

@@ -1173,6 +1173,75 @@ TEST_CASE("Scheduler.AChainedVertexWhosePredecessorFailedIsWithdrawnUncharged") 
   CHECK(h.State(job) == "completed");
 }
 
+TEST_CASE("Scheduler.ChaosFailArmedOnAChainedVertexFiresWhenItRuns") {
+  // The CLI friction: `copse chaos fail JOB b[0]`, armed before b starts, never fired, since b
+  // was already chained on its daemon with a task carrying no fault.
+  Harness h;
+  h.AddDaemon("d0", 2);
+  JobId job = h.Submit(kPinnedChain);
+  auto tasks = h.sink.TakeTasks();
+  REQUIRE(tasks.size() == 3);
+  REQUIRE(tasks[1].second["name"] == "b[0]");
+  h.sink.sent.clear();
+  auto armed = h.sched.Chaos({{"action", "fail"}, {"job", job.value()}, {"vertex", "b[0]"}});
+  REQUIRE(armed.ok());
+  h.sched.Flush();
+  // The chained attempt is cancelled on its daemon (and c behind it), then b is sent again,
+  // chained after a as before, as attempt 2 with the fault in it.
+  auto cancels = h.sink.WithOp("cancel");
+  REQUIRE_FALSE(cancels.empty());
+  CHECK(cancels[0].second["vertex"] == tasks[1].second["vertex"]);
+  CHECK(cancels[0].second["version"] == 1);
+  auto [d, b] = h.Next("b[0]");
+  CHECK(b["version"] == 2);
+  CHECK(b.contains("inject_failure"));
+  CHECK(b["after"][0]["vertex"] == tasks[0].second["vertex"]);
+  // The withdrawn attempts report their cancels (stale); a succeeds; b fails as injected, is
+  // retried, and the job completes with the fault counted as fired.
+  h.Finish(tasks[1].second, false, {}, FailureClass::kCancelled);
+  h.Finish(tasks[2].second, false, {}, FailureClass::kCancelled);
+  h.Finish(tasks[0].second, true);
+  h.Finish(b, false);
+  for (int i = 0; i < 10 && h.State(job) == "running"; ++i) {
+    for (auto& [daemon, t] : h.sink.TakeTasks()) h.Finish(t, true);
+  }
+  Json st = h.sched.JobStatus(job);
+  CHECK(st["state"] == "completed");
+  REQUIRE(st["faults"].size() == 1);
+  CHECK(st["faults"][0]["vertex"] == "b[0]");
+  CHECK_FALSE(st.contains("faults_not_fired"));
+}
+
+TEST_CASE("Scheduler.ADeterministicProgramErrorIsNotRetried") {
+  // A program error that says it repeats (a missing input file: NotFound) fails the job at its
+  // first attempt; any other program error is retried up to max_attempts.
+  Harness h;
+  h.AddDaemon("d0");
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "max_attempts": 4}]})");
+  auto [d, a] = h.Next("a[0]");
+  AttemptReport r;
+  r.job = job;
+  r.vertex = VertexId(a["vertex"].get<uint32_t>());
+  r.version = a["version"];
+  r.error = "a[0]: cannot open missing.txt";
+  r.deterministic = true;
+  h.sched.OnAttemptFinished(r);
+  h.sched.Flush();
+  Json st = h.sched.JobStatus(job);
+  CHECK(st["state"] == "failed");
+  CHECK(st["failure"].get<std::string>().find("not retried") != std::string::npos);
+  CHECK(st["failure"].get<std::string>().find("cannot open missing.txt") != std::string::npos);
+  CHECK(h.sink.TakeTasks().empty());
+
+  JobId other = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "max_attempts": 2}]})");
+  auto [d2, first] = h.Next("a[0]");
+  h.Finish(first, false);  // not deterministic: retried
+  auto [d3, second] = h.Next("a[0]");
+  CHECK(second["version"] == 2);
+  h.Finish(second, false);
+  CHECK(h.State(other) == "failed");
+}
+
 // p1 runs where g0 is pinned; q1, pinned by g1 to the other daemon, reads it.
 const char* kTwoPinnedChains = R"({"stages": [{"name": "p0", "program": "noop", "affinity": "g0"},
                                               {"name": "q0", "program": "noop", "affinity": "g1"},

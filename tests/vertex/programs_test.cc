@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "channels/memory_queue.h"
+#include "vertex/attempt_log.h"
 #include "vertex/program_registry.h"
 #include "vertex/programs/checksum.h"
 
@@ -203,9 +204,67 @@ TEST_CASE("Programs.AnExecChildThatFailsOnAFullDiskSaysSo" * doctest::timeout(30
   auto run = RunProgram("exec", {{"argv", {"sh", "-c", "head -c 1000000 /dev/zero; echo failed >&2; exit 3"}}}, {}, 1, "full[0]",
                         [&](VertexContext& ctx) { ctx.scratch_dir = small / "scratch"; });
   CHECK_FALSE(run.status.ok());
-  CHECK_MESSAGE(run.status.message().find("is full, so it could not be written") != std::string::npos, run.status.message());
+  // Its standard error is a pipe to its attempt's log, which a full disk cannot lose.
+  CHECK_MESSAGE(run.status.message().find("is full") != std::string::npos, run.status.message());
+  CHECK_MESSAGE(run.status.message().find("No space left on device\nfailed") != std::string::npos, run.status.message());
   CHECK(std::system(("umount " + small.string()).c_str()) == 0);
   fs::remove_all(small);
+}
+
+TEST_CASE("Programs.WhatAVertexPrintsGoesToItsAttemptLog") {
+  // An exec child's standard error, and its standard output when that is not output 0, are
+  // kept with its attempt whether it succeeds or not; so are an in-process program's log lines.
+  AttemptLog log;
+  auto run = RunProgram("exec", {{"argv", {"sh", "-c", "echo to-stdout; echo to-stderr >&2"}}, {"stdout", false}}, {}, 0, "v[0]",
+                        [&](VertexContext& ctx) { ctx.attempt_log = &log; });
+  REQUIRE_MESSAGE(run.status.ok(), run.status.ToString());
+  log.Finish();
+  std::map<std::string, std::string> streams;
+  for (const auto& c : log.Take()) streams[c.stream] += c.text;
+  CHECK(streams["stdout"] == "to-stdout\n");
+  CHECK(streams["stderr"] == "to-stderr\n");
+
+  AttemptLog own;
+  VertexContext ctx;
+  ctx.name = "p[0]";
+  ctx.attempt_log = &own;
+  ctx.log().info("step {} done", 3);
+  ctx.log().debug("not kept: below info");
+  own.Finish();
+  auto chunks = own.Take();
+  REQUIRE(chunks.size() == 1);
+  CHECK(chunks[0].stream == "log");
+  CHECK(chunks[0].text.find("info step 3 done\n") != std::string::npos);
+}
+
+TEST_CASE("Programs.AnAttemptLogKeepsItsHeadAndTail") {
+  AttemptLog log;
+  const std::string line(1023, 'x');
+  for (int i = 0; i < 1024; ++i) log.Append("stderr", line + (i == 0 ? "F" : i == 1023 ? "L" : "\n"));
+  const auto head = log.Take();  // while it runs: the head only
+  size_t head_bytes = 0;
+  for (const auto& c : head) head_bytes += c.stream == "stderr" ? c.text.size() : 0;
+  CHECK(head_bytes == AttemptLog::kHeadBytes);
+  CHECK(head.front().text.substr(1023, 1) == "F");
+  log.Finish();
+  const auto rest = log.Take();
+  REQUIRE(rest.size() >= 2);
+  CHECK(rest.front().stream == "copse");
+  CHECK(rest.front().text.find("bytes left out here") != std::string::npos);
+  CHECK(rest.back().text.back() == 'L');
+  CHECK(rest.back().text.size() == AttemptLog::kTailBytes);
+  CHECK(log.Take().empty());
+}
+
+TEST_CASE("Programs.ExecExitCodesListedAsNoRetryAreDeterministic") {
+  auto run = RunProgram("exec", {{"argv", {"sh", "-c", "echo no input >&2; exit 66"}}, {"no_retry_exit_codes", {66}}}, {}, 0);
+  CHECK(run.status.code() == StatusCode::kInvalidArgument);
+  CHECK(IsDeterministicError(run.status.code()));
+  CHECK(run.status.message().find("stderr: no input") != std::string::npos);
+  auto other = RunProgram("exec", {{"argv", {"sh", "-c", "exit 3"}}, {"no_retry_exit_codes", {66}}}, {}, 0);
+  CHECK_FALSE(IsDeterministicError(other.status.code()));
+  auto missing = RunProgram("text.read_lines", {{"path", "no-such-file.txt"}}, {}, 1);
+  CHECK(IsDeterministicError(missing.status.code()));
 }
 
 TEST_CASE("Programs.ExecRunsAChildWithInputsAndOutputs") {

@@ -9,6 +9,7 @@
 // process group. Where the kernel allows it the child runs in a PID namespace of its own
 // (StartChild), so it cannot signal its daemon.
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -27,6 +28,7 @@
 #include <thread>
 
 #include "common/text_util.h"
+#include "vertex/attempt_log.h"
 #include "vertex/program_registry.h"
 
 namespace copse::vertex {
@@ -59,12 +61,6 @@ Status StreamFileToOutput(const std::filesystem::path& path, chan::ChannelWriter
   return Status::OK();
 }
 
-std::string TailOf(const std::filesystem::path& path, size_t max) {
-  std::ifstream in(path, std::ios::binary);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return s.size() > max ? "…" + s.substr(s.size() - max) : s;
-}
-
 /// `fd` moved to 3 or above: a daemon started with 0, 1 or 2 closed gets those numbers from
 /// open() or pipe(), and the child's dup2 onto the standard descriptors would overwrite them
 /// (or, onto the same number, leave them close-on-exec).
@@ -77,19 +73,29 @@ int AboveStandard(int fd) {
   return moved;
 }
 
-/// The child's standard input, output and error, opened by the parent.
+/// The child's standard input, output and error, opened by the parent. Standard error, and
+/// standard output when it is not output 0, are pipes the parent drains into the attempt's log
+/// as the child writes (ChildStreams).
 struct ChildFiles {
   int in = -1, out = -1, err = -1;
-  ~ChildFiles() { Close(); }
-  Status Open(const std::filesystem::path& in_path, const std::filesystem::path& out_path,
-              const std::filesystem::path& err_path) {
+  int out_read = -1, err_read = -1;  // the parent's ends of the pipes (-1: a file)
+  ~ChildFiles() {
+    Close();
+    for (int* fd : {&out_read, &err_read}) {
+      if (*fd >= 0) ::close(*fd);
+    }
+  }
+  /// `out_path` empty: standard output is a pipe too.
+  Status Open(const std::filesystem::path& in_path, const std::filesystem::path& out_path) {
     in = AboveStandard(::open(in_path.c_str(), O_RDONLY | O_CLOEXEC));
     if (in < 0) return Status::IOError("cannot open " + in_path.string() + ": " + std::strerror(errno));
-    out = AboveStandard(::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    if (out < 0) return Status::IOError("cannot create " + out_path.string() + ": " + std::strerror(errno));
-    err = AboveStandard(::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    if (err < 0) return Status::IOError("cannot create " + err_path.string() + ": " + std::strerror(errno));
-    return Status::OK();
+    if (!out_path.empty()) {
+      out = AboveStandard(::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+      if (out < 0) return Status::IOError("cannot create " + out_path.string() + ": " + std::strerror(errno));
+    } else {
+      COPSE_RETURN_NOT_OK(Pipe(out_read, out));
+    }
+    return Pipe(err_read, err);
   }
   void Close() {
     for (int* fd : {&in, &out, &err}) {
@@ -97,6 +103,60 @@ struct ChildFiles {
       *fd = -1;
     }
   }
+
+ private:
+  static Status Pipe(int& read_end, int& write_end) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return Status::IOError(std::string("cannot make a pipe: ") + std::strerror(errno));
+    read_end = AboveStandard(fds[0]);
+    write_end = AboveStandard(fds[1]);
+    if (read_end < 0 || write_end < 0) return Status::IOError(std::string("cannot make a pipe: ") + std::strerror(errno));
+    ::fcntl(read_end, F_SETFL, O_NONBLOCK);
+    return Status::OK();
+  }
+};
+
+/// Drains the child's standard error (and output, when piped) into its attempt's log, keeping
+/// the newest bytes of standard error for the failure message.
+class ChildStreams {
+ public:
+  static constexpr size_t kStderrTail = 2000;
+  ChildStreams(const ChildFiles& files, AttemptLog* log) : log_(log) {
+    if (files.err_read >= 0) streams_.push_back({files.err_read, "stderr"});
+    if (files.out_read >= 0) streams_.push_back({files.out_read, "stdout"});
+  }
+  /// Waits up to `wait` for output, and takes what is there now. Never waits for an end: a
+  /// background process the child left may hold the pipes open.
+  void Drain(std::chrono::milliseconds wait) {
+    pollfd fds[2];
+    for (size_t i = 0; i < streams_.size(); ++i) fds[i] = {streams_[i].fd, POLLIN, 0};
+    if (::poll(fds, static_cast<nfds_t>(streams_.size()), static_cast<int>(wait.count())) <= 0) return;
+    for (auto& s : streams_) {
+      char buf[16384];
+      for (int reads = 0; reads < 64; ++reads) {
+        const ssize_t n = ::read(s.fd, buf, sizeof buf);
+        if (n <= 0) break;
+        const std::string_view text(buf, static_cast<size_t>(n));
+        if (log_) log_->Append(s.name, text);
+        if (s.name == "stderr") {
+          stderr_tail_.append(text);
+          if (stderr_tail_.size() > 2 * kStderrTail) stderr_tail_.erase(0, stderr_tail_.size() - kStderrTail);
+        }
+      }
+    }
+  }
+  std::string StderrTail() const {
+    return stderr_tail_.size() > kStderrTail ? "…" + stderr_tail_.substr(stderr_tail_.size() - kStderrTail) : stderr_tail_;
+  }
+
+ private:
+  struct Stream {
+    int fd;
+    const char* name;
+  };
+  AttemptLog* log_;
+  std::vector<Stream> streams_;
+  std::string stderr_tail_;
 };
 
 /// What the child does between its start and exec; read-only, prepared by the parent.
@@ -256,7 +316,22 @@ class ExecProgram final : public VertexProgram {
         return Status::InvalidArgument(std::string("params.") + flag + " must be true or false");
       }
     }
+    if (params.contains("no_retry_exit_codes")) {
+      const Json& codes = params["no_retry_exit_codes"];
+      if (!codes.is_array() || !std::all_of(codes.begin(), codes.end(), [](const Json& c) {
+            return c.is_number_integer() && c.get<int64_t>() >= 1 && c.get<int64_t>() <= 255;
+          })) {
+        return Status::InvalidArgument("params.no_retry_exit_codes must be an array of exit codes, 1 to 255, got " +
+                                       DumpJson(codes));
+      }
+    }
     return Status::OK();
+  }
+
+  /// Whether exit `code` is one the job says repeats on every attempt.
+  static bool NoRetry(const Json& params, int code) {
+    const auto it = params.find("no_retry_exit_codes");
+    return it != params.end() && std::any_of(it->begin(), it->end(), [&](const Json& c) { return c == code; });
   }
 
   Status Run(VertexContext& ctx) override {
@@ -292,7 +367,6 @@ class ExecProgram final : public VertexProgram {
       argv.push_back(std::move(s));
     }
     auto stdout_path = dir / "stdout";
-    auto stderr_path = dir / "stderr";
     auto stdin_path = use_stdin && ctx.num_inputs() > 0 ? dir / "input-0" : std::filesystem::path("/dev/null");
 
     std::vector<char*> cargv;
@@ -308,7 +382,8 @@ class ExecProgram final : public VertexProgram {
     // Opened here, where a failure (a full disk, a missing directory) can be told with its
     // reason, not in the child, which could only exit.
     ChildFiles files;
-    COPSE_RETURN_NOT_OK(files.Open(stdin_path, stdout_path, stderr_path).WithContext(ctx.name));
+    COPSE_RETURN_NOT_OK(files.Open(stdin_path, use_stdout ? stdout_path : std::filesystem::path()).WithContext(ctx.name));
+    ChildStreams streams(files, ctx.attempt_log);
     // The stage's own memory limit bounds the child's address space (a program that reserves
     // far more than it touches needs a larger resources.memory_mb).
     const rlim_t memory_limit = ctx.memory_declared && ctx.memory_limit_bytes > 0 ? static_cast<rlim_t>(ctx.memory_limit_bytes) : 0;
@@ -333,18 +408,23 @@ class ExecProgram final : public VertexProgram {
         ProgramStatus(status, child.status_pipe);  // closes it
         return Status::Cancelled(ctx.name + " cancelled");
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      streams.Drain(std::chrono::milliseconds(2));  // its output, or 2 ms
     }
+    streams.Drain(std::chrono::milliseconds(0));  // what it wrote last
     status = ProgramStatus(status, child.status_pipe);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       std::string how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
                                           : "was killed by signal " + std::to_string(WTERMSIG(status));
-      std::string err = TailOf(stderr_path, 2000);
-      if (err.empty() && DiskFull(dir)) err = "(none: the disk holding " + dir.string() + " is full, so it could not be written)";
+      if (DiskFull(dir)) how += " (the disk holding " + dir.string() + " is full)";
       if (memory_limit > 0 && WIFSIGNALED(status)) {
         how += " (its address space is limited to its resources.memory_mb, " + std::to_string(memory_limit >> 20) + " MB)";
       }
-      return Status::Internal(ctx.name + ": " + argv[0] + " " + how + "; stderr: " + err);
+      const std::string message = ctx.name + ": " + argv[0] + " " + how + "; stderr: " + streams.StderrTail();
+      // Exit codes the job lists as deterministic fail the job at once (program.h).
+      if (WIFEXITED(status) && NoRetry(*ctx.params, WEXITSTATUS(status))) {
+        return Status::InvalidArgument(message + " (listed in params.no_retry_exit_codes: not retried)");
+      }
+      return Status::Internal(message);
     }
     for (size_t k = 0; k < ctx.num_outputs(); ++k) {
       auto path = (k == 0 && use_stdout) ? stdout_path : dir / ("output-" + std::to_string(k));

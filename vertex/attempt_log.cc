@@ -1,0 +1,84 @@
+#include "vertex/attempt_log.h"
+
+#include <algorithm>
+
+namespace copse::vertex {
+namespace {
+constexpr size_t kStderrTailBytes = 4096;
+}  // namespace
+
+void AttemptLog::AppendTo(std::vector<Chunk>& chunks, std::string_view stream, std::string_view text) {
+  if (!chunks.empty() && chunks.back().stream == stream) {
+    chunks.back().text.append(text);
+  } else {
+    chunks.push_back({std::string(stream), std::string(text)});
+  }
+}
+
+void AttemptLog::Append(std::string_view stream, std::string_view text) {
+  if (text.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finished_) return;
+  written_ += text.size();
+  if (stream == "stderr") {
+    stderr_tail_.append(text);
+    if (stderr_tail_.size() > 2 * kStderrTailBytes) stderr_tail_.erase(0, stderr_tail_.size() - kStderrTailBytes);
+  }
+  if (head_used_ < kHeadBytes) {
+    const size_t n = std::min(text.size(), kHeadBytes - head_used_);
+    AppendTo(pending_, stream, text.substr(0, n));
+    head_used_ += n;
+    text.remove_prefix(n);
+    if (text.empty()) return;
+    AppendTo(pending_, kNoteStream,
+             "[copse: this attempt's log passed " + std::to_string(kHeadBytes >> 10) + " KiB; its last " +
+                 std::to_string(kTailBytes >> 10) + " KiB follow when it ends]\n");
+  }
+  if (!tail_.empty() && tail_.back().stream == stream) {
+    tail_.back().text.append(text);
+  } else {
+    tail_.push_back({std::string(stream), std::string(text)});
+  }
+  tail_bytes_ += text.size();
+  while (tail_bytes_ > kTailBytes) {
+    Chunk& front = tail_.front();
+    const size_t drop = std::min(front.text.size(), tail_bytes_ - kTailBytes);
+    front.text.erase(0, drop);
+    tail_bytes_ -= drop;
+    omitted_ += drop;
+    if (front.text.empty()) tail_.pop_front();
+  }
+}
+
+std::vector<AttemptLog::Chunk> AttemptLog::Take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Chunk> out = std::move(pending_);
+  pending_.clear();
+  if (finished_) {
+    if (omitted_ > 0) {
+      AppendTo(out, kNoteStream, "[copse: " + std::to_string(omitted_) + " bytes left out here]\n");
+      omitted_ = 0;
+    }
+    for (auto& c : tail_) AppendTo(out, c.stream, c.text);
+    tail_.clear();
+    tail_bytes_ = 0;
+  }
+  return out;
+}
+
+void AttemptLog::Finish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  finished_ = true;
+}
+
+std::string AttemptLog::StderrTail(size_t max) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stderr_tail_.size() > max ? "…" + stderr_tail_.substr(stderr_tail_.size() - max) : stderr_tail_;
+}
+
+uint64_t AttemptLog::bytes_written() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return written_;
+}
+
+}  // namespace copse::vertex
