@@ -1,9 +1,10 @@
-// Client verbs of a running job manager: submit, status, cancel, daemons, logs.
+// Client verbs of a running job manager: submit, status, cancel, daemons, chaos, trace, logs, jobs.
 #include <unistd.h>
 
 #include <sstream>
 #include <iostream>
 #include <optional>
+#include <thread>
 
 #include "cli/commands.h"
 #include "cli/jm_client.h"
@@ -51,6 +52,111 @@ std::optional<Json> CallOrReport(const JmAddressOptions& opts, const Json& reque
     return std::nullopt;
   }
   return std::move(*reply);
+}
+
+struct LogsOptions {
+  JmAddressOptions jm;
+  uint64_t job = 0;
+  std::string vertex, format = "text";
+  uint32_t attempt = 0;
+  bool follow = false, events = false;
+};
+
+constexpr auto kFollowEvery = std::chrono::milliseconds(250);
+
+/// A request of `copse logs`: with -f, one that outlives a job manager restart, as `status -w`.
+Result<Json> CallLogs(std::unique_ptr<net::BlockingClient>& client, const LogsOptions& o, const Json& request) {
+  if (!o.follow) return client->Call(request);
+  return CallReconnecting(client, request, std::chrono::seconds(30), [&o] { return ConnectToJm(o.jm); });
+}
+
+/// The job's event log (or a vertex's lines of it); with -f, new lines as they come until the
+/// job ends.
+Status FollowEventLog(std::unique_ptr<net::BlockingClient>& client, const LogsOptions& o) {
+  auto call = [&](const Json& request) { return CallLogs(client, o, request); };
+  size_t shown = 0;
+  while (true) {
+    COPSE_ASSIGN_OR_RETURN(Json reply, call({{"op", "logs"}, {"job", o.job}, {"vertex", o.vertex}}));
+    const Json& lines = reply["lines"];
+    for (size_t i = shown; i < lines.size(); ++i) {
+      if (o.format == "json") {
+        std::cout << Json({{"job", o.job}, {"line", lines[i]}}).dump() << "\n";
+      } else {
+        std::cout << lines[i].get<std::string>() << "\n";
+      }
+    }
+    std::cout.flush();
+    shown = std::max(shown, lines.size());
+    if (!o.follow) return Status::OK();
+    COPSE_ASSIGN_OR_RETURN(Json status, call({{"op", "status"}, {"job", o.job}}));
+    if (status["job"].value("state", "") != "running") {
+      if (shown >= lines.size()) {
+        // One more read: the lines its end added.
+        COPSE_ASSIGN_OR_RETURN(Json last, call({{"op", "logs"}, {"job", o.job}, {"vertex", o.vertex}}));
+        for (size_t i = shown; i < last["lines"].size(); ++i) {
+          std::cout << (o.format == "json" ? Json({{"job", o.job}, {"line", last["lines"][i]}}).dump() : last["lines"][i].get<std::string>())
+                    << "\n";
+        }
+      }
+      return Status::OK();
+    }
+    std::this_thread::sleep_for(kFollowEvery);
+  }
+}
+
+/// What one attempt of a vertex printed (its newest unless --attempt); with -f, what it prints
+/// next until it ends. A header naming the attempt goes to standard error.
+Status FollowVertexLog(std::unique_ptr<net::BlockingClient>& client, const LogsOptions& o) {
+  uint64_t from = 0;
+  uint32_t attempt = o.attempt;
+  bool headed = false, printed = false;
+  while (true) {
+    COPSE_ASSIGN_OR_RETURN(Json reply, CallLogs(client, o, {{"op", "vertex_log"}, {"job", o.job}, {"vertex", o.vertex},
+                                                           {"attempt", attempt}, {"from", from}}));
+    attempt = reply.value("attempt", 0u);
+    const bool running = reply.value("running", false);
+    if (!headed && o.format == "text") {
+      headed = true;
+      std::string where = reply.contains("daemon") ? " on " + reply["daemon"].get<std::string>() : "";
+      std::string how = running ? "running" : reply.value("outcome", attempt == 0 ? "not run yet" : "ended");
+      std::cerr << "== " << o.vertex << " attempt " << attempt << where << ": " << how << " ==\n";
+    }
+    for (const Json& r : reply["records"]) {
+      printed = true;
+      if (o.format == "json") {
+        std::cout << Json({{"job", o.job}, {"vertex", o.vertex}, {"attempt", attempt}, {"stream", r.value("stream", "")},
+                           {"text", r.value("text", "")}}).dump()
+                  << "\n";
+      } else {
+        std::cout << r.value("text", "");
+      }
+    }
+    std::cout.flush();
+    const uint64_t next = reply.value("next", from);
+    const bool more = next != from;
+    from = next;
+    if (more) continue;  // a reply is bounded: read on before waiting
+    if (!o.follow || !running) break;
+    std::this_thread::sleep_for(kFollowEvery);
+  }
+  if (!printed && o.format == "text") std::cerr << o.vertex << " attempt " << attempt << " printed nothing\n";
+  return Status::OK();
+}
+
+/// "90s", "30m", "12h", "7d" (a bare number: seconds).
+Result<std::chrono::seconds> ParseAge(const std::string& text) {
+  size_t used = 0;
+  long long n = -1;
+  try {
+    n = std::stoll(text, &used);
+  } catch (const std::exception&) {
+  }
+  const std::string unit = n >= 0 ? text.substr(used) : "";
+  const long long scale = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : unit == "d" ? 86400 : 0;
+  if (n < 0 || scale == 0 || n > (1ll << 40) / scale) {
+    return Status::InvalidArgument("expected an age such as 90s, 30m, 12h or 7d, got \"" + text + "\"");
+  }
+  return std::chrono::seconds(n * scale);
 }
 
 }  // namespace
@@ -119,7 +225,14 @@ void AddClientCommands(CLI::App& app) {
         std::cout << (o->format == "json" ? (*reply)["jobs"].dump(2) + "\n" : RenderJobsTable((*reply)["jobs"]));
         return;
       }
-      Result<Json> status = o->watch ? WatchJob(client, o->job, Display(o->format), [o] { return ConnectToJm(o->jm); })
+      // -w -o json: one JSON object per line at each change, as `kubectl get -w -o json`.
+      const bool stream = o->watch && o->format == "json";
+      WatchOptions watch = Display(o->format);
+      if (stream) {
+        watch.interval = std::chrono::milliseconds(250);
+        watch.on_change = [](const Json& status) { std::cout << status.dump() << std::endl; };
+      }
+      Result<Json> status = o->watch ? WatchJob(client, o->job, watch, [o] { return ConnectToJm(o->jm); })
                                      : [&]() -> Result<Json> {
                                          COPSE_ASSIGN_OR_RETURN(Json r, client->Call({{"op", "status"}, {"job", o->job}}));
                                          return r["job"];
@@ -135,8 +248,9 @@ void AddClientCommands(CLI::App& app) {
         auto outputs = FetchOutputs(*client, o->job, o->output_dir, o->jm);
         if (!outputs.ok()) return void(ExitCode() = Report(outputs.status()));
         (*status)["outputs"] = *outputs;
+        if (stream) std::cout << status->dump() << "\n";  // the final line, with where the outputs went
       }
-      std::cout << (o->format == "json" ? status->dump(2) + "\n" : RenderJobStatus(*status, false));
+      if (!stream) std::cout << (o->format == "json" ? status->dump(2) + "\n" : RenderJobStatus(*status, false));
       // Waiting for a job, as kubectl wait: success only when it completed.
       if (o->watch && status->at("state") != "completed") ExitCode() = 1;
     });
@@ -248,17 +362,46 @@ void AddClientCommands(CLI::App& app) {
     });
   }
   {
-    auto* cmd = app.add_subcommand("logs", "Show a job's event log, or one vertex's");
-    auto jm = std::make_shared<JmAddressOptions>();
-    auto job = std::make_shared<uint64_t>(0);
-    auto vertex = std::make_shared<std::string>();
-    AddJmAddressFlags(cmd, *jm);
-    cmd->add_option("JOB", *job, "job id")->check(kJobIdRange)->required();
-    cmd->add_option("VERTEX", *vertex, "only this vertex, e.g. count[1]");
-    cmd->callback([jm, job, vertex] {
-      auto reply = CallOrReport(*jm, {{"op", "logs"}, {"job", *job}, {"vertex", *vertex}});
+    auto* cmd = app.add_subcommand("logs", "Show what a vertex printed, or a job's event log");
+    auto o = std::make_shared<LogsOptions>();
+    AddJmAddressFlags(cmd, o->jm);
+    cmd->add_option("JOB", o->job, "job id")->check(kJobIdRange)->required();
+    cmd->add_option("VERTEX", o->vertex, "a vertex, e.g. count[1]: what its attempt printed (without: the job's event log)");
+    cmd->add_option("--attempt", o->attempt, "which attempt of VERTEX (default: its newest)")->check(CLI::Range(1, 1 << 30));
+    cmd->add_flag("-f,--follow", o->follow, "keep printing what comes until the attempt (or the job) ends");
+    cmd->add_flag("--events", o->events, "VERTEX's lines of the job's event log (placements, failures) instead");
+    cmd->add_option("-o,--format", o->format, "text, or json: one JSON object per line")->check(CLI::IsMember({"text", "json"}));
+    cmd->callback([o] {
+      auto client = ConnectOrReport(o->jm);
+      if (!client) return;
+      const Status st = o->vertex.empty() || o->events ? FollowEventLog(client, *o) : FollowVertexLog(client, *o);
+      if (!st.ok()) ExitCode() = Report(st);
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand("jobs", "List the jobs the job manager runs and remembers, finished ones from its history");
+    struct Opts {
+      JmAddressOptions jm;
+      std::string since, format = "text";
+    };
+    auto o = std::make_shared<Opts>();
+    AddJmAddressFlags(cmd, o->jm);
+    cmd->add_option("--since", o->since, "only jobs submitted within this long, e.g. 90s, 30m, 12h, 7d");
+    cmd->add_option("-o,--format", o->format, "text or json")->check(CLI::IsMember({"text", "json"}));
+    cmd->callback([o] {
+      int64_t since_unix_ms = 0;
+      if (!o->since.empty()) {
+        auto age = ParseAge(o->since);
+        if (!age.ok()) {
+          std::cerr << "copse jobs: --since: " << age.status().message() << "\n";
+          return void(ExitCode() = 2);
+        }
+        since_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            (std::chrono::system_clock::now() - *age).time_since_epoch()).count();
+      }
+      auto reply = CallOrReport(o->jm, {{"op", "jobs"}, {"since_unix_ms", since_unix_ms}});
       if (!reply) return;
-      for (const auto& line : (*reply)["lines"]) std::cout << line.get<std::string>() << "\n";
+      std::cout << (o->format == "json" ? (*reply)["jobs"].dump(2) + "\n" : RenderJobsTable((*reply)["jobs"], /*submitted=*/true));
     });
   }
 }

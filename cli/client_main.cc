@@ -1,4 +1,4 @@
-// `copse`: the command users run. The client verbs (submit, status, cancel, daemons, logs,
+// `copse`: the command users run. The client verbs (submit, status, cancel, daemons, logs, jobs,
 // trace, chaos) run here, in a binary that links neither the ML programs nor CUDA, so a
 // client stays small (a few MB resident, where the full binary maps the CUDA libraries at
 // start: 236 MB for `copse --help`), and hundreds can run at once beside a busy job manager.

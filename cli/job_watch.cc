@@ -23,16 +23,23 @@ namespace {
 using Caller = std::function<Result<Json>(const Json& request, std::chrono::milliseconds timeout)>;
 
 Result<Json> Watch(const Caller& call, uint64_t job, const WatchOptions& o) {
-  if (!o.live && !o.interrupted && !o.can_progress) {
+  if (!o.live && !o.interrupted && !o.can_progress && !o.on_change) {
     // One request answered when the job ends: no polling of a large job's status.
     COPSE_ASSIGN_OR_RETURN(Json reply, call({{"op", "wait"}, {"job", job}}, std::chrono::hours(24 * 365)));
     return reply["job"];
   }
   size_t drawn_lines = 0;
+  Json last_seen;
   while (true) {
     COPSE_ASSIGN_OR_RETURN(Json reply, call({{"op", "status"}, {"job", job}}, std::chrono::seconds(30)));
     Json status = reply["job"];
     bool done = status["state"] != "running";
+    if (o.on_change) {
+      Json seen = status;
+      seen.erase("elapsed_s");
+      if (seen != last_seen) o.on_change(status);
+      last_seen = std::move(seen);
+    }
     if (o.live) {
       std::string text = RenderJobStatus(status, true);
       std::string clear;
@@ -53,38 +60,41 @@ Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, const WatchOpti
                options);
 }
 
+Result<Json> CallReconnecting(std::unique_ptr<net::BlockingClient>& client, const Json& request, std::chrono::milliseconds timeout,
+                              const Reconnect& reconnect, std::chrono::milliseconds reconnect_for) {
+  // Every loss of the connection, however many, gets a new window of `reconnect_for`.
+  while (true) {
+    auto reply = client->Call(request, timeout);
+    // Unavailable: the connection broke (the job manager exited, or its host went away). An
+    // error reply or a timeout is an answer, not a lost job manager.
+    if (reply.ok() || reply.status().code() != StatusCode::kUnavailable) return reply;
+    std::cerr << "copse: lost the job manager (" << reply.status().message() << "); reconnecting for up to "
+              << reconnect_for.count() / 1000 << " s\n";
+    const auto until = std::chrono::steady_clock::now() + reconnect_for;
+    Status last = reply.status();
+    bool reconnected = false;
+    while (!reconnected && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      auto fresh = reconnect();
+      if (fresh.ok()) {
+        client = std::move(*fresh);
+        reconnected = true;
+      } else {
+        last = fresh.status();
+      }
+    }
+    if (!reconnected) {
+      return last.WithContext("the job manager did not come back within " + std::to_string(reconnect_for.count() / 1000) + " s");
+    }
+    std::cerr << "copse: reconnected to the job manager\n";
+  }
+}
+
 Result<Json> WatchJob(std::unique_ptr<net::BlockingClient>& client, uint64_t job, const WatchOptions& options,
                       const Reconnect& reconnect, std::chrono::milliseconds reconnect_for) {
-  // Every loss of the connection, however many, gets a new window of `reconnect_for`.
-  auto call = [&](const Json& request, std::chrono::milliseconds timeout) -> Result<Json> {
-    while (true) {
-      auto reply = client->Call(request, timeout);
-      // Unavailable: the connection broke (the job manager exited, or its host went away). An
-      // error reply or a timeout is an answer, not a lost job manager.
-      if (reply.ok() || reply.status().code() != StatusCode::kUnavailable) return reply;
-      std::cerr << "copse: lost the job manager (" << reply.status().message() << "); reconnecting for up to "
-                << reconnect_for.count() / 1000 << " s\n";
-      const auto until = std::chrono::steady_clock::now() + reconnect_for;
-      Status last = reply.status();
-      bool reconnected = false;
-      while (!reconnected && std::chrono::steady_clock::now() < until) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        auto fresh = reconnect();
-        if (fresh.ok()) {
-          client = std::move(*fresh);
-          reconnected = true;
-        } else {
-          last = fresh.status();
-        }
-      }
-      if (!reconnected) {
-        return last.WithContext("the job manager did not come back within " + std::to_string(reconnect_for.count() / 1000) +
-                                " s");
-      }
-      std::cerr << "copse: reconnected to the job manager\n";
-    }
-  };
-  return Watch(call, job, options);
+  return Watch([&](const Json& request, std::chrono::milliseconds timeout) {
+    return CallReconnecting(client, request, timeout, reconnect, reconnect_for);
+  }, job, options);
 }
 
 Status CheckWritableDir(const std::filesystem::path& dir, const std::string& flag) {

@@ -22,6 +22,9 @@ struct WatchOptions {
   std::chrono::milliseconds interval{100};
   /// Checked between polls: stop with its error when it is not OK.
   std::function<Status()> can_progress;
+  /// Called with each polled status that differs from the one before (its elapsed time
+  /// aside), the final one included: `status -w -o json` prints each as a line.
+  std::function<void(const Json& status)> on_change;
 };
 
 /// Follows a job until it is no longer running and returns its final status. With none of
@@ -31,6 +34,12 @@ Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, const WatchOpti
 
 /// Opens a new connection to the job manager.
 using Reconnect = std::function<Result<std::unique_ptr<net::BlockingClient>>()>;
+
+/// One request on `client`; when the connection is lost, connects again through `reconnect`
+/// (every 200 ms, for up to `reconnect_for`) and asks again. `client` is the connection in use
+/// at the end.
+Result<Json> CallReconnecting(std::unique_ptr<net::BlockingClient>& client, const Json& request, std::chrono::milliseconds timeout,
+                              const Reconnect& reconnect, std::chrono::milliseconds reconnect_for = std::chrono::seconds(60));
 
 /// WatchJob that outlives a job manager restart: when the connection is lost, connects again
 /// through `reconnect` (every 200 ms, for up to `reconnect_for`; a job manager started again

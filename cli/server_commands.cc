@@ -27,6 +27,7 @@ void AddJmCommand(CLI::App& app) {
     bool chain_dispatch = true;
     uint64_t journal_compact_bytes = 64ull << 20;
     int64_t finished_job_ttl_s = 3600;
+    int64_t history_retention_s = 7 * 86400;
     int daemon_return_grace_ms = 1000;
   };
   auto opts = std::make_shared<Opts>();
@@ -56,6 +57,11 @@ void AddJmCommand(CLI::App& app) {
                   "how long a finished job stays queryable (with its kept outputs) before it is forgotten")
       ->check(CLI::Range(int64_t{0}, int64_t{10} * 365 * 86400))
       ->capture_default_str();
+  cmd->add_option("--history-retention-s", opts->history_retention_s,
+                  "how long a finished job's history (summary, event log, trace, vertex logs, under STATE_DIR/history) "
+                  "is kept (0: for ever)")
+      ->check(CLI::Range(int64_t{0}, int64_t{100} * 365 * 86400))
+      ->capture_default_str();
   cmd->add_option("--daemon-return-grace-ms", opts->daemon_return_grace_ms,
                   "how long a lost daemon's file outputs wait for it to come back under its name, on its work dir, "
                   "before their vertices run again (0: at once)")
@@ -81,6 +87,7 @@ void AddJmCommand(CLI::App& app) {
     o.scheduler.chain_dispatch = opts->chain_dispatch;
     o.journal_compact_bytes = opts->journal_compact_bytes;
     o.scheduler.finished_job_ttl = std::chrono::seconds(opts->finished_job_ttl_s);
+    o.history_retention = std::chrono::seconds(opts->history_retention_s);
     o.scheduler.daemon_return_grace = std::chrono::milliseconds(opts->daemon_return_grace_ms);
     auto server = jm::JmServer::Start(std::move(o));
     if (!server.ok()) {

@@ -1,6 +1,7 @@
 #include "cli/status_view.h"
 
 #include <cstdio>
+#include <ctime>
 
 #include <fmt/format.h>
 
@@ -66,6 +67,13 @@ std::string RenderJobStatus(const Json& job, bool color) {
   }
   if (job.contains("progress")) out += "  " + RenderProgress(job["progress"]) + "\n";
   if (job.contains("failure")) out += "  failure: " + job["failure"].get<std::string>() + "\n";
+  if (const Json& failed = job.value("failed_attempt", Json()); failed.is_object()) {
+    out += fmt::format("  what it printed: copse logs {} {} --attempt {}\n", job["id"].get<uint64_t>(),
+                       failed.value("vertex", ""), failed.value("attempt", 0));
+  }
+  if (job.value("forgotten", false)) {
+    out += "  (from its history: it finished more than --finished-job-ttl-s ago, and its outputs were released)\n";
+  }
   for (const auto& w : job["waiting"]) {
     out += "  " + w["vertex"].get<std::string>() + ": " + w["reason"].get<std::string>() + "\n";
   }
@@ -86,14 +94,23 @@ std::string RenderJobStatus(const Json& job, bool color) {
   return out;
 }
 
-std::string RenderJobsTable(const Json& jobs) {
+std::string RenderJobsTable(const Json& jobs, bool submitted) {
   bool reasons = false;
   for (const auto& j : jobs) reasons = reasons || j.contains("reason");
-  std::string out = reasons ? "  ID  STATE      DONE/TOTAL  ELAPSED  NAME                  REASON\n"
-                            : "  ID  STATE      DONE/TOTAL  ELAPSED  NAME\n";
+  std::string out = std::string("  ID  ") + (submitted ? "SUBMITTED            " : "") +
+                    (reasons ? "STATE      DONE/TOTAL  ELAPSED  NAME                  REASON\n" : "STATE      DONE/TOTAL  ELAPSED  NAME\n");
   for (const auto& j : jobs) {
-    std::string line = fmt::format("{:4}  {:<9}  {:5}/{:<5}  {:6.1f}s  ", j["id"].get<uint64_t>(), j["state"].get<std::string>(),
-                                   j["completed"].get<size_t>(), j["total"].get<size_t>(), j["elapsed_s"].get<double>());
+    std::string line = fmt::format("{:4}  ", j["id"].get<uint64_t>());
+    if (submitted) {
+      const std::time_t at = static_cast<std::time_t>(j.value("submitted_unix_ms", int64_t{0}) / 1000);
+      std::tm local{};
+      localtime_r(&at, &local);
+      char when[32];
+      std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &local);
+      line += fmt::format("{:<19}  ", when);
+    }
+    line += fmt::format("{:<9}  {:5}/{:<5}  {:6.1f}s  ", j["state"].get<std::string>(),
+                        j["completed"].get<size_t>(), j["total"].get<size_t>(), j["elapsed_s"].get<double>());
     line += reasons ? fmt::format("{:<20}  {}", j["name"].get<std::string>(), j.value("reason", "")) : j["name"].get<std::string>();
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out += line + "\n";

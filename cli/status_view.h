@@ -9,8 +9,8 @@ namespace copse::cli {
 
 /// Multi-line text of one job's status (the "job" object the job manager returns).
 std::string RenderJobStatus(const Json& job, bool color);
-/// The jobs table.
-std::string RenderJobsTable(const Json& jobs);
+/// The jobs table; `submitted` adds when each was submitted, in local time (`copse jobs`).
+std::string RenderJobsTable(const Json& jobs, bool submitted = false);
 /// One row per daemon name, its newest registration; `all` adds the superseded ones (a daemon
 /// that registered again after its return grace keeps its old, lost row).
 std::string RenderDaemonsTable(const Json& daemons, bool all = false);

@@ -532,8 +532,8 @@ class JmServer::Impl : public DaemonSink {
       const Json& vertices = summary.value("vertices", Json::object());
       rows[id] = {{"id", id}, {"name", summary.value("name", "")}, {"state", summary.value("state", "")},
                   {"completed", vertices.value("completed", 0)}, {"total", vertices.value("total", 0)},
-                  {"elapsed_s", summary.value("elapsed_s", 0.0)}, {"submitted_unix_ms", summary.value("submitted_unix_ms", 0)},
-                  {"finished_unix_ms", summary.value("finished_unix_ms", 0)}, {"forgotten", true}};
+                  {"elapsed_s", summary.value("elapsed_s", 0.0)}, {"submitted_unix_ms", summary.value("submitted_unix_ms", int64_t{0})},
+                  {"finished_unix_ms", summary.value("finished_unix_ms", int64_t{0})}, {"forgotten", true}};
       if (summary.contains("failure")) rows[id]["failure"] = summary["failure"];
     }
     Json out = Json::array();

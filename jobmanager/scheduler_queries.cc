@@ -146,6 +146,9 @@ Json Scheduler::JobStatus(JobId id) const {
               {"faults", job.faults_log},
               {"recoveries", job.recoveries}};
   if (!job.failure.empty()) out["failure"] = job.failure;
+  if (job.state == JobState::kFailed && !job.failed_attempt.first.empty()) {
+    out["failed_attempt"] = {{"vertex", job.failed_attempt.first}, {"attempt", job.failed_attempt.second}};
+  }
   if (job.state != JobState::kRunning && !job.faults_before_restart_unknown) {
     // The job file's faults that never got their chance (a daemon name no daemon had, a `when`
     // the job never reached, an attempt that never ran): a test of survival that did not test.

@@ -122,6 +122,8 @@ struct Scheduler::Job {
   std::string durable_dir;
   JobState state = JobState::kRunning;
   std::string failure;
+  /// The vertex and attempt of its last charged failure (the one that failed it, if it failed).
+  std::pair<std::string, uint32_t> failed_attempt;
   std::vector<Run> runs;
   /// Ready vertices, smallest priority first (see Priorities).
   std::priority_queue<std::pair<uint32_t, uint32_t>, std::vector<std::pair<uint32_t, uint32_t>>, std::greater<>> ready;

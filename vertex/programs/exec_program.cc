@@ -419,11 +419,13 @@ class ExecProgram final : public VertexProgram {
       if (memory_limit > 0 && WIFSIGNALED(status)) {
         how += " (its address space is limited to its resources.memory_mb, " + std::to_string(memory_limit >> 20) + " MB)";
       }
-      const std::string message = ctx.name + ": " + argv[0] + " " + how + "; stderr: " + streams.StderrTail();
       // Exit codes the job lists as deterministic fail the job at once (program.h).
-      if (WIFEXITED(status) && NoRetry(*ctx.params, WEXITSTATUS(status))) {
-        return Status::InvalidArgument(message + " (listed in params.no_retry_exit_codes: not retried)");
-      }
+      const bool no_retry = WIFEXITED(status) && NoRetry(*ctx.params, WEXITSTATUS(status));
+      if (no_retry) how += ", one of params.no_retry_exit_codes";
+      std::string err = streams.StderrTail();
+      while (!err.empty() && (err.back() == '\n' || err.back() == '\r')) err.pop_back();
+      const std::string message = ctx.name + ": " + argv[0] + " " + how + "; stderr: " + err;
+      if (no_retry) return Status::InvalidArgument(message);
       return Status::Internal(message);
     }
     for (size_t k = 0; k < ctx.num_outputs(); ++k) {
