@@ -104,7 +104,7 @@ void AddTrainCommand(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--progress-every", flags->progress_every, "Steps between progress lines")
       ->check(CLI::Range(0, std::numeric_limits<int>::max()))->capture_default_str();
-  cmd->add_option("-o,--format,--output", flags->output, "text, or json: one JSON value at the end (--output: its old name)")
+  cmd->add_option("-o,--format", flags->output, "text, or json: one JSON value at the end")
       ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   cmd->callback([flags] { std::exit(RunTrain(*flags)); });
 }

@@ -16,7 +16,7 @@ void AddValidateCommand(CLI::App& app) {
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("FILE", opts->file, "job file (JSON)")->required();
-  cmd->add_option("-o,--format,--output", opts->output, "text or json (--output: its old name)")->check(CLI::IsMember({"text", "json"}));
+  cmd->add_option("-o,--format", opts->output, "text or json")->check(CLI::IsMember({"text", "json"}));
   cmd->add_flag("--dot", opts->dot, "print the expanded graph in Graphviz DOT instead");
   cmd->callback([opts] {
     jm::JobLoad load = jm::LoadJobFile(opts->file, Catalog());

@@ -61,12 +61,14 @@ class JmServer::Impl : public DaemonSink {
     for (const auto& w : warnings) JmLog()->warn("{}", w);
     std::vector<std::string> skipped;
     COPSE_ASSIGN_OR_RETURN(history_, JobHistory::Open(options_.state_dir / "history"));
+    // What the restore logs goes to the history too, after what is there: nothing is written
+    // until the first flush, so the files read back below hold only what came before.
+    scheduler_.set_history(history_.get());
     if (!records.empty()) {
       size_t jobs = scheduler_.Restore(records, options_.catalog, &skipped);
       JmLog()->warn("restored {} jobs from {} journal records", jobs, records.size());
     }
     // Their event lines and attempts from before the restart: traces and logs of their whole life.
-    scheduler_.set_history(history_.get());
     for (uint64_t id : scheduler_.JobIds()) {
       JobHistory::Events events = history_->Load(JobId(id));
       scheduler_.RestoreHistory(JobId(id), std::move(events.lines), std::move(events.spans));
