@@ -1,5 +1,7 @@
 #include "common/json_util.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -121,6 +123,32 @@ Result<Json> ParseJson(std::string_view text, std::string_view source, std::vect
 }
 
 std::string DumpJson(const Json& j, int indent) { return j.dump(indent, ' ', false, Json::error_handler_t::replace); }
+
+void AppendJsonString(std::string& out, std::string_view s) {
+  if (std::any_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; })) {
+    out += DumpJson(Json(std::string(s)));  // UTF-8 to check, and invalid bytes to replace
+    return;
+  }
+  out += '"';
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned char>(c));
+          out += escaped;
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
 
 std::string StringMember(const Json& j, const char* key) {
   if (!j.is_object()) return {};

@@ -35,6 +35,10 @@ size_t JsonNestingExceeds(std::string_view text, size_t limit);
 /// dump() throws; here such bytes become U+FFFD, so sending or journaling never throws.
 std::string DumpJson(const Json& j, int indent = -1);
 
+/// Appends `s` as a JSON string (quoted, escaped) to `out`, as DumpJson would print it, without
+/// building a Json value: for records written on a hot path.
+void AppendJsonString(std::string& out, std::string_view s);
+
 /// `j[key]` when `j` is an object holding a string there, else "": for reading a peer's
 /// fields before knowing the message is well formed.
 std::string StringMember(const Json& j, const char* key);

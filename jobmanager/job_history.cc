@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <iterator>
 #include <cstring>
 #include <fstream>
 #include <system_error>
@@ -62,36 +63,43 @@ Result<std::unique_ptr<JobHistory>> JobHistory::Open(fs::path dir) {
 
 JobHistory::~JobHistory() { Flush(); }
 
-void JobHistory::Buffer(JobId job, std::string text) {
+std::string* JobHistory::Room(JobId job, size_t bytes) {
   Pending& p = events_[job.value()];
   if (!p.known) {
     p.written = FileSize(JobDir(job) / "events.jsonl");
     p.known = true;
   }
-  if (p.written + p.text.size() + text.size() > kMaxEventBytes) {
-    if (!p.full_noted) {
-      p.full_noted = true;
-      p.text += DumpJson(Json{{"truncated", true}}) + "\n";
-    }
-    return;
+  if (p.written + p.text.size() + bytes <= kMaxEventBytes) return &p.text;
+  if (!p.full_noted) {
+    p.full_noted = true;
+    p.text += "{\"truncated\":true}\n";
   }
-  p.text += text;
+  return nullptr;
 }
 
+// Both formatted in place, not through a Json value: one record per ended attempt is on the
+// job manager's hot path.
 void JobHistory::JobLine(JobId job, VertexId vertex, const std::string& line) {
-  Json record = {{"l", line}};
-  if (vertex.valid()) record["v"] = vertex.value();
-  Buffer(job, DumpJson(record) + "\n");
+  std::string* out = Room(job, line.size() + 32);
+  if (!out) return;
+  *out += "{\"l\":";
+  AppendJsonString(*out, line);
+  if (vertex.valid()) fmt::format_to(std::back_inserter(*out), ",\"v\":{}", vertex.value());
+  *out += "}\n";
 }
 
 void JobHistory::JobSpan(JobId job, const HistorySpan& s) {
-  Buffer(job, DumpJson(Json{{"s", {s.vertex, s.version, s.start_ms, s.end_ms}},
-                            {"o", s.outcome},
-                            {"d", s.daemon},
-                            {"n", s.vertex_name},
-                            {"st", s.stage},
-                            {"b", s.log_lines_before_end}}) +
-                  "\n");
+  std::string* out = Room(job, 96 + s.outcome.size() + s.daemon.size() + s.vertex_name.size() + s.stage.size());
+  if (!out) return;
+  fmt::format_to(std::back_inserter(*out), "{{\"s\":[{},{},{},{}],\"o\":", s.vertex, s.version, s.start_ms, s.end_ms);
+  AppendJsonString(*out, s.outcome);
+  *out += ",\"d\":";
+  AppendJsonString(*out, s.daemon);
+  *out += ",\"n\":";
+  AppendJsonString(*out, s.vertex_name);
+  *out += ",\"st\":";
+  AppendJsonString(*out, s.stage);
+  fmt::format_to(std::back_inserter(*out), ",\"b\":{}}}\n", s.log_lines_before_end);
 }
 
 void JobHistory::JobFinished(JobId job, const Json& summary) {

@@ -90,8 +90,9 @@ class JobHistory final : public HistorySink {
   explicit JobHistory(std::filesystem::path dir) : dir_(std::move(dir)) {}
   std::filesystem::path JobDir(JobId job) const { return dir_ / std::to_string(job.value()); }
   std::filesystem::path VertexLogPath(JobId job, VertexId vertex, uint32_t version) const;
-  /// Appends `text` to events.jsonl of `job`, within its budget.
-  void Buffer(JobId job, std::string text);
+  /// Where `bytes` more of `job`'s events go before the next Flush, or null once its budget
+  /// is spent (noted in its events once).
+  std::string* Room(JobId job, size_t bytes);
 
   std::filesystem::path dir_;
   struct Pending {
