@@ -109,16 +109,20 @@ Status FollowEventLog(std::unique_ptr<net::BlockingClient>& client, const LogsOp
 Status FollowVertexLog(std::unique_ptr<net::BlockingClient>& client, const LogsOptions& o) {
   uint64_t from = 0;
   uint32_t attempt = o.attempt;
-  bool headed = false, printed = false;
+  uint32_t headed = UINT32_MAX;  // the attempt the last header named
+  bool printed = false;
   while (true) {
     COPSE_ASSIGN_OR_RETURN(Json reply, CallLogs(client, o, {{"op", "vertex_log"}, {"job", o.job}, {"vertex", o.vertex},
                                                            {"attempt", attempt}, {"from", from}}));
     attempt = reply.value("attempt", 0u);
-    const bool running = reply.value("running", false);
-    if (!headed && o.format == "text") {
-      headed = true;
+    // Sent ahead to its daemon, it has not started yet: followed as if it ran.
+    const bool running = reply.value("running", false) || reply.value("waiting", false);
+    if (headed != attempt && o.format == "text") {
+      headed = attempt;
       std::string where = reply.contains("daemon") ? " on " + reply["daemon"].get<std::string>() : "";
-      std::string how = running ? "running" : reply.value("outcome", attempt == 0 ? "not run yet" : "ended");
+      std::string how = reply.value("waiting", false) ? "waiting for its predecessors"
+                        : running                        ? "running"
+                                                         : reply.value("outcome", attempt == 0 ? "not run yet" : "ended");
       std::cerr << "== " << o.vertex << " attempt " << attempt << where << ": " << how << " ==\n";
     }
     for (const Json& r : reply["records"]) {
@@ -136,6 +140,18 @@ Status FollowVertexLog(std::unique_ptr<net::BlockingClient>& client, const LogsO
     const bool more = next != from;
     from = next;
     if (more) continue;  // a reply is bounded: read on before waiting
+    if (o.follow && !running && o.attempt == 0 && reply.value("newest", 0u) > attempt) {
+      // Following the vertex, not one attempt: it ended and the vertex runs again (a retry, a
+      // lost daemon, a job manager restart); say so, and follow the new attempt.
+      if (!printed && o.format == "text") std::cerr << o.vertex << " attempt " << attempt << " printed nothing\n";
+      if (o.format == "text") {
+        std::cerr << "== " << o.vertex << " attempt " << attempt << " ended (" << reply.value("outcome", "lost") << ") ==\n";
+      }
+      attempt = reply.value("newest", 0u);
+      from = 0;
+      printed = false;
+      continue;
+    }
     if (!o.follow || !running) break;
     std::this_thread::sleep_for(kFollowEvery);
   }
@@ -195,7 +211,8 @@ void AddClientCommands(CLI::App& app) {
         if (!outputs.ok()) return void(ExitCode() = Report(outputs.status()));
         (*status)["outputs"] = *outputs;
       }
-      std::cout << (o->format == "json" ? status->dump(2) + "\n" : RenderJobStatus(*status, false));
+      std::cout << (o->format == "json" ? status->dump(2) + "\n"
+                                        : RenderJobStatus(*status, false) + RenderCopiedOutputs(status->value("outputs", Json::array())));
       ExitCode() = status->at("state") == "completed" ? 0 : 1;
     });
   }
@@ -250,7 +267,8 @@ void AddClientCommands(CLI::App& app) {
         (*status)["outputs"] = *outputs;
         if (stream) std::cout << status->dump() << "\n";  // the final line, with where the outputs went
       }
-      if (!stream) std::cout << (o->format == "json" ? status->dump(2) + "\n" : RenderJobStatus(*status, false));
+      const std::string copied = o->output_dir.empty() ? "" : RenderCopiedOutputs(status->value("outputs", Json::array()));
+      if (!stream) std::cout << (o->format == "json" ? status->dump(2) + "\n" : RenderJobStatus(*status, false) + copied);
       // Waiting for a job, as kubectl wait: success only when it completed.
       if (o->watch && status->at("state") != "completed") ExitCode() = 1;
     });

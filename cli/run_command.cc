@@ -407,9 +407,7 @@ int RunJob(const RunOpts& o) {
     if (summary.contains("daemon_restarts")) {
       std::cout << "  daemons restarted " << summary["daemon_restarts"].get<int>() << " times on their work dirs\n";
     }
-    for (const auto& out : summary.value("outputs", Json::array())) {
-      std::cout << "  output " << out["path"].get<std::string>() << " (" << out["bytes"].get<uint64_t>() << " bytes)\n";
-    }
+    std::cout << RenderCopiedOutputs(summary.value("outputs", Json::array()));
   }
   return summary["state"] == "completed" && trace_written ? 0 : 1;
 }

@@ -62,13 +62,14 @@ std::string RenderJobStatus(const Json& job, bool color) {
     out += "  " + name + std::string(name_width - name.size(), ' ') + " [" + Bar(done, running, total, 30, color) + "] " +
            std::to_string(done) + "/" + std::to_string(total) + " done";
     if (running) out += ", " + std::to_string(running) + " running";
-    if (failed) out += ", " + std::to_string(failed) + " failed attempts";
+    if (const size_t ahead = s.value("sent_ahead", size_t{0})) out += ", " + std::to_string(ahead) + " sent ahead";
+    if (failed) out += ", " + std::to_string(failed) + (failed == 1 ? " failed attempt" : " failed attempts");
     out += "\n";
   }
   if (job.contains("progress")) out += "  " + RenderProgress(job["progress"]) + "\n";
   if (job.contains("failure")) out += "  failure: " + job["failure"].get<std::string>() + "\n";
-  if (const Json& failed = job.value("failed_attempt", Json()); failed.is_object()) {
-    out += fmt::format("  what it printed: copse logs {} {} --attempt {}\n", job["id"].get<uint64_t>(),
+  if (const Json& failed = job.value("failed_attempt", Json()); failed.is_object() && failed.value("printed", true)) {
+    out += fmt::format("  what it printed: copse logs {} '{}' --attempt {}\n", job["id"].get<uint64_t>(),
                        failed.value("vertex", ""), failed.value("attempt", 0));
   }
   if (job.value("forgotten", false)) {
@@ -90,6 +91,14 @@ std::string RenderJobStatus(const Json& job, bool color) {
   for (const auto& r : job["recoveries"]) {
     out += "  recovery: " + r["vertex"].get<std::string>() + " version " + std::to_string(r["failed_version"].get<uint32_t>()) +
            " " + r["reason"].get<std::string>() + " -> re-run: " + r["detail"].get<std::string>() + "\n";
+  }
+  return out;
+}
+
+std::string RenderCopiedOutputs(const Json& outputs) {
+  std::string out;
+  for (const auto& o : outputs) {
+    out += fmt::format("  output {} ({} bytes)\n", o.value("path", ""), o.value("bytes", uint64_t{0}));
   }
   return out;
 }

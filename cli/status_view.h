@@ -14,6 +14,8 @@ std::string RenderJobsTable(const Json& jobs, bool submitted = false);
 /// One row per daemon name, its newest registration; `all` adds the superseded ones (a daemon
 /// that registered again after its return grace keeps its old, lost row).
 std::string RenderDaemonsTable(const Json& daemons, bool all = false);
+/// "  output DIR/counts.txt (254 bytes)" per output copied ([{path, bytes}], FetchOutputs).
+std::string RenderCopiedOutputs(const Json& outputs);
 /// What `copse chaos` did, in a line or two: the job manager's answer to a chaos request.
 std::string RenderChaosReply(const Json& done);
 

@@ -68,10 +68,13 @@ class JmServer::Impl : public DaemonSink {
       size_t jobs = scheduler_.Restore(records, options_.catalog, &skipped);
       JmLog()->warn("restored {} jobs from {} journal records", jobs, records.size());
     }
+    // A lost or damaged journal must not hand out an id whose history is kept: a new job
+    // would add its lines to another's.
+    if (const auto kept = history_->Jobs(); !kept.empty()) scheduler_.ReserveJobIds(kept.back().value());
     // Their event lines and attempts from before the restart: traces and logs of their whole life.
     for (uint64_t id : scheduler_.JobIds()) {
-      JobHistory::Events events = history_->Load(JobId(id));
-      scheduler_.RestoreHistory(JobId(id), std::move(events.lines), std::move(events.spans));
+      const auto events = history_->Load(JobId(id));
+      scheduler_.RestoreHistory(JobId(id), events->lines, events->spans);
     }
     // The rewrite below drops what was not restored: a person gets the journal as it was.
     if (records_lost || !skipped.empty()) {
@@ -329,7 +332,6 @@ class JmServer::Impl : public DaemonSink {
     }
     if (op == "report") {
       for (const auto& a : msg.at("attempts")) {
-        if (a.contains("log")) StoreVertexLog(a, a["log"]);  // before the report is acted on
         AttemptReport r;
         r.job = JobId(a.at("job").get<uint64_t>());
         r.vertex = VertexId(a.at("vertex").get<uint32_t>());
@@ -374,7 +376,7 @@ class JmServer::Impl : public DaemonSink {
     if (op == "status") {
       if (!msg.contains("job")) return conn->Send({{"op", "jobs"}, {"jobs", scheduler_.JobsTable()}});
       JobId job = JobIdFrom(msg);
-      Json status = scheduler_.JobStatus(job);
+      Json status = WithLogHint(scheduler_.JobStatus(job));
       if (status.is_null()) status = ForgottenSummary(job);
       if (status.is_null()) return conn->Send({{"op", "error"}, {"message", "no job " + job.ToString()}});
       return conn->Send({{"op", "job"}, {"job", status}});
@@ -402,7 +404,7 @@ class JmServer::Impl : public DaemonSink {
       const std::string vertex = msg.value("vertex", std::string());
       Json lines = scheduler_.Logs(job, vertex);
       if (lines.is_null() && !scheduler_.HasJob(job) && history_->Summary(job)) {
-        lines = JobHistory::EventLog(history_->Load(job), vertex);
+        lines = JobHistory::EventLog(*history_->Load(job), vertex);
         if (lines.is_null()) {
           return conn->Send({{"op", "error"}, {"message", "job " + job.ToString() + "'s history has no attempt of a vertex \"" + vertex + "\""}});
         }
@@ -426,7 +428,7 @@ class JmServer::Impl : public DaemonSink {
       auto snapshot = scheduler_.Trace(JobIdFrom(msg));
       if (!snapshot.ok() && !scheduler_.HasJob(JobIdFrom(msg))) {
         if (auto summary = history_->Summary(JobIdFrom(msg))) {
-          snapshot = JobHistory::Trace(JobIdFrom(msg), history_->Load(JobIdFrom(msg)), *summary);
+          snapshot = JobHistory::Trace(JobIdFrom(msg), *history_->Load(JobIdFrom(msg)), *summary);
         }
       }
       if (!snapshot.ok()) return conn->Send({{"op", "error"}, {"message", snapshot.status().message()}});
@@ -450,9 +452,9 @@ class JmServer::Impl : public DaemonSink {
     const JobId job = JobIdFrom(msg);
     const Json& vertex = msg.value("vertex", Json());
     const Json& version = msg.value("version", Json());
-    if (!job.valid() || !vertex.is_number_unsigned() || !version.is_number_unsigned() ||
-        !scheduler_.HasVertex(job, VertexId(vertex.get<uint32_t>()))) {
-      JmLog()->warn("dropping a vertex log naming no attempt of a known job: job {}, vertex {}, version {}",
+    if (!job.valid() || !vertex.is_number_unsigned() || !version.is_number_unsigned() || vertex.get<uint64_t>() > UINT32_MAX ||
+        version.get<uint64_t>() > UINT32_MAX || !scheduler_.HasAttempt(job, VertexId(vertex.get<uint32_t>()), version.get<uint32_t>())) {
+      JmLog()->warn("dropping a vertex log naming no attempt sent of a known job: job {}, vertex {}, version {}",
                     msg.value("job", Json()).dump(), vertex.dump(), version.dump());
       return;
     }
@@ -467,8 +469,8 @@ class JmServer::Impl : public DaemonSink {
     constexpr size_t kMaxReplyBytes = 1 << 20;
     const JobId job = JobIdFrom(msg);
     const std::string name = msg.value("vertex", std::string());
-    const Json& attempt_json = msg.value("attempt", Json(0));
-    const Json& from_json = msg.value("from", Json(0));
+    const Json attempt_json = msg.value("attempt", Json(uint64_t{0}));
+    const Json from_json = msg.value("from", Json(uint64_t{0}));
     if (!attempt_json.is_number_unsigned() || !from_json.is_number_unsigned() || attempt_json.get<uint64_t>() > UINT32_MAX) {
       return conn->Send({{"op", "error"}, {"message", "\"attempt\" and \"from\" must be whole numbers"}});
     }
@@ -477,18 +479,37 @@ class JmServer::Impl : public DaemonSink {
     VertexId v;
     if (scheduler_.HasJob(job)) {
       auto found = scheduler_.Attempt(job, name, attempt);
+      if (!found.ok() && attempt != 0) {
+        // Not in the trace, but it may have printed: an attempt running when the job manager
+        // restarted, whose span was lost with it.
+        if (auto newest = scheduler_.Attempt(job, name, 0); newest.ok()) {
+          const auto logged = history_->LoggedVersions(job, VertexId((*newest)["vertex"].get<uint32_t>()));
+          if (std::find(logged.begin(), logged.end(), attempt) != logged.end()) {
+            found = Json{{"vertex", (*newest)["vertex"]}, {"attempt", attempt}, {"newest", (*newest)["newest"]}, {"running", false},
+                         {"outcome", "running when the job manager restarted"}};
+          }
+        }
+      }
       if (!found.ok()) return conn->Send({{"op", "error"}, {"message", found.status().message()}});
       v = VertexId((*found)["vertex"].get<uint32_t>());
       attempt = (*found)["attempt"].get<uint32_t>();
       reply["running"] = (*found)["running"];
+      reply["newest"] = (*found)["newest"];
+      if (found->contains("waiting")) reply["waiting"] = true;
       if (found->contains("daemon")) reply["daemon"] = (*found)["daemon"];
       if (found->contains("outcome")) reply["outcome"] = (*found)["outcome"];
     } else if (history_->Summary(job)) {
-      const JobHistory::Events events = history_->Load(job);
+      const auto loaded = history_->Load(job);
+      const JobHistory::Events& events = *loaded;
       for (const auto& [id, names] : events.names) {
         if (names.first == name) v = VertexId(id);
       }
       if (!v.valid()) return conn->Send({{"op", "error"}, {"message", "job " + job.ToString() + "'s history has no attempt of a vertex \"" + name + "\""}});
+      uint32_t newest = 0;
+      for (const auto& s : events.spans) {
+        if (s.vertex == v.value()) newest = std::max(newest, s.version);
+      }
+      reply["newest"] = newest;
       for (const auto& s : events.spans) {
         if (s.vertex != v.value() || (attempt != 0 && s.version != attempt)) continue;
         if (attempt == 0 && s.version < reply.value("attempt", 0u)) continue;
@@ -512,6 +533,18 @@ class JmServer::Impl : public DaemonSink {
     conn->Send(reply);
   }
 
+  /// `status`, with whether the attempt that failed its job printed anything (what `copse
+  /// status` points at with `copse logs`).
+  Json WithLogHint(Json status) {
+    if (!status.is_object() || !status.contains("failed_attempt") || !status.contains("id")) return status;
+    Json& failed = status["failed_attempt"];
+    auto found = scheduler_.Attempt(JobId(status["id"].get<uint64_t>()), failed.value("vertex", ""), failed.value("attempt", 0u));
+    if (!found.ok()) return status;
+    const auto versions = history_->LoggedVersions(JobId(status["id"].get<uint64_t>()), VertexId((*found)["vertex"].get<uint32_t>()));
+    failed["printed"] = std::find(versions.begin(), versions.end(), failed.value("attempt", 0u)) != versions.end();
+    return status;
+  }
+
   /// A job the scheduler has forgotten (--finished-job-ttl-s), as its history keeps it, or null.
   Json ForgottenSummary(JobId job) const {
     if (scheduler_.HasJob(job)) return nullptr;
@@ -526,7 +559,8 @@ class JmServer::Impl : public DaemonSink {
   Json JobsSince(int64_t since_unix_ms) const {
     std::map<uint64_t, Json> rows;
     for (Json& row : scheduler_.JobsTable()) {
-      if (row.value("submitted_unix_ms", int64_t{0}) >= since_unix_ms) rows[row["id"].get<uint64_t>()] = std::move(row);
+      const uint64_t id = row["id"].get<uint64_t>();  // read before the row is moved from
+      if (row.value("submitted_unix_ms", int64_t{0}) >= since_unix_ms) rows[id] = std::move(row);
     }
     for (Json& summary : history_->Summaries(since_unix_ms)) {
       const uint64_t id = summary.value("id", uint64_t{0});
@@ -593,7 +627,7 @@ class JmServer::Impl : public DaemonSink {
         ++it;
         continue;
       }
-      if (conn) conn->Send({{"op", "job"}, {"job", scheduler_.JobStatus(it->first)}});
+      if (conn) conn->Send({{"op", "job"}, {"job", WithLogHint(scheduler_.JobStatus(it->first))}});
       it = waiters_.erase(it);
     }
   }

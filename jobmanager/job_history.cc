@@ -1,6 +1,7 @@
 #include "jobmanager/job_history.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,6 +44,20 @@ uint64_t FileSize(const fs::path& path) {
   return ec ? 0 : size;
 }
 
+/// Whether `path` ends in a newline (or is empty): what is appended then starts a record of its
+/// own, after a crash that tore the last one.
+bool EndsALine(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in || in.tellg() <= 0) return true;
+  in.seekg(-1, std::ios::end);
+  return in.get() == '\n';
+}
+
+int64_t Int64Of(const Json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+}
+
 /// Whether `name` is a job id (a directory of ours), and which.
 std::optional<uint64_t> JobIdOf(const std::string& name) {
   if (name.empty() || name.size() > 16 || !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
@@ -58,7 +73,31 @@ Result<std::unique_ptr<JobHistory>> JobHistory::Open(fs::path dir) {
   fs::create_directories(dir, ec);
   if (ec) return Status::IOError("cannot create the job history directory " + dir.string() + ": " + ec.message());
   fs::permissions(dir, fs::perms::owner_all, ec);
-  return std::unique_ptr<JobHistory>(new JobHistory(std::move(dir)));
+  std::unique_ptr<JobHistory> history(new JobHistory(std::move(dir)));
+  for (JobId job : history->Jobs()) {
+    std::ifstream in(history->JobDir(job) / "summary.json");
+    if (!in) continue;
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    Json summary = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (summary.is_object()) history->summaries_[job.value()] = std::move(summary);
+  }
+  return history;
+}
+
+bool JobHistory::DiskHasRoom() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - disk_checked_ < std::chrono::seconds(1)) return disk_has_room_;
+  disk_checked_ = now;
+  struct statvfs fs{};
+  if (::statvfs(dir_.c_str(), &fs) != 0) return disk_has_room_;
+  const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  const uint64_t total = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+  const bool room = free_bytes >= kMinFreeBytes && free_bytes * 100 >= total;
+  if (room != disk_has_room_) {
+    SchedLog()->warn("job history: {} {} ({} MB free)", room ? "writing again to" : "the file system is nearly full: not writing to",
+                     dir_.string(), free_bytes >> 20);
+  }
+  return disk_has_room_ = room;
 }
 
 JobHistory::~JobHistory() { Flush(); }
@@ -66,8 +105,10 @@ JobHistory::~JobHistory() { Flush(); }
 std::string* JobHistory::Room(JobId job, size_t bytes) {
   Pending& p = events_[job.value()];
   if (!p.known) {
-    p.written = FileSize(JobDir(job) / "events.jsonl");
+    const fs::path path = JobDir(job) / "events.jsonl";
+    p.written = FileSize(path);
     p.known = true;
+    if (!EndsALine(path)) p.text += "\n";
   }
   if (p.written + p.text.size() + bytes <= kMaxEventBytes) return &p.text;
   if (!p.full_noted) {
@@ -104,6 +145,8 @@ void JobHistory::JobSpan(JobId job, const HistorySpan& s) {
 
 void JobHistory::JobFinished(JobId job, const Json& summary) {
   Flush();
+  events_.erase(job.value());  // lines after its end start a new entry
+  summaries_[job.value()] = summary;
   std::error_code ec;
   fs::create_directories(JobDir(job), ec);
   const fs::path tmp = JobDir(job) / "summary.json.tmp";
@@ -125,12 +168,38 @@ void JobHistory::Flush() {
     const fs::path dir = JobDir(JobId(id));
     std::error_code ec;
     fs::create_directories(dir, ec);
-    if (!AppendFile(dir / "events.jsonl", p.text)) {
+    if (loaded_.first == id) loaded_ = {0, nullptr};  // no longer what the file holds
+    if (!DiskHasRoom()) {
+      // Dropped, not held: the history gives way to the journal.
+    } else if (AppendFile(dir / "events.jsonl", p.text)) {
+      p.written += p.text.size();
+    } else {
       SchedLog()->warn("job {}: cannot append to {}: {}", id, (dir / "events.jsonl").string(), std::strerror(errno));
     }
-    p.written += p.text.size();
-    p.text.clear();
+    if (p.text.capacity() > (1u << 20)) {
+      std::string().swap(p.text);  // a burst's buffer is not kept for the job's life
+    } else {
+      p.text.clear();
+    }
   }
+}
+
+JobHistory::VertexLogs& JobHistory::VertexLogsOf(JobId job) {
+  auto [it, fresh] = vertex_logs_.try_emplace(job.value());
+  if (fresh) {
+    std::error_code ec;
+    for (fs::directory_iterator d(JobDir(job) / "logs", ec), end; !ec && d != end; d.increment(ec)) {
+      const std::string name = d->path().filename().string();
+      const size_t dot = name.find('.');
+      if (dot == std::string::npos || name.size() < 7 || name.compare(name.size() - 6, 6, ".jsonl") != 0) continue;
+      const auto vertex = JobIdOf(name.substr(0, dot));
+      const auto version = JobIdOf(name.substr(dot + 1, name.size() - 6 - dot - 1));
+      if (!vertex || !version || *vertex > UINT32_MAX || *version > UINT32_MAX) continue;
+      it->second.versions[static_cast<uint32_t>(*vertex)].insert(static_cast<uint32_t>(*version));
+      it->second.bytes += FileSize(d->path());
+    }
+  }
+  return it->second;
 }
 
 fs::path JobHistory::VertexLogPath(JobId job, VertexId vertex, uint32_t version) const {
@@ -144,30 +213,31 @@ Status JobHistory::AppendVertexLog(JobId job, VertexId vertex, uint32_t version,
     if (!c.is_object() || !c.contains("stream") || !c["stream"].is_string() || !c.contains("text") || !c["text"].is_string()) {
       return Status::InvalidArgument("a log chunk must be {\"stream\": string, \"text\": string}, got " + DumpJson(c));
     }
-    text += DumpJson(Json{{"stream", c["stream"]}, {"text", c["text"]}}) + "\n";
+    text += "{\"stream\":";
+    AppendJsonString(text, c["stream"].get_ref<const std::string&>());
+    text += ",\"text\":";
+    AppendJsonString(text, c["text"].get_ref<const std::string&>());
+    text += "}\n";
   }
-  if (text.empty()) return Status::OK();
-  auto [it, fresh] = vertex_log_bytes_.try_emplace(job.value(), 0);
-  if (fresh) {
-    std::error_code ec;
-    for (fs::directory_iterator d(JobDir(job) / "logs", ec), end; !ec && d != end; d.increment(ec)) it->second += FileSize(d->path());
+  if (text.empty() || !DiskHasRoom()) return Status::OK();
+  VertexLogs& logs = VertexLogsOf(job);
+  if (logs.bytes + text.size() > kMaxVertexLogBytes) {
+    if (logs.full_noted) return Status::OK();
+    logs.full_noted = true;
+    text = fmt::format("{{\"stream\":\"copse\",\"text\":\"[copse: this job's vertex logs reached {} MiB; the job manager keeps no "
+                       "more of them]\\n\"}}\n",
+                       kMaxVertexLogBytes >> 20);
   }
   const fs::path path = VertexLogPath(job, vertex, version);
-  if (it->second + text.size() > kMaxVertexLogBytes) {
-    if (it->second <= kMaxVertexLogBytes) {
-      it->second = kMaxVertexLogBytes + 1;  // noted once
-      text = DumpJson(Json{{"stream", "copse"},
-                           {"text", fmt::format("[copse: this job's vertex logs reached {} MiB; the job manager keeps no more of them]\n",
-                                                kMaxVertexLogBytes >> 20)}}) +
-             "\n";
-    } else {
-      return Status::OK();
-    }
+  auto& versions = logs.versions[vertex.value()];
+  if (!versions.count(version)) {
+    std::error_code ec;
+    fs::create_directories(path.parent_path(), ec);
+    if (!EndsALine(path)) text.insert(0, "\n");  // a record torn by a crash before a restart
+    versions.insert(version);
   }
-  std::error_code ec;
-  fs::create_directories(path.parent_path(), ec);
   if (!AppendFile(path, text)) return Status::IOError("cannot append to " + path.string() + ": " + std::strerror(errno));
-  it->second += text.size();
+  logs.bytes += text.size();
   return Status::OK();
 }
 
@@ -189,48 +259,49 @@ JobHistory::LogRead JobHistory::ReadVertexLog(JobId job, VertexId vertex, uint32
   return read;
 }
 
-std::vector<uint32_t> JobHistory::LoggedVersions(JobId job, VertexId vertex) const {
-  std::vector<uint32_t> versions;
-  const std::string prefix = std::to_string(vertex.value()) + ".";
-  std::error_code ec;
-  for (fs::directory_iterator d(JobDir(job) / "logs", ec), end; !ec && d != end; d.increment(ec)) {
-    const std::string name = d->path().filename().string();
-    if (name.rfind(prefix, 0) != 0 || name.size() <= prefix.size() + 6) continue;
-    const std::string version = name.substr(prefix.size(), name.size() - prefix.size() - 6);  // less ".jsonl"
-    if (auto v = JobIdOf(version); v && *v <= UINT32_MAX) versions.push_back(static_cast<uint32_t>(*v));
-  }
-  std::sort(versions.begin(), versions.end());
-  return versions;
+std::vector<uint32_t> JobHistory::LoggedVersions(JobId job, VertexId vertex) {
+  const auto& versions = VertexLogsOf(job).versions;
+  auto it = versions.find(vertex.value());
+  return it == versions.end() ? std::vector<uint32_t>() : std::vector<uint32_t>(it->second.begin(), it->second.end());
 }
 
-JobHistory::Events JobHistory::Load(JobId job) const {
-  Events events;
+std::shared_ptr<const JobHistory::Events> JobHistory::Load(JobId job) const {
+  if (loaded_.second && loaded_.first == job.value()) return loaded_.second;
+  auto events = std::make_shared<Events>();
   std::ifstream in(JobDir(job) / "events.jsonl");
   std::string line;
   while (std::getline(in, line)) {
     Json r = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!r.is_object()) continue;
+    auto string_of = [&](const char* key) {
+      auto it = r.find(key);
+      return it != r.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
     if (auto l = r.find("l"); l != r.end() && l->is_string()) {
-      const Json& v = r.value("v", Json());
-      events.lines.emplace_back(v.is_number_unsigned() ? VertexId(v.get<uint32_t>()) : VertexId::Invalid(), l->get<std::string>());
-    } else if (auto s = r.find("s"); s != r.end() && s->is_array() && s->size() == 4 &&
-               std::all_of(s->begin(), s->end(), [](const Json& x) { return x.is_number(); })) {
+      auto v = r.find("v");
+      const bool has_vertex = v != r.end() && v->is_number_unsigned() && v->get<uint64_t>() <= UINT32_MAX;
+      events->lines.emplace_back(has_vertex ? VertexId(v->get<uint32_t>()) : VertexId::Invalid(), l->get<std::string>());
+    } else if (auto s = r.find("s"); s != r.end() && s->is_array() && s->size() == 4 && (*s)[0].is_number_unsigned() &&
+               (*s)[1].is_number_unsigned() && (*s)[0].get<uint64_t>() <= UINT32_MAX && (*s)[1].get<uint64_t>() <= UINT32_MAX &&
+               (*s)[2].is_number() && (*s)[3].is_number()) {
       HistorySpan span;
       span.vertex = (*s)[0].get<uint32_t>();
       span.version = (*s)[1].get<uint32_t>();
       span.start_ms = (*s)[2].get<double>();
       span.end_ms = (*s)[3].get<double>();
-      span.outcome = r.value("o", "");
-      span.daemon = r.value("d", "");
-      span.vertex_name = r.value("n", "");
-      span.stage = r.value("st", "");
-      span.log_lines_before_end = r.value("b", size_t{0});
-      events.names.try_emplace(span.vertex, span.vertex_name, span.stage);
-      events.spans.push_back(std::move(span));
-    } else if (r.value("truncated", false)) {
-      events.truncated = true;
+      span.outcome = string_of("o");
+      span.daemon = string_of("d");
+      span.vertex_name = string_of("n");
+      span.stage = string_of("st");
+      const auto b = r.find("b");
+      span.log_lines_before_end = b != r.end() && b->is_number_unsigned() ? b->get<size_t>() : 0;
+      events->names.try_emplace(span.vertex, span.vertex_name, span.stage);
+      events->spans.push_back(std::move(span));
+    } else if (auto t = r.find("truncated"); t != r.end() && t->is_boolean() && t->get<bool>()) {
+      events->truncated = true;
     }
   }
+  loaded_ = {job.value(), events};
   return events;
 }
 
@@ -273,19 +344,17 @@ TraceSnapshot JobHistory::Trace(JobId job, const Events& events, const Json& sum
 }
 
 std::optional<Json> JobHistory::Summary(JobId job) const {
-  std::ifstream in(JobDir(job) / "summary.json");
-  if (!in) return std::nullopt;
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Json summary = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!summary.is_object()) return std::nullopt;
-  return summary;
+  auto it = summaries_.find(job.value());
+  if (it == summaries_.end()) return std::nullopt;
+  return it->second;
 }
 
 std::vector<JobId> JobHistory::Jobs() const {
   std::vector<JobId> jobs;
   std::error_code ec;
   for (fs::directory_iterator d(dir_, ec), end; !ec && d != end; d.increment(ec)) {
-    if (auto id = JobIdOf(d->path().filename().string()); id && d->is_directory()) jobs.push_back(JobId(*id));
+    std::error_code dir_ec;
+    if (auto id = JobIdOf(d->path().filename().string()); id && d->is_directory(dir_ec)) jobs.push_back(JobId(*id));
   }
   std::sort(jobs.begin(), jobs.end(), [](JobId a, JobId b) { return a.value() < b.value(); });
   return jobs;
@@ -293,24 +362,33 @@ std::vector<JobId> JobHistory::Jobs() const {
 
 std::vector<Json> JobHistory::Summaries(int64_t since_unix_ms) const {
   std::vector<Json> out;
-  for (JobId job : Jobs()) {
-    auto summary = Summary(job);
-    if (!summary || summary->value("submitted_unix_ms", int64_t{0}) < since_unix_ms) continue;
-    out.push_back(std::move(*summary));
+  for (const auto& [id, summary] : summaries_) {
+    if (Int64Of(summary, "submitted_unix_ms") >= since_unix_ms) out.push_back(summary);
   }
   return out;
 }
 
 size_t JobHistory::Prune(int64_t before_unix_ms, const std::set<uint64_t>& keep) {
   size_t removed = 0;
+  const auto before = std::chrono::system_clock::time_point(std::chrono::milliseconds(before_unix_ms));
   for (JobId job : Jobs()) {
     if (keep.count(job.value())) continue;
-    auto summary = Summary(job);
-    if (!summary || summary->value("finished_unix_ms", int64_t{0}) >= before_unix_ms) continue;
+    auto summary = summaries_.find(job.value());
+    if (summary != summaries_.end()) {
+      if (Int64Of(summary->second, "finished_unix_ms") >= before_unix_ms) continue;
+    } else {
+      // Never finished here (its journal record was skipped at a restart, or it was lost with
+      // a journal): removed once it has not been written to for as long.
+      std::error_code ec;
+      const auto written = fs::last_write_time(JobDir(job), ec);
+      if (ec || std::chrono::file_clock::to_sys(written) >= before) continue;
+    }
     std::error_code ec;
     fs::remove_all(JobDir(job), ec);
     events_.erase(job.value());
-    vertex_log_bytes_.erase(job.value());
+    vertex_logs_.erase(job.value());
+    summaries_.erase(job.value());
+    if (loaded_.first == job.value()) loaded_ = {0, nullptr};
     if (!ec) ++removed;
   }
   return removed;

@@ -14,9 +14,14 @@
 //                                {"stream", "text"} chunks (vertex/attempt_log.h)
 // A restarted job manager reads events.jsonl back into the jobs its journal restores, so a
 // resumed job's trace and event log cover its whole life. Lines are buffered and written at
-// every Flush (each scheduler tick): a crash loses at most a tick of them, never the journal's
-// state. Each job keeps at most kMaxEventBytes of events and kMaxVertexLogBytes of vertex logs.
-// Finished jobs older than the retention are removed (Prune).
+// every Flush (after each batch of messages, as the journal): a crash loses at most a batch, never the journal's
+// state. Each job keeps at most kMaxEventBytes of events and kMaxVertexLogBytes of vertex logs,
+// and nothing more is written while the file system has less than 256 MiB (or 1 %) free.
+// Finished jobs older than the retention are removed (Prune), and so are directories of jobs
+// that never finished here (a journal record skipped at a restart) once that old. Files are
+// data from disk: whatever does not parse is skipped, never thrown. Used on the job manager's
+// io thread only.
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -61,7 +66,7 @@ class JobHistory final : public HistorySink {
   /// An attempt's log from byte `from`, at most about `max_bytes` of it (whole records).
   LogRead ReadVertexLog(JobId job, VertexId vertex, uint32_t version, uint64_t from, size_t max_bytes) const;
   /// The versions of `vertex` that printed something.
-  std::vector<uint32_t> LoggedVersions(JobId job, VertexId vertex) const;
+  std::vector<uint32_t> LoggedVersions(JobId job, VertexId vertex);
 
   // ---- reading back --------------------------------------------------------------------------
   struct Events {
@@ -70,8 +75,9 @@ class JobHistory final : public HistorySink {
     std::map<uint32_t, std::pair<std::string, std::string>> names;  // vertex -> (name, stage)
     bool truncated = false;  // it reached kMaxEventBytes
   };
-  /// What events.jsonl holds of `job` (empty when nothing); lines that do not parse are skipped.
-  Events Load(JobId job) const;
+  /// What events.jsonl holds of `job` (empty when nothing); lines that do not parse are
+  /// skipped. The last job loaded is kept, for a client asking again.
+  std::shared_ptr<const Events> Load(JobId job) const;
   /// `copse logs JOB [VERTEX]` of a job read back: its event lines (of one vertex, by name),
   /// or null when no attempt of a vertex of that name ended.
   static Json EventLog(const Events& events, const std::string& vertex);
@@ -93,7 +99,20 @@ class JobHistory final : public HistorySink {
   /// Where `bytes` more of `job`'s events go before the next Flush, or null once its budget
   /// is spent (noted in its events once).
   std::string* Room(JobId job, size_t bytes);
+  /// Whether the file system holding the history has room to spare: below kMinFreeBytes (or
+  /// 1 %) the history stops growing, so that it never takes the room the journal needs.
+  /// Checked at most once a second.
+  bool DiskHasRoom();
+  /// The vertex log index of `job` (which attempts printed, and how much in all), read from
+  /// its directory on first use.
+  struct VertexLogs {
+    std::map<uint32_t, std::set<uint32_t>> versions;  // vertex -> versions with a log
+    uint64_t bytes = 0;
+    bool full_noted = false;
+  };
+  VertexLogs& VertexLogsOf(JobId job);
 
+  static constexpr uint64_t kMinFreeBytes = 256ull << 20;
   std::filesystem::path dir_;
   struct Pending {
     std::string text;
@@ -101,8 +120,12 @@ class JobHistory final : public HistorySink {
     bool known = false;    // written counted from the file
     bool full_noted = false;
   };
-  std::map<uint64_t, Pending> events_;
-  std::map<uint64_t, uint64_t> vertex_log_bytes_;  // per job, counted from disk on first use
+  std::map<uint64_t, Pending> events_;  // of jobs that have not finished (or wrote since)
+  std::map<uint64_t, VertexLogs> vertex_logs_;
+  std::map<uint64_t, Json> summaries_;  // every finished job's, read at Open
+  mutable std::pair<uint64_t, std::shared_ptr<const Events>> loaded_{0, nullptr};  // the last Load
+  std::chrono::steady_clock::time_point disk_checked_{};
+  bool disk_has_room_ = true;
 };
 
 }  // namespace copse::jm

@@ -813,7 +813,7 @@ void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& 
   r.last_error = error;
   if (charge) ++r.charged;
   const int max_attempts = job.g().stage_of(v).max_attempts;
-  if (charge) job.failed_attempt = {name, r.version};  // what `copse logs` shows of a failure
+  if (charge && (deterministic || r.charged >= max_attempts)) job.failed_attempt = {name, r.version};  // for `copse logs`
   if (charge && deterministic && r.charged < max_attempts) {
     // The program said this error comes back on every attempt (a missing file, bad params):
     // retrying it would only spend max_attempts - 1 more runs before the same failure.

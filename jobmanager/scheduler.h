@@ -197,6 +197,11 @@ class Scheduler {
   // ---- jobs ----------------------------------------------------------------------------------
   /// Accepts a validated graph. `job_dir` is where relative paths in params resolve.
   JobId Submit(std::shared_ptr<const JobGraph> graph, std::string job_dir);
+  /// Ids up to `id` are taken (a job's history names it, though the journal may not): Submit
+  /// hands out ids above it.
+  void ReserveJobIds(uint64_t id) {
+    if (id < kMaxJobId) next_job_ = std::max(next_job_, id + 1);
+  }
   /// Whether Submit may hand out another id below kMaxJobId (only a damaged journal uses them up).
   bool JobIdsLeft() const { return next_job_ < kMaxJobId; }
   Status Cancel(JobId job);
@@ -220,7 +225,8 @@ class Scheduler {
 
   // ---- queries -------------------------------------------------------------------------------
   bool HasJob(JobId job) const;
-  bool HasVertex(JobId job, VertexId v) const;
+  /// Whether `version` of v was sent to a daemon (it is at most the newest sent).
+  bool HasAttempt(JobId job, VertexId v, uint32_t version) const;
   /// Attempt `attempt` of `vertex` (0: its newest), for `copse logs JOB VERTEX`: {"vertex": its
   /// id, "name", "attempt", "running", "daemon" (once placed), "outcome" (once ended)}; NotFound
   /// naming the job, vertex or attempt that is not there.

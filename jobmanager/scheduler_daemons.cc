@@ -85,7 +85,9 @@ void Scheduler::AdoptOutputs(const Daemon& d, const OutputInventory& inventory) 
     if (!HoldsWhatIsRead(job, VertexId(vertex), inventory)) continue;
     r.daemon = d.id;
     ++adopted;
-    Log(job, VertexId(vertex), "output of version " + std::to_string(version) + " is on daemon " + d.spec.name + " again");
+    // A finished job's log ended with it (its history is what people read); the job manager's
+    // log tells of its outputs coming back (the count below).
+    if (running) Log(job, VertexId(vertex), "output of version " + std::to_string(version) + " is on daemon " + d.spec.name + " again");
     if (running) running_jobs.emplace_back(&job, VertexId(vertex));
     if (completed) continue;  // the journal names daemons by name: its "done" record still holds
     r.state = VertexState::kCompleted;

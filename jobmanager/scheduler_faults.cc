@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "common/text_util.h"
+
 namespace copse::jm {
 
 void Scheduler::Tick() {
@@ -141,8 +143,10 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     job->faults.push_back(f);
     job->fault_fired.push_back(0);
     Log(*job, v, "chaos: " + action + " armed");
+    auto names = [&](uint32_t a) { return std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(a)) != f.attempts.end(); };
     if (Run& chained = job->runs[v.value()];
-        (action == "fail" || action == "delay") && chained.state == VertexState::kRunning && !chained.chained_after.empty()) {
+        (action == "fail" || action == "delay") && chained.state == VertexState::kRunning && !chained.chained_after.empty() &&
+        names(next) && !names(chained.version)) {
       // Sent chained, it waits on its daemon with a task that carries no fault: withdrawn (it
       // has not started) and sent again, as attempt `next`, with the fault in it.
       Flush();  // its "run" must not arrive after its cancel
@@ -156,6 +160,14 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     Json reply = {{"fault", action}, {"vertex", job->g().vertex(v).name}, {"job", job->id.value()}, {"armed", true}};
     if ((action == "fail" || action == "delay") && r.state == VertexState::kCompleted) {
       reply["note"] = job->g().vertex(v).name + " has completed: the fault fires only if it runs again";
+    } else if ((action == "fail" || action == "delay") && r.state == VertexState::kRunning && r.chained_after.empty() &&
+               std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(r.version)) == f.attempts.end()) {
+      reply["note"] = fmt::format("{} is running as attempt {}: the fault fires on the attempts named ({}), if it runs again",
+                                  job->g().vertex(v).name, r.version, Join([&] {
+                                    std::vector<std::string> a;
+                                    for (int n : f.attempts) a.push_back(std::to_string(n));
+                                    return a;
+                                  }(), ", "));
     }
     return reply;
   }

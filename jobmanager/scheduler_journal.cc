@@ -112,7 +112,6 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
           job.submitted_unix_ms = at.get<int64_t>();
           job.started -= std::chrono::milliseconds(std::clamp<int64_t>(UnixNowMs() - job.submitted_unix_ms, 0, int64_t{1} << 40));
         }
-        Log(job, VertexId::Invalid(), "restored from the journal after a job manager restart");
         ++restored;
         continue;
       }
@@ -200,7 +199,9 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
   }
   StartRecoveryGrace();
   for (auto& [id, job] : jobs_) {
-    if (job->state != JobState::kRunning) continue;
+    if (job->state != JobState::kRunning) continue;  // a finished job's history says all there is
+    Log(*job, VertexId::Invalid(),
+        "restored from the journal after a job manager restart (attempts running then run again, as new versions)");
     // Attempts the old job manager started are unknown: new versions start above them so no
     // new attempt reuses an old output key.
     for (auto& r : job->runs) {

@@ -6,15 +6,24 @@
 
 #include <fmt/format.h>
 
+#include "common/text_util.h"
 #include "jobmanager/event_log.h"
 
 namespace copse::jm {
 
 bool Scheduler::HasJob(JobId id) const { return FindJob(id) != nullptr; }
 
-bool Scheduler::HasVertex(JobId id, VertexId v) const {
+std::optional<JobState> Scheduler::StateOf(JobId id) const {
   const Job* job = FindJob(id);
-  return job && v.valid() && v.value() < job->runs.size();
+  if (!job) return std::nullopt;
+  return job->state;
+}
+
+bool Scheduler::HasAttempt(JobId id, VertexId v, uint32_t version) const {
+  const Job* job = FindJob(id);
+  if (!job || !v.valid() || v.value() >= job->runs.size()) return false;
+  const Run& r = job->runs[v.value()];
+  return version >= 1 && version <= std::max(r.version, r.dup_version);
 }
 
 Result<Json> Scheduler::Attempt(JobId id, const std::string& vertex, uint32_t attempt) const {
@@ -23,31 +32,35 @@ Result<Json> Scheduler::Attempt(JobId id, const std::string& vertex, uint32_t at
   const VertexId v = job->g().FindVertex(vertex);
   if (!v.valid()) return Status::NotFound("job " + id.ToString() + " has no vertex \"" + vertex + "\"");
   const Run& r = job->runs[v.value()];
-  const uint32_t newest = std::max(r.version, r.dup_version);
+  // Its attempts are numbered by version, which a job manager restart moves on by 1000 (the
+  // version of a vertex not sent anywhere yet never ran): the trace says which there were.
+  const bool dispatched = r.state == VertexState::kRunning || r.state == VertexState::kCompleted;
+  uint32_t newest = dispatched ? std::max(r.version, r.dup_version) : 0;
+  std::vector<std::string> attempts;
+  for (const auto& s : job->spans) {
+    if (s.vertex != v.value()) continue;
+    if (attempts.size() < 20) attempts.push_back(std::to_string(s.version));
+    newest = std::max(newest, s.version);
+  }
   if (attempt == 0) attempt = newest;
-  if (attempt > newest) {
-    return Status::NotFound(fmt::format("{} of job {} has had {} attempts; there is no attempt {}", vertex, id.value(), newest, attempt));
+  Json out = {{"vertex", v.value()}, {"name", vertex}, {"attempt", attempt}, {"newest", newest}};
+  bool known = attempt == 0 || (dispatched && (attempt == r.version || attempt == r.dup_version));
+  for (const auto& s : job->spans) {
+    if (s.vertex != v.value() || s.version != attempt) continue;
+    known = true;
+    out["daemon"] = daemons_[s.daemon.value()]->spec.name;
+    if (s.end_ms >= 0) out["outcome"] = s.outcome;
   }
-  const bool running = attempt > 0 && r.state == VertexState::kRunning && r.chained_after.empty() &&
-                       (r.version == attempt || r.dup_version == attempt) && job->state == JobState::kRunning;
-  Json out = {{"vertex", v.value()}, {"name", vertex}, {"attempt", attempt}, {"running", running}};
-  if (auto it = job->open_spans.find({v.value(), attempt}); it != job->open_spans.end()) {
-    out["daemon"] = daemons_[job->spans[it->second].daemon.value()]->spec.name;
-  } else if (attempt > 0) {
-    for (const auto& s : job->spans) {
-      if (s.vertex == v.value() && s.version == attempt) {
-        out["daemon"] = daemons_[s.daemon.value()]->spec.name;
-        out["outcome"] = s.outcome;
-      }
-    }
+  if (!known) {
+    return Status::NotFound(fmt::format("{} of job {} has no attempt {} (its attempts: {})", vertex, id.value(), attempt,
+                                        attempts.empty() ? "none yet" : Join(attempts, ", ")));
   }
+  const bool current = attempt > 0 && (r.version == attempt || r.dup_version == attempt);
+  const bool sent_ahead = current && r.state == VertexState::kRunning && !r.chained_after.empty() && r.version == attempt;
+  out["running"] = current && r.state == VertexState::kRunning && !sent_ahead && job->state == JobState::kRunning;
+  // Sent ahead, to start once its predecessors succeed; or not run yet at all.
+  if (job->state == JobState::kRunning && (sent_ahead || attempt == 0)) out["waiting"] = true;
   return out;
-}
-
-std::optional<JobState> Scheduler::StateOf(JobId id) const {
-  const Job* job = FindJob(id);
-  if (!job) return std::nullopt;
-  return job->state;
 }
 
 std::string Scheduler::WhyNotPlaced(const Job& job, VertexId v, std::map<uint32_t, std::string>& gang_reasons) const {
@@ -81,6 +94,15 @@ std::string Scheduler::WhyNotPlaced(const Job& job, VertexId v, std::map<uint32_
   const Resources& need = stage.resources;
   auto holds = [&](const Daemon& d) { return d.alive && Within(need, d.spec.cpus, d.spec.gpus, MemoryOf(d.spec)); };
   if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return holds(*d); })) {
+    // Daemons awaited after a restart (or lost within their return grace) offer nothing yet:
+    // that is what it waits for, not a daemon larger than any.
+    std::vector<std::string> awaited;
+    for (const auto& d : daemons_) {
+      if (d->awaiting && awaited.size() < 3) awaited.push_back(d->spec.name);
+    }
+    if (!awaited.empty()) {
+      return "needs " + DescribeResources(need) + "; waits for daemons to register again (awaited: " + Join(awaited, ", ") + ")";
+    }
     return "needs " + DescribeResources(need) + ", more than any live daemon has";
   }
   if (!stage.affinity.empty() && !job.affinity.count(stage.affinity) &&
@@ -101,15 +123,18 @@ Json Scheduler::JobStatus(JobId id) const {
   for (size_t s = 0; s < g.spec().stages.size(); ++s) {
     const StageSpec& st = g.spec().stages[s];
     size_t c[4] = {0, 0, 0, 0};
-    size_t failed_attempts = 0;
+    size_t failed_attempts = 0, sent_ahead = 0;
     for (int i = 0; i < st.replicas; ++i) {
       const Run& r = job.runs[g.stage_base(static_cast<int>(s)).value() + i];
       ++c[static_cast<int>(r.state)];
       failed_attempts += r.charged;
+      // Chained: on its daemon, to start once its predecessors succeed: not running yet.
+      sent_ahead += r.state == VertexState::kRunning && !r.chained_after.empty();
     }
     for (int k = 0; k < 4; ++k) counts[k] += c[k];
     stages.push_back({{"name", st.name}, {"program", st.program}, {"total", st.replicas}, {"completed", c[3]},
-                      {"running", c[2]}, {"ready", c[1]}, {"waiting", c[0]}, {"failed_attempts", failed_attempts}});
+                      {"running", c[2] - sent_ahead}, {"sent_ahead", sent_ahead}, {"ready", c[1]}, {"waiting", c[0]},
+                      {"failed_attempts", failed_attempts}});
   }
   // Why vertices wait: the first few, each with its first unfinished predecessor or missing slot.
   Json waiting = Json::array();

@@ -4,7 +4,7 @@
 
 namespace copse::vertex {
 namespace {
-constexpr size_t kStderrTailBytes = 4096;
+constexpr size_t kTailChunk = 16 << 10;
 }  // namespace
 
 void AttemptLog::AppendTo(std::vector<Chunk>& chunks, std::string_view stream, std::string_view text) {
@@ -20,10 +20,6 @@ void AttemptLog::Append(std::string_view stream, std::string_view text) {
   std::lock_guard<std::mutex> lock(mu_);
   if (finished_) return;
   written_ += text.size();
-  if (stream == "stderr") {
-    stderr_tail_.append(text);
-    if (stderr_tail_.size() > 2 * kStderrTailBytes) stderr_tail_.erase(0, stderr_tail_.size() - kStderrTailBytes);
-  }
   if (head_used_ < kHeadBytes) {
     const size_t n = std::min(text.size(), kHeadBytes - head_used_);
     AppendTo(pending_, stream, text.substr(0, n));
@@ -34,19 +30,28 @@ void AttemptLog::Append(std::string_view stream, std::string_view text) {
              "[copse: this attempt's log passed " + std::to_string(kHeadBytes >> 10) + " KiB; its last " +
                  std::to_string(kTailBytes >> 10) + " KiB follow when it ends]\n");
   }
-  if (!tail_.empty() && tail_.back().stream == stream) {
-    tail_.back().text.append(text);
-  } else {
-    tail_.push_back({std::string(stream), std::string(text)});
+  // The tail is kept in chunks of at most kTailChunk bytes, so that trimming its front drops
+  // whole chunks and moves at most one chunk's bytes, however much is written.
+  while (!text.empty()) {
+    if (tail_.empty() || tail_.back().stream != stream || tail_.back().text.size() >= kTailChunk) {
+      tail_.push_back({std::string(stream), std::string()});
+    }
+    std::string& back = tail_.back().text;
+    const size_t n = std::min(text.size(), kTailChunk - back.size());
+    back.append(text.substr(0, n));
+    text.remove_prefix(n);
+    tail_bytes_ += n;
   }
-  tail_bytes_ += text.size();
-  while (tail_bytes_ > kTailBytes) {
-    Chunk& front = tail_.front();
-    const size_t drop = std::min(front.text.size(), tail_bytes_ - kTailBytes);
-    front.text.erase(0, drop);
+  while (tail_bytes_ - tail_.front().text.size() >= kTailBytes) {
+    tail_bytes_ -= tail_.front().text.size();
+    omitted_ += tail_.front().text.size();
+    tail_.pop_front();
+  }
+  if (tail_bytes_ > kTailBytes) {
+    const size_t drop = tail_bytes_ - kTailBytes;
+    tail_.front().text.erase(0, drop);
     tail_bytes_ -= drop;
     omitted_ += drop;
-    if (front.text.empty()) tail_.pop_front();
   }
 }
 
@@ -69,11 +74,6 @@ std::vector<AttemptLog::Chunk> AttemptLog::Take() {
 void AttemptLog::Finish() {
   std::lock_guard<std::mutex> lock(mu_);
   finished_ = true;
-}
-
-std::string AttemptLog::StderrTail(size_t max) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stderr_tail_.size() > max ? "…" + stderr_tail_.substr(stderr_tail_.size() - max) : stderr_tail_;
 }
 
 uint64_t AttemptLog::bytes_written() const {

@@ -2,7 +2,7 @@
 // AttemptLog: what one attempt of a vertex printed — an in-process program's lines through
 // VertexContext::log(), an `exec` child's standard error (and standard output, when that is not
 // its output 0) — kept bounded on its way to the job manager, which stores it for `copse logs
-// JOB VERTEX` (jobmanager/vertex_log_store.h).
+// JOB VERTEX` (jobmanager/job_history.h keeps it).
 //
 // Bounded as Kubernetes bounds a container's log, but keeping both ends, since a failure's
 // cause is usually near the end and its context near the start: the first kHeadBytes go out as
@@ -40,8 +40,6 @@ class AttemptLog {
   std::vector<Chunk> Take();
   /// The attempt ended: nothing more is appended, and the next Take returns the rest.
   void Finish();
-  /// The last `max` bytes (at most 4 KiB) written to stderr: an `exec` failure's message quotes them.
-  std::string StderrTail(size_t max) const;
   /// Bytes appended in all, kept or not.
   uint64_t bytes_written() const;
 
@@ -56,7 +54,6 @@ class AttemptLog {
   std::vector<Chunk> pending_;  // within the head, not yet taken
   std::deque<Chunk> tail_;      // past the head: the newest kTailBytes
   size_t tail_bytes_ = 0;
-  std::string stderr_tail_;  // the newest bytes of stderr, for failure messages
 };
 
 }  // namespace copse::vertex

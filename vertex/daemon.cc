@@ -368,28 +368,34 @@ class Daemon::Impl {
     log_flush_.expires_after(AttemptLog::kFlushInterval);
     log_flush_.async_wait([this](std::error_code ec) {
       if (ec) return;
+      std::vector<std::pair<AttemptKey, std::shared_ptr<AttemptLog>>> logs;
       {
-        std::lock_guard<std::mutex> in_order(report_send_mu_);
-        std::vector<std::pair<AttemptKey, std::shared_ptr<AttemptLog>>> logs;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          logs.assign(live_logs_.begin(), live_logs_.end());
-        }
-        for (const auto& [key, log] : logs) {
-          Json chunks = LogChunksJson(log->Take());
-          if (chunks.empty()) continue;
-          conn_->Send({{"op", "vertex_log"}, {"job", std::get<0>(key)}, {"vertex", std::get<1>(key)},
-                       {"version", std::get<2>(key)}, {"chunks", std::move(chunks)}});
-        }
+        std::lock_guard<std::mutex> lock(mu_);
+        logs.assign(live_logs_.begin(), live_logs_.end());
       }
+      for (const auto& [key, log] : logs) SendLog(key, *log);
       FlushLogsEvery();
     });
   }
 
-  static Json LogChunksJson(std::vector<AttemptLog::Chunk> chunks) {
-    Json out = Json::array();
-    for (auto& c : chunks) out.push_back({{"stream", std::move(c.stream)}, {"text", std::move(c.text)}});
-    return out;
+  /// Sends what `log` holds beyond what was sent, under report_send_mu_, so that it goes out
+  /// before any report taken after it (the attempt's own, sent once its log is finished and
+  /// sent here). Each send is one attempt's: at most about 512 KiB (AttemptLog's bounds), where
+  /// batching them into a report could pass a frame's limit.
+  void SendLog(const AttemptKey& key, AttemptLog& log) {
+    std::lock_guard<std::mutex> in_order(report_send_mu_);
+    std::vector<AttemptLog::Chunk> taken = log.Take();
+    if (taken.empty()) return;
+    Json chunks = Json::array();
+    for (auto& c : taken) chunks.push_back({{"stream", std::move(c.stream)}, {"text", std::move(c.text)}});
+    std::shared_ptr<net::FramedConnection> conn;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      conn = conn_;
+    }
+    if (!conn || !conn->open()) return;
+    conn->Send({{"op", "vertex_log"}, {"job", std::get<0>(key)}, {"vertex", std::get<1>(key)}, {"version", std::get<2>(key)},
+                {"chunks", std::move(chunks)}});
   }
 
   void OnMessage(Json msg) {
@@ -602,9 +608,9 @@ class Daemon::Impl {
         live_logs_[KeyOf(task)] = task.log;
       }
       Json report = Execute(task);
-      // The rest of its log travels with its report: stored before the job manager acts on it.
+      // The rest of its log goes before its report: stored before the job manager acts on it.
       task.log->Finish();
-      if (Json chunks = LogChunksJson(task.log->Take()); !chunks.empty()) report["log"] = std::move(chunks);
+      SendLog(KeyOf(task), *task.log);
       {
         std::lock_guard<std::mutex> lock(mu_);
         const uint64_t job = task.spec["job"].get<uint64_t>();

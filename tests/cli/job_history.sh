@@ -38,6 +38,7 @@ cat > "$d/resumed.json" <<'JOB'
 JOB
 
 c submit --wait "$d/prints.json" > /dev/null; echo "prints: submit --wait exit=$?"
+c jobs -o json | grep -c '"name": "prints"' | sed 's/^/jobs lists a held job: /'
 c logs 1 'p[1]' 2>&1
 c logs 1 'p[0]' -o json | grep -c '"stream":"stderr","text":"hello-from-p\[0\]' | sed 's/^/json stderr records: /'
 c status 2 -w -o json > /dev/null 2>&1 || true
@@ -54,7 +55,7 @@ c logs 3 'b[0]' -f > "$d/follow.txt" 2>&1 & follower=$!
 i=0; until grep -q b-started "$d/follow.txt" || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
 kill "$jm"; wait "$jm" 2>/dev/null
 start_jm
-wait "$follower"; echo "logs -f across the restart exit=$?"; grep -E "reconnected|b-started" "$d/follow.txt"
+wait "$follower"; echo "logs -f across the restart exit=$?"; grep -E "reconnected|b-started|b-ended|attempt 1 ended" "$d/follow.txt"
 c status 3 -w > /dev/null; echo "resumed: status -w exit=$?"
 c trace 3 -f "$d/trace3.json" && grep -o '"name":"a\[0\]"' "$d/trace3.json" | head -1 | sed 's/^/resumed trace has /'
 c trace 1 -f "$d/trace1.json" && echo "finished trace spans: $(grep -o '"name":"p\[[01]\]"' "$d/trace1.json" | sort -u | tr '\n' ' ')"

@@ -122,12 +122,18 @@ class ChildStreams {
  public:
   static constexpr size_t kStderrTail = 2000;
   ChildStreams(const ChildFiles& files, AttemptLog* log) : log_(log) {
-    if (files.err_read >= 0) streams_.push_back({files.err_read, "stderr"});
-    if (files.out_read >= 0) streams_.push_back({files.out_read, "stdout"});
+    if (files.err_read >= 0) streams_.push_back({files.err_read, "stderr", false});
+    if (files.out_read >= 0) streams_.push_back({files.out_read, "stdout", false});
   }
   /// Waits up to `wait` for output, and takes what is there now. Never waits for an end: a
-  /// background process the child left may hold the pipes open.
+  /// background process the child left may hold the pipes open. A stream the child closed is
+  /// dropped (poll would report its hang-up at once, for ever); with none left it just waits.
   void Drain(std::chrono::milliseconds wait) {
+    std::erase_if(streams_, [](const Stream& s) { return s.closed; });
+    if (streams_.empty()) {
+      std::this_thread::sleep_for(wait);
+      return;
+    }
     pollfd fds[2];
     for (size_t i = 0; i < streams_.size(); ++i) fds[i] = {streams_[i].fd, POLLIN, 0};
     if (::poll(fds, static_cast<nfds_t>(streams_.size()), static_cast<int>(wait.count())) <= 0) return;
@@ -135,6 +141,7 @@ class ChildStreams {
       char buf[16384];
       for (int reads = 0; reads < 64; ++reads) {
         const ssize_t n = ::read(s.fd, buf, sizeof buf);
+        if (n == 0) s.closed = true;
         if (n <= 0) break;
         const std::string_view text(buf, static_cast<size_t>(n));
         if (log_) log_->Append(s.name, text);
@@ -153,6 +160,7 @@ class ChildStreams {
   struct Stream {
     int fd;
     const char* name;
+    bool closed = false;  // the child closed its end (the fd itself is ChildFiles')
   };
   AttemptLog* log_;
   std::vector<Stream> streams_;
@@ -424,6 +432,7 @@ class ExecProgram final : public VertexProgram {
       if (no_retry) how += ", one of params.no_retry_exit_codes";
       std::string err = streams.StderrTail();
       while (!err.empty() && (err.back() == '\n' || err.back() == '\r')) err.pop_back();
+      if (err.empty()) err = "(nothing)";
       const std::string message = ctx.name + ": " + argv[0] + " " + how + "; stderr: " + err;
       if (no_retry) return Status::InvalidArgument(message);
       return Status::Internal(message);
