@@ -146,10 +146,14 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--mib") c.mib = std::stoul(next());
-    else if (a == "--msg-kib") c.msg_kib = std::stoul(next());
-    else if (a == "--runs") c.runs = std::stoi(next());
-    else if (a == "--dir") c.dir = next();
+    if (a == "--mib")
+      c.mib = std::stoul(next());
+    else if (a == "--msg-kib")
+      c.msg_kib = std::stoul(next());
+    else if (a == "--runs")
+      c.runs = std::stoi(next());
+    else if (a == "--dir")
+      c.dir = next();
     else {
       std::fprintf(stderr, "usage: channel_bench [--mib N] [--msg-kib K] [--runs R] [--dir PATH]\n");
       return 2;
@@ -172,8 +176,7 @@ int main(int argc, char** argv) {
 
   auto msgs = MakeMessages(c);
   const double gb = c.total_bytes() / 1e9;
-  std::printf("channel_bench: %zu MiB in %zu KiB messages, median of %d runs (GB/s = 1e9 bytes/s)\n", c.mib,
-              c.msg_kib, c.runs);
+  std::printf("channel_bench: %zu MiB in %zu KiB messages, median of %d runs (GB/s = 1e9 bytes/s)\n", c.mib, c.msg_kib, c.runs);
 
   auto store = Check(OutputStore::Make(c.dir / "consumer", 4ull << 30), "consumer store");
   auto server = Check(DataServer::Start(*store, kHost, 0, kSecret), "consumer data server");
@@ -266,8 +269,8 @@ int main(int argc, char** argv) {
   row("same-host fetch of a file output (other process, its descriptor)", local_file);
   row("raw ZeroMQ PUSH/PULL (other process, TCP 127.0.0.1, zero-copy send)", zmq_rate);
   std::printf("  remote fetch (memory output) / raw ZeroMQ: %.2f\n", Median(remote_mem) / Median(zmq_rate));
-  std::printf("  same-host / TCP fetch: memory output %.2f, file output %.2f\n",
-              Median(local_mem) / Median(remote_mem), Median(local_file) / Median(remote_file));
+  std::printf("  same-host / TCP fetch: memory output %.2f, file output %.2f\n", Median(local_mem) / Median(remote_mem),
+              Median(local_file) / Median(remote_file));
   std::filesystem::remove_all(c.dir);
   return 0;
 }

@@ -50,13 +50,15 @@ Json BigJob(int replicas) {
   Json job = {{"name", "big"}, {"stages", Json::array()}, {"edges", Json::array()}};
   for (int s = 0; s < 10; ++s) {
     job["stages"].push_back({{"name", "s" + std::to_string(s)}, {"program", "noop"}, {"replicas", replicas}});
-    if (s > 0) job["edges"].push_back({{"from", "s" + std::to_string(s - 1)}, {"to", "s" + std::to_string(s)}, {"pattern", "pointwise"}});
+    if (s > 0)
+      job["edges"].push_back({{"from", "s" + std::to_string(s - 1)}, {"to", "s" + std::to_string(s)}, {"pattern", "pointwise"}});
   }
   return job;
 }
 
 uint64_t Submit(SupervisedCluster& cluster, const Json& job) {
-  auto reply = cluster.client().Call({{"op", "submit"}, {"job", job}, {"job_dir", cluster.dir().string()}}, std::chrono::minutes(5));
+  auto reply =
+      cluster.client().Call({{"op", "submit"}, {"job", job}, {"job_dir", cluster.dir().string()}}, std::chrono::minutes(5));
   if (!reply.ok()) copse::soak::Die("submit: " + reply.status().ToString());
   return (*reply)["job"].get<uint64_t>();
 }
@@ -76,9 +78,10 @@ void Status(int replicas, int clients) {
   const uint64_t job = Submit(cluster, BigJob(replicas));
   const double submit_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const double jm_before = ProcMb(cluster.jm_pid(), "VmRSS");
-  std::printf("a. %d copse status %llu at once against a job manager holding a %d-vertex pending job (submitted in %.1f s; "
-              "job manager %.0f MB resident)\n",
-              clients, static_cast<unsigned long long>(job), 10 * replicas, submit_s, jm_before);
+  std::printf(
+      "a. %d copse status %llu at once against a job manager holding a %d-vertex pending job (submitted in %.1f s; "
+      "job manager %.0f MB resident)\n",
+      clients, static_cast<unsigned long long>(job), 10 * replicas, submit_s, jm_before);
   std::fflush(stdout);
   for (const char* binary : {"copse", "copse-node"}) {
     const auto start = Clock::now();
@@ -96,10 +99,11 @@ void Status(int replicas, int clients) {
       rss_mb.push_back(usage.ru_maxrss / 1024.0);
     }
     const double wall_s = std::chrono::duration<double>(Clock::now() - start).count();
-    std::printf("   %-10s answered %d / %d in %.2f s; client peak resident memory median %.1f MB, max %.1f MB; job manager "
-                "peak %.0f MB\n",
-                binary, answered, clients, wall_s, Median(rss_mb),
-                rss_mb.empty() ? 0 : *std::max_element(rss_mb.begin(), rss_mb.end()), ProcMb(cluster.jm_pid(), "VmHWM"));
+    std::printf(
+        "   %-10s answered %d / %d in %.2f s; client peak resident memory median %.1f MB, max %.1f MB; job manager "
+        "peak %.0f MB\n",
+        binary, answered, clients, wall_s, Median(rss_mb), rss_mb.empty() ? 0 : *std::max_element(rss_mb.begin(), rss_mb.end()),
+        ProcMb(cluster.jm_pid(), "VmHWM"));
     std::fflush(stdout);
   }
 }
@@ -139,10 +143,11 @@ void Trace(int replicas) {
   std::error_code ec;
   const auto bytes = std::filesystem::file_size(file, ec);
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  std::printf("   trace %s in %.2f s: %.1f MB written; client peak %.1f MB resident; longest job manager answer meanwhile "
-              "%.1f ms\n",
-              ok ? "completed" : "FAILED (see the client's exit status)", trace_s, ec ? 0.0 : bytes / 1e6,
-              usage.ru_maxrss / 1024.0, longest_ms);
+  std::printf(
+      "   trace %s in %.2f s: %.1f MB written; client peak %.1f MB resident; longest job manager answer meanwhile "
+      "%.1f ms\n",
+      ok ? "completed" : "FAILED (see the client's exit status)", trace_s, ec ? 0.0 : bytes / 1e6, usage.ru_maxrss / 1024.0,
+      longest_ms);
   std::fflush(stdout);
 }
 
@@ -152,9 +157,12 @@ int main(int argc, char** argv) {
   int replicas = 100'000, clients = 200;
   std::string skip;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--replicas")) replicas = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--clients")) clients = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--skip")) skip = argv[i + 1];
+    if (!std::strcmp(argv[i], "--replicas"))
+      replicas = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--clients"))
+      clients = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--skip"))
+      skip = argv[i + 1];
   }
   std::printf("client_load_bench: copse jm on 127.0.0.1\n");
   try {

@@ -48,7 +48,8 @@ double RunJob(copse::net::BlockingClient& client, const Json& job) {
   }
   auto done = client.Call({{"op", "wait"}, {"job", (*reply)["job"]}}, std::chrono::minutes(10));
   if (!done.ok() || (*done)["job"]["state"] != "completed") {
-    std::fprintf(stderr, "job did not complete: %s\n", done.ok() ? (*done)["job"].dump().c_str() : done.status().ToString().c_str());
+    std::fprintf(stderr, "job did not complete: %s\n",
+                 done.ok() ? (*done)["job"].dump().c_str() : done.status().ToString().c_str());
     return -1;
   }
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -128,7 +129,7 @@ int main(int argc, char** argv) {
   Json single = {{"name", "one"}, {"stages", {{{"name", "v"}, {"program", "noop"}}}}};
   std::vector<double> lat;
   for (int i = 0; i < 50; ++i) lat.push_back(RunJob(cluster.client(), single) * 1000);
-  std::printf("  single vertex submit -> completed: median %.2f ms, p90 %.2f ms over 50 jobs (target <= 2 ms)\n",
-              Median(lat), Percentile(lat, 0.9));
+  std::printf("  single vertex submit -> completed: median %.2f ms, p90 %.2f ms over 50 jobs (target <= 2 ms)\n", Median(lat),
+              Percentile(lat, 0.9));
   return 0;
 }

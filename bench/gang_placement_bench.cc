@@ -52,7 +52,9 @@ int main() {
     auto row = [&](const char* what, const jm::GangRequest& r, const std::vector<jm::GangDaemon>& ds, int calls) {
       auto p = jm::PlaceGang(r, ds, needs, policy);
       double us = MedianMicros([&] { (void)jm::PlaceGang(r, ds, needs, policy); }, calls);
-      std::string label = std::string(what) + (p.placed() ? " (placed)" : p.why_not.find("steps") != std::string::npos ? " (gave up)" : " (settled)");
+      std::string label = std::string(what) + (p.placed()                                     ? " (placed)"
+                                               : p.why_not.find("steps") != std::string::npos ? " (gave up)"
+                                                                                              : " (settled)");
       std::printf("%-62s %8d %12.1f\n", label.c_str(), n, us);
     };
     const int many = n > 200 ? 3 : 20;

@@ -49,8 +49,8 @@ int main() {
     const double fwd = MedianMs([&] { dev->Gemm(false, true, n, kF, kF, 1.f, x.data(), kF, w.data(), kF, 0.f, y.data(), kF); });
     const double dw = MedianMs([&] { dev->Gemm(true, false, kF, kF, n, 1.f, dz.data(), kF, x.data(), kF, 1.f, g.data(), kF); });
     const double dx = MedianMs([&] { dev->Gemm(false, false, n, kF, kF, 1.f, dz.data(), kF, w.data(), kF, 0.f, y.data(), kF); });
-    std::printf("%5d %12.3f (%6.1f) %13.3f (%6.1f) %13.3f (%6.1f)\n", n, fwd, flop / fwd / 1e6, dw,
-                flop / dw / 1e6, dx, flop / dx / 1e6);
+    std::printf("%5d %12.3f (%6.1f) %13.3f (%6.1f) %13.3f (%6.1f)\n", n, fwd, flop / fwd / 1e6, dw, flop / dw / 1e6, dx,
+                flop / dx / 1e6);
   }
   std::printf("\n%8s %22s\n", "threads", "SGD step ms (GB/s)");
   const size_t np = size_t{kF} * kF + kF;
@@ -59,8 +59,8 @@ int main() {
   for (int threads : {1, 2}) {
     copse::ml::SetCpuThreads(threads);
     const double ms = MedianMs([&] {
-      dev->SgdStepOutOfPlace(p.data(), grads, 1, mom.data(), np, 0.05f, 0.9f, 0.f, 0.f, false, false,
-                             p_out.data(), mom_out.data());
+      dev->SgdStepOutOfPlace(p.data(), grads, 1, mom.data(), np, 0.05f, 0.9f, 0.f, 0.f, false, false, p_out.data(),
+                             mom_out.data());
     });
     std::printf("%8d %12.3f (%6.1f)\n", threads, ms, 5.0 * np * sizeof(float) / ms / 1e6);
   }

@@ -27,7 +27,9 @@ Json MakeJob(int vertices) {
   const int width = std::max(1, vertices / layers);
   Json job = {{"version", 1}, {"name", "bench"}, {"stages", Json::array()}, {"edges", Json::array()}};
   for (int l = 0; l < layers; ++l) {
-    job["stages"].push_back({{"name", "layer" + std::to_string(l)}, {"program", "checksum"}, {"replicas", width},
+    job["stages"].push_back({{"name", "layer" + std::to_string(l)},
+                             {"program", "checksum"},
+                             {"replicas", width},
                              {"params", {{"shard", "part-{replica}"}, {"layer", l}}}});
     if (l > 0) {
       job["edges"].push_back({{"from", "layer" + std::to_string(l - 1)}, {"to", "layer" + std::to_string(l)}});
@@ -36,8 +38,8 @@ Json MakeJob(int vertices) {
       std::string ck = "ckpt" + std::to_string(l);
       job["stages"].push_back({{"name", ck}, {"program", "checksum"}});
       job["edges"].push_back({{"from", "layer" + std::to_string(l)}, {"to", ck}, {"pattern", "gather"}});
-      job["edges"].push_back({{"from", ck}, {"to", "layer" + std::to_string(l + 1)}, {"pattern", "broadcast"},
-                              {"channel", "memory"}});
+      job["edges"].push_back(
+          {{"from", ck}, {"to", "layer" + std::to_string(l + 1)}, {"pattern", "broadcast"}, {"channel", "memory"}});
     }
   }
   return job;
@@ -71,8 +73,7 @@ int Measure(const char* label, const std::string& text, int runs) {
     expand.push_back(Ms(t2 - t1));
     total.push_back(Ms(t2 - t0));
   }
-  std::printf("%s: %zu vertices, %zu channels, %zu bytes of JSON, %d runs\n", label, n_vertices, n_channels,
-              text.size(), runs);
+  std::printf("%s: %zu vertices, %zu channels, %zu bytes of JSON, %d runs\n", label, n_vertices, n_channels, text.size(), runs);
   std::printf("  parse JSON                 median %8.1f ms\n", Median(parse));
   std::printf("  validate + expand          median %8.1f ms\n", Median(expand));
   std::printf("  total (target < 1000 ms)   median %8.1f ms  (%.0f vertices/s)\n", Median(total),

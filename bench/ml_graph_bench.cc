@@ -103,15 +103,13 @@ std::string RunMeasuringPeakRss(const std::string& cmd, int* rc, double* peak_mi
 
 std::string Copse() { return std::string(COPSE_BINARY_DIR) + "/cli/copse"; }
 
-std::string Python() {
-  return fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-}
+std::string Python() { return fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3"; }
 
 /// PyTorch's images/s on the same images (median of `runs`), or -1 when it cannot run here.
 double TorchImagesPerSecond(const std::string& model, int64_t images, int runs) {
-  const std::string out = Run("OMP_WAIT_POLICY=passive " + Python() + " " + COPSE_SOURCE_DIR +
-                              "/scripts/torch_bench.py --model " + model + " --threads 2 --images " +
-                              std::to_string(images) + " --runs " + std::to_string(runs) + " 2>/dev/null");
+  const std::string out =
+      Run("OMP_WAIT_POLICY=passive " + Python() + " " + COPSE_SOURCE_DIR + "/scripts/torch_bench.py --model " + model +
+          " --threads 2 --images " + std::to_string(images) + " --runs " + std::to_string(runs) + " 2>/dev/null");
   const Json t = Json::parse(out, nullptr, false);
   return !t.is_discarded() && t.contains("median") ? t["median"].get<double>() : -1;
 }
@@ -123,9 +121,9 @@ struct TorchPipeline {
   double images_per_s = -1, bubble = -1;
 };
 TorchPipeline TorchPipelineRun(const std::string& schedule, int microbatches, int64_t images) {
-  const std::string out = Run(Python() + " " + COPSE_SOURCE_DIR + "/scripts/torch_pipeline_bench.py --schedule " +
-                              schedule + " --microbatches " + std::to_string(microbatches) + " --images " +
-                              std::to_string(images) + " --runs 1 2>/dev/null");
+  const std::string out =
+      Run(Python() + " " + COPSE_SOURCE_DIR + "/scripts/torch_pipeline_bench.py --schedule " + schedule + " --microbatches " +
+          std::to_string(microbatches) + " --images " + std::to_string(images) + " --runs 1 2>/dev/null");
   const Json t = Json::parse(out, nullptr, false);
   if (t.is_discarded() || !t.contains("median") || !t.contains("bubble_median")) return {};
   return {t["median"].get<double>(), t["bubble_median"].get<double>()};
@@ -145,13 +143,13 @@ struct GraphResult {
   bool ok = false;
   double images_per_s = 0, accuracy = 0;
   double bubble = -1, bubble_without_gaps = -1, scheduler_share = -1;
-  size_t recoveries = 0;  // vertices re-run (the summary's recovery records)
+  size_t recoveries = 0;    // vertices re-run (the summary's recovery records)
   double peak_rss_mib = 0;  // the largest process of the run (a daemon), when measured
-  std::string digest;     // of the final parameters
+  std::string digest;       // of the final parameters
 };
 
-GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int daemons,
-                     const std::string& run_flags = "", const Json& faults = Json(), bool measure_rss = false) {
+GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int daemons, const std::string& run_flags = "",
+                     const Json& faults = Json(), bool measure_rss = false) {
   GraphResult res;
   auto job = copse::ml::GenerateTrainingGraph(o);
   if (!job.ok()) {
@@ -230,10 +228,14 @@ int main(int argc, char** argv) {
   int rounds = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc) steps = std::atoll(argv[++i]);
-    else if (a == "--model" && i + 1 < argc) model = argv[++i];
-    else if (a == "--no-torch") torch = false;
-    else if (a == "--rounds" && i + 1 < argc && std::sscanf(argv[i + 1], "%d", &rounds) == 1 && rounds >= 0) ++i;
+    if (a == "--steps" && i + 1 < argc)
+      steps = std::atoll(argv[++i]);
+    else if (a == "--model" && i + 1 < argc)
+      model = argv[++i];
+    else if (a == "--no-torch")
+      torch = false;
+    else if (a == "--rounds" && i + 1 < argc && std::sscanf(argv[i + 1], "%d", &rounds) == 1 && rounds >= 0)
+      ++i;
     else {
       std::fprintf(stderr, "usage: ml_graph_bench [--steps N] [--model mlp|cnn] [--no-torch] [--rounds N]\n");
       return 2;
@@ -244,9 +246,10 @@ int main(int argc, char** argv) {
   char tmpl[] = "/tmp/copse-mlgraph-bench-XXXXXX";
   if (!mkdtemp(tmpl)) return 1;
   const fs::path dir = tmpl;
-  std::printf("ml_graph_bench: model %s, batch %d, %lld steps (%lld images), SGD lr 0.05 momentum 0.9, "
-              "copse run --daemons %d (2 cpus each), 1 thread per vertex\n",
-              model.c_str(), batch, static_cast<long long>(steps), static_cast<long long>(images), daemons);
+  std::printf(
+      "ml_graph_bench: model %s, batch %d, %lld steps (%lld images), SGD lr 0.05 momentum 0.9, "
+      "copse run --daemons %d (2 cpus each), 1 thread per vertex\n",
+      model.c_str(), batch, static_cast<long long>(steps), static_cast<long long>(images), daemons);
   // The products' backend (oneDNN, as PyTorch, or OpenBLAS: cpu_device.h) decides much of
   // copse's rows; OPENBLAS_CORETYPE pins the kernels of OpenBLAS's share.
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
@@ -260,16 +263,24 @@ int main(int argc, char** argv) {
                             nullptr, false);
   const double torch_ips = torch ? TorchImagesPerSecond(model, images, 3) : -1;
   if (!single.is_discarded()) std::printf("malloc of the copse binary: %s\n", single.value("allocator", "unknown").c_str());
-  std::printf("\n%-42s %12s %10s %9s %15s %12s\n", "configuration", "images/s", "vs torch", "accuracy",
-              "bubble", "sched share");
+  std::printf("\n%-42s %12s %10s %9s %15s %12s\n", "configuration", "images/s", "vs torch", "accuracy", "bubble", "sched share");
   auto row = [&](const std::string& name, double ips, double acc, double bubble, double without_gaps, double theory,
                  double share) {
     std::printf("%-42s %12.0f ", name.c_str(), ips);
-    if (torch_ips > 0) std::printf("%9.2fx ", ips / torch_ips); else std::printf("%10s ", "-");
-    if (acc >= 0) std::printf("%8.2f%% ", 100 * acc); else std::printf("%9s ", "-");
-    if (bubble >= 0 && without_gaps < 0) std::printf("%4.1f/   -/%4.1f%% ", 100 * bubble, 100 * theory);
-    else if (bubble >= 0) std::printf("%4.1f/%4.1f/%4.1f%% ", 100 * bubble, 100 * without_gaps, 100 * theory);
-    else std::printf("%15s ", "-");
+    if (torch_ips > 0)
+      std::printf("%9.2fx ", ips / torch_ips);
+    else
+      std::printf("%10s ", "-");
+    if (acc >= 0)
+      std::printf("%8.2f%% ", 100 * acc);
+    else
+      std::printf("%9s ", "-");
+    if (bubble >= 0 && without_gaps < 0)
+      std::printf("%4.1f/   -/%4.1f%% ", 100 * bubble, 100 * theory);
+    else if (bubble >= 0)
+      std::printf("%4.1f/%4.1f/%4.1f%% ", 100 * bubble, 100 * without_gaps, 100 * theory);
+    else
+      std::printf("%15s ", "-");
     if (share >= 0) std::printf("%11.1f%%", 100 * share);
     std::printf("\n");
     std::fflush(stdout);
@@ -279,13 +290,12 @@ int main(int argc, char** argv) {
     for (const char* schedule : {"gpipe", "1f1b"}) {
       const TorchPipeline p = TorchPipelineRun(schedule, 8, images);
       if (p.images_per_s > 0)
-        row(std::string("PyTorch pipeline 2 ") + schedule + " M=8 (gloo)", p.images_per_s, -1, p.bubble, -1, 1.0 / 9,
-            -1);
+        row(std::string("PyTorch pipeline 2 ") + schedule + " M=8 (gloo)", p.images_per_s, -1, p.bubble, -1, 1.0 / 9, -1);
     }
   }
   if (!single.is_discarded() && single.contains("images_per_s"))
-    row("copse single process (2 threads)", single["images_per_s"].get<double>(),
-        single.value("test_accuracy", 0.0), -1, -1, 0, -1);
+    row("copse single process (2 threads)", single["images_per_s"].get<double>(), single.value("test_accuracy", 0.0), -1, -1, 0,
+        -1);
 
   copse::ml::GraphOptions base;
   base.model = model;
@@ -301,7 +311,8 @@ int main(int argc, char** argv) {
     const GraphResult r = RunGraph(o, dir / ("dp2-" + std::string(reducer)), daemons);
     if (r.ok)
       row(std::string("data-parallel 2 (") + reducer + ")", r.images_per_s, r.accuracy, -1, -1, 0, r.scheduler_share);
-    else row(std::string("data-parallel 2 (") + reducer + ") FAILED", 0, -1, -1, -1, 0, -1);
+    else
+      row(std::string("data-parallel 2 (") + reducer + ") FAILED", 0, -1, -1, -1, 0, -1);
   }
   for (const char* schedule : {"gpipe", "1f1b"}) {
     for (int m : {4, 8, 16}) {
@@ -313,8 +324,10 @@ int main(int argc, char** argv) {
       const std::string name = std::string("pipeline 2 ") + schedule + " M=" + std::to_string(m);
       const GraphResult r = RunGraph(o, dir / ("p2-" + std::string(schedule) + std::to_string(m)), daemons);
       const double theory = 1.0 / (m + 1);
-      if (r.ok) row(name, r.images_per_s, r.accuracy, r.bubble, r.bubble_without_gaps, theory, r.scheduler_share);
-      else row(name + " FAILED", 0, -1, -1, -1, 0, -1);
+      if (r.ok)
+        row(name, r.images_per_s, r.accuracy, r.bubble, r.bubble_without_gaps, theory, r.scheduler_share);
+      else
+        row(name + " FAILED", 0, -1, -1, -1, 0, -1);
     }
   }
   {  // Batched weight gradients' part: every backward accumulates its micro-batch's instead.
@@ -326,8 +339,8 @@ int main(int argc, char** argv) {
     o.weight_grads = "per-microbatch";
     const GraphResult r = RunGraph(o, dir / "p2-1f1b8-permb", daemons);
     if (r.ok)
-      row("pipeline 2 1f1b M=8, per-micro-batch weight grads", r.images_per_s, r.accuracy, r.bubble,
-          r.bubble_without_gaps, 1.0 / 9, r.scheduler_share);
+      row("pipeline 2 1f1b M=8, per-micro-batch weight grads", r.images_per_s, r.accuracy, r.bubble, r.bubble_without_gaps,
+          1.0 / 9, r.scheduler_share);
   }
   {  // The job manager's part: the same graph with every vertex sent only once its inputs are complete.
     copse::ml::GraphOptions o = base;
@@ -337,8 +350,8 @@ int main(int argc, char** argv) {
     o.schedule = "1f1b";
     const GraphResult r = RunGraph(o, dir / "p2-1f1b8-nochain", daemons, "--no-chain-dispatch");
     if (r.ok)
-      row("pipeline 2 1f1b M=8, no chained dispatch", r.images_per_s, r.accuracy, r.bubble, r.bubble_without_gaps,
-          1.0 / 9, r.scheduler_share);
+      row("pipeline 2 1f1b M=8, no chained dispatch", r.images_per_s, r.accuracy, r.bubble, r.bubble_without_gaps, 1.0 / 9,
+          r.scheduler_share);
   }
   {  // The same-host fast path's part: daemons fetch each other's outputs over TCP instead.
     copse::ml::GraphOptions dp = base;
@@ -354,19 +367,21 @@ int main(int argc, char** argv) {
     p.schedule = "1f1b";
     r = RunGraph(p, dir / "p2-1f1b8-tcp", daemons, "--no-local-socket");
     if (r.ok)
-      row("pipeline 2 1f1b M=8, fetches over TCP", r.images_per_s, r.accuracy, r.bubble, r.bubble_without_gaps,
-          1.0 / 9, r.scheduler_share);
+      row("pipeline 2 1f1b M=8, fetches over TCP", r.images_per_s, r.accuracy, r.bubble, r.bubble_without_gaps, 1.0 / 9,
+          r.scheduler_share);
   }
-  std::printf("\nbubble: measured / replayed with no gaps between dependent vertices (the stages' own imbalance) /\n"
-              "theoretical (p-1)/(m+p-1) for equal stages; sched share: scheduler gaps on the critical path / its span\n");
+  std::printf(
+      "\nbubble: measured / replayed with no gaps between dependent vertices (the stages' own imbalance) /\n"
+      "theoretical (p-1)/(m+p-1) for equal stages; sched share: scheduler gaps on the critical path / its span\n");
 
   // The targets, against this VM's noise: rounds of PyTorch, DP-2 ps and 1F1B M=8 back
   // to back (PyTorch first, then last, in turn, and the two copse runs swapping places), each
   // copse row as a ratio to its round's PyTorch.
   if (torch && rounds > 0) {
-    std::printf("\ntargets: %d rounds of PyTorch, data-parallel 2 (ps) and pipeline 2 1f1b M=8 back to back, in "
-                "rotating order; ratios to the round's PyTorch\n%-6s %9s %9s %7s %9s %7s\n",
-                rounds, "round", "PyTorch", "DP-2 ps", "ratio", "1F1B M=8", "ratio");
+    std::printf(
+        "\ntargets: %d rounds of PyTorch, data-parallel 2 (ps) and pipeline 2 1f1b M=8 back to back, in "
+        "rotating order; ratios to the round's PyTorch\n%-6s %9s %9s %7s %9s %7s\n",
+        rounds, "round", "PyTorch", "DP-2 ps", "ratio", "1F1B M=8", "ratio");
     copse::ml::GraphOptions dp = base;
     dp.kind = "data-parallel";
     dp.workers = 2;
@@ -389,8 +404,8 @@ int main(int argc, char** argv) {
       }
       if (round % 2 == 0) t = TorchImagesPerSecond(model, images, 1);
       if (t <= 0 || !d.ok || !p.ok) {
-        std::printf("%-6d failed (PyTorch %s, DP-2 %s, 1F1B %s)\n", round, t > 0 ? "ok" : "failed",
-                    d.ok ? "ok" : "failed", p.ok ? "ok" : "failed");
+        std::printf("%-6d failed (PyTorch %s, DP-2 %s, 1F1B %s)\n", round, t > 0 ? "ok" : "failed", d.ok ? "ok" : "failed",
+                    p.ok ? "ok" : "failed");
         continue;
       }
       dp_ratios.push_back(d.images_per_s / t);
@@ -400,10 +415,11 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     if (!pp_ratios.empty()) {
-      std::printf("median ratio: data-parallel 2 (ps) %.2fx (min %.2fx), pipeline 2 1f1b M=8 %.2fx (min %.2fx); "
-                  "target >= 0.80x\n",
-                  Median(dp_ratios), *std::min_element(dp_ratios.begin(), dp_ratios.end()), Median(pp_ratios),
-                  *std::min_element(pp_ratios.begin(), pp_ratios.end()));
+      std::printf(
+          "median ratio: data-parallel 2 (ps) %.2fx (min %.2fx), pipeline 2 1f1b M=8 %.2fx (min %.2fx); "
+          "target >= 0.80x\n",
+          Median(dp_ratios), *std::min_element(dp_ratios.begin(), dp_ratios.end()), Median(pp_ratios),
+          *std::min_element(pp_ratios.begin(), pp_ratios.end()));
     }
   }
 
@@ -423,18 +439,16 @@ int main(int argc, char** argv) {
     const std::string tag = every ? "checkpoint every " + std::to_string(every) : "no checkpoints";
     const fs::path d = dir / ("recovery-" + std::to_string(every));
     const GraphResult clean = RunGraph(o, d / "clean", 3, "", Json(), /*measure_rss=*/true);
-    const Json faults = Json::array(
-        {{{"kill_daemon_of", "fwd1[" + std::to_string(kill_step * o.microbatches) + "]"}}});
+    const Json faults = Json::array({{{"kill_daemon_of", "fwd1[" + std::to_string(kill_step * o.microbatches) + "]"}}});
     const GraphResult hit = RunGraph(o, d / "faulted", 3, "", faults);
     if (!clean.ok || !hit.ok) {
       std::printf("%-42s FAILED\n", tag.c_str());
       continue;
     }
-    std::printf("%-42s %12.0f %10s %10s peak RSS %.0f MiB\n", (tag + ", fault-free").c_str(), clean.images_per_s, "-",
-                "-", clean.peak_rss_mib);
+    std::printf("%-42s %12.0f %10s %10s peak RSS %.0f MiB\n", (tag + ", fault-free").c_str(), clean.images_per_s, "-", "-",
+                clean.peak_rss_mib);
     std::printf("%-42s %12.0f %9.2fx %10zu %s\n", (tag + ", daemon killed").c_str(), hit.images_per_s,
-                hit.images_per_s / clean.images_per_s, hit.recoveries,
-                hit.digest == clean.digest ? "bit-identical" : "DIFFER");
+                hit.images_per_s / clean.images_per_s, hit.recoveries, hit.digest == clean.digest ? "bit-identical" : "DIFFER");
     std::fflush(stdout);
   }
   std::error_code ec;

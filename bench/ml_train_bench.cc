@@ -43,12 +43,11 @@ std::string Python() {
 }
 
 /// Median images/s of PyTorch, or a negative value when torch is unavailable.
-double TorchMedian(const std::string& model, const std::string& device, int threads,
-                   int64_t images, int runs, const std::string& data_dir) {
-  const std::string cmd = "OMP_WAIT_POLICY=passive " + Python() + " " + COPSE_SOURCE_DIR +
-                          "/scripts/torch_bench.py --model " + model + " --device " + device +
-                          " --threads " + std::to_string(threads) + " --images " + std::to_string(images) +
-                          " --runs " + std::to_string(runs) + " --data-dir '" + data_dir +
+double TorchMedian(const std::string& model, const std::string& device, int threads, int64_t images, int runs,
+                   const std::string& data_dir) {
+  const std::string cmd = "OMP_WAIT_POLICY=passive " + Python() + " " + COPSE_SOURCE_DIR + "/scripts/torch_bench.py --model " +
+                          model + " --device " + device + " --threads " + std::to_string(threads) + " --images " +
+                          std::to_string(images) + " --runs " + std::to_string(runs) + " --data-dir '" + data_dir +
                           "' 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;
@@ -79,24 +78,33 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--threads") threads = std::stoi(next());
-    else if (a == "--runs") runs = std::stoi(next());
-    else if (a == "--model") which = next();
-    else if (a == "--data-dir") data_dir = next();
-    else if (a == "--device") device = next();
-    else if (a == "--no-torch") torch = false;
-    else if (a == "--accuracy-epochs") accuracy_epochs = std::stoi(next());
-    else if (a == "--seeds") seeds = std::stoi(next());
+    if (a == "--threads")
+      threads = std::stoi(next());
+    else if (a == "--runs")
+      runs = std::stoi(next());
+    else if (a == "--model")
+      which = next();
+    else if (a == "--data-dir")
+      data_dir = next();
+    else if (a == "--device")
+      device = next();
+    else if (a == "--no-torch")
+      torch = false;
+    else if (a == "--accuracy-epochs")
+      accuracy_epochs = std::stoi(next());
+    else if (a == "--seeds")
+      seeds = std::stoi(next());
     else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--runs N] [--model mlp|cnn|all] "
-                           "[--device cpu|cuda] [--data-dir DIR] [--no-torch]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--threads N] [--runs N] [--model mlp|cnn|all] "
+                   "[--device cpu|cuda] [--data-dir DIR] [--no-torch]\n",
+                   argv[0]);
       return 2;
     }
   }
   if (accuracy_epochs > 0) {
     const std::string model = which == "all" ? "mlp" : which;
-    std::printf("test accuracy per epoch, %s, batch 128, SGD lr 0.05 momentum 0.9, full data\n",
-                model.c_str());
+    std::printf("test accuracy per epoch, %s, batch 128, SGD lr 0.05 momentum 0.9, full data\n", model.c_str());
     for (int seed = 1; seed <= seeds; ++seed) {
       TrainOptions o;
       o.model = model;
@@ -115,10 +123,9 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       if (torch) {
         const std::string cmd = "OMP_WAIT_POLICY=passive " + Python() + " " + COPSE_SOURCE_DIR +
-                                "/scripts/torch_bench.py --model " + model + " --threads " +
-                                std::to_string(threads) + " --accuracy-epochs " +
-                                std::to_string(accuracy_epochs) + " --seed " +
-                                std::to_string(seed) + " --data-dir '" + data_dir + "' 2>/dev/null";
+                                "/scripts/torch_bench.py --model " + model + " --threads " + std::to_string(threads) +
+                                " --accuracy-epochs " + std::to_string(accuracy_epochs) + " --seed " + std::to_string(seed) +
+                                " --data-dir '" + data_dir + "' 2>/dev/null";
         FILE* p = popen(cmd.c_str(), "r");
         std::string out;
         std::array<char, 4096> buf;
@@ -130,8 +137,7 @@ int main(int argc, char** argv) {
         if (p != nullptr && pclose(p) == 0) {
           try {
             std::printf("torch seed %d:", seed);
-            for (double a : nlohmann::json::parse(out).at("test_accuracy"))
-              std::printf(" %.2f", 100 * a);
+            for (double a : nlohmann::json::parse(out).at("test_accuracy")) std::printf(" %.2f", 100 * a);
             std::printf("\n");
           } catch (const std::exception&) {
             std::printf(" n/a\n");
@@ -143,8 +149,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool gpu = device != "cpu";
-  std::printf("ml_train_bench: %s, batch 128, SGD lr 0.05 momentum 0.9, %d threads, median of %d runs\n",
-              device.c_str(), threads, runs);
+  std::printf("ml_train_bench: %s, batch 128, SGD lr 0.05 momentum 0.9, %d threads, median of %d runs\n", device.c_str(), threads,
+              runs);
   std::printf("%-5s %8s %14s %14s %7s\n", "model", "images", "copse img/s", "torch img/s", "ratio");
   for (const std::string model : {"mlp", "cnn"}) {
     if (which != "all" && which != model) continue;
@@ -168,11 +174,10 @@ int main(int argc, char** argv) {
     const double ours = Median(rates);
     const double theirs = torch ? TorchMedian(model, device, threads, o.limit, runs, data_dir) : -1;
     if (theirs > 0) {
-      std::printf("%-5s %8lld %14.0f %14.0f %7.2f\n", model.c_str(),
-                  static_cast<long long>(o.limit), ours, theirs, ours / theirs);
+      std::printf("%-5s %8lld %14.0f %14.0f %7.2f\n", model.c_str(), static_cast<long long>(o.limit), ours, theirs,
+                  ours / theirs);
     } else {
-      std::printf("%-5s %8lld %14.0f %14s %7s\n", model.c_str(), static_cast<long long>(o.limit),
-                  ours, "n/a", "");
+      std::printf("%-5s %8lld %14.0f %14s %7s\n", model.c_str(), static_cast<long long>(o.limit), ours, "n/a", "");
     }
     std::fflush(stdout);
   }

@@ -88,9 +88,13 @@ void Locality(int reps) {
   Json hosts = Json::array();
   for (int i = 0; i < width; ++i) hosts.push_back("h" + std::to_string(host_of[i]));
   Json job = {{"name", "locality"},
-              {"stages", {{{"name", "p"}, {"program", "checksum"}, {"replicas", width}, {"input_hosts", hosts},
-                           {"params", {{"bytes", bytes}, {"sleep_ms", 20}}}},
-                          {{"name", "c"}, {"program", "checksum"}, {"replicas", width}, {"params", {{"sleep_ms", 20}}}}}},
+              {"stages",
+               {{{"name", "p"},
+                 {"program", "checksum"},
+                 {"replicas", width},
+                 {"input_hosts", hosts},
+                 {"params", {{"bytes", bytes}, {"sleep_ms", 20}}}},
+                {{"name", "c"}, {"program", "checksum"}, {"replicas", width}, {"params", {{"sleep_ms", 20}}}}}},
               // The order edges hold every consumer back until all producers completed, so all 16
               // become ready at once on idle daemons: a locality-blind policy then spreads them
               // by load alone (without them, the consumer of p[i] would simply take the slot p[i]
@@ -103,10 +107,13 @@ void Locality(int reps) {
   for (int i = 0; i < width; ++i) perm[i] = i;
   std::shuffle(perm.begin(), perm.end(), std::mt19937(5));
   for (int i = 0; i < width; ++i) {
-    job["edges"].push_back({{"from", "p[" + std::to_string(i) + "]"}, {"to", "c[" + std::to_string(perm[i]) + "]"}, {"channel", "memory"}});
+    job["edges"].push_back(
+        {{"from", "p[" + std::to_string(i) + "]"}, {"to", "c[" + std::to_string(perm[i]) + "]"}, {"channel", "memory"}});
   }
-  std::printf("a. locality: %d producers (checksum, 4 MiB each, input_hosts: each of h0..h3 four times) -> %d pointwise consumers, "
-              "%d daemons (host=h0..h3) x 4 slots, medians of %d runs\n", width, width, daemons, reps);
+  std::printf(
+      "a. locality: %d producers (checksum, 4 MiB each, input_hosts: each of h0..h3 four times) -> %d pointwise consumers, "
+      "%d daemons (host=h0..h3) x 4 slots, medians of %d runs\n",
+      width, width, daemons, reps);
   std::printf("   %-9s %12s %12s %9s %26s %22s %9s\n", "placement", "local", "remote", "% local", "bytes moved between daemons",
               "producers on own host", "time");
   for (const char* policy : {"locality", "load"}) {
@@ -147,7 +154,8 @@ void Locality(int reps) {
 void KillToReplace(int kills) {
   std::vector<DaemonConfig> configs = {{"d0", 8, {}}, {"d1", 8, {}}};
   SupervisedCluster cluster(configs, {}, false);
-  Json job = {{"name", "long"}, {"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 8}, {"params", {{"sleep_ms", 5000}}}}}}};
+  Json job = {{"name", "long"},
+              {"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 8}, {"params", {{"sleep_ms", 5000}}}}}}};
   std::vector<double> ms;
   std::vector<double> detect_ms;
   for (int k = 0; k < kills; ++k) {
@@ -165,7 +173,8 @@ void KillToReplace(int kills) {
         auto on = l.find(" placed on ");
         if (on == std::string::npos) continue;
         ++placed_before;
-        if (l.compare(on + 11, 2, "d1") == 0) on_d1.insert(l.substr(l.find(" s[") + 1, l.find(']', l.find(" s[")) - l.find(" s[")));
+        if (l.compare(on + 11, 2, "d1") == 0)
+          on_d1.insert(l.substr(l.find(" s[") + 1, l.find(']', l.find(" s[")) - l.find(" s[")));
       }
       if (placed_before >= 8) break;
       if (Clock::now() > deadline) copse::soak::Die("the 8 vertices were not all placed");
@@ -197,14 +206,17 @@ void KillToReplace(int kills) {
         ms.push_back(std::chrono::duration<double, std::milli>(now - t_kill).count());
         break;
       }
-      if (now - t_kill > std::chrono::seconds(10)) copse::soak::Die("vertices of the killed daemon were not re-placed within 10 s");
+      if (now - t_kill > std::chrono::seconds(10))
+        copse::soak::Die("vertices of the killed daemon were not re-placed within 10 s");
     }
     (void)cluster.client().Call({{"op", "cancel"}, {"job", id}});
     (void)cluster.client().Call({{"op", "wait"}, {"job", id}}, std::chrono::seconds(30));
     cluster.RestartDaemon("d1");
   }
-  std::printf("b. SIGKILL of a daemon running 4 of 8 five-second vertices (2 daemons x 8 slots) -> all its vertices placed "
-              "again on the other daemon, over %d kills (poll of the event log, ~0.2 ms resolution):\n", kills);
+  std::printf(
+      "b. SIGKILL of a daemon running 4 of 8 five-second vertices (2 daemons x 8 slots) -> all its vertices placed "
+      "again on the other daemon, over %d kills (poll of the event log, ~0.2 ms resolution):\n",
+      kills);
   std::printf("   median %.2f ms, p90 %.2f ms, max %.2f ms", Median(ms), Percentile(ms, 0.9), Percentile(ms, 1.0));
   if (!detect_ms.empty()) std::printf("  (loss visible in the log: median %.2f ms)", Median(detect_ms));
   std::printf("\n");
@@ -235,8 +247,10 @@ void FanIn(int reps) {
   Json clean = FanInTree();
   Json faulted = clean;
   faulted["faults"] = {{{"kill_daemon_of", "leaf[0]"}, {"when", {{"completed", 1000}}}}};
-  std::printf("c. fan-in tree of 2,001 checksum vertices of 5 ms (1,800 leaves -> 180 -> 18 -> 2 -> 1), 2 daemons x 2 slots, "
-              "one daemon SIGKILLed at 1,000 completions (kill_daemon_of leaf[0]); medians of %d runs\n", reps);
+  std::printf(
+      "c. fan-in tree of 2,001 checksum vertices of 5 ms (1,800 leaves -> 180 -> 18 -> 2 -> 1), 2 daemons x 2 slots, "
+      "one daemon SIGKILLed at 1,000 completions (kill_daemon_of leaf[0]); medians of %d runs\n",
+      reps);
   for (bool restart : {false, true}) {
     std::vector<DaemonConfig> configs = {{"d0", 2, {}}, {"d1", 2, {}}};
     SupervisedCluster cluster(configs, {}, restart);
@@ -261,10 +275,11 @@ void FanIn(int reps) {
       }
     }
     double mb = Median(base), mh = Median(hit);
-    std::printf("   %-44s fault-free %.3f s, with the kill %.3f s: extra %.3f s = %+.1f %%  (recoveries per run %.0f, of which "
-                "output_lost %.0f)\n",
-                restart ? "killed daemon restarted by a supervisor:" : "killed daemon stays dead (1 daemon left):", mb, mh, mh - mb,
-                100.0 * (mh - mb) / mb, static_cast<double>(recoveries) / reps, static_cast<double>(regenerated) / reps);
+    std::printf(
+        "   %-44s fault-free %.3f s, with the kill %.3f s: extra %.3f s = %+.1f %%  (recoveries per run %.0f, of which "
+        "output_lost %.0f)\n",
+        restart ? "killed daemon restarted by a supervisor:" : "killed daemon stays dead (1 daemon left):", mb, mh, mh - mb,
+        100.0 * (mh - mb) / mb, static_cast<double>(recoveries) / reps, static_cast<double>(regenerated) / reps);
     std::fflush(stdout);
   }
   std::printf("   (Dask distributed loses 42 %% in this scenario)\n");
@@ -296,8 +311,10 @@ void FanInThroughRun(int reps) {
   faulted["faults"] = {{{"kill_daemon_of", "leaf[0]"}, {"when", {{"completed", 1000}}}}};
   std::ofstream(dir + "/clean.json") << clean.dump();
   std::ofstream(dir + "/faulted.json") << faulted.dump();
-  std::printf("d. the fan-in tree and kill of c. through `copse run --daemons 2 --cpus 2` (its own supervision), interleaved, "
-              "medians of %d runs (job elapsed_s)\n", reps);
+  std::printf(
+      "d. the fan-in tree and kill of c. through `copse run --daemons 2 --cpus 2` (its own supervision), interleaved, "
+      "medians of %d runs (job elapsed_s)\n",
+      reps);
   std::fflush(stdout);
   struct Mode {
     const char* name;
@@ -323,9 +340,10 @@ void FanInThroughRun(int reps) {
   }
   for (const auto& m : modes) {
     const double mb = Median(m.base), mh = Median(m.hit);
-    std::printf("   %-44s fault-free %.3f s, with the kill %.3f s: extra %.3f s = %+.1f %%  (recoveries per run %.0f, daemon "
-                "restarts per run %.1f)\n",
-                m.name, mb, mh, mh - mb, 100.0 * (mh - mb) / mb, m.recoveries / reps, m.restarts / reps);
+    std::printf(
+        "   %-44s fault-free %.3f s, with the kill %.3f s: extra %.3f s = %+.1f %%  (recoveries per run %.0f, daemon "
+        "restarts per run %.1f)\n",
+        m.name, mb, mh, mh - mb, 100.0 * (mh - mb) / mb, m.recoveries / reps, m.restarts / reps);
   }
   std::fflush(stdout);
   std::filesystem::remove_all(dir);
@@ -337,9 +355,12 @@ int main(int argc, char** argv) {
   int reps = 3, kills = 10;
   std::string skip;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--kills")) kills = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--skip")) skip = argv[i + 1];
+    if (!std::strcmp(argv[i], "--reps"))
+      reps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--kills"))
+      kills = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--skip"))
+      skip = argv[i + 1];
   }
   std::printf("recovery_bench: copse jm + daemons on 127.0.0.1\n");
   try {

@@ -97,11 +97,13 @@ int main() {
   std::sort(us_bare.begin(), us_bare.end());
   std::sort(snapshot_ms.begin(), snapshot_ms.end());
   std::sort(rewrite_ms.begin(), rewrite_ms.end());
-  std::printf("scheduler_bench: 10,000-vertex noop DAG, scheduler + task encoding + job history: median %.1f us per vertex "
-              "(%.0f vertices/s of job manager CPU); without the history %.1f us (history costs %.2fx)\n",
-              us[2], 1e6 / us[2], us_bare[2], us[2] / us_bare[2]);
-  std::printf("scheduler_bench: journal compaction of that job (%zu records, %.1f MB): snapshot median %.1f ms, "
-              "rewrite (write, fdatasync, rename) median %.1f ms\n",
-              records, bytes / 1e6, snapshot_ms[2], rewrite_ms[2]);
+  std::printf(
+      "scheduler_bench: 10,000-vertex noop DAG, scheduler + task encoding + job history: median %.1f us per vertex "
+      "(%.0f vertices/s of job manager CPU); without the history %.1f us (history costs %.2fx)\n",
+      us[2], 1e6 / us[2], us_bare[2], us[2] / us_bare[2]);
+  std::printf(
+      "scheduler_bench: journal compaction of that job (%zu records, %.1f MB): snapshot median %.1f ms, "
+      "rewrite (write, fdatasync, rename) median %.1f ms\n",
+      records, bytes / 1e6, snapshot_ms[2], rewrite_ms[2]);
   return 0;
 }

@@ -33,19 +33,22 @@ namespace {
 
 Json RandomDag(int vertices, uint32_t seed) {
   std::mt19937 rng(seed);
-  Json job = {{"name", "soak-" + std::to_string(seed)}, {"stages", Json::array()}, {"edges", Json::array()},
+  Json job = {{"name", "soak-" + std::to_string(seed)},
+              {"stages", Json::array()},
+              {"edges", Json::array()},
               {"defaults", {{"max_attempts", 4}}}};
   const int n = vertices - 1;  // plus the sink
   std::vector<bool> has_consumer(n, false);
   for (int i = 0; i < n; ++i) {
-    job["stages"].push_back({{"name", "v" + std::to_string(i)}, {"program", "checksum"},
+    job["stages"].push_back({{"name", "v" + std::to_string(i)},
+                             {"program", "checksum"},
                              {"params", {{"i", i}, {"sleep_ms", 2 + static_cast<int>(rng() % 9)}}}});
     int fan_in = i == 0 ? 0 : 1 + static_cast<int>(rng() % 3);
     for (int k = 0; k < fan_in; ++k) {
       int from = static_cast<int>(rng() % i);
       has_consumer[from] = true;
-      job["edges"].push_back({{"from", "v" + std::to_string(from)}, {"to", "v" + std::to_string(i)},
-                              {"channel", rng() % 2 ? "memory" : "file"}});
+      job["edges"].push_back(
+          {{"from", "v" + std::to_string(from)}, {"to", "v" + std::to_string(i)}, {"channel", rng() % 2 ? "memory" : "file"}});
     }
   }
   job["stages"].push_back({{"name", "sink"}, {"program", "checksum"}});
@@ -137,7 +140,8 @@ Outcome RunAndCheck(copse::soak::SupervisedCluster& cluster, const Json& job, co
   std::error_code ec;
   std::filesystem::remove_all(out_dir, ec);
   o.correct = got == expected;
-  if (!o.correct) o.problem = "job " + std::to_string(id) + " wrote " + got.substr(0, 16) + ", expected " + expected.substr(0, 16);
+  if (!o.correct)
+    o.problem = "job " + std::to_string(id) + " wrote " + got.substr(0, 16) + ", expected " + expected.substr(0, 16);
   return o;
 }
 
@@ -158,13 +162,21 @@ int Main(int argc, char** argv) {
       if (i + 1 >= argc) copse::soak::Die(std::string(argv[i]) + " needs a value");
       return argv[++i];
     };
-    if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(next());
-    else if (!std::strcmp(argv[i], "--vertices")) vertices = std::atoi(next());
-    else if (!std::strcmp(argv[i], "--seed")) seed = static_cast<uint32_t>(std::strtoul(next(), nullptr, 10));
-    else if (!std::strcmp(argv[i], "--daemons")) daemons = std::atoi(next());
-    else if (!std::strcmp(argv[i], "--cpus")) cpus = std::atoi(next());
-    else if (!std::strcmp(argv[i], "--keep")) keep = true;
-    else copse::soak::Die(std::string("usage: soak_bench [--runs 50] [--vertices 200] [--seed S] [--daemons 3] [--cpus 2] [--keep]"));
+    if (!std::strcmp(argv[i], "--runs"))
+      runs = std::atoi(next());
+    else if (!std::strcmp(argv[i], "--vertices"))
+      vertices = std::atoi(next());
+    else if (!std::strcmp(argv[i], "--seed"))
+      seed = static_cast<uint32_t>(std::strtoul(next(), nullptr, 10));
+    else if (!std::strcmp(argv[i], "--daemons"))
+      daemons = std::atoi(next());
+    else if (!std::strcmp(argv[i], "--cpus"))
+      cpus = std::atoi(next());
+    else if (!std::strcmp(argv[i], "--keep"))
+      keep = true;
+    else
+      copse::soak::Die(
+          std::string("usage: soak_bench [--runs 50] [--vertices 200] [--seed S] [--daemons 3] [--cpus 2] [--keep]"));
   }
   if (daemons < 2 || vertices < 40 || runs < 1) copse::soak::Die("need --daemons >= 2, --vertices >= 40, --runs >= 1");
 
@@ -172,8 +184,10 @@ int Main(int argc, char** argv) {
   for (int d = 0; d < daemons; ++d) configs.push_back({"d" + std::to_string(d), cpus, {}});
   copse::soak::SupervisedCluster cluster(configs);
   cluster.set_keep(keep);
-  std::printf("soak_bench: %d runs of a random %d-vertex checksum DAG, seed %u, job manager + %d supervised daemons "
-              "(%d slots each) on 127.0.0.1\n", runs, vertices, seed, daemons, cpus);
+  std::printf(
+      "soak_bench: %d runs of a random %d-vertex checksum DAG, seed %u, job manager + %d supervised daemons "
+      "(%d slots each) on 127.0.0.1\n",
+      runs, vertices, seed, daemons, cpus);
   std::fflush(stdout);
 
   auto t_start = Clock::now();

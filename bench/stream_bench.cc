@@ -149,10 +149,14 @@ int main(int argc, char** argv) {
   size_t window = StreamOptions{}.window_bytes;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--mib") mib = std::stoull(argv[i + 1]);
-    else if (a == "--runs") runs = std::stoi(argv[i + 1]);
-    else if (a == "--pings") pings = std::stoi(argv[i + 1]);
-    else if (a == "--window-mib") window = std::stoull(argv[i + 1]) << 20;
+    if (a == "--mib")
+      mib = std::stoull(argv[i + 1]);
+    else if (a == "--runs")
+      runs = std::stoi(argv[i + 1]);
+    else if (a == "--pings")
+      pings = std::stoi(argv[i + 1]);
+    else if (a == "--window-mib")
+      window = std::stoull(argv[i + 1]) << 20;
     else {
       std::fprintf(stderr, "usage: stream_bench [--mib N] [--runs R] [--pings P] [--window-mib W]\n");
       return 2;

@@ -35,7 +35,7 @@ using wire::FrameType;
 namespace {
 
 constexpr uint32_t kMaxRequestBytes = 64 << 10;
-constexpr uint64_t kMaxFetchWaitMs = 5'000;  // the longest a fetch waits for its output to appear
+constexpr uint64_t kMaxFetchWaitMs = 5'000;     // the longest a fetch waits for its output to appear
 constexpr int kLocalSendBufferBytes = 4 << 20;  // local sockets (default ~208 KiB): 4.1 vs 3.5 GB/s at 8 MiB
 
 Json EndBody(const Status& st) {
@@ -184,9 +184,8 @@ void DataServer::Impl::AcceptLoop() {
   for (;;) {
     const bool resting = SteadyMs() < resting_until_ms;
     // The local listener's slot stays (fd -1, ignored by poll) when the fast path is off.
-    pollfd fds[3] = {{wake_fd, POLLIN, 0},
-                     {resting ? -1 : listener.fd(), POLLIN, 0},
-                     {resting ? -1 : local_listener.fd(), POLLIN, 0}};
+    pollfd fds[3] = {
+        {wake_fd, POLLIN, 0}, {resting ? -1 : listener.fd(), POLLIN, 0}, {resting ? -1 : local_listener.fd(), POLLIN, 0}};
     int n = ::poll(fds, 3, resting ? static_cast<int>(kAcceptRestMs) : 1000);
     if (stopping) return;
     std::lock_guard lock(mu);
@@ -199,7 +198,8 @@ void DataServer::Impl::AcceptLoop() {
       int fd = ::accept4(fds[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          Logger("chan")->warn("data server: cannot accept a connection ({}); resting {} ms", std::strerror(errno), kAcceptRestMs);
+          Logger("chan")->warn("data server: cannot accept a connection ({}); resting {} ms", std::strerror(errno),
+                               kAcceptRestMs);
           resting_until_ms = SteadyMs() + kAcceptRestMs;
         }
         continue;
@@ -207,7 +207,8 @@ void DataServer::Impl::AcceptLoop() {
       // At the cap, the connection longest in its handshake makes room: a peer that opens
       // connections and says nothing cannot lock real ones out, whose handshake takes a
       // round trip, unless it opens max_handshaking of them in that time.
-      const auto handshaking = std::count_if(conns.begin(), conns.end(), [](const Conn& c) { return c.handshake_until_ms.load() != 0; });
+      const auto handshaking =
+          std::count_if(conns.begin(), conns.end(), [](const Conn& c) { return c.handshake_until_ms.load() != 0; });
       if (handshaking >= options.max_handshaking) {
         if (SteadyMs() - refused_logged_ms >= 1000) {  // one line a second, however many come
           Logger("chan")->warn("data server: {} connections are in their handshake; closing the oldest for each new one",
@@ -265,7 +266,8 @@ void DataServer::Impl::EndOverdueHandshakesLocked() {
     int64_t until = c.handshake_until_ms.load();
     if (until == 0 || now < until) continue;
     if (!c.handshake_until_ms.compare_exchange_strong(until, 0)) continue;  // it authenticated just now
-    Logger("chan")->warn("data server: a peer did not finish its handshake within {} ms; closing it", options.handshake_timeout_ms);
+    Logger("chan")->warn("data server: a peer did not finish its handshake within {} ms; closing it",
+                         options.handshake_timeout_ms);
     ::shutdown(c.sock.fd(), SHUT_RDWR);  // its thread's blocked read ends
   }
 }
@@ -304,8 +306,7 @@ bool DataServer::Impl::Handshake(BufferedSocket& in, const std::string& peer, st
   const std::string role = StringMember(j, "role");
   if (role != "peer" && role != "client") return refuse("role must be \"peer\" or \"client\", not \"" + role + "\"");
   auto mac = j.find("mac");
-  if (mac == j.end() || !mac->is_string() ||
-      !auth::ConstantTimeEquals(mac->get<std::string>(), auth::Mac(secret, nonce))) {
+  if (mac == j.end() || !mac->is_string() || !auth::ConstantTimeEquals(mac->get<std::string>(), auth::Mac(secret, nonce))) {
     return refuse("authentication failed: wrong secret");
   }
   // No longer counted as in its handshake from before the welcome: a peer that goes on to open
@@ -451,9 +452,7 @@ uint64_t DataServer::fetches() const { return impl_->fetches; }
 uint64_t DataServer::handoffs() const { return impl_->handoffs; }
 bool DataServer::serves_local() const { return impl_->local_listener.valid(); }
 
-std::string LocalSocketName(const std::string& host, uint16_t port) {
-  return "copse-data/" + host + ":" + std::to_string(port);
-}
+std::string LocalSocketName(const std::string& host, uint16_t port) { return "copse-data/" + host + ":" + std::to_string(port); }
 
 void DataServer::Stop() {
   if (!impl_ || impl_->stopping.exchange(true)) return;

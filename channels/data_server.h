@@ -61,8 +61,8 @@ std::string LocalSocketName(const std::string& host, uint16_t port);
 class DataServer {
  public:
   /// Listens on host:port (port 0 = any free port). `store` must outlive the server.
-  static Result<std::unique_ptr<DataServer>> Start(OutputStore& store, const std::string& host, uint16_t port,
-                                                   std::string secret, DataServerOptions options = {});
+  static Result<std::unique_ptr<DataServer>> Start(OutputStore& store, const std::string& host, uint16_t port, std::string secret,
+                                                   DataServerOptions options = {});
   ~DataServer();
   DataServer(const DataServer&) = delete;
   DataServer& operator=(const DataServer&) = delete;

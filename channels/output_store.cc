@@ -170,7 +170,6 @@ class FileSink {
   fs::path tmp_, final_;
   std::string buf_;
   uint64_t bytes_ = 0, messages_ = 0;
-
 };
 
 Status FileSink::OpenFile() {
@@ -281,8 +280,8 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
  private:
   /// Moves what is held so far into a file and continues there.
   Status Spill() {
-    Logger("chan")->debug("memory output {} spills to disk after {} bytes (budget {} bytes, {} held)",
-                          key_.ToString(), stored_->bytes, store_->memory_budget_bytes(), store_->memory_bytes());
+    Logger("chan")->debug("memory output {} spills to disk after {} bytes (budget {} bytes, {} held)", key_.ToString(),
+                          stored_->bytes, store_->memory_budget_bytes(), store_->memory_bytes());
     sink_ = std::make_unique<FileSink>(store_, key_);
     for (size_t i = 0; i < stored_->messages.size(); ++i) {
       COPSE_RETURN_NOT_OK(sink_->Append(stored_->messages[i], stored_->ChecksumOf(i)));
@@ -314,8 +313,7 @@ class MemoryReader final : public ChannelReader {
     if (next_ >= stored_->messages.size()) return std::optional<Buffer>();
     const Buffer& m = stored_->messages[next_];
     if (verify_ && !m.payload() && Checksum(m.view()) != stored_->checksums[next_]) {
-      return Status::DataLoss("output " + what_ + ": message " + std::to_string(next_) +
-                              " failed its checksum (memory)");
+      return Status::DataLoss("output " + what_ + ": message " + std::to_string(next_) + " failed its checksum (memory)");
     }
     ++next_;
     return std::optional<Buffer>(m);
@@ -474,11 +472,12 @@ std::optional<std::pair<OutputKey, uint64_t>> ParseOutputFileName(uint64_t job, 
   uint64_t vertex = 0, version = 0, port = 0, id = 0;
   constexpr uint64_t k32 = std::numeric_limits<uint32_t>::max();
   if (!TakeLiteral(name, "v") || !TakeNumber(name, vertex) || !TakeLiteral(name, ".") || !TakeNumber(name, version) ||
-      !TakeLiteral(name, ".p") || !TakeNumber(name, port) || !TakeLiteral(name, ".") || !TakeNumber(name, id) ||
-      name != ".out" || vertex > k32 || version > k32 || port > k32) {
+      !TakeLiteral(name, ".p") || !TakeNumber(name, port) || !TakeLiteral(name, ".") || !TakeNumber(name, id) || name != ".out" ||
+      vertex > k32 || version > k32 || port > k32) {
     return std::nullopt;
   }
-  return std::pair{OutputKey{job, static_cast<uint32_t>(vertex), static_cast<uint32_t>(version), static_cast<uint32_t>(port)}, id};
+  return std::pair{OutputKey{job, static_cast<uint32_t>(vertex), static_cast<uint32_t>(version), static_cast<uint32_t>(port)},
+                   id};
 }
 
 /// Walks the record headers of an output file: its messages and payload bytes when the file is
@@ -508,14 +507,14 @@ Result<std::pair<uint64_t, uint64_t>> CountRecords(const fs::path& file) {
       while (at < size) {
         if (at + kRecordHeaderBytes > window_at + window_len) fill(at);
         if (at + kRecordHeaderBytes > window_at + window_len) {
-          wrong = Status::DataLoss(fmt::format("record {} at byte {} has {} bytes of its {}-byte header", messages + 1,
-                                               at, size - at, kRecordHeaderBytes));
+          wrong = Status::DataLoss(fmt::format("record {} at byte {} has {} bytes of its {}-byte header", messages + 1, at,
+                                               size - at, kRecordHeaderBytes));
           break;
         }
         const uint64_t length = internal::GetU32(window.data() + (at - window_at));
         if (at + kRecordHeaderBytes + length > size) {
-          wrong = Status::DataLoss(fmt::format("record {} at byte {} says {} bytes, past the file's end at {}", messages + 1,
-                                               at, length, size));
+          wrong = Status::DataLoss(
+              fmt::format("record {} at byte {} says {} bytes, past the file's end at {}", messages + 1, at, length, size));
           break;
         }
         at += kRecordHeaderBytes + length;
@@ -588,9 +587,10 @@ void OutputStore::AdoptEarlierOutputs() {
   }
   next_file_id_ = next_id;
   if (adopted + removed + damaged > 0) {
-    Logger("chan")->info("output store {}: kept {} file outputs of an earlier process, set {} damaged ones aside, "
-                         "removed {} other entries{}",
-                         dir_.string(), adopted, damaged, removed, same_boot ? "" : " (written before the last boot)");
+    Logger("chan")->info(
+        "output store {}: kept {} file outputs of an earlier process, set {} damaged ones aside, "
+        "removed {} other entries{}",
+        dir_.string(), adopted, damaged, removed, same_boot ? "" : " (written before the last boot)");
   }
 }
 
@@ -615,12 +615,11 @@ Result<fs::path> OutputStore::NewFilePath(const OutputKey& key) {
   if (ec) return Status::IOError("cannot create " + d.string() + ": " + ec.message());
   // A store-wide counter in the name: a dropped output's file is deleted outside the lock, so a
   // rewrite of the same key must not reuse its name.
-  return d / ("v" + std::to_string(key.vertex) + "." + std::to_string(key.version) + ".p" + std::to_string(key.port) +
-              "." + std::to_string(next_file_id_.fetch_add(1)) + ".out");
+  return d / ("v" + std::to_string(key.vertex) + "." + std::to_string(key.version) + ".p" + std::to_string(key.port) + "." +
+              std::to_string(next_file_id_.fetch_add(1)) + ".out");
 }
 
-Result<std::unique_ptr<ChannelWriter>> OutputStore::CreateWriter(const OutputKey& key, StorageKind kind,
-                                                                 fs::path durable_copy) {
+Result<std::unique_ptr<ChannelWriter>> OutputStore::CreateWriter(const OutputKey& key, StorageKind kind, fs::path durable_copy) {
   if (Contains(key)) return Status::AlreadyExists("output " + key.ToString() + " already exists");
   if (!durable_copy.empty() && kind != StorageKind::kMemory) {
     return Status::InvalidArgument("output " + key.ToString() + ": only a memory output has a durable copy");
@@ -716,8 +715,8 @@ class FallbackReader final : public ChannelReader {
 
 }  // namespace
 
-std::unique_ptr<ChannelReader> OutputStore::WithDurableFallback(std::unique_ptr<ChannelReader> primary,
-                                                                const fs::path& copy, const OutputKey& key) {
+std::unique_ptr<ChannelReader> OutputStore::WithDurableFallback(std::unique_ptr<ChannelReader> primary, const fs::path& copy,
+                                                                const OutputKey& key) {
   return std::make_unique<FallbackReader>(std::move(primary), copy, key);
 }
 

@@ -202,10 +202,10 @@ class OutputStore {
     std::condition_variable cv;
     int count = 0;
   };
-  mutable std::map<OutputKey, Waiters> waiting_;  // guarded by mu_; erased by its last waiter
-  void WakeWaitersOf(const OutputKey& key);                       // requires mu_
+  mutable std::map<OutputKey, Waiters> waiting_;               // guarded by mu_; erased by its last waiter
+  void WakeWaitersOf(const OutputKey& key);                    // requires mu_
   std::map<OutputKey, std::shared_ptr<const Entry>> entries_;  // guarded by mu_
-  std::set<OutputKey> removed_;  // by Remove, until their job is dropped; guarded by mu_
+  std::set<OutputKey> removed_;                                // by Remove, until their job is dropped; guarded by mu_
 };
 
 /// One stored message with the checksum it was written with.
@@ -220,8 +220,7 @@ struct Record {
 /// `what` names the output in errors. Not thread-safe.
 class FileRecordReader {
  public:
-  static Result<std::unique_ptr<FileRecordReader>> Open(const std::filesystem::path& file, std::string what,
-                                                        bool verify);
+  static Result<std::unique_ptr<FileRecordReader>> Open(const std::filesystem::path& file, std::string what, bool verify);
   /// The same over a descriptor open at the file's start (ownership taken, closed on failure).
   static Result<std::unique_ptr<FileRecordReader>> Open(int fd, std::string what, bool verify);
   ~FileRecordReader();

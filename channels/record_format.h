@@ -58,8 +58,8 @@ inline void EncodeRecordHeader(char* p, uint32_t length, uint64_t checksum) {
 constexpr char kTagMessages = 'M';
 constexpr char kTagFirstPiece = 'P';
 constexpr char kTagContinuation = 'C';
-constexpr size_t kBatchBytes = 1 << 20;    // a frame of small messages is sent once this full
-constexpr size_t kBatchRecords = 256;      // ... or holding this many
+constexpr size_t kBatchBytes = 1 << 20;      // a frame of small messages is sent once this full
+constexpr size_t kBatchRecords = 256;        // ... or holding this many
 constexpr size_t kMaxPieceBytes = 64 << 20;  // larger messages travel in pieces
 
 /// A std::string of `n` bytes whose contents the caller overwrites at once.

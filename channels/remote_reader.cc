@@ -34,13 +34,14 @@ struct Conn {
   Conn& operator=(const Conn&) = delete;
   BufferedSocket in;
   std::string pool_key;
-  std::string peer;                   // host:port
-  std::atomic<bool> aborted{false};   // shut down by AbortFetchesFrom
+  std::string peer;                  // host:port
+  std::atomic<bool> aborted{false};  // shut down by AbortFetchesFrom
 };
 
 StatusCode CodeFromName(const std::string& name) {
   for (auto c : {StatusCode::kNotFound, StatusCode::kDataLoss, StatusCode::kInvalidArgument, StatusCode::kUnavailable,
-                 StatusCode::kPermissionDenied, StatusCode::kIOError, StatusCode::kInternal, StatusCode::kCancelled, StatusCode::kTimeout}) {
+                 StatusCode::kPermissionDenied, StatusCode::kIOError, StatusCode::kInternal, StatusCode::kCancelled,
+                 StatusCode::kTimeout}) {
     if (StatusCodeName(c) == name) return c;
   }
   return StatusCode::kUnavailable;
@@ -172,8 +173,8 @@ Result<Socket> Connect(const std::string& host, uint16_t port, const RemoteReade
   return Socket::Connect(host, port, o.connect_timeout_ms);
 }
 
-Result<std::unique_ptr<Conn>> Dial(const std::string& host, uint16_t port, const std::string& secret,
-                                   const std::string& pool_key, const RemoteReaderOptions& o) {
+Result<std::unique_ptr<Conn>> Dial(const std::string& host, uint16_t port, const std::string& secret, const std::string& pool_key,
+                                   const RemoteReaderOptions& o) {
   std::string peer = PeerName(host, port);
   COPSE_ASSIGN_OR_RETURN(Socket s, Connect(host, port, o));
   const bool local = s.local();
@@ -229,8 +230,7 @@ class HandedOverFileReader final : public ChannelReader {
     COPSE_ASSIGN_OR_RETURN(auto m, file_->Next());
     if (m ? ++seen_ > expected_ : seen_ != expected_) {
       return Status::DataLoss("fetching " + what_ + ": the file handed over holds " + (m ? "more than " : "") +
-                              std::to_string(seen_) + " messages, not the " + std::to_string(expected_) +
-                              " announced");
+                              std::to_string(seen_) + " messages, not the " + std::to_string(expected_) + " announced");
     }
     return m;
   }
@@ -245,8 +245,7 @@ class HandedOverFileReader final : public ChannelReader {
 class RemoteReader final : public ChannelReader {
  public:
   RemoteReader(std::unique_ptr<Conn> conn, OutputKey key, std::string peer, wire::FrameHeader first, int timeout_ms)
-      : conn_(std::move(conn)), key_(key), peer_(std::move(peer)), timeout_ms_(timeout_ms), pending_(first),
-        has_pending_(true) {}
+      : conn_(std::move(conn)), key_(key), peer_(std::move(peer)), timeout_ms_(timeout_ms), pending_(first), has_pending_(true) {}
 
   Result<std::optional<Buffer>> Next() override {
     if (!failed_.ok()) return failed_;
@@ -280,16 +279,15 @@ class RemoteReader final : public ChannelReader {
     Pool::Get().Put(std::move(conn_));  // a complete exchange: the connection is reusable
     COPSE_RETURN_NOT_OK(PeerVerdict(j, peer_));
     if (j.value("messages", uint64_t{0}) != messages_ || j.value("bytes", uint64_t{0}) != bytes_) {
-      return Status::DataLoss("fetching " + What() + ": received " + std::to_string(messages_) +
-                              " messages, the peer sent " + j.value("messages", Json()).dump());
+      return Status::DataLoss("fetching " + What() + ": received " + std::to_string(messages_) + " messages, the peer sent " +
+                              j.value("messages", Json()).dump());
     }
     return Status::OK();
   }
 
   Result<std::optional<Buffer>> Emit(std::string bytes, uint64_t checksum, uint64_t actual) {
     if (actual != checksum) {
-      return Status::DataLoss("fetching " + What() + ": message " + std::to_string(messages_) +
-                              " failed its checksum");
+      return Status::DataLoss("fetching " + What() + ": message " + std::to_string(messages_) + " failed its checksum");
     }
     ++messages_;
     bytes_ += bytes.size();
@@ -431,8 +429,7 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
                                                         const std::string& secret, const RemoteReaderOptions& o) {
   const std::string peer = PeerName(host, port);
   // The secret itself is not kept; readers that may not use a local connection never get one.
-  const std::string pool_key =
-      peer + (o.local_socket ? "\nlocal-ok\n" : "\ntcp\n") + PoolSecretTag(secret);
+  const std::string pool_key = peer + (o.local_socket ? "\nlocal-ok\n" : "\ntcp\n") + PoolSecretTag(secret);
   Json fetch = {{"op", "fetch"}, {"key", key.ToJson()}};
   if (o.wait_ms > 0) fetch["wait_ms"] = o.wait_ms;
   const std::string request = DumpJson(fetch);
@@ -445,19 +442,17 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
       COPSE_ASSIGN_OR_RETURN(conn, Dial(host, port, secret, pool_key, o));
     }
     Status st = internal::WriteFrame(conn->in.socket(), FrameType::kJson, request);
-    Result<wire::FrameHeader> first = st.ok() ? internal::ReadHeader(conn->in, wire::kMaxDataBytes,
-                                                                     o.read_timeout_ms + std::max(o.wait_ms, 0),
-                                                                     o.read_timeout_ms)
-                                              : Result<wire::FrameHeader>(st);
+    Result<wire::FrameHeader> first =
+        st.ok()
+            ? internal::ReadHeader(conn->in, wire::kMaxDataBytes, o.read_timeout_ms + std::max(o.wait_ms, 0), o.read_timeout_ms)
+            : Result<wire::FrameHeader>(st);
     if (!first.ok()) {
       if (conn->aborted) return Status::Unavailable("fetching output " + key.ToString() + " from " + peer + ": " + kAbortedWhy);
       if (reused && first.status().code() == StatusCode::kUnavailable) continue;
-      return Status::Unavailable("fetching output " + key.ToString() + " from " + peer + ": " +
-                                 first.status().message());
+      return Status::Unavailable("fetching output " + key.ToString() + " from " + peer + ": " + first.status().message());
     }
     if (first->type == FrameType::kEnd) return FinishUnstreamed(std::move(conn), *first, key, peer, o);
-    return std::unique_ptr<ChannelReader>(
-        std::make_unique<RemoteReader>(std::move(conn), key, peer, *first, o.read_timeout_ms));
+    return std::unique_ptr<ChannelReader>(std::make_unique<RemoteReader>(std::move(conn), key, peer, *first, o.read_timeout_ms));
   }
 }
 

@@ -30,8 +30,8 @@
 namespace copse::chan {
 
 struct RemoteReaderOptions {
-  int connect_timeout_ms = 5'000;   // connect + handshake
-  int read_timeout_ms = 60'000;     // the longest wait for the next bytes of the output
+  int connect_timeout_ms = 5'000;  // connect + handshake
+  int read_timeout_ms = 60'000;    // the longest wait for the next bytes of the output
   /// > 0: an output the peer does not hold yet is waited for up to this long (data_server.h);
   /// Timeout when it has not appeared by then.
   int wait_ms = 0;

@@ -18,11 +18,11 @@ struct Fifo {
   size_t window_bytes = 0, window_messages = 0;
   std::deque<Buffer> messages;
   size_t bytes = 0;
-  bool writer_open = false, reader_open = false;   // an end exists now
-  bool writer_seen = false, reader_seen = false;   // an end has ever existed
-  bool closed = false;                             // end-of-stream written
-  bool writer_died = false, reader_died = false;   // destroyed without finishing
-  bool dropped = false;                            // DropJob / registry gone
+  bool writer_open = false, reader_open = false;  // an end exists now
+  bool writer_seen = false, reader_seen = false;  // an end has ever existed
+  bool closed = false;                            // end-of-stream written
+  bool writer_died = false, reader_died = false;  // destroyed without finishing
+  bool dropped = false;                           // DropJob / registry gone
   Clock::time_point created = Clock::now();
   std::condition_variable cv;  // any change
 };
@@ -66,8 +66,8 @@ class ShmWriter final : public ChannelWriter {
     for (;;) {
       COPSE_RETURN_NOT_OK(Check());
       if (f_->closed) return Status::FailedPrecondition("write after close on shm channel " + f_->key.ToString());
-      bool fits = f_->messages.empty() ||
-                  (f_->messages.size() < f_->window_messages && f_->bytes + message.size() <= f_->window_bytes);
+      bool fits =
+          f_->messages.empty() || (f_->messages.size() < f_->window_messages && f_->bytes + message.size() <= f_->window_bytes);
       if (fits) break;
       f_->cv.wait_for(lock, o_.cancel ? kCancelPoll : kIdlePoll);
     }
@@ -196,8 +196,7 @@ Result<std::unique_ptr<ChannelReader>> ShmRegistry::OpenReader(const StreamKey& 
 
 void ShmRegistry::DropJob(uint64_t job) {
   std::lock_guard lock(shared_->mu);
-  for (auto it = shared_->fifos.lower_bound(StreamKey{job, 0, 0});
-       it != shared_->fifos.end() && it->first.job == job;) {
+  for (auto it = shared_->fifos.lower_bound(StreamKey{job, 0, 0}); it != shared_->fifos.end() && it->first.job == job;) {
     auto& f = it->second;
     f->dropped = true;
     shared_->buffered -= f->bytes;

@@ -153,8 +153,8 @@ Result<std::pair<sockaddr_un, socklen_t>> LocalAddress(const std::string& name) 
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   if (name.empty() || name.size() + 1 > sizeof a.sun_path) {
-    return Status::InvalidArgument("local socket name must be 1.." + std::to_string(sizeof a.sun_path - 1) +
-                                   " bytes: \"" + name + "\"");
+    return Status::InvalidArgument("local socket name must be 1.." + std::to_string(sizeof a.sun_path - 1) + " bytes: \"" + name +
+                                   "\"");
   }
   std::memcpy(a.sun_path + 1, name.data(), name.size());
   return std::pair{a, static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())};
@@ -289,8 +289,7 @@ Status WriteFrame(Socket& s, wire::FrameType type, std::string_view body, int pa
   return s.WriteV(iov, body.empty() ? 1 : 2, pass_fd);
 }
 
-Result<wire::FrameHeader> ReadHeader(BufferedSocket& s, uint32_t max_body, int first_byte_timeout_ms,
-                                     int timeout_ms) {
+Result<wire::FrameHeader> ReadHeader(BufferedSocket& s, uint32_t max_body, int first_byte_timeout_ms, int timeout_ms) {
   char h[wire::kHeaderBytes];
   COPSE_RETURN_NOT_OK(s.ReadFull(h, 1, first_byte_timeout_ms));
   COPSE_RETURN_NOT_OK(s.ReadFull(h + 1, sizeof h - 1, timeout_ms));

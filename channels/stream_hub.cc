@@ -78,8 +78,8 @@ zmq::message_t EncodeHeader(Type t, const StreamKey& k, uint64_t a = 0, uint64_t
 }
 
 std::string OpenMac(const std::string& secret, const StreamKey& k, std::string_view nonce, uint64_t wb, uint64_t wm) {
-  return auth::Mac(secret, "copse-stream-open/" + k.ToString() + "/" + std::string(nonce) + "/" + std::to_string(wb) +
-                               "/" + std::to_string(wm));
+  return auth::Mac(secret, "copse-stream-open/" + k.ToString() + "/" + std::string(nonce) + "/" + std::to_string(wb) + "/" +
+                               std::to_string(wm));
 }
 
 std::string RandomHex(size_t n) {
@@ -163,8 +163,8 @@ struct StreamHub::Impl {
   bool stopped = false;
   std::vector<Cmd> cmds;
   std::map<StreamKey, std::shared_ptr<InChan>> in;
-  std::set<StreamKey> in_closed;  // keys whose reader finished or was dropped: later opens are refused
-  std::set<uint64_t> dropped_jobs;  // jobs DropJob ended here: a late open is told so (Cancelled)
+  std::set<StreamKey> in_closed;                       // keys whose reader finished or was dropped: later opens are refused
+  std::set<uint64_t> dropped_jobs;                     // jobs DropJob ended here: a late open is told so (Cancelled)
   std::map<std::string, Clock::time_point> producers;  // routing id -> last heard
   size_t buffered = 0;
   std::map<StreamKey, std::shared_ptr<OutChan>> out;
@@ -372,14 +372,11 @@ void StreamHub::Impl::Execute(Cmd& c, std::map<std::string, zmq::socket_t>& deal
       }
       break;
     }
-    case CmdKind::kEnd:
-      (void)s.send(EncodeHeader(Type::kEnd, c.key, c.a), zmq::send_flags::dontwait);
-      break;
+    case CmdKind::kEnd: (void)s.send(EncodeHeader(Type::kEnd, c.key, c.a), zmq::send_flags::dontwait); break;
     case CmdKind::kAbortToConsumer:
       (void)s.send(EncodeHeader(Type::kAbort, c.key, 0, 0, c.text), zmq::send_flags::dontwait);
       break;
-    default:
-      break;
+    default: break;
   }
 }
 
@@ -407,8 +404,7 @@ void StreamHub::Impl::HandleRouter(std::vector<zmq::message_t>& parts) {
   std::lock_guard lock(mu);
   producers[rid] = now;
   switch (type) {
-    case Type::kHeartbeat:
-      return;
+    case Type::kHeartbeat: return;
     case Type::kOpen: {
       auto extra = Extra(parts[1]);
       if (extra.size() != 32 + 64 || h.a == 0 || h.b == 0) return Drop("malformed open");
@@ -450,8 +446,7 @@ void StreamHub::Impl::HandleRouter(std::vector<zmq::message_t>& parts) {
       log->debug("stream hub: producer opened {}", key.ToString());
       return;
     }
-    default:
-      break;
+    default: break;
   }
   if (!abort_reason.empty()) {
     Push(Cmd{CmdKind::kAbortToProducer, key, rid, {}, 0, 0, abort_reason});
@@ -464,16 +459,16 @@ void StreamHub::Impl::HandleRouter(std::vector<zmq::message_t>& parts) {
   switch (type) {
     case Type::kData:
       if (h.a != c.next_seq) {
-        c.error = Status::Unavailable("stream " + key.ToString() + " lost messages (expected #" +
-                                      std::to_string(c.next_seq) + ", got #" + std::to_string(h.a) + ")");
+        c.error = Status::Unavailable("stream " + key.ToString() + " lost messages (expected #" + std::to_string(c.next_seq) +
+                                      ", got #" + std::to_string(h.a) + ")");
         break;
       }
       // Beyond the window it opened with (one message of any size fits an empty queue, as the
       // writer allows): an authenticated producer still may not make this hub buffer without end.
       if (!c.queue.empty() && (c.queue.size() >= c.window_messages || c.bytes + parts[2].size() > c.window_bytes)) {
-        c.error = Status::DataLoss("the producer of stream " + key.ToString() + " sent beyond its window of " +
-                                   std::to_string(c.window_messages) + " messages and " + std::to_string(c.window_bytes) +
-                                   " bytes");
+        c.error =
+            Status::DataLoss("the producer of stream " + key.ToString() + " sent beyond its window of " +
+                             std::to_string(c.window_messages) + " messages and " + std::to_string(c.window_bytes) + " bytes");
         Push(Cmd{CmdKind::kAbortToProducer, key, rid, {}, 0, 0, "sent beyond its flow-control window"});
         break;
       }
@@ -497,8 +492,7 @@ void StreamHub::Impl::HandleRouter(std::vector<zmq::message_t>& parts) {
                                       " failed: " + std::string(Extra(parts[1]).substr(0, kMaxReason)));
       }
       break;
-    default:
-      return Drop("unexpected frame type from a producer");
+    default: return Drop("unexpected frame type from a producer");
   }
   c.cv.notify_all();
 }
@@ -589,8 +583,8 @@ class StreamWriter final : public ChannelWriter {
     for (;;) {
       COPSE_RETURN_NOT_OK(Check());
       if (c_->closed) return Status::FailedPrecondition("write after close on stream " + c_->key.ToString());
-      bool fits = c_->in_flight_messages == 0 || (c_->in_flight_messages < c_->window_messages &&
-                                                  c_->in_flight_bytes + message.size() <= c_->window_bytes);
+      bool fits = c_->in_flight_messages == 0 ||
+                  (c_->in_flight_messages < c_->window_messages && c_->in_flight_bytes + message.size() <= c_->window_bytes);
       if (fits) break;
       COPSE_RETURN_NOT_OK(CheckPeer());
       c_->cv.wait_for(lock, o_.cancel ? kCancelPoll : kIdlePoll);
@@ -622,13 +616,10 @@ class StreamWriter final : public ChannelWriter {
     auto now = Clock::now();
     const auto& p = *c_->peer;
     if (p.heard && now - p.last_heard > o_.peer_timeout)
-      return Status::Unavailable("no word from the consumer hub of stream " + c_->key.ToString() + " at " +
-                                 p.endpoint + " for " +
-                                 std::to_string(std::chrono::duration_cast<milliseconds>(now - p.last_heard).count()) +
-                                 " ms");
+      return Status::Unavailable("no word from the consumer hub of stream " + c_->key.ToString() + " at " + p.endpoint + " for " +
+                                 std::to_string(std::chrono::duration_cast<milliseconds>(now - p.last_heard).count()) + " ms");
     if (!p.heard && now - c_->opened > o_.open_timeout)
-      return Status::Unavailable("the consumer hub of stream " + c_->key.ToString() + " at " + p.endpoint +
-                                 " never answered");
+      return Status::Unavailable("the consumer hub of stream " + c_->key.ToString() + " at " + p.endpoint + " never answered");
     return Status::OK();
   }
 
@@ -675,12 +666,11 @@ class StreamReader final : public ChannelReader {
         } else {
           auto p = hub_->producers.find(c_->producer);
           if (p == hub_->producers.end() || now - p->second > o_.peer_timeout)
-            return Status::Unavailable(
-                "no word from the producer of stream " + c_->key.ToString() + " for " +
-                std::to_string(p == hub_->producers.end()
-                                   ? -1
-                                   : std::chrono::duration_cast<milliseconds>(now - p->second).count()) +
-                " ms");
+            return Status::Unavailable("no word from the producer of stream " + c_->key.ToString() + " for " +
+                                       std::to_string(p == hub_->producers.end()
+                                                          ? -1
+                                                          : std::chrono::duration_cast<milliseconds>(now - p->second).count()) +
+                                       " ms");
         }
         c_->cv.wait_for(lock, o_.cancel ? kCancelPoll : kIdlePoll);
       }
@@ -692,8 +682,7 @@ class StreamReader final : public ChannelReader {
       c_->pending_credit_messages += 1;
       if (c_->queue.empty() || c_->pending_credit_bytes >= c_->window_bytes / 4 ||
           c_->pending_credit_messages >= std::max<size_t>(1, c_->window_messages / 4)) {
-        hub_->Push(Cmd{CmdKind::kCredit, c_->key, c_->producer, {}, c_->pending_credit_bytes,
-                       c_->pending_credit_messages, {}});
+        hub_->Push(Cmd{CmdKind::kCredit, c_->key, c_->producer, {}, c_->pending_credit_bytes, c_->pending_credit_messages, {}});
         c_->pending_credit_bytes = c_->pending_credit_messages = 0;
       }
     }
@@ -715,8 +704,8 @@ StreamHub::StreamHub(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 StreamHub::~StreamHub() { impl_->StopAll(); }
 
-Result<std::unique_ptr<StreamHub>> StreamHub::Start(const std::string& host, uint16_t port,
-                                                    std::filesystem::path ipc_dir, std::string secret) {
+Result<std::unique_ptr<StreamHub>> StreamHub::Start(const std::string& host, uint16_t port, std::filesystem::path ipc_dir,
+                                                    std::string secret) {
   auto impl = std::make_shared<Impl>();
   impl->secret = std::move(secret);
   char name[256] = {0};
@@ -772,14 +761,12 @@ Json StreamHub::endpoints() const {
   return j;
 }
 
-Result<std::unique_ptr<ChannelWriter>> StreamHub::OpenWriter(const Json& peer, const StreamKey& key,
-                                                             StreamOptions options) {
+Result<std::unique_ptr<ChannelWriter>> StreamHub::OpenWriter(const Json& peer, const StreamKey& key, StreamOptions options) {
   if (!peer.is_object() || !peer.contains("tcp") || !peer["tcp"].is_string())
     return Status::InvalidArgument("stream peer: /tcp: expected a string like \"tcp://host:port\"");
   std::string endpoint = peer["tcp"].get<std::string>();
-  if (peer.contains("ipc") && peer["ipc"].is_string() && !peer["ipc"].get<std::string>().empty() &&
-      peer.contains("host") && peer["host"].is_string() && !impl_->host_label.empty() &&
-      peer["host"].get<std::string>() == impl_->host_label) {
+  if (peer.contains("ipc") && peer["ipc"].is_string() && !peer["ipc"].get<std::string>().empty() && peer.contains("host") &&
+      peer["host"].is_string() && !impl_->host_label.empty() && peer["host"].get<std::string>() == impl_->host_label) {
     endpoint = peer["ipc"].get<std::string>();
   }
   if (endpoint.rfind("tcp://", 0) != 0 && endpoint.rfind("ipc://", 0) != 0)

@@ -63,8 +63,8 @@ class StreamHub {
  public:
   /// Binds tcp://host:port (0 = any free port) and, unless `ipc_dir` is empty, an ipc://
   /// endpoint (a socket file) under `ipc_dir` (created if absent). `secret` authenticates peers.
-  static Result<std::unique_ptr<StreamHub>> Start(const std::string& host, uint16_t port,
-                                                  std::filesystem::path ipc_dir, std::string secret);
+  static Result<std::unique_ptr<StreamHub>> Start(const std::string& host, uint16_t port, std::filesystem::path ipc_dir,
+                                                  std::string secret);
   ~StreamHub();
   StreamHub(const StreamHub&) = delete;
   StreamHub& operator=(const StreamHub&) = delete;

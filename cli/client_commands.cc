@@ -94,7 +94,8 @@ Status FollowEventLog(std::unique_ptr<net::BlockingClient>& client, const LogsOp
         // One more read: the lines its end added.
         COPSE_ASSIGN_OR_RETURN(Json last, call({{"op", "logs"}, {"job", o.job}, {"vertex", o.vertex}}));
         for (size_t i = shown; i < last["lines"].size(); ++i) {
-          std::cout << (o.format == "json" ? Json({{"job", o.job}, {"line", last["lines"][i]}}).dump() : last["lines"][i].get<std::string>())
+          std::cout << (o.format == "json" ? Json({{"job", o.job}, {"line", last["lines"][i]}}).dump()
+                                           : last["lines"][i].get<std::string>())
                     << "\n";
         }
       }
@@ -112,8 +113,9 @@ Status FollowVertexLog(std::unique_ptr<net::BlockingClient>& client, const LogsO
   uint32_t headed = UINT32_MAX;  // the attempt the last header named
   bool printed = false;
   while (true) {
-    COPSE_ASSIGN_OR_RETURN(Json reply, CallLogs(client, o, {{"op", "vertex_log"}, {"job", o.job}, {"vertex", o.vertex},
-                                                           {"attempt", attempt}, {"from", from}}));
+    COPSE_ASSIGN_OR_RETURN(
+        Json reply,
+        CallLogs(client, o, {{"op", "vertex_log"}, {"job", o.job}, {"vertex", o.vertex}, {"attempt", attempt}, {"from", from}}));
     attempt = reply.value("attempt", 0u);
     // Sent ahead to its daemon, it has not started yet: followed as if it ran.
     const bool running = reply.value("running", false) || reply.value("waiting", false);
@@ -121,15 +123,19 @@ Status FollowVertexLog(std::unique_ptr<net::BlockingClient>& client, const LogsO
       headed = attempt;
       std::string where = reply.contains("daemon") ? " on " + reply["daemon"].get<std::string>() : "";
       std::string how = reply.value("waiting", false) ? "waiting for its predecessors"
-                        : running                        ? "running"
-                                                         : reply.value("outcome", attempt == 0 ? "not run yet" : "ended");
+                        : running                     ? "running"
+                                                      : reply.value("outcome", attempt == 0 ? "not run yet" : "ended");
       std::cerr << "== " << o.vertex << " attempt " << attempt << where << ": " << how << " ==\n";
     }
     for (const Json& r : reply["records"]) {
       printed = true;
       if (o.format == "json") {
-        std::cout << Json({{"job", o.job}, {"vertex", o.vertex}, {"attempt", attempt}, {"stream", r.value("stream", "")},
-                           {"text", r.value("text", "")}}).dump()
+        std::cout << Json({{"job", o.job},
+                           {"vertex", o.vertex},
+                           {"attempt", attempt},
+                           {"stream", r.value("stream", "")},
+                           {"text", r.value("text", "")}})
+                         .dump()
                   << "\n";
       } else {
         std::cout << r.value("text", "");
@@ -188,7 +194,8 @@ void AddClientCommands(CLI::App& app) {
     auto o = std::make_shared<Opts>();
     AddJmAddressFlags(cmd, o->jm);
     cmd->add_option("FILE", o->file, "job file")->required();
-    auto* wait = cmd->add_flag("--wait", o->wait, "wait for the job to finish (outliving a job manager restart); exit 0 only when it completed");
+    auto* wait = cmd->add_flag("--wait", o->wait,
+                               "wait for the job to finish (outliving a job manager restart); exit 0 only when it completed");
     cmd->add_option("--output", o->output_dir, "copy the declared outputs here once the job completed")->needs(wait);
     cmd->add_option("-o,--format", o->format, "text or json")->check(CLI::IsMember({"text", "json"}));
     cmd->callback([o] {
@@ -211,8 +218,9 @@ void AddClientCommands(CLI::App& app) {
         if (!outputs.ok()) return void(ExitCode() = Report(outputs.status()));
         (*status)["outputs"] = *outputs;
       }
-      std::cout << (o->format == "json" ? status->dump(2) + "\n"
-                                        : RenderJobStatus(*status, false) + RenderCopiedOutputs(status->value("outputs", Json::array())));
+      std::cout << (o->format == "json"
+                        ? status->dump(2) + "\n"
+                        : RenderJobStatus(*status, false) + RenderCopiedOutputs(status->value("outputs", Json::array())));
       ExitCode() = status->at("state") == "completed" ? 0 : 1;
     });
   }
@@ -249,11 +257,11 @@ void AddClientCommands(CLI::App& app) {
         watch.interval = std::chrono::milliseconds(250);
         watch.on_change = [](const Json& status) { std::cout << status.dump() << std::endl; };
       }
-      Result<Json> status = o->watch ? WatchJob(client, o->job, watch, [o] { return ConnectToJm(o->jm); })
-                                     : [&]() -> Result<Json> {
-                                         COPSE_ASSIGN_OR_RETURN(Json r, client->Call({{"op", "status"}, {"job", o->job}}));
-                                         return r["job"];
-                                       }();
+      Result<Json> status =
+          o->watch ? WatchJob(client, o->job, watch, [o] { return ConnectToJm(o->jm); }) : [&]() -> Result<Json> {
+        COPSE_ASSIGN_OR_RETURN(Json r, client->Call({{"op", "status"}, {"job", o->job}}));
+        return r["job"];
+      }();
       if (!status.ok()) return void(ExitCode() = Report(status.status()));
       if (!o->output_dir.empty()) {
         if (status->at("state") != "completed") {
@@ -292,7 +300,8 @@ void AddClientCommands(CLI::App& app) {
     auto all = std::make_shared<bool>(false);
     AddJmAddressFlags(cmd, *jm);
     cmd->add_option("-o,--format", *format, "text or json")->check(CLI::IsMember({"text", "json"}));
-    cmd->add_flag("--all", *all, "also list earlier registrations of a name, superseded when it registered again (json lists every one)");
+    cmd->add_flag("--all", *all,
+                  "also list earlier registrations of a name, superseded when it registered again (json lists every one)");
     cmd->callback([jm, format, all] {
       auto reply = CallOrReport(*jm, {{"op", "daemons"}});
       if (!reply) return;
@@ -325,8 +334,8 @@ void AddClientCommands(CLI::App& app) {
     cut->add_option("--ms", o->ms, "how long")->check(CLI::Range(int64_t{1}, int64_t{3600000}))->capture_default_str();
     cut->callback([o, send] { send({{"op", "chaos"}, {"action", "cut"}, {"daemon", o->daemon}, {"ms", o->ms}}); });
     for (const char* action : {"fail", "delay", "corrupt", "drop"}) {
-      std::string help = std::string(action) == "fail"    ? "Make the next attempt (or --attempts) of a vertex fail"
-                         : std::string(action) == "delay" ? "Make the next attempt (or --attempts) of a vertex slow"
+      std::string help = std::string(action) == "fail"      ? "Make the next attempt (or --attempts) of a vertex fail"
+                         : std::string(action) == "delay"   ? "Make the next attempt (or --attempts) of a vertex slow"
                          : std::string(action) == "corrupt" ? "Damage a vertex's stored output once it completed"
                                                             : "Delete a vertex's stored output once it completed";
       auto* sub = cmd->add_subcommand(action, help);
@@ -338,7 +347,9 @@ void AddClientCommands(CLI::App& app) {
             ->check(CLI::Range(1, 1000));
       }
       if (std::string(action) == "delay") {
-        sub->add_option("--ms", o->ms, "how much slower")->check(CLI::Range(int64_t{0}, int64_t{86'400'000}))->capture_default_str();
+        sub->add_option("--ms", o->ms, "how much slower")
+            ->check(CLI::Range(int64_t{0}, int64_t{86'400'000}))
+            ->capture_default_str();
       }
       sub->callback([o, send, a = std::string(action)] {
         Json req = {{"op", "chaos"}, {"action", a}, {"job", o->job}, {"vertex", o->vertex}, {"ms", o->ms}};
@@ -347,17 +358,30 @@ void AddClientCommands(CLI::App& app) {
       });
     }
     auto* random = cmd->add_subcommand("random", "Inject seeded random faults every interval for a while");
-    random->add_option("--seed", o->seed, "random seed: the same seed repeats the same choices")->check(Unsigned64())->capture_default_str();
-    random->add_option("--interval-ms", o->interval_ms, "time between faults")->check(CLI::Range(int64_t{10}, int64_t{3600000}))->capture_default_str();
-    random->add_option("--duration-s", o->duration_s, "how long to keep injecting")->check(CLI::Range(int64_t{1}, int64_t{86400}))->capture_default_str();
+    random->add_option("--seed", o->seed, "random seed: the same seed repeats the same choices")
+        ->check(Unsigned64())
+        ->capture_default_str();
+    random->add_option("--interval-ms", o->interval_ms, "time between faults")
+        ->check(CLI::Range(int64_t{10}, int64_t{3600000}))
+        ->capture_default_str();
+    random->add_option("--duration-s", o->duration_s, "how long to keep injecting")
+        ->check(CLI::Range(int64_t{1}, int64_t{86400}))
+        ->capture_default_str();
     random->add_option("--kinds", o->kinds, "comma-separated: kill, fail, delay, corrupt, cut")->capture_default_str();
-    random->add_option("--cut-ms", o->ms, "how long a cut daemon stays away")->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))->capture_default_str();
+    random->add_option("--cut-ms", o->ms, "how long a cut daemon stays away")
+        ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+        ->capture_default_str();
     random->callback([o, send] {
       std::vector<std::string> kinds;
       std::stringstream ss(o->kinds);
       for (std::string k; std::getline(ss, k, ',');) kinds.push_back(k);
-      send({{"op", "chaos"}, {"action", "random"}, {"seed", o->seed}, {"interval_ms", o->interval_ms},
-            {"duration_ms", o->duration_s * 1000}, {"kinds", kinds}, {"cut_ms", o->ms}});
+      send({{"op", "chaos"},
+            {"action", "random"},
+            {"seed", o->seed},
+            {"interval_ms", o->interval_ms},
+            {"duration_ms", o->duration_s * 1000},
+            {"kinds", kinds},
+            {"cut_ms", o->ms}});
     });
     auto* stop = cmd->add_subcommand("stop", "Stop random fault injection");
     stop->callback([send] { send({{"op", "chaos"}, {"action", "stop"}}); });
@@ -414,12 +438,14 @@ void AddClientCommands(CLI::App& app) {
           std::cerr << "copse jobs: --since: " << age.status().message() << "\n";
           return void(ExitCode() = 2);
         }
-        since_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            (std::chrono::system_clock::now() - *age).time_since_epoch()).count();
+        since_unix_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>((std::chrono::system_clock::now() - *age).time_since_epoch())
+                .count();
       }
       auto reply = CallOrReport(o->jm, {{"op", "jobs"}, {"since_unix_ms", since_unix_ms}});
       if (!reply) return;
-      std::cout << (o->format == "json" ? (*reply)["jobs"].dump(2) + "\n" : RenderJobsTable((*reply)["jobs"], /*submitted=*/true));
+      std::cout << (o->format == "json" ? (*reply)["jobs"].dump(2) + "\n"
+                                        : RenderJobsTable((*reply)["jobs"], /*submitted=*/true));
     });
   }
 }

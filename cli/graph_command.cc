@@ -77,21 +77,30 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
   ml::GraphOptions& o = f.o;
   cmd->add_option("--model", o.model, "mlp, cnn or mlp:A-B-...-Z")->capture_default_str();
   cmd->add_option("--epochs", o.epochs, "Passes over the training set")->check(CLI::Range(1, 1000000))->capture_default_str();
-  cmd->add_option("--steps", o.steps, "Stop after this many steps (default: all epochs)")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--steps", o.steps, "Stop after this many steps (default: all epochs)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--batch", o.batch, "Global batch size")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--lr", o.lr, "Learning rate")->check(FiniteFrom(0, false))->capture_default_str();
-  cmd->add_option("--momentum", o.momentum, "SGD momentum")->check(Finite())->check(CLI::Range(0.0, 0.999999))->capture_default_str();
+  cmd->add_option("--momentum", o.momentum, "SGD momentum")
+      ->check(Finite())
+      ->check(CLI::Range(0.0, 0.999999))
+      ->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(FiniteFrom(0, true))->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "sgd or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of initialization and shuffling")->check(Unsigned64())->capture_default_str();
-  cmd->add_option("--data-dir", o.data_dir, "Fashion-MNIST directory, as the daemons see it (read here too, for the training set's size)")->capture_default_str();
+  cmd->add_option("--data-dir", o.data_dir,
+                  "Fashion-MNIST directory, as the daemons see it (read here too, for the training set's size)")
+      ->capture_default_str();
   cmd->add_option("--limit", o.limit, "Use only the first N training images")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  cmd->add_option("--test-limit", o.test_limit, "Use only the first N test images")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--test-limit", o.test_limit, "Use only the first N test images")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--threads", o.threads, "CPUs (threads) per compute vertex")->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->add_option("--daemon-cpus", o.daemon_cpus, "Slots per daemon (copse run --cpus); init vertices take them all")
-      ->check(CLI::Range(1, 4096))->capture_default_str();
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "A file checkpoint every K steps (0: none)")
-      ->check(CLI::Range(0, std::numeric_limits<int>::max()))->capture_default_str();
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))
+      ->capture_default_str();
   cmd->add_option("--checkpoint-dir", o.checkpoint_dir, "Checkpoint directory, relative to the job file")->capture_default_str();
   cmd->add_option("--name", o.name, "Job name");
   cmd->add_option("-f,--file,--out", f.out, "write the job file here instead of standard output");
@@ -120,7 +129,9 @@ void AddGraphCommand(CLI::App& app) {
   auto dp = std::make_shared<GraphFlags>();
   CLI::App* d = graph->add_subcommand("data-parallel", "W workers, gradients reduced by a tree, a ring or a parameter server");
   d->add_option("--workers", dp->o.workers, "Data-parallel workers")->check(CLI::Range(1, 64))->capture_default_str();
-  d->add_option("--reducer", dp->o.reducer, "tree, ring, ps or nccl (GPU gangs)")->check(CLI::IsMember({"tree", "ring", "ps", "nccl"}))->capture_default_str();
+  d->add_option("--reducer", dp->o.reducer, "tree, ring, ps or nccl (GPU gangs)")
+      ->check(CLI::IsMember({"tree", "ring", "ps", "nccl"}))
+      ->capture_default_str();
   d->add_option("--fanin", dp->o.fanin, "Fan-in of the reduction tree")->check(CLI::Range(2, 64))->capture_default_str();
   d->add_flag("--loader-vertices", dp->o.loader_vertices, "A shard-loader vertex feeds each gradient vertex");
   AddTrainingFlags(d, *dp);

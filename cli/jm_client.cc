@@ -15,14 +15,15 @@ std::filesystem::path DefaultStateDir() {
 
 void AddJmAddressFlags(CLI::App* cmd, JmAddressOptions& opts) {
   cmd->add_option("--jm", opts.jm, "job manager HOST:PORT (default: $COPSE_JM, else the state directory's jm.addr)")
-      ->check([](const std::string& value) {  // a malformed flag is a usage error (exit 2)
+      ->check([](const std::string& value) {      // a malformed flag is a usage error (exit 2)
         if (value.empty()) return std::string();  // as if not given: $COPSE_JM, else jm.addr
         auto parsed = net::ParseHostPort(value, "--jm");
         if (parsed.ok()) return std::string();
         const std::string& why = parsed.status().message();
         return why.rfind("--jm: ", 0) == 0 ? why.substr(6) : why;  // CLI11 names the option itself
       });
-  cmd->add_option("--state-dir", opts.state_dir, "the job manager's state directory (default: $COPSE_STATE_DIR or ~/.local/state/copse/jm)");
+  cmd->add_option("--state-dir", opts.state_dir,
+                  "the job manager's state directory (default: $COPSE_STATE_DIR or ~/.local/state/copse/jm)");
   cmd->add_option("--token-file", opts.secret_file,
                   "the cluster's secret file (default: $COPSE_TOKEN_FILE, else the state directory's secret)");
 }
@@ -32,7 +33,8 @@ Result<std::string> LoadClientSecret(const JmAddressOptions& opts) {
   if (const char* file = std::getenv("COPSE_TOKEN_FILE")) return auth::ReadSecret(file);
   auto dir = opts.state_dir.empty() ? DefaultStateDir() : std::filesystem::path(opts.state_dir);
   auto secret = auth::ReadSecret(dir / auth::kSecretFileName);
-  if (!secret.ok()) return secret.status().WithContext("pass --token-file, or set COPSE_TOKEN_FILE or --state-dir to the job manager's");
+  if (!secret.ok())
+    return secret.status().WithContext("pass --token-file, or set COPSE_TOKEN_FILE or --state-dir to the job manager's");
   return secret;
 }
 
@@ -42,7 +44,9 @@ Result<JmAddressSource> FindJmAddress(const JmAddressOptions& opts) {
   auto dir = opts.state_dir.empty() ? DefaultStateDir() : std::filesystem::path(opts.state_dir);
   auto file = dir / "jm.addr";
   auto text = ReadFile(file.string());
-  if (!text.ok()) return Status::NotFound("no job manager address: pass --jm HOST:PORT, set COPSE_JM, or start `copse jm` with --state-dir " + dir.string());
+  if (!text.ok())
+    return Status::NotFound("no job manager address: pass --jm HOST:PORT, set COPSE_JM, or start `copse jm` with --state-dir " +
+                            dir.string());
   std::string address = std::move(*text);
   while (!address.empty() && (address.back() == '\n' || address.back() == ' ')) address.pop_back();
   return JmAddressSource{std::move(address), file.string(), true};

@@ -25,8 +25,8 @@ std::filesystem::path DefaultStateDir();
 void AddJmAddressFlags(CLI::App* cmd, JmAddressOptions& opts);
 /// Where the job manager's address was found, and what it says.
 struct JmAddressSource {
-  std::string address;  // HOST:PORT as written there
-  std::string source;   // "--jm", "COPSE_JM", or the jm.addr file's path
+  std::string address;          // HOST:PORT as written there
+  std::string source;           // "--jm", "COPSE_JM", or the jm.addr file's path
   bool from_state_dir = false;  // the job manager rewrites it when it starts again
 };
 /// The job manager's address: --jm, else $COPSE_JM, else the state directory's jm.addr;

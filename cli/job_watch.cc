@@ -60,8 +60,9 @@ Result<Json> WatchJob(net::BlockingClient& client, uint64_t job, const WatchOpti
                options);
 }
 
-Result<Json> CallReconnecting(std::unique_ptr<net::BlockingClient>& client, const Json& request, std::chrono::milliseconds timeout,
-                              const Reconnect& reconnect, std::chrono::milliseconds reconnect_for) {
+Result<Json> CallReconnecting(std::unique_ptr<net::BlockingClient>& client, const Json& request,
+                              std::chrono::milliseconds timeout, const Reconnect& reconnect,
+                              std::chrono::milliseconds reconnect_for) {
   // Every loss of the connection, however many, gets a new window of `reconnect_for`.
   while (true) {
     auto reply = client->Call(request, timeout);
@@ -92,9 +93,11 @@ Result<Json> CallReconnecting(std::unique_ptr<net::BlockingClient>& client, cons
 
 Result<Json> WatchJob(std::unique_ptr<net::BlockingClient>& client, uint64_t job, const WatchOptions& options,
                       const Reconnect& reconnect, std::chrono::milliseconds reconnect_for) {
-  return Watch([&](const Json& request, std::chrono::milliseconds timeout) {
-    return CallReconnecting(client, request, timeout, reconnect, reconnect_for);
-  }, job, options);
+  return Watch(
+      [&](const Json& request, std::chrono::milliseconds timeout) {
+        return CallReconnecting(client, request, timeout, reconnect, reconnect_for);
+      },
+      job, options);
 }
 
 Status CheckWritableDir(const std::filesystem::path& dir, const std::string& flag) {
@@ -120,7 +123,8 @@ Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::
     auto path = dir / o["path"].get<std::string>();
     std::error_code ec;
     std::filesystem::create_directories(path.parent_path(), ec);
-    COPSE_ASSIGN_OR_RETURN(auto reader, chan::OpenRemoteReader(o["host"].get<std::string>(), o["port"].get<uint16_t>(), key, secret));
+    COPSE_ASSIGN_OR_RETURN(auto reader,
+                           chan::OpenRemoteReader(o["host"].get<std::string>(), o["port"].get<uint16_t>(), key, secret));
     auto tmp = path;
     tmp += ".partial";
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -156,8 +160,8 @@ Result<uint64_t> SubmitJob(net::BlockingClient& client, const jm::JobGraph& grap
   const bool stands_for_another = file.rfind("/dev/", 0) == 0 || file.rfind("/proc/", 0) == 0;
   const fs::path real = stands_for_another ? fs::canonical(file, ec) : fs::absolute(file, ec);
   const auto dir = !ec && fs::is_regular_file(real, ec) ? real.parent_path() : fs::current_path();
-  COPSE_ASSIGN_OR_RETURN(Json reply, client.Call({{"op", "submit"}, {"job", graph.spec().source},
-                                                  {"job_dir", dir.string()}, {"source", file}}));
+  COPSE_ASSIGN_OR_RETURN(
+      Json reply, client.Call({{"op", "submit"}, {"job", graph.spec().source}, {"job_dir", dir.string()}, {"source", file}}));
   return reply["job"].get<uint64_t>();
 }
 

@@ -38,8 +38,9 @@ using Reconnect = std::function<Result<std::unique_ptr<net::BlockingClient>>()>;
 /// One request on `client`; when the connection is lost, connects again through `reconnect`
 /// (every 200 ms, for up to `reconnect_for`) and asks again. `client` is the connection in use
 /// at the end.
-Result<Json> CallReconnecting(std::unique_ptr<net::BlockingClient>& client, const Json& request, std::chrono::milliseconds timeout,
-                              const Reconnect& reconnect, std::chrono::milliseconds reconnect_for = std::chrono::seconds(60));
+Result<Json> CallReconnecting(std::unique_ptr<net::BlockingClient>& client, const Json& request,
+                              std::chrono::milliseconds timeout, const Reconnect& reconnect,
+                              std::chrono::milliseconds reconnect_for = std::chrono::seconds(60));
 
 /// WatchJob that outlives a job manager restart: when the connection is lost, connects again
 /// through `reconnect` (every 200 ms, for up to `reconnect_for`; a job manager started again
@@ -53,8 +54,7 @@ Result<Json> WatchJob(std::unique_ptr<net::BlockingClient>& client, uint64_t job
 Status CheckWritableDir(const std::filesystem::path& dir, const std::string& flag);
 
 /// Copies each declared output of a completed job into `dir`; returns [{path, bytes}].
-Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,
-                          const std::string& secret);
+Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir, const std::string& secret);
 /// The same, with the secret a client of `jm` presents (LoadClientSecret).
 Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,
                           const JmAddressOptions& jm);

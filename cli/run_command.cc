@@ -102,8 +102,13 @@ class LocalCluster {
       if (ec) return Status::InvalidArgument("--keep " + o.keep_dir + ": cannot make it a directory: " + ec.message());
     }
     auto state = dir_ / "jm";
-    std::vector<std::string> jm_args = {"jm", "--listen", "127.0.0.1:0", "--state-dir", state.string(),
-                                        "--heartbeat-timeout-ms", std::to_string(o.heartbeat_timeout_ms)};
+    std::vector<std::string> jm_args = {"jm",
+                                        "--listen",
+                                        "127.0.0.1:0",
+                                        "--state-dir",
+                                        state.string(),
+                                        "--heartbeat-timeout-ms",
+                                        std::to_string(o.heartbeat_timeout_ms)};
     if (!o.chain_dispatch) jm_args.push_back("--no-chain-dispatch");
     // Supervised daemons come back on their work dirs within moments, their file outputs with
     // them: the job manager's return grace holds those meanwhile. Unsupervised, a lost one's
@@ -133,9 +138,19 @@ class LocalCluster {
         for (int k = 0; k < o.gpus; ++k) devices += (k ? "," : "") + std::to_string(i * o.gpus + k);
         env["CUDA_VISIBLE_DEVICES"] = devices;
       }
-      std::vector<std::string> args = {"daemon", "--jm", address_.jm, "--name", name, "--cpus", std::to_string(o.cpus),
-                                       "--gpus", std::to_string(o.gpus), "--work-dir", (dir_ / name).string(),
-                                       "--label", "host=local"};
+      std::vector<std::string> args = {"daemon",
+                                       "--jm",
+                                       address_.jm,
+                                       "--name",
+                                       name,
+                                       "--cpus",
+                                       std::to_string(o.cpus),
+                                       "--gpus",
+                                       std::to_string(o.gpus),
+                                       "--work-dir",
+                                       (dir_ / name).string(),
+                                       "--label",
+                                       "host=local"};
       if (!o.local_socket) args.push_back("--no-local-socket");
       DaemonProcess daemon{name, std::move(args), std::move(env), (dir_ / (name + ".log")).string()};
       COPSE_ASSIGN_OR_RETURN(pid_t d, SpawnSelf(daemon.args, daemon.env, daemon.log));
@@ -191,8 +206,9 @@ class LocalCluster {
         exited_.push_back(daemon.name);
         continue;
       }
-      daemon.restart_at = now + std::min(std::chrono::milliseconds(5000), std::chrono::milliseconds(50) * (1 << std::min(daemon.quick_exits, 7)) -
-                                                                               std::chrono::milliseconds(50));
+      daemon.restart_at =
+          now + std::min(std::chrono::milliseconds(5000),
+                         std::chrono::milliseconds(50) * (1 << std::min(daemon.quick_exits, 7)) - std::chrono::milliseconds(50));
       std::cerr << "copse run: daemon " << daemon.name << " exited; restarting it on its work dir\n";
       restarting_.push_back(std::move(daemon));
     }
@@ -217,9 +233,10 @@ class LocalCluster {
     if (daemons_.empty() && restarting_.empty()) {
       std::string names;
       for (const auto& n : exited_) names += (names.empty() ? "" : ", ") + n;
-      return Status::Unavailable("every daemon exited (" + names + ")" +
-                                 (restart_daemons_ ? ", and none stays up when restarted" : ", and --no-restart-daemons was given") +
-                                 ": the job cannot go on" + logs);
+      return Status::Unavailable(
+          "every daemon exited (" + names + ")" +
+          (restart_daemons_ ? ", and none stays up when restarted" : ", and --no-restart-daemons was given") +
+          ": the job cannot go on" + logs);
     }
     return Status::OK();
   }
@@ -273,8 +290,8 @@ std::string GangTheseDaemonsCannotHold(const jm::JobGraph& g, const RunOpts& o) 
     const int64_t all_memory = std::min(memory * o.daemons, jm::kUnaccountedMemoryMb);
     if (!jm::Within(whole, o.daemons * o.cpus, o.daemons * o.gpus, all_memory)) {
       return fmt::format("a gang of {} (with {}) needs {} at once; the {} local daemons offer {}", gang.members.size(),
-                         g.vertex(gang.members[0]).name, jm::DescribeResources(whole),
-                         o.daemons, jm::DescribeResources({double(o.daemons) * o.cpus, o.daemons * o.gpus, all_memory}, whole));
+                         g.vertex(gang.members[0]).name, jm::DescribeResources(whole), o.daemons,
+                         jm::DescribeResources({double(o.daemons) * o.cpus, o.daemons * o.gpus, all_memory}, whole));
     }
   }
   return "";
@@ -295,8 +312,7 @@ int RunJob(const RunOpts& o) {
   const int64_t memory = LocalDaemonMemoryMb();
   for (const auto& stage : load.graph->spec().stages) {
     if (jm::Within(stage.resources, o.cpus, o.gpus, memory)) continue;
-    std::cerr << "copse run: stage " << stage.name << " needs "
-              << jm::DescribeResources(stage.resources)
+    std::cerr << "copse run: stage " << stage.name << " needs " << jm::DescribeResources(stage.resources)
               << " per vertex; each local daemon offers " << o.cpus << " (--cpus) and " << o.gpus << " (--gpus)"
               << (stage.resources.memory_mb > 0 ? " and " + std::to_string(memory) + " MB of memory (this machine's)" : "")
               << "\n";
@@ -317,7 +333,8 @@ int RunJob(const RunOpts& o) {
     std::error_code ec;
     const auto parent = std::filesystem::absolute(o.trace_file, ec).parent_path();
     if (ec || !std::filesystem::is_directory(parent) || ::access(parent.c_str(), W_OK) != 0) {
-      std::cerr << "copse run: --trace " << o.trace_file << ": " << parent.string() << " is not a directory this user can write in\n";
+      std::cerr << "copse run: --trace " << o.trace_file << ": " << parent.string()
+                << " is not a directory this user can write in\n";
       return 1;
     }
   }
@@ -400,8 +417,9 @@ int RunJob(const RunOpts& o) {
       if (b.contains("without_gaps")) {
         line += ", " + FormatPercent(b["without_gaps"].get<double>()) + " with no gaps between dependent vertices";
       }
-      line += ", " + FormatPercent(b["theory"].get<double>()) + " in theory for equal stages ((p-1)/(m+p-1), p=" +
-              std::to_string(b["stages"].get<int>()) + ", m=" + std::to_string(b["microbatches"].get<int>()) + ")\n";
+      line += ", " + FormatPercent(b["theory"].get<double>()) +
+              " in theory for equal stages ((p-1)/(m+p-1), p=" + std::to_string(b["stages"].get<int>()) +
+              ", m=" + std::to_string(b["microbatches"].get<int>()) + ")\n";
       std::cout << line;
     }
     if (summary.contains("daemon_restarts")) {
@@ -426,7 +444,8 @@ void AddRunCommand(CLI::App& app) {
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--trace", o->trace_file, "write the job's execution trace (Chrome/Perfetto JSON) here");
   cmd->add_option("--keep", o->keep_dir, "keep the cluster's state, logs and outputs in this directory");
-  cmd->add_option("--heartbeat-timeout-ms", o->heartbeat_timeout_ms, "a daemon silent this long is lost")->check(CLI::Range(50, 600000));
+  cmd->add_option("--heartbeat-timeout-ms", o->heartbeat_timeout_ms, "a daemon silent this long is lost")
+      ->check(CLI::Range(50, 600000));
   cmd->add_flag("!--no-chain-dispatch", o->chain_dispatch,
                 "send every vertex only once its inputs are complete (see copse jm --no-chain-dispatch)");
   cmd->add_flag("!--no-local-socket", o->local_socket,

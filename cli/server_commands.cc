@@ -32,15 +32,18 @@ void AddJmCommand(CLI::App& app) {
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any; the address goes to STATE_DIR/jm.addr)");
-  cmd->add_option("--state-dir", opts->state_dir, "where the secret and the address file live")->default_str(DefaultStateDir().string());
-  cmd->add_option("--heartbeat-timeout-ms", opts->heartbeat_timeout_ms, "a daemon silent this long is lost")->check(CLI::Range(50, 600000));
+  cmd->add_option("--state-dir", opts->state_dir, "where the secret and the address file live")
+      ->default_str(DefaultStateDir().string());
+  cmd->add_option("--heartbeat-timeout-ms", opts->heartbeat_timeout_ms, "a daemon silent this long is lost")
+      ->check(CLI::Range(50, 600000));
   cmd->add_option("--placement", opts->placement, "placement policy: locality or load (locality-blind)")
       ->check(CLI::IsMember({"locality", "load"}));
   cmd->add_option("--locality-wait-ms", opts->locality_wait_ms, "how long a ready vertex waits for a slot where its inputs are")
       ->check(CLI::Range(0, 600000));
   cmd->add_option("--straggler-factor", opts->straggler_factor,
                   "duplicate an attempt running this many times its stage's median (0: never)")
-      ->check(Finite())->check(CLI::Range(0.0, 1e6));
+      ->check(Finite())
+      ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--straggler-min-ms", opts->straggler_min_ms, "never duplicate an attempt younger than this")
       ->check(CLI::Range(0, 86400000));
   cmd->add_flag("!--no-chain-dispatch", opts->chain_dispatch,
@@ -48,9 +51,8 @@ void AddJmCommand(CLI::App& app) {
   cmd->add_option("--journal-compact-size", opts->journal_compact_bytes,
                   "rewrite STATE_DIR/journal.jsonl as a snapshot once it reaches this size with half of it "
                   "superseded (0: never), e.g. 64MiB")
-      ->check(CLI::Validator(
-          [](std::string& v) { return v.find('-') == std::string::npos ? "" : "expected a size, got " + v; },
-          ""))  // the transform would wrap a negative size round
+      ->check(CLI::Validator([](std::string& v) { return v.find('-') == std::string::npos ? "" : "expected a size, got " + v; },
+                             ""))  // the transform would wrap a negative size round
       ->transform(CLI::AsSizeValue(false))
       ->default_str("64MiB");
   cmd->add_option("--finished-job-ttl-s", opts->finished_job_ttl_s,
@@ -127,7 +129,8 @@ void AddDaemonCommand(CLI::App& app) {
   cmd->add_option("--cpus", opts->cpus, "vertex slots")->check(CLI::Range(1, 4096));
   cmd->add_option("--gpus", opts->gpus, "GPUs this daemon offers")->check(CLI::Range(0, 1024));
   cmd->add_option("--memory-mb", opts->memory_mb,
-                  "memory in MB this daemon offers vertices (resources.memory_mb); default or 0: the machine's")->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+                  "memory in MB this daemon offers vertices (resources.memory_mb); default or 0: the machine's")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--label", opts->labels, "KEY=VALUE, e.g. host=a1 or rack=r3 (repeatable)");
   cmd->add_option("--work-dir", opts->work_dir, "where outputs and scratch space live")->required();
   cmd->add_option("--data-host", opts->data_host, "address other daemons reach this one's outputs at");
@@ -186,8 +189,8 @@ void AddDaemonCommand(CLI::App& app) {
       ExitCode() = 1;
       return;
     }
-    std::cout << "copse daemon " << opts->name << ": registered with the job manager at " << jm_address << ", "
-              << opts->cpus << " cpus, work dir " << opts->work_dir << std::endl;
+    std::cout << "copse daemon " << opts->name << ": registered with the job manager at " << jm_address << ", " << opts->cpus
+              << " cpus, work dir " << opts->work_dir << std::endl;
     vertex::Daemon* d = daemon->get();
     StopOnSignals([d] { d->Stop(); });
     Status st = d->Run();

@@ -50,8 +50,8 @@ std::string RenderProgress(const Json& p) {
 }
 
 std::string RenderJobStatus(const Json& job, bool color) {
-  std::string out = "job " + std::to_string(job["id"].get<uint64_t>()) + " \"" + job["name"].get<std::string>() + "\": " +
-                    job["state"].get<std::string>() + ", " + Fmt("%.2f", job["elapsed_s"].get<double>()) + " s, " +
+  std::string out = "job " + std::to_string(job["id"].get<uint64_t>()) + " \"" + job["name"].get<std::string>() +
+                    "\": " + job["state"].get<std::string>() + ", " + Fmt("%.2f", job["elapsed_s"].get<double>()) + " s, " +
                     std::to_string(job["vertices"]["completed"].get<size_t>()) + "/" +
                     std::to_string(job["vertices"]["total"].get<size_t>()) + " vertices done\n";
   size_t name_width = 5;
@@ -106,8 +106,9 @@ std::string RenderCopiedOutputs(const Json& outputs) {
 std::string RenderJobsTable(const Json& jobs, bool submitted) {
   bool reasons = false;
   for (const auto& j : jobs) reasons = reasons || j.contains("reason");
-  std::string out = std::string("  ID  ") + (submitted ? "SUBMITTED            " : "") +
-                    (reasons ? "STATE      DONE/TOTAL  ELAPSED  NAME                  REASON\n" : "STATE      DONE/TOTAL  ELAPSED  NAME\n");
+  std::string out =
+      std::string("  ID  ") + (submitted ? "SUBMITTED            " : "") +
+      (reasons ? "STATE      DONE/TOTAL  ELAPSED  NAME                  REASON\n" : "STATE      DONE/TOTAL  ELAPSED  NAME\n");
   for (const auto& j : jobs) {
     std::string line = fmt::format("{:4}  ", j["id"].get<uint64_t>());
     if (submitted) {
@@ -118,9 +119,10 @@ std::string RenderJobsTable(const Json& jobs, bool submitted) {
       std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &local);
       line += fmt::format("{:<19}  ", when);
     }
-    line += fmt::format("{:<9}  {:5}/{:<5}  {:6.1f}s  ", j["state"].get<std::string>(),
-                        j["completed"].get<size_t>(), j["total"].get<size_t>(), j["elapsed_s"].get<double>());
-    line += reasons ? fmt::format("{:<20}  {}", j["name"].get<std::string>(), j.value("reason", "")) : j["name"].get<std::string>();
+    line += fmt::format("{:<9}  {:5}/{:<5}  {:6.1f}s  ", j["state"].get<std::string>(), j["completed"].get<size_t>(),
+                        j["total"].get<size_t>(), j["elapsed_s"].get<double>());
+    line +=
+        reasons ? fmt::format("{:<20}  {}", j["name"].get<std::string>(), j.value("reason", "")) : j["name"].get<std::string>();
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out += line + "\n";
   }
@@ -150,13 +152,16 @@ std::string RenderDaemonsTable(const Json& daemons, bool all) {
     std::string labels;
     for (auto& [k, v] : d["labels"].items()) labels += (labels.empty() ? "" : ",") + k + "=" + v.get<std::string>();
     char line[512];
-    std::snprintf(line, sizeof(line), "%-12s  %-7s  %4.0f  %4.0f  %4d  %15s  %7zu  %-20s  %-12s  %s\n", d["name"].get<std::string>().c_str(),
-                  d.value("state", d["alive"].get<bool>() ? "alive" : "lost").c_str(), d["cpus"].get<double>(), d["free_cpus"].get<double>(),
-                  d["gpus"].get<int>(), MemoryColumn(d).c_str(), d["running"].get<size_t>(), OrDash(d["data"].get<std::string>()).c_str(),
+    std::snprintf(line, sizeof(line), "%-12s  %-7s  %4.0f  %4.0f  %4d  %15s  %7zu  %-20s  %-12s  %s\n",
+                  d["name"].get<std::string>().c_str(), d.value("state", d["alive"].get<bool>() ? "alive" : "lost").c_str(),
+                  d["cpus"].get<double>(), d["free_cpus"].get<double>(), d["gpus"].get<int>(), MemoryColumn(d).c_str(),
+                  d["running"].get<size_t>(), OrDash(d["data"].get<std::string>()).c_str(),
                   OrDash(d.value("control", "tcp")).c_str(), labels.c_str());
     out += line;
   }
-  if (hidden) out += std::to_string(hidden) + " earlier registration" + (hidden == 1 ? "" : "s") + " of these names not shown (--all lists them)\n";
+  if (hidden)
+    out += std::to_string(hidden) + " earlier registration" + (hidden == 1 ? "" : "s") +
+           " of these names not shown (--all lists them)\n";
   return out;
 }
 
@@ -166,7 +171,8 @@ std::string RenderChaosReply(const Json& done) {
   if (fault == "kill_daemon") {
     text = "killed daemon " + done.value("daemon", "?");
   } else if (fault == "cut_daemon") {
-    text = fmt::format("cut daemon {} off from the job manager for {} ms", done.value("daemon", "?"), done.value("ms", int64_t{0}));
+    text =
+        fmt::format("cut daemon {} off from the job manager for {} ms", done.value("daemon", "?"), done.value("ms", int64_t{0}));
   } else if (!fault.empty()) {
     text = fmt::format("armed {} on {} of job {}", fault, done.value("vertex", "?"), done.value("job", uint64_t{0}));
   } else if (done.value("random", false)) {

@@ -26,13 +26,11 @@ int RunTrain(const TrainFlags& flags) {
   auto progress = [&](const ml::TrainProgress& p) {
     if (json) return;
     if (p.epoch_done) {
-      std::printf("epoch %d: loss %.4f  test accuracy %.2f %%  %.0f images/s  (%.1f s)\n",
-                  p.epoch, p.epoch_done->loss, 100.0 * p.epoch_done->test_accuracy,
-                  p.epoch_done->images_per_s, p.epoch_done->seconds);
+      std::printf("epoch %d: loss %.4f  test accuracy %.2f %%  %.0f images/s  (%.1f s)\n", p.epoch, p.epoch_done->loss,
+                  100.0 * p.epoch_done->test_accuracy, p.epoch_done->images_per_s, p.epoch_done->seconds);
     } else {
-      std::printf("epoch %d step %lld/%lld: loss %.4f  %.0f images/s\n", p.epoch,
-                  static_cast<long long>(p.step), static_cast<long long>(p.steps_per_epoch),
-                  p.loss, p.images_per_s);
+      std::printf("epoch %d step %lld/%lld: loss %.4f  %.0f images/s\n", p.epoch, static_cast<long long>(p.step),
+                  static_cast<long long>(p.steps_per_epoch), p.loss, p.images_per_s);
     }
     std::fflush(stdout);
   };
@@ -45,29 +43,24 @@ int RunTrain(const TrainFlags& flags) {
   if (json) {
     nlohmann::json epochs = nlohmann::json::array();
     for (const auto& e : r.epochs)
-      epochs.push_back({{"epoch", e.epoch}, {"loss", e.loss}, {"test_accuracy", e.test_accuracy},
-                        {"images_per_s", e.images_per_s}, {"seconds", e.seconds}});
+      epochs.push_back({{"epoch", e.epoch},
+                        {"loss", e.loss},
+                        {"test_accuracy", e.test_accuracy},
+                        {"images_per_s", e.images_per_s},
+                        {"seconds", e.seconds}});
     const nlohmann::json out = {
-        {"model", flags.options.model},
-        {"model_description", r.model_description},
-        {"parameters", r.parameters},
-        {"device", flags.options.device},
-        {"threads", flags.options.threads},
-        {"allocator", AllocatorName()},
-        {"seed", flags.options.seed},
-        {"epochs", epochs},
-        {"train_images", r.train_images},
-        {"test_accuracy", r.test_accuracy},
-        {"final_loss", r.final_loss},
-        {"images_per_s", r.images_per_s},
-        {"train_seconds", r.train_seconds},
-        {"parameter_digest", r.parameter_digest},
+        {"model", flags.options.model},     {"model_description", r.model_description},
+        {"parameters", r.parameters},       {"device", flags.options.device},
+        {"threads", flags.options.threads}, {"allocator", AllocatorName()},
+        {"seed", flags.options.seed},       {"epochs", epochs},
+        {"train_images", r.train_images},   {"test_accuracy", r.test_accuracy},
+        {"final_loss", r.final_loss},       {"images_per_s", r.images_per_s},
+        {"train_seconds", r.train_seconds}, {"parameter_digest", r.parameter_digest},
     };
     std::printf("%s\n", out.dump().c_str());
   } else {
-    std::printf("done: %s, %lld parameters; test accuracy %.2f %%, final loss %.4f, %.0f images/s\n",
-                r.model_description.c_str(), static_cast<long long>(r.parameters),
-                100.0 * r.test_accuracy, r.final_loss, r.images_per_s);
+    std::printf("done: %s, %lld parameters; test accuracy %.2f %%, final loss %.4f, %.0f images/s\n", r.model_description.c_str(),
+                static_cast<long long>(r.parameters), 100.0 * r.test_accuracy, r.final_loss, r.images_per_s);
   }
   return 0;
 }
@@ -77,35 +70,30 @@ int RunTrain(const TrainFlags& flags) {
 void AddTrainCommand(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   ml::TrainOptions& o = flags->options;
-  CLI::App* cmd = app.add_subcommand(
-      "train", "Train a model on Fashion-MNIST in this process (the single-process reference)");
-  cmd->add_option("--model", o.model, "mlp (784-1024-1024-10), cnn, or mlp:A-B-...-Z")
-      ->capture_default_str();
-  cmd->add_option("--epochs", o.epochs, "Passes over the training set")
-      ->check(CLI::Range(1, 1000000))->capture_default_str();
+  CLI::App* cmd = app.add_subcommand("train", "Train a model on Fashion-MNIST in this process (the single-process reference)");
+  cmd->add_option("--model", o.model, "mlp (784-1024-1024-10), cnn, or mlp:A-B-...-Z")->capture_default_str();
+  cmd->add_option("--epochs", o.epochs, "Passes over the training set")->check(CLI::Range(1, 1000000))->capture_default_str();
   cmd->add_option("--batch", o.batch, "Batch size")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--lr", o.lr, "Learning rate")->check(FiniteFrom(0, false))->capture_default_str();
   cmd->add_option("--momentum", o.momentum, "SGD momentum (PyTorch semantics)")
-      ->check(Finite())->check(CLI::Range(0.0, 0.999999))->capture_default_str();
-  cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")
-      ->check(FiniteFrom(0, true))->capture_default_str();
-  cmd->add_option("--optimizer", o.optimizer, "sgd or adam")
-      ->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
+      ->check(Finite())
+      ->check(CLI::Range(0.0, 0.999999))
+      ->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(FiniteFrom(0, true))->capture_default_str();
+  cmd->add_option("--optimizer", o.optimizer, "sgd or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
   cmd->add_option("--threads", o.threads, "CPU threads")->check(CLI::Range(1, 1024))->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Seed of initialization, shuffling and dropout")
-      ->check(Unsigned64())
-      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of initialization, shuffling and dropout")->check(Unsigned64())->capture_default_str();
   cmd->add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--data-dir", o.data_dir, "Directory with the Fashion-MNIST IDX .gz files")
-      ->capture_default_str();
-  cmd->add_option("--limit", o.limit, "Use only the first N training images")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--data-dir", o.data_dir, "Directory with the Fashion-MNIST IDX .gz files")->capture_default_str();
+  cmd->add_option("--limit", o.limit, "Use only the first N training images")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--test-limit", o.test_limit, "Use only the first N test images")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--progress-every", flags->progress_every, "Steps between progress lines")
-      ->check(CLI::Range(0, std::numeric_limits<int>::max()))->capture_default_str();
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))
+      ->capture_default_str();
   cmd->add_option("-o,--format", flags->output, "text, or json: one JSON value at the end")
-      ->check(CLI::IsMember({"text", "json"}))->capture_default_str();
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
   cmd->callback([flags] { std::exit(RunTrain(*flags)); });
 }
 

@@ -43,7 +43,7 @@ std::string Trim(std::string s) {
 }  // namespace
 
 Result<std::string> ReadSecret(const std::filesystem::path& file) {
-  struct stat st{};
+  struct stat st {};
   if (stat(file.c_str(), &st) != 0) return Status::NotFound("no secret file at " + file.string());
   if (st.st_mode & (S_IRWXG | S_IRWXO)) {
     return Status::PermissionDenied("secret file " + file.string() + " is readable by others; chmod 600 it");
@@ -62,7 +62,7 @@ Result<std::string> LoadOrCreateSecret(const std::filesystem::path& dir) {
   if (ec) return Status::IOError("cannot create state directory " + dir.string() + ": " + ec.message());
   // Whoever can write there can plant a secret of their own (and so take the cluster) or
   // replace the journal: such a directory, or a secret someone else owns, is refused.
-  struct stat dir_st{};
+  struct stat dir_st {};
   if (stat(dir.c_str(), &dir_st) != 0) return Status::IOError("cannot read state directory " + dir.string());
   if (dir_st.st_mode & S_IWOTH) {
     return Status::PermissionDenied("state directory " + dir.string() + " is writable by every user; chmod o-w it");
@@ -72,7 +72,7 @@ Result<std::string> LoadOrCreateSecret(const std::filesystem::path& dir) {
                                     ", not to this one (" + std::to_string(geteuid()) + "): its owner could replace the secret");
   }
   auto path = dir / kSecretFileName;
-  struct stat secret_st{};
+  struct stat secret_st {};
   if (lstat(path.c_str(), &secret_st) == 0) {
     if (S_ISLNK(secret_st.st_mode)) return Status::PermissionDenied("secret file " + path.string() + " is a symbolic link");
     if (secret_st.st_uid != geteuid()) {
@@ -107,7 +107,8 @@ std::string Mac(std::string_view secret, std::string_view nonce) {
 namespace {
 
 bool IsNonce(std::string_view s) {
-  return s.size() == 32 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return s.size() == 32 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 std::string ServerProof(std::string_view secret, std::string_view client_nonce, std::string_view server_nonce) {
@@ -134,8 +135,9 @@ Status CheckWelcome(const Json& welcome, std::string_view secret, const HelloAns
   if (op != "welcome") return Status::PermissionDenied("expected a welcome, got " + DumpJson(welcome).substr(0, 200));
   auto proof = welcome.find("proof");
   if (proof == welcome.end() || !proof->is_string()) {
-    return Status::PermissionDenied("the server did not prove it holds the secret (not the copse server meant, or a build "
-                                    "from before mutual authentication)");
+    return Status::PermissionDenied(
+        "the server did not prove it holds the secret (not the copse server meant, or a build "
+        "from before mutual authentication)");
   }
   if (!ConstantTimeEquals(proof->get<std::string>(), ServerProof(secret, answer.client_nonce, answer.server_nonce))) {
     return Status::PermissionDenied("the server's proof is wrong: it does not hold this secret");

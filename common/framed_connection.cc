@@ -149,8 +149,7 @@ void FramedConnection::SendRaw(std::string frame) {
 size_t FramedConnection::WriteWithoutBlocking(const std::string& frame) {
   size_t done = 0;
   while (done < frame.size()) {
-    const ssize_t n =
-        ::send(socket_.native_handle(), frame.data() + done, frame.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+    const ssize_t n = ::send(socket_.native_handle(), frame.data() + done, frame.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n > 0) {
       done += static_cast<size_t>(n);
     } else if (n < 0 && errno == EINTR) {
@@ -231,8 +230,7 @@ const std::string kTimeAllowed = "the time allowed";
 
 template <class Endpoint>
 Result<std::unique_ptr<BlockingClient>> BlockingClient::ConnectTo(const Endpoint& to, Deadline deadline,
-                                                                 const std::string& budget, bool local,
-                                                                 std::string peer) {
+                                                                  const std::string& budget, bool local, std::string peer) {
   std::unique_ptr<BlockingClient> c(new BlockingClient(local, std::move(peer)));
   const std::error_code ec = ConnectBefore(c->io_, c->socket_, asio::generic::stream_protocol::endpoint(to), deadline);
   if (ec == asio::error::timed_out) return Status::Timeout("cannot connect to " + c->peer_ + ": no answer within " + budget);
@@ -259,9 +257,8 @@ Result<std::unique_ptr<BlockingClient>> BlockingClient::ConnectLocal(const std::
   return ConnectTo(AbstractEndpoint(name), deadline, kTimeAllowed, true, "local socket \"" + name + "\"");
 }
 
-Result<std::unique_ptr<BlockingClient>> BlockingClient::Connect(const std::string& host, uint16_t port,
-                                                                const std::string& secret, const std::string& role,
-                                                                std::chrono::milliseconds timeout) {
+Result<std::unique_ptr<BlockingClient>> BlockingClient::Connect(const std::string& host, uint16_t port, const std::string& secret,
+                                                                const std::string& role, std::chrono::milliseconds timeout) {
   std::error_code ec;
   auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
   if (ec) return Status::InvalidArgument("\"" + host + "\" is not an IP address");
@@ -340,9 +337,7 @@ Result<Json> BlockingClient::Receive(std::chrono::milliseconds timeout) {
   return ErrorReplyAsStatus(ReceiveBefore(std::chrono::steady_clock::now() + timeout, Ms(timeout)));
 }
 
-Result<Json> BlockingClient::Receive(Deadline deadline) {
-  return ErrorReplyAsStatus(ReceiveBefore(deadline, kTimeAllowed));
-}
+Result<Json> BlockingClient::Receive(Deadline deadline) { return ErrorReplyAsStatus(ReceiveBefore(deadline, kTimeAllowed)); }
 
 Result<Json> BlockingClient::Call(const Json& request, std::chrono::milliseconds timeout) {
   COPSE_RETURN_NOT_OK(Send(request, timeout));

@@ -126,8 +126,8 @@ class BlockingClient {
 
   /// Connects over TCP and authenticates with `secret` as `role` ("client", "daemon", …).
   /// Connecting, then the whole handshake, each wait at most `timeout`.
-  static Result<std::unique_ptr<BlockingClient>> Connect(const std::string& host, uint16_t port,
-                                                         const std::string& secret, const std::string& role,
+  static Result<std::unique_ptr<BlockingClient>> Connect(const std::string& host, uint16_t port, const std::string& secret,
+                                                         const std::string& role,
                                                          std::chrono::milliseconds timeout = std::chrono::seconds(10));
   /// Connects, without authenticating, before `deadline`: over TCP, or to the abstract local
   /// socket `name` (NotFound when nothing listens there; Unavailable when its accept queue is
@@ -162,7 +162,7 @@ class BlockingClient {
   /// `budget` names the wait in a Timeout's message ("300 ms").
   template <class Endpoint>
   static Result<std::unique_ptr<BlockingClient>> ConnectTo(const Endpoint& to, Deadline deadline, const std::string& budget,
-                                                          bool local, std::string peer);
+                                                           bool local, std::string peer);
   Status Authenticate(const std::string& secret, const std::string& role, Deadline deadline, const std::string& budget);
   Status SendBefore(const Json& message, Deadline deadline, const std::string& budget);
   /// The next message as sent, {"op":"error"} included.

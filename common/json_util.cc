@@ -111,8 +111,8 @@ Result<Json> ParseJson(std::string_view text, std::string_view source, std::vect
     std::string what = e.what();
     // Strip nlohmann's "[json.exception.parse_error.101] parse error at line 1, column 2: " prefix.
     if (auto colon = what.find(": "); colon != std::string::npos) what = what.substr(colon + 2);
-    return Status::InvalidArgument(std::string(source) + ":" + std::to_string(lc.line) + ":" +
-                                   std::to_string(lc.column) + ": malformed JSON: " + what);
+    return Status::InvalidArgument(std::string(source) + ":" + std::to_string(lc.line) + ":" + std::to_string(lc.column) +
+                                   ": malformed JSON: " + what);
   } catch (const Json::exception& e) {
     // A number beyond a double's range ("1e999") is out_of_range, not parse_error, and carries
     // no position: it must still be the sender's error, never an exception out of a server.
@@ -163,8 +163,9 @@ Result<std::string> ReadFile(const std::string& path, size_t max_bytes) {
   char chunk[1 << 16];
   while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
     if (static_cast<size_t>(in.gcount()) > max_bytes - text.size()) {
-      return Status::InvalidArgument(path + " is larger than " +
-                                     (max_bytes >= (1 << 20) ? std::to_string(max_bytes >> 20) + " MiB" : std::to_string(max_bytes) + " bytes"));
+      return Status::InvalidArgument(
+          path + " is larger than " +
+          (max_bytes >= (1 << 20) ? std::to_string(max_bytes >> 20) + " MiB" : std::to_string(max_bytes) + " bytes"));
     }
     text.append(chunk, static_cast<size_t>(in.gcount()));
   }

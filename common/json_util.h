@@ -23,8 +23,7 @@ inline constexpr size_t kMaxJsonDepth = 512;
 /// deeper than kMaxJsonDepth is such a failure. With `duplicate_keys`, the JSON pointer of
 /// every key an object repeats goes there ("/stages/0/name"): JSON keeps only the last of
 /// them, so a document a person wrote (a job file) loses the others silently otherwise.
-Result<Json> ParseJson(std::string_view text, std::string_view source,
-                       std::vector<std::string>* duplicate_keys = nullptr);
+Result<Json> ParseJson(std::string_view text, std::string_view source, std::vector<std::string>* duplicate_keys = nullptr);
 
 /// Byte offset in `text` where nesting first goes deeper than `limit` (brackets inside strings
 /// do not count), or npos. Linear and allocation-free: run before parsing untrusted text.

@@ -78,7 +78,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!std::get<Status>(v_).ok() && "Result constructed from an ok Status");
   }
@@ -104,10 +104,10 @@ class [[nodiscard]] Result {
 #define COPSE_CONCAT(a, b) COPSE_CONCAT_INNER(a, b)
 
 /// Returns the status from the enclosing function when `expr` is not ok.
-#define COPSE_RETURN_NOT_OK(expr)                 \
-  do {                                            \
-    ::copse::Status _copse_st = (expr);           \
-    if (!_copse_st.ok()) return _copse_st;        \
+#define COPSE_RETURN_NOT_OK(expr)          \
+  do {                                     \
+    ::copse::Status _copse_st = (expr);    \
+    if (!_copse_st.ok()) return _copse_st; \
   } while (false)
 
 #define COPSE_ASSIGN_OR_RETURN_IMPL(tmp, lhs, rexpr) \
@@ -116,5 +116,4 @@ class [[nodiscard]] Result {
   lhs = std::move(tmp).value()
 
 /// `COPSE_ASSIGN_OR_RETURN(auto x, MakeX());` unwraps a Result or returns its status.
-#define COPSE_ASSIGN_OR_RETURN(lhs, rexpr) \
-  COPSE_ASSIGN_OR_RETURN_IMPL(COPSE_CONCAT(_copse_res_, __LINE__), lhs, rexpr)
+#define COPSE_ASSIGN_OR_RETURN(lhs, rexpr) COPSE_ASSIGN_OR_RETURN_IMPL(COPSE_CONCAT(_copse_res_, __LINE__), lhs, rexpr)

@@ -20,14 +20,14 @@ namespace copse::wire {
 constexpr uint32_t kMagic = 0x45535043;  // "CPSE" read as little-endian bytes
 constexpr uint16_t kProtocolVersion = 1;
 constexpr size_t kHeaderBytes = 12;
-constexpr uint32_t kMaxControlBytes = 64u << 20;  // a control message (job files included)
+constexpr uint32_t kMaxControlBytes = 64u << 20;   // a control message (job files included)
 constexpr uint32_t kMaxHandshakeBytes = 4u << 10;  // what a peer may send before it authenticated
-constexpr uint32_t kMaxDataBytes = 256u << 20;    // one data block between daemons
+constexpr uint32_t kMaxDataBytes = 256u << 20;     // one data block between daemons
 
 enum class FrameType : uint16_t {
-  kJson = 1,   // control message: a JSON object with "op"
-  kData = 2,   // one message of a channel: u64 xxh3 checksum, then the bytes
-  kEnd = 3,    // end of a channel's data; body: JSON status
+  kJson = 1,  // control message: a JSON object with "op"
+  kData = 2,  // one message of a channel: u64 xxh3 checksum, then the bytes
+  kEnd = 3,   // end of a channel's data; body: JSON status
 };
 
 struct FrameHeader {

@@ -4,8 +4,7 @@ namespace copse::jm {
 
 Status Diagnostics::ToStatus(std::string_view source) const {
   if (items_.empty()) return Status::OK();
-  std::string msg = std::string(source) + ": " + std::to_string(items_.size()) +
-                    (items_.size() == 1 ? " error" : " errors");
+  std::string msg = std::string(source) + ": " + std::to_string(items_.size()) + (items_.size() == 1 ? " error" : " errors");
   for (const auto& d : items_) msg += "\n  " + d.ToString();
   return Status::InvalidArgument(std::move(msg));
 }

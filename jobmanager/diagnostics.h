@@ -18,9 +18,7 @@ struct Diagnostic {
 
 class Diagnostics {
  public:
-  void Error(std::string pointer, std::string message) {
-    items_.push_back({std::move(pointer), std::move(message)});
-  }
+  void Error(std::string pointer, std::string message) { items_.push_back({std::move(pointer), std::move(message)}); }
   bool empty() const { return items_.empty(); }
   size_t size() const { return items_.size(); }
   const std::vector<Diagnostic>& items() const { return items_; }

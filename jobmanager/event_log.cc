@@ -18,7 +18,8 @@ Json MergeEventLog(std::vector<EventLine> lines, size_t max_lines) {
   Json out = Json::array();
   for (size_t i = 0; i < lines.size() && i < max_lines; ++i) out.push_back(std::move(lines[i].text));
   if (lines.size() > max_lines) {
-    out.push_back(fmt::format("… {} more lines not shown (a job's log answers with its first {})", lines.size() - max_lines, max_lines));
+    out.push_back(
+        fmt::format("… {} more lines not shown (a job's log answers with its first {})", lines.size() - max_lines, max_lines));
   }
   return out;
 }

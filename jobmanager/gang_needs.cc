@@ -51,8 +51,8 @@ GangNeeds::GangNeeds(const JobGraph& g) : g_(g), needs_(g.gangs().size()) {
 
 bool GangNeeds::PinFits(const std::string& group, const DaemonCapacity& daemon,
                         const std::map<std::string, DaemonId>& pins) const {
-  if (auto largest = largest_vertex_.find(group); largest != largest_vertex_.end() &&
-                                                  !Within(largest->second, daemon.cpus, daemon.gpus, daemon.memory_mb)) {
+  if (auto largest = largest_vertex_.find(group);
+      largest != largest_vertex_.end() && !Within(largest->second, daemon.cpus, daemon.gpus, daemon.memory_mb)) {
     return false;
   }
   auto gangs = gangs_of_.find(group);
@@ -102,10 +102,10 @@ std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapac
   };
   for (const auto& [group, need] : needs_[gang.value()]) {
     if (!fits_somewhere(need)) {
-      return fmt::format("{} cannot be placed: its members in affinity group {} need {} on one daemon at once, "
-                         "and the largest daemon has {}",
-                         GangName(g_, gang), group, DescribeResources(need),
-                         DescribeResources({most_cpus, most_gpus, most_memory}, need));
+      return fmt::format(
+          "{} cannot be placed: its members in affinity group {} need {} on one daemon at once, "
+          "and the largest daemon has {}",
+          GangName(g_, gang), group, DescribeResources(need), DescribeResources({most_cpus, most_gpus, most_memory}, need));
     }
   }
   // Members joined by a shared-memory channel share a daemon too, and with them the rest of
@@ -142,10 +142,10 @@ std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapac
     }
     if (component.size() > 3) names += ", …";
     if (!fits_somewhere(need)) {
-      return fmt::format("{} cannot be placed: its members joined by shared-memory channels ({}) need {} on one daemon "
-                         "at once, and the largest daemon has {}",
-                         GangName(g_, gang), names, DescribeResources(need),
-                         DescribeResources({most_cpus, most_gpus, most_memory}, need));
+      return fmt::format(
+          "{} cannot be placed: its members joined by shared-memory channels ({}) need {} on one daemon "
+          "at once, and the largest daemon has {}",
+          GangName(g_, gang), names, DescribeResources(need), DescribeResources({most_cpus, most_gpus, most_memory}, need));
     }
   }
   return "";

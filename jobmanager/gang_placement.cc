@@ -51,9 +51,9 @@ class Search {
     budget_ += units_.size() * (daemons_.size() + 1);  // one pass without backtracking always completes
     if (!Place(0)) {
       out.gave_up = steps_ > budget_;
-      out.why_not = out.gave_up
-                        ? fmt::format("no placement of its members on the live daemons' free slots was found in {} steps", budget_)
-                        : "its members do not fit the live daemons' free slots together";
+      out.why_not =
+          out.gave_up ? fmt::format("no placement of its members on the live daemons' free slots was found in {} steps", budget_)
+                      : "its members do not fit the live daemons' free slots together";
       return out;
     }
     out.daemons.resize(r_.members.size());
@@ -89,11 +89,13 @@ class Search {
       if (member.affinity.empty()) continue;
       auto pin = r_.pins.find(member.affinity);
       if (pin == r_.pins.end()) {
-        if (std::find(u.unpinned.begin(), u.unpinned.end(), member.affinity) == u.unpinned.end()) u.unpinned.push_back(member.affinity);
+        if (std::find(u.unpinned.begin(), u.unpinned.end(), member.affinity) == u.unpinned.end())
+          u.unpinned.push_back(member.affinity);
       } else if (u.pinned && *u.pinned != pin->second) {
-        return fmt::format("{} must share a daemon (an shm channel or an affinity group joins them), but their affinity "
-                           "groups are placed on two daemons",
-                           Names(r_, u.members));
+        return fmt::format(
+            "{} must share a daemon (an shm channel or an affinity group joins them), but their affinity "
+            "groups are placed on two daemons",
+            Names(r_, u.members));
       } else {
         u.pinned = pin->second;
         u.pinned_group = member.affinity;
@@ -118,8 +120,8 @@ class Search {
       free_memory = std::min(kUnaccountedMemoryMb, free_memory + std::max<int64_t>(0, free_memory_[i]));
     }
     if (!Within(all, free_cpus, free_gpus, free_memory)) {
-      return fmt::format("its members need {} together, and the live daemons have {} free",
-                         DescribeResources(all), DescribeResources({free_cpus, free_gpus, free_memory}, all));
+      return fmt::format("its members need {} together, and the live daemons have {} free", DescribeResources(all),
+                         DescribeResources({free_cpus, free_gpus, free_memory}, all));
     }
     std::set<std::tuple<double, int, int64_t>> fit_somewhere;  // needs of unpinned units seen to fit (units are often alike)
     for (const Unit& u : units_) {

@@ -48,14 +48,14 @@ struct GangDaemon {
 struct GangMember {
   std::string name;  // for the reasons given when it cannot be placed
   Resources need;
-  std::string affinity;  // its stage's affinity group ("": none)
+  std::string affinity;                      // its stage's affinity group ("": none)
   std::map<DaemonId, uint64_t> input_bytes;  // where its stored inputs are, for the policy
 };
 
 struct GangRequest {
   std::vector<GangMember> members;
   std::vector<std::pair<size_t, size_t>> share_daemon;  // indices of members joined by shm channels
-  std::map<std::string, DaemonId> pins;  // the job's affinity groups placed already
+  std::map<std::string, DaemonId> pins;                 // the job's affinity groups placed already
 };
 
 /// Per member (in the request's order), its daemon; or, when none was found, why.

@@ -48,7 +48,11 @@ std::string HostProblem(const std::string& host) {
 class JmServer::Impl : public DaemonSink {
  public:
   explicit Impl(JmServerOptions options)
-      : options_(std::move(options)), acceptor_(io_), local_acceptor_(io_), tick_timer_(io_), scheduler_(*this, clock_, options_.scheduler) {}
+      : options_(std::move(options)),
+        acceptor_(io_),
+        local_acceptor_(io_),
+        tick_timer_(io_),
+        scheduler_(*this, clock_, options_.scheduler) {}
 
   Status Listen() {
     COPSE_ASSIGN_OR_RETURN(secret_, auth::LoadOrCreateSecret(options_.state_dir));  // creates the directory
@@ -101,7 +105,8 @@ class JmServer::Impl : public DaemonSink {
     if (!ec) acceptor_.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
     if (!ec) acceptor_.bind(ep, ec);
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return Status::Unavailable("cannot listen on " + options_.host + ":" + std::to_string(options_.port) + ": " + ec.message());
+    if (ec)
+      return Status::Unavailable("cannot listen on " + options_.host + ":" + std::to_string(options_.port) + ": " + ec.message());
     // Publish the address atomically so a waiting `copse run` never reads half a file.
     auto addr_file = options_.state_dir / "jm.addr";
     auto tmp = options_.state_dir / "jm.addr.tmp";
@@ -215,8 +220,13 @@ class JmServer::Impl : public DaemonSink {
     peer.nonce = auth::NewNonce();
     peer.last_seen = std::chrono::steady_clock::now();
     std::weak_ptr<net::FramedConnection> weak = conn;
-    conn->Start([this, weak](Json msg) { if (auto c = weak.lock()) OnMessage(c, std::move(msg)); },
-                [this, weak](const Status& why) { if (auto c = weak.lock()) OnClose(c, why); });
+    conn->Start(
+        [this, weak](Json msg) {
+          if (auto c = weak.lock()) OnMessage(c, std::move(msg));
+        },
+        [this, weak](const Status& why) {
+          if (auto c = weak.lock()) OnClose(c, why);
+        });
     conn->Send({{"op", "hello"}, {"nonce", peer.nonce}, {"version", wire::kProtocolVersion}});
   }
 
@@ -239,8 +249,7 @@ class JmServer::Impl : public DaemonSink {
     const std::string op = msg["op"].get<std::string>();
     if (!peer.authenticated) {
       const std::string role = StringMember(msg, "role");
-      bool ok = op == "auth" && msg.contains("mac") && msg["mac"].is_string() &&
-                (role == "daemon" || role == "client") &&
+      bool ok = op == "auth" && msg.contains("mac") && msg["mac"].is_string() && (role == "daemon" || role == "client") &&
                 auth::ConstantTimeEquals(msg["mac"].get<std::string>(), auth::Mac(secret_, peer.nonce));
       if (!ok) {
         // At most a line a second, however many are refused: a flood must not fill the disk.
@@ -301,7 +310,8 @@ class JmServer::Impl : public DaemonSink {
         return conn->SendErrorAndClose("register: cpus and gpus must be 0 to 1,000,000, memory_mb not negative");
       }
       spec.gpus = static_cast<int>(gpus);
-      if (std::string why = HostProblem(spec.data_host); !why.empty()) return conn->SendErrorAndClose("register: data_host " + why);
+      if (std::string why = HostProblem(spec.data_host); !why.empty())
+        return conn->SendErrorAndClose("register: data_host " + why);
       if (data_port < 1 || data_port > 65535) return conn->SendErrorAndClose("register: data_port must be 1 to 65535");
       spec.data_port = static_cast<uint16_t>(data_port);
       spec.stream_endpoints = msg.value("stream", Json::object());
@@ -406,12 +416,14 @@ class JmServer::Impl : public DaemonSink {
       if (lines.is_null() && !scheduler_.HasJob(job) && history_->Summary(job)) {
         lines = JobHistory::EventLog(*history_->Load(job), vertex);
         if (lines.is_null()) {
-          return conn->Send({{"op", "error"}, {"message", "job " + job.ToString() + "'s history has no attempt of a vertex \"" + vertex + "\""}});
+          return conn->Send({{"op", "error"},
+                             {"message", "job " + job.ToString() + "'s history has no attempt of a vertex \"" + vertex + "\""}});
         }
       }
       if (lines.is_null()) {
-        return conn->Send({{"op", "error"}, {"message", scheduler_.HasJob(job) ? "job " + job.ToString() + " has no vertex \"" + vertex + "\""
-                                                                               : "no job " + job.ToString()}});
+        return conn->Send({{"op", "error"},
+                           {"message", scheduler_.HasJob(job) ? "job " + job.ToString() + " has no vertex \"" + vertex + "\""
+                                                              : "no job " + job.ToString()}});
       }
       return conn->Send({{"op", "logs"}, {"lines", lines}});
     }
@@ -436,8 +448,10 @@ class JmServer::Impl : public DaemonSink {
     }
     if (op == "outputs") {
       if (!scheduler_.HasJob(JobIdFrom(msg)) && history_->Summary(JobIdFrom(msg))) {
-        return conn->Send({{"op", "error"}, {"message", "job " + JobIdFrom(msg).ToString() + " finished more than --finished-job-ttl-s ago: "
-                                                         "its outputs were released (its summary, logs and trace are kept)"}});
+        return conn->Send({{"op", "error"},
+                           {"message", "job " + JobIdFrom(msg).ToString() +
+                                           " finished more than --finished-job-ttl-s ago: "
+                                           "its outputs were released (its summary, logs and trace are kept)"}});
       }
       auto locations = scheduler_.OutputLocations(JobIdFrom(msg));
       if (!locations.ok()) return conn->Send({{"op", "error"}, {"message", locations.status().message()}});
@@ -453,7 +467,8 @@ class JmServer::Impl : public DaemonSink {
     const Json& vertex = msg.value("vertex", Json());
     const Json& version = msg.value("version", Json());
     if (!job.valid() || !vertex.is_number_unsigned() || !version.is_number_unsigned() || vertex.get<uint64_t>() > UINT32_MAX ||
-        version.get<uint64_t>() > UINT32_MAX || !scheduler_.HasAttempt(job, VertexId(vertex.get<uint32_t>()), version.get<uint32_t>())) {
+        version.get<uint64_t>() > UINT32_MAX ||
+        !scheduler_.HasAttempt(job, VertexId(vertex.get<uint32_t>()), version.get<uint32_t>())) {
       JmLog()->warn("dropping a vertex log naming no attempt sent of a known job: job {}, vertex {}, version {}",
                     msg.value("job", Json()).dump(), vertex.dump(), version.dump());
       return;
@@ -485,7 +500,10 @@ class JmServer::Impl : public DaemonSink {
         if (auto newest = scheduler_.Attempt(job, name, 0); newest.ok()) {
           const auto logged = history_->LoggedVersions(job, VertexId((*newest)["vertex"].get<uint32_t>()));
           if (std::find(logged.begin(), logged.end(), attempt) != logged.end()) {
-            found = Json{{"vertex", (*newest)["vertex"]}, {"attempt", attempt}, {"newest", (*newest)["newest"]}, {"running", false},
+            found = Json{{"vertex", (*newest)["vertex"]},
+                         {"attempt", attempt},
+                         {"newest", (*newest)["newest"]},
+                         {"running", false},
                          {"outcome", "running when the job manager restarted"}};
           }
         }
@@ -504,7 +522,9 @@ class JmServer::Impl : public DaemonSink {
       for (const auto& [id, names] : events.names) {
         if (names.first == name) v = VertexId(id);
       }
-      if (!v.valid()) return conn->Send({{"op", "error"}, {"message", "job " + job.ToString() + "'s history has no attempt of a vertex \"" + name + "\""}});
+      if (!v.valid())
+        return conn->Send(
+            {{"op", "error"}, {"message", "job " + job.ToString() + "'s history has no attempt of a vertex \"" + name + "\""}});
       uint32_t newest = 0;
       for (const auto& s : events.spans) {
         if (s.vertex == v.value()) newest = std::max(newest, s.version);
@@ -518,7 +538,8 @@ class JmServer::Impl : public DaemonSink {
         reply["outcome"] = s.outcome;
       }
       if (!reply.contains("attempt")) {
-        return conn->Send({{"op", "error"}, {"message", fmt::format("job {}'s history has no attempt {} of {}", job.value(), attempt, name)}});
+        return conn->Send(
+            {{"op", "error"}, {"message", fmt::format("job {}'s history has no attempt {} of {}", job.value(), attempt, name)}});
       }
       attempt = reply["attempt"].get<uint32_t>();
       reply["running"] = false;
@@ -540,7 +561,8 @@ class JmServer::Impl : public DaemonSink {
     Json& failed = status["failed_attempt"];
     auto found = scheduler_.Attempt(JobId(status["id"].get<uint64_t>()), failed.value("vertex", ""), failed.value("attempt", 0u));
     if (!found.ok()) return status;
-    const auto versions = history_->LoggedVersions(JobId(status["id"].get<uint64_t>()), VertexId((*found)["vertex"].get<uint32_t>()));
+    const auto versions =
+        history_->LoggedVersions(JobId(status["id"].get<uint64_t>()), VertexId((*found)["vertex"].get<uint32_t>()));
     failed["printed"] = std::find(versions.begin(), versions.end(), failed.value("attempt", 0u)) != versions.end();
     return status;
   }
@@ -566,10 +588,15 @@ class JmServer::Impl : public DaemonSink {
       const uint64_t id = summary.value("id", uint64_t{0});
       if (rows.count(id)) continue;
       const Json& vertices = summary.value("vertices", Json::object());
-      rows[id] = {{"id", id}, {"name", summary.value("name", "")}, {"state", summary.value("state", "")},
-                  {"completed", vertices.value("completed", 0)}, {"total", vertices.value("total", 0)},
-                  {"elapsed_s", summary.value("elapsed_s", 0.0)}, {"submitted_unix_ms", summary.value("submitted_unix_ms", int64_t{0})},
-                  {"finished_unix_ms", summary.value("finished_unix_ms", int64_t{0})}, {"forgotten", true}};
+      rows[id] = {{"id", id},
+                  {"name", summary.value("name", "")},
+                  {"state", summary.value("state", "")},
+                  {"completed", vertices.value("completed", 0)},
+                  {"total", vertices.value("total", 0)},
+                  {"elapsed_s", summary.value("elapsed_s", 0.0)},
+                  {"submitted_unix_ms", summary.value("submitted_unix_ms", int64_t{0})},
+                  {"finished_unix_ms", summary.value("finished_unix_ms", int64_t{0})},
+                  {"forgotten", true}};
       if (summary.contains("failure")) rows[id]["failure"] = summary["failure"];
     }
     Json out = Json::array();
@@ -645,9 +672,10 @@ class JmServer::Impl : public DaemonSink {
     if (late <= decltype(late)::zero()) return;
     for (auto& [conn, peer] : peers_) peer.last_seen = std::min(now, peer.last_seen + late);
     if (late < options_.heartbeat_timeout / 2) return;
-    JmLog()->warn("job manager: busy for {} ms without reading; that time is not counted against the daemons' "
-                  "heartbeats",
-                  std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
+    JmLog()->warn(
+        "job manager: busy for {} ms without reading; that time is not counted against the daemons' "
+        "heartbeats",
+        std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
   }
 
   /// Once a minute: finished jobs past the history retention, and not still held, are removed.
@@ -663,9 +691,7 @@ class JmServer::Impl : public DaemonSink {
   }
 
   /// Five heartbeats per timeout, within what a daemon accepts (1 ms to 60 s).
-  int64_t HeartbeatIntervalMs() const {
-    return std::clamp<int64_t>(options_.heartbeat_timeout.count() / 5, 10, 60'000);
-  }
+  int64_t HeartbeatIntervalMs() const { return std::clamp<int64_t>(options_.heartbeat_timeout.count() / 5, 10, 60'000); }
 
   void ScheduleTick() {
     tick_timer_.expires_after(options_.tick);
@@ -711,7 +737,7 @@ class JmServer::Impl : public DaemonSink {
   TraceStreamer trace_streamer_;  // before the connections it sends on are gone: destroyed first
   bool flush_pending_ = false;
   std::chrono::steady_clock::time_point last_tick_at_;  // when the last tick began (or Listen)
-  uint64_t retry_compaction_at_ = 0;  // journal size at which to try again after a failed rewrite
+  uint64_t retry_compaction_at_ = 0;                    // journal size at which to try again after a failed rewrite
 };
 
 JmServer::JmServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -109,8 +109,8 @@ class JobGraph::Builder {
       if (s.name.empty()) continue;
       auto [it, inserted] = g_.stage_index_.emplace(s.name, static_cast<int>(i));
       if (!inserted) {
-        diags_.Error(PointerAppend(s.pointer, "name"), "duplicate stage name \"" + s.name + "\" (first defined at " +
-                                                           spec_.stages[it->second].pointer + ")");
+        diags_.Error(PointerAppend(s.pointer, "name"),
+                     "duplicate stage name \"" + s.name + "\" (first defined at " + spec_.stages[it->second].pointer + ")");
       }
     }
   }
@@ -137,11 +137,12 @@ class JobGraph::Builder {
       const uint64_t each = DumpJson(s.params).size();
       expanded += each * static_cast<uint64_t>(s.replicas);
       if (expanded > kMaxExpandedParamsBytes) {
-        diags_.Error("/stages/" + std::to_string(si) + "/params",
-                     "params holding \"{replica}\" are copied for each replica: " + std::to_string(s.replicas) +
-                         " replicas of " + std::to_string(each) + " bytes bring the job's copies to " +
-                         std::to_string(expanded >> 20) + " MiB; at most " + std::to_string(kMaxExpandedParamsBytes >> 20) +
-                         " MiB are supported (keep what does not vary with the replica in params without \"{replica}\", or in a file)");
+        diags_.Error(
+            "/stages/" + std::to_string(si) + "/params",
+            "params holding \"{replica}\" are copied for each replica: " + std::to_string(s.replicas) + " replicas of " +
+                std::to_string(each) + " bytes bring the job's copies to " + std::to_string(expanded >> 20) + " MiB; at most " +
+                std::to_string(kMaxExpandedParamsBytes >> 20) +
+                " MiB are supported (keep what does not vary with the replica in params without \"{replica}\", or in a file)");
         g_.stage_base_.clear();
         return;
       }
@@ -203,8 +204,8 @@ class JobGraph::Builder {
     auto set = Resolve(ref, ptr);
     if (!set) return std::nullopt;
     if (set->size() != 1) {
-      diags_.Error(ptr, "\"" + ref.stage + "\" has " + std::to_string(set->size()) +
-                            " replicas; name one vertex, like \"" + ref.stage + "[0]\"");
+      diags_.Error(ptr, "\"" + ref.stage + "\" has " + std::to_string(set->size()) + " replicas; name one vertex, like \"" +
+                            ref.stage + "[0]\"");
       return std::nullopt;
     }
     return set->front();
@@ -229,8 +230,8 @@ class JobGraph::Builder {
       } else if (np == nc) {
         pattern = EdgePattern::kPointwise;
       } else {
-        diags_.Error(e.pointer, "\"" + e.from.ToString() + "\" has " + std::to_string(np) + " vertices and \"" +
-                                    e.to.ToString() + "\" has " + std::to_string(nc) +
+        diags_.Error(e.pointer, "\"" + e.from.ToString() + "\" has " + std::to_string(np) + " vertices and \"" + e.to.ToString() +
+                                    "\" has " + std::to_string(nc) +
                                     "; give a \"pattern\": all_to_all, broadcast (from 1) or gather (into 1)");
         continue;
       }
@@ -239,9 +240,9 @@ class JobGraph::Builder {
       switch (pattern) {
         case EdgePattern::kPointwise:
           if (np != nc) {
-            diags_.Error(pattern_ptr, "pointwise joins replica i to replica i and needs equal counts; \"" +
-                                          e.from.ToString() + "\" has " + std::to_string(np) + ", \"" +
-                                          e.to.ToString() + "\" has " + std::to_string(nc));
+            diags_.Error(pattern_ptr, "pointwise joins replica i to replica i and needs equal counts; \"" + e.from.ToString() +
+                                          "\" has " + std::to_string(np) + ", \"" + e.to.ToString() + "\" has " +
+                                          std::to_string(nc));
             continue;
           }
           count = np;
@@ -249,9 +250,9 @@ class JobGraph::Builder {
         case EdgePattern::kAllToAll: count = np * nc; break;
         case EdgePattern::kBroadcast:
           if (np != 1) {
-            diags_.Error(pattern_ptr, "broadcast sends one vertex's output to every consumer, but \"" +
-                                          e.from.ToString() + "\" has " + std::to_string(np) +
-                                          " vertices; name one, like \"" + e.from.stage + "[0]\"");
+            diags_.Error(pattern_ptr, "broadcast sends one vertex's output to every consumer, but \"" + e.from.ToString() +
+                                          "\" has " + std::to_string(np) + " vertices; name one, like \"" + e.from.stage +
+                                          "[0]\"");
             continue;
           }
           count = nc;
@@ -268,11 +269,13 @@ class JobGraph::Builder {
       bool one_output_each = pattern != EdgePattern::kAllToAll;  // each producer writes one port
       bool one_input_each = pattern == EdgePattern::kPointwise || pattern == EdgePattern::kBroadcast;
       if (e.from_port && !one_output_each) {
-        diags_.Error(PointerAppend(e.pointer, "from_port"), "from_port needs a pattern that gives each producer one output (pointwise, broadcast, gather)");
+        diags_.Error(PointerAppend(e.pointer, "from_port"),
+                     "from_port needs a pattern that gives each producer one output (pointwise, broadcast, gather)");
         continue;
       }
       if (e.to_port && !one_input_each) {
-        diags_.Error(PointerAppend(e.pointer, "to_port"), "to_port needs a pattern that gives each consumer one input (pointwise, broadcast)");
+        diags_.Error(PointerAppend(e.pointer, "to_port"),
+                     "to_port needs a pattern that gives each consumer one input (pointwise, broadcast)");
         continue;
       }
       if (g_.channels_.size() + count > kMaxChannels) {
@@ -336,7 +339,8 @@ class JobGraph::Builder {
     uint64_t ports = 0;
     for (const auto& outs : out_req_) ports += std::max<uint64_t>(HighestPinnedPort(outs) + 1, outs.size());
     if (ports > kMaxOutputPorts) {
-      diags_.Error("/edges", "the job's vertices have " + std::to_string(ports) + " output ports (pinned from_port numbers count every port below them); at most " +
+      diags_.Error("/edges", "the job's vertices have " + std::to_string(ports) +
+                                 " output ports (pinned from_port numbers count every port below them); at most " +
                                  std::to_string(kMaxOutputPorts) + " are supported");
       in_req_.clear();
       out_req_.clear();
@@ -405,8 +409,8 @@ class JobGraph::Builder {
           if (c.kind == first.kind) continue;
           diags_.Error(PointerAppend(spec_.edges[c.edge].pointer, "channel"),
                        "output port " + std::to_string(port) + " of " + v.name + " is already a " +
-                           std::string(ChannelKindName(first.kind)) + " channel (" + spec_.edges[first.edge].pointer +
-                           "), not " + std::string(ChannelKindName(c.kind)) + ": a port is written once, as one kind");
+                           std::string(ChannelKindName(first.kind)) + " channel (" + spec_.edges[first.edge].pointer + "), not " +
+                           std::string(ChannelKindName(c.kind)) + ": a port is written once, as one kind");
           break;
         }
       }
@@ -424,7 +428,8 @@ class JobGraph::Builder {
         if (outs.size() <= static_cast<size_t>(o.port)) {
           output_ports_ += o.port + 1 - outs.size();
           if (output_ports_ > kMaxOutputPorts) {
-            diags_.Error(PointerAppend(o.pointer, "port"), "port " + std::to_string(o.port) + " brings the job's output ports to more than " +
+            diags_.Error(PointerAppend(o.pointer, "port"), "port " + std::to_string(o.port) +
+                                                               " brings the job's output ports to more than " +
                                                                std::to_string(kMaxOutputPorts));
             return;
           }
@@ -433,7 +438,8 @@ class JobGraph::Builder {
       }
       if (o.path.empty()) continue;
       auto [it, inserted] = paths.emplace(o.path, o.pointer);
-      if (!inserted) diags_.Error(PointerAppend(o.pointer, "path"), "path \"" + o.path + "\" is already written by " + it->second);
+      if (!inserted)
+        diags_.Error(PointerAppend(o.pointer, "path"), "path \"" + o.path + "\" is already written by " + it->second);
     }
   }
 
@@ -495,8 +501,8 @@ class JobGraph::Builder {
         if (!inserted && it->second.first != group && reported_edges.insert(ch.edge).second) {
           diags_.Error(PointerAppend(spec_.edges[ch.edge].pointer, "channel"),
                        "shm ends must share a daemon, but " + g_.vertices_[it->second.second].name +
-                           " is pinned to affinity group \"" + it->second.first + "\" and " +
-                           g_.vertices_[v.value()].name + " to \"" + group + "\"");
+                           " is pinned to affinity group \"" + it->second.first + "\" and " + g_.vertices_[v.value()].name +
+                           " to \"" + group + "\"");
         }
       }
     }
@@ -525,15 +531,16 @@ class JobGraph::Builder {
         // Placed, a vertex reading its own output would wait on itself for ever.
         if (self_edges.insert(ch.edge).second) {
           diags_.Error(spec_.edges[ch.edge].pointer,
-                       g_.vertices_[ch.from.value()].name + (IsLive(ch.kind) ? " cannot read its own output (" : " cannot wait for itself to complete (") +
-                           (ch.kind == ChannelKind::kOrder ? "an " : "a ") +
-                           std::string(ChannelKindName(ch.kind)) + " channel from it to itself)");
+                       g_.vertices_[ch.from.value()].name +
+                           (IsLive(ch.kind) ? " cannot read its own output (" : " cannot wait for itself to complete (") +
+                           (ch.kind == ChannelKind::kOrder ? "an " : "a ") + std::string(ChannelKindName(ch.kind)) +
+                           " channel from it to itself)");
         }
       } else if (!IsLive(ch.kind) && reported_gangs.insert(a).second) {
-        diags_.Error(spec_.edges[ch.edge].pointer,
-                     g_.vertices_[ch.to.value()].name + " must wait for " + g_.vertices_[ch.from.value()].name +
-                         " to complete (a " + std::string(ChannelKindName(ch.kind)) +
-                         " channel), but both run at once in one gang joined by live channels");
+        diags_.Error(spec_.edges[ch.edge].pointer, g_.vertices_[ch.to.value()].name + " must wait for " +
+                                                       g_.vertices_[ch.from.value()].name + " to complete (a " +
+                                                       std::string(ChannelKindName(ch.kind)) +
+                                                       " channel), but both run at once in one gang joined by live channels");
       }
     }
     std::vector<char> is_node(n, 0);
@@ -612,9 +619,10 @@ class JobGraph::Builder {
     std::vector<uint32_t> depth(n, 0);
     size_t best = 0;
     for (uint32_t v : order) {
-      uint32_t w = graph == &out ? 1 : static_cast<uint32_t>(g_.vertices_[v].gang.valid()
-                                                                 ? g_.gangs_[g_.vertices_[v].gang.value()].members.size()
-                                                                 : 1);
+      uint32_t w =
+          graph == &out
+              ? 1
+              : static_cast<uint32_t>(g_.vertices_[v].gang.valid() ? g_.gangs_[g_.vertices_[v].gang.value()].members.size() : 1);
       depth[v] += w;
       best = std::max<size_t>(best, depth[v]);
       for (uint32_t i = graph->offsets[v]; i < graph->offsets[v + 1]; ++i) {
@@ -672,12 +680,8 @@ Json JobGraph::Summary() const {
   for (size_t k = 0; k < counts.size(); ++k) {
     if (counts[k]) by_kind[std::string(ChannelKindName(static_cast<ChannelKind>(k)))] = counts[k];
   }
-  return {{"name", spec_->name},
-          {"stages", spec_->stages.size()},
-          {"vertices", vertices_.size()},
-          {"channels", channels_.size()},
-          {"channels_by_kind", by_kind},
-          {"gangs", gangs_.size()},
+  return {{"name", spec_->name},          {"stages", spec_->stages.size()}, {"vertices", vertices_.size()},
+          {"channels", channels_.size()}, {"channels_by_kind", by_kind},    {"gangs", gangs_.size()},
           {"longest_path", longest_path_}};
 }
 
@@ -686,8 +690,7 @@ std::string JobGraph::ToDot() const {
   std::ostringstream os;
   os << "digraph " << quote(spec_->name) << " {\n  rankdir=LR;\n  node [shape=box, fontname=\"Helvetica\"];\n";
   for (const auto& gang : gangs_) {
-    os << "  subgraph cluster_gang" << gang.id.value() << " {\n    label=\"gang " << gang.id.value()
-       << "\"; style=dashed;\n";
+    os << "  subgraph cluster_gang" << gang.id.value() << " {\n    label=\"gang " << gang.id.value() << "\"; style=dashed;\n";
     for (VertexId m : gang.members) os << "    " << quote(vertices_[m.value()].name) << ";\n";
     os << "  }\n";
   }
@@ -697,8 +700,8 @@ std::string JobGraph::ToDot() const {
     }
   }
   for (const auto& ch : channels_) {
-    os << "  " << quote(vertices_[ch.from.value()].name) << " -> " << quote(vertices_[ch.to.value()].name)
-       << " [label=\"" << ChannelKindName(ch.kind) << "\"";
+    os << "  " << quote(vertices_[ch.from.value()].name) << " -> " << quote(vertices_[ch.to.value()].name) << " [label=\""
+       << ChannelKindName(ch.kind) << "\"";
     if (ch.kind == ChannelKind::kOrder) os << ", style=dashed";
     if (IsLive(ch.kind)) os << ", style=bold";
     os << "];\n";

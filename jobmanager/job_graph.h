@@ -33,13 +33,13 @@ struct ChannelEdge {
 
 struct VertexNode {
   VertexId id;
-  int stage = 0;    // index into JobSpec::stages
+  int stage = 0;  // index into JobSpec::stages
   int replica = 0;
-  std::string name;  // "stage[replica]"
-  std::shared_ptr<const Json> params;  // with {replica} substituted
-  std::vector<ChannelId> inputs;               // data channels by input port
-  std::vector<std::vector<ChannelId>> outputs; // per output port, the channels that read it
-  std::vector<ChannelId> order_in;             // order edges into this vertex
+  std::string name;                             // "stage[replica]"
+  std::shared_ptr<const Json> params;           // with {replica} substituted
+  std::vector<ChannelId> inputs;                // data channels by input port
+  std::vector<std::vector<ChannelId>> outputs;  // per output port, the channels that read it
+  std::vector<ChannelId> order_in;              // order edges into this vertex
   std::vector<ChannelId> order_out;
   GangId gang;  // valid only for members of a gang of two or more
 };

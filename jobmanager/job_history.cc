@@ -88,14 +88,15 @@ bool JobHistory::DiskHasRoom() {
   const auto now = std::chrono::steady_clock::now();
   if (now - disk_checked_ < std::chrono::seconds(1)) return disk_has_room_;
   disk_checked_ = now;
-  struct statvfs fs{};
+  struct statvfs fs {};
   if (::statvfs(dir_.c_str(), &fs) != 0) return disk_has_room_;
   const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
   const uint64_t total = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
   const bool room = free_bytes >= kMinFreeBytes && free_bytes * 100 >= total;
   if (room != disk_has_room_) {
-    SchedLog()->warn("job history: {} {} ({} MB free)", room ? "writing again to" : "the file system is nearly full: not writing to",
-                     dir_.string(), free_bytes >> 20);
+    SchedLog()->warn("job history: {} {} ({} MB free)",
+                     room ? "writing again to" : "the file system is nearly full: not writing to", dir_.string(),
+                     free_bytes >> 20);
   }
   return disk_has_room_ = room;
 }
@@ -224,9 +225,10 @@ Status JobHistory::AppendVertexLog(JobId job, VertexId vertex, uint32_t version,
   if (logs.bytes + text.size() > kMaxVertexLogBytes) {
     if (logs.full_noted) return Status::OK();
     logs.full_noted = true;
-    text = fmt::format("{{\"stream\":\"copse\",\"text\":\"[copse: this job's vertex logs reached {} MiB; the job manager keeps no "
-                       "more of them]\\n\"}}\n",
-                       kMaxVertexLogBytes >> 20);
+    text = fmt::format(
+        "{{\"stream\":\"copse\",\"text\":\"[copse: this job's vertex logs reached {} MiB; the job manager keeps no "
+        "more of them]\\n\"}}\n",
+        kMaxVertexLogBytes >> 20);
   }
   const fs::path path = VertexLogPath(job, vertex, version);
   auto& versions = logs.versions[vertex.value()];
@@ -241,7 +243,8 @@ Status JobHistory::AppendVertexLog(JobId job, VertexId vertex, uint32_t version,
   return Status::OK();
 }
 
-JobHistory::LogRead JobHistory::ReadVertexLog(JobId job, VertexId vertex, uint32_t version, uint64_t from, size_t max_bytes) const {
+JobHistory::LogRead JobHistory::ReadVertexLog(JobId job, VertexId vertex, uint32_t version, uint64_t from,
+                                              size_t max_bytes) const {
   LogRead read;
   read.next = from;
   std::ifstream in(VertexLogPath(job, vertex, version), std::ios::binary);
@@ -282,8 +285,8 @@ std::shared_ptr<const JobHistory::Events> JobHistory::Load(JobId job) const {
       const bool has_vertex = v != r.end() && v->is_number_unsigned() && v->get<uint64_t>() <= UINT32_MAX;
       events->lines.emplace_back(has_vertex ? VertexId(v->get<uint32_t>()) : VertexId::Invalid(), l->get<std::string>());
     } else if (auto s = r.find("s"); s != r.end() && s->is_array() && s->size() == 4 && (*s)[0].is_number_unsigned() &&
-               (*s)[1].is_number_unsigned() && (*s)[0].get<uint64_t>() <= UINT32_MAX && (*s)[1].get<uint64_t>() <= UINT32_MAX &&
-               (*s)[2].is_number() && (*s)[3].is_number()) {
+                                     (*s)[1].is_number_unsigned() && (*s)[0].get<uint64_t>() <= UINT32_MAX &&
+                                     (*s)[1].get<uint64_t>() <= UINT32_MAX && (*s)[2].is_number() && (*s)[3].is_number()) {
       HistorySpan span;
       span.vertex = (*s)[0].get<uint32_t>();
       span.version = (*s)[1].get<uint32_t>();

@@ -73,7 +73,7 @@ class JobHistory final : public HistorySink {
     std::vector<std::pair<VertexId, std::string>> lines;
     std::vector<HistorySpan> spans;
     std::map<uint32_t, std::pair<std::string, std::string>> names;  // vertex -> (name, stage)
-    bool truncated = false;  // it reached kMaxEventBytes
+    bool truncated = false;                                         // it reached kMaxEventBytes
   };
   /// What events.jsonl holds of `job` (empty when nothing); lines that do not parse are
   /// skipped. The last job loaded is kept, for a client asking again.
@@ -122,7 +122,7 @@ class JobHistory final : public HistorySink {
   };
   std::map<uint64_t, Pending> events_;  // of jobs that have not finished (or wrote since)
   std::map<uint64_t, VertexLogs> vertex_logs_;
-  std::map<uint64_t, Json> summaries_;  // every finished job's, read at Open
+  std::map<uint64_t, Json> summaries_;                                             // every finished job's, read at Open
   mutable std::pair<uint64_t, std::shared_ptr<const Events>> loaded_{0, nullptr};  // the last Load
   std::chrono::steady_clock::time_point disk_checked_{};
   bool disk_has_room_ = true;

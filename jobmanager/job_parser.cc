@@ -13,8 +13,7 @@ constexpr int kMaxReplicas = 10'000'000;
 /// Reads the members of one JSON object, reporting type errors and unknown keys.
 class ObjectReader {
  public:
-  ObjectReader(const Json& obj, std::string pointer, Diagnostics& diags,
-               std::vector<std::string> known)
+  ObjectReader(const Json& obj, std::string pointer, Diagnostics& diags, std::vector<std::string> known)
       : obj_(obj), pointer_(std::move(pointer)), diags_(diags), known_(std::move(known)) {}
 
   /// False (and one diagnostic) when the value is not an object.
@@ -85,24 +84,23 @@ class ObjectReader {
   }
 
   std::optional<int64_t> IntegerValue(const Json& v, const std::string& ptr, int64_t lo, int64_t hi) {
-    bool integral = v.is_number_integer() ||
-                    (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+    bool integral = v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
     if (!integral) {
       diags_.Error(ptr, "expected an integer, got " + (v.is_number() ? v.dump() : JsonTypeName(v)));
       return std::nullopt;
     }
     // A float beyond int64 does not convert (undefined; 1e300 read as -2^63): range-check it first.
     const bool float_out = v.is_number_float() && !(v.get<double>() >= static_cast<double>(lo) &&
-                                                     v.get<double>() <= static_cast<double>(hi) && v.get<double>() < 0x1p63);
+                                                    v.get<double>() <= static_cast<double>(hi) && v.get<double>() < 0x1p63);
     if (float_out) {
       diags_.Error(ptr, "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " + v.dump());
       return std::nullopt;
     }
-    int64_t i = v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), INT64_MAX))
-                                       : v.get<int64_t>();
+    int64_t i =
+        v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), INT64_MAX)) : v.get<int64_t>();
     if (i < lo || i > hi) {
-      diags_.Error(ptr, "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) +
-                            ", got " + std::to_string(i));
+      diags_.Error(ptr,
+                   "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " + std::to_string(i));
       return std::nullopt;
     }
     return i;
@@ -129,8 +127,7 @@ bool ValidName(const std::string& name) {
                      [&](char c) { return alpha(c) || (c >= '0' && c <= '9') || c == '.' || c == '-'; });
 }
 
-std::optional<EndpointRef> ReadEndpoint(ObjectReader& r, std::string_view key, bool required,
-                                        Diagnostics& diags) {
+std::optional<EndpointRef> ReadEndpoint(ObjectReader& r, std::string_view key, bool required, Diagnostics& diags) {
   auto text = r.String(key, required);
   if (!text) return std::nullopt;
   auto ref = ParseEndpointRef(*text);
@@ -147,7 +144,8 @@ std::optional<ChannelKind> ReadChannel(ObjectReader& r, Diagnostics& diags) {
   if (!kind) {
     std::vector<std::string> names = {"file", "memory", "durable", "stream", "shm", "nccl", "order"};
     std::string msg = "unknown channel kind \"" + *text + "\"; expected one of: " + Join(names, ", ");
-    if (auto g = DidYouMean(*text, names); !g.empty()) msg = "unknown channel kind \"" + *text + "\"; did you mean \"" + g + "\"?";
+    if (auto g = DidYouMean(*text, names); !g.empty())
+      msg = "unknown channel kind \"" + *text + "\"; did you mean \"" + g + "\"?";
     diags.Error(r.PointerOf("channel"), msg);
   }
   return kind;
@@ -173,8 +171,8 @@ void ParseDefaults(const Json& j, JobDefaults& d, Diagnostics& diags) {
   if (auto v = r.Number("timeout_s", 0, 1e9)) d.timeout_s = *v;
 }
 
-StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults,
-                     const ProgramCatalog& catalog, Diagnostics& diags) {
+StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults, const ProgramCatalog& catalog,
+                     Diagnostics& diags) {
   StageSpec s;
   s.pointer = ptr;
   s.max_attempts = defaults.max_attempts;
@@ -188,8 +186,8 @@ StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults
   if (auto name = r.String("name", true)) {
     s.name = *name;
     if (!ValidName(s.name)) {
-      diags.Error(r.PointerOf("name"), "stage name \"" + s.name +
-                                           "\" must start with a letter or '_' and hold only letters, digits, '_', '.', '-'");
+      diags.Error(r.PointerOf("name"),
+                  "stage name \"" + s.name + "\" must start with a letter or '_' and hold only letters, digits, '_', '.', '-'");
     }
   }
   if (auto program = r.String("program", true)) {
@@ -197,15 +195,19 @@ StageSpec ParseStage(const Json& j, std::string ptr, const JobDefaults& defaults
     if (catalog.check && !catalog.names.count(s.program)) {
       std::vector<std::string> names(catalog.names.begin(), catalog.names.end());
       std::string msg = "unknown program \"" + s.program + "\"";
-      if (auto g = DidYouMean(s.program, names); !g.empty()) msg += "; did you mean \"" + g + "\"?";
-      else msg += " (see `copse programs` for the registered ones)";
+      if (auto g = DidYouMean(s.program, names); !g.empty())
+        msg += "; did you mean \"" + g + "\"?";
+      else
+        msg += " (see `copse programs` for the registered ones)";
       diags.Error(r.PointerOf("program"), msg);
     }
   }
   if (auto v = r.Integer("replicas", 1, kMaxReplicas)) s.replicas = static_cast<int>(*v);
   if (const Json* p = r.Find("params")) {
-    if (p->is_object()) s.params = *p;
-    else diags.Error(r.PointerOf("params"), "expected an object, got " + JsonTypeName(*p));
+    if (p->is_object())
+      s.params = *p;
+    else
+      diags.Error(r.PointerOf("params"), "expected an object, got " + JsonTypeName(*p));
   }
   if (catalog.check_params && catalog.names.count(s.program) && s.params.is_object()) {
     if (Status st = catalog.check_params(s.program, s.params); !st.ok()) {
@@ -268,8 +270,10 @@ EdgeSpec ParseEdge(const Json& j, std::string ptr, const JobDefaults& defaults, 
     if (!e.pattern) {
       std::vector<std::string> names = {"pointwise", "all_to_all", "broadcast", "gather"};
       std::string msg = "unknown pattern \"" + *p + "\"";
-      if (auto g = DidYouMean(*p, names); !g.empty()) msg += "; did you mean \"" + g + "\"?";
-      else msg += "; expected one of: " + Join(names, ", ");
+      if (auto g = DidYouMean(*p, names); !g.empty())
+        msg += "; did you mean \"" + g + "\"?";
+      else
+        msg += "; expected one of: " + Join(names, ", ");
       diags.Error(r.PointerOf("pattern"), msg);
     }
   }
@@ -292,8 +296,8 @@ OutputSpec ParseOutput(const Json& j, std::string ptr, Diagnostics& diags) {
   if (auto p = ReadPort(r, "port")) o.port = *p;
   if (auto path = r.String("path", true)) {
     o.path = *path;
-    bool escapes = o.path.empty() || o.path.front() == '/' || o.path == ".." ||
-                   o.path.rfind("../", 0) == 0 || o.path.find("/../") != std::string::npos ||
+    bool escapes = o.path.empty() || o.path.front() == '/' || o.path == ".." || o.path.rfind("../", 0) == 0 ||
+                   o.path.find("/../") != std::string::npos ||
                    (o.path.size() >= 3 && o.path.compare(o.path.size() - 3, 3, "/..") == 0);
     if (escapes) {
       diags.Error(r.PointerOf("path"), "expected a relative path inside the output directory, got \"" + o.path + "\"");
@@ -305,9 +309,9 @@ OutputSpec ParseOutput(const Json& j, std::string ptr, Diagnostics& diags) {
 FaultSpec ParseFault(const Json& j, std::string ptr, Diagnostics& diags) {
   FaultSpec f;
   f.pointer = ptr;
-  ObjectReader r(j, ptr, diags,
-                 {"kill_daemon_of", "kill_daemon", "fail", "attempts", "delay", "ms",
-                  "corrupt_output_of", "drop_output_of", "when"});
+  ObjectReader r(
+      j, ptr, diags,
+      {"kill_daemon_of", "kill_daemon", "fail", "attempts", "delay", "ms", "corrupt_output_of", "drop_output_of", "when"});
   if (!r.IsObject("a fault")) return f;
   r.RejectUnknownKeys();
   std::vector<FaultKind> kinds;
@@ -316,8 +320,10 @@ FaultSpec ParseFault(const Json& j, std::string ptr, Diagnostics& diags) {
     if (r.Has(FaultKindName(k))) kinds.push_back(k);
   }
   if (kinds.size() != 1) {
-    diags.Error(ptr, "expected exactly one of kill_daemon_of, kill_daemon, fail, delay, corrupt_output_of, "
-                     "drop_output_of; found " + std::to_string(kinds.size()));
+    diags.Error(ptr,
+                "expected exactly one of kill_daemon_of, kill_daemon, fail, delay, corrupt_output_of, "
+                "drop_output_of; found " +
+                    std::to_string(kinds.size()));
     return f;
   }
   f.kind = kinds[0];
@@ -364,8 +370,7 @@ FaultSpec ParseFault(const Json& j, std::string ptr, Diagnostics& diags) {
 }
 
 template <typename Fn>
-void ForEachInArray(const ObjectReader& top, const Json& doc, std::string_view key, bool required,
-                    Diagnostics& diags, Fn&& fn) {
+void ForEachInArray(const ObjectReader& top, const Json& doc, std::string_view key, bool required, Diagnostics& diags, Fn&& fn) {
   auto it = doc.find(key);
   std::string ptr = PointerAppend("", key);
   if (it == doc.end()) {
@@ -395,8 +400,10 @@ JobSpec ParseJobSpec(const Json& doc, const ProgramCatalog& catalog, Diagnostics
   if (spec.name.empty()) spec.name = "job";
   top.String("description", false);
   if (auto d = top.String("durable_dir", false)) {
-    if (d->empty()) diags.Error("/durable_dir", "expected a directory (relative to the job file), got \"\"");
-    else spec.durable_dir = *d;
+    if (d->empty())
+      diags.Error("/durable_dir", "expected a directory (relative to the job file), got \"\"");
+    else
+      spec.durable_dir = *d;
   }
   if (const Json* d = top.Find("defaults")) ParseDefaults(*d, spec.defaults, diags);
 
@@ -409,12 +416,10 @@ JobSpec ParseJobSpec(const Json& doc, const ProgramCatalog& catalog, Diagnostics
   ForEachInArray(top, doc, "edges", false, diags, [&](const Json& j, std::string ptr) {
     spec.edges.push_back(ParseEdge(j, std::move(ptr), spec.defaults, diags));
   });
-  ForEachInArray(top, doc, "outputs", false, diags, [&](const Json& j, std::string ptr) {
-    spec.outputs.push_back(ParseOutput(j, std::move(ptr), diags));
-  });
-  ForEachInArray(top, doc, "faults", false, diags, [&](const Json& j, std::string ptr) {
-    spec.faults.push_back(ParseFault(j, std::move(ptr), diags));
-  });
+  ForEachInArray(top, doc, "outputs", false, diags,
+                 [&](const Json& j, std::string ptr) { spec.outputs.push_back(ParseOutput(j, std::move(ptr), diags)); });
+  ForEachInArray(top, doc, "faults", false, diags,
+                 [&](const Json& j, std::string ptr) { spec.faults.push_back(ParseFault(j, std::move(ptr), diags)); });
   return spec;
 }
 

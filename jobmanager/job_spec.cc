@@ -21,8 +21,8 @@ std::string_view ChannelKindName(ChannelKind kind) {
 }
 
 std::optional<ChannelKind> ParseChannelKind(std::string_view name) {
-  for (auto k : {ChannelKind::kFile, ChannelKind::kMemory, ChannelKind::kStream, ChannelKind::kShm,
-                 ChannelKind::kNccl, ChannelKind::kOrder, ChannelKind::kDurable}) {
+  for (auto k : {ChannelKind::kFile, ChannelKind::kMemory, ChannelKind::kStream, ChannelKind::kShm, ChannelKind::kNccl,
+                 ChannelKind::kOrder, ChannelKind::kDurable}) {
     if (ChannelKindName(k) == name) return k;
   }
   return std::nullopt;
@@ -39,8 +39,7 @@ std::string_view EdgePatternName(EdgePattern pattern) {
 }
 
 std::optional<EdgePattern> ParseEdgePattern(std::string_view name) {
-  for (auto p : {EdgePattern::kPointwise, EdgePattern::kAllToAll, EdgePattern::kBroadcast,
-                 EdgePattern::kGather}) {
+  for (auto p : {EdgePattern::kPointwise, EdgePattern::kAllToAll, EdgePattern::kBroadcast, EdgePattern::kGather}) {
     if (EdgePatternName(p) == name) return p;
   }
   return std::nullopt;
@@ -58,9 +57,7 @@ std::string_view FaultKindName(FaultKind kind) {
   return "?";
 }
 
-std::string EndpointRef::ToString() const {
-  return replica ? stage + "[" + std::to_string(*replica) + "]" : stage;
-}
+std::string EndpointRef::ToString() const { return replica ? stage + "[" + std::to_string(*replica) + "]" : stage; }
 
 std::optional<EndpointRef> ParseEndpointRef(std::string_view text) {
   EndpointRef ref;
@@ -90,8 +87,8 @@ int JobSpec::FindStage(std::string_view stage_name) const {
 std::string DaemonNameProblem(const std::string& name) {
   if (name.empty()) return "a daemon needs a name";
   const bool plain = name.size() <= 128 && std::all_of(name.begin(), name.end(), [](unsigned char c) {
-    return std::isalnum(c) || std::strchr("._-:@+=", c) != nullptr;
-  });
+                       return std::isalnum(c) || std::strchr("._-:@+=", c) != nullptr;
+                     });
   if (!plain) {
     return "daemon name \"" + name.substr(0, 140) + "\" must be 1 to 128 letters, digits and . _ - : @ + = (no spaces or '/')";
   }

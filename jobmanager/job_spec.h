@@ -29,9 +29,7 @@ std::optional<ChannelKind> ParseChannelKind(std::string_view name);
 std::string_view EdgePatternName(EdgePattern pattern);
 std::optional<EdgePattern> ParseEdgePattern(std::string_view name);
 /// Live channels need producer and consumer running at once, so their ends form a gang.
-inline bool IsLive(ChannelKind k) {
-  return k == ChannelKind::kStream || k == ChannelKind::kShm || k == ChannelKind::kNccl;
-}
+inline bool IsLive(ChannelKind k) { return k == ChannelKind::kStream || k == ChannelKind::kShm || k == ChannelKind::kNccl; }
 /// Channels that carry data (every kind but `order`).
 inline bool CarriesData(ChannelKind k) { return k != ChannelKind::kOrder; }
 
@@ -110,12 +108,12 @@ struct OutputSpec {
 };
 
 enum class FaultKind : uint8_t {
-  kKillDaemonOf,    // SIGKILL the daemon that runs (or ran) a vertex
-  kKillDaemon,      // SIGKILL a daemon by name
-  kFail,            // make given attempts of a vertex fail
-  kDelay,           // make a vertex slow
-  kCorruptOutputOf, // damage a vertex's stored output
-  kDropOutputOf,    // delete a vertex's stored output
+  kKillDaemonOf,     // SIGKILL the daemon that runs (or ran) a vertex
+  kKillDaemon,       // SIGKILL a daemon by name
+  kFail,             // make given attempts of a vertex fail
+  kDelay,            // make a vertex slow
+  kCorruptOutputOf,  // damage a vertex's stored output
+  kDropOutputOf,     // delete a vertex's stored output
 };
 std::string_view FaultKindName(FaultKind kind);
 

@@ -107,8 +107,7 @@ Status Journal::Rewrite(const std::vector<Json>& records) {
   buffered_ = 0;
   buffer_.clear();
   if (Status synced = SyncDirectory(dir_); !synced.ok()) {
-    return Status::IOError("journal rewritten and in use, but a machine crash may bring back the old one: " +
-                           synced.message());
+    return Status::IOError("journal rewritten and in use, but a machine crash may bring back the old one: " + synced.message());
   }
   return Status::OK();
 }
@@ -136,8 +135,10 @@ uint64_t LargestJobIdNamed(const std::vector<std::string>& lines, size_t from) {
     for (size_t i = 0; i < l.size(); ++i) {
       const char c = l[i];
       if (in_string) {
-        if (c == '\\') ++i;
-        else if (c == '"') in_string = false;
+        if (c == '\\')
+          ++i;
+        else if (c == '"')
+          in_string = false;
         continue;
       }
       if (c == '{' || c == '[') ++depth;
@@ -174,7 +175,8 @@ Result<std::vector<Json>> Journal::Replay(const std::filesystem::path& dir, std:
     auto parsed = ParseJson(l, path.string() + " line " + std::to_string(number));
     if (!parsed.ok() || !parsed->is_object() || !parsed->contains("t")) {
       const bool last = number == lines.size();
-      std::string what = last ? "torn last record (a crash mid-write) dropped" : "malformed record; the rest of the journal is ignored";
+      std::string what =
+          last ? "torn last record (a crash mid-write) dropped" : "malformed record; the rest of the journal is ignored";
       if (warnings) warnings->push_back(path.string() + ":" + std::to_string(number) + ": " + what);
       if (records_lost && !last) *records_lost = true;
       // (A torn last record was never acknowledged: the client of a torn submission heard no id.)

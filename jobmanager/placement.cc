@@ -62,8 +62,7 @@ std::optional<DaemonId> LocalityPolicy::Choose(const PlacementRequest& request,
   return best_fit->id;
 }
 
-std::optional<DaemonId> LoadPolicy::Choose(const PlacementRequest& request,
-                                           const std::vector<PlacementDaemon>& daemons) const {
+std::optional<DaemonId> LoadPolicy::Choose(const PlacementRequest& request, const std::vector<PlacementDaemon>& daemons) const {
   const PlacementDaemon* best = nullptr;
   for (const auto& d : daemons) {
     if (d.fits && (!best || d.free_cpus > best->free_cpus)) best = &d;

@@ -37,8 +37,7 @@ class PlacementPolicy {
   virtual std::string name() const = 0;
   /// The daemon to use among those with `fits`, or nullopt to wait (for a better slot, or
   /// because none fits).
-  virtual std::optional<DaemonId> Choose(const PlacementRequest& request,
-                                         const std::vector<PlacementDaemon>& daemons) const = 0;
+  virtual std::optional<DaemonId> Choose(const PlacementRequest& request, const std::vector<PlacementDaemon>& daemons) const = 0;
   /// Whether a vertex whose every input is on one daemon goes there when it fits: what
   /// chained dispatch of a vertex without affinity anticipates, before its inputs are complete.
   virtual bool FollowsInputs() const = 0;
@@ -52,8 +51,7 @@ class LocalityPolicy final : public PlacementPolicy {
  public:
   explicit LocalityPolicy(Duration locality_wait) : locality_wait_(locality_wait) {}
   std::string name() const override { return "locality"; }
-  std::optional<DaemonId> Choose(const PlacementRequest& request,
-                                 const std::vector<PlacementDaemon>& daemons) const override;
+  std::optional<DaemonId> Choose(const PlacementRequest& request, const std::vector<PlacementDaemon>& daemons) const override;
   bool FollowsInputs() const override { return true; }
 
  private:
@@ -65,8 +63,7 @@ class LocalityPolicy final : public PlacementPolicy {
 class LoadPolicy final : public PlacementPolicy {
  public:
   std::string name() const override { return "load"; }
-  std::optional<DaemonId> Choose(const PlacementRequest& request,
-                                 const std::vector<PlacementDaemon>& daemons) const override;
+  std::optional<DaemonId> Choose(const PlacementRequest& request, const std::vector<PlacementDaemon>& daemons) const override;
   bool FollowsInputs() const override { return false; }
 };
 

@@ -28,7 +28,6 @@ std::shared_ptr<spdlog::logger> SchedLog() {
   return log;
 }
 
-
 std::string_view VertexStateName(VertexState s) {
   switch (s) {
     case VertexState::kWaiting: return "waiting";
@@ -61,16 +60,15 @@ std::string_view FailureClassName(FailureClass c) {
 }
 
 std::optional<FailureClass> ParseFailureClass(std::string_view name) {
-  for (auto c : {FailureClass::kProgramError, FailureClass::kDaemonLost, FailureClass::kInputLost,
-                 FailureClass::kTimeout, FailureClass::kCancelled}) {
+  for (auto c : {FailureClass::kProgramError, FailureClass::kDaemonLost, FailureClass::kInputLost, FailureClass::kTimeout,
+                 FailureClass::kCancelled}) {
     if (FailureClassName(c) == name) return c;
   }
   return std::nullopt;
 }
 
 Scheduler::Scheduler(DaemonSink& sink, const Clock& clock, SchedulerOptions options)
-    : sink_(sink), clock_(clock), options_(options),
-      policy_(MakePlacementPolicy(options_.placement, options_.locality_wait)) {
+    : sink_(sink), clock_(clock), options_(options), policy_(MakePlacementPolicy(options_.placement, options_.locality_wait)) {
   if (!policy_) policy_ = std::make_unique<LocalityPolicy>(options_.locality_wait);
 }
 Scheduler::~Scheduler() = default;
@@ -97,7 +95,6 @@ void Scheduler::Log(Job& job, VertexId v, std::string text) {
   if (history_) history_->JobLine(job.id, v, line);
   if (job.log.size() < kMaxLogLines) job.log.push_back({v, std::move(line)});
 }
-
 
 std::vector<uint32_t> Scheduler::Priorities(const JobGraph& g) {
   // Depth first, as Dask orders tasks: number vertices in the post-order of a DFS from each
@@ -148,8 +145,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   job->graph = std::move(graph);
   job->job_dir = std::move(job_dir);
   if (job->g().ChannelCounts()[static_cast<size_t>(ChannelKind::kDurable)] > 0) {
-    job->durable_dir = (std::filesystem::path(job->job_dir) / job->g().spec().durable_dir /
-                        ("job" + std::to_string(id.value())))
+    job->durable_dir = (std::filesystem::path(job->job_dir) / job->g().spec().durable_dir / ("job" + std::to_string(id.value())))
                            .lexically_normal()
                            .string();
   }
@@ -176,8 +172,8 @@ JobId Scheduler::Submit(std::shared_ptr<const JobGraph> graph, std::string job_d
   Job& j = NewJob(JobId(next_job_++), std::move(graph), std::move(job_dir));
   Journal(JobRecord(j));
   RemoveDurableCopies(j);  // an earlier job manager's job of the same id left them
-  Log(j, VertexId::Invalid(), "submitted: " + std::to_string(j.runs.size()) + " vertices, " +
-                                  std::to_string(j.g().channels().size()) + " channels");
+  Log(j, VertexId::Invalid(),
+      "submitted: " + std::to_string(j.runs.size()) + " vertices, " + std::to_string(j.g().channels().size()) + " channels");
   if (j.runs.empty()) {
     FinishJob(j, JobState::kCompleted, "");
     return j.id;
@@ -255,9 +251,9 @@ void Scheduler::CloseSpan(Job& job, VertexId v, uint32_t version, const std::str
   job.open_spans.erase(it);
   if (history_) {
     const VertexNode& node = job.g().vertex(v);
-    history_->JobSpan(job.id, {span.vertex, span.version, span.start_ms, span.end_ms, span.outcome,
-                               daemons_[span.daemon.value()]->spec.name, node.name, job.g().spec().stages[node.stage].name,
-                               span.log_lines_before_end});
+    history_->JobSpan(
+        job.id, {span.vertex, span.version, span.start_ms, span.end_ms, span.outcome, daemons_[span.daemon.value()]->spec.name,
+                 node.name, job.g().spec().stages[node.stage].name, span.log_lines_before_end});
   }
 }
 
@@ -327,8 +323,9 @@ bool Scheduler::ResolveDuplicate(Job& job, VertexId v, const AttemptReport& rep)
       r.daemon = r.dup_daemon;
     }
     r.dup_version = 0;
-    Log(job, v, "version " + std::to_string(rep.version) + (from_dup ? " (the duplicate)" : " (the original)") +
-                    " finished first; version " + std::to_string(other_version) + " cancelled");
+    Log(job, v,
+        "version " + std::to_string(rep.version) + (from_dup ? " (the duplicate)" : " (the original)") +
+            " finished first; version " + std::to_string(other_version) + " cancelled");
     return false;  // the caller completes the vertex
   }
   // One of two attempts failed: the other carries on, and nothing is charged.
@@ -340,8 +337,9 @@ bool Scheduler::ResolveDuplicate(Job& job, VertexId v, const AttemptReport& rep)
     r.started = r.dup_started;
   }
   r.dup_version = 0;
-  Log(job, v, "version " + std::to_string(rep.version) + " failed while version " + std::to_string(r.version) +
-                  " still runs: " + rep.error);
+  Log(job, v,
+      "version " + std::to_string(rep.version) + " failed while version " + std::to_string(r.version) +
+          " still runs: " + rep.error);
   return true;
 }
 
@@ -386,8 +384,10 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     if (rep.lost_input_version != 0 && rep.lost_input_version != pr.version) {
       // It read a version of its input that was re-run meanwhile (the consumer was sent before
       // the producer's new version existed): run it again on the new one, nothing regenerated.
-      Fail(*job, rep.vertex, FailureClass::kInputLost, rep.error + " (a superseded version " +
-           std::to_string(rep.lost_input_version) + "; now " + std::to_string(pr.version) + ")", /*charge=*/false);
+      Fail(*job, rep.vertex, FailureClass::kInputLost,
+           rep.error + " (a superseded version " + std::to_string(rep.lost_input_version) + "; now " +
+               std::to_string(pr.version) + ")",
+           /*charge=*/false);
       RecomputePending(*job);
       Schedule();
       return;
@@ -408,14 +408,14 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     if (!held) {
       // Each lost input is regenerated, so only one lost again and again means its producer
       // cannot make a readable output; different ones lost once each are faults of their own.
-      auto lost = std::find_if(r.inputs_lost.begin(), r.inputs_lost.end(),
-                               [&](const auto& p) { return p.first == rep.lost_input_port; });
+      auto lost =
+          std::find_if(r.inputs_lost.begin(), r.inputs_lost.end(), [&](const auto& p) { return p.first == rep.lost_input_port; });
       if (lost == r.inputs_lost.end()) lost = r.inputs_lost.insert(r.inputs_lost.end(), {rep.lost_input_port, 0});
       if (++lost->second >= kMaxInputLosses) {
         FinishJob(*job, JobState::kFailed,
-                  "vertex " + g.vertex(rep.vertex).name + " could not read input " +
-                      std::to_string(rep.lost_input_port) + " (from " + g.vertex(producer).name + ") " +
-                      std::to_string(lost->second) + " times, its producer re-run each time: " + rep.error);
+                  "vertex " + g.vertex(rep.vertex).name + " could not read input " + std::to_string(rep.lost_input_port) +
+                      " (from " + g.vertex(producer).name + ") " + std::to_string(lost->second) +
+                      " times, its producer re-run each time: " + rep.error);
         Schedule();
         return;
       }
@@ -501,7 +501,8 @@ void Scheduler::ChainBehind(Job& job, VertexId u) {
   ChainSuccessors(job, u);
   ForEachSuccessor(job.g(), u, [&](VertexId w) {
     const Run& c = job.runs[w.value()];
-    if (c.state == VertexState::kRunning && std::find(c.chained_after.begin(), c.chained_after.end(), u) != c.chained_after.end()) {
+    if (c.state == VertexState::kRunning &&
+        std::find(c.chained_after.begin(), c.chained_after.end(), u) != c.chained_after.end()) {
       ChainSuccessors(job, w);
     }
   });
@@ -528,8 +529,8 @@ void Scheduler::TryChain(Job& job, VertexId u) {
   Run& r = job.runs[u.value()];
   // A vertex waiting for many predecessors (a wide gather) is not chained: the daemon would
   // hold a long list, and each predecessor's dispatch would scan all of u's inputs again.
-  if (!options_.chain_dispatch || job.state != JobState::kRunning || r.state != VertexState::kWaiting ||
-      r.pending == 0 || r.pending > kMaxChainedAfter || node.gang.valid()) {
+  if (!options_.chain_dispatch || job.state != JobState::kRunning || r.state != VertexState::kWaiting || r.pending == 0 ||
+      r.pending > kMaxChainedAfter || node.gang.valid()) {
     return;
   }
   // Every unfinished predecessor must be running (not as a duplicate pair, not in a gang).
@@ -687,8 +688,8 @@ bool Scheduler::OutputsInFiles(const JobGraph& g, VertexId v) {
 }
 
 std::string Scheduler::DurablePath(const Job& job, VertexId v, uint32_t version, int port) const {
-  return job.durable_dir + "/v" + std::to_string(v.value()) + "." + std::to_string(version) + ".p" +
-         std::to_string(port) + ".out";
+  return job.durable_dir + "/v" + std::to_string(v.value()) + "." + std::to_string(version) + ".p" + std::to_string(port) +
+         ".out";
 }
 
 void Scheduler::RemoveDurableCopies(const Job& job) {
@@ -716,7 +717,7 @@ void Scheduler::ReleaseConsumedInputs(Job& job, VertexId v) {
     pr.released = true;
     for (size_t port = 0; port < g.vertex(p).outputs.size(); ++port) {
       if (pr.output_messages.size() > port && pr.output_messages[port] == 0) continue;  // nothing stored
-      if (g.stage_of(p).Retains(port)) continue;  // kept until it settles (Settle)
+      if (g.stage_of(p).Retains(port)) continue;                                        // kept until it settles (Settle)
       QueueRelease(job, p, port);
     }
   }
@@ -818,14 +819,16 @@ void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& 
     // The program said this error comes back on every attempt (a missing file, bad params):
     // retrying it would only spend max_attempts - 1 more runs before the same failure.
     FinishJob(job, JobState::kFailed,
-              "vertex " + name + " failed (" + std::string(FailureClassName(cls)) + "), not retried: the program reports "
-                  "an error that repeats on every attempt: " + error);
+              "vertex " + name + " failed (" + std::string(FailureClassName(cls)) +
+                  "), not retried: the program reports "
+                  "an error that repeats on every attempt: " +
+                  error);
     return;
   }
   if (charge && r.charged >= max_attempts) {
     FinishJob(job, JobState::kFailed,
-              "vertex " + name + " failed " + std::to_string(r.charged) + " of " + std::to_string(max_attempts) +
-                  " attempts (" + std::string(FailureClassName(cls)) + "): " + error);
+              "vertex " + name + " failed " + std::to_string(r.charged) + " of " + std::to_string(max_attempts) + " attempts (" +
+                  std::string(FailureClassName(cls)) + "): " + error);
     return;
   }
   RecordRecovery(job, v, r.version, FailureClassName(cls), detail, charge);

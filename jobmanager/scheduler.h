@@ -55,8 +55,8 @@ struct DaemonSpec {
   std::map<std::string, std::string> labels;  // host=…, rack=…
   std::string data_host;                      // where its outputs are served
   uint16_t data_port = 0;
-  Json stream_endpoints;                      // where live channels reach it (StreamHub::endpoints)
-  std::string control = "tcp";                // its job manager connection: "tcp" or "local socket"
+  Json stream_endpoints;        // where live channels reach it (StreamHub::endpoints)
+  std::string control = "tcp";  // its job manager connection: "tcp" or "local socket"
 };
 
 /// Where the scheduler's messages to daemons go.
@@ -93,9 +93,9 @@ struct AttemptReport {
   bool ok = false;
   FailureClass failure = FailureClass::kProgramError;
   std::string error;
-  int lost_input_port = -1;           // with kInputLost: which input could not be read
-  bool lost_input_unreachable = false;  // ... because its daemon could not be reached (not damaged or missing)
-  uint32_t lost_input_version = 0;      // ... the producer's version it read (0: not said)
+  int lost_input_port = -1;               // with kInputLost: which input could not be read
+  bool lost_input_unreachable = false;    // ... because its daemon could not be reached (not damaged or missing)
+  uint32_t lost_input_version = 0;        // ... the producer's version it read (0: not said)
   std::vector<uint64_t> output_bytes;     // per output port
   std::vector<uint64_t> output_messages;  // per output port; 0 lets consumers skip the fetch
   double duration_ms = 0;
@@ -171,8 +171,7 @@ class Scheduler {
   /// contradict the ones before them (a second record of one job, an end in no known state, a
   /// completion of a vertex the job lacks) are skipped, each with a log line and a line in
   /// `skipped` (when given), so that the job manager keeps the journal as it was for a person.
-  size_t Restore(const std::vector<Json>& records, const ProgramCatalog& catalog,
-                 std::vector<std::string>* skipped = nullptr);
+  size_t Restore(const std::vector<Json>& records, const ProgramCatalog& catalog, std::vector<std::string>* skipped = nullptr);
   /// Where jobs' histories go from now on (null: nowhere).
   void set_history(HistorySink* history) { history_ = history; }
   /// Puts back a restored job's event lines and ended attempts from before the restart (its
@@ -304,8 +303,7 @@ class Scheduler {
   int ChainDepth(const Job& job, VertexId v) const;
   /// A chained attempt that never started (its predecessor failed): back to waiting, neither
   /// charged nor counted as a recovery; chained again at once when `rechain` and it applies.
-  void Unchain(Job& job, VertexId u, bool rechain,
-               std::string_view why = "the vertex it was chained after did not succeed");
+  void Unchain(Job& job, VertexId u, bool rechain, std::string_view why = "the vertex it was chained after did not succeed");
   /// The attempts chained after v's current one on daemons other than v's: v will not deliver
   /// (it failed, or a duplicate won), and they learn it from no one else. Cancelled there and
   /// unchained.
@@ -325,8 +323,7 @@ class Scheduler {
   void Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge, bool deterministic = false);
   void FinishJob(Job& job, JobState state, const std::string& reason);
   /// Adds one entry to the job's recoveries: what re-runs and why.
-  void RecordRecovery(Job& job, VertexId v, uint32_t version, std::string_view reason, const std::string& detail,
-                      bool charged);
+  void RecordRecovery(Job& job, VertexId v, uint32_t version, std::string_view reason, const std::string& detail, bool charged);
   /// Frees a running vertex's slots (its duplicate's too) and closes its open trace spans with
   /// `outcome` (spans a report closed already keep theirs).
   void ReleaseSlots(Job& job, VertexId v, std::string_view outcome = "stopped");
@@ -406,7 +403,7 @@ class Scheduler {
   };
   std::optional<RandomChaos> chaos_;
   std::map<std::string, std::set<DaemonId>> nccl_groups_;  // group -> daemons awaiting its id
-  std::map<DaemonId, Json> outbox_;          // per daemon: {"op":"run","tasks":[…]}
+  std::map<DaemonId, Json> outbox_;                        // per daemon: {"op":"run","tasks":[…]}
   /// Per (re-)registered daemon: {"op":"release"} of the outputs it listed that no job needs,
   /// sent before any task (a new attempt could otherwise meet a stale output of its key).
   std::map<DaemonId, Json> stale_outbox_;

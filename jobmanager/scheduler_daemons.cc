@@ -87,7 +87,8 @@ void Scheduler::AdoptOutputs(const Daemon& d, const OutputInventory& inventory) 
     ++adopted;
     // A finished job's log ended with it (its history is what people read); the job manager's
     // log tells of its outputs coming back (the count below).
-    if (running) Log(job, VertexId(vertex), "output of version " + std::to_string(version) + " is on daemon " + d.spec.name + " again");
+    if (running)
+      Log(job, VertexId(vertex), "output of version " + std::to_string(version) + " is on daemon " + d.spec.name + " again");
     if (running) running_jobs.emplace_back(&job, VertexId(vertex));
     if (completed) continue;  // the journal names daemons by name: its "done" record still holds
     r.state = VertexState::kCompleted;
@@ -173,7 +174,7 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   d.free_gpus = 0;
   d.free_memory_mb = 0;
   ++capacity_epoch_;  // its jobs' affinity pins to it go
-  d.running = 0;  // every attempt there died with it, duplicates whose other attempt carries on included
+  d.running = 0;      // every attempt there died with it, duplicates whose other attempt carries on included
   SchedLog()->warn("daemon {} lost: {}{}", d.spec.name, why, hold_files ? " (its file outputs are held for its return)" : "");
   outbox_.erase(id);
   stale_outbox_.erase(id);
@@ -206,7 +207,8 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
         FinishJob(job, JobState::kFailed,
                   "vertex " + g.vertex(VertexId(v)).name + " reached max_daemon_losses " + std::to_string(allowed) +
                       ": its daemon was lost with no fault injected while it ran (does it, or what runs beside it, "
-                      "crash its daemon?); the last, " + d.spec.name + ": " + why);
+                      "crash its daemon?); the last, " +
+                      d.spec.name + ": " + why);
         break;
       }
       if (r.dup_version) {
@@ -217,7 +219,8 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
           r.started = r.dup_started;
         }
         r.dup_version = 0;
-        Log(job, VertexId(v), "one attempt lost with daemon " + d.spec.name + "; version " + std::to_string(r.version) + " carries on");
+        Log(job, VertexId(v),
+            "one attempt lost with daemon " + d.spec.name + "; version " + std::to_string(r.version) + " carries on");
         continue;
       }
       std::string error = "daemon " + d.spec.name + " lost: " + why;

@@ -49,7 +49,7 @@ void Scheduler::LaunchDuplicates(Job& job) {
   for (uint32_t v : std::vector<uint32_t>(job.running.begin(), job.running.end())) {
     Run& r = job.runs[v];
     if (r.dup_version || g.vertex(VertexId(v)).gang.valid()) continue;  // gangs restart whole instead
-    if (!r.chained_after.empty()) continue;                              // not started yet
+    if (!r.chained_after.empty()) continue;                             // not started yet
     int stage = g.vertex(VertexId(v)).stage;
     auto& done = job.stage_seconds[stage];
     int replicas = g.spec().stages[stage].replicas;
@@ -61,8 +61,7 @@ void Scheduler::LaunchDuplicates(Job& job) {
       m = median_s.emplace(stage, copy[copy.size() / 2]).first;
     }
     double elapsed = std::chrono::duration<double>(now - r.started).count();
-    if (elapsed < options_.straggler_factor * m->second ||
-        now - r.started < options_.straggler_min) {
+    if (elapsed < options_.straggler_factor * m->second || now - r.started < options_.straggler_min) {
       continue;
     }
     // A daemon other than the straggler's, by the same placement rules.
@@ -76,8 +75,8 @@ void Scheduler::LaunchDuplicates(Job& job) {
     }
     if (!target) continue;
     char why[160];
-    std::snprintf(why, sizeof(why), "running %.2f s, %.1fx its stage's median of %.3f s", elapsed, elapsed / std::max(m->second, 1e-9),
-                  m->second);
+    std::snprintf(why, sizeof(why), "running %.2f s, %.1fx its stage's median of %.3f s", elapsed,
+                  elapsed / std::max(m->second, 1e-9), m->second);
     RecordRecovery(job, VertexId(v), r.version, "straggler", why, false);
     Dispatch(job, VertexId(v), *target, /*duplicate=*/true);
   }
@@ -116,7 +115,8 @@ Result<Json> Scheduler::Chaos(const Json& request) {
   }
   if (action == "fail" || action == "delay" || action == "corrupt" || action == "drop") {
     Job* job = FindJob(JobId(request.value("job", uint64_t{0})));
-    if (!job || job->state != JobState::kRunning) return Status::NotFound("no running job " + std::to_string(request.value("job", 0)));
+    if (!job || job->state != JobState::kRunning)
+      return Status::NotFound("no running job " + std::to_string(request.value("job", 0)));
     std::string vertex = request.value("vertex", "");
     VertexId v = job->g().FindVertex(vertex);
     if (!v.valid()) return Status::NotFound("job " + job->id.ToString() + " has no vertex \"" + vertex + "\"");
@@ -136,22 +136,25 @@ Result<Json> Scheduler::Chaos(const Json& request) {
         f.attempts.push_back(static_cast<int>(a));
       }
       f.ms = request.value("ms", int64_t{1000});
-      if (f.ms < 0 || f.ms > 86'400'000) return Status::InvalidArgument("a delay is 0 to 86400000 ms, got " + std::to_string(f.ms));
+      if (f.ms < 0 || f.ms > 86'400'000)
+        return Status::InvalidArgument("a delay is 0 to 86400000 ms, got " + std::to_string(f.ms));
     } else {
       f.kind = action == "corrupt" ? FaultKind::kCorruptOutputOf : FaultKind::kDropOutputOf;
     }
     job->faults.push_back(f);
     job->fault_fired.push_back(0);
     Log(*job, v, "chaos: " + action + " armed");
-    auto names = [&](uint32_t a) { return std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(a)) != f.attempts.end(); };
-    if (Run& chained = job->runs[v.value()];
-        (action == "fail" || action == "delay") && chained.state == VertexState::kRunning && !chained.chained_after.empty() &&
-        names(next) && !names(chained.version)) {
+    auto names = [&](uint32_t a) {
+      return std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(a)) != f.attempts.end();
+    };
+    if (Run& chained = job->runs[v.value()]; (action == "fail" || action == "delay") && chained.state == VertexState::kRunning &&
+                                             !chained.chained_after.empty() && names(next) && !names(chained.version)) {
       // Sent chained, it waits on its daemon with a task that carries no fault: withdrawn (it
       // has not started) and sent again, as attempt `next`, with the fault in it.
       Flush();  // its "run" must not arrive after its cancel
       if (daemons_[chained.daemon.value()]->alive) {
-        sink_.SendToDaemon(chained.daemon, {{"op", "cancel"}, {"job", job->id.value()}, {"vertex", v.value()}, {"version", chained.version}});
+        sink_.SendToDaemon(chained.daemon,
+                           {{"op", "cancel"}, {"job", job->id.value()}, {"vertex", v.value()}, {"version", chained.version}});
       }
       Unchain(*job, v, /*rechain=*/true, "copse chaos armed a fault on it before it started");
     }
@@ -163,11 +166,14 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     } else if ((action == "fail" || action == "delay") && r.state == VertexState::kRunning && r.chained_after.empty() &&
                std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(r.version)) == f.attempts.end()) {
       reply["note"] = fmt::format("{} is running as attempt {}: the fault fires on the attempts named ({}), if it runs again",
-                                  job->g().vertex(v).name, r.version, Join([&] {
-                                    std::vector<std::string> a;
-                                    for (int n : f.attempts) a.push_back(std::to_string(n));
-                                    return a;
-                                  }(), ", "));
+                                  job->g().vertex(v).name, r.version,
+                                  Join(
+                                      [&] {
+                                        std::vector<std::string> a;
+                                        for (int n : f.attempts) a.push_back(std::to_string(n));
+                                        return a;
+                                      }(),
+                                      ", "));
     }
     return reply;
   }
@@ -178,9 +184,12 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     const int64_t duration_ms = request.value("duration_ms", int64_t{10000});
     chaos.kinds = request.value("kinds", std::vector<std::string>{"kill", "fail", "delay", "corrupt", "cut"});
     chaos.cut_ms = request.value("cut_ms", int64_t{1000});
-    if (interval_ms < 1) return Status::InvalidArgument("chaos interval must be at least 1 ms, got " + std::to_string(interval_ms));
-    if (duration_ms < 0) return Status::InvalidArgument("chaos duration must not be negative, got " + std::to_string(duration_ms) + " ms");
-    if (chaos.cut_ms < 0) return Status::InvalidArgument("chaos cut must not be negative, got " + std::to_string(chaos.cut_ms) + " ms");
+    if (interval_ms < 1)
+      return Status::InvalidArgument("chaos interval must be at least 1 ms, got " + std::to_string(interval_ms));
+    if (duration_ms < 0)
+      return Status::InvalidArgument("chaos duration must not be negative, got " + std::to_string(duration_ms) + " ms");
+    if (chaos.cut_ms < 0)
+      return Status::InvalidArgument("chaos cut must not be negative, got " + std::to_string(chaos.cut_ms) + " ms");
     if (chaos.kinds.empty()) return Status::InvalidArgument("no chaos kinds; expected some of kill, fail, delay, corrupt, cut");
     for (const auto& k : chaos.kinds) {
       if (k != "kill" && k != "fail" && k != "delay" && k != "corrupt" && k != "cut") {
@@ -200,7 +209,8 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     chaos_.reset();
     return Json{{"random", false}};
   }
-  return Status::InvalidArgument("unknown chaos action \"" + action + "\"; expected kill, cut, fail, delay, corrupt, drop, random or stop");
+  return Status::InvalidArgument("unknown chaos action \"" + action +
+                                 "\"; expected kill, cut, fail, delay, corrupt, drop, random or stop");
 }
 
 void Scheduler::RandomChaosStep() {
@@ -236,7 +246,8 @@ void Scheduler::RandomChaosStep() {
     // Random chaos proves a job survives faults: it never spends a vertex's last attempt.
     bool spare = r.charged + 1 < job.g().stage_of(VertexId(v)).max_attempts;
     bool waiting = (r.state == VertexState::kWaiting || r.state == VertexState::kReady) && (kind != "fail" || spare);
-    bool stored = r.state == VertexState::kCompleted && OutputNeeded(job, VertexId(v)) && !job.g().vertex(VertexId(v)).gang.valid();
+    bool stored =
+        r.state == VertexState::kCompleted && OutputNeeded(job, VertexId(v)) && !job.g().vertex(VertexId(v)).gang.valid();
     if (kind == "corrupt" ? stored : waiting) targets.push_back(v);
   }
   if (targets.empty()) return;
@@ -274,7 +285,8 @@ void Scheduler::CheckFaults(Job& job) {
       if (!target->alive) continue;
     }
     job.fault_fired[i] = 1;
-    Json record = {{"fault", FaultKindName(f.kind)}, {"daemon", target->spec.name}, {"at_ms", ElapsedMs(job)}, {"source", f.pointer}};
+    Json record = {
+        {"fault", FaultKindName(f.kind)}, {"daemon", target->spec.name}, {"at_ms", ElapsedMs(job)}, {"source", f.pointer}};
     if (v.valid()) record["vertex"] = g.vertex(v).name;
     job.faults_log.push_back(record);
     Log(job, v, "injecting " + std::string(FaultKindName(f.kind)) + " on daemon " + target->spec.name);
@@ -295,8 +307,9 @@ void Scheduler::CheckFaults(Job& job) {
       // and the job's outputs are fetched only once it completed. The job manager, which did
       // the damage, has a job output regenerated at once.
       if (job.declared[v.value()]) {
-        Regenerate(job, v, std::string("a job output ") + (f.kind == FaultKind::kCorruptOutputOf ? "damaged" : "deleted") +
-                               " by an injected fault");
+        Regenerate(job, v,
+                   std::string("a job output ") + (f.kind == FaultKind::kCorruptOutputOf ? "damaged" : "deleted") +
+                       " by an injected fault");
         RecomputePending(job);
       }
     }

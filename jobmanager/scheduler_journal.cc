@@ -59,8 +59,8 @@ void Scheduler::RestoreHistory(JobId id, std::vector<std::pair<VertexId, std::st
   std::vector<Job::Span> restored;
   for (const HistorySpan& s : spans) {
     if (s.vertex >= job->runs.size() || restored.size() >= kMaxSpans) continue;
-    restored.push_back({s.vertex, s.version, daemon_named(s.daemon), s.start_ms, s.end_ms, s.outcome,
-                        std::min(s.log_lines_before_end, before)});
+    restored.push_back(
+        {s.vertex, s.version, daemon_named(s.daemon), s.start_ms, s.end_ms, s.outcome, std::min(s.log_lines_before_end, before)});
   }
   // Spans opened since the restore (none yet, unless the restore ran something) come after.
   for (auto& [key, index] : job->open_spans) index += restored.size();
@@ -74,8 +74,7 @@ std::vector<uint64_t> Scheduler::JobIds() const {
   return ids;
 }
 
-size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog& catalog,
-                          std::vector<std::string>* skipped) {
+size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog& catalog, std::vector<std::string>* skipped) {
   JournalSink* journal = journal_;
   journal_ = nullptr;  // replaying must not append what it reads
   size_t restored = 0;
@@ -161,8 +160,10 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
         job->failure = rec.value("failure", std::string());
         job->finished = clock_.Now();
         // At most 2^40 ms (35 years): beyond int64 nanoseconds lies undefined behaviour.
-        if (const Json& ms = rec.value("elapsed_ms", Json()); ms.is_number() && ms.get<double>() >= 0 && ms.get<double>() < 1099511627776.0) {
-          job->started = job->finished - std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(ms.get<double>()));
+        if (const Json& ms = rec.value("elapsed_ms", Json());
+            ms.is_number() && ms.get<double>() >= 0 && ms.get<double>() < 1099511627776.0) {
+          job->started =
+              job->finished - std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(ms.get<double>()));
         }
         // What the summary shows of the faults it went through (older journals: none), entries
         // of the shape the status display reads only.
@@ -174,8 +175,8 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
         };
         auto string_if_present = [](const Json& e, const char* key) { return !e.contains(key) || e[key].is_string(); };
         keep(rec.value("faults", Json()), job->faults_log, [&](const Json& e) {
-          return e.value("fault", Json()).is_string() && e.value("at_ms", Json()).is_number() &&
-                 string_if_present(e, "source") && string_if_present(e, "vertex") && string_if_present(e, "daemon");
+          return e.value("fault", Json()).is_string() && e.value("at_ms", Json()).is_number() && string_if_present(e, "source") &&
+                 string_if_present(e, "vertex") && string_if_present(e, "daemon");
         });
         // Which of the job file's faults fired: without the list (an older journal) not known.
         const Json& fired = rec.value("faults_fired", Json());
@@ -208,7 +209,7 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
       if (r.state != VertexState::kCompleted) r.version += 1000;
     }
     std::fill(job->fault_fired.begin(), job->fault_fired.end(), 1);  // injected faults fired already
-    job->faults_before_restart_unknown = true;  // which did is not journaled for a running job
+    job->faults_before_restart_unknown = true;                       // which did is not journaled for a running job
     RecomputePending(*job);
   }
   journal_ = journal;
@@ -224,17 +225,22 @@ void Scheduler::StartRecoveryGrace() {
 }
 
 Json Scheduler::JobRecord(const Job& job) {
-  return {{"t", "job"},          {"job", job.id.value()},
-          {"doc", job.g().spec().source}, {"job_dir", job.job_dir},
+  return {{"t", "job"},
+          {"job", job.id.value()},
+          {"doc", job.g().spec().source},
+          {"job_dir", job.job_dir},
           {"submitted_unix_ms", job.submitted_unix_ms}};
 }
 
 Json Scheduler::DoneRecord(const Job& job, VertexId v) const {
   const Run& r = job.runs[v.value()];
-  return {{"t", "done"},         {"job", job.id.value()},
-          {"v", v.value()},      {"ver", r.version},
+  return {{"t", "done"},
+          {"job", job.id.value()},
+          {"v", v.value()},
+          {"ver", r.version},
           {"daemon", daemons_[r.daemon.value()]->spec.name},
-          {"bytes", r.output_bytes}, {"msgs", r.output_messages}};
+          {"bytes", r.output_bytes},
+          {"msgs", r.output_messages}};
 }
 
 namespace {

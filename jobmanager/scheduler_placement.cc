@@ -9,7 +9,6 @@ namespace copse::jm {
 
 namespace {
 
-
 const std::string kHostLabel = "host";
 const std::string kRackLabel = "rack";
 constexpr size_t kMaxBlockedScan = 64;  // ready vertices tried per job per pass when slots are short
@@ -21,7 +20,6 @@ std::string NameList(const JobGraph& g, const std::vector<VertexId>& vertices) {
 }
 
 }  // namespace
-
 
 std::string_view Scheduler::LabelOf(const Daemon& d, const std::string& key) {
   auto it = d.spec.labels.find(key);
@@ -89,7 +87,8 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   }
   if (!stage.input_hosts.empty()) {
     const int replica = g.vertex(v).replica;
-    std::string host = stage.input_hosts.size() == 1 ? stage.input_hosts[0] : stage.input_hosts[replica % stage.input_hosts.size()];
+    std::string host =
+        stage.input_hosts.size() == 1 ? stage.input_hosts[0] : stage.input_hosts[replica % stage.input_hosts.size()];
     request.input_hosts.push_back(ReplaceAll(host, "{replica}", std::to_string(replica)));
   }
   request.waited = clock_.Now() - job.runs[v.value()].ready_since;
@@ -197,7 +196,8 @@ bool Scheduler::TryPlaceGang(Job& job, GangId gang) {
   job.gang_version[gang.value()] = version + 1;
   // Every member's daemon is known before any task is written: producers address consumers.
   for (size_t i = 0; i < members.size(); ++i) job.runs[members[i].value()].daemon = placement.daemons[i];
-  for (size_t i = 0; i < members.size(); ++i) Dispatch(job, members[i], *daemons_[placement.daemons[i].value()], /*duplicate=*/false);
+  for (size_t i = 0; i < members.size(); ++i)
+    Dispatch(job, members[i], *daemons_[placement.daemons[i].value()], /*duplicate=*/false);
   return true;
 }
 
@@ -237,7 +237,8 @@ GangPlacement Scheduler::PlaceGangOn(const Job& job, GangId gang, bool idle) con
 
 bool Scheduler::PinFits(const Job& job, const StageSpec& stage, const Daemon& d,
                         const std::map<std::string, DaemonId>& pins) const {
-  return stage.affinity.empty() || job.gang_needs->PinFits(stage.affinity, {d.id, d.spec.cpus, d.spec.gpus, MemoryOf(d.spec)}, pins);
+  return stage.affinity.empty() ||
+         job.gang_needs->PinFits(stage.affinity, {d.id, d.spec.cpus, d.spec.gpus, MemoryOf(d.spec)}, pins);
 }
 
 void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const std::vector<VertexId>& after) {
@@ -269,8 +270,8 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
     const ChannelEdge& c = g.channel(ch);
     const Run& p = job.runs[c.from.value()];
     if (IsLive(c.kind)) {
-      inputs.push_back({{"live", ChannelKindName(c.kind)},
-                        {"key", {{"job", job.id.value()}, {"channel", ch.value()}, {"version", version}}}});
+      inputs.push_back(
+          {{"live", ChannelKindName(c.kind)}, {"key", {{"job", job.id.value()}, {"channel", ch.value()}, {"version", version}}}});
       continue;
     }
     // A producer still running (v is chained after it) has no counts yet: those it has are an
@@ -315,11 +316,19 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
     }
     outputs.push_back({{"live", ChannelKindName(kind)}, {"channels", std::move(channels)}});
   }
-  Json task = {{"job", job.id.value()},     {"vertex", v.value()},         {"version", version},
-               {"name", node.name},         {"program", stage.program},    {"replica", node.replica},
-               {"params", *node.params},    {"job_dir", job.job_dir},      {"threads", std::max(1, static_cast<int>(stage.resources.cpus))}, {"gpus", stage.resources.gpus},
+  Json task = {{"job", job.id.value()},
+               {"vertex", v.value()},
+               {"version", version},
+               {"name", node.name},
+               {"program", stage.program},
+               {"replica", node.replica},
+               {"params", *node.params},
+               {"job_dir", job.job_dir},
+               {"threads", std::max(1, static_cast<int>(stage.resources.cpus))},
+               {"gpus", stage.resources.gpus},
                {"memory_mb", stage.resources.memory_mb},
-               {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
+               {"inputs", std::move(inputs)},
+               {"outputs", std::move(outputs)}};
   if (node.gang.valid()) AddNcclInfo(job, v, version, task);
   if (!after.empty()) {
     Json& list = task["after"] = Json::array();
@@ -361,8 +370,9 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
   Json& batch = outbox_[d.id];
   if (batch.is_null()) batch = {{"op", "run"}, {"tasks", Json::array()}};
   batch["tasks"].push_back(std::move(task));
-  Log(job, v, "version " + std::to_string(version) + (duplicate ? " (straggler duplicate)" : "") + " placed on " + d.spec.name +
-                  (after.empty() ? "" : " chained after " + NameList(g, after)));
+  Log(job, v,
+      "version " + std::to_string(version) + (duplicate ? " (straggler duplicate)" : "") + " placed on " + d.spec.name +
+          (after.empty() ? "" : " chained after " + NameList(g, after)));
   if (!duplicate && !node.gang.valid()) ChainSuccessors(job, v);
 }
 

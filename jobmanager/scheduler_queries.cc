@@ -83,8 +83,8 @@ std::string Scheduler::WhyNotPlaced(const Job& job, VertexId v, std::map<uint32_
     }
     GangPlacement idle = PlaceGangOn(job, gang, /*idle=*/true);
     if (!idle.placed() && !idle.gave_up) {
-      return why = fmt::format("its gang of {} cannot be placed on the live daemons even when they are idle: {}",
-                               members.size(), idle.why_not);
+      return why = fmt::format("its gang of {} cannot be placed on the live daemons even when they are idle: {}", members.size(),
+                               idle.why_not);
     }
     const Resources whole = job.gang_needs->Whole(gang);
     why = fmt::format("its gang of {} waits for {} free at once", members.size(), DescribeResources(whole));
@@ -132,8 +132,14 @@ Json Scheduler::JobStatus(JobId id) const {
       sent_ahead += r.state == VertexState::kRunning && !r.chained_after.empty();
     }
     for (int k = 0; k < 4; ++k) counts[k] += c[k];
-    stages.push_back({{"name", st.name}, {"program", st.program}, {"total", st.replicas}, {"completed", c[3]},
-                      {"running", c[2] - sent_ahead}, {"sent_ahead", sent_ahead}, {"ready", c[1]}, {"waiting", c[0]},
+    stages.push_back({{"name", st.name},
+                      {"program", st.program},
+                      {"total", st.replicas},
+                      {"completed", c[3]},
+                      {"running", c[2] - sent_ahead},
+                      {"sent_ahead", sent_ahead},
+                      {"ready", c[1]},
+                      {"waiting", c[0]},
                       {"failed_attempts", failed_attempts}});
   }
   // Why vertices wait: the first few, each with its first unfinished predecessor or missing slot.
@@ -163,8 +169,12 @@ Json Scheduler::JobStatus(JobId id) const {
               {"name", g.spec().name},
               {"state", JobStateName(job.state)},
               {"elapsed_s", ElapsedMs(job) / 1000.0},
-              {"vertices", {{"total", job.runs.size()}, {"completed", counts[3]}, {"running", counts[2]},
-                            {"ready", counts[1]}, {"waiting", counts[0]}}},
+              {"vertices",
+               {{"total", job.runs.size()},
+                {"completed", counts[3]},
+                {"running", counts[2]},
+                {"ready", counts[1]},
+                {"waiting", counts[0]}}},
               {"stages", stages},
               {"input_bytes", {{"local", job.local_input_bytes}, {"remote", job.remote_input_bytes}}},
               {"waiting", waiting},
@@ -218,8 +228,12 @@ Json Scheduler::Summary(const Job& job) const {
 Json Scheduler::JobsTable() const {
   Json rows = Json::array();
   for (const auto& [id, job] : jobs_) {
-    Json row = {{"id", id.value()}, {"name", job->g().spec().name}, {"state", JobStateName(job->state)},
-                {"completed", job->completed}, {"total", job->runs.size()}, {"elapsed_s", ElapsedMs(*job) / 1000.0},
+    Json row = {{"id", id.value()},
+                {"name", job->g().spec().name},
+                {"state", JobStateName(job->state)},
+                {"completed", job->completed},
+                {"total", job->runs.size()},
+                {"elapsed_s", ElapsedMs(*job) / 1000.0},
                 {"submitted_unix_ms", job->submitted_unix_ms}};
     // A running job with nothing running: why its next vertex waits (as squeue's reason
     // column). Only the front of the ready queue is asked, so a table of huge jobs stays cheap.
@@ -246,11 +260,18 @@ Json Scheduler::DaemonsTable() const {
     const Daemon& d = *daemons_[i];
     // Tasks chained after an attempt take its slots ahead of time: free_cpus dips below 0 until it ends.
     const char* state = d.alive ? "alive" : d.awaiting ? "awaited" : "lost";
-    rows.push_back({{"name", d.spec.name}, {"alive", d.alive}, {"state", state}, {"superseded", newest[d.spec.name] != i},
-                    {"cpus", d.spec.cpus}, {"free_cpus", std::max(0.0, d.free_cpus)}, {"gpus", d.spec.gpus},
-                    {"memory_mb", d.spec.memory_mb}, {"free_memory_mb", d.spec.memory_mb > 0 ? std::max<int64_t>(0, d.free_memory_mb) : 0},
+    rows.push_back({{"name", d.spec.name},
+                    {"alive", d.alive},
+                    {"state", state},
+                    {"superseded", newest[d.spec.name] != i},
+                    {"cpus", d.spec.cpus},
+                    {"free_cpus", std::max(0.0, d.free_cpus)},
+                    {"gpus", d.spec.gpus},
+                    {"memory_mb", d.spec.memory_mb},
+                    {"free_memory_mb", d.spec.memory_mb > 0 ? std::max<int64_t>(0, d.free_memory_mb) : 0},
                     {"running", d.running},
-                    {"labels", d.spec.labels}, {"data", d.spec.data_port ? d.spec.data_host + ":" + std::to_string(d.spec.data_port) : ""},
+                    {"labels", d.spec.labels},
+                    {"data", d.spec.data_port ? d.spec.data_host + ":" + std::to_string(d.spec.data_port) : ""},
                     {"control", d.spec.control}});
   }
   return rows;
@@ -298,8 +319,11 @@ Result<Json> Scheduler::OutputLocations(JobId id) const {
     }
     const Run& r = job->runs[v.value()];
     const Daemon& d = *daemons_[r.daemon.value()];
-    out.push_back({{"path", o.path}, {"vertex", job->g().vertex(v).name}, {"host", d.spec.data_host},
-                   {"port", d.spec.data_port}, {"alive", d.alive},
+    out.push_back({{"path", o.path},
+                   {"vertex", job->g().vertex(v).name},
+                   {"host", d.spec.data_host},
+                   {"port", d.spec.data_port},
+                   {"alive", d.alive},
                    {"key", {{"job", id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", o.port}}}});
   }
   return out;

@@ -69,7 +69,7 @@ struct Scheduler::Daemon {
   bool awaiting = false;
   TimePoint awaiting_until{};
   std::string awaiting_why;  // what DaemonLost says when it does not come back in time
-  TimePoint returned_at{};  // when it last came back awaited (a new process, maybe at the same address)
+  TimePoint returned_at{};   // when it last came back awaited (a new process, maybe at the same address)
   // A kill or cut was injected (chaos, a job's fault): a loss until then is explained by it and
   // not counted against the attempts running there (max_daemon_losses).
   TimePoint loss_injected_until{};
@@ -82,11 +82,11 @@ struct Scheduler::Daemon {
 
 struct Scheduler::Run {
   VertexState state = VertexState::kWaiting;
-  uint32_t version = 0;  // of the current or last attempt; 0 before the first
+  uint32_t version = 0;      // of the current or last attempt; 0 before the first
   uint32_t dup_version = 0;  // a straggler's duplicate attempt running beside it (0: none)
   DaemonId dup_daemon;
   TimePoint dup_started{};
-  int charged = 0;       // failed attempts that count against max_attempts
+  int charged = 0;        // failed attempts that count against max_attempts
   int daemon_losses = 0;  // its daemon lost, no fault injected, while it ran (max_daemon_losses)
   // (input port, input_lost failures) since it last completed, per input that was lost (not charged).
   std::vector<std::pair<int, int>> inputs_lost;
@@ -94,7 +94,7 @@ struct Scheduler::Run {
   DaemonId daemon;       // running there, or holding the outputs
   std::vector<uint64_t> output_bytes;
   std::vector<uint64_t> output_messages;
-  bool released = false;  // outputs garbage-collected (retained ports excepted): every consumer had completed
+  bool released = false;           // outputs garbage-collected (retained ports excepted): every consumer had completed
   bool retained_released = false;  // its retained ports too: it settled (Settle)
   TimePoint ready_since{};
   TimePoint started{};
@@ -149,7 +149,7 @@ struct Scheduler::Job {
     VertexId vertex;  // invalid: the job's own line
     std::string text;
   };
-  std::vector<LogLine> log;  // at most kMaxLogLines
+  std::vector<LogLine> log;            // at most kMaxLogLines
   std::vector<uint32_t> gang_version;  // per gang: the version of its current attempt
   /// Per gang, after a search found no placement: until capacity frees or a pin goes, a new
   /// search could only fail again; and searches of a big gang are spaced by their cost.
@@ -170,11 +170,11 @@ struct Scheduler::Job {
   };
   std::vector<Span> spans;
   std::map<std::pair<uint32_t, uint32_t>, size_t> open_spans;  // (vertex, version) -> index
-  std::vector<std::vector<double>> stage_seconds;  // per stage: wall time of completed attempts
-  std::vector<char> declared;  // per vertex: a job output reads it, so it is never released
-  std::vector<char> settled;   // per vertex: no fault can make it run again (Settle)
-  bool retains = false;        // a stage retains outputs: only then is settling worth its walk
-  uint64_t local_input_bytes = 0, remote_input_bytes = 0;  // what placement achieved
+  std::vector<std::vector<double>> stage_seconds;              // per stage: wall time of completed attempts
+  std::vector<char> declared;                                  // per vertex: a job output reads it, so it is never released
+  std::vector<char> settled;                                   // per vertex: no fault can make it run again (Settle)
+  bool retains = false;                                        // a stage retains outputs: only then is settling worth its walk
+  uint64_t local_input_bytes = 0, remote_input_bytes = 0;      // what placement achieved
   /// The newest progress figures a program reported (by "step" when they carry one), and when
   /// the first and newest "images" counts arrived, for a live images/s.
   Json progress;

@@ -59,9 +59,11 @@ void FormatTraceEvents(const TraceSnapshot& snapshot, size_t batch, const std::f
   for (const auto& [daemon, free_at] : lanes) {
     // A daemon that registered again (after a cut, or restarted) is a new process under its
     // old name: its registrations are told apart.
-    const auto& [name, registration] = daemon < snapshot.daemons.size() ? snapshot.daemons[daemon]
-                                                                         : std::pair<std::string, size_t>{"?", 0};
-    if (!add({{"name", "process_name"}, {"ph", "M"}, {"pid", daemon},
+    const auto& [name, registration] =
+        daemon < snapshot.daemons.size() ? snapshot.daemons[daemon] : std::pair<std::string, size_t>{"?", 0};
+    if (!add({{"name", "process_name"},
+              {"ph", "M"},
+              {"pid", daemon},
               {"args", {{"name", "daemon " + name + (registration ? fmt::format(" (registration {})", registration) : "")}}}})) {
       return;
     }
@@ -70,8 +72,7 @@ void FormatTraceEvents(const TraceSnapshot& snapshot, size_t batch, const std::f
 }
 
 Json TraceTrailer(const TraceSnapshot& snapshot) {
-  return {{"displayTimeUnit", "ms"},
-          {"otherData", {{"job", snapshot.job}, {"name", snapshot.name}, {"state", snapshot.state}}}};
+  return {{"displayTimeUnit", "ms"}, {"otherData", {{"job", snapshot.job}, {"name", snapshot.name}, {"state", snapshot.state}}}};
 }
 
 Json TraceJson(const TraceSnapshot& snapshot) {

@@ -46,8 +46,7 @@ class ThreadPool {
   /// Calls fn(begin, end) over a partition of [0, n) into at most CpuThreads() parts of at
   /// least `grain` items; returns when all parts are done.
   void For(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
-    const int64_t parts = std::max<int64_t>(
-        1, std::min<int64_t>(CpuThreads(), grain > 0 ? n / grain : n));
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(CpuThreads(), grain > 0 ? n / grain : n));
     if (parts <= 1 || n <= 1) {
       if (n > 0) fn(0, n);
       return;
@@ -169,8 +168,8 @@ class CpuDeviceImpl final : public Device {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
 
-  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-            int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+            float beta, float* c, int ldc) override {
     if (m == 0 || n == 0) return;
     if (k == 0) {  // BLAS leaves C untouched for k == 0 only when beta == 1; be explicit.
       for (int i = 0; i < m; ++i)
@@ -196,8 +195,7 @@ class CpuDeviceImpl final : public Device {
       if (hi <= lo) return;
       if (split_rows) {
         const float* ap = trans_a ? a + lo : a + static_cast<size_t>(lo) * lda;
-        OneThreadGemm(trans_a, trans_b, hi - lo, n, k, alpha, ap, lda, b, ldb, beta,
-                      c + static_cast<size_t>(lo) * ldc, ldc);
+        OneThreadGemm(trans_a, trans_b, hi - lo, n, k, alpha, ap, lda, b, ldb, beta, c + static_cast<size_t>(lo) * ldc, ldc);
       } else {
         const float* bp = trans_b ? b + static_cast<size_t>(lo) * ldb : b + lo;
         OneThreadGemm(trans_a, trans_b, m, hi - lo, k, alpha, a, lda, bp, ldb, beta, c + lo, ldc);
@@ -207,40 +205,32 @@ class CpuDeviceImpl final : public Device {
 
   /// One thread's product: oneDNN where it is the backend in force and the reduction is at
   /// least kMinOneDnnDepth long, else OpenBLAS (single-threaded: SetCpuThreads keeps it so).
-  static void OneThreadGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                            const float* a, int lda, const float* b, int ldb, float beta, float* c,
-                            int ldc) {
+  static void OneThreadGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                            int ldb, float beta, float* c, int ldc) {
     static const bool onednn = std::strcmp(GemmBackend(), "onednn") == 0;
-    if (onednn && k >= kMinOneDnnDepth &&
-        OneDnnGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
-      return;
+    if (onednn && k >= kMinOneDnnDepth && OneDnnGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
     BlasGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 
-  static void BlasGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                       const float* a, int lda, const float* b, int ldb, float beta, float* c,
-                       int ldc) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  static void BlasGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                       int ldb, float beta, float* c, int ldc) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+                b, ldb, beta, c, ldc);
   }
 
-  void BiasActivation(const float* x, const float* bias, int rows, int cols, Activation act,
-                      float* y) override {
+  void BiasActivation(const float* x, const float* bias, int rows, int cols, Activation act, float* y) override {
     if (rows == 1 && cols > kGrain) {  // a flat elementwise call: split the row
       Pool().For(cols, kGrain, [&](int64_t b, int64_t e) {
-        BiasActivationRows(x + b, bias ? bias + b : nullptr, 1, static_cast<int>(e - b), act,
-                           y + b, cols);
+        BiasActivationRows(x + b, bias ? bias + b : nullptr, 1, static_cast<int>(e - b), act, y + b, cols);
       });
       return;
     }
     Pool().For(rows, std::max<int64_t>(1, kGrain / std::max(cols, 1)), [&](int64_t b, int64_t e) {
-      BiasActivationRows(x + b * cols, bias, static_cast<int>(e - b), cols, act, y + b * cols,
-                         cols);
+      BiasActivationRows(x + b * cols, bias, static_cast<int>(e - b), cols, act, y + b * cols, cols);
     });
   }
 
-  static void BiasActivationRows(const float* x, const float* bias, int rows, int cols,
-                                 Activation act, float* y, int ld) {
+  static void BiasActivationRows(const float* x, const float* bias, int rows, int cols, Activation act, float* y, int ld) {
     for (int r = 0; r < rows; ++r) {
       const float* xr = x + static_cast<size_t>(r) * ld;
       float* yr = y + static_cast<size_t>(r) * ld;
@@ -269,15 +259,13 @@ class CpuDeviceImpl final : public Device {
     }
   }
 
-  void ActivationBackward(Activation act, const float* saved, const float* dy, size_t n,
-                          float* dx) override {
+  void ActivationBackward(Activation act, const float* saved, const float* dy, size_t n, float* dx) override {
     Pool().For(static_cast<int64_t>(n), kGrain, [&](int64_t b, int64_t e) {
       ActivationBackwardRange(act, saved + b, dy + b, static_cast<size_t>(e - b), dx + b);
     });
   }
 
-  static void ActivationBackwardRange(Activation act, const float* saved, const float* dy,
-                                      size_t n, float* dx) {
+  static void ActivationBackwardRange(Activation act, const float* saved, const float* dy, size_t n, float* dx) {
     switch (act) {
       case Activation::kNone:
         if (dx != dy) std::memcpy(dx, dy, n * sizeof(float));
@@ -316,10 +304,10 @@ class CpuDeviceImpl final : public Device {
 
   void SwapOuterAxes(const float* x, int b, int a, int inner, float* out) override {
     Pool().For(b, std::max<int64_t>(1, kGrain / (int64_t{a} * inner)), [&](int64_t ib, int64_t ie) {
-    for (int64_t i = ib; i < ie; ++i)
-      for (int j = 0; j < a; ++j)
-        std::memcpy(out + (static_cast<size_t>(j) * b + i) * inner,
-                    x + (static_cast<size_t>(i) * a + j) * inner, sizeof(float) * inner);
+      for (int64_t i = ib; i < ie; ++i)
+        for (int j = 0; j < a; ++j)
+          std::memcpy(out + (static_cast<size_t>(j) * b + i) * inner, x + (static_cast<size_t>(i) * a + j) * inner,
+                      sizeof(float) * inner);
     });
   }
 
@@ -345,8 +333,8 @@ class CpuDeviceImpl final : public Device {
     }
   }
 
-  double SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
-                             float grad_scale, float* dlogits) override {
+  double SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols, float grad_scale,
+                             float* dlogits) override {
     double total = 0.0;
     for (int r = 0; r < rows; ++r) {
       const float* xr = logits + static_cast<size_t>(r) * cols;
@@ -369,8 +357,7 @@ class CpuDeviceImpl final : public Device {
     const int oh = g.out_h(), ow = g.out_w();
     const size_t ncols = static_cast<size_t>(g.batch) * oh * ow;
     const int64_t taps = int64_t{g.channels} * g.kernel_h * g.kernel_w;
-    Pool().For(taps * g.batch, std::max<int64_t>(1, kGrain / (int64_t{oh} * ow)),
-               [&](int64_t tb, int64_t te) {
+    Pool().For(taps * g.batch, std::max<int64_t>(1, kGrain / (int64_t{oh} * ow)), [&](int64_t tb, int64_t te) {
       for (int64_t t = tb; t < te; ++t) {
         const int64_t tap = t / g.batch;
         const int b = static_cast<int>(t % g.batch);
@@ -410,34 +397,32 @@ class CpuDeviceImpl final : public Device {
     // One (image, channel) plane of dx per item; taps are added in a fixed order.
     Pool().For(int64_t{g.batch} * g.channels, std::max<int64_t>(1, kGrain / static_cast<int64_t>(plane_size)),
                [&](int64_t pb, int64_t pe) {
-      for (int64_t p = pb; p < pe; ++p) {
-        const int b = static_cast<int>(p / g.channels), c = static_cast<int>(p % g.channels);
-        float* plane = dx + (static_cast<size_t>(b) * g.channels + c) * plane_size;
-        std::fill(plane, plane + plane_size, 0.0f);
-        for (int i = 0; i < g.kernel_h; ++i)
-          for (int j = 0; j < g.kernel_w; ++j) {
-            const float* row =
-                col + ((static_cast<size_t>(c) * g.kernel_h + i) * g.kernel_w + j) * ncols;
-            for (int y = 0; y < oh; ++y) {
-              const int iy = y * g.stride - g.pad + i;
-              if (iy < 0 || iy >= g.height) continue;
-              const float* in = row + (static_cast<size_t>(b) * oh + y) * ow;
-              float* dst = plane + static_cast<size_t>(iy) * g.width;
-              for (int xo = 0; xo < ow; ++xo) {
-                const int ix = xo * g.stride - g.pad + j;
-                if (ix >= 0 && ix < g.width) dst[ix] += in[xo];
-              }
-            }
-          }
-      }
-    });
+                 for (int64_t p = pb; p < pe; ++p) {
+                   const int b = static_cast<int>(p / g.channels), c = static_cast<int>(p % g.channels);
+                   float* plane = dx + (static_cast<size_t>(b) * g.channels + c) * plane_size;
+                   std::fill(plane, plane + plane_size, 0.0f);
+                   for (int i = 0; i < g.kernel_h; ++i)
+                     for (int j = 0; j < g.kernel_w; ++j) {
+                       const float* row = col + ((static_cast<size_t>(c) * g.kernel_h + i) * g.kernel_w + j) * ncols;
+                       for (int y = 0; y < oh; ++y) {
+                         const int iy = y * g.stride - g.pad + i;
+                         if (iy < 0 || iy >= g.height) continue;
+                         const float* in = row + (static_cast<size_t>(b) * oh + y) * ow;
+                         float* dst = plane + static_cast<size_t>(iy) * g.width;
+                         for (int xo = 0; xo < ow; ++xo) {
+                           const int ix = xo * g.stride - g.pad + j;
+                           if (ix >= 0 && ix < g.width) dst[ix] += in[xo];
+                         }
+                       }
+                     }
+                 }
+               });
   }
 
   void MaxPoolForward(const float* x, const ConvGeom& g, float* y) override {
     const int oh = g.out_h(), ow = g.out_w();
     const int64_t planes = int64_t{g.batch} * g.channels;
-    Pool().For(planes, std::max<int64_t>(1, kGrain / (int64_t{g.height} * g.width)),
-               [&](int64_t pb, int64_t pe) {
+    Pool().For(planes, std::max<int64_t>(1, kGrain / (int64_t{g.height} * g.width)), [&](int64_t pb, int64_t pe) {
       for (int64_t p = pb; p < pe; ++p) {
         const float* in = x + p * g.height * g.width;
         float* out = y + p * oh * ow;
@@ -445,8 +430,7 @@ class CpuDeviceImpl final : public Device {
           for (int oy = 0; oy < oh; ++oy) {
             const float* r0 = in + (2 * oy) * g.width;
             const float* r1 = r0 + g.width;
-            for (int ox = 0; ox < ow; ++ox)
-              out[oy * ow + ox] = r0[2 * ox + Arg2x2(r0 + 2 * ox, r1 + 2 * ox, g.width)];
+            for (int ox = 0; ox < ow; ++ox) out[oy * ow + ox] = r0[2 * ox + Arg2x2(r0 + 2 * ox, r1 + 2 * ox, g.width)];
           }
           continue;
         }
@@ -464,8 +448,16 @@ class CpuDeviceImpl final : public Device {
     int arg = 0;
     float best = r0[0];
     if (best != best) return 0;
-    if (r0[1] > best || r0[1] != r0[1]) { best = r0[1]; arg = 1; if (best != best) return arg; }
-    if (r1[0] > best || r1[0] != r1[0]) { best = r1[0]; arg = width; if (best != best) return arg; }
+    if (r0[1] > best || r0[1] != r0[1]) {
+      best = r0[1];
+      arg = 1;
+      if (best != best) return arg;
+    }
+    if (r1[0] > best || r1[0] != r1[0]) {
+      best = r1[0];
+      arg = width;
+      if (best != best) return arg;
+    }
     if (r1[1] > best || r1[1] != r1[1]) arg = width + 1;
     return arg;
   }
@@ -493,8 +485,7 @@ class CpuDeviceImpl final : public Device {
     const int oh = g.out_h(), ow = g.out_w();
     const int64_t planes = int64_t{g.batch} * g.channels;
     const size_t plane_size = static_cast<size_t>(g.height) * g.width;
-    Pool().For(planes, std::max<int64_t>(1, kGrain / static_cast<int64_t>(plane_size)),
-               [&](int64_t pb, int64_t pe) {
+    Pool().For(planes, std::max<int64_t>(1, kGrain / static_cast<int64_t>(plane_size)), [&](int64_t pb, int64_t pe) {
       for (int64_t p = pb; p < pe; ++p) {
         const float* in = x + p * plane_size;
         float* din = dx + p * plane_size;
@@ -504,8 +495,7 @@ class CpuDeviceImpl final : public Device {
           for (int oy = 0; oy < oh; ++oy) {
             const int base = (2 * oy) * g.width;
             for (int ox = 0; ox < ow; ++ox)
-              din[base + 2 * ox + Arg2x2(in + base + 2 * ox, in + base + g.width + 2 * ox, g.width)] +=
-                  d[oy * ow + ox];
+              din[base + 2 * ox + Arg2x2(in + base + 2 * ox, in + base + g.width + 2 * ox, g.width)] += d[oy * ow + ox];
           }
           continue;
         }
@@ -518,8 +508,8 @@ class CpuDeviceImpl final : public Device {
     });
   }
 
-  void LayerNormForward(const float* x, const float* gamma, const float* beta, int rows,
-                        int cols, float eps, float* y, float* mean, float* rstd) override {
+  void LayerNormForward(const float* x, const float* gamma, const float* beta, int rows, int cols, float eps, float* y,
+                        float* mean, float* rstd) override {
     for (int r = 0; r < rows; ++r) {
       const float* xr = x + static_cast<size_t>(r) * cols;
       float* yr = y + static_cast<size_t>(r) * cols;
@@ -535,9 +525,8 @@ class CpuDeviceImpl final : public Device {
     }
   }
 
-  void LayerNormBackward(const float* dy, const float* x, const float* gamma, const float* mean,
-                         const float* rstd, int rows, int cols, float* dx, float* dgamma,
-                         float* dbeta) override {
+  void LayerNormBackward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, int rows,
+                         int cols, float* dx, float* dgamma, float* dbeta) override {
     for (int r = 0; r < rows; ++r) {
       const float* xr = x + static_cast<size_t>(r) * cols;
       const float* dr = dy + static_cast<size_t>(r) * cols;
@@ -566,17 +555,16 @@ class CpuDeviceImpl final : public Device {
     Pool().For(static_cast<int64_t>((n + 3) / 4), kGrain / 4, [&](int64_t bb, int64_t be) {
       for (size_t i = static_cast<size_t>(bb) * 4; i < static_cast<size_t>(be) * 4 && i < n; i += 4) {
         const Philox4 r = Philox4x32(seed, i >> 2, 0);
-        for (size_t k = 0; k < 4 && i + k < n; ++k)
-          y[i + k] = UniformFromBits(r.v[k]) >= p ? x[i + k] * scale : 0.0f;
+        for (size_t k = 0; k < 4 && i + k < n; ++k) y[i + k] = UniformFromBits(r.v[k]) >= p ? x[i + k] * scale : 0.0f;
       }
     });
   }
 
-  void SgdStep(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
-               float dampening, float weight_decay, bool nesterov, bool first) override {
+  void SgdStep(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float dampening, float weight_decay,
+               bool nesterov, bool first) override {
     Pool().For(static_cast<int64_t>(n), kGrain, [=](int64_t b, int64_t e) {
-      SgdRange(p + b, g + b, buf ? buf + b : nullptr, static_cast<size_t>(e - b), lr, momentum,
-               dampening, weight_decay, nesterov, first);
+      SgdRange(p + b, g + b, buf ? buf + b : nullptr, static_cast<size_t>(e - b), lr, momentum, dampening, weight_decay, nesterov,
+               first);
     });
   }
 
@@ -584,9 +572,9 @@ class CpuDeviceImpl final : public Device {
   // p_out and buf_out (no copies to step in place); with several gradients, each block of their
   // sum is assembled in a stack buffer (L1). The arithmetic is SgdRange's, element by element,
   // so the bits are SgdStep's.
-  void SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads, const float* buf,
-                         size_t n, float lr, float momentum, float dampening, float weight_decay,
-                         bool nesterov, bool first, float* p_out, float* buf_out) override {
+  void SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads, const float* buf, size_t n, float lr,
+                         float momentum, float dampening, float weight_decay, bool nesterov, bool first, float* p_out,
+                         float* buf_out) override {
     Pool().For(static_cast<int64_t>(n), kGrain, [=](int64_t b, int64_t e) {
       constexpr size_t kBlock = 1024;
       alignas(64) float sum[kBlock];
@@ -601,16 +589,15 @@ class CpuDeviceImpl final : public Device {
           }
           g = sum;
         }
-        SgdRangeOutOfPlace(p + i, g, first || !buf ? nullptr : buf + i, len, lr, momentum, dampening,
-                           weight_decay, nesterov, p_out + i, buf_out ? buf_out + i : nullptr);
+        SgdRangeOutOfPlace(p + i, g, first || !buf ? nullptr : buf + i, len, lr, momentum, dampening, weight_decay, nesterov,
+                           p_out + i, buf_out ? buf_out + i : nullptr);
       }
     });
   }
 
   // Branches hoisted out of the loops and restrict pointers, so that GCC vectorizes each case.
-  static void SgdRange(float* __restrict p, const float* __restrict g, float* __restrict buf,
-                       size_t n, float lr, float momentum, float dampening, float wd,
-                       bool nesterov, bool first) {
+  static void SgdRange(float* __restrict p, const float* __restrict g, float* __restrict buf, size_t n, float lr, float momentum,
+                       float dampening, float wd, bool nesterov, bool first) {
     if (momentum == 0.0f) {
       for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
       return;
@@ -632,9 +619,8 @@ class CpuDeviceImpl final : public Device {
 
   // SgdRange reading p and buf (nullptr on the first step) and writing p_out and buf_out:
   // the same operations on each element, in the same order.
-  static void SgdRangeOutOfPlace(const float* __restrict p, const float* __restrict g,
-                                 const float* __restrict buf, size_t n, float lr, float momentum,
-                                 float dampening, float wd, bool nesterov, float* __restrict p_out,
+  static void SgdRangeOutOfPlace(const float* __restrict p, const float* __restrict g, const float* __restrict buf, size_t n,
+                                 float lr, float momentum, float dampening, float wd, bool nesterov, float* __restrict p_out,
                                  float* __restrict buf_out) {
     if (momentum == 0.0f) {
       for (size_t i = 0; i < n; ++i) p_out[i] = p[i] - lr * (g[i] + wd * p[i]);
@@ -655,21 +641,21 @@ class CpuDeviceImpl final : public Device {
     }
   }
 
-  void AdamStep(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                float beta2, float eps, float weight_decay, int64_t step) override {
+  void AdamStep(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps,
+                float weight_decay, int64_t step) override {
     const float bc1 = 1.0f - std::pow(beta1, static_cast<float>(step));
     const float bc2 = 1.0f - std::pow(beta2, static_cast<float>(step));
     const float step_size = lr / bc1;
     const float bc2_sqrt = std::sqrt(bc2);
     Pool().For(static_cast<int64_t>(n), kGrain, [&](int64_t b, int64_t e) {
-    for (size_t i = static_cast<size_t>(b); i < static_cast<size_t>(e); ++i) {
-      float d = g[i];
-      if (weight_decay != 0.0f) d += weight_decay * p[i];
-      m[i] = beta1 * m[i] + (1.0f - beta1) * d;
-      v[i] = beta2 * v[i] + (1.0f - beta2) * d * d;
-      const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-      p[i] -= step_size * m[i] / denom;
-    }
+      for (size_t i = static_cast<size_t>(b); i < static_cast<size_t>(e); ++i) {
+        float d = g[i];
+        if (weight_decay != 0.0f) d += weight_decay * p[i];
+        m[i] = beta1 * m[i] + (1.0f - beta1) * d;
+        v[i] = beta2 * v[i] + (1.0f - beta2) * d * d;
+        const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+        p[i] -= step_size * m[i] / denom;
+      }
     });
   }
 

@@ -42,11 +42,9 @@ uint32_t BigEndian32(const std::string& b, size_t at) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
 }
 
-Status CheckHeader(const std::string& path, const std::string& b, uint32_t magic, size_t header,
-                   const char* kind) {
+Status CheckHeader(const std::string& path, const std::string& b, uint32_t magic, size_t header, const char* kind) {
   if (b.size() < header)
-    return Status::DataLoss(path + ": " + std::to_string(b.size()) +
-                            " bytes, too short for an IDX " + kind + " header");
+    return Status::DataLoss(path + ": " + std::to_string(b.size()) + " bytes, too short for an IDX " + kind + " header");
   if (BigEndian32(b, 0) != magic) {
     char got[16];
     std::snprintf(got, sizeof(got), "0x%08x", BigEndian32(b, 0));
@@ -57,8 +55,7 @@ Status CheckHeader(const std::string& path, const std::string& b, uint32_t magic
 
 }  // namespace
 
-Dataset::Dataset(Tensor images, std::vector<int32_t> labels)
-    : images_(std::move(images)), labels_(std::move(labels)) {}
+Dataset::Dataset(Tensor images, std::vector<int32_t> labels) : images_(std::move(images)), labels_(std::move(labels)) {}
 
 Batch Dataset::Gather(std::span<const int64_t> indices, Device* device) const {
   const int64_t b = static_cast<int64_t>(indices.size());
@@ -73,8 +70,7 @@ Batch Dataset::Gather(std::span<const int64_t> indices, Device* device) const {
   for (int64_t i = 0; i < b; ++i) {
     const int64_t idx = indices[static_cast<size_t>(i)];
     if (idx < 0 || idx >= size())
-      throw std::out_of_range("Dataset::Gather: index " + std::to_string(idx) + " of " +
-                              std::to_string(size()));
+      throw std::out_of_range("Dataset::Gather: index " + std::to_string(idx) + " of " + std::to_string(size()));
     std::memcpy(dst + i * row, src + idx * row, static_cast<size_t>(row) * sizeof(float));
     out.labels[static_cast<size_t>(i)] = labels_[static_cast<size_t>(idx)];
   }
@@ -88,8 +84,7 @@ Batch Dataset::Range(int64_t begin, int64_t end, Device* device) const {
   return Gather(idx, device);
 }
 
-Result<Dataset> ReadIdx(const std::string& images_path, const std::string& labels_path,
-                        const DatasetOptions& options) {
+Result<Dataset> ReadIdx(const std::string& images_path, const std::string& labels_path, const DatasetOptions& options) {
   COPSE_ASSIGN_OR_RETURN(std::string img, ReadMaybeGzip(images_path));
   COPSE_ASSIGN_OR_RETURN(std::string lab, ReadMaybeGzip(labels_path));
   COPSE_RETURN_NOT_OK(CheckHeader(images_path, img, kImagesMagic, 16, "images"));
@@ -97,19 +92,17 @@ Result<Dataset> ReadIdx(const std::string& images_path, const std::string& label
   const int64_t n = BigEndian32(img, 4), rows = BigEndian32(img, 8), cols = BigEndian32(img, 12);
   const int64_t n_labels = BigEndian32(lab, 4);
   if (rows == 0 || cols == 0 || rows > 4096 || cols > 4096)
-    return Status::DataLoss(images_path + ": implausible image size " + std::to_string(rows) +
-                            "x" + std::to_string(cols));
+    return Status::DataLoss(images_path + ": implausible image size " + std::to_string(rows) + "x" + std::to_string(cols));
   if (static_cast<int64_t>(img.size()) != 16 + n * rows * cols)
-    return Status::DataLoss(images_path + ": header says " + std::to_string(n) + " images of " +
-                            std::to_string(rows) + "x" + std::to_string(cols) + " (" +
-                            std::to_string(16 + n * rows * cols) + " bytes) but the file has " +
+    return Status::DataLoss(images_path + ": header says " + std::to_string(n) + " images of " + std::to_string(rows) + "x" +
+                            std::to_string(cols) + " (" + std::to_string(16 + n * rows * cols) + " bytes) but the file has " +
                             std::to_string(img.size()) + " bytes");
   if (static_cast<int64_t>(lab.size()) != 8 + n_labels)
-    return Status::DataLoss(labels_path + ": header says " + std::to_string(n_labels) +
-                            " labels but the file has " + std::to_string(lab.size() - 8));
+    return Status::DataLoss(labels_path + ": header says " + std::to_string(n_labels) + " labels but the file has " +
+                            std::to_string(lab.size() - 8));
   if (n_labels != n)
-    return Status::DataLoss(images_path + " has " + std::to_string(n) + " images but " +
-                            labels_path + " has " + std::to_string(n_labels) + " labels");
+    return Status::DataLoss(images_path + " has " + std::to_string(n) + " images but " + labels_path + " has " +
+                            std::to_string(n_labels) + " labels");
   const int64_t keep = options.limit >= 0 ? std::min(options.limit, n) : n;
   Tensor images = Tensor::Empty({keep, 1, rows, cols}, CpuDevice());
   std::vector<int32_t> labels(static_cast<size_t>(keep));
@@ -121,15 +114,14 @@ Result<Dataset> ReadIdx(const std::string& images_path, const std::string& label
   for (int64_t i = 0; i < keep; ++i) {
     const int v = static_cast<unsigned char>(lab[static_cast<size_t>(8 + i)]);
     if (v > 9)
-      return Status::DataLoss(labels_path + ": label " + std::to_string(v) + " at index " +
-                              std::to_string(i) + " is outside [0, 10)");
+      return Status::DataLoss(labels_path + ": label " + std::to_string(v) + " at index " + std::to_string(i) +
+                              " is outside [0, 10)");
     labels[static_cast<size_t>(i)] = v;
   }
   return Dataset(std::move(images), std::move(labels));
 }
 
-Result<Dataset> LoadFashionMnist(const std::string& dir, Split split,
-                                 const DatasetOptions& options) {
+Result<Dataset> LoadFashionMnist(const std::string& dir, Split split, const DatasetOptions& options) {
   const std::string prefix = dir + (split == Split::kTrain ? "/train" : "/t10k");
   return ReadIdx(prefix + "-images-idx3-ubyte.gz", prefix + "-labels-idx1-ubyte.gz", options);
 }
@@ -147,9 +139,7 @@ std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int64_t epoch) {
 
 std::vector<int64_t> ShardIndices(std::span<const int64_t> indices, int replica, int replicas) {
   std::vector<int64_t> out;
-  for (size_t i = static_cast<size_t>(replica); i < indices.size();
-       i += static_cast<size_t>(replicas))
-    out.push_back(indices[i]);
+  for (size_t i = static_cast<size_t>(replica); i < indices.size(); i += static_cast<size_t>(replicas)) out.push_back(indices[i]);
   return out;
 }
 
@@ -162,12 +152,10 @@ static std::pair<size_t, size_t> Part(size_t n, int part, int parts) {
 
 std::vector<int64_t> ShardBatch(std::span<const int64_t> batch, int replica, int replicas) {
   const auto [b, e] = Part(batch.size(), replica, replicas);
-  return std::vector<int64_t>(batch.begin() + static_cast<ptrdiff_t>(b),
-                              batch.begin() + static_cast<ptrdiff_t>(e));
+  return std::vector<int64_t>(batch.begin() + static_cast<ptrdiff_t>(b), batch.begin() + static_cast<ptrdiff_t>(e));
 }
 
-std::vector<std::vector<int64_t>> MakeBatches(std::span<const int64_t> indices,
-                                              int64_t batch_size, bool drop_last) {
+std::vector<std::vector<int64_t>> MakeBatches(std::span<const int64_t> indices, int64_t batch_size, bool drop_last) {
   std::vector<std::vector<int64_t>> out;
   const auto n = static_cast<int64_t>(indices.size());
   for (int64_t b = 0; b < n; b += batch_size) {
@@ -184,8 +172,7 @@ std::vector<Batch> SplitMicroBatches(const Batch& batch, int count) {
     const auto [b, e] = Part(batch.labels.size(), m, count);
     Batch mb;
     mb.images = batch.images.Rows(static_cast<int64_t>(b), static_cast<int64_t>(e));
-    mb.labels.assign(batch.labels.begin() + static_cast<ptrdiff_t>(b),
-                     batch.labels.begin() + static_cast<ptrdiff_t>(e));
+    mb.labels.assign(batch.labels.begin() + static_cast<ptrdiff_t>(b), batch.labels.begin() + static_cast<ptrdiff_t>(e));
     out.push_back(std::move(mb));
   }
   return out;

@@ -59,11 +59,9 @@ class Dataset {
 };
 
 /// Reads one images/labels pair of IDX files (gzip-compressed or plain).
-Result<Dataset> ReadIdx(const std::string& images_path, const std::string& labels_path,
-                        const DatasetOptions& options = {});
+Result<Dataset> ReadIdx(const std::string& images_path, const std::string& labels_path, const DatasetOptions& options = {});
 /// `dir`/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz.
-Result<Dataset> LoadFashionMnist(const std::string& dir, Split split,
-                                 const DatasetOptions& options = {});
+Result<Dataset> LoadFashionMnist(const std::string& dir, Split split, const DatasetOptions& options = {});
 
 /// A permutation of [0, n) that depends only on (seed, epoch) (Fisher-Yates over Philox).
 std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int64_t epoch);
@@ -74,8 +72,7 @@ std::vector<int64_t> ShardIndices(std::span<const int64_t> indices, int replica,
 /// that R data-parallel replicas together process exactly the single-process batch.
 std::vector<int64_t> ShardBatch(std::span<const int64_t> batch, int replica, int replicas);
 /// Consecutive batches of `batch_size` (the last one smaller unless drop_last).
-std::vector<std::vector<int64_t>> MakeBatches(std::span<const int64_t> indices,
-                                              int64_t batch_size, bool drop_last = false);
+std::vector<std::vector<int64_t>> MakeBatches(std::span<const int64_t> indices, int64_t batch_size, bool drop_last = false);
 /// Splits a batch into `count` micro-batches (contiguous, sizes differing by at most one;
 /// views of the batch's images, no copy).
 std::vector<Batch> SplitMicroBatches(const Batch& batch, int count);

@@ -19,9 +19,8 @@ std::atomic<int> cpu_threads{0};
 
 Device* CpuDevice() { return internal::MakeCpuDevice(); }
 
-void Device::SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads, const float* buf,
-                               size_t n, float lr, float momentum, float dampening,
-                               float weight_decay, bool nesterov, bool first, float* p_out,
+void Device::SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads, const float* buf, size_t n, float lr,
+                               float momentum, float dampening, float weight_decay, bool nesterov, bool first, float* p_out,
                                float* buf_out) {
   const size_t bytes = n * sizeof(float);
   float* g = static_cast<float*>(Allocate(bytes));
@@ -37,8 +36,7 @@ Result<Device*> CudaDevice(int ordinal) {
 #if COPSE_HAVE_CUDA
   return cuda::GetCudaDevice(ordinal);
 #else
-  return Status::Unavailable("cuda:" + std::to_string(ordinal) +
-                             ": copse was built without CUDA support");
+  return Status::Unavailable("cuda:" + std::to_string(ordinal) + ": copse was built without CUDA support");
 #endif
 }
 
@@ -55,16 +53,14 @@ Result<Device*> DeviceByName(const std::string& name) {
   if (name == "cuda" || name == "gpu") return CudaDevice(0);
   if (name.rfind("cuda:", 0) == 0) {
     const std::string rest = name.substr(5);
-    if (!rest.empty() && rest.find_first_not_of("0123456789") == std::string::npos)
-      return CudaDevice(std::stoi(rest));
+    if (!rest.empty() && rest.find_first_not_of("0123456789") == std::string::npos) return CudaDevice(std::stoi(rest));
   }
   return Status::InvalidArgument("device '" + name + "': expected cpu, cuda or cuda:N");
 }
 
 void SetCpuThreads(int threads) {
   if (threads < 1) threads = 1;
-  if (cpu_threads.exchange(threads) != threads)
-    openblas_set_num_threads(internal::SplitGemm() ? 1 : threads);
+  if (cpu_threads.exchange(threads) != threads) openblas_set_num_threads(internal::SplitGemm() ? 1 : threads);
 }
 
 int CpuThreads() {

@@ -56,16 +56,13 @@ class Device {
 
   // ---- dense algebra ---------------------------------------------------------------------
   /// C[m,n] = alpha * op(A) * op(B) + beta * C, row-major; op(X) = X^T when trans_x.
-  virtual void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                    const float* a, int lda, const float* b, int ldb, float beta, float* c,
-                    int ldc) = 0;
+  virtual void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                    int ldb, float beta, float* c, int ldc) = 0;
   /// y[r,c] = act(x[r,c] + bias[c]) (x may alias y; bias may be null).
-  virtual void BiasActivation(const float* x, const float* bias, int rows, int cols,
-                              Activation act, float* y) = 0;
+  virtual void BiasActivation(const float* x, const float* bias, int rows, int cols, Activation act, float* y) = 0;
   /// dx = dy * act'(.) where `saved` is the activation's output for ReLU and its input for
   /// GELU. dx may alias dy.
-  virtual void ActivationBackward(Activation act, const float* saved, const float* dy,
-                                  size_t n, float* dx) = 0;
+  virtual void ActivationBackward(Activation act, const float* saved, const float* dy, size_t n, float* dx) = 0;
   /// out[c] = beta * out[c] + sum_r x[r,c].
   virtual void ColumnSum(const float* x, int rows, int cols, float beta, float* out) = 0;
   /// out[a, b, i] = x[b, a, i] for x of shape [B, A, inner] (swaps the two outer axes).
@@ -80,8 +77,8 @@ class Device {
   virtual void Softmax(const float* x, int rows, int cols, float* y) = 0;
   /// Softmax cross-entropy with integer labels (host pointer). Returns the SUM of per-row
   /// losses; writes dlogits = (softmax - onehot) * grad_scale when dlogits is not null.
-  virtual double SoftmaxCrossEntropy(const float* logits, const int32_t* host_labels, int rows,
-                                     int cols, float grad_scale, float* dlogits) = 0;
+  virtual double SoftmaxCrossEntropy(const float* logits, const int32_t* host_labels, int rows, int cols, float grad_scale,
+                                     float* dlogits) = 0;
 
   // ---- convolution and pooling -----------------------------------------------------------
   /// col[(c*kh+i)*kw+j, (b*oh+y)*ow+x] = input pixel under that kernel tap (0 in the padding).
@@ -91,18 +88,15 @@ class Device {
   /// Max-pooling forward (window kernel_h x kernel_w, stride, no padding).
   virtual void MaxPoolForward(const float* x, const ConvGeom& g, float* y) = 0;
   /// dx (overwritten) gets dy routed to the first maximum of each window of x.
-  virtual void MaxPoolBackward(const float* x, const float* dy, const ConvGeom& g,
-                               float* dx) = 0;
+  virtual void MaxPoolBackward(const float* x, const float* dy, const ConvGeom& g, float* dx) = 0;
 
   // ---- normalization and dropout ---------------------------------------------------------
   /// Per-row layer norm over `cols`: y = (x - mean) * rstd * gamma + beta.
-  virtual void LayerNormForward(const float* x, const float* gamma, const float* beta,
-                                int rows, int cols, float eps, float* y, float* mean,
-                                float* rstd) = 0;
+  virtual void LayerNormForward(const float* x, const float* gamma, const float* beta, int rows, int cols, float eps, float* y,
+                                float* mean, float* rstd) = 0;
   /// dx overwritten; dgamma and dbeta accumulated (+=).
-  virtual void LayerNormBackward(const float* dy, const float* x, const float* gamma,
-                                 const float* mean, const float* rstd, int rows, int cols,
-                                 float* dx, float* dgamma, float* dbeta) = 0;
+  virtual void LayerNormBackward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
+                                 int rows, int cols, float* dx, float* dgamma, float* dbeta) = 0;
   /// y[i] = x[i] * keep(i) / (1 - p) where keep(i) = PhiloxUniform(seed, 0, i) >= p.
   /// Backward is the same call applied to dy.
   virtual void Dropout(const float* x, size_t n, float p, uint64_t seed, float* y) = 0;
@@ -110,20 +104,19 @@ class Device {
   // ---- optimizers ------------------------------------------------------------------------
   /// PyTorch SGD: g' = g + wd*p; buf = first ? g' : momentum*buf + (1-dampening)*g';
   /// p -= lr * (nesterov ? g' + momentum*buf : buf) (buf unused when momentum == 0).
-  virtual void SgdStep(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
-                       float dampening, float weight_decay, bool nesterov, bool first) = 0;
+  virtual void SgdStep(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float dampening,
+                       float weight_decay, bool nesterov, bool first) = 0;
   /// SgdStep out of place, on the sum of `ngrads` gradients: g = grads[0] + grads[1] + ...
   /// (added in that order, as Axpy would), reading p and buf and writing p_out and buf_out, so
   /// p, buf and the gradients are never written (messages may share them). The same bits as
   /// summing into one buffer and calling SgdStep. buf and buf_out are null when momentum == 0;
   /// buf is not read on the first step. The default composes the kernels above; devices fuse it.
-  virtual void SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads,
-                                 const float* buf, size_t n, float lr, float momentum,
-                                 float dampening, float weight_decay, bool nesterov, bool first,
-                                 float* p_out, float* buf_out);
+  virtual void SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads, const float* buf, size_t n, float lr,
+                                 float momentum, float dampening, float weight_decay, bool nesterov, bool first, float* p_out,
+                                 float* buf_out);
   /// PyTorch Adam (L2 weight decay folded into g), step counts from 1.
-  virtual void AdamStep(float* p, const float* g, float* m, float* v, size_t n, float lr,
-                        float beta1, float beta2, float eps, float weight_decay, int64_t step) = 0;
+  virtual void AdamStep(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, int64_t step) = 0;
 };
 
 /// The process-wide CPU device.

@@ -12,9 +12,7 @@
 namespace copse::ml {
 namespace {
 
-std::string V(const std::string& stage, int64_t replica) {
-  return stage + "[" + std::to_string(replica) + "]";
-}
+std::string V(const std::string& stage, int64_t replica) { return stage + "[" + std::to_string(replica) + "]"; }
 
 /// Collects stages and edges; output port numbers are handed out per vertex in call order
 /// unless given.
@@ -24,9 +22,12 @@ class JobBuilder {
   explicit JobBuilder(std::string durable_dir) : durable_dir_(std::move(durable_dir)) {}
   /// `retain`: output ports kept until the job ends, so recovery of a lost daemon re-runs only
   /// the lost stage's work from its neighbours' retained outputs.
-  void Stage(const std::string& name, const std::string& program, int64_t replicas, Json params,
-             double cpus, const std::string& affinity = "", std::vector<int> retain = {}) {
-    Json st = {{"name", name}, {"program", program}, {"replicas", replicas}, {"params", std::move(params)},
+  void Stage(const std::string& name, const std::string& program, int64_t replicas, Json params, double cpus,
+             const std::string& affinity = "", std::vector<int> retain = {}) {
+    Json st = {{"name", name},
+               {"program", program},
+               {"replicas", replicas},
+               {"params", std::move(params)},
                {"resources", {{"cpus", cpus}}}};
     if (!affinity.empty()) st["affinity"] = affinity;
     if (!retain.empty()) st["retain"] = retain;
@@ -44,7 +45,10 @@ class JobBuilder {
     const bool durable = durable_.count(from) && from_port <= 0;
     if (durable) from_port = 0;
     if (from_port < 0) from_port = next_out_[from]++;
-    edges_.push_back({{"from", from}, {"to", to}, {"from_port", from_port}, {"to_port", to_port},
+    edges_.push_back({{"from", from},
+                      {"to", to},
+                      {"from_port", from_port},
+                      {"to_port", to_port},
                       {"channel", durable ? "durable" : "memory"}});
     data_pairs_.insert({from, to});
   }
@@ -122,9 +126,8 @@ Status Check(const GraphOptions& o) {
 }
 
 Json CommonParams(const GraphOptions& o) {
-  Json p = {{"model", o.model},   {"seed", o.seed},   {"data_dir", o.data_dir},
-            {"batch", o.batch},   {"optimizer", o.optimizer},
-            {"lr", o.lr},         {"momentum", o.momentum}, {"weight_decay", o.weight_decay}};
+  Json p = {{"model", o.model},         {"seed", o.seed}, {"data_dir", o.data_dir}, {"batch", o.batch},
+            {"optimizer", o.optimizer}, {"lr", o.lr},     {"momentum", o.momentum}, {"weight_decay", o.weight_decay}};
   if (o.limit > 0) p["limit"] = o.limit;
   if (o.test_limit > 0) p["test_limit"] = o.test_limit;
   return p;
@@ -189,8 +192,8 @@ void AddCheckpoints(JobBuilder& b, const GraphOptions& o, const std::string& upd
   for (int64_t t = 0; t < steps; ++t)
     if (IsCheckpointStep(o, t, steps)) ckpts.push_back(t);
   if (ckpts.empty()) return;
-  b.Stage(name, "ml.checkpoint", static_cast<int64_t>(ckpts.size()),
-          {{"path", o.checkpoint_dir + "/" + name + "-{replica}.bin"}}, 0.1);
+  b.Stage(name, "ml.checkpoint", static_cast<int64_t>(ckpts.size()), {{"path", o.checkpoint_dir + "/" + name + "-{replica}.bin"}},
+          0.1);
   for (size_t i = 0; i < ckpts.size(); ++i) {
     MarkCheckpoint(b, o, V(update_stage, ckpts[i]), ckpts[i], steps);
     b.Edge(V(update_stage, ckpts[i]), 0, V(name, static_cast<int64_t>(i)), 0);
@@ -294,19 +297,17 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
           }
         }
       }
-      for (int w = 0; w < W; ++w)
-        b.Edge(V("ring" + std::to_string(w), t * rounds + rounds - 1), 0, V(upd(w), t), 1);
+      for (int w = 0; w < W; ++w) b.Edge(V("ring" + std::to_string(w), t * rounds + rounds - 1), 0, V(upd(w), t), 1);
     }
   }
-  for (int w = 0; w < U; ++w)
-    AddCheckpoints(b, o, upd(w), "ckpt" + (replicated ? std::to_string(w) : std::string()), steps);
-  b.Stage("eval", "ml.eval", 1,
-          With(common, {{"clock", true}, {"train_images", train_images}, {"config", Config(o, steps)}}), o.threads);
+  for (int w = 0; w < U; ++w) AddCheckpoints(b, o, upd(w), "ckpt" + (replicated ? std::to_string(w) : std::string()), steps);
+  b.Stage("eval", "ml.eval", 1, With(common, {{"clock", true}, {"train_images", train_images}, {"config", Config(o, steps)}}),
+          o.threads);
   b.Edge("init", b.NextPort("init"), "eval", 0);
   b.Edge(V(upd(0), steps - 1), 0, "eval", 1);
   const std::string name = o.name.empty() ? "dp" + std::to_string(W) + "-" + o.reducer : o.name;
-  Json outputs = Json::array({{{"from", "eval"}, {"port", 0}, {"path", "metrics.json"}},
-                              {{"from", "eval"}, {"port", 1}, {"path", "params.bin"}}});
+  Json outputs = Json::array(
+      {{{"from", "eval"}, {"port", 0}, {"path", "metrics.json"}}, {{"from", "eval"}, {"port", 1}, {"path", "params.bin"}}});
   return b.Finish(name,
                   "data-parallel training of " + o.model + " on " + std::to_string(W) + " workers (" + o.reducer +
                       " reducer), generated by copse graph",
@@ -324,11 +325,10 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
     COPSE_ASSIGN_OR_RETURN(split, BalancedSplit(o.model, P));
   }
   COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModelLayers(o.model));
-  if (static_cast<int>(split.size()) != P + 1 || split.front() != 0 ||
-      split.back() != static_cast<int>(full.size()) || !std::is_sorted(split.begin(), split.end()) ||
-      std::adjacent_find(split.begin(), split.end()) != split.end())
-    return Status::InvalidArgument("--split: expected " + std::to_string(P - 1) +
-                                   " increasing inner boundaries between 0 and " + std::to_string(full.size()));
+  if (static_cast<int>(split.size()) != P + 1 || split.front() != 0 || split.back() != static_cast<int>(full.size()) ||
+      !std::is_sorted(split.begin(), split.end()) || std::adjacent_find(split.begin(), split.end()) != split.end())
+    return Status::InvalidArgument("--split: expected " + std::to_string(P - 1) + " increasing inner boundaries between 0 and " +
+                                   std::to_string(full.size()));
   auto suffix = [&](int s, int w) { return std::to_string(s) + (W > 1 ? "w" + std::to_string(w) : ""); };
   auto F = [&](int s, int w) { return "fwd" + suffix(s, w); };
   auto B = [&](int s, int w) { return "bwd" + suffix(s, w); };
@@ -345,11 +345,10 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
     // Batched weight gradients need the stashed layer inputs and layers that can defer theirs.
     const bool batched =
         o.weight_grads == "batched" && !o.recompute && full.Slice(split[s], split[s + 1]).DefersWeightGradients();
-    b.Stage(Iname(s), "ml.init", 1, With(With(common, layers), {{"clock", s == 0}}), o.daemon_cpus,
-            group + (W > 1 ? "w0" : ""));
+    b.Stage(Iname(s), "ml.init", 1, With(With(common, layers), {{"clock", s == 0}}), o.daemon_cpus, group + (W > 1 ? "w0" : ""));
     for (int w = 0; w < W; ++w) {
-      const Json pos = {{"stage", s}, {"stages", P}, {"microbatches", M}, {"workers", W}, {"worker", w},
-                        {"recompute", o.recompute}};
+      const Json pos = {{"stage", s},   {"stages", P}, {"microbatches", M},
+                        {"workers", W}, {"worker", w}, {"recompute", o.recompute}};
       b.Stage(F(s, w), "ml.forward", steps * M, With(With(common, layers), pos), o.threads,
               group + (W > 1 ? "w" + std::to_string(w) : ""), s + 1 < P ? crossing : std::vector<int>{});
       b.Stage(B(s, w), "ml.backward", steps * M,
@@ -358,8 +357,7 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
     }
     b.Stage(Uname(s), "ml.update", steps,
             With(UpdateParams(common, split[s], split[s + 1], steps), {{"weight_grads", batched ? "batched" : "per-microbatch"}}),
-            PipelineUpdateCpus(o),
-            group + (W > 1 ? "w0" : ""));
+            PipelineUpdateCpus(o), group + (W > 1 ? "w0" : ""));
   }
   for (int64_t t = 0; t < steps; ++t) {
     for (int s = 0; s < P; ++s) {
@@ -389,27 +387,26 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
     }
   }
   for (int s = 0; s < P; ++s) AddCheckpoints(b, o, Uname(s), "ckpt" + std::to_string(s), steps);
-  b.Stage("eval", "ml.eval", 1,
-          With(common, {{"clock", true}, {"train_images", train_images}, {"config", Config(o, steps)}}), o.threads);
+  b.Stage("eval", "ml.eval", 1, With(common, {{"clock", true}, {"train_images", train_images}, {"config", Config(o, steps)}}),
+          o.threads);
   b.Edge(Iname(0), b.NextPort(Iname(0)), "eval", 0);
   for (int s = 0; s < P; ++s) b.Edge(V(Uname(s), steps - 1), 0, "eval", 1 + s);
-  const std::string name =
-      o.name.empty() ? (W > 1 ? "dp" + std::to_string(W) + "-" : std::string()) + "pipeline" + std::to_string(P) + "-" +
-                           o.schedule + "-m" + std::to_string(M) + (o.recompute ? "-recompute" : "")
-                     : o.name;
-  Json outputs = Json::array({{{"from", "eval"}, {"port", 0}, {"path", "metrics.json"}},
-                              {{"from", "eval"}, {"port", 1}, {"path", "params.bin"}}});
+  const std::string name = o.name.empty()
+                               ? (W > 1 ? "dp" + std::to_string(W) + "-" : std::string()) + "pipeline" + std::to_string(P) + "-" +
+                                     o.schedule + "-m" + std::to_string(M) + (o.recompute ? "-recompute" : "")
+                               : o.name;
+  Json outputs = Json::array(
+      {{{"from", "eval"}, {"port", 0}, {"path", "metrics.json"}}, {{"from", "eval"}, {"port", 1}, {"path", "params.bin"}}});
   return b.Finish(name,
-                  "pipeline-parallel training of " + o.model + ": " + std::to_string(P) + " stages x " +
-                      std::to_string(M) + " micro-batches, " + o.schedule + " schedule" +
+                  "pipeline-parallel training of " + o.model + ": " + std::to_string(P) + " stages x " + std::to_string(M) +
+                      " micro-batches, " + o.schedule + " schedule" +
                       (W > 1 ? ", " + std::to_string(W) + " data-parallel pipelines" : "") + ", generated by copse graph",
                   std::move(outputs));
 }
 
 }  // namespace
 
-std::vector<std::pair<char, int>> ScheduleOrder(const std::string& schedule, int stage, int stages,
-                                                int microbatches) {
+std::vector<std::pair<char, int>> ScheduleOrder(const std::string& schedule, int stage, int stages, int microbatches) {
   std::vector<std::pair<char, int>> out;
   const int M = microbatches;
   if (schedule == "gpipe") {
@@ -431,8 +428,7 @@ std::vector<std::pair<char, int>> ScheduleOrder(const std::string& schedule, int
 Result<std::vector<int>> BalancedSplit(const std::string& model, int stages) {
   COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModelLayers(model));
   const int n = static_cast<int>(m.size());
-  if (stages > n)
-    return Status::InvalidArgument("--stages: model " + model + " has only " + std::to_string(n) + " layers");
+  if (stages > n) return Status::InvalidArgument("--stages: model " + model + " has only " + std::to_string(n) + " layers");
   std::vector<double> cost(static_cast<size_t>(n), 0.0);
   bool first = true;
   for (int i = 0; i < n; ++i) {
@@ -480,8 +476,8 @@ Result<Json> GenerateTrainingGraph(const GraphOptions& o) {
     const int64_t pm = o.kind == "data-parallel" ? 1 : int64_t{o.stages} * o.microbatches;
     const int64_t per_step = w * (2 * pm + 2 * w + 4) + 2 * o.stages;  // + each stage's update
     if (steps > kMaxGraphVertices / per_step) {
-      return Status::InvalidArgument("--epochs/--steps: " + std::to_string(steps) + " steps of up to " + std::to_string(per_step) +
-                                     " vertices each exceed the " + std::to_string(kMaxGraphVertices) +
+      return Status::InvalidArgument("--epochs/--steps: " + std::to_string(steps) + " steps of up to " +
+                                     std::to_string(per_step) + " vertices each exceed the " + std::to_string(kMaxGraphVertices) +
                                      " vertices a generated graph may have; use --steps, a larger --batch or fewer "
                                      "workers, stages or micro-batches");
     }

@@ -32,10 +32,10 @@ struct GraphOptions {
   // gradients of every micro-batch in one product (where the stage's layers allow it and
   // activations are stashed); per-microbatch: each backward accumulates them.
   std::string weight_grads = "batched";
-  std::string reducer = "tree";        // tree | ring | ps (data-parallel)
-  int fanin = 2;                       // tree reducer fan-in
-  bool loader_vertices = false;        // data-parallel: a shard-loader vertex per grad vertex
-  std::vector<int> split;              // pipeline stage boundaries (layer indices), or balanced
+  std::string reducer = "tree";  // tree | ring | ps (data-parallel)
+  int fanin = 2;                 // tree reducer fan-in
+  bool loader_vertices = false;  // data-parallel: a shard-loader vertex per grad vertex
+  std::vector<int> split;        // pipeline stage boundaries (layer indices), or balanced
   // Training.
   std::string model = "mlp";
   int epochs = 1;
@@ -45,9 +45,9 @@ struct GraphOptions {
   uint64_t seed = 1;
   std::string data_dir = kFashionMnistDir;
   int64_t limit = -1, test_limit = -1;
-  int64_t steps = -1;  // stop after this many steps (all epochs when < 0)
-  int threads = 1;     // resources.cpus of compute vertices (their CPU threads)
-  int daemon_cpus = 2; // init vertices take a whole daemon so stages land on distinct daemons
+  int64_t steps = -1;        // stop after this many steps (all epochs when < 0)
+  int threads = 1;           // resources.cpus of compute vertices (their CPU threads)
+  int daemon_cpus = 2;       // init vertices take a whole daemon so stages land on distinct daemons
   int checkpoint_every = 0;  // a checkpoint vertex per stage every K steps (0: none)
   std::string checkpoint_dir = "checkpoints";
 };
@@ -62,7 +62,6 @@ Result<std::vector<int>> BalancedSplit(const std::string& model, int stages);
 /// The order in which stage `s` of `stages` runs its forward (F, m) and backward (B, m)
 /// vertices of one step: GPipe = all F then all B; 1F1B = min(stages-s-1, M) warm-up forwards,
 /// then alternately one forward and one backward, then the remaining backwards.
-std::vector<std::pair<char, int>> ScheduleOrder(const std::string& schedule, int stage, int stages,
-                                                int microbatches);
+std::vector<std::pair<char, int>> ScheduleOrder(const std::string& schedule, int stage, int stages, int microbatches);
 
 }  // namespace copse::ml

@@ -63,8 +63,7 @@ Parameter& Layer::AddParameter(const std::string& name, const Shape& shape) {
 void Layer::UniformInit(const Tensor& t, uint64_t seed, uint64_t stream, float bound) const {
   const uint64_t layer_seed = MixSeed(seed, static_cast<uint64_t>(index_));
   std::vector<float> v(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < v.size(); ++i)
-    v[i] = (2.0f * PhiloxUniform(layer_seed, stream, i) - 1.0f) * bound;
+  for (size_t i = 0; i < v.size(); ++i) v[i] = (2.0f * PhiloxUniform(layer_seed, stream, i) - 1.0f) * bound;
   t.device()->CopyFromHost(t.data(), v.data(), v.size() * sizeof(float));
 }
 
@@ -91,8 +90,7 @@ Result<Tensor> Linear::Forward(const Tensor& x, const ForwardContext&, LayerStas
   Device* dev = device_;
   const int n = I(x.dim(0));
   Tensor z = Tensor::Empty({n, out_}, dev);
-  dev->Gemm(false, true, n, out_, in_, 1.0f, x.data(), in_, params_[0].value.data(), in_, 0.0f,
-            z.data(), out_);
+  dev->Gemm(false, true, n, out_, in_, 1.0f, x.data(), in_, params_[0].value.data(), in_, 0.0f, z.data(), out_);
   const float* b = bias_ ? params_[1].value.data() : nullptr;
   Tensor y = z;
   if (act_ == Activation::kGelu) {  // GELU's backward needs its input: keep z, write y apart
@@ -108,8 +106,7 @@ Result<Tensor> Linear::Forward(const Tensor& x, const ForwardContext&, LayerStas
   return y;
 }
 
-Result<Tensor> Linear::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                                     bool accumulate) {
+Result<Tensor> Linear::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
   // dL/dx and dL/dz as a deferred backward computes them, then this micro-batch's weight
   // gradients from dL/dz (the products are independent: their order changes no bits).
   Tensor dz;
@@ -130,13 +127,11 @@ Result<Tensor> Linear::BackwardInput(const Tensor& dy, const LayerStash& stash, 
   *wgrad = dy;
   if (act_ != Activation::kNone) {
     *wgrad = Tensor::Empty(dy.shape(), device_);
-    device_->ActivationBackward(act_, stash.tensors[1].data(), dy.data(), static_cast<size_t>(dy.numel()),
-                                wgrad->data());
+    device_->ActivationBackward(act_, stash.tensors[1].data(), dy.data(), static_cast<size_t>(dy.numel()), wgrad->data());
   }
   if (!need_dx) return Tensor();
   Tensor dx = Tensor::Empty({n, in_}, device_);
-  device_->Gemm(false, false, n, in_, out_, 1.0f, wgrad->data(), out_, params_[0].value.data(), in_, 0.0f,
-                dx.data(), in_);
+  device_->Gemm(false, false, n, in_, out_, 1.0f, wgrad->data(), out_, params_[0].value.data(), in_, 0.0f, dx.data(), in_);
   return dx;
 }
 
@@ -164,8 +159,7 @@ Status Linear::WeightGradients(const std::vector<std::pair<const LayerStash*, co
     row += n;
   }
   const int n = I(rows);
-  device_->Gemm(true, false, out_, in_, n, 1.0f, dz_all.data(), out_, x_all.data(), in_, 0.0f,
-                params_[0].grad.data(), in_);
+  device_->Gemm(true, false, out_, in_, n, 1.0f, dz_all.data(), out_, x_all.data(), in_, 0.0f, params_[0].grad.data(), in_);
   if (bias_) device_->ColumnSum(dz_all.data(), n, out_, 0.0f, params_[1].grad.data());
   return Status::OK();
 }
@@ -174,36 +168,32 @@ Status Linear::WeightGradients(const std::vector<std::pair<const LayerStash*, co
 
 std::string ActivationLayer::Describe() const { return ActName(act_); }
 
-Result<Tensor> ActivationLayer::Forward(const Tensor& x, const ForwardContext&,
-                                        LayerStash* stash) {
+Result<Tensor> ActivationLayer::Forward(const Tensor& x, const ForwardContext&, LayerStash* stash) {
   if (!x.defined()) return BadInput(Describe(), "a tensor", x);
   Tensor y = act_ == Activation::kRelu ? Relu(x) : act_ == Activation::kGelu ? Gelu(x) : x;
   if (stash) stash->tensors = {act_ == Activation::kRelu ? y : x};
   return y;
 }
 
-Result<Tensor> ActivationLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                                     bool accumulate) {
+Result<Tensor> ActivationLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
   if (stash.tensors.size() != 1) return Status::FailedPrecondition(Describe() + ": empty stash");
-  if (dy.numel() != stash.tensors[0].numel()) return BadInput(Describe() + " backward", ShapeToString(stash.tensors[0].shape()), dy);
+  if (dy.numel() != stash.tensors[0].numel())
+    return BadInput(Describe() + " backward", ShapeToString(stash.tensors[0].shape()), dy);
   if (!need_dx) return Tensor();
   return ActivationGrad(act_, stash.tensors[0], dy).Reshape(stash.tensors[0].shape());
 }
 
 // ---- Conv2d ----------------------------------------------------------------------------------
 
-Conv2dLayer::Conv2dLayer(int in_channels, int out_channels, int kernel, int stride, int pad,
-                         Activation act)
-    : in_c_(in_channels), out_c_(out_channels), kernel_(kernel), stride_(stride), pad_(pad),
-      act_(act) {
+Conv2dLayer::Conv2dLayer(int in_channels, int out_channels, int kernel, int stride, int pad, Activation act)
+    : in_c_(in_channels), out_c_(out_channels), kernel_(kernel), stride_(stride), pad_(pad), act_(act) {
   AddParameter("weight", {out_c_, in_c_, kernel_, kernel_});
   AddParameter("bias", {out_c_});
 }
 
 std::string Conv2dLayer::Describe() const {
-  return WithAct("Conv2d(" + std::to_string(in_c_) + ", " + std::to_string(out_c_) + ", k=" +
-                     std::to_string(kernel_) + ", s=" + std::to_string(stride_) + ", p=" +
-                     std::to_string(pad_) + ")",
+  return WithAct("Conv2d(" + std::to_string(in_c_) + ", " + std::to_string(out_c_) + ", k=" + std::to_string(kernel_) +
+                     ", s=" + std::to_string(stride_) + ", p=" + std::to_string(pad_) + ")",
                  act_);
 }
 
@@ -214,8 +204,7 @@ void Conv2dLayer::InitParameters(uint64_t seed) {
 }
 
 Result<Tensor> Conv2dLayer::Forward(const Tensor& x, const ForwardContext&, LayerStash* stash) {
-  if (x.ndim() != 4 || x.dim(1) != in_c_ || x.dim(2) + 2 * pad_ < kernel_ ||
-      x.dim(3) + 2 * pad_ < kernel_)
+  if (x.ndim() != 4 || x.dim(1) != in_c_ || x.dim(2) + 2 * pad_ < kernel_ || x.dim(3) + 2 * pad_ < kernel_)
     return BadInput(Describe(), "[N, " + std::to_string(in_c_) + ", H, W]", x);
   Tensor y = Conv2d(x, params_[0].value, params_[1].value, stride_, pad_);
   if (act_ != Activation::kNone) {
@@ -229,13 +218,13 @@ Result<Tensor> Conv2dLayer::Forward(const Tensor& x, const ForwardContext&, Laye
   return y;
 }
 
-Result<Tensor> Conv2dLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                                     bool accumulate) {
+Result<Tensor> Conv2dLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
   if (stash.tensors.size() != 2) return Status::FailedPrecondition(Describe() + ": empty stash");
   const Tensor& x = stash.tensors[0];
   Tensor dz = dy;
   if (act_ != Activation::kNone) {
-    if (dy.numel() != stash.tensors[1].numel()) return BadInput(Describe() + " backward", ShapeToString(stash.tensors[1].shape()), dy);
+    if (dy.numel() != stash.tensors[1].numel())
+      return BadInput(Describe() + " backward", ShapeToString(stash.tensors[1].shape()), dy);
     dz = ActivationGrad(act_, stash.tensors[1], dy).Reshape(stash.tensors[1].shape());
   }
   const int oh = (I(x.dim(2)) + 2 * pad_ - kernel_) / stride_ + 1;
@@ -267,12 +256,10 @@ Result<Tensor> MaxPool2dLayer::Forward(const Tensor& x, const ForwardContext&, L
   return MaxPool2d(x, kernel_, stride_);
 }
 
-Result<Tensor> MaxPool2dLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                                     bool accumulate) {
+Result<Tensor> MaxPool2dLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
   if (stash.tensors.size() != 1) return Status::FailedPrecondition(Describe() + ": empty stash");
   const Tensor& x = stash.tensors[0];
-  const int64_t expect = x.dim(0) * x.dim(1) * ((x.dim(2) - kernel_) / stride_ + 1) *
-                         ((x.dim(3) - kernel_) / stride_ + 1);
+  const int64_t expect = x.dim(0) * x.dim(1) * ((x.dim(2) - kernel_) / stride_ + 1) * ((x.dim(3) - kernel_) / stride_ + 1);
   if (dy.numel() != expect) return BadInput(Describe() + " backward", std::to_string(expect) + " elements", dy);
   if (!need_dx) return Tensor();
   return MaxPool2dBackward(x, dy, kernel_, stride_);
@@ -287,8 +274,7 @@ Result<Tensor> Flatten::Forward(const Tensor& x, const ForwardContext&, LayerSta
   return x.Reshape({n, n == 0 ? 0 : x.numel() / n});
 }
 
-Result<Tensor> Flatten::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                                     bool accumulate) {
+Result<Tensor> Flatten::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
   if (dy.numel() != NumElements(stash.shape)) return BadInput("Flatten backward", ShapeToString(stash.shape), dy);
   if (!need_dx) return Tensor();
   return dy.Reshape(stash.shape);
@@ -302,9 +288,7 @@ LayerNormLayer::LayerNormLayer(int features, float eps) : features_(features), e
   params_[0].value.Fill(1.0f);
 }
 
-std::string LayerNormLayer::Describe() const {
-  return "LayerNorm(" + std::to_string(features_) + ")";
-}
+std::string LayerNormLayer::Describe() const { return "LayerNorm(" + std::to_string(features_) + ")"; }
 
 void LayerNormLayer::InitParameters(uint64_t) {
   params_[0].value.Fill(1.0f);
@@ -318,17 +302,15 @@ Result<Tensor> LayerNormLayer::Forward(const Tensor& x, const ForwardContext&, L
   return r.y;
 }
 
-Result<Tensor> LayerNormLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                                     bool accumulate) {
+Result<Tensor> LayerNormLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
   if (stash.tensors.size() != 3) return Status::FailedPrecondition(Describe() + ": empty stash");
   const Tensor& x = stash.tensors[0];
   if (dy.numel() != x.numel()) return BadInput(Describe() + " backward", ShapeToString(x.shape()), dy);
   const int cols = features_, rows = I(x.numel() / features_);
   Tensor dx = Tensor::Empty(x.shape(), device_);
   if (!accumulate) ZeroGrad();
-  device_->LayerNormBackward(dy.data(), x.data(), params_[0].value.data(), stash.tensors[1].data(),
-                             stash.tensors[2].data(), rows, cols, dx.data(),
-                             params_[0].grad.data(), params_[1].grad.data());
+  device_->LayerNormBackward(dy.data(), x.data(), params_[0].value.data(), stash.tensors[1].data(), stash.tensors[2].data(), rows,
+                             cols, dx.data(), params_[0].grad.data(), params_[1].grad.data());
   if (!need_dx) return Tensor();
   return dx;
 }
@@ -337,8 +319,7 @@ Result<Tensor> LayerNormLayer::Backward(const Tensor& dy, const LayerStash& stas
 
 std::string DropoutLayer::Describe() const { return "Dropout(" + std::to_string(p_) + ")"; }
 
-Result<Tensor> DropoutLayer::Forward(const Tensor& x, const ForwardContext& ctx,
-                                     LayerStash* stash) {
+Result<Tensor> DropoutLayer::Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) {
   if (!x.defined()) return BadInput(Describe(), "a tensor", x);
   if (!ctx.training || p_ == 0.0f) {
     if (stash) stash->seed = 0, stash->shape = {};
@@ -349,8 +330,7 @@ Result<Tensor> DropoutLayer::Forward(const Tensor& x, const ForwardContext& ctx,
   return Dropout(x, p_, seed);
 }
 
-Result<Tensor> DropoutLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                                     bool accumulate) {
+Result<Tensor> DropoutLayer::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
   if (!need_dx) return Tensor();
   if (stash.shape.empty()) return dy;
   return Dropout(dy, p_, stash.seed);

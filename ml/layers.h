@@ -50,12 +50,10 @@ class Layer {
   /// "Linear(784, 1024)+ReLU".
   virtual std::string Describe() const = 0;
   /// y = layer(x). When `stash` is not null, fills it for Backward.
-  virtual Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx,
-                                 LayerStash* stash) = 0;
+  virtual Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) = 0;
   /// Adds this micro-batch's parameter gradients (or overwrites them when !accumulate, which
   /// saves zeroing them first) and returns dL/dx (undefined when !need_dx).
-  virtual Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                                  bool accumulate = true) = 0;
+  virtual Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) = 0;
   /// Re-initializes the parameters from the stream of (seed, index()).
   virtual void InitParameters(uint64_t seed) {}
 
@@ -99,12 +97,10 @@ class Layer {
 /// y = act(x W^T + b), W [out, in] as in torch.nn.Linear; act fused into the same pass.
 class Linear final : public Layer {
  public:
-  Linear(int in_features, int out_features, Activation act = Activation::kNone,
-         bool bias = true);
+  Linear(int in_features, int out_features, Activation act = Activation::kNone, bool bias = true);
   std::string Describe() const override;
   Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
-  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                          bool accumulate = true) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
   void InitParameters(uint64_t seed) override;
   bool DefersWeightGradients() const override { return true; }
   /// `*wgrad` is dL/dz, the gradient before the fused activation.
@@ -124,8 +120,7 @@ class ActivationLayer final : public Layer {
   explicit ActivationLayer(Activation act) : act_(act) {}
   std::string Describe() const override;
   Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
-  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                          bool accumulate = true) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
 
  private:
   Activation act_;
@@ -134,12 +129,10 @@ class ActivationLayer final : public Layer {
 /// 2-D convolution over NCHW with square kernels, as torch.nn.Conv2d (+ optional fused act).
 class Conv2dLayer final : public Layer {
  public:
-  Conv2dLayer(int in_channels, int out_channels, int kernel, int stride = 1, int pad = 0,
-              Activation act = Activation::kNone);
+  Conv2dLayer(int in_channels, int out_channels, int kernel, int stride = 1, int pad = 0, Activation act = Activation::kNone);
   std::string Describe() const override;
   Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
-  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                          bool accumulate = true) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
   void InitParameters(uint64_t seed) override;
 
  private:
@@ -152,8 +145,7 @@ class MaxPool2dLayer final : public Layer {
   MaxPool2dLayer(int kernel, int stride) : kernel_(kernel), stride_(stride) {}
   std::string Describe() const override;
   Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
-  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                          bool accumulate = true) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
 
  private:
   int kernel_, stride_;
@@ -164,8 +156,7 @@ class Flatten final : public Layer {
  public:
   std::string Describe() const override { return "Flatten"; }
   Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
-  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                          bool accumulate = true) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
 };
 
 /// Layer norm over the last dimension with affine gamma (init 1) and beta (init 0).
@@ -174,8 +165,7 @@ class LayerNormLayer final : public Layer {
   explicit LayerNormLayer(int features, float eps = 1e-5f);
   std::string Describe() const override;
   Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
-  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                          bool accumulate = true) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
   void InitParameters(uint64_t seed) override;
 
  private:
@@ -190,8 +180,7 @@ class DropoutLayer final : public Layer {
   explicit DropoutLayer(float p) : p_(p) {}
   std::string Describe() const override;
   Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
-  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx,
-                          bool accumulate = true) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
 
  private:
   float p_;

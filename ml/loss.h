@@ -17,8 +17,7 @@ struct LossOutput {
 /// Softmax cross-entropy (torch.nn.CrossEntropyLoss, mean reduction). `normalizer` is the
 /// number of rows the gradient is averaged over: 0 means this call's rows; a micro-batch of a
 /// larger batch passes the full batch size so that micro-batch gradients add up to the batch's.
-Result<LossOutput> CrossEntropyLoss(const Tensor& logits, std::span<const int32_t> labels,
-                                    int64_t normalizer = 0);
+Result<LossOutput> CrossEntropyLoss(const Tensor& logits, std::span<const int32_t> labels, int64_t normalizer = 0);
 
 /// Number of rows whose largest logit is at the label.
 int64_t CountCorrect(const Tensor& logits, std::span<const int32_t> labels);

@@ -10,8 +10,7 @@ Sequential Mlp(const std::vector<int>& widths) {
   m.Add(std::make_shared<Flatten>());
   for (size_t i = 0; i + 1 < widths.size(); ++i) {
     const bool last = i + 2 == widths.size();
-    m.Add(std::make_shared<Linear>(widths[i], widths[i + 1],
-                                   last ? Activation::kNone : Activation::kRelu));
+    m.Add(std::make_shared<Linear>(widths[i], widths[i + 1], last ? Activation::kNone : Activation::kRelu));
   }
   return m;
 }
@@ -41,15 +40,14 @@ Result<Sequential> BuildModelLayers(const std::string& name) {
     std::stringstream ss(name.substr(4));
     std::string part;
     while (std::getline(ss, part, '-')) {
-      if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos ||
-          part.size() > 7 || std::stoi(part) == 0)
+      if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || part.size() > 7 || std::stoi(part) == 0)
         return Status::InvalidArgument("model '" + name + "': widths must be positive integers");
       widths.push_back(std::stoi(part));
     }
-    if (widths.size() < 2)
-      return Status::InvalidArgument("model '" + name + "': needs at least two widths");
+    if (widths.size() < 2) return Status::InvalidArgument("model '" + name + "': needs at least two widths");
     if (widths.front() != 784 || widths.back() != 10) {
-      return Status::InvalidArgument("model '" + name + "': the first width must be 784 (a 28x28 image's pixels) and the "
+      return Status::InvalidArgument("model '" + name +
+                                     "': the first width must be 784 (a 28x28 image's pixels) and the "
                                      "last 10 (its classes), as mlp:784-...-10");
     }
     m = Mlp(widths);

@@ -47,10 +47,8 @@ class ThreadProducts {
     p.a.set_data_handle(const_cast<float*>(a));
     p.b.set_data_handle(const_cast<float*>(b));
     p.c.set_data_handle(c);
-    p.primitive.execute(stream_, {{DNNL_ARG_SRC, p.a},
-                                  {DNNL_ARG_WEIGHTS, p.b},
-                                  {DNNL_ARG_DST, p.c},
-                                  {DNNL_ARG_SCRATCHPAD, p.scratchpad}});
+    p.primitive.execute(stream_,
+                        {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}, {DNNL_ARG_SCRATCHPAD, p.scratchpad}});
     stream_.wait();
     return true;
   }
@@ -85,8 +83,8 @@ class ThreadProducts {
 
 }  // namespace
 
-bool OneDnnGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
-                const float* b, int ldb, float beta, float* c, int ldc) {
+bool OneDnnGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+                float beta, float* c, int ldc) {
   if (alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) return false;
   thread_local ThreadProducts products;
   return products.Run(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, beta == 1.0f}, a, b, c);
@@ -96,9 +94,7 @@ bool OneDnnGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, co
 
 bool OneDnnGemmBuilt() { return false; }
 
-bool OneDnnGemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
-  return false;
-}
+bool OneDnnGemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) { return false; }
 
 #endif
 

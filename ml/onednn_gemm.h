@@ -16,7 +16,7 @@ bool OneDnnGemmBuilt();
 /// C = alpha * op(A) op(B) + beta * C, row-major, on the calling thread. Returns false (and
 /// touches nothing) for what the matmul primitive cannot express here (alpha != 1, beta other
 /// than 0 or 1, strides oneDNN rejects); the caller then uses OpenBLAS.
-bool OneDnnGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
-                const float* b, int ldb, float beta, float* c, int ldc);
+bool OneDnnGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+                float beta, float* c, int ldc);
 
 }  // namespace copse::ml::internal

@@ -15,8 +15,7 @@ namespace copse::ml {
 /// op(a) * op(b) for 2-D tensors; op transposes when requested.
 Tensor Matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 /// act(x * w^T + bias): x [N, in], w [out, in] (PyTorch's Linear layout), bias [out] or undefined.
-Tensor LinearForward(const Tensor& x, const Tensor& w, const Tensor& bias,
-                     Activation act = Activation::kNone);
+Tensor LinearForward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act = Activation::kNone);
 /// x + bias over the last dimension.
 Tensor BiasAdd(const Tensor& x, const Tensor& bias);
 Tensor Relu(const Tensor& x);
@@ -32,9 +31,7 @@ struct CrossEntropyResult {
   Tensor grad;          // d(loss_sum * grad_scale)/dlogits
 };
 /// Softmax cross-entropy of logits [N, C] with labels in [0, C).
-Result<CrossEntropyResult> SoftmaxCrossEntropy(const Tensor& logits,
-                                               std::span<const int32_t> labels,
-                                               float grad_scale);
+Result<CrossEntropyResult> SoftmaxCrossEntropy(const Tensor& logits, std::span<const int32_t> labels, float grad_scale);
 
 /// Conv2d over NCHW: x [N, C, H, W], w [O, C, kh, kw], bias [O] or undefined.
 Tensor Conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int stride, int pad);
@@ -43,8 +40,7 @@ struct Conv2dGrads {
   Tensor dw;
   Tensor db;
 };
-Conv2dGrads Conv2dBackward(const Tensor& x, const Tensor& w, const Tensor& dy, int stride,
-                           int pad, bool need_dx, bool has_bias);
+Conv2dGrads Conv2dBackward(const Tensor& x, const Tensor& w, const Tensor& dy, int stride, int pad, bool need_dx, bool has_bias);
 
 /// Max-pooling with a square window, no padding.
 Tensor MaxPool2d(const Tensor& x, int kernel, int stride);
@@ -58,8 +54,7 @@ LayerNormResult LayerNorm(const Tensor& x, const Tensor& gamma, const Tensor& be
 struct LayerNormGrads {
   Tensor dx, dgamma, dbeta;
 };
-LayerNormGrads LayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                 const Tensor& mean, const Tensor& rstd);
+LayerNormGrads LayerNormBackward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd);
 
 /// Inverted dropout: keeps element i iff PhiloxUniform(seed, 0, i) >= p and scales by 1/(1-p).
 /// The same call on dy is the backward pass.

@@ -5,26 +5,21 @@
 namespace copse::ml {
 namespace {
 
-Tensor StepTensor(int64_t steps) {
-  return Tensor::FromVector({1}, {static_cast<float>(steps)});
-}
+Tensor StepTensor(int64_t steps) { return Tensor::FromVector({1}, {static_cast<float>(steps)}); }
 
 Result<std::map<std::string, const Tensor*>> Index(const NamedTensors& state) {
   std::map<std::string, const Tensor*> out;
   for (const auto& [name, t] : state) out[name] = &t;
-  if (!out.count("step") || out["step"]->numel() != 1)
-    return Status::InvalidArgument("optimizer state lacks 'step'");
+  if (!out.count("step") || out["step"]->numel() != 1) return Status::InvalidArgument("optimizer state lacks 'step'");
   return out;
 }
 
-Status LoadInto(const std::map<std::string, const Tensor*>& index, const std::string& name,
-                const Tensor& like, Tensor* dst) {
+Status LoadInto(const std::map<std::string, const Tensor*>& index, const std::string& name, const Tensor& like, Tensor* dst) {
   auto it = index.find(name);
   if (it == index.end()) return Status::InvalidArgument("optimizer state lacks '" + name + "'");
   if (it->second->shape() != like.shape())
-    return Status::InvalidArgument("optimizer state '" + name + "' has shape " +
-                                   ShapeToString(it->second->shape()) + ", expected " +
-                                   ShapeToString(like.shape()));
+    return Status::InvalidArgument("optimizer state '" + name + "' has shape " + ShapeToString(it->second->shape()) +
+                                   ", expected " + ShapeToString(like.shape()));
   *dst = it->second->To(like.device());
   return Status::OK();
 }
@@ -44,11 +39,9 @@ void Sgd::Step() {
   state_shared_ = false;
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter* p = params_[i];
-    p->value.device()->SgdStep(p->value.data(), p->grad.data(),
-                               momentum_.empty() ? nullptr : momentum_[i].data(),
-                               static_cast<size_t>(p->value.numel()), lr_, options_.momentum,
-                               options_.dampening, options_.weight_decay, options_.nesterov,
-                               first);
+    p->value.device()->SgdStep(p->value.data(), p->grad.data(), momentum_.empty() ? nullptr : momentum_[i].data(),
+                               static_cast<size_t>(p->value.numel()), lr_, options_.momentum, options_.dampening,
+                               options_.weight_decay, options_.nesterov, first);
   }
   ++steps_;
 }
@@ -63,10 +56,9 @@ void Sgd::StepOutOfPlace(const std::vector<std::vector<const float*>>& grads) {
     Tensor value = Tensor::Empty(p->value.shape(), dev);
     Tensor buf = with_momentum ? Tensor::Empty(p->value.shape(), dev) : Tensor();
     dev->SgdStepOutOfPlace(p->value.data(), grads.at(i).data(), static_cast<int>(grads[i].size()),
-                           first || !with_momentum ? nullptr : momentum_[i].data(),
-                           static_cast<size_t>(p->value.numel()), lr_, options_.momentum,
-                           options_.dampening, options_.weight_decay, options_.nesterov, first,
-                           value.data(), buf.data());
+                           first || !with_momentum ? nullptr : momentum_[i].data(), static_cast<size_t>(p->value.numel()), lr_,
+                           options_.momentum, options_.dampening, options_.weight_decay, options_.nesterov, first, value.data(),
+                           buf.data());
     p->value = std::move(value);
     if (with_momentum) momentum.push_back(std::move(buf));
   }
@@ -78,8 +70,7 @@ void Sgd::StepOutOfPlace(const std::vector<std::vector<const float*>>& grads) {
 NamedTensors Sgd::ExportState() const {
   NamedTensors out;
   out.emplace_back("step", StepTensor(steps_));
-  for (size_t i = 0; i < momentum_.size(); ++i)
-    out.emplace_back("momentum." + std::to_string(i), momentum_[i].To(CpuDevice()));
+  for (size_t i = 0; i < momentum_.size(); ++i) out.emplace_back("momentum." + std::to_string(i), momentum_[i].To(CpuDevice()));
   return out;
 }
 
@@ -97,8 +88,7 @@ Status Sgd::ImportState(const NamedTensors& state) {
   if (index.count("momentum.0")) {
     momentum.resize(params_.size());
     for (size_t i = 0; i < params_.size(); ++i)
-      COPSE_RETURN_NOT_OK(LoadInto(index, "momentum." + std::to_string(i), params_[i]->value,
-                                   &momentum[i]));
+      COPSE_RETURN_NOT_OK(LoadInto(index, "momentum." + std::to_string(i), params_[i]->value, &momentum[i]));
   }
   momentum_ = std::move(momentum);
   steps_ = static_cast<int64_t>(index["step"]->ToVector()[0]);
@@ -118,8 +108,8 @@ void Adam::Step() {
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter* p = params_[i];
     p->value.device()->AdamStep(p->value.data(), p->grad.data(), m_[i].data(), v_[i].data(),
-                                static_cast<size_t>(p->value.numel()), lr_, options_.beta1,
-                                options_.beta2, options_.eps, options_.weight_decay, steps_);
+                                static_cast<size_t>(p->value.numel()), lr_, options_.beta1, options_.beta2, options_.eps,
+                                options_.weight_decay, steps_);
   }
 }
 

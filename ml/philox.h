@@ -35,7 +35,10 @@ COPSE_HD Philox4 Philox4x32(uint64_t key, uint64_t counter_lo, uint64_t counter_
     const uint32_t hi0 = PhiloxMulHi(0xD2511F53u, c0, &lo0);
     const uint32_t hi1 = PhiloxMulHi(0xCD9E8D57u, c2, &lo1);
     const uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
@@ -43,9 +46,7 @@ COPSE_HD Philox4 Philox4x32(uint64_t key, uint64_t counter_lo, uint64_t counter_
 }
 
 /// A uniform float in [0, 1) from 24 random bits (exactly representable, identical everywhere).
-COPSE_HD float UniformFromBits(uint32_t bits) {
-  return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f);
-}
+COPSE_HD float UniformFromBits(uint32_t bits) { return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f); }
 
 /// The uniform [0,1) float number `index` of stream `stream` under `seed`.
 COPSE_HD float PhiloxUniform(uint64_t seed, uint64_t stream, uint64_t index) {
@@ -77,7 +78,9 @@ class PhiloxStream {
   uint64_t NextBelow(uint64_t n) {
     const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
     uint64_t x;
-    do { x = NextU64(); } while (x >= limit);
+    do {
+      x = NextU64();
+    } while (x >= limit);
     return x % n;
   }
 

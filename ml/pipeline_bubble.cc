@@ -16,8 +16,7 @@ struct StepTimes {
   double span = 0;
 };
 
-std::optional<StepTimes> TimesOfStep(const std::map<std::string, Span>& spans, int64_t step, int stages,
-                                     int microbatches) {
+std::optional<StepTimes> TimesOfStep(const std::map<std::string, Span>& spans, int64_t step, int stages, int microbatches) {
   StepTimes t{std::vector<double>(static_cast<size_t>(stages), 0.0), 0};
   double lo = std::numeric_limits<double>::max(), hi = std::numeric_limits<double>::lowest();
   for (int s = 0; s < stages; ++s) {

@@ -13,12 +13,11 @@ void Sequential::Add(std::shared_ptr<Layer> layer) {
 
 Sequential Sequential::Slice(size_t begin, size_t end) const {
   if (begin > end || end > layers_.size())
-    throw std::out_of_range("Sequential::Slice(" + std::to_string(begin) + ", " +
-                            std::to_string(end) + ") of " + std::to_string(layers_.size()));
+    throw std::out_of_range("Sequential::Slice(" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
+                            std::to_string(layers_.size()));
   Sequential s;
   s.device_ = device_;
-  s.layers_.assign(layers_.begin() + static_cast<ptrdiff_t>(begin),
-                   layers_.begin() + static_cast<ptrdiff_t>(end));
+  s.layers_.assign(layers_.begin() + static_cast<ptrdiff_t>(begin), layers_.begin() + static_cast<ptrdiff_t>(end));
   return s;
 }
 
@@ -31,14 +30,12 @@ void Sequential::To(Device* device) {
   device_ = device;
 }
 
-Result<Tensor> Sequential::Forward(const Tensor& x, const ForwardContext& ctx,
-                                   Stash* stash) const {
+Result<Tensor> Sequential::Forward(const Tensor& x, const ForwardContext& ctx, Stash* stash) const {
   if (stash) stash->layers.assign(layers_.size(), LayerStash{});
   Tensor h = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
     auto r = layers_[i]->Forward(h, ctx, stash ? &stash->layers[i] : nullptr);
-    if (!r.ok())
-      return r.status().WithContext("layer " + std::to_string(layers_[i]->index()));
+    if (!r.ok()) return r.status().WithContext("layer " + std::to_string(layers_[i]->index()));
     h = std::move(r).value();
   }
   return h;
@@ -59,8 +56,8 @@ template <typename Step>
 Result<Tensor> WalkBackward(const std::vector<std::shared_ptr<Layer>>& layers, const Stash& stash, const char* who,
                             const Tensor& dy, bool need_input_grad, Step step) {
   if (stash.layers.size() != layers.size())
-    return Status::FailedPrecondition(std::string(who) + ": stash of " + std::to_string(stash.layers.size()) +
-                                      " layers for " + std::to_string(layers.size()));
+    return Status::FailedPrecondition(std::string(who) + ": stash of " + std::to_string(stash.layers.size()) + " layers for " +
+                                      std::to_string(layers.size()));
   size_t first_trainable = layers.size();
   for (size_t i = 0; i < layers.size(); ++i)
     if (!layers[i]->parameters().empty()) {
@@ -80,12 +77,10 @@ Result<Tensor> WalkBackward(const std::vector<std::shared_ptr<Layer>>& layers, c
 
 }  // namespace
 
-Result<Tensor> Sequential::Backward(const Tensor& dy, const Stash& stash, bool need_input_grad,
-                                    bool accumulate) const {
-  return WalkBackward(layers_, stash, "Sequential::Backward", dy, need_input_grad,
-                      [&](size_t i, const Tensor& g, bool need_dx) {
-                        return layers_[i]->Backward(g, stash.layers[i], need_dx, accumulate);
-                      });
+Result<Tensor> Sequential::Backward(const Tensor& dy, const Stash& stash, bool need_input_grad, bool accumulate) const {
+  return WalkBackward(layers_, stash, "Sequential::Backward", dy, need_input_grad, [&](size_t i, const Tensor& g, bool need_dx) {
+    return layers_[i]->Backward(g, stash.layers[i], need_dx, accumulate);
+  });
 }
 
 bool Sequential::DefersWeightGradients() const {
@@ -131,8 +126,7 @@ std::vector<Parameter*> Sequential::Parameters() const {
 std::vector<std::string> Sequential::ParameterNames() const {
   std::vector<std::string> out;
   for (auto& l : layers_)
-    for (const Parameter& p : l->parameters())
-      out.push_back(std::to_string(l->index()) + "." + p.name);
+    for (const Parameter& p : l->parameters()) out.push_back(std::to_string(l->index()) + "." + p.name);
   return out;
 }
 
@@ -162,8 +156,7 @@ NamedTensors Sequential::ExportGradients(bool host) const { return Export(*this,
 
 /// The tensor of `in` for each parameter of `m` (in Parameters() order), checked against the
 /// parameter's `field` (value or grad): every one present with the right shape.
-static Result<std::vector<const Tensor*>> Match(const Sequential& m, const NamedTensors& in,
-                                                Tensor Parameter::*field) {
+static Result<std::vector<const Tensor*>> Match(const Sequential& m, const NamedTensors& in, Tensor Parameter::*field) {
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : in) by_name[name] = &t;
   const auto names = m.ParameterNames();
@@ -171,13 +164,11 @@ static Result<std::vector<const Tensor*>> Match(const Sequential& m, const Named
   std::vector<const Tensor*> out;
   for (size_t i = 0; i < params.size(); ++i) {
     auto it = by_name.find(names[i]);
-    if (it == by_name.end())
-      return Status::InvalidArgument("parameter set lacks '" + names[i] + "'");
+    if (it == by_name.end()) return Status::InvalidArgument("parameter set lacks '" + names[i] + "'");
     const Tensor& dst = params[i]->*field;
     if (it->second->shape() != dst.shape())
-      return Status::InvalidArgument("parameter '" + names[i] + "' has shape " +
-                                     ShapeToString(it->second->shape()) + ", expected " +
-                                     ShapeToString(dst.shape()));
+      return Status::InvalidArgument("parameter '" + names[i] + "' has shape " + ShapeToString(it->second->shape()) +
+                                     ", expected " + ShapeToString(dst.shape()));
     out.push_back(it->second);
   }
   return out;
@@ -205,12 +196,8 @@ void Sequential::FreshGradients() const {
   for (Parameter* p : Parameters()) p->grad = Tensor::Empty(p->grad.shape(), p->grad.device());
 }
 
-Status Sequential::ImportParameters(const NamedTensors& params) const {
-  return Import(*this, params, false);
-}
-Status Sequential::ImportGradients(const NamedTensors& grads) const {
-  return Import(*this, grads, true);
-}
+Status Sequential::ImportParameters(const NamedTensors& params) const { return Import(*this, params, false); }
+Status Sequential::ImportGradients(const NamedTensors& grads) const { return Import(*this, grads, true); }
 
 std::string Sequential::Describe() const {
   std::string s;

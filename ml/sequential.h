@@ -49,20 +49,17 @@ class Sequential {
   /// Accumulates parameter gradients; returns dL/dinput when need_input_grad (first stages of
   /// a model pass false and skip that product). With accumulate = false the gradients are
   /// overwritten instead (same result as ZeroGrad() first, without the extra pass).
-  Result<Tensor> Backward(const Tensor& dy, const Stash& stash, bool need_input_grad,
-                          bool accumulate = true) const;
+  Result<Tensor> Backward(const Tensor& dy, const Stash& stash, bool need_input_grad, bool accumulate = true) const;
 
   /// Whether every layer can defer its weight gradients (Layer::DefersWeightGradients).
   bool DefersWeightGradients() const;
   /// Backward without parameter gradients (Layer::BackwardInput): returns dL/dinput when
   /// need_input_grad and sets `wgrads` to each layer's part for WeightGradients.
-  Result<Tensor> BackwardInputs(const Tensor& dy, const Stash& stash, bool need_input_grad,
-                                std::vector<Tensor>* wgrads) const;
+  Result<Tensor> BackwardInputs(const Tensor& dy, const Stash& stash, bool need_input_grad, std::vector<Tensor>* wgrads) const;
   /// Overwrites every parameter gradient with the sum over micro-batches of what Backward would
   /// have accumulated, from each micro-batch's stash and BackwardInputs parts, in one product per
   /// layer. Gives every parameter a fresh gradient tensor first (see FreshGradients).
-  Status WeightGradients(const std::vector<const Stash*>& stashes,
-                         const std::vector<const std::vector<Tensor>*>& wgrads) const;
+  Status WeightGradients(const std::vector<const Stash*>& stashes, const std::vector<const std::vector<Tensor>*>& wgrads) const;
 
   /// Every parameter in layer order, named "<global layer index>.<name>".
   std::vector<Parameter*> Parameters() const;

@@ -140,8 +140,7 @@ std::vector<std::string_view> SerializedSpans(const NamedTensors& tensors, std::
 Result<NamedTensors> DeserializeTensors(std::string_view bytes, Device* device) {
   if (bytes.size() < sizeof(kMagic) + 8 + 8)
     return Loss("truncated: " + std::to_string(bytes.size()) + " bytes is shorter than a header");
-  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
-    return Loss("bad magic (not a copse tensor encoding)");
+  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) return Loss("bad magic (not a copse tensor encoding)");
   const std::string_view body = bytes.substr(0, bytes.size() - 8);
   uint64_t stored;
   std::memcpy(&stored, bytes.data() + body.size(), 8);
@@ -158,8 +157,7 @@ Result<NamedTensors> DeserializeTensors(std::string_view bytes, Device* device) 
     std::string_view name;
     uint8_t dtype, ndim;
     uint16_t reserved;
-    if (!r.Get(&name_len) || !r.Bytes(name_len, &name) || !r.Get(&dtype) || !r.Get(&ndim) ||
-        !r.Get(&reserved))
+    if (!r.Get(&name_len) || !r.Bytes(name_len, &name) || !r.Get(&dtype) || !r.Get(&ndim) || !r.Get(&reserved))
       return Loss(where + "truncated header");
     if (dtype != kFloat32) return Loss(where + "unknown dtype " + std::to_string(dtype));
     if (ndim > kMaxDims) return Loss(where + "too many dimensions (" + std::to_string(ndim) + ")");
@@ -185,15 +183,13 @@ std::string SerializeTensor(const Tensor& tensor) { return SerializeTensors({{""
 
 Result<Tensor> DeserializeTensor(std::string_view bytes, Device* device) {
   COPSE_ASSIGN_OR_RETURN(NamedTensors all, DeserializeTensors(bytes, device));
-  if (all.size() != 1)
-    return Status::DataLoss("tensor bytes: expected one tensor, found " + std::to_string(all.size()));
+  if (all.size() != 1) return Status::DataLoss("tensor bytes: expected one tensor, found " + std::to_string(all.size()));
   return std::move(all[0].second);
 }
 
 std::string Digest(const NamedTensors& tensors) {
   char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx",
-                static_cast<unsigned long long>(Checksum(SerializeTensors(tensors))));
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(Checksum(SerializeTensors(tensors))));
   return buf;
 }
 

@@ -21,8 +21,7 @@ std::string ShapeToString(const Shape& shape) {
   return s + "]";
 }
 
-Storage::Storage(Device* device, size_t bytes)
-    : device_(device), bytes_(bytes), data_(device->Allocate(bytes)) {}
+Storage::Storage(Device* device, size_t bytes) : device_(device), bytes_(bytes), data_(device->Allocate(bytes)) {}
 
 Storage::~Storage() { device_->Free(data_, bytes_); }
 
@@ -43,8 +42,8 @@ Tensor Tensor::Full(const Shape& shape, float value, Device* device) {
 
 Tensor Tensor::FromVector(const Shape& shape, const std::vector<float>& values, Device* device) {
   if (static_cast<int64_t>(values.size()) != NumElements(shape))
-    throw std::invalid_argument("Tensor::FromVector: " + std::to_string(values.size()) +
-                                " values for shape " + ShapeToString(shape));
+    throw std::invalid_argument("Tensor::FromVector: " + std::to_string(values.size()) + " values for shape " +
+                                ShapeToString(shape));
   Tensor t = Empty(shape, device);
   device->CopyFromHost(t.data(), values.data(), values.size() * sizeof(float));
   return t;
@@ -64,8 +63,7 @@ Tensor Tensor::To(Device* target) const {
 
 void Tensor::CopyFrom(const Tensor& src) const {
   if (src.numel() != numel())
-    throw std::invalid_argument("Tensor::CopyFrom: " + ShapeToString(src.shape()) + " into " +
-                                ShapeToString(shape_));
+    throw std::invalid_argument("Tensor::CopyFrom: " + ShapeToString(src.shape()) + " into " + ShapeToString(shape_));
   if (numel() == 0) return;
   Device* from = src.device();
   Device* to = device();
@@ -87,8 +85,7 @@ void Tensor::Fill(float value) const {
 
 Tensor Tensor::Reshape(const Shape& shape) const {
   if (NumElements(shape) != numel())
-    throw std::invalid_argument("Tensor::Reshape: " + ShapeToString(shape_) + " to " +
-                                ShapeToString(shape));
+    throw std::invalid_argument("Tensor::Reshape: " + ShapeToString(shape_) + " to " + ShapeToString(shape));
   Tensor t = *this;
   t.shape_ = shape;
   return t;
@@ -96,8 +93,8 @@ Tensor Tensor::Reshape(const Shape& shape) const {
 
 Tensor Tensor::Rows(int64_t begin, int64_t end) const {
   if (shape_.empty() || begin < 0 || end < begin || end > shape_[0])
-    throw std::out_of_range("Tensor::Rows: [" + std::to_string(begin) + ", " +
-                            std::to_string(end) + ") of " + ShapeToString(shape_));
+    throw std::out_of_range("Tensor::Rows: [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
+                            ShapeToString(shape_));
   Tensor t = *this;
   const int64_t row = shape_[0] == 0 ? 0 : numel() / shape_[0];
   t.offset_ += begin * row;

@@ -53,8 +53,7 @@ class Tensor {
   static Tensor Zeros(const Shape& shape, Device* device = CpuDevice());
   static Tensor Full(const Shape& shape, float value, Device* device = CpuDevice());
   /// `values.size()` must equal NumElements(shape).
-  static Tensor FromVector(const Shape& shape, const std::vector<float>& values,
-                           Device* device = CpuDevice());
+  static Tensor FromVector(const Shape& shape, const std::vector<float>& values, Device* device = CpuDevice());
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -66,9 +65,7 @@ class Tensor {
   bool is_cpu() const { return device() != nullptr && device()->type() == DeviceType::kCpu; }
 
   /// Device pointer to the first element (a host pointer on the CPU).
-  float* data() const {
-    return storage_ ? static_cast<float*>(storage_->data()) + offset_ : nullptr;
-  }
+  float* data() const { return storage_ ? static_cast<float*>(storage_->data()) + offset_ : nullptr; }
 
   /// A copy of the contents on the host.
   std::vector<float> ToVector() const;

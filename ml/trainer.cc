@@ -16,9 +16,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 Status Validate(const TrainOptions& o) {
   if (o.epochs < 1) return Status::InvalidArgument("--epochs must be >= 1");
@@ -26,8 +24,7 @@ Status Validate(const TrainOptions& o) {
   if (!(o.lr > 0)) return Status::InvalidArgument("--lr must be > 0");
   if (o.momentum < 0 || o.momentum >= 1) return Status::InvalidArgument("--momentum must be in [0, 1)");
   if (o.threads < 1) return Status::InvalidArgument("--threads must be >= 1");
-  if (o.optimizer != "sgd" && o.optimizer != "adam")
-    return Status::InvalidArgument("--optimizer must be sgd or adam");
+  if (o.optimizer != "sgd" && o.optimizer != "adam") return Status::InvalidArgument("--optimizer must be sgd or adam");
   if (o.limit == 0) return Status::InvalidArgument("--limit must be > 0");
   return Status::OK();
 }
@@ -45,8 +42,7 @@ Result<double> Evaluate(const Sequential& model, const Dataset& data, int64_t ba
   return static_cast<double>(correct) / static_cast<double>(data.size());
 }
 
-Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progress,
-                          int64_t progress_every) {
+Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progress, int64_t progress_every) {
   COPSE_RETURN_NOT_OK(Validate(o));
   auto log = Logger("ml");
   SetCpuThreads(o.threads);
@@ -79,8 +75,8 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
     s.weight_decay = o.weight_decay;
     opt = std::make_unique<Sgd>(model.Parameters(), s);
   }
-  log->info("train model={} ({} parameters) device={} threads={} images={} batch={}",
-            o.model, model.NumParameters(), device->name(), o.threads, train.size(), o.batch);
+  log->info("train model={} ({} parameters) device={} threads={} images={} batch={}", o.model, model.NumParameters(),
+            device->name(), o.threads, train.size(), o.batch);
 
   TrainReport report;
   report.train_images = train.size();
@@ -101,14 +97,11 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
       ctx.seed = MixSeed(o.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(step));
       COPSE_ASSIGN_OR_RETURN(Tensor logits, model.Forward(b.images, ctx, &stash));
       COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels));
-      COPSE_RETURN_NOT_OK(
-          model.Backward(loss.grad, stash, /*need_input_grad=*/false, /*accumulate=*/false)
-              .status());
+      COPSE_RETURN_NOT_OK(model.Backward(loss.grad, stash, /*need_input_grad=*/false, /*accumulate=*/false).status());
       opt->Step();
       loss_sum += loss.loss * static_cast<double>(b.size());
       seen += b.size();
-      if (progress && progress_every > 0 && step % progress_every == 0 &&
-          step != static_cast<int64_t>(batches.size())) {
+      if (progress && progress_every > 0 && step % progress_every == 0 && step != static_cast<int64_t>(batches.size())) {
         TrainProgress p;
         p.epoch = epoch;
         p.step = step;
@@ -128,8 +121,7 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
     if (o.evaluate) {
       COPSE_ASSIGN_OR_RETURN(er.test_accuracy, Evaluate(model, test));
     }
-    log->info("epoch={} loss={:.4f} test_accuracy={:.4f} images_per_s={:.0f}", epoch, er.loss,
-              er.test_accuracy, er.images_per_s);
+    log->info("epoch={} loss={:.4f} test_accuracy={:.4f} images_per_s={:.0f}", epoch, er.loss, er.test_accuracy, er.images_per_s);
     report.epochs.push_back(er);
     if (progress) {
       TrainProgress p;

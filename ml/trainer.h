@@ -37,7 +37,7 @@ struct TrainOptions {
 };
 
 struct EpochReport {
-  int epoch = 0;  // from 1
+  int epoch = 0;             // from 1
   double loss = 0;           // mean training loss over the epoch
   double test_accuracy = 0;  // 0..1 (0 when not evaluated)
   double images_per_s = 0;   // training throughput of this epoch (evaluation excluded)
@@ -63,14 +63,13 @@ struct TrainReport {
   int64_t train_images = 0;  // per epoch
   int64_t parameters = 0;
   std::string model_description;
-  std::string parameter_digest;  // Digest() of the final parameters
+  std::string parameter_digest;   // Digest() of the final parameters
   NamedTensors final_parameters;  // host copies
 };
 
 using ProgressCallback = std::function<void(const TrainProgress&)>;
 
-Result<TrainReport> Train(const TrainOptions& options, const ProgressCallback& progress = {},
-                          int64_t progress_every = 100);
+Result<TrainReport> Train(const TrainOptions& options, const ProgressCallback& progress = {}, int64_t progress_every = 100);
 
 /// Fraction of `data` the model classifies correctly (evaluated in batches of `batch`).
 Result<double> Evaluate(const class Sequential& model, const Dataset& data, int64_t batch = 1000);

@@ -19,10 +19,9 @@ struct ChildRegistrar {
 };
 
 /// Defines a child body named `name` (a C++ identifier), runnable with ChildProcess("name").
-#define COPSE_TEST_CHILD(name)                                                       \
-  static int CopseChild_##name();                                                    \
-  static const ::copse::testing::ChildRegistrar copse_child_registrar_##name{#name,  \
-                                                                              &CopseChild_##name}; \
+#define COPSE_TEST_CHILD(name)                                                                           \
+  static int CopseChild_##name();                                                                        \
+  static const ::copse::testing::ChildRegistrar copse_child_registrar_##name{#name, &CopseChild_##name}; \
   static int CopseChild_##name()
 
 /// Runs the body registered under `name`; called by main() for `--copse-child NAME`.

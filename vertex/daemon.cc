@@ -173,8 +173,7 @@ class Daemon::Impl {
     COPSE_ASSIGN_OR_RETURN(store_, chan::OutputStore::Make(options_.work_dir / "outputs", options_.memory_budget_bytes));
     chan::DataServerOptions data_options;
     data_options.local_socket = options_.local_socket;
-    COPSE_ASSIGN_OR_RETURN(data_server_,
-                           chan::DataServer::Start(*store_, options_.data_host, 0, options_.secret, data_options));
+    COPSE_ASSIGN_OR_RETURN(data_server_, chan::DataServer::Start(*store_, options_.data_host, 0, options_.secret, data_options));
     COPSE_ASSIGN_OR_RETURN(hub_, chan::StreamHub::Start(options_.data_host, 0, options_.work_dir / "ipc", options_.secret));
     prefetcher_ = std::make_unique<InputPrefetcher>(options_.secret);
     COPSE_RETURN_NOT_OK(Register());
@@ -189,8 +188,8 @@ class Daemon::Impl {
     if (options_.locate_jm) {
       auto where = options_.locate_jm();
       if (where.ok() && (where->first != options_.jm_host || where->second != options_.jm_port)) {
-        DaemonLog()->info("daemon {}: the job manager is now at {}:{} (was {}:{})", options_.name, where->first,
-                          where->second, options_.jm_host, options_.jm_port);
+        DaemonLog()->info("daemon {}: the job manager is now at {}:{} (was {}:{})", options_.name, where->first, where->second,
+                          options_.jm_host, options_.jm_port);
         options_.jm_host = where->first;
         options_.jm_port = where->second;
       }
@@ -264,7 +263,8 @@ class Daemon::Impl {
       // for as long as the partition lasts.
       const unsigned user_timeout_ms = static_cast<unsigned>(6 * heartbeat_every_.count());
       if (::setsockopt(client.native_handle(), IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms) != 0) {
-        DaemonLog()->warn("daemon {}: cannot bound unacknowledged sends to the job manager: {}", options_.name, std::strerror(errno));
+        DaemonLog()->warn("daemon {}: cannot bound unacknowledged sends to the job manager: {}", options_.name,
+                          std::strerror(errno));
       }
     }
     DaemonLog()->info("daemon {} registered over {}; data server on {}:{}", options_.name,
@@ -345,7 +345,7 @@ class Daemon::Impl {
     std::unique_ptr<Collective> collective;
     int device = -1;
     std::shared_ptr<PrefetchedInputs> prefetched;  // remote inputs fetched while it was held
-    std::shared_ptr<AttemptLog> log;  // what it prints, once it runs
+    std::shared_ptr<AttemptLog> log;               // what it prints, once it runs
     // Held (chained): the attempts here it still waits for, and whether it still waits for the
     // outputs of one on another daemon. Queued when neither is left.
     std::vector<AttemptKey> waiting_for;
@@ -394,7 +394,10 @@ class Daemon::Impl {
       conn = conn_;
     }
     if (!conn || !conn->open()) return;
-    conn->Send({{"op", "vertex_log"}, {"job", std::get<0>(key)}, {"vertex", std::get<1>(key)}, {"version", std::get<2>(key)},
+    conn->Send({{"op", "vertex_log"},
+                {"job", std::get<0>(key)},
+                {"vertex", std::get<1>(key)},
+                {"version", std::get<2>(key)},
                 {"chunks", std::move(chunks)}});
   }
 
@@ -436,7 +439,7 @@ class Daemon::Impl {
         {
           std::lock_guard<std::mutex> lock(mu_);
           finished_.erase(finished_.lower_bound({job, 0, 0}),
-                        job == std::numeric_limits<uint64_t>::max() ? finished_.end() : finished_.lower_bound({job + 1, 0, 0}));
+                          job == std::numeric_limits<uint64_t>::max() ? finished_.end() : finished_.lower_bound({job + 1, 0, 0}));
         }
         hub_->DropJob(job);
         shm_.DropJob(job);
@@ -451,7 +454,8 @@ class Daemon::Impl {
         const std::string host = msg["host"].get<std::string>();
         const uint64_t port = msg["port"].get<uint64_t>();
         if (port == 0 || port > 65535) {
-          DaemonLog()->error("daemon {}: malformed \"peer_lost\" from the job manager: port {} is not a port", options_.name, port);
+          DaemonLog()->error("daemon {}: malformed \"peer_lost\" from the job manager: port {} is not a port", options_.name,
+                             port);
           return;
         }
         const size_t ended = chan::AbortFetchesFrom(host, static_cast<uint16_t>(port));
@@ -544,8 +548,9 @@ class Daemon::Impl {
       // inputs come meanwhile.
       const uint32_t vertex = t.spec["vertex"].get<uint32_t>(), version = t.spec["version"].get<uint32_t>();
       t.remote_pending = true;
-      t.prefetched = prefetcher_->Start(t.spec["inputs"], remote, t.cancel,
-                                        [this, job, vertex, version](const Status& st) { OnRemoteAfter(job, vertex, version, st); });
+      t.prefetched = prefetcher_->Start(t.spec["inputs"], remote, t.cancel, [this, job, vertex, version](const Status& st) {
+        OnRemoteAfter(job, vertex, version, st);
+      });
       if (!t.prefetched) return withdraw("none of its inputs is on another daemon");
     } else if (t.waiting_for.empty()) {
       queue_.push_back(std::move(t));
@@ -714,7 +719,7 @@ class Daemon::Impl {
   /// The report of a chained task that never ran: the attempt it waited for did not deliver.
   /// Uncharged (class cancelled); the job manager places it again.
   static Json Withdrawn(const Json& spec, const std::string& why) {
-    return {{"job", spec["job"]},  {"vertex", spec["vertex"]}, {"version", spec["version"]}, {"ok", false},
+    return {{"job", spec["job"]},   {"vertex", spec["vertex"]},     {"version", spec["version"]}, {"ok", false},
             {"class", "cancelled"}, {"error", "withdrawn: " + why}, {"duration_ms", 0.0}};
   }
 
@@ -896,7 +901,7 @@ class Daemon::Impl {
       if (gpus > 0 && gpu.device() < 0) {
         // Not charged: the attempt holding it is at fault, if anyone is.
         return fail("input_lost", "no GPU of this daemon's " + std::to_string(options_.gpus) + " came free within " +
-                                         std::to_string(GpuLease::kGpuWait.count()) + " s");
+                                      std::to_string(GpuLease::kGpuWait.count()) + " s");
       }
       if (spec.contains("nccl")) {
         Status st = JoinNcclGroup(spec["nccl"], gpu.device(), task);
@@ -912,7 +917,8 @@ class Daemon::Impl {
         const Json& in = spec["inputs"][port];
         if (in.contains("live")) {
           auto reader = OpenLiveReader(in, task);
-          if (!reader.ok()) return fail("input_lost", "input " + std::to_string(port) + ": " + reader.status().message(), static_cast<int>(port));
+          if (!reader.ok())
+            return fail("input_lost", "input " + std::to_string(port) + ": " + reader.status().message(), static_cast<int>(port));
           readers.push_back(std::make_unique<TrackingReader>(std::move(*reader), static_cast<int>(port), &lost_port));
           continue;
         }
@@ -931,11 +937,10 @@ class Daemon::Impl {
         // store cannot deliver it.
         const std::string copy = in.value("durable", std::string());
         const bool copy_only = !copy.empty() && !in.contains("local");
-        auto reader = copy_only ? chan::OutputStore::OpenDurableCopy(copy, *key)
-                      : in["local"].get<bool>()
-                          ? store_->OpenReader(*key)
-                          : chan::OpenRemoteReader(in["host"].get<std::string>(), in["port"].get<uint16_t>(), *key,
-                                                   options_.secret);
+        auto reader = copy_only                 ? chan::OutputStore::OpenDurableCopy(copy, *key)
+                      : in["local"].get<bool>() ? store_->OpenReader(*key)
+                                                : chan::OpenRemoteReader(in["host"].get<std::string>(),
+                                                                         in["port"].get<uint16_t>(), *key, options_.secret);
         if (!copy.empty() && !copy_only) {
           reader = reader.ok() ? chan::OutputStore::WithDurableFallback(std::move(*reader), copy, *key)
                                : chan::OutputStore::OpenDurableCopy(copy, *key);
@@ -958,15 +963,15 @@ class Daemon::Impl {
         // "file", "memory", or {"durable": path}: a memory output with a copy at path.
         const bool durable = out.is_object() && out.contains("durable");
         auto kind = durable || out == "memory" ? chan::StorageKind::kMemory : chan::StorageKind::kFile;
-        auto writer = store_->CreateWriter({job, vertex, version, static_cast<uint32_t>(port)}, kind,
-                                           durable ? std::filesystem::path(out["durable"].get<std::string>())
-                                                   : std::filesystem::path());
+        auto writer =
+            store_->CreateWriter({job, vertex, version, static_cast<uint32_t>(port)}, kind,
+                                 durable ? std::filesystem::path(out["durable"].get<std::string>()) : std::filesystem::path());
         if (!writer.ok()) return fail("program_error", writer.status().message());
         writers.push_back(std::make_unique<CountingWriter>(std::move(*writer)));
       }
       // Created on demand (VertexContext::MakeScratchDir): most vertices never touch disk.
-      auto scratch = options_.work_dir / "scratch" /
-                     (std::to_string(job) + "-" + std::to_string(vertex) + "-" + std::to_string(version));
+      auto scratch =
+          options_.work_dir / "scratch" / (std::to_string(job) + "-" + std::to_string(vertex) + "-" + std::to_string(version));
       Json params = spec["params"];
       VertexContext ctx;
       ctx.name = name;
@@ -985,8 +990,9 @@ class Daemon::Impl {
       const int64_t declared_mb = spec.value("memory_mb", int64_t{0});
       ctx.memory_declared = declared_mb > 0;
       ctx.memory_limit_bytes =
-          (ctx.memory_declared ? declared_mb
-                               : std::max<int64_t>(1, OfferedMemoryMb() * std::max<int64_t>(1, ctx.threads) / std::max(1, options_.cpus)))
+          (ctx.memory_declared
+               ? declared_mb
+               : std::max<int64_t>(1, OfferedMemoryMb() * std::max<int64_t>(1, ctx.threads) / std::max(1, options_.cpus)))
           << 20;
       ctx.gpu = gpu.device();
       ctx.collective = task.collective.get();
@@ -1010,7 +1016,8 @@ class Daemon::Impl {
       if (ctx.scratch_created()) std::filesystem::remove_all(scratch, ec);
       if (task.cancel->load()) return fail("cancelled", "cancelled");
       if (!st.ok()) {
-        if (lost_port >= 0) return fail("input_lost", "input " + std::to_string(lost_port) + ": " + st.message(), lost_port, st.code());
+        if (lost_port >= 0)
+          return fail("input_lost", "input " + std::to_string(lost_port) + ": " + st.message(), lost_port, st.code());
         fail("program_error", st.message());
         if (IsDeterministicError(st.code())) report["deterministic"] = true;
         return report;
@@ -1039,14 +1046,14 @@ class Daemon::Impl {
   std::atomic<bool> stopping_requested_{false};
   std::chrono::steady_clock::time_point cut_until_{};
   std::shared_ptr<net::FramedConnection> conn_;  // replaced on the io thread under mu_
-  std::mutex report_send_mu_;  // held from taking reports_ until they are sent
-  std::optional<DirLock> work_dir_lock_;  // held while this daemon runs; released after everything below
+  std::mutex report_send_mu_;                    // held from taking reports_ until they are sent
+  std::optional<DirLock> work_dir_lock_;         // held while this daemon runs; released after everything below
   std::unique_ptr<chan::OutputStore> store_;
   std::unique_ptr<chan::DataServer> data_server_;
   std::unique_ptr<chan::StreamHub> hub_;
   std::unique_ptr<InputPrefetcher> prefetcher_;  // remote inputs of held (chained) tasks
-  std::set<int> gpu_busy_;                      // guarded by mu_
-  std::condition_variable gpu_cv_;              // a GPU lease ended
+  std::set<int> gpu_busy_;                       // guarded by mu_
+  std::condition_variable gpu_cv_;               // a GPU lease ended
   std::map<std::string, std::string> nccl_ids_;  // group -> unique id, guarded by mu_
   std::condition_variable nccl_cv_;
   chan::ShmRegistry shm_;

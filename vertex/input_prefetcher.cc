@@ -103,8 +103,8 @@ std::shared_ptr<PrefetchedInputs> InputPrefetcher::Start(const Json& inputs, std
       } catch (const std::exception& e) {
         // A peer's bytes must not end the daemon: this thread has no one above it to catch.
         prefetched->Settle(f.port, PrefetchedInputs::State::kNotKept);
-        st = Status::DataLoss("fetching " + f.key.ToString() + " from " + f.host + ":" + std::to_string(f.data_port) +
-                              ": " + e.what());
+        st = Status::DataLoss("fetching " + f.key.ToString() + " from " + f.host + ":" + std::to_string(f.data_port) + ": " +
+                              e.what());
       }
       any_from_after = any_from_after || f.from_after;
       if (f.from_after && after_status.ok()) after_status = st;

@@ -83,8 +83,7 @@ class InputPrefetcher {
   /// stops the fetches. Returns nullptr, and calls nothing, when the task has no remote input.
   /// The prefetcher must be destroyed by a thread that holds no lock `on_after` takes.
   std::shared_ptr<PrefetchedInputs> Start(const Json& inputs, std::optional<After> after,
-                                          std::shared_ptr<std::atomic<bool>> cancel,
-                                          std::function<void(const Status&)> on_after);
+                                          std::shared_ptr<std::atomic<bool>> cancel, std::function<void(const Status&)> on_after);
 
  private:
   void WorkerLoop();

@@ -58,30 +58,34 @@ class ParamError : public std::invalid_argument {
 
 template <typename T>
 const char* ParamTypeName() {
-  if constexpr (std::is_same_v<T, bool>) return "true or false";
-  else if constexpr (std::is_arithmetic_v<T>) return "a number";
-  else if constexpr (std::is_convertible_v<T, std::string>) return "a string";
-  else return "another type";
+  if constexpr (std::is_same_v<T, bool>)
+    return "true or false";
+  else if constexpr (std::is_arithmetic_v<T>)
+    return "a number";
+  else if constexpr (std::is_convertible_v<T, std::string>)
+    return "a string";
+  else
+    return "another type";
 }
 
 /// Everything one execution (one version) of a vertex may use. Owned by the host; valid for
 /// the duration of Run.
 class VertexContext {
  public:
-  std::string name;         // "count[1]"
+  std::string name;  // "count[1]"
   int replica = 0;
-  uint32_t version = 0;     // execution number; outputs carry it
+  uint32_t version = 0;  // execution number; outputs carry it
   const Json* params = nullptr;
   std::vector<chan::ChannelReader*> inputs;   // by input port
   std::vector<chan::ChannelWriter*> outputs;  // by output port
   const std::atomic<bool>* cancel_flag = nullptr;
   /// Where this attempt's own output goes (`copse logs JOB VERTEX`); set by the host.
   AttemptLog* attempt_log = nullptr;
-  std::filesystem::path scratch_dir;          // private directory; see MakeScratchDir()
-  std::filesystem::path job_dir;              // the submitted job file's directory
-  unsigned threads = 1;                       // cpus granted to this vertex
-  int gpu = -1;                               // the CUDA device granted to it (resources.gpus > 0)
-  Collective* collective = nullptr;           // with nccl channels: the gang's group
+  std::filesystem::path scratch_dir;  // private directory; see MakeScratchDir()
+  std::filesystem::path job_dir;      // the submitted job file's directory
+  unsigned threads = 1;               // cpus granted to this vertex
+  int gpu = -1;                       // the CUDA device granted to it (resources.gpus > 0)
+  Collective* collective = nullptr;   // with nccl channels: the gang's group
   /// The memory this vertex may hold: its stage's resources.memory_mb, else its cpus' share of
   /// what its daemon offers; 0: unbounded. Programs account what they buffer with ChargeMemory; `exec` children
   /// get it as their address-space limit when the stage declares it.

@@ -99,8 +99,8 @@ struct NcclGroup::Impl {
       if (r != ncclSuccess) return Kill(Status::Unavailable(std::string(what) + ": " + ncclGetErrorString(r)));
       if (state == ncclSuccess) return Status::OK();
       if (state != ncclInProgress)
-        return Kill(Status::Unavailable(std::string(what) + ": " + ncclGetErrorString(state) + " (" +
-                                        ncclGetLastError(comm) + ")"));
+        return Kill(
+            Status::Unavailable(std::string(what) + ": " + ncclGetErrorString(state) + " (" + ncclGetLastError(comm) + ")"));
       COPSE_RETURN_NOT_OK(CheckDeadline(what, deadline));
       std::this_thread::yield();
     }
@@ -146,19 +146,22 @@ struct NcclGroup::Impl {
 
 NcclGroup::NcclGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Result<std::unique_ptr<NcclGroup>> NcclGroup::Create(std::string_view unique_id_hex, int rank, int nranks,
-                                                     int cuda_device, NcclOptions options) {
+Result<std::unique_ptr<NcclGroup>> NcclGroup::Create(std::string_view unique_id_hex, int rank, int nranks, int cuda_device,
+                                                     NcclOptions options) {
   COPSE_ASSIGN_OR_RETURN(ncclUniqueId id, FromHex(unique_id_hex));
   if (nranks < 1 || rank < 0 || rank >= nranks)
     return Status::InvalidArgument("nccl group: rank " + std::to_string(rank) + " of " + std::to_string(nranks));
   int devices = CudaDeviceCount();
   if (devices == 0) {
-    return Status::FailedPrecondition("nccl group: this machine has no CUDA device (a daemon's --gpus promises some; "
-                                      "its GPUs must be real for NCCL)");
+    return Status::FailedPrecondition(
+        "nccl group: this machine has no CUDA device (a daemon's --gpus promises some; "
+        "its GPUs must be real for NCCL)");
   }
   if (cuda_device < 0 || cuda_device >= devices) {
-    return Status::InvalidArgument("nccl group: CUDA device " + std::to_string(cuda_device) + " asked for, but this "
-                                   "machine has devices 0 to " + std::to_string(devices - 1));
+    return Status::InvalidArgument("nccl group: CUDA device " + std::to_string(cuda_device) +
+                                   " asked for, but this "
+                                   "machine has devices 0 to " +
+                                   std::to_string(devices - 1));
   }
   auto impl = std::make_unique<Impl>();
   impl->rank = rank;

@@ -53,8 +53,8 @@ class NcclGroup {
  public:
   /// Joins the communicator `unique_id_hex` (from NcclUniqueId) as `rank` of `nranks`, on CUDA
   /// device `cuda_device`. Returns when every rank has joined, or the deadline/cancel/error.
-  static Result<std::unique_ptr<NcclGroup>> Create(std::string_view unique_id_hex, int rank, int nranks,
-                                                   int cuda_device, NcclOptions options = {});
+  static Result<std::unique_ptr<NcclGroup>> Create(std::string_view unique_id_hex, int rank, int nranks, int cuda_device,
+                                                   NcclOptions options = {});
   /// Finalizes the communicator (aborts it if that does not finish within the timeout).
   ~NcclGroup();
   NcclGroup(const NcclGroup&) = delete;

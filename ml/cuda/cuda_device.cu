@@ -24,26 +24,20 @@ namespace {
 constexpr int kThreads = 256;
 
 void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
 }
 
 void CheckBlas(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(std::string("cuBLAS ") + what + ": status " + std::to_string(s));
+  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string("cuBLAS ") + what + ": status " + std::to_string(s));
 }
 
-unsigned Blocks(size_t n) {
-  return static_cast<unsigned>((n + kThreads - 1) / kThreads);
-}
+unsigned Blocks(size_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
-#define COPSE_FOR_N(i, n) \
+#define COPSE_FOR_N(i, n)                                                              \
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<size_t>(blockDim.x) * gridDim.x)
 
-__device__ __forceinline__ float GeluF(float v) {
-  return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));
-}
+__device__ __forceinline__ float GeluF(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f)); }
 
 __device__ __forceinline__ float GeluGrad(float v) {
   const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752440f));
@@ -51,22 +45,25 @@ __device__ __forceinline__ float GeluGrad(float v) {
   return cdf + v * pdf;
 }
 
-__global__ void BiasActKernel(const float* x, const float* bias, size_t rows, size_t cols,
-                              int act, float* y) {
+__global__ void BiasActKernel(const float* x, const float* bias, size_t rows, size_t cols, int act, float* y) {
   COPSE_FOR_N(i, rows * cols) {
     float v = x[i] + (bias ? bias[i % cols] : 0.0f);
-    if (act == 1) v = v > 0.0f ? v : 0.0f;
-    else if (act == 2) v = GeluF(v);
+    if (act == 1)
+      v = v > 0.0f ? v : 0.0f;
+    else if (act == 2)
+      v = GeluF(v);
     y[i] = v;
   }
 }
 
-__global__ void ActBackwardKernel(int act, const float* saved, const float* dy, size_t n,
-                                  float* dx) {
+__global__ void ActBackwardKernel(int act, const float* saved, const float* dy, size_t n, float* dx) {
   COPSE_FOR_N(i, n) {
-    if (act == 1) dx[i] = saved[i] > 0.0f ? dy[i] : 0.0f;
-    else if (act == 2) dx[i] = dy[i] * GeluGrad(saved[i]);
-    else dx[i] = dy[i];
+    if (act == 1)
+      dx[i] = saved[i] > 0.0f ? dy[i] : 0.0f;
+    else if (act == 2)
+      dx[i] = dy[i] * GeluGrad(saved[i]);
+    else
+      dx[i] = dy[i];
   }
 }
 
@@ -89,13 +86,9 @@ __global__ void SwapOuterKernel(const float* x, int b, int a, int inner, float* 
 
 __global__ void FillKernel(float* x, size_t n, float v) { COPSE_FOR_N(i, n) x[i] = v; }
 
-__global__ void AxpyKernel(float alpha, const float* x, size_t n, float* y) {
-  COPSE_FOR_N(i, n) y[i] += alpha * x[i];
-}
+__global__ void AxpyKernel(float alpha, const float* x, size_t n, float* y) { COPSE_FOR_N(i, n) y[i] += alpha * x[i]; }
 
-__global__ void MulKernel(const float* a, const float* b, size_t n, float* out) {
-  COPSE_FOR_N(i, n) out[i] = a[i] * b[i];
-}
+__global__ void MulKernel(const float* a, const float* b, size_t n, float* out) { COPSE_FOR_N(i, n) out[i] = a[i] * b[i]; }
 
 __global__ void SoftmaxKernel(const float* x, int rows, int cols, float* y) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
@@ -110,8 +103,8 @@ __global__ void SoftmaxKernel(const float* x, int rows, int cols, float* y) {
   for (int c = 0; c < cols; ++c) yr[c] *= inv;
 }
 
-__global__ void SoftmaxCeKernel(const float* logits, const int32_t* labels, int rows, int cols,
-                                float scale, float* dlogits, float* row_loss) {
+__global__ void SoftmaxCeKernel(const float* logits, const int32_t* labels, int rows, int cols, float scale, float* dlogits,
+                                float* row_loss) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const float* xr = logits + static_cast<size_t>(r) * cols;
@@ -227,9 +220,8 @@ __global__ void MaxPoolBwdKernel(const float* x, const float* dy, ConvGeom g, fl
   }
 }
 
-__global__ void LayerNormFwdKernel(const float* x, const float* gamma, const float* beta,
-                                   int rows, int cols, float eps, float* y, float* mean,
-                                   float* rstd) {
+__global__ void LayerNormFwdKernel(const float* x, const float* gamma, const float* beta, int rows, int cols, float eps, float* y,
+                                   float* mean, float* rstd) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const float* xr = x + static_cast<size_t>(r) * cols;
@@ -245,9 +237,8 @@ __global__ void LayerNormFwdKernel(const float* x, const float* gamma, const flo
   rstd[r] = rs;
 }
 
-__global__ void LayerNormBwdDxKernel(const float* dy, const float* x, const float* gamma,
-                                     const float* mean, const float* rstd, int rows, int cols,
-                                     float* dx) {
+__global__ void LayerNormBwdDxKernel(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
+                                     int rows, int cols, float* dx) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const float* xr = x + static_cast<size_t>(r) * cols;
@@ -267,9 +258,8 @@ __global__ void LayerNormBwdDxKernel(const float* dy, const float* x, const floa
   }
 }
 
-__global__ void LayerNormBwdParamKernel(const float* dy, const float* x, const float* mean,
-                                        const float* rstd, int rows, int cols, float* dgamma,
-                                        float* dbeta) {
+__global__ void LayerNormBwdParamKernel(const float* dy, const float* x, const float* mean, const float* rstd, int rows, int cols,
+                                        float* dgamma, float* dbeta) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   float g = 0.0f, b = 0.0f;
@@ -293,8 +283,8 @@ __global__ void DropoutKernel(const float* x, size_t n, float p, uint64_t seed, 
   }
 }
 
-__global__ void SgdKernel(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
-                          float dampening, float wd, bool nesterov, bool first) {
+__global__ void SgdKernel(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float dampening, float wd,
+                          bool nesterov, bool first) {
   COPSE_FOR_N(i, n) {
     float d = g[i] + wd * p[i];
     if (momentum != 0.0f) {
@@ -306,9 +296,8 @@ __global__ void SgdKernel(float* p, const float* g, float* buf, size_t n, float 
   }
 }
 
-__global__ void AdamKernel(float* p, const float* g, float* m, float* v, size_t n, float lr,
-                           float beta1, float beta2, float eps, float wd, float step_size,
-                           float bc2_sqrt) {
+__global__ void AdamKernel(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps,
+                           float wd, float step_size, float bc2_sqrt) {
   COPSE_FOR_N(i, n) {
     const float d = g[i] + wd * p[i];
     m[i] = beta1 * m[i] + (1.0f - beta1) * d;
@@ -370,26 +359,22 @@ class CudaDeviceImpl final : public Device {
     Check(cudaStreamSynchronize(stream_), "synchronize");
   }
 
-  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-            int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+            float beta, float* c, int ldc) override {
     if (m == 0 || n == 0) return;
     Use();
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-    CheckBlas(cublasSgemm(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                          trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
-                          &beta, c, ldc),
+    CheckBlas(cublasSgemm(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                          ldb, a, lda, &beta, c, ldc),
               "sgemm");
   }
 
-  void BiasActivation(const float* x, const float* bias, int rows, int cols, Activation act,
-                      float* y) override {
+  void BiasActivation(const float* x, const float* bias, int rows, int cols, Activation act, float* y) override {
     const size_t n = static_cast<size_t>(rows) * cols;
     if (n == 0) return;
-    Launch(BiasActKernel, n, x, bias, static_cast<size_t>(rows), static_cast<size_t>(cols),
-           ActCode(act), y);
+    Launch(BiasActKernel, n, x, bias, static_cast<size_t>(rows), static_cast<size_t>(cols), ActCode(act), y);
   }
-  void ActivationBackward(Activation act, const float* saved, const float* dy, size_t n,
-                          float* dx) override {
+  void ActivationBackward(Activation act, const float* saved, const float* dy, size_t n, float* dx) override {
     if (n) Launch(ActBackwardKernel, n, ActCode(act), saved, dy, n, dx);
   }
   void ColumnSum(const float* x, int rows, int cols, float beta, float* out) override {
@@ -411,14 +396,13 @@ class CudaDeviceImpl final : public Device {
   void Softmax(const float* x, int rows, int cols, float* y) override {
     if (rows) Launch(SoftmaxKernel, static_cast<size_t>(rows), x, rows, cols, y);
   }
-  double SoftmaxCrossEntropy(const float* logits, const int32_t* host_labels, int rows, int cols,
-                             float grad_scale, float* dlogits) override {
+  double SoftmaxCrossEntropy(const float* logits, const int32_t* host_labels, int rows, int cols, float grad_scale,
+                             float* dlogits) override {
     if (rows == 0) return 0.0;
     int32_t* labels = static_cast<int32_t*>(Allocate(rows * sizeof(int32_t)));
     float* row_loss = static_cast<float*>(Allocate(rows * sizeof(float)));
     CopyFromHost(labels, host_labels, rows * sizeof(int32_t));
-    Launch(SoftmaxCeKernel, static_cast<size_t>(rows), logits, labels, rows, cols, grad_scale,
-           dlogits, row_loss);
+    Launch(SoftmaxCeKernel, static_cast<size_t>(rows), logits, labels, rows, cols, grad_scale, dlogits, row_loss);
     std::vector<float> host(static_cast<size_t>(rows));
     CopyToHost(host.data(), row_loss, rows * sizeof(float));
     Free(labels, rows * sizeof(int32_t));
@@ -428,8 +412,7 @@ class CudaDeviceImpl final : public Device {
     return total;
   }
   void Im2Col(const float* x, const ConvGeom& g, float* col) override {
-    const size_t n = static_cast<size_t>(g.batch) * g.out_h() * g.out_w() * g.channels *
-                     g.kernel_h * g.kernel_w;
+    const size_t n = static_cast<size_t>(g.batch) * g.out_h() * g.out_w() * g.channels * g.kernel_h * g.kernel_w;
     if (n) Launch(Im2ColKernel, n, x, g, col);
   }
   void Col2Im(const float* col, const ConvGeom& g, float* dx) override {
@@ -444,42 +427,33 @@ class CudaDeviceImpl final : public Device {
     const size_t n = static_cast<size_t>(g.batch) * g.channels * g.height * g.width;
     if (n) Launch(MaxPoolBwdKernel, n, x, dy, g, dx);
   }
-  void LayerNormForward(const float* x, const float* gamma, const float* beta, int rows,
-                        int cols, float eps, float* y, float* mean, float* rstd) override {
-    if (rows)
-      Launch(LayerNormFwdKernel, static_cast<size_t>(rows), x, gamma, beta, rows, cols, eps, y,
-             mean, rstd);
+  void LayerNormForward(const float* x, const float* gamma, const float* beta, int rows, int cols, float eps, float* y,
+                        float* mean, float* rstd) override {
+    if (rows) Launch(LayerNormFwdKernel, static_cast<size_t>(rows), x, gamma, beta, rows, cols, eps, y, mean, rstd);
   }
-  void LayerNormBackward(const float* dy, const float* x, const float* gamma, const float* mean,
-                         const float* rstd, int rows, int cols, float* dx, float* dgamma,
-                         float* dbeta) override {
+  void LayerNormBackward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd, int rows,
+                         int cols, float* dx, float* dgamma, float* dbeta) override {
     if (rows == 0 || cols == 0) return;
-    Launch(LayerNormBwdDxKernel, static_cast<size_t>(rows), dy, x, gamma, mean, rstd, rows, cols,
-           dx);
-    Launch(LayerNormBwdParamKernel, static_cast<size_t>(cols), dy, x, mean, rstd, rows, cols,
-           dgamma, dbeta);
+    Launch(LayerNormBwdDxKernel, static_cast<size_t>(rows), dy, x, gamma, mean, rstd, rows, cols, dx);
+    Launch(LayerNormBwdParamKernel, static_cast<size_t>(cols), dy, x, mean, rstd, rows, cols, dgamma, dbeta);
   }
   void Dropout(const float* x, size_t n, float p, uint64_t seed, float* y) override {
     if (n) Launch(DropoutKernel, (n + 3) / 4, x, n, p, seed, y);
   }
-  void SgdStep(float* p, const float* g, float* buf, size_t n, float lr, float momentum,
-               float dampening, float weight_decay, bool nesterov, bool first) override {
-    if (n)
-      Launch(SgdKernel, n, p, g, buf, n, lr, momentum, dampening, weight_decay, nesterov, first);
+  void SgdStep(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float dampening, float weight_decay,
+               bool nesterov, bool first) override {
+    if (n) Launch(SgdKernel, n, p, g, buf, n, lr, momentum, dampening, weight_decay, nesterov, first);
   }
-  void AdamStep(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                float beta2, float eps, float weight_decay, int64_t step) override {
+  void AdamStep(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps,
+                float weight_decay, int64_t step) override {
     if (!n) return;
     const float bc1 = 1.0f - std::pow(beta1, static_cast<float>(step));
     const float bc2 = 1.0f - std::pow(beta2, static_cast<float>(step));
-    Launch(AdamKernel, n, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, lr / bc1,
-           std::sqrt(bc2));
+    Launch(AdamKernel, n, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, lr / bc1, std::sqrt(bc2));
   }
 
  private:
-  static int ActCode(Activation act) {
-    return act == Activation::kRelu ? 1 : act == Activation::kGelu ? 2 : 0;
-  }
+  static int ActCode(Activation act) { return act == Activation::kRelu ? 1 : act == Activation::kGelu ? 2 : 0; }
 
   void Use() const { Check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
 
@@ -514,8 +488,7 @@ int CudaDeviceCount() {
 Result<Device*> GetCudaDevice(int ordinal) {
   const int count = CudaDeviceCount();
   if (ordinal < 0 || ordinal >= count || ordinal >= static_cast<int>(devices.size()))
-    return Status::Unavailable("cuda:" + std::to_string(ordinal) + ": " +
-                               std::to_string(count) + " GPU(s) visible");
+    return Status::Unavailable("cuda:" + std::to_string(ordinal) + ": " + std::to_string(count) + " GPU(s) visible");
   std::lock_guard<std::mutex> lock(devices_mu);
   if (devices[ordinal] == nullptr) {
     try {

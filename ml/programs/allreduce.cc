@@ -25,8 +25,9 @@ class AllReduceProgram final : public vertex::VertexProgram {
   Status Run(vertex::VertexContext& ctx) override {
     TraceSpan span(ctx);
     if (!ctx.collective) {
-      return Status::FailedPrecondition(ctx.name + ": ml.allreduce runs in a gang joined by nccl channels "
-                                                   "(copse graph data-parallel --reducer nccl)");
+      return Status::FailedPrecondition(ctx.name +
+                                        ": ml.allreduce runs in a gang joined by nccl channels "
+                                        "(copse graph data-parallel --reducer nccl)");
     }
     COPSE_ASSIGN_OR_RETURN(chan::Buffer msg, ReadOne(ctx, 0));
     COPSE_ASSIGN_OR_RETURN(NamedTensors grads, ReadTensorMessage(msg));

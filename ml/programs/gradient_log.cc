@@ -26,8 +26,8 @@ Result<size_t> GradientLogEntries(const NamedTensors& log) {
   const size_t entries = static_cast<size_t>(n);
   for (size_t i = 0; i < entries; ++i) {
     if (!FindTensor(log, EntryPrefix(i) + "dy")) {
-      return Status::DataLoss("gradient log of " + std::to_string(entries) + " entries lacks entry " +
-                              std::to_string(i) + "'s dy");
+      return Status::DataLoss("gradient log of " + std::to_string(entries) + " entries lacks entry " + std::to_string(i) +
+                              "'s dy");
     }
   }
   return entries;
@@ -42,8 +42,7 @@ NamedTensors GradientLogEntry(const NamedTensors& log, size_t i) {
   return entry;
 }
 
-Status AppendGradientLog(const NamedTensors& previous, const NamedTensors& stash, const Tensor* dy,
-                         NamedTensors& out) {
+Status AppendGradientLog(const NamedTensors& previous, const NamedTensors& stash, const Tensor* dy, NamedTensors& out) {
   size_t entries = 0;
   if (!previous.empty()) {
     COPSE_ASSIGN_OR_RETURN(entries, GradientLogEntries(previous));

@@ -46,7 +46,6 @@ NamedTensors GradientLogEntry(const NamedTensors& log, size_t i);
 /// Appends to `out` the entries of `previous` (a gradient log, or empty for none) and then a new
 /// entry made of `stash` (every tensor but "__loss", which is accumulated apart) and `dy` named
 /// "dy" unless `stash` carries its own; then the entry count. Tensors are shared.
-Status AppendGradientLog(const NamedTensors& previous, const NamedTensors& stash, const Tensor* dy,
-                         NamedTensors& out);
+Status AppendGradientLog(const NamedTensors& previous, const NamedTensors& stash, const Tensor* dy, NamedTensors& out);
 
 }  // namespace copse::ml::programs

@@ -39,9 +39,7 @@ namespace {
 using vertex::VertexContext;
 using vertex::VertexProgram;
 
-Tensor Scalars(const std::vector<float>& v) {
-  return Tensor::FromVector({static_cast<int64_t>(v.size())}, v);
-}
+Tensor Scalars(const std::vector<float>& v) { return Tensor::FromVector({static_cast<int64_t>(v.size())}, v); }
 
 std::vector<float> ReadScalars(const Tensor* t, size_t n) {
   std::vector<float> out(n, 0.0f);
@@ -77,8 +75,8 @@ void UseThreads(const VertexContext& ctx) { SetCpuThreads(static_cast<int>(std::
 /// Writes the chain (params, state, stats) to outputs [0, params.chain_ports) (default 1) and
 /// `params` alone to the others. A checkpoint step's output 0 is a durable channel that every
 /// consumer reads (see ReadParams).
-Status WriteChainAndParams(VertexContext& ctx, const chan::Buffer& params, const chan::Buffer& state,
-                           const chan::Buffer& stats, const std::vector<size_t>& extra_skip = {}) {
+Status WriteChainAndParams(VertexContext& ctx, const chan::Buffer& params, const chan::Buffer& state, const chan::Buffer& stats,
+                           const std::vector<size_t>& extra_skip = {}) {
   const size_t chain_ports = static_cast<size_t>(ctx.param<int>("chain_ports", 1));
   for (size_t p = 0; p < ctx.num_outputs(); ++p) {
     if (std::find(extra_skip.begin(), extra_skip.end(), p) != extra_skip.end()) continue;
@@ -93,8 +91,8 @@ Status WriteChainAndParams(VertexContext& ctx, const chan::Buffer& params, const
 
 /// The batch part this vertex trains on: from a loader vertex's message on `port`, or read
 /// from the dataset directly.
-Result<Batch> LoadPart(VertexContext& ctx, const TrainSettings& s, int64_t step, int part, int parts,
-                       int loader_port, int64_t* batch_size) {
+Result<Batch> LoadPart(VertexContext& ctx, const TrainSettings& s, int64_t step, int part, int parts, int loader_port,
+                       int64_t* batch_size) {
   if (loader_port >= 0) {
     COPSE_ASSIGN_OR_RETURN(chan::Buffer msg, ReadOne(ctx, static_cast<size_t>(loader_port)));
     COPSE_ASSIGN_OR_RETURN(NamedTensors set, ReadTensorMessage(msg));
@@ -115,8 +113,7 @@ Result<Batch> LoadPart(VertexContext& ctx, const TrainSettings& s, int64_t step,
 
 uint64_t StepSeed(const TrainSettings& s, int64_t step, int part) {
   const auto [epoch, k] = EpochAndStep(s, step);
-  return MixSeed(MixSeed(s.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(k)),
-                 static_cast<uint64_t>(part));
+  return MixSeed(MixSeed(s.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(k)), static_cast<uint64_t>(part));
 }
 
 // ---- stash encoding -----------------------------------------------------------------------
@@ -205,9 +202,8 @@ class LoadProgram final : public VertexProgram {
     int64_t batch_size = 0;
     COPSE_ASSIGN_OR_RETURN(Batch b, LoadPart(ctx, s, step, ctx.param<int>("worker", 0), parts, -1, &batch_size));
     std::vector<float> labels(b.labels.begin(), b.labels.end());
-    const chan::Buffer msg = TensorMessage({{"images", b.images},
-                                            {"labels", Scalars(labels)},
-                                            {"batch", Scalars({static_cast<float>(batch_size)})}});
+    const chan::Buffer msg =
+        TensorMessage({{"images", b.images}, {"labels", Scalars(labels)}, {"batch", Scalars({static_cast<float>(batch_size)})}});
     COPSE_RETURN_NOT_OK(ctx.WriteAll(msg));
     return ctx.CloseOutputs();
   }
@@ -228,8 +224,7 @@ class GradProgram final : public VertexProgram {
     const int w = ctx.param<int>("worker", 0);
     COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadParams(ctx, 0));
     int64_t batch_size = 0;
-    COPSE_ASSIGN_OR_RETURN(Batch b, LoadPart(ctx, s, step, w, workers, ctx.param<bool>("loader", false) ? 1 : -1,
-                                             &batch_size));
+    COPSE_ASSIGN_OR_RETURN(Batch b, LoadPart(ctx, s, step, w, workers, ctx.param<bool>("loader", false) ? 1 : -1, &batch_size));
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
     Sequential& m = lease->model;
     lease->grads_key = 0;
@@ -308,8 +303,7 @@ Result<std::vector<float>> SumGradientsInto(Sequential& m, const std::vector<cha
 /// SGD's update in one pass over memory: each parameter's gradient is the sum of the messages'
 /// tensors in port order (as SumGradientsInto adds them, read in place), stepped out of place
 /// (Sgd::StepOutOfPlace). Returns the summed "__loss".
-Result<std::vector<float>> SgdStepOnGradients(const Sequential& m, Sgd& sgd,
-                                              const std::vector<chan::Buffer>& msgs) {
+Result<std::vector<float>> SgdStepOnGradients(const Sequential& m, Sgd& sgd, const std::vector<chan::Buffer>& msgs) {
   const auto names = m.ParameterNames();
   const auto params = m.Parameters();
   std::vector<NamedTensors> sets;  // holds the tensors the pointers below point into
@@ -385,8 +379,7 @@ Result<std::vector<float>> WeightGradientsFromLogs(const Sequential& m, const st
 Result<bool> BatchedWeightGradients(const VertexContext& ctx) {
   const auto v = ctx.param<std::string>("weight_grads", "per-microbatch");
   if (v == "batched" || v == "per-microbatch") return v == "batched";
-  return Status::InvalidArgument(ctx.name + ": params.weight_grads is \"" + v +
-                                 "\"; expected \"batched\" or \"per-microbatch\"");
+  return Status::InvalidArgument(ctx.name + ": params.weight_grads is \"" + v + "\"; expected \"batched\" or \"per-microbatch\"");
 }
 
 Result<std::vector<chan::Buffer>> ReadEveryInput(VertexContext& ctx, size_t from) {
@@ -440,9 +433,7 @@ class RingReduceProgram final : public VertexProgram {
     std::vector<std::pair<float*, int64_t>> flat;
     int64_t total = 0;
     for (auto& [n, t] : own) flat.emplace_back(t.data(), t.numel()), total += t.numel();
-    auto chunk_range = [&](int c) {
-      return std::make_pair(total * c / workers, total * (c + 1) / workers);
-    };
+    auto chunk_range = [&](int c) { return std::make_pair(total * c / workers, total * (c + 1) / workers); };
     auto for_range = [&](int64_t lo, int64_t hi, const std::function<void(float*, int64_t, int64_t)>& fn) {
       int64_t base = 0;  // fn(pointer into own, offset in flat space, count)
       for (auto& [p, n] : flat) {
@@ -452,8 +443,8 @@ class RingReduceProgram final : public VertexProgram {
       }
     };
     // The chunk received this round, and the flat values it carries.
-    const int recv_chunk = k < workers - 1 ? ((w - k - 1) % workers + workers) % workers
-                                           : ((w - (k - (workers - 1))) % workers + workers) % workers;
+    const int recv_chunk =
+        k < workers - 1 ? ((w - k - 1) % workers + workers) % workers : ((w - (k - (workers - 1))) % workers + workers) % workers;
     const auto [rlo, rhi] = chunk_range(recv_chunk);
     std::vector<float> incoming(static_cast<size_t>(rhi - rlo));
     if (k == 0) {  // the neighbour's whole gradients
@@ -482,9 +473,8 @@ class RingReduceProgram final : public VertexProgram {
     if (k + 1 < rounds && ctx.num_outputs() > 1) {
       const auto [slo, shi] = chunk_range(recv_chunk);
       std::vector<float> send(static_cast<size_t>(shi - slo));
-      for_range(slo, shi, [&](float* p, int64_t off, int64_t n) {
-        std::memcpy(send.data() + (off - slo), p, sizeof(float) * n);
-      });
+      for_range(slo, shi,
+                [&](float* p, int64_t off, int64_t n) { std::memcpy(send.data() + (off - slo), p, sizeof(float) * n); });
       COPSE_RETURN_NOT_OK(ctx.output(1).Write(TensorMessage({{"chunk", Scalars(send)}})));
     }
     return ctx.CloseOutputs();
@@ -576,8 +566,11 @@ class UpdateProgram final : public VertexProgram {
     lease->params_key = TensorMessageKey(params_out);
     lease->state_key = TensorMessageKey(state_out);
     if (stats[1] > 0) {  // the stage that computes the loss reports the run's progress
-      ctx.progress = {{"step", step + 1}, {"steps", ctx.param<int64_t>("steps", 0)},
-                      {"loss", stats[0] / stats[1]}, {"epoch", static_cast<int64_t>(stats[2])}, {"images", stats[3]}};
+      ctx.progress = {{"step", step + 1},
+                      {"steps", ctx.param<int64_t>("steps", 0)},
+                      {"loss", stats[0] / stats[1]},
+                      {"epoch", static_cast<int64_t>(stats[2])},
+                      {"images", stats[3]}};
     }
     lease.Commit();
     COPSE_RETURN_NOT_OK(WriteChainAndParams(ctx, params_out, state_out, stats_out));
@@ -624,8 +617,8 @@ class ForwardProgram final : public VertexProgram {
     Batch b;
     int64_t batch_size = 0;
     if (stage == 0) {
-      COPSE_ASSIGN_OR_RETURN(b, LoadPart(ctx, s, pos.step, pos.part(), pos.parts(),
-                                         ctx.param<bool>("loader", false) ? 1 : -1, &batch_size));
+      COPSE_ASSIGN_OR_RETURN(
+          b, LoadPart(ctx, s, pos.step, pos.part(), pos.parts(), ctx.param<bool>("loader", false) ? 1 : -1, &batch_size));
       x = b.images;
     } else {
       COPSE_ASSIGN_OR_RETURN(chan::Buffer act, ReadOne(ctx, 1));
@@ -789,17 +782,16 @@ class BackwardProgram final : public VertexProgram {
   /// gradients of every micro-batch are computed together by the update, from the gradient log
   /// this backward extends with its stash, dy and each layer's weight-gradient part ("w<i>").
   /// Nothing accumulates in the cached model, so a re-run anywhere needs only its inputs.
-  static Status BatchedRun(VertexContext& ctx, const TrainSettings& s, std::pair<int, int> range, int stage,
-                           bool recompute, const chan::Buffer& params,
-                           const NamedTensors& stash_set, const Tensor& dy, const NamedTensors& log,
+  static Status BatchedRun(VertexContext& ctx, const TrainSettings& s, std::pair<int, int> range, int stage, bool recompute,
+                           const chan::Buffer& params, const NamedTensors& stash_set, const Tensor& dy, const NamedTensors& log,
                            const std::vector<float>& loss) {
     if (recompute)
       return Status::InvalidArgument(ctx.name + ": params.weight_grads \"batched\" needs stashed activations, not recompute");
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
     const Sequential& m = lease->model;
     if (!m.DefersWeightGradients())
-      return Status::InvalidArgument(ctx.name + ": params.weight_grads \"batched\" needs layers that can defer their weight gradients, not " +
-                                     m.Describe());
+      return Status::InvalidArgument(
+          ctx.name + ": params.weight_grads \"batched\" needs layers that can defer their weight gradients, not " + m.Describe());
     std::vector<Tensor> wgrads;
     Tensor dx;
     if (dy.dim(0) > 0) {  // else an empty micro-batch, whose forward stashed nothing

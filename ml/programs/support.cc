@@ -21,10 +21,12 @@ Status CheckPartition(const vertex::VertexContext& ctx) {
     const int64_t workers = ctx.param<int64_t>("workers", 1), worker = ctx.param<int64_t>("worker", 0);
     const int64_t microbatches = ctx.param<int64_t>("microbatches", 1);
     const int64_t stages = ctx.param<int64_t>("stages", 1), stage = ctx.param<int64_t>("stage", 0);
-    if (workers < 1 || workers > kMaxParts) return Status::InvalidArgument(ctx.name + ": params.workers must be 1 to " + std::to_string(kMaxParts));
+    if (workers < 1 || workers > kMaxParts)
+      return Status::InvalidArgument(ctx.name + ": params.workers must be 1 to " + std::to_string(kMaxParts));
     if (microbatches < 1 || microbatches > kMaxParts)
       return Status::InvalidArgument(ctx.name + ": params.microbatches must be 1 to " + std::to_string(kMaxParts));
-    if (stages < 1 || stages > kMaxParts) return Status::InvalidArgument(ctx.name + ": params.stages must be 1 to " + std::to_string(kMaxParts));
+    if (stages < 1 || stages > kMaxParts)
+      return Status::InvalidArgument(ctx.name + ": params.stages must be 1 to " + std::to_string(kMaxParts));
     if (worker < 0 || worker >= workers)
       return Status::InvalidArgument(ctx.name + ": params.worker " + std::to_string(worker) + " is not one of its " +
                                      std::to_string(workers) + " workers");
@@ -90,8 +92,7 @@ std::shared_ptr<const std::vector<int64_t>> CachedOrder(int64_t n, uint64_t seed
 
 }  // namespace
 
-Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& dir, Split split,
-                                                     int64_t limit) {
+Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& dir, Split split, int64_t limit) {
   std::lock_guard<std::mutex> lock(g_data_mu);
   const auto key = std::make_tuple(dir, static_cast<int>(split), limit);
   auto it = g_datasets.find(key);
@@ -108,8 +109,7 @@ std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step) {
   return {step / s.steps_per_epoch + 1, step % s.steps_per_epoch + 1};
 }
 
-Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, int part,
-                                         int parts, int64_t* batch_size) {
+Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, int part, int parts, int64_t* batch_size) {
   const auto [epoch, k] = EpochAndStep(s, step);
   auto order = CachedOrder(s.train_size, s.seed, epoch);
   const int64_t begin = (k - 1) * s.batch;
@@ -152,10 +152,8 @@ ModelLease::~ModelLease() {
   if (idle.size() < kMaxIdlePerKey) idle.push_back(std::move(entry_));
 }
 
-Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
-                              const chan::Buffer& params_msg, uint64_t grads_key) {
-  const std::string cache_key =
-      s.model + "/" + std::to_string(begin) + "-" + std::to_string(end) + "/" + s.optimizer;
+Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const chan::Buffer& params_msg, uint64_t grads_key) {
+  const std::string cache_key = s.model + "/" + std::to_string(begin) + "-" + std::to_string(end) + "/" + s.optimizer;
   const uint64_t params_key = TensorMessageKey(params_msg);
   std::unique_ptr<CachedModel> entry;
   {
@@ -164,8 +162,7 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
     size_t best = idle.size();
     int best_score = -1;
     for (size_t i = 0; i < idle.size(); ++i) {
-      const int score = (idle[i]->params_key == params_key ? 2 : 0) +
-                        (grads_key != 0 && idle[i]->grads_key == grads_key ? 1 : 0);
+      const int score = (idle[i]->params_key == params_key ? 2 : 0) + (grads_key != 0 && idle[i]->grads_key == grads_key ? 1 : 0);
       if (score > best_score) best_score = score, best = i;
     }
     if (best < idle.size()) {
@@ -178,8 +175,7 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
     COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModelLayers(s.model));
     if (begin < 0 || end > static_cast<int>(full.size()) || begin >= end)
       return Status::InvalidArgument("layers [" + std::to_string(begin) + ", " + std::to_string(end) +
-                                     ") out of range for model " + s.model + " (" +
-                                     std::to_string(full.size()) + " layers)");
+                                     ") out of range for model " + s.model + " (" + std::to_string(full.size()) + " layers)");
     entry = std::make_unique<CachedModel>();
     entry->model = full.Slice(static_cast<size_t>(begin), static_cast<size_t>(end));
   }
@@ -223,8 +219,7 @@ NamedTensors GradientHandles(const Sequential& m) { return Handles(m, &Parameter
 NamedTensors ParameterHandles(const Sequential& m) { return Handles(m, &Parameter::value); }
 
 Result<std::vector<chan::Buffer>> ReadAll(vertex::VertexContext& ctx, size_t port) {
-  if (port >= ctx.num_inputs())
-    return Status::InvalidArgument(ctx.name + ": expected an input on port " + std::to_string(port));
+  if (port >= ctx.num_inputs()) return Status::InvalidArgument(ctx.name + ": expected an input on port " + std::to_string(port));
   std::vector<chan::Buffer> out;
   while (true) {
     COPSE_ASSIGN_OR_RETURN(auto msg, ctx.input(port).Next());
@@ -237,8 +232,8 @@ Result<std::vector<chan::Buffer>> ReadAll(vertex::VertexContext& ctx, size_t por
 Result<chan::Buffer> ReadOne(vertex::VertexContext& ctx, size_t port) {
   COPSE_ASSIGN_OR_RETURN(auto all, ReadAll(ctx, port));
   if (all.size() != 1)
-    return Status::DataLoss(ctx.name + ": input " + std::to_string(port) + " has " +
-                            std::to_string(all.size()) + " messages, expected 1");
+    return Status::DataLoss(ctx.name + ": input " + std::to_string(port) + " has " + std::to_string(all.size()) +
+                            " messages, expected 1");
   return all[0];
 }
 
@@ -251,9 +246,7 @@ Result<chan::Buffer> ReadParams(vertex::VertexContext& ctx, size_t port) {
 }
 
 int64_t WallMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 TraceSpan::TraceSpan(const vertex::VertexContext& ctx) : start_us_(WallMicros()) {
@@ -263,8 +256,8 @@ TraceSpan::TraceSpan(const vertex::VertexContext& ctx) : start_us_(WallMicros())
 TraceSpan::~TraceSpan() {
   if (name_.empty()) return;
   const char* path = std::getenv("COPSE_ML_TRACE");
-  const std::string line = name_ + " " + std::to_string(start_us_) + " " +
-                           std::to_string(WallMicros()) + " " + std::to_string(getpid()) + "\n";
+  const std::string line =
+      name_ + " " + std::to_string(start_us_) + " " + std::to_string(WallMicros()) + " " + std::to_string(getpid()) + "\n";
   const int fd = ::open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (fd < 0) return;
   (void)!::write(fd, line.data(), line.size());  // one write: O_APPEND keeps lines whole

@@ -53,14 +53,12 @@ Status CheckPartition(const vertex::VertexContext& ctx);
 Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx);
 
 /// The (limited) Fashion-MNIST split, loaded once per process.
-Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& dir, Split split,
-                                                     int64_t limit);
+Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& dir, Split split, int64_t limit);
 
 /// Dataset indices of global step `step` (0-based over all epochs), part `part` of `parts`
 /// (ShardBatch: contiguous, sizes differing by at most one). `batch_size` gets the size of
 /// the whole global batch (the loss normalizer).
-Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, int part,
-                                         int parts, int64_t* batch_size);
+Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, int part, int parts, int64_t* batch_size);
 /// Epoch (from 1) and step within the epoch (from 1) of a global step.
 std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step);
 
@@ -101,8 +99,7 @@ class ModelLease {
 /// A model slice whose parameters are those of `params_msg` (shared, not copied; read only
 /// when no cached entry holds them already). `grads_key` prefers an entry whose gradients equal
 /// that message.
-Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end,
-                              const chan::Buffer& params_msg, uint64_t grads_key = 0);
+Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const chan::Buffer& params_msg, uint64_t grads_key = 0);
 
 /// The tensor named `name` in `set` (the first such), or null.
 const Tensor* FindTensor(const NamedTensors& set, std::string_view name);

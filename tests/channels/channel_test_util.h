@@ -20,8 +20,8 @@ class TempDir {
  public:
   TempDir() {
     static std::atomic<int> n{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("copse-chan-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
+    path_ =
+        std::filesystem::temp_directory_path() / ("copse-chan-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }

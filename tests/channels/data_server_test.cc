@@ -72,10 +72,10 @@ struct TransportScope {
 
 /// Runs the rest of the test case twice: over TCP, then through the server's local socket (file
 /// outputs handed over by descriptor). `local` names the transport in the body.
-#define COPSE_FOR_BOTH_TRANSPORTS(local)           \
-  bool local = false;                              \
-  SUBCASE("over TCP") { local = false; }           \
-  SUBCASE("same-host socket") { local = true; }    \
+#define COPSE_FOR_BOTH_TRANSPORTS(local)        \
+  bool local = false;                           \
+  SUBCASE("over TCP") { local = false; }        \
+  SUBCASE("same-host socket") { local = true; } \
   TransportScope transport_scope_(local)
 
 RemoteReaderOptions Quick() {
@@ -151,7 +151,7 @@ TEST_CASE("RemoteFetch.RoundTripBothKinds" * doctest::timeout(20)) {
   CHECK(Fetch(d, {1, 2, 0, 0}).empty());
   CHECK(Fetch(d, {1, 3, 0, 0}).empty());
   CHECK(FetchStatus(d.server->port(), {1, 9, 0, 0}).code() == StatusCode::kNotFound);
-  CHECK(Fetch(d, {1, 0, 0, 0}) == msgs);  // the connection is still good after a refusal
+  CHECK(Fetch(d, {1, 0, 0, 0}) == msgs);             // the connection is still good after a refusal
   CHECK(d.server->handoffs() == (local ? 1u : 0u));  // the file output with messages, when local
 }
 
@@ -169,8 +169,7 @@ TEST_CASE("RemoteFetch.PayloadsAreEncodedOnceForRemoteReaders" * doctest::timeou
 TEST_CASE("RemoteFetch.PayloadsWithSpansAreSentInPlaceNotEncoded" * doctest::timeout(20)) {
   COPSE_FOR_BOTH_TRANSPORTS(local);
   Daemon d;
-  auto object = std::make_shared<testing::SpannedPayload>(
-      std::vector<std::string>{"head", "", Pattern(3 << 20, 5, 0), "tail"});
+  auto object = std::make_shared<testing::SpannedPayload>(std::vector<std::string>{"head", "", Pattern(3 << 20, 5, 0), "tail"});
   WriteMemoryOutput(*d.store, {3, 1, 0, 0}, {PayloadMessage(object), Buffer("plain")});
   const std::vector<std::string> want = {object->Joined(), "plain"};
   CHECK(Fetch(d, {3, 1, 0, 0}) == want);
@@ -316,13 +315,18 @@ TEST_CASE("RemoteFetch.ManyThreads" * doctest::timeout(20)) {
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 5; ++i) {
-        auto r = OpenRemoteReader(kHost, d.server->port(), {5, static_cast<uint32_t>((t + i) % 2), 0, 0}, kSecret,
-                                  Quick());
-        if (!r.ok()) { ++bad; continue; }
+        auto r = OpenRemoteReader(kHost, d.server->port(), {5, static_cast<uint32_t>((t + i) % 2), 0, 0}, kSecret, Quick());
+        if (!r.ok()) {
+          ++bad;
+          continue;
+        }
         std::vector<std::string> got;
         for (;;) {
           auto m = (*r)->Next();
-          if (!m.ok()) { ++bad; break; }
+          if (!m.ok()) {
+            ++bad;
+            break;
+          }
           if (!m->has_value()) break;
           got.emplace_back((*m)->view());
         }
@@ -423,8 +427,8 @@ TEST_CASE("DataServer.GarbageIsRefusedAndOthersAreServed" * doctest::timeout(20)
     raw.Send(wire::EncodeFrame(wire::FrameType::kJson, handshake));
     expect_error_and_close(raw, handshake);
   }
-  for (std::string request : {std::string(R"({"op":1})"), std::string(R"({"op":["fetch"]})"),
-                              std::string(100000, '[') + std::string(100000, ']')}) {
+  for (std::string request :
+       {std::string(R"({"op":1})"), std::string(R"({"op":["fetch"]})"), std::string(100000, '[') + std::string(100000, ']')}) {
     Raw raw(port);
     raw.Authenticate();
     raw.Send(wire::EncodeFrame(wire::FrameType::kJson, request));
@@ -439,7 +443,8 @@ TEST_CASE("DataServer.GarbageIsRefusedAndOthersAreServed" * doctest::timeout(20)
   {  // A byte every 400 ms keeps each read alive, but not the handshake past its 2 s.
     Raw trickle(port);
     trickle.ReadJson();
-    const std::string frame = wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"auth","role":"peer","mac":")" + std::string(40, 'a') + R"("})");
+    const std::string frame =
+        wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"auth","role":"peer","mac":")" + std::string(40, 'a') + R"("})");
     const auto start = std::chrono::steady_clock::now();
     bool closed = false;
     for (size_t i = 0; i < frame.size() && !closed; ++i) {

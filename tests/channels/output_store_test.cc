@@ -204,8 +204,7 @@ TEST_CASE("OutputStore.PayloadSpansAreWrittenToFilesInPlace" * doctest::timeout(
   auto store = MakeStore(dir, 1 << 20);
   // Spilled (over the memory budget), and a memory output with a durable copy: both write the
   // spans as they are, with the checksum of their concatenation, and never encode.
-  auto big = std::make_shared<testing::SpannedPayload>(
-      std::vector<std::string>{"head", Pattern(2 << 20, 4, 0), "", "tail"});
+  auto big = std::make_shared<testing::SpannedPayload>(std::vector<std::string>{"head", Pattern(2 << 20, 4, 0), "", "tail"});
   OutputKey spilled{1, 4, 1, 0};
   WriteMemoryOutput(*store, spilled, {PayloadMessage(big)});
   CHECK(!store->Info(spilled)->in_memory);
@@ -432,11 +431,17 @@ TEST_CASE("OutputStore.ConcurrentWritersAndReaders" * doctest::timeout(20)) {
         OutputKey key{9, static_cast<uint32_t>(t), i, 0};
         std::vector<std::string> msgs = {Pattern(50000, t, i), Pattern(10, t, i + 1000)};
         auto w = store->CreateWriter(key, i % 2 ? StorageKind::kMemory : StorageKind::kFile);
-        if (!w.ok()) { ++failures; continue; }
+        if (!w.ok()) {
+          ++failures;
+          continue;
+        }
         for (auto& m : msgs) (void)(*w)->Write(Buffer(m));
         if (!(*w)->Close().ok()) ++failures;
         auto r = store->OpenReader(key);
-        if (!r.ok()) { ++failures; continue; }
+        if (!r.ok()) {
+          ++failures;
+          continue;
+        }
         std::vector<std::string> got;
         for (;;) {
           auto m = (*r)->Next();

@@ -287,7 +287,7 @@ TEST_CASE("Stream.APeersJobDropReadsAsCancelledOnTheOtherSide" * doctest::timeou
   auto w2 = p.prod->OpenWriter(p.peer(false), {12, 1, 0}, o);
   REQUIRE((r2.ok() && w2.ok()));
   REQUIRE((*w2)->Write(Buffer(std::string("a"))).ok());
-  p.prod->DropJob(12);  // now only the producer's side drops
+  p.prod->DropJob(12);         // now only the producer's side drops
   auto first = (*r2)->Next();  // "a" may already be here; the drop follows it
   if (first.ok() && *first) first = (*r2)->Next();
   CHECK(first.status().code() == StatusCode::kCancelled);
@@ -426,8 +426,10 @@ TEST_CASE("Stream.AProducerBeyondItsWindowFailsTheChannel" * doctest::timeout(15
   std::vector<std::string> got;
   for (int i = 0; i < 5 && failure.ok(); ++i) {
     auto m = (*r)->Next();
-    if (!m.ok()) failure = m.status();
-    else if (m->has_value()) got.emplace_back((*m)->view());
+    if (!m.ok())
+      failure = m.status();
+    else if (m->has_value())
+      got.emplace_back((*m)->view());
   }
   CHECK(got.size() <= 2);
   CHECK(failure.code() == StatusCode::kDataLoss);
@@ -452,9 +454,9 @@ TEST_CASE("Stream.AnOpenAboveTheConsumersCapsIsAbortedWithTheReason" * doctest::
     if (!producer.raw.recv(m, zmq::recv_flags::dontwait)) continue;
     if (m.size() > 40 && static_cast<uint8_t>(m.data<char>()[4]) == 4) reply = m.to_string().substr(40);  // abort
   }
-  CHECK_MESSAGE(reply.find("opened with a window of 2147483648 bytes and 4 messages, above the consumer's caps") !=
-                    std::string::npos,
-                reply);
+  CHECK_MESSAGE(
+      reply.find("opened with a window of 2147483648 bytes and 4 messages, above the consumer's caps") != std::string::npos,
+      reply);
 }
 
 TEST_CASE("Stream.ConsumerHubNeverAnswers" * doctest::timeout(10)) {
@@ -602,8 +604,8 @@ TEST_CASE("Stream.OneGiBBetweenProcessesInBoundedMemory" * doctest::timeout(60))
   CHECK(!end->has_value());
   double s = SecondsSince(start);
   size_t peak = PeakRssKiB();
-  MESSAGE("1 GiB over tcp in " << s << " s (" << (kMessages * double(kSize) / s / 1e9) << " GB/s); peak RSS "
-                               << peak / 1024 << " MiB (before: " << rss_before / 1024 << " MiB)");
+  MESSAGE("1 GiB over tcp in " << s << " s (" << (kMessages * double(kSize) / s / 1e9) << " GB/s); peak RSS " << peak / 1024
+                               << " MiB (before: " << rss_before / 1024 << " MiB)");
   CHECK(peak < rss_before + 256 * 1024);
   CHECK(WEXITSTATUS(child.Wait()) == 0);
 }

@@ -7,9 +7,17 @@ namespace copse::cli {
 namespace {
 
 Json DaemonRow(const std::string& name, const std::string& state, bool superseded, int port) {
-  return {{"name", name}, {"alive", state == "alive"}, {"state", state}, {"superseded", superseded}, {"cpus", 2.0},
-          {"free_cpus", 2.0}, {"gpus", 0}, {"running", 0}, {"labels", Json::object()},
-          {"data", port ? "127.0.0.1:" + std::to_string(port) : ""}, {"control", port ? "local socket" : ""}};
+  return {{"name", name},
+          {"alive", state == "alive"},
+          {"state", state},
+          {"superseded", superseded},
+          {"cpus", 2.0},
+          {"free_cpus", 2.0},
+          {"gpus", 0},
+          {"running", 0},
+          {"labels", Json::object()},
+          {"data", port ? "127.0.0.1:" + std::to_string(port) : ""},
+          {"control", port ? "local socket" : ""}};
 }
 
 size_t Count(const std::string& text, const std::string& what) {
@@ -21,7 +29,8 @@ size_t Count(const std::string& text, const std::string& what) {
 TEST_CASE("StatusView.ADaemonNotRegisteredSinceARestartShowsNoAddresses") {
   const std::string table = RenderDaemonsTable(Json::array({DaemonRow("d7", "awaited", false, 0)}));
   INFO(table);
-  CHECK(table.find("d7            awaited     2     2     0                -        0  -                     -") != std::string::npos);
+  CHECK(table.find("d7            awaited     2     2     0                -        0  -                     -") !=
+        std::string::npos);
 }
 
 TEST_CASE("StatusView.TheDaemonsTableShowsFreeAndDeclaredMemory") {
@@ -56,7 +65,10 @@ TEST_CASE("StatusView.ChaosAnswersReadAsSentences") {
   CHECK(RenderChaosReply({{"fault", "kill_daemon"}, {"daemon", "d1"}, {"source", "chaos"}}) == "killed daemon d1\n");
   CHECK(RenderChaosReply({{"fault", "cut_daemon"}, {"daemon", "d0"}, {"ms", 500}}) ==
         "cut daemon d0 off from the job manager for 500 ms\n");
-  CHECK(RenderChaosReply({{"fault", "fail"}, {"vertex", "a[0]"}, {"job", 3}, {"armed", true},
+  CHECK(RenderChaosReply({{"fault", "fail"},
+                          {"vertex", "a[0]"},
+                          {"job", 3},
+                          {"armed", true},
                           {"note", "a[0] has completed: the fault fires only if it runs again"}}) ==
         "armed fail on a[0] of job 3\n  note: a[0] has completed: the fault fires only if it runs again\n");
   CHECK(RenderChaosReply({{"random", true}, {"kinds", {"kill", "cut"}}}) == "random chaos started (kill, cut)\n");
@@ -64,7 +76,12 @@ TEST_CASE("StatusView.ChaosAnswersReadAsSentences") {
 }
 
 TEST_CASE("StatusView.TheJobsTableHasAReasonColumnWhenAJobWaits") {
-  const Json jobs = {{{"id", 1}, {"name", "big"}, {"state", "running"}, {"completed", 0}, {"total", 5}, {"elapsed_s", 2.0},
+  const Json jobs = {{{"id", 1},
+                      {"name", "big"},
+                      {"state", "running"},
+                      {"completed", 0},
+                      {"total", 5},
+                      {"elapsed_s", 2.0},
                       {"reason", "needs 64 cpus; the largest daemon offers 2"}},
                      {{"id", 2}, {"name", "small"}, {"state", "completed"}, {"completed", 1}, {"total", 1}, {"elapsed_s", 0.1}}};
   const std::string table = RenderJobsTable(jobs);
@@ -74,9 +91,15 @@ TEST_CASE("StatusView.TheJobsTableHasAReasonColumnWhenAJobWaits") {
 }
 
 TEST_CASE("StatusView.AJobsTestAccuracyShowsInItsProgressLine") {
-  const Json job = {{"id", 1}, {"name", "mlp"}, {"state", "completed"}, {"elapsed_s", 3.0},
-                    {"vertices", {{"completed", 1}, {"total", 1}}}, {"stages", Json::array()}, {"waiting", Json::array()},
-                    {"faults", Json::array()}, {"recoveries", Json::array()},
+  const Json job = {{"id", 1},
+                    {"name", "mlp"},
+                    {"state", "completed"},
+                    {"elapsed_s", 3.0},
+                    {"vertices", {{"completed", 1}, {"total", 1}}},
+                    {"stages", Json::array()},
+                    {"waiting", Json::array()},
+                    {"faults", Json::array()},
+                    {"recoveries", Json::array()},
                     {"progress", {{"step", 50}, {"steps", 50}, {"loss", 0.25}, {"test_accuracy", 0.8123}}}};
   CHECK(RenderJobStatus(job, false).find("progress: step 50/50, loss 0.2500, test accuracy 81.23 %") != std::string::npos);
 }

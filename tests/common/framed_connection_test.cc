@@ -199,7 +199,12 @@ TEST_CASE("BlockingClient.ConnectsToALocalSocketOnlyWhenSomeoneListensAndHandsIt
     REQUIRE_MESSAGE(conn.ok(), conn.status().ToString());
     CHECK((*conn)->local());
     std::vector<std::string> got;
-    (*conn)->Start([&](Json m) { got.push_back(m["op"]); later.stop(); }, [&](const Status&) { later.stop(); });
+    (*conn)->Start(
+        [&](Json m) {
+          got.push_back(m["op"]);
+          later.stop();
+        },
+        [&](const Status&) { later.stop(); });
     const std::string again = wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"again"})");
     asio::write(server, asio::buffer(again));
     later.run_for(std::chrono::seconds(5));
@@ -236,18 +241,16 @@ TEST_CASE("BlockingClient.EveryStepOfAConversationIsBounded" * doctest::timeout(
     acceptor.listen(0);  // room for one connection waiting to be accepted
     asio::ip::tcp::socket first(io);
     first.connect(acceptor.local_endpoint());
-    auto c = bounded([&] { return BlockingClient::Connect("127.0.0.1", port, secret, "client", timeout); },
-                     close_acceptor);
+    auto c = bounded([&] { return BlockingClient::Connect("127.0.0.1", port, secret, "client", timeout); }, close_acceptor);
     // (With SYN cookies a second SYN may, rarely, be answered before the first connection is
     // queued: then it is the greeting that does not come.)
-    CHECK_MESSAGE((c.status().message().find("no answer within 300 ms") != std::string::npos ||
-                   c.status().code() == StatusCode::kTimeout),
-                  c.status().ToString());
+    CHECK_MESSAGE(
+        (c.status().message().find("no answer within 300 ms") != std::string::npos || c.status().code() == StatusCode::kTimeout),
+        c.status().ToString());
   }
   SUBCASE("a server that never greets") {
     acceptor.listen();
-    auto c = bounded([&] { return BlockingClient::Connect("127.0.0.1", port, secret, "client", timeout); },
-                     close_acceptor);
+    auto c = bounded([&] { return BlockingClient::Connect("127.0.0.1", port, secret, "client", timeout); }, close_acceptor);
     CHECK(c.status().code() == StatusCode::kTimeout);
   }
   SUBCASE("a server that stops reading") {

@@ -47,8 +47,8 @@ TEST_CASE("Json.ParseErrorNamesLineAndColumn") {
 
 TEST_CASE("Json.DuplicateKeysAreNamedByTheirPointers") {
   std::vector<std::string> duplicates;
-  auto r = ParseJson(R"({"a": [1, {"x": 1}, [2, {"k/y": 1, "k/y": 2}]], "a": 3, "b": {"c": {}, "c": {}}})", "job.json",
-                     &duplicates);
+  auto r =
+      ParseJson(R"({"a": [1, {"x": 1}, [2, {"k/y": 1, "k/y": 2}]], "a": 3, "b": {"c": {}, "c": {}}})", "job.json", &duplicates);
   REQUIRE(r.ok());
   CHECK((*r)["a"] == 3);  // JSON keeps the last
   CHECK(duplicates == std::vector<std::string>{"/a/2/1/k~1y", "/a", "/b/c"});

@@ -70,13 +70,16 @@ TEST_CASE("Cluster.WordCountMatchesADirectCount") {
       f << "\n";
     }
   }
-  Json job = {{"name", "wc"},
-              {"stages", {{{"name", "read"}, {"program", "text.read_lines"}, {"replicas", 6}, {"params", {{"path", "shard-{replica}.txt"}}}},
-                          {{"name", "count"}, {"program", "text.count_words"}, {"replicas", 3}},
-                          {{"name", "merge"}, {"program", "text.merge_counts"}}}},
-              {"edges", {{{"from", "read"}, {"to", "count"}, {"pattern", "all_to_all"}, {"channel", "memory"}},
-                         {{"from", "count"}, {"to", "merge"}, {"pattern", "gather"}}}},
-              {"outputs", {{{"from", "merge"}, {"path", "counts.txt"}}}}};
+  Json job = {
+      {"name", "wc"},
+      {"stages",
+       {{{"name", "read"}, {"program", "text.read_lines"}, {"replicas", 6}, {"params", {{"path", "shard-{replica}.txt"}}}},
+        {{"name", "count"}, {"program", "text.count_words"}, {"replicas", 3}},
+        {{"name", "merge"}, {"program", "text.merge_counts"}}}},
+      {"edges",
+       {{{"from", "read"}, {"to", "count"}, {"pattern", "all_to_all"}, {"channel", "memory"}},
+        {{"from", "count"}, {"to", "merge"}, {"pattern", "gather"}}}},
+      {"outputs", {{{"from", "merge"}, {"path", "counts.txt"}}}}};
   uint64_t id = cluster.Submit(job);
   Json status = cluster.Wait(id);
   REQUIRE_MESSAGE(status["state"] == "completed", status.dump());
@@ -106,8 +109,8 @@ TEST_CASE("Cluster.DiamondAndRandomDagOfChecksumsDeliverEveryByte") {
       int fan_in = i == 0 ? 0 : 1 + static_cast<int>(rng() % 3);
       for (int k = 0; k < fan_in; ++k) {
         int from = static_cast<int>(rng() % i);
-        job["edges"].push_back({{"from", "v" + std::to_string(from)}, {"to", "v" + std::to_string(i)},
-                                {"channel", rng() % 2 ? "memory" : "file"}});
+        job["edges"].push_back(
+            {{"from", "v" + std::to_string(from)}, {"to", "v" + std::to_string(i)}, {"channel", rng() % 2 ? "memory" : "file"}});
       }
     }
     // One sink gathering every vertex without consumers, so one digest covers the whole graph.
@@ -128,12 +131,13 @@ TEST_CASE("Cluster.DiamondAndRandomDagOfChecksumsDeliverEveryByte") {
 
 TEST_CASE("Cluster.ExecVerticesRunChildProcesses") {
   TestCluster cluster(2);
-  Json job = {{"name", "exec"},
-              {"stages", {{{"name", "gen"}, {"program", "exec"}, {"params", {{"argv", {"sh", "-c", "seq 1 100"}}}}},
-                          {{"name", "sum"}, {"program", "exec"},
-                           {"params", {{"argv", {"sh", "-c", "awk '{s+=$1} END {print s}' {input0}"}}}}}}},
-              {"edges", {{{"from", "gen"}, {"to", "sum"}}}},
-              {"outputs", {{{"from", "sum"}, {"path", "sum.txt"}}}}};
+  Json job = {
+      {"name", "exec"},
+      {"stages",
+       {{{"name", "gen"}, {"program", "exec"}, {"params", {{"argv", {"sh", "-c", "seq 1 100"}}}}},
+        {{"name", "sum"}, {"program", "exec"}, {"params", {{"argv", {"sh", "-c", "awk '{s+=$1} END {print s}' {input0}"}}}}}}},
+      {"edges", {{{"from", "gen"}, {"to", "sum"}}}},
+      {"outputs", {{{"from", "sum"}, {"path", "sum.txt"}}}}};
   uint64_t id = cluster.Submit(job);
   Json status = cluster.Wait(id);
   REQUIRE_MESSAGE(status["state"] == "completed", status.dump());
@@ -160,9 +164,12 @@ TEST_CASE("Cluster.CancellingARunningJobStopsIt") {
 TEST_CASE("Cluster.AFailingVertexFailsItsJobWithTheVertexAndMessage") {
   TestCluster cluster(2);
   Json job = {{"name", "failing"},
-              {"stages", {{{"name", "ok"}, {"program", "noop"}},
-                          {{"name", "bad"}, {"program", "exec"}, {"max_attempts", 2},
-                           {"params", {{"argv", {"sh", "-c", "echo disk full >&2; exit 4"}}}}}}},
+              {"stages",
+               {{{"name", "ok"}, {"program", "noop"}},
+                {{"name", "bad"},
+                 {"program", "exec"},
+                 {"max_attempts", 2},
+                 {"params", {{"argv", {"sh", "-c", "echo disk full >&2; exit 4"}}}}}}},
               {"edges", {{{"from", "ok"}, {"to", "bad"}}}}};
   uint64_t id = cluster.Submit(job);
   Json status = cluster.Wait(id);
@@ -175,7 +182,8 @@ TEST_CASE("Cluster.AFailingVertexFailsItsJobWithTheVertexAndMessage") {
 
 TEST_CASE("Cluster.UnauthenticatedAndGarbagePeersAreRefusedWhileAJobRuns") {
   TestCluster cluster(2);
-  uint64_t id = cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 8}, {"params", {{"sleep_ms", 300}}}}}}});
+  uint64_t id =
+      cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 8}, {"params", {{"sleep_ms", 300}}}}}}});
   // A client with the wrong secret.
   auto bad = net::BlockingClient::Connect("127.0.0.1", cluster.jm_port(), std::string(64, 'a'), "client");
   CHECK_FALSE(bad.ok());
@@ -184,14 +192,24 @@ TEST_CASE("Cluster.UnauthenticatedAndGarbagePeersAreRefusedWhileAJobRuns") {
   // Garbage bytes, a wrong protocol version, an oversized frame, a body that is not UTF-8 (the
   // error quoting it must still be sendable), an auth whose role is not a string.
   for (std::string payload : {std::string("GET / HTTP/1.1\r\n\r\n"),
-                              [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 2); h[4] = 9; return std::string(h.data(), h.size()) + "{}"; }(),
-                              [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 0x7fffffff); return std::string(h.data(), h.size()); }(),
+                              [] {
+                                auto h = wire::EncodeHeader(wire::FrameType::kJson, 2);
+                                h[4] = 9;
+                                return std::string(h.data(), h.size()) + "{}";
+                              }(),
+                              [] {
+                                auto h = wire::EncodeHeader(wire::FrameType::kJson, 0x7fffffff);
+                                return std::string(h.data(), h.size());
+                              }(),
                               wire::EncodeFrame(wire::FrameType::kJson, "\xff"),
                               wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"auth","role":5,"mac":"x"})"),
                               // a number beyond a double: nlohmann's out_of_range, not parse_error
                               wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"auth","x":1e999})"),
                               // 1 MiB announced before authenticating: refused from its header
-                              [] { auto h = wire::EncodeHeader(wire::FrameType::kJson, 1u << 20); return std::string(h.data(), h.size()) + "{}"; }()}) {
+                              [] {
+                                auto h = wire::EncodeHeader(wire::FrameType::kJson, 1u << 20);
+                                return std::string(h.data(), h.size()) + "{}";
+                              }()}) {
     asio::io_context io;
     asio::ip::tcp::socket s(io);
     s.connect({asio::ip::make_address("127.0.0.1"), cluster.jm_port()});
@@ -246,10 +264,17 @@ TEST_CASE("Cluster.AFloodOfRefusedHandshakesLogsALineASecond") {
 TEST_CASE("Cluster.ARegistrationWithImpossibleValuesIsRefusedAndTheRestGoesOn") {
   TestCluster cluster(1);
   const Json good = {{"op", "register"}, {"name", "x"}, {"cpus", 1}, {"data_host", "127.0.0.1"}, {"data_port", 9}};
-  for (const auto& [key, value] : std::vector<std::pair<std::string, Json>>{
-           {"data_port", 70000}, {"data_port", 0}, {"cpus", -1}, {"gpus", -2}, {"gpus", int64_t{1} << 40}, {"gpus", 1e300},
-           {"memory_mb", -1e300},
-           {"name", ""}, {"name", "a b/c"}, {"data_host", "a b\n"}, {"data_host", ""}}) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, Json>>{{"data_port", 70000},
+                                                                            {"data_port", 0},
+                                                                            {"cpus", -1},
+                                                                            {"gpus", -2},
+                                                                            {"gpus", int64_t{1} << 40},
+                                                                            {"gpus", 1e300},
+                                                                            {"memory_mb", -1e300},
+                                                                            {"name", ""},
+                                                                            {"name", "a b/c"},
+                                                                            {"data_host", "a b\n"},
+                                                                            {"data_host", ""}}) {
     auto daemon = net::BlockingClient::Connect("127.0.0.1", cluster.jm_port(), cluster.secret(), "daemon");
     REQUIRE(daemon.ok());
     Json bad = good;
@@ -275,8 +300,11 @@ TEST_CASE("Cluster.ARegistrationWithImpossibleValuesIsRefusedAndTheRestGoesOn") 
 TEST_CASE("Cluster.AVertexWhoseErrorIsNotUtf8FailsAloneAndItsDaemonLives") {
   TestCluster cluster(1);
   // Its stderr: a two-byte character, then a byte that is never UTF-8.
-  Json job = {{"stages", {{{"name", "bad"}, {"program", "exec"}, {"max_attempts", 1},
-                           {"params", {{"argv", {"sh", "-c", "printf 'x\\303\\251\\377' >&2; exit 3"}}}}}}}};
+  Json job = {{"stages",
+               {{{"name", "bad"},
+                 {"program", "exec"},
+                 {"max_attempts", 1},
+                 {"params", {{"argv", {"sh", "-c", "printf 'x\\303\\251\\377' >&2; exit 3"}}}}}}}};
   Json status = cluster.Wait(cluster.Submit(job), std::chrono::seconds(30));  // a daemon killed by it: no daemon left
   CHECK(status["state"] == "failed");
   CHECK_MESSAGE(status.value("failure", "").find("x\u00e9\ufffd") != std::string::npos, status.dump());
@@ -290,8 +318,8 @@ TEST_CASE("Cluster.AVertexThatKillsItsDaemonFailsTheJobAtMaxDaemonLossesAndSpare
   TestCluster cluster(3);
   // Each attempt of `killer` takes its daemon down, as a program crashing in-process would: the
   // test SIGKILLs whichever daemon runs it (an exec child can no longer signal its daemon).
-  Json job = {{"stages", {{{"name", "killer"}, {"program", "exec"}, {"max_daemon_losses", 2},
-                           {"params", {{"argv", {"sleep", "30"}}}}}}}};
+  Json job = {
+      {"stages", {{{"name", "killer"}, {"program", "exec"}, {"max_daemon_losses", 2}, {"params", {{"argv", {"sleep", "30"}}}}}}}};
   const uint64_t id = cluster.Submit(job);
   std::vector<pid_t> all = cluster.pids();
   std::set<std::string> killed;
@@ -306,22 +334,23 @@ TEST_CASE("Cluster.AVertexThatKillsItsDaemonFailsTheJobAtMaxDaemonLossesAndSpare
       }
       if (runner.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    REQUIRE_MESSAGE(!runner.empty(), "no daemon ran killer[0]: " << (*cluster.client().Call({{"op", "daemons"}})).dump()
-                                                                 << (*cluster.client().Call({{"op", "status"}, {"job", id}})).dump());
+    REQUIRE_MESSAGE(!runner.empty(),
+                    "no daemon ran killer[0]: " << (*cluster.client().Call({{"op", "daemons"}})).dump()
+                                                << (*cluster.client().Call({{"op", "status"}, {"job", id}})).dump());
     ::kill(all[std::stoi(runner.substr(1))], SIGKILL);
     killed.insert(runner);
   }
   Json status = cluster.Wait(id, std::chrono::seconds(30));
   CHECK(status["state"] == "failed");
-  CHECK_MESSAGE(status.value("failure", "").find(
-                    "killer[0] reached max_daemon_losses 2: its daemon was lost with no fault injected") !=
-                    std::string::npos,
-                status.dump());
+  CHECK_MESSAGE(
+      status.value("failure", "").find("killer[0] reached max_daemon_losses 2: its daemon was lost with no fault injected") !=
+          std::string::npos,
+      status.dump());
   uint64_t next = cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 2}}}}});
   CHECK(cluster.Wait(next)["state"] == "completed");
   std::vector<pid_t> daemons = cluster.pids();
   daemons.pop_back();  // the job manager's
-  int running = 0;  // the daemon the killer never reached
+  int running = 0;     // the daemon the killer never reached
   for (pid_t pid : daemons) running += Running(pid);
   CHECK_MESSAGE(running == 1, (*cluster.client().Call({{"op", "daemons"}}))["daemons"].dump());
 }
@@ -444,7 +473,8 @@ TEST_CASE("Cluster.DaemonsOnTheJobManagersHostConnectThroughItsLocalSocket") {
   CHECK(control["d0"] == "local socket");
   CHECK(control["tcp-only"] == "tcp");
   // Both carry work: the job spreads over them.
-  uint64_t id = cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 8}, {"params", {{"sleep_ms", 50}}}}}}});
+  uint64_t id =
+      cluster.Submit({{"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 8}, {"params", {{"sleep_ms", 50}}}}}}});
   Json status = cluster.Wait(id);
   CHECK(status["state"] == "completed");
   // The local socket asks for the secret like the TCP port does.

@@ -33,11 +33,11 @@ Json RunWithAndWithoutFaults(TestCluster& cluster, Json job, const std::string& 
 
 Json ChecksumChain(int width) {
   return {{"name", "chain"},
-          {"stages", {{{"name", "a"}, {"program", "checksum"}, {"replicas", width}, {"params", {{"bytes", 200000}}}},
-                      {{"name", "b"}, {"program", "checksum"}, {"replicas", width}, {"params", {{"bytes", 100000}}}},
-                      {{"name", "c"}, {"program", "checksum"}}}},
-          {"edges", {{{"from", "a"}, {"to", "b"}, {"channel", "memory"}},
-                     {{"from", "b"}, {"to", "c"}, {"pattern", "gather"}}}},
+          {"stages",
+           {{{"name", "a"}, {"program", "checksum"}, {"replicas", width}, {"params", {{"bytes", 200000}}}},
+            {{"name", "b"}, {"program", "checksum"}, {"replicas", width}, {"params", {{"bytes", 100000}}}},
+            {{"name", "c"}, {"program", "checksum"}}}},
+          {"edges", {{{"from", "a"}, {"to", "b"}, {"channel", "memory"}}, {{"from", "b"}, {"to", "c"}, {"pattern", "gather"}}}},
           {"outputs", {{{"from", "c"}, {"path", "digest.txt"}}}}};
 }
 
@@ -55,11 +55,13 @@ TEST_CASE("Faults.DaemonKilledMidWordCount") {
     for (int line = 0; line < 3000; ++line) f << "w" << (line * 7 + shard) % 97 << " x" << line % 13 << "\n";
   }
   Json job = {{"name", "wc"},
-              {"stages", {{{"name", "read"}, {"program", "text.read_lines"}, {"replicas", 6}, {"params", {{"path", "s{replica}.txt"}}}},
-                          {{"name", "count"}, {"program", "text.count_words"}, {"replicas", 3}},
-                          {{"name", "merge"}, {"program", "text.merge_counts"}}}},
-              {"edges", {{{"from", "read"}, {"to", "count"}, {"pattern", "all_to_all"}, {"channel", "memory"}},
-                         {{"from", "count"}, {"to", "merge"}, {"pattern", "gather"}}}},
+              {"stages",
+               {{{"name", "read"}, {"program", "text.read_lines"}, {"replicas", 6}, {"params", {{"path", "s{replica}.txt"}}}},
+                {{"name", "count"}, {"program", "text.count_words"}, {"replicas", 3}},
+                {{"name", "merge"}, {"program", "text.merge_counts"}}}},
+              {"edges",
+               {{{"from", "read"}, {"to", "count"}, {"pattern", "all_to_all"}, {"channel", "memory"}},
+                {{"from", "count"}, {"to", "merge"}, {"pattern", "gather"}}}},
               {"outputs", {{{"from", "merge"}, {"path", "counts.txt"}}}},
               {"faults", {{{"kill_daemon_of", "count[1]"}, {"when", {{"completed", 7}}}}}}};
   Json st = RunWithAndWithoutFaults(cluster, job, "counts.txt");
@@ -162,8 +164,9 @@ TEST_CASE("Faults.AVertexChainedAfterSeveralPredecessorsOnADaemonRunsAfterAllOrI
   // the daemon withdraws c, which is chained again. The output equals the fault-free run's.
   TestCluster cluster(1, 2);
   Json job = {{"name", "gather"},
-              {"stages", {{{"name", "b"}, {"program", "checksum"}, {"replicas", 2}, {"params", {{"bytes", 100000}}}},
-                          {{"name", "c"}, {"program", "checksum"}}}},
+              {"stages",
+               {{{"name", "b"}, {"program", "checksum"}, {"replicas", 2}, {"params", {{"bytes", 100000}}}},
+                {{"name", "c"}, {"program", "checksum"}}}},
               {"edges", {{{"from", "b"}, {"to", "c"}, {"pattern", "gather"}}}},
               {"outputs", {{{"from", "c"}, {"path", "digest.txt"}}}},
               {"faults", {{{"fail", "b[1]"}, {"attempts", {1}}}}}};
@@ -175,8 +178,8 @@ TEST_CASE("Faults.AVertexChainedAfterSeveralPredecessorsOnADaemonRunsAfterAllOrI
   int chained_after_both = 0, withdrawn = 0;
   for (const auto& line : (*logs)["lines"]) {
     const std::string text = line.dump();
-    chained_after_both += text.find("chained after b[0], b[1]") != std::string::npos ||
-                          text.find("chained after b[1], b[0]") != std::string::npos;
+    chained_after_both +=
+        text.find("chained after b[0], b[1]") != std::string::npos || text.find("chained after b[1], b[0]") != std::string::npos;
     withdrawn += text.find("withdrawn") != std::string::npos;
   }
   CHECK(chained_after_both >= 1);
@@ -199,8 +202,9 @@ TEST_CASE("Faults.AVertexFailingEveryAttemptFailsItsJobWithTheReason") {
 TEST_CASE("Faults.AStragglerIsDuplicatedAndTheJobDoesNotWaitForIt") {
   TestCluster cluster(2, 4, 1000, {"--straggler-min-ms", "300"});
   Json job = {{"name", "straggler"},
-              {"stages", {{{"name", "s"}, {"program", "checksum"}, {"replicas", 4}, {"params", {{"sleep_ms", 50}}}},
-                          {{"name", "sink"}, {"program", "checksum"}}}},
+              {"stages",
+               {{{"name", "s"}, {"program", "checksum"}, {"replicas", 4}, {"params", {{"sleep_ms", 50}}}},
+                {{"name", "sink"}, {"program", "checksum"}}}},
               {"edges", {{{"from", "s"}, {"to", "sink"}, {"pattern", "gather"}}}},
               {"outputs", {{{"from", "sink"}, {"path", "digest.txt"}}}},
               {"faults", {{{"delay", "s[2]"}, {"ms", 20000}}}}};  // only the first attempt is slow
@@ -215,9 +219,12 @@ Json LanesJob() {
   Json job = {{"name", "resume"}, {"stages", Json::array()}, {"edges", Json::array()}};
   const int steps = 6;
   for (int s = 0; s < steps; ++s) {
-    job["stages"].push_back({{"name", "s" + std::to_string(s)}, {"program", "checksum"}, {"replicas", 4},
+    job["stages"].push_back({{"name", "s" + std::to_string(s)},
+                             {"program", "checksum"},
+                             {"replicas", 4},
                              {"params", {{"sleep_ms", 60}, {"bytes", 1000}}}});
-    if (s) job["edges"].push_back({{"from", "s" + std::to_string(s - 1)}, {"to", "s" + std::to_string(s)}, {"channel", "memory"}});
+    if (s)
+      job["edges"].push_back({{"from", "s" + std::to_string(s - 1)}, {"to", "s" + std::to_string(s)}, {"channel", "memory"}});
   }
   job["stages"].push_back({{"name", "sink"}, {"program", "checksum"}});
   job["edges"].push_back({{"from", "s" + std::to_string(steps - 1)}, {"to", "sink"}, {"pattern", "gather"}});
@@ -230,8 +237,9 @@ Json LanesJob() {
 /// restarted job manager has compacted its journal once it listens): job 2 completes with job
 /// 1's output, and the last job manager runs only what its journal did not record as done.
 /// `before_kill` looks at the cluster just before the first kill.
-void CheckAJobManagerKilledMidJobResumesIt(TestCluster& cluster, const std::vector<std::string>& restart_args,
-                                           int kills = 1, const std::function<void()>& before_kill = [] {}) {
+void CheckAJobManagerKilledMidJobResumesIt(
+    TestCluster& cluster, const std::vector<std::string>& restart_args, int kills = 1,
+    const std::function<void()>& before_kill = [] {}) {
   const Json job = LanesJob();
   std::string expected = FaultFreeOutput(cluster, job, "digest.txt");
   uint64_t id = cluster.Submit(job);
@@ -293,7 +301,7 @@ TEST_CASE("Faults.AJobManagerWhoseJournalWasCompactedMidJobResumesFromTheSnapsho
   CheckAJobManagerKilledMidJobResumesIt(cluster, args, /*kills=*/2, [&] {
     const std::string text = ReadFile(journal.string()).value();
     CHECK_MESSAGE(text.find(R"("t":"ids")") != std::string::npos, text);  // only a snapshot writes one
-    CHECK_MESSAGE(text.find(R"("job":1,)") == std::string::npos, text);     // the forgotten job is gone
+    CHECK_MESSAGE(text.find(R"("job":1,)") == std::string::npos, text);   // the forgotten job is gone
   });
   CHECK(cluster.Submit(ChecksumChain(1)) == 4);  // no job id is handed out twice
 }
@@ -355,10 +363,15 @@ TEST_CASE("Faults.AJournalRecordThatContradictsTheOthersIsSkippedAndTheJournalKe
 Json SlowDag() {
   Json job = {{"name", "chaos"}, {"stages", Json::array()}, {"edges", Json::array()}};
   for (int l = 0; l < 12; ++l) {
-    job["stages"].push_back({{"name", "l" + std::to_string(l)}, {"program", "checksum"}, {"replicas", 10},
+    job["stages"].push_back({{"name", "l" + std::to_string(l)},
+                             {"program", "checksum"},
+                             {"replicas", 10},
                              {"params", {{"sleep_ms", 6}, {"bytes", 20000}}}});
-    if (l) job["edges"].push_back({{"from", "l" + std::to_string(l - 1)}, {"to", "l" + std::to_string(l)}, {"pattern", "all_to_all"},
-                                   {"channel", l % 2 ? "memory" : "file"}});
+    if (l)
+      job["edges"].push_back({{"from", "l" + std::to_string(l - 1)},
+                              {"to", "l" + std::to_string(l)},
+                              {"pattern", "all_to_all"},
+                              {"channel", l % 2 ? "memory" : "file"}});
   }
   job["stages"].push_back({{"name", "sink"}, {"program", "checksum"}});
   job["edges"].push_back({{"from", "l11"}, {"to", "sink"}, {"pattern", "gather"}});

@@ -12,11 +12,13 @@ namespace {
 
 Json Pipeline(const std::string& channel, int64_t bytes) {
   return {{"name", "pipe"},
-          {"stages", {{{"name", "produce"}, {"program", "checksum"}, {"params", {{"bytes", bytes}}}},
-                      {{"name", "relay"}, {"program", "checksum"}, {"params", {{"bytes", bytes / 4}}}},
-                      {{"name", "consume"}, {"program", "checksum"}}}},
-          {"edges", {{{"from", "produce"}, {"to", "relay"}, {"channel", channel}},
-                     {{"from", "relay"}, {"to", "consume"}, {"channel", channel}}}},
+          {"stages",
+           {{{"name", "produce"}, {"program", "checksum"}, {"params", {{"bytes", bytes}}}},
+            {{"name", "relay"}, {"program", "checksum"}, {"params", {{"bytes", bytes / 4}}}},
+            {{"name", "consume"}, {"program", "checksum"}}}},
+          {"edges",
+           {{{"from", "produce"}, {"to", "relay"}, {"channel", channel}},
+            {{"from", "relay"}, {"to", "consume"}, {"channel", channel}}}},
           {"outputs", {{{"from", "consume"}, {"path", "digest.txt"}}}}};
 }
 
@@ -93,8 +95,9 @@ TEST_CASE("Gangs.AnNcclGangThatCannotJoinEndsItsJobWithTheReason") {
   cluster.AddDaemon("g0", 1, {"--gpus", "1"});
   cluster.AddDaemon("g1", 1, {"--gpus", "1"});
   cluster.WaitForDaemons(2);
-  uint64_t job = cluster.Submit({{"stages", {{{"name", "a"}, {"program", "noop"}, {"max_attempts", 2}, {"resources", {{"gpus", 1}}}},
-                                             {{"name", "b"}, {"program", "noop"}, {"max_attempts", 2}, {"resources", {{"gpus", 1}}}}}},
+  uint64_t job = cluster.Submit({{"stages",
+                                  {{{"name", "a"}, {"program", "noop"}, {"max_attempts", 2}, {"resources", {{"gpus", 1}}}},
+                                   {{"name", "b"}, {"program", "noop"}, {"max_attempts", 2}, {"resources", {{"gpus", 1}}}}}},
                                  {"edges", {{{"from", "a"}, {"to", "b"}, {"channel", "nccl"}}}}});
   Json st = cluster.Wait(job, std::chrono::seconds(60));
   REQUIRE_MESSAGE((st["state"] == "completed" || st["state"] == "failed"), st.dump(2));

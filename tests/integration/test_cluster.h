@@ -37,8 +37,13 @@ class TestCluster {
     REQUIRE(mkdtemp(tmpl) != nullptr);
     dir_ = tmpl;
     state_ = dir_ / "jm";
-    std::vector<std::string> args = {"jm", "--listen", "127.0.0.1:0", "--state-dir", state_.string(),
-                                     "--heartbeat-timeout-ms", std::to_string(heartbeat_timeout_ms)};
+    std::vector<std::string> args = {"jm",
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--state-dir",
+                                     state_.string(),
+                                     "--heartbeat-timeout-ms",
+                                     std::to_string(heartbeat_timeout_ms)};
     args.insert(args.end(), jm_args.begin(), jm_args.end());
     jm_pid_ = Spawn(args, (dir_ / "jm.log").string());
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -85,8 +90,8 @@ class TestCluster {
   }
 
   void AddDaemon(const std::string& name, int cpus, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"daemon", "--jm", address_.jm, "--name", name, "--cpus", std::to_string(cpus),
-                                     "--work-dir", (dir_ / name).string()};
+    std::vector<std::string> args = {
+        "daemon", "--jm", address_.jm, "--name", name, "--cpus", std::to_string(cpus), "--work-dir", (dir_ / name).string()};
     args.insert(args.end(), extra.begin(), extra.end());
     daemon_pids_.push_back(Spawn(args, (dir_ / (name + ".log")).string(), (state_ / "secret").string()));
   }

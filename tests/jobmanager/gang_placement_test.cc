@@ -34,10 +34,14 @@ TEST_CASE("GangPlacement.FindsAPlacementAGreedyPassMisses") {
   const Case cases[] = {
       {"scarce GPUs go first: member by member, the load policy puts the 1-GPU member on d0 (most free cpus), "
        "and the 2-GPU member then fits nowhere",
-       {Member("one", 1, 1), Member("two", 1, 2)}, {Daemon(0, 4, 2), Daemon(1, 2, 1)}, {DaemonId(1), DaemonId(0)}},
+       {Member("one", 1, 1), Member("two", 1, 2)},
+       {Daemon(0, 4, 2), Daemon(1, 2, 1)},
+       {DaemonId(1), DaemonId(0)}},
       {"backtracking where the order by size does not settle it: \"gpus\" goes first (more GPUs) to d0 (most free "
        "cpus); \"cpus\" then fits nowhere, d0 having no GPU left and d1 too few cpus; only the swap fits",
-       {Member("cpus", 3, 1), Member("gpus", 1, 2)}, {Daemon(0, 4, 2), Daemon(1, 1, 2)}, {DaemonId(0), DaemonId(1)}},
+       {Member("cpus", 3, 1), Member("gpus", 1, 2)},
+       {Daemon(0, 4, 2), Daemon(1, 1, 2)},
+       {DaemonId(0), DaemonId(1)}},
   };
   for (const Case& c : cases) {
     INFO(c.why);

@@ -78,7 +78,8 @@ TEST_CASE("Graph.InputsAreNumberedInEdgeOrderAndOrderEdgesTakeNoPorts") {
 }
 
 TEST_CASE("Graph.ExplicitPortsAreHonouredAndAutoPortsFillTheRest") {
-  auto g = MustLoad(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}, {"name": "c", "program": "noop"}],
+  auto g = MustLoad(
+      R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}, {"name": "c", "program": "noop"}],
                         "edges": [{"from": "a", "to": "c"}, {"from": "b", "to": "c", "to_port": 0}]})");
   const auto& c = g->vertex(g->FindVertex("c"));
   REQUIRE(c.inputs.size() == 2);
@@ -109,9 +110,7 @@ TEST_CASE("Graph.LiveChannelsFormGangsIncludingRings") {
   // Topological order keeps gangs together and producers first.
   const auto& order = g->topological_order();
   REQUIRE(order.size() == 6);
-  auto pos = [&](const char* name) {
-    return std::find(order.begin(), order.end(), g->FindVertex(name)) - order.begin();
-  };
+  auto pos = [&](const char* name) { return std::find(order.begin(), order.end(), g->FindVertex(name)) - order.begin(); };
   CHECK(pos("p[2]") < pos("ring[0]"));
   CHECK(g->Summary()["gangs"] == 2);
 }

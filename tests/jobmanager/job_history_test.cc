@@ -14,9 +14,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct TempDir {
-  TempDir() : path(fs::temp_directory_path() / ("copse-history-test-" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-  }
+  TempDir() : path(fs::temp_directory_path() / ("copse-history-test-" + std::to_string(::getpid()))) { fs::remove_all(path); }
   ~TempDir() { fs::remove_all(path); }
   fs::path path;
 };
@@ -34,7 +32,10 @@ TEST_CASE("JobHistory.LinesSpansAndSummariesReadBack") {
     (*history)->JobLine(JobId(3), VertexId(1), "     0.002s a[1] version 1 placed on d0 \"quoted\"\t\x01");
     (*history)->JobSpan(JobId(3), Span(1, 1, "a[1]", "completed", 2));
     (*history)->JobSpan(JobId(3), Span(0, 1, "a[0]", "program_error", 2));
-    (*history)->JobFinished(JobId(3), {{"id", 3}, {"name", "j"}, {"state", "completed"}, {"submitted_unix_ms", int64_t{1} << 41},
+    (*history)->JobFinished(JobId(3), {{"id", 3},
+                                       {"name", "j"},
+                                       {"state", "completed"},
+                                       {"submitted_unix_ms", int64_t{1} << 41},
                                        {"finished_unix_ms", int64_t{1} << 41}});
   }
   auto history = JobHistory::Open(dir.path);  // as a restarted job manager
@@ -61,8 +62,9 @@ TEST_CASE("JobHistory.LinesSpansAndSummariesReadBack") {
 TEST_CASE("JobHistory.DamagedFilesAreSkippedNotThrown") {
   TempDir dir;
   fs::create_directories(dir.path / "7" / "logs");
-  std::ofstream(dir.path / "7" / "events.jsonl") << "not json\n{\"s\":[\"a\",1,2,3]}\n{\"l\":5}\n{\"s\":[1,2,3,4],\"o\":7,\"b\":\"x\"}\n"
-                                                 << "{\"l\":\"kept\",\"v\":-1}\n{\"truncated\":\"yes\"}\n[1,2]\n";
+  std::ofstream(dir.path / "7" / "events.jsonl")
+      << "not json\n{\"s\":[\"a\",1,2,3]}\n{\"l\":5}\n{\"s\":[1,2,3,4],\"o\":7,\"b\":\"x\"}\n"
+      << "{\"l\":\"kept\",\"v\":-1}\n{\"truncated\":\"yes\"}\n[1,2]\n";
   std::ofstream(dir.path / "7" / "summary.json") << "{\"id\":7,\"finished_unix_ms\":\"yesterday\",\"submitted_unix_ms\":null}";
   std::ofstream(dir.path / "7" / "logs" / "x.y.jsonl") << "?";
   std::ofstream(dir.path / "not-a-job") << "";
@@ -100,8 +102,10 @@ TEST_CASE("JobHistory.VertexLogsAreReadFromAnOffsetInWholeRecords") {
   REQUIRE((*history)->AppendVertexLog(JobId(1), VertexId(4), 2, Json{{{"stream", "stderr"}, {"text", "one\n"}}}).ok());
   auto first = (*history)->ReadVertexLog(JobId(1), VertexId(4), 2, 0, 1 << 20);
   REQUIRE(first.records.size() == 1);
-  REQUIRE((*history)->AppendVertexLog(JobId(1), VertexId(4), 2,
-                                      Json{{{"stream", "stdout"}, {"text", "two"}}, {{"stream", "log"}, {"text", "\xff"}}}).ok());
+  REQUIRE((*history)
+              ->AppendVertexLog(JobId(1), VertexId(4), 2,
+                                Json{{{"stream", "stdout"}, {"text", "two"}}, {{"stream", "log"}, {"text", "\xff"}}})
+              .ok());
   auto rest = (*history)->ReadVertexLog(JobId(1), VertexId(4), 2, first.next, 1 << 20);
   REQUIRE(rest.records.size() == 2);
   CHECK(rest.records[0]["text"] == "two");

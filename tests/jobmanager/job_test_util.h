@@ -30,10 +30,10 @@ inline bool HasError(const JobLoad& load, const std::string& pointer, const std:
   return false;
 }
 
-#define CHECK_ERROR(load, pointer, fragment)                                  \
-  do {                                                                        \
-    INFO("diagnostics: " << (load).status().ToString());                      \
-    CHECK(::copse::jm::testing::HasError((load), (pointer), (fragment)));     \
+#define CHECK_ERROR(load, pointer, fragment)                              \
+  do {                                                                    \
+    INFO("diagnostics: " << (load).status().ToString());                  \
+    CHECK(::copse::jm::testing::HasError((load), (pointer), (fragment))); \
   } while (false)
 
 }  // namespace copse::jm::testing

@@ -39,11 +39,13 @@ TEST_CASE("Validation.PerReplicaParamsMayNotExpandBeyondTheirBound") {
   // manager; the same params without it are shared, whatever the replicas.
   const std::string big(10'000, 'x');
   auto load = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 400000,
-                                   "params": {"p": "{replica})" + big + R"("}}]})");
+                                   "params": {"p": "{replica})" +
+                   big + R"("}}]})");
   CHECK_ERROR(load, "/stages/0/params", "copied for each replica: 400000 replicas of 10017 bytes");
   CHECK_ERROR(load, "/stages/0/params", "at most 256 MiB");
   auto shared = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 400000,
-                                     "params": {"p": ")" + big + R"("}}]})");
+                                     "params": {"p": ")" +
+                     big + R"("}}]})");
   CHECK(shared.ok());
 }
 
@@ -66,16 +68,20 @@ TEST_CASE("Validation.DanglingAndDuplicateNames") {
 }
 
 TEST_CASE("Validation.ReplicaAndPatternMismatches") {
-  auto no_pattern = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 4}, {"name": "b", "program": "noop", "replicas": 2}],
+  auto no_pattern =
+      Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 4}, {"name": "b", "program": "noop", "replicas": 2}],
                              "edges": [{"from": "a", "to": "b"}]})");
   CHECK_ERROR(no_pattern, "/edges/0", "give a \"pattern\"");
-  auto pointwise = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 4}, {"name": "b", "program": "noop", "replicas": 2}],
+  auto pointwise =
+      Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 4}, {"name": "b", "program": "noop", "replicas": 2}],
                             "edges": [{"from": "a", "to": "b", "pattern": "pointwise"}]})");
   CHECK_ERROR(pointwise, "/edges/0/pattern", "needs equal counts");
-  auto broadcast = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 2}, {"name": "b", "program": "noop", "replicas": 2}],
+  auto broadcast =
+      Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 2}, {"name": "b", "program": "noop", "replicas": 2}],
                             "edges": [{"from": "a", "to": "b", "pattern": "broadcast"}]})");
   CHECK_ERROR(broadcast, "/edges/0/pattern", "broadcast sends one vertex's output");
-  auto gather = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 2}, {"name": "b", "program": "noop", "replicas": 2}],
+  auto gather =
+      Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 2}, {"name": "b", "program": "noop", "replicas": 2}],
                          "edges": [{"from": "a", "to": "b", "pattern": "gather"}]})");
   CHECK_ERROR(gather, "/edges/0/pattern", "gather collects into one vertex");
   auto unknown = Load(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
@@ -85,7 +91,8 @@ TEST_CASE("Validation.ReplicaAndPatternMismatches") {
 }
 
 TEST_CASE("Validation.CycleIsPrintedInEdgeDirection") {
-  auto load = Load(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}, {"name": "c", "program": "noop"}],
+  auto load =
+      Load(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}, {"name": "c", "program": "noop"}],
                        "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}, {"from": "c", "to": "a"}]})");
   REQUIRE_FALSE(load.ok());
   REQUIRE(load.diags.size() == 1);
@@ -171,7 +178,8 @@ TEST_CASE("Validation.AnOutputPortIsOneKindOfChannel") {
 }
 
 TEST_CASE("Validation.ExplicitPortsMustBeDenseAndUnique") {
-  auto load = Load(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}, {"name": "c", "program": "noop"}],
+  auto load =
+      Load(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}, {"name": "c", "program": "noop"}],
                        "edges": [{"from": "a", "to": "c", "to_port": 0}, {"from": "b", "to": "c", "to_port": 0}]})");
   CHECK_ERROR(load, "/edges/1/to_port", "already fed by another channel");
   auto gap = Load(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "c", "program": "noop"}],
@@ -208,10 +216,12 @@ TEST_CASE("Validation.AVertexFeedingItselfIsAnError") {
 TEST_CASE("Validation.PinnedOutputPortsAreBoundedOverTheJob") {
   // Every replica's outputs below a pinned from_port exist: 100,000 x 65,536 of them was
   // billions of allocations, ending in bad_alloc.
-  auto wide = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 100000}, {"name": "b", "program": "noop", "replicas": 100000}],
+  auto wide = Load(
+      R"({"stages": [{"name": "a", "program": "noop", "replicas": 100000}, {"name": "b", "program": "noop", "replicas": 100000}],
                        "edges": [{"from": "a", "to": "b", "from_port": 65535}]})");
   CHECK_ERROR(wide, "/edges", "the job's vertices have 6553600000 output ports");
-  auto narrow = Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 10}, {"name": "b", "program": "noop", "replicas": 10}],
+  auto narrow =
+      Load(R"({"stages": [{"name": "a", "program": "noop", "replicas": 10}, {"name": "b", "program": "noop", "replicas": 10}],
                          "edges": [{"from": "a", "to": "b", "from_port": 65535}]})");
   CHECK(narrow.ok());
 }

@@ -170,7 +170,7 @@ TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
   restored.Flush();
   REQUIRE(sink.runs.size() == 1);
   const Json& tasks = sink.runs[0]["tasks"];
-  REQUIRE(tasks.size() == 2);  // b, and c chained after it
+  REQUIRE(tasks.size() == 2);         // b, and c chained after it
   CHECK(tasks[0]["name"] == "b[0]");  // a is not re-run
   CHECK(tasks[0]["version"].get<uint32_t>() > 1);
   CHECK(tasks[1]["name"] == "c[0]");
@@ -292,8 +292,12 @@ TEST_CASE("Journal.AFinishedJobKeepsItsFaultsAndRecoveriesAcrossARestart") {
   Json& end = records[records.size() - 2];
   REQUIRE(end["t"] == "end");
   CHECK(end["faults"].size() == 1);
-  end["recoveries"] = Json::array({{{"vertex", "a[0]"}, {"failed_version", 1}, {"reason", "program_error"},
-                                    {"detail", "re-run"}, {"charged", true}, {"at_ms", 1.0}},
+  end["recoveries"] = Json::array({{{"vertex", "a[0]"},
+                                    {"failed_version", 1},
+                                    {"reason", "program_error"},
+                                    {"detail", "re-run"},
+                                    {"charged", true},
+                                    {"at_ms", 1.0}},
                                    {{"vertex", 7}}});  // damaged: not of the shape shown, dropped
   NullSink other;
   Scheduler restored(other, clock);
@@ -467,8 +471,13 @@ TEST_CASE("Journal.RecordsThatContradictTheOthersAreSkippedAndNamed") {
   const size_t good = records.size();
   records.push_back(records[0]);  // a second copy of the job's record
   records.push_back({{"t", "end"}, {"job", job.value()}, {"state", "complet3d"}});
-  records.push_back({{"t", "done"}, {"job", job.value()}, {"v", 4294967295u}, {"ver", 1u}, {"daemon", "d0"},
-                     {"bytes", Json::array()}, {"msgs", Json::array()}});
+  records.push_back({{"t", "done"},
+                     {"job", job.value()},
+                     {"v", 4294967295u},
+                     {"ver", 1u},
+                     {"daemon", "d0"},
+                     {"bytes", Json::array()},
+                     {"msgs", Json::array()}});
   records.push_back({{"t", "regen"}, {"job", job.value()}, {"v", 99}});
   records.push_back({{"t", "dome"}, {"job", job.value()}});
   NullSink sink;

@@ -8,8 +8,10 @@ namespace {
 
 std::vector<PlacementDaemon> Daemons() {
   // d0, d1 on host a (rack r1); d2 on host b (rack r1); d3 on host c (rack r2). All free.
-  return {{DaemonId(0), "a", "r1", 2, true}, {DaemonId(1), "a", "r1", 2, true},
-          {DaemonId(2), "b", "r1", 2, true}, {DaemonId(3), "c", "r2", 4, true}};
+  return {{DaemonId(0), "a", "r1", 2, true},
+          {DaemonId(1), "a", "r1", 2, true},
+          {DaemonId(2), "b", "r1", 2, true},
+          {DaemonId(3), "c", "r2", 4, true}};
 }
 
 TEST_CASE("Placement.LocalityPrefersBytesOnTheDaemonThenHostThenRack") {

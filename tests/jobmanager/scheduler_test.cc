@@ -154,7 +154,8 @@ TEST_CASE("Scheduler.RunsAChainToCompletion") {
 TEST_CASE("Scheduler.ATaskCarriesItsStagesMemoryForItsDaemonToEnforce") {
   Harness h;
   h.AddDaemon("d0", 2);
-  h.Submit(R"({"stages": [{"name": "a", "program": "noop", "resources": {"memory_mb": 300}}, {"name": "b", "program": "noop"}]})");
+  h.Submit(
+      R"({"stages": [{"name": "a", "program": "noop", "resources": {"memory_mb": 300}}, {"name": "b", "program": "noop"}]})");
   CHECK(h.Next("a[0]").second["memory_mb"] == 300);
   CHECK(h.Next("b[0]").second["memory_mb"] == 0);  // none declared: its daemon's offer bounds it
 }
@@ -249,8 +250,8 @@ TEST_CASE("Scheduler.TraceHasASpanPerAttemptInLanesPerDaemon") {
   h.clock.Advance(std::chrono::milliseconds(10));
   h.Finish(s0, true);
   h.Finish(s1, true);
-  h.Finish(t1, false);               // t, attempt 1 (injected)
-  h.Finish(h.Next().second, true);   // t, attempt 2
+  h.Finish(t1, false);              // t, attempt 1 (injected)
+  h.Finish(h.Next().second, true);  // t, attempt 2
   auto snapshot = h.sched.Trace(job);
   REQUIRE(snapshot.ok());
   const Json trace = TraceJson(*snapshot);
@@ -326,8 +327,7 @@ TEST_CASE("Scheduler.AVertexWhoseDaemonsKeepDyingUnderItFailsTheJobAtMaxDaemonLo
   h.sched.Flush();
   CHECK(h.State(job) == "failed");
   std::string failure = h.sched.JobStatus(job)["failure"];
-  CHECK(failure.find("vertex x[0] reached max_daemon_losses 2: its daemon was lost with no fault injected") !=
-        std::string::npos);
+  CHECK(failure.find("vertex x[0] reached max_daemon_losses 2: its daemon was lost with no fault injected") != std::string::npos);
   CHECK(h.sink.TakeTasks().empty());  // the third daemon is spared
   (void)t1, (void)t2;
 }
@@ -623,7 +623,8 @@ struct RemoteGather {
     h.AddDaemon("d0");
     h.AddDaemon("d1");
     job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "replicas": 2}, {"name": "c", "program": "noop"}],
-                       "edges": [{"from": "a", "to": "c", "pattern": "gather", "channel": ")" + channel + R"("}],
+                       "edges": [{"from": "a", "to": "c", "pattern": "gather", "channel": ")" +
+                   channel + R"("}],
                        "outputs": [{"from": "c", "path": "out"}]})");
     auto [a0_daemon, a0] = h.Next("a[0]");
     auto [a1_daemon, a1] = h.Next("a[1]");
@@ -1575,7 +1576,7 @@ TEST_CASE("Scheduler.AFinishedJobListsTheFaultsThatNeverFired") {
   JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}],
                            "faults": [{"kill_daemon": "d9"}, {"fail": "a", "attempts": [1]}, {"fail": "a", "attempts": [3]}]})");
   CHECK_FALSE(h.sched.JobStatus(job).contains("faults_not_fired"));  // running: they may still fire
-  h.Finish(h.Next().second, false);  // attempt 1 fails, as /faults/1 asks
+  h.Finish(h.Next().second, false);                                  // attempt 1 fails, as /faults/1 asks
   h.Finish(h.Next().second, true);
   REQUIRE(h.State(job) == "completed");
   const Json not_fired = h.sched.JobStatus(job)["faults_not_fired"];
@@ -1682,7 +1683,7 @@ TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
   REQUIRE(tasks.size() == 4);
   h.clock.Advance(std::chrono::milliseconds(100));
   for (int i = 0; i < 3; ++i) h.Finish(tasks[i].second, true);  // peers took 100 ms
-  h.clock.Advance(std::chrono::seconds(3));                      // s[3] has run 3.1 s
+  h.clock.Advance(std::chrono::seconds(3));                     // s[3] has run 3.1 s
   h.sched.Tick();
   h.sched.Flush();
   auto dup = h.sink.TakeTasks();
@@ -1692,7 +1693,7 @@ TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
   CHECK(dup[0].first != tasks[3].first);  // on another daemon
   h.sched.Tick();
   CHECK(h.sink.TakeTasks().empty());  // one duplicate at a time
-  h.Finish(dup[0].second, true);     // the duplicate wins
+  h.Finish(dup[0].second, true);      // the duplicate wins
   CHECK(h.State(job) == "completed");
   auto cancels = h.sink.WithOp("cancel");
   REQUIRE(cancels.size() == 1);
@@ -2097,15 +2098,15 @@ TEST_CASE("Scheduler.TheStatusSaysWhyAReadyVertexWaits") {
   };
   SUBCASE("a vertex bigger than every live daemon") {
     JobId job = h.Submit(R"({"stages": [{"name": "huge", "program": "noop", "resources": {"cpus": 4}}]})");
-    CHECK_MESSAGE(reasons(job).find("huge[0]: ready; needs 4 cpus, more than any live daemon has") != std::string::npos, reasons(job));
+    CHECK_MESSAGE(reasons(job).find("huge[0]: ready; needs 4 cpus, more than any live daemon has") != std::string::npos,
+                  reasons(job));
   }
   SUBCASE("a gang the live daemons cannot hold even when idle") {
     JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
                                         {"name": "c", "program": "noop"}],
                              "edges": [{"from": "a", "to": "b", "channel": "stream"}, {"from": "b", "to": "c", "channel": "stream"}]})");
     CHECK_MESSAGE(reasons(job).find("ready; its gang of 3 cannot be placed on the live daemons even when they are idle: its "
-                                    "members need 3 cpus together, and the live daemons have 2 cpus free") !=
-                      std::string::npos,
+                                    "members need 3 cpus together, and the live daemons have 2 cpus free") != std::string::npos,
                   reasons(job));
     h.AddDaemon("d1", 1);
     h.sched.Flush();

@@ -67,8 +67,8 @@ void CheckAgainstReference(const Product& p, const Operands& in, const std::vect
       bad += std::fabs(c[at] - ref) > 1e-5 * scale + 1e-6;
     }
   }
-  CHECK_MESSAGE(bad == 0, "ta=" << p.ta << " tb=" << p.tb << " m=" << p.m << " n=" << p.n << " k=" << p.k
-                                << " pad=" << p.pad << " beta=" << p.beta << ": " << bad << " wrong elements");
+  CHECK_MESSAGE(bad == 0, "ta=" << p.ta << " tb=" << p.tb << " m=" << p.m << " n=" << p.n << " k=" << p.k << " pad=" << p.pad
+                                << " beta=" << p.beta << ": " << bad << " wrong elements");
 }
 
 std::vector<Product> Products() {
@@ -85,8 +85,7 @@ std::vector<Product> Products() {
 
 std::vector<float> RunDevice(const Product& p, const Operands& in) {
   std::vector<float> c = in.c;
-  CpuDevice()->Gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, in.a.data(), p.lda(), in.b.data(), p.ldb(), p.beta, c.data(),
-                    p.ldc());
+  CpuDevice()->Gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, in.a.data(), p.lda(), in.b.data(), p.ldb(), p.beta, c.data(), p.ldc());
   return c;
 }
 
@@ -129,8 +128,8 @@ TEST_CASE("CpuGemm.OneDnnServesWhatItCanAndRefusesTheRest") {
   for (const Product& p : Products()) {
     const Operands in(p);
     std::vector<float> c = in.c;
-    REQUIRE(internal::OneDnnGemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, in.a.data(), p.lda(), in.b.data(), p.ldb(), p.beta,
-                                 c.data(), p.ldc()));
+    REQUIRE(internal::OneDnnGemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, in.a.data(), p.lda(), in.b.data(), p.ldb(), p.beta, c.data(),
+                                 p.ldc()));
     CheckAgainstReference(p, in, c);
   }
   // What the matmul primitive cannot express is refused, with C untouched.

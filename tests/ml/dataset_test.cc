@@ -12,13 +12,9 @@ using namespace copse::ml;
 
 namespace {
 
-bool HaveFashionMnist() {
-  return std::filesystem::exists(std::string(kFashionMnistDir) + "/t10k-images-idx3-ubyte.gz");
-}
+bool HaveFashionMnist() { return std::filesystem::exists(std::string(kFashionMnistDir) + "/t10k-images-idx3-ubyte.gz"); }
 
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("copse_ml_" + name)).string();
-}
+std::string TempPath(const std::string& name) { return (std::filesystem::temp_directory_path() / ("copse_ml_" + name)).string(); }
 
 void WriteGz(const std::string& path, const std::string& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
@@ -28,8 +24,7 @@ void WriteGz(const std::string& path, const std::string& bytes) {
 }
 
 std::string Be32(uint32_t v) {
-  return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
-                     static_cast<char>(v >> 8), static_cast<char>(v)};
+  return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
 }
 
 }  // namespace

@@ -87,6 +87,5 @@ TEST_CASE("GradCheck.CrossEntropy") {
     CHECK((up - down) / (2 * eps) == doctest::Approx(grad[i]).epsilon(1e-2).scale(0.05));
   }
   // A label outside [0, C) is an error, not a crash.
-  CHECK(CrossEntropyLoss(logits, std::vector<int32_t>{0, 1, 2, 3, 4}).status().code() ==
-        copse::StatusCode::kInvalidArgument);
+  CHECK(CrossEntropyLoss(logits, std::vector<int32_t>{0, 1, 2, 3, 4}).status().code() == copse::StatusCode::kInvalidArgument);
 }

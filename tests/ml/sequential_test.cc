@@ -246,8 +246,7 @@ TEST_CASE("Optimizer.DeviceDefaultSgdStepOutOfPlaceMatchesTheCpuKernel") {
   Tensor p2 = Tensor::Empty({static_cast<int64_t>(n)}), b2 = Tensor::Empty({static_cast<int64_t>(n)});
   Device* cpu = CpuDevice();
   cpu->SgdStepOutOfPlace(p.data(), grads, 2, buf.data(), n, 0.1f, 0.9f, 0.0f, 1e-4f, false, false, p1.data(), b1.data());
-  cpu->Device::SgdStepOutOfPlace(p.data(), grads, 2, buf.data(), n, 0.1f, 0.9f, 0.0f, 1e-4f, false, false, p2.data(),
-                                 b2.data());
+  cpu->Device::SgdStepOutOfPlace(p.data(), grads, 2, buf.data(), n, 0.1f, 0.9f, 0.0f, 1e-4f, false, false, p2.data(), b2.data());
   CHECK(p1.ToVector() == p2.ToVector());
   CHECK(b1.ToVector() == b2.ToVector());
 }
@@ -267,8 +266,7 @@ TEST_CASE("Sequential.SharedParametersAndFreshGradientsLeaveHandedOutTensorsAlon
   };
   backward();
   NamedTensors handed_out;
-  for (size_t i = 0; i < b.Parameters().size(); ++i)
-    handed_out.emplace_back(b.ParameterNames()[i], b.Parameters()[i]->grad);
+  for (size_t i = 0; i < b.Parameters().size(); ++i) handed_out.emplace_back(b.ParameterNames()[i], b.Parameters()[i]->grad);
   const std::string digest = Digest(handed_out);
   b.FreshGradients();
   for (Parameter* p : b.Parameters()) p->grad.Fill(7.0f);

@@ -11,9 +11,8 @@ using copse::ml::testing::RandomTensor;
 namespace chan = copse::chan;
 
 TEST_CASE("Serialize.RoundTripsTensorsBitExactly") {
-  NamedTensors in{{"0.weight", RandomTensor({3, 4}, 1)},
-                  {"scalar", Tensor::FromVector({}, {2.5f})},
-                  {"empty", Tensor::Zeros({0, 5})}};
+  NamedTensors in{
+      {"0.weight", RandomTensor({3, 4}, 1)}, {"scalar", Tensor::FromVector({}, {2.5f})}, {"empty", Tensor::Zeros({0, 5})}};
   const std::string bytes = SerializeTensors(in);
   auto out = DeserializeTensors(bytes);
   REQUIRE(out.ok());
@@ -91,8 +90,8 @@ TEST_CASE("TensorMessage.LocalReadersShareTheTensorsAndRemoteOnesGetTheSameBytes
   REQUIRE(local.ok());
   CHECK(shared);
   CHECK((*local)[0].second.data() == in[0].second.data());  // the very tensors: no copy
-  CHECK(msg.size() == SerializeTensors(in).size());          // known without encoding
-  CHECK(msg.view() == SerializeTensors(in));                  // what a remote reader receives
+  CHECK(msg.size() == SerializeTensors(in).size());         // known without encoding
+  CHECK(msg.view() == SerializeTensors(in));                // what a remote reader receives
   std::string spanned;
   for (std::string_view s : msg.spans()) spanned += s;  // what a fetch sends, gathered in place
   CHECK(spanned == SerializeTensors(in));

@@ -17,16 +17,14 @@
 
 namespace copse::ml::testing {
 
-inline Tensor RandomTensor(const Shape& shape, uint64_t seed, float lo = -1.0f, float hi = 1.0f,
-                           Device* device = CpuDevice()) {
+inline Tensor RandomTensor(const Shape& shape, uint64_t seed, float lo = -1.0f, float hi = 1.0f, Device* device = CpuDevice()) {
   std::vector<float> v(static_cast<size_t>(NumElements(shape)));
   for (size_t i = 0; i < v.size(); ++i) v[i] = lo + (hi - lo) * PhiloxUniform(seed, 77, i);
   return Tensor::FromVector(shape, v, device);
 }
 
 /// max|a-b| / max(max|b|, floor): the relative error of a whole tensor.
-inline double RelativeError(const std::vector<float>& a, const std::vector<float>& b,
-                            double floor = 1e-6) {
+inline double RelativeError(const std::vector<float>& a, const std::vector<float>& b, double floor = 1e-6) {
   REQUIRE(a.size() == b.size());
   double diff = 0, scale = floor;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -74,14 +72,12 @@ inline std::map<std::string, Tensor> LoadReference(const std::string& path) {
   return out;
 }
 
-inline std::string ReferencePath() {
-  return std::string(COPSE_SOURCE_DIR) + "/tests/data/ml/torch_reference.bin";
-}
+inline std::string ReferencePath() { return std::string(COPSE_SOURCE_DIR) + "/tests/data/ml/torch_reference.bin"; }
 
 /// Checks Layer::Backward against central finite differences of L = sum(y * r) for random r,
 /// on up to `samples` coordinates of the input and of every parameter.
-inline void GradCheck(Layer& layer, const Tensor& x, uint64_t seed = 1, int samples = 24,
-                      double eps = 1e-3, double rtol = 2e-2, double atol = 2e-3) {
+inline void GradCheck(Layer& layer, const Tensor& x, uint64_t seed = 1, int samples = 24, double eps = 1e-3, double rtol = 2e-2,
+                      double atol = 2e-3) {
   ForwardContext ctx;
   ctx.seed = 42;
   LayerStash stash;
@@ -107,9 +103,8 @@ inline void GradCheck(Layer& layer, const Tensor& x, uint64_t seed = 1, int samp
     PhiloxStream pick(seed, 5);
     const size_t n = host.size();
     for (int s = 0; s < samples && n > 0; ++s) {
-      const size_t i = s < static_cast<int>(n) && n <= static_cast<size_t>(samples)
-                           ? static_cast<size_t>(s)
-                           : static_cast<size_t>(pick.NextBelow(n));
+      const size_t i = s < static_cast<int>(n) && n <= static_cast<size_t>(samples) ? static_cast<size_t>(s)
+                                                                                    : static_cast<size_t>(pick.NextBelow(n));
       const float orig = host[i];
       host[i] = orig + static_cast<float>(eps);
       target.device()->CopyFromHost(target.data(), host.data(), n * 4);
@@ -120,8 +115,7 @@ inline void GradCheck(Layer& layer, const Tensor& x, uint64_t seed = 1, int samp
       host[i] = orig;
       target.device()->CopyFromHost(target.data(), host.data(), n * 4);
       const double numeric = (up - down) / (2 * eps);
-      INFO(layer.Describe() << " d/d" << what << "[" << i << "]: numeric " << numeric
-                            << " analytic " << ana[i]);
+      INFO(layer.Describe() << " d/d" << what << "[" << i << "]: numeric " << numeric << " analytic " << ana[i]);
       CHECK(std::abs(numeric - ana[i]) <= atol + rtol * std::abs(numeric));
     }
   };

@@ -53,8 +53,7 @@ std::vector<int32_t> Labels(const Tensor& t) {
   return out;
 }
 
-void CheckModel(const std::string& prefix, Sequential model,
-                const std::vector<std::string>& optimizers) {
+void CheckModel(const std::string& prefix, Sequential model, const std::vector<std::string>& optimizers) {
   const auto ref = LoadReference(ReferencePath());
   REQUIRE(model.ImportParameters(Prefixed(ref, prefix + ".param.")).ok());
   const Tensor x = ref.at(prefix + ".input");

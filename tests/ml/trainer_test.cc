@@ -10,9 +10,7 @@
 using namespace copse::ml;
 
 namespace {
-bool HaveFashionMnist() {
-  return std::filesystem::exists(std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz");
-}
+bool HaveFashionMnist() { return std::filesystem::exists(std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz"); }
 }  // namespace
 
 TEST_CASE("Trainer.SameSeedGivesBitIdenticalParameters") {
@@ -50,15 +48,21 @@ TEST_CASE("Trainer.LearnsAndReportsProgress") {
   o.test_limit = 500;
   o.epochs = 1;
   int epochs_reported = 0, steps_reported = 0;
-  auto r = Train(o, [&](const TrainProgress& p) {
-    if (p.epoch_done) ++epochs_reported; else ++steps_reported;
-  }, 4);
+  auto r = Train(
+      o,
+      [&](const TrainProgress& p) {
+        if (p.epoch_done)
+          ++epochs_reported;
+        else
+          ++steps_reported;
+      },
+      4);
   REQUIRE(r.ok());
   CHECK(epochs_reported == 1);
   CHECK(steps_reported > 0);
   CHECK(r->test_accuracy > 0.35);  // 16 steps of SGD already beat chance (0.1) by far
   CHECK(r->images_per_s > 0);
-  CHECK(r->final_loss < 2.3);      // below log(10), the loss of a uniform guess
+  CHECK(r->final_loss < 2.3);  // below log(10), the loss of a uniform guess
 }
 
 TEST_CASE("Trainer.RejectsBadOptions") {

@@ -96,9 +96,8 @@ GraphOptions PipelineOf(GraphOptions base, const std::string& kind, int stages, 
 RunResult RunJob(const Json& job, const fs::path& dir, int daemons, int cpus = 2, const std::string& env = "") {
   const fs::path file = dir / "job.json", out = dir / "out";
   { std::ofstream(file) << job.dump(1); }
-  const std::string cmd = env + Copse() + " run " + file.string() + " --daemons " + std::to_string(daemons) +
-                          " --cpus " + std::to_string(cpus) + " --output " + out.string() + " -o json 2>" +
-                          (dir / "stderr.txt").string();
+  const std::string cmd = env + Copse() + " run " + file.string() + " --daemons " + std::to_string(daemons) + " --cpus " +
+                          std::to_string(cpus) + " --output " + out.string() + " -o json 2>" + (dir / "stderr.txt").string();
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   std::string text;
@@ -287,7 +286,8 @@ TEST_CASE("MlGraph.APipelineWithoutCachedModelsReplaysItsGradientLogsBitIdentica
     GraphOptions base = Small();
     base.model = "mlp:784-64-32-10";
     // Batched weight gradients keep no sum to replay: per micro-batch.
-    auto job = GenerateTrainingGraph(PipelineOf(base, "pipeline", 2, 4, recompute ? "gpipe" : "1f1b", recompute, "per-microbatch"));
+    auto job =
+        GenerateTrainingGraph(PipelineOf(base, "pipeline", 2, 4, recompute ? "gpipe" : "1f1b", recompute, "per-microbatch"));
     REQUIRE(job.ok());
     TempDir warm_dir, cold_dir;
     const RunResult warm = RunJob(*job, warm_dir.path, 2);

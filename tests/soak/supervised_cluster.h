@@ -179,8 +179,15 @@ class SupervisedCluster {
   };
 
   void Start(Slot& s) {
-    std::vector<std::string> args = {"daemon", "--jm", address_.jm, "--name", s.config.name, "--cpus",
-                                     std::to_string(s.config.cpus), "--work-dir", (dir_ / s.config.name).string()};
+    std::vector<std::string> args = {"daemon",
+                                     "--jm",
+                                     address_.jm,
+                                     "--name",
+                                     s.config.name,
+                                     "--cpus",
+                                     std::to_string(s.config.cpus),
+                                     "--work-dir",
+                                     (dir_ / s.config.name).string()};
     for (const auto& l : s.config.labels) {
       args.push_back("--label");
       args.push_back(l);

@@ -110,8 +110,14 @@ class ScriptedJobManager {
 };
 
 Json Task(uint32_t vertex, Json after = nullptr) {
-  Json t = {{"job", 1},      {"vertex", vertex}, {"version", 1},         {"name", "v" + std::to_string(vertex)},
-            {"program", "noop"}, {"params", Json::object()}, {"inputs", Json::array()}, {"outputs", Json::array()}};
+  Json t = {{"job", 1},
+            {"vertex", vertex},
+            {"version", 1},
+            {"name", "v" + std::to_string(vertex)},
+            {"program", "noop"},
+            {"params", Json::object()},
+            {"inputs", Json::array()},
+            {"outputs", Json::array()}};
   if (!after.is_null()) t["after"] = std::move(after);
   return t;
 }
@@ -160,9 +166,9 @@ TEST_CASE("Daemon.RegistersOnlyWithAJobManagerThatProvesItHoldsTheSecret" * doct
     auto started = Daemon::Start(OptionsFor(jm, dir));
     accept.join();
     CHECK(started.status().code() == StatusCode::kPermissionDenied);
-    CHECK_MESSAGE(started.status().message().find(forged ? "proof is wrong" : "did not prove it holds the secret") !=
-                      std::string::npos,
-                  started.status().ToString());
+    CHECK_MESSAGE(
+        started.status().message().find(forged ? "proof is wrong" : "did not prove it holds the secret") != std::string::npos,
+        started.status().ToString());
     std::filesystem::remove_all(dir);
   }
 }
@@ -290,8 +296,8 @@ TEST_CASE("Daemon.AChainTwoDeepRunsInOrderOnceItsHeadSucceeds" * doctest::timeou
   DaemonUnderTest d(jm);
   Json head = Task(1);
   head["delay_ms"] = 50;  // still running when the chain arrives
-  jm.Send({{"op", "run"}, {"tasks", {head, Task(2, {{{"vertex", 1}, {"version", 1}}}),
-                                     Task(3, {{{"vertex", 2}, {"version", 1}}})}}});
+  jm.Send(
+      {{"op", "run"}, {"tasks", {head, Task(2, {{{"vertex", 1}, {"version", 1}}}), Task(3, {{{"vertex", 2}, {"version", 1}}})}}});
   for (uint32_t v : {1u, 2u, 3u}) {
     Json r = jm.NextReport();
     CHECK(r["vertex"] == v);

@@ -43,8 +43,8 @@ TEST_CASE("InputPrefetcher.FetchesExistingRemoteInputsAndLeavesTheRest" * doctes
   Producer p;
   p.Put({1, 4, 1, 0}, {"alpha", "beta"});
   InputPrefetcher prefetcher(kSecret);
-  Json inputs = Json::array({Json{{"key", chan::OutputKey{1, 2, 1, 0}.ToJson()}, {"local", true}},
-                             p.Input({1, 4, 1, 0}), Json{{"empty", true}}});
+  Json inputs = Json::array(
+      {Json{{"key", chan::OutputKey{1, 2, 1, 0}.ToJson()}, {"local", true}}, p.Input({1, 4, 1, 0}), Json{{"empty", true}}});
   auto cancel = std::make_shared<std::atomic<bool>>(false);
   auto got = prefetcher.Start(inputs, std::nullopt, cancel, nullptr);
   REQUIRE(got);

@@ -271,9 +271,9 @@ TEST_CASE("Programs.ExecRunsAChildWithInputsAndOutputs") {
   auto run = RunProgram("exec", {{"argv", {"tr", "a-z", "A-Z"}}, {"stdin", true}}, {{"hello ", "world"}}, 1);
   REQUIRE_MESSAGE(run.status.ok(), run.status.ToString());
   CHECK(run.Output(0) == "HELLO WORLD");
-  auto files = RunProgram("exec", {{"argv", {"sh", "-c", "cat {input0} {input1} > $COPSE_OUTPUT_0; echo $COPSE_REPLICA"}},
-                                   {"stdout", false}},
-                          {{"x"}, {"y"}}, 1);
+  auto files = RunProgram(
+      "exec", {{"argv", {"sh", "-c", "cat {input0} {input1} > $COPSE_OUTPUT_0; echo $COPSE_REPLICA"}}, {"stdout", false}},
+      {{"x"}, {"y"}}, 1);
   REQUIRE_MESSAGE(files.status.ok(), files.status.ToString());
   CHECK(files.Output(0) == "xy");
   auto fail = RunProgram("exec", {{"argv", {"sh", "-c", "echo boom >&2; exit 3"}}}, {}, 0);

@@ -9,8 +9,7 @@
 
 namespace copse::vertex {
 
-ChecksumHasher::ChecksumHasher(std::string_view vertex_name, std::string_view params_json)
-    : state_(XXH3_createState()) {
+ChecksumHasher::ChecksumHasher(std::string_view vertex_name, std::string_view params_json) : state_(XXH3_createState()) {
   XXH3_64bits_reset(state_);
   const char zero = 0;
   XXH3_64bits_update(state_, vertex_name.data(), vertex_name.size());
@@ -67,7 +66,8 @@ class ChecksumProgram final : public VertexProgram {
   Status CheckParams(const Json& params) const override {
     for (const char* key : {"sleep_ms", "bytes"}) {
       if (params.contains(key) && !(params[key].is_number_integer() && params[key].get<int64_t>() >= 0)) {
-        return Status::InvalidArgument(std::string("params.") + key + " must be a whole number ≥ 0, got " + DumpJson(params[key]));
+        return Status::InvalidArgument(std::string("params.") + key + " must be a whole number ≥ 0, got " +
+                                       DumpJson(params[key]));
       }
     }
     return Status::OK();
@@ -88,8 +88,8 @@ class ChecksumProgram final : public VertexProgram {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(sleep_ms);
     while (std::chrono::steady_clock::now() < deadline) {
       if (ctx.cancelled()) return Status::Cancelled(ctx.name + " cancelled");
-      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-          std::chrono::milliseconds(5), deadline - std::chrono::steady_clock::now()));
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(5),
+                                                                                deadline - std::chrono::steady_clock::now()));
     }
     uint64_t digest = hasher.Digest();
     COPSE_RETURN_NOT_OK(ctx.WriteAll(chan::Buffer(DigestLine(digest))));

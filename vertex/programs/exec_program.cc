@@ -307,7 +307,7 @@ int ProgramStatus(int status, int status_pipe) {
 
 /// Whether the file system holding `dir` has no room left for an unprivileged writer.
 bool DiskFull(const std::filesystem::path& dir) {
-  struct statvfs fs{};
+  struct statvfs fs {};
   return ::statvfs(dir.c_str(), &fs) == 0 && fs.f_bavail == 0;
 }
 
@@ -394,7 +394,8 @@ class ExecProgram final : public VertexProgram {
     ChildStreams streams(files, ctx.attempt_log);
     // The stage's own memory limit bounds the child's address space (a program that reserves
     // far more than it touches needs a larger resources.memory_mb).
-    const rlim_t memory_limit = ctx.memory_declared && ctx.memory_limit_bytes > 0 ? static_cast<rlim_t>(ctx.memory_limit_bytes) : 0;
+    const rlim_t memory_limit =
+        ctx.memory_declared && ctx.memory_limit_bytes > 0 ? static_cast<rlim_t>(ctx.memory_limit_bytes) : 0;
 
     ChildSetup setup{files.in, files.out, files.err, memory_limit, cwd.c_str(), cargv.data(), cenv.data()};
     const StartedChild child = StartChild(setup);
