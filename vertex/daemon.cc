@@ -41,7 +41,9 @@
 #include "common/logging.h"
 #include "common/machine_memory.h"
 #include "common/thread_name.h"
+#include "vertex/attempt_channels.h"
 #include "vertex/attempt_log.h"
+#include "vertex/gpu_pool.h"
 #include "vertex/input_prefetcher.h"
 
 namespace copse::vertex {
@@ -63,65 +65,6 @@ std::shared_ptr<spdlog::logger> DaemonLog() {
   return log;
 }
 
-/// Remembers the first read error of an input so a failed attempt can say which input was lost.
-class TrackingReader final : public chan::ChannelReader {
- public:
-  TrackingReader(std::unique_ptr<chan::ChannelReader> inner, int port, int* lost_port)
-      : inner_(std::move(inner)), port_(port), lost_port_(lost_port) {}
-  Result<std::optional<chan::Buffer>> Next() override {
-    auto r = inner_->Next();
-    if (!r.ok() && *lost_port_ < 0 && r.status().code() != StatusCode::kCancelled) *lost_port_ = port_;
-    return r;
-  }
-
- private:
-  std::unique_ptr<chan::ChannelReader> inner_;
-  int port_;
-  int* lost_port_;
-};
-
-/// Counts what a vertex wrote, so the job manager learns output sizes for locality.
-class CountingWriter final : public chan::ChannelWriter {
- public:
-  explicit CountingWriter(std::unique_ptr<chan::ChannelWriter> inner) : inner_(std::move(inner)) {}
-  Status Write(chan::Buffer message) override {
-    bytes_ += message.size();
-    ++messages_;
-    return inner_->Write(std::move(message));
-  }
-  Status Close() override {
-    if (closed_) return Status::OK();
-    closed_ = true;
-    return inner_->Close();
-  }
-  bool closed() const { return closed_; }
-  uint64_t bytes() const { return bytes_; }
-  uint64_t messages() const { return messages_; }
-
- private:
-  std::unique_ptr<chan::ChannelWriter> inner_;
-  uint64_t bytes_ = 0;
-  uint64_t messages_ = 0;
-  bool closed_ = false;
-};
-
-/// One output port read by several live channels (a broadcast): every message to each.
-class TeeWriter final : public chan::ChannelWriter {
- public:
-  explicit TeeWriter(std::vector<std::unique_ptr<chan::ChannelWriter>> outs) : outs_(std::move(outs)) {}
-  Status Write(chan::Buffer message) override {
-    for (auto& o : outs_) COPSE_RETURN_NOT_OK(o->Write(message));
-    return Status::OK();
-  }
-  Status Close() override {
-    for (auto& o : outs_) COPSE_RETURN_NOT_OK(o->Close());
-    return Status::OK();
-  }
-
- private:
-  std::vector<std::unique_ptr<chan::ChannelWriter>> outs_;
-};
-
 #ifdef COPSE_HAVE_NCCL
 /// The gang's NCCL group as the vertex API's Collective.
 class NcclCollective final : public Collective {
@@ -137,18 +80,16 @@ class NcclCollective final : public Collective {
 };
 #endif
 
-/// An input the job manager knows to be empty: end of stream at once, no fetch.
-class EmptyReader final : public chan::ChannelReader {
- public:
-  Result<std::optional<chan::Buffer>> Next() override { return std::optional<chan::Buffer>(); }
-};
-
 }  // namespace
 
 class Daemon::Impl {
  public:
   explicit Impl(DaemonOptions options)
-      : options_(std::move(options)), heartbeat_(io_), log_flush_(io_), heartbeat_every_(options_.heartbeat_interval) {}
+      : options_(std::move(options)),
+        heartbeat_(io_),
+        log_flush_(io_),
+        heartbeat_every_(options_.heartbeat_interval),
+        gpus_(options_.gpus) {}
 
   ~Impl() {
     {
@@ -746,46 +687,6 @@ class Daemon::Impl {
     if (!attempts.empty() && conn && conn->open()) conn->Send({{"op", "report"}, {"attempts", std::move(attempts)}});
   }
 
-  /// One of this daemon's GPUs for an attempt's duration (device -1: none asked for, or none
-  /// came free). The job manager counts a cancelled attempt's GPU free once it has sent the
-  /// cancel, so the next attempt may arrive while the old one still holds the device here: it
-  /// waits for it, up to kGpuWait or its own cancel.
-  class GpuLease {
-   public:
-    static constexpr std::chrono::seconds kGpuWait{10};
-
-    GpuLease(Impl& d, int gpus, const std::atomic<bool>& cancel) : d_(d) {
-      if (gpus <= 0 || d_.options_.gpus <= 0) return;
-      const auto until = std::chrono::steady_clock::now() + kGpuWait;
-      std::unique_lock<std::mutex> lock(d_.mu_);
-      while (!Take() && !cancel.load() && std::chrono::steady_clock::now() < until) {
-        d_.gpu_cv_.wait_for(lock, std::chrono::milliseconds(50));  // polled: a cancel does not notify
-      }
-    }
-    ~GpuLease() {
-      if (device_ < 0) return;
-      {
-        std::lock_guard<std::mutex> lock(d_.mu_);
-        d_.gpu_busy_.erase(device_);
-      }
-      d_.gpu_cv_.notify_all();
-    }
-    int device() const { return device_; }
-
-   private:
-    bool Take() {  // under mu_
-      for (int i = 0; i < d_.options_.gpus; ++i) {
-        if (d_.gpu_busy_.insert(i).second) {
-          device_ = i;
-          return true;
-        }
-      }
-      return false;
-    }
-    Impl& d_;
-    int device_ = -1;
-  };
-
   /// Joins this attempt's NCCL group: rank 0 creates the unique id and hands it to the job
   /// manager, which relays it to the other members' daemons.
   Status JoinNcclGroup(const Json& nccl, int device, Task& task) {
@@ -896,12 +797,12 @@ class Daemon::Impl {
       uint32_t version = spec["version"].get<uint32_t>();
       int lost_port = -1;
       const int gpus = spec.value("gpus", 0);
-      GpuLease gpu(*this, gpus, *task.cancel);
+      const GpuPool::Lease gpu = gpus_.Acquire(gpus, *task.cancel);
       if (task.cancel->load()) return fail("cancelled", "cancelled");
       if (gpus > 0 && gpu.device() < 0) {
         // Not charged: the attempt holding it is at fault, if anyone is.
         return fail("input_lost", "no GPU of this daemon's " + std::to_string(options_.gpus) + " came free within " +
-                                      std::to_string(GpuLease::kGpuWait.count()) + " s");
+                                      std::to_string(GpuPool::kDefaultWait.count()) + " s");
       }
       if (spec.contains("nccl")) {
         Status st = JoinNcclGroup(spec["nccl"], gpu.device(), task);
@@ -1052,8 +953,7 @@ class Daemon::Impl {
   std::unique_ptr<chan::DataServer> data_server_;
   std::unique_ptr<chan::StreamHub> hub_;
   std::unique_ptr<InputPrefetcher> prefetcher_;  // remote inputs of held (chained) tasks
-  std::set<int> gpu_busy_;                       // guarded by mu_
-  std::condition_variable gpu_cv_;               // a GPU lease ended
+  GpuPool gpus_;                                 // which GPUs running attempts hold
   std::map<std::string, std::string> nccl_ids_;  // group -> unique id, guarded by mu_
   std::condition_variable nccl_cv_;
   chan::ShmRegistry shm_;
