@@ -41,7 +41,7 @@
 #include "common/logging.h"
 #include "common/machine_memory.h"
 #include "common/thread_name.h"
-#include "vertex/attempt_channels.h"
+#include "vertex/attempt_executor.h"
 #include "vertex/attempt_log.h"
 #include "vertex/gpu_pool.h"
 #include "vertex/input_prefetcher.h"
@@ -117,6 +117,19 @@ class Daemon::Impl {
     COPSE_ASSIGN_OR_RETURN(data_server_, chan::DataServer::Start(*store_, options_.data_host, 0, options_.secret, data_options));
     COPSE_ASSIGN_OR_RETURN(hub_, chan::StreamHub::Start(options_.data_host, 0, options_.work_dir / "ipc", options_.secret));
     prefetcher_ = std::make_unique<InputPrefetcher>(options_.secret);
+    ExecutorEnv env;
+    env.programs = options_.programs;
+    env.store = store_.get();
+    env.hub = hub_.get();
+    env.shm = &shm_;
+    env.gpus = &gpus_;
+    env.work_dir = options_.work_dir;
+    env.cpus = options_.cpus;
+    env.memory_mb = OfferedMemoryMb();
+    env.secret = options_.secret;
+    env.live_peer_timeout = std::max(std::chrono::milliseconds(300), 2 * options_.heartbeat_interval);
+    env.join_nccl = [this](const Json& nccl, int device, AttemptTask& task) { return JoinNcclGroup(nccl, device, task); };
+    executor_ = std::make_unique<AttemptExecutor>(std::move(env));
     COPSE_RETURN_NOT_OK(Register());
     for (int i = 0; i < std::max(1, options_.cpus); ++i) workers_.emplace_back([this] { WorkerLoop(); });
     return Status::OK();
@@ -277,16 +290,7 @@ class Daemon::Impl {
  private:
   using AttemptKey = std::tuple<uint64_t, uint32_t, uint32_t>;  // job, vertex, version
 
-  struct Task {
-    Json spec;
-    std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
-#ifdef COPSE_HAVE_NCCL
-    std::unique_ptr<chan::nccl::NcclGroup> nccl;  // this attempt's group, when it has nccl channels
-#endif
-    std::unique_ptr<Collective> collective;
-    int device = -1;
-    std::shared_ptr<PrefetchedInputs> prefetched;  // remote inputs fetched while it was held
-    std::shared_ptr<AttemptLog> log;               // what it prints, once it runs
+  struct Task : AttemptTask {
     // Held (chained): the attempts here it still waits for, and whether it still waits for the
     // outputs of one on another daemon. Queued when neither is left.
     std::vector<AttemptKey> waiting_for;
@@ -553,7 +557,7 @@ class Daemon::Impl {
         task.log = std::make_shared<AttemptLog>();
         live_logs_[KeyOf(task)] = task.log;
       }
-      Json report = Execute(task);
+      Json report = executor_->Execute(task);
       // The rest of its log goes before its report: stored before the job manager acts on it.
       task.log->Finish();
       SendLog(KeyOf(task), *task.log);
@@ -689,7 +693,7 @@ class Daemon::Impl {
 
   /// Joins this attempt's NCCL group: rank 0 creates the unique id and hands it to the job
   /// manager, which relays it to the other members' daemons.
-  Status JoinNcclGroup(const Json& nccl, int device, Task& task) {
+  Status JoinNcclGroup(const Json& nccl, int device, AttemptTask& task) {
 #ifdef COPSE_HAVE_NCCL
     if (device < 0) return Status::FailedPrecondition("an nccl vertex needs resources.gpus >= 1");
     std::string group = nccl.at("group");
@@ -717,228 +721,6 @@ class Daemon::Impl {
 #endif
   }
 
-  chan::StreamOptions LiveOptions(const Task& task) const {
-    chan::StreamOptions o;
-    o.cancel = task.cancel.get();
-    o.peer_timeout = std::max(std::chrono::milliseconds(300), 2 * options_.heartbeat_interval);
-    return o;
-  }
-
-  /// The reading end of a stream or shm channel of this vertex's gang.
-  Result<std::unique_ptr<chan::ChannelReader>> OpenLiveReader(const Json& in, Task& task) {
-    COPSE_ASSIGN_OR_RETURN(auto key, chan::StreamKey::FromJson(in.at("key")));
-    std::string kind = in.at("live");
-    if (kind == "stream") return hub_->OpenReader(key, LiveOptions(task));
-    if (kind == "shm") return shm_.OpenReader(key, LiveOptions(task));
-#ifdef COPSE_HAVE_NCCL
-    if (kind == "nccl" && task.nccl) return chan::nccl::MakeNcclReader(*task.nccl, in.at("peer_rank"), task.device);
-#endif
-    return Status::FailedPrecondition("this daemon cannot run " + kind + " channels (built without GPU support)");
-  }
-
-  /// The writing end of a live output port: one channel, or a tee over several.
-  Result<std::unique_ptr<chan::ChannelWriter>> OpenLiveWriter(const Json& out, Task& task) {
-    std::string kind = out.at("live");
-    std::vector<std::unique_ptr<chan::ChannelWriter>> writers;
-    for (const auto& ch : out.at("channels")) {
-      COPSE_ASSIGN_OR_RETURN(auto key, chan::StreamKey::FromJson(ch.at("key")));
-      Result<std::unique_ptr<chan::ChannelWriter>> w =
-          kind == "stream" ? hub_->OpenWriter(ch.at("peer"), key, LiveOptions(task))
-          : kind == "shm"  ? shm_.OpenWriter(key, LiveOptions(task))
-                           : Result<std::unique_ptr<chan::ChannelWriter>>(Status::FailedPrecondition(
-                                 "this daemon cannot run " + kind + " channels (built without GPU support)"));
-#ifdef COPSE_HAVE_NCCL
-      if (kind == "nccl" && task.nccl) w = chan::nccl::MakeNcclWriter(*task.nccl, ch.at("peer_rank"), task.device);
-#endif
-      if (!w.ok()) return w.status();
-      writers.push_back(std::move(*w));
-    }
-    if (writers.size() == 1) return std::move(writers.front());
-    return std::unique_ptr<chan::ChannelWriter>(std::make_unique<TeeWriter>(std::move(writers)));
-  }
-
-  /// Runs one attempt and returns its report. Never throws.
-  Json Execute(Task& task) {
-    const Json& spec = task.spec;
-    auto started = std::chrono::steady_clock::now();
-    Json report = {{"job", spec["job"]}, {"vertex", spec["vertex"]}, {"version", spec["version"]}, {"ok", false}};
-    // `code`: why input `lost_input` could not be read; Unavailable (its daemon unreachable)
-    // tells the job manager the output itself may be intact (held for a daemon's return).
-    auto fail = [&](const std::string& cls, const std::string& error, int lost_input = -1, StatusCode code = StatusCode::kOk) {
-      report["class"] = cls;
-      report["error"] = error;
-      if (lost_input >= 0) {
-        report["lost_input"] = lost_input;
-        // Which version of it: one the job manager has since re-run is not lost again.
-        const Json& in = spec["inputs"][lost_input];
-        if (const Json* key = in.is_object() && in.contains("key") ? &in["key"] : nullptr;
-            key && key->is_object() && key->contains("version") && (*key)["version"].is_number_unsigned()) {
-          report["lost_input_version"] = (*key)["version"];
-        }
-      }
-      if (lost_input >= 0 && code == StatusCode::kUnavailable) report["lost_input_unreachable"] = true;
-      report["duration_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-      return report;
-    };
-    try {
-      const std::string name = spec["name"].get<std::string>();
-      if (spec.contains("inject_failure")) return fail("program_error", spec["inject_failure"].get<std::string>());
-      if (const int64_t delay = std::clamp<int64_t>(spec.value("delay_ms", int64_t{0}), 0, 86'400'000); delay > 0) {
-        auto until = started + std::chrono::milliseconds(delay);
-        while (std::chrono::steady_clock::now() < until && !task.cancel->load()) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
-      }
-      auto program = options_.programs->Create(spec["program"].get<std::string>());
-      if (!program.ok()) return fail("program_error", program.status().message());
-
-      uint64_t job = spec["job"].get<uint64_t>();
-      uint32_t vertex = spec["vertex"].get<uint32_t>();
-      uint32_t version = spec["version"].get<uint32_t>();
-      int lost_port = -1;
-      const int gpus = spec.value("gpus", 0);
-      const GpuPool::Lease gpu = gpus_.Acquire(gpus, *task.cancel);
-      if (task.cancel->load()) return fail("cancelled", "cancelled");
-      if (gpus > 0 && gpu.device() < 0) {
-        // Not charged: the attempt holding it is at fault, if anyone is.
-        return fail("input_lost", "no GPU of this daemon's " + std::to_string(options_.gpus) + " came free within " +
-                                      std::to_string(GpuPool::kDefaultWait.count()) + " s");
-      }
-      if (spec.contains("nccl")) {
-        Status st = JoinNcclGroup(spec["nccl"], gpu.device(), task);
-        // Charged like the program's own error: no GPU, no NCCL or a failed init will fail the
-        // same way again, and a gang restarted for free would do so without end. A peer lost
-        // meanwhile usually restarts the gang first (this report is then stale); when NCCL
-        // notices first, the member is charged one attempt for it.
-        if (task.cancel->load()) return fail("cancelled", "cancelled");
-        if (!st.ok()) return fail("program_error", "joining the gang's NCCL group: " + st.message());
-      }
-      std::vector<std::unique_ptr<chan::ChannelReader>> readers;
-      for (size_t port = 0; port < spec["inputs"].size(); ++port) {
-        const Json& in = spec["inputs"][port];
-        if (in.contains("live")) {
-          auto reader = OpenLiveReader(in, task);
-          if (!reader.ok())
-            return fail("input_lost", "input " + std::to_string(port) + ": " + reader.status().message(), static_cast<int>(port));
-          readers.push_back(std::make_unique<TrackingReader>(std::move(*reader), static_cast<int>(port), &lost_port));
-          continue;
-        }
-        if (in.value("empty", false)) {
-          readers.push_back(std::make_unique<EmptyReader>());
-          continue;
-        }
-        auto key = chan::OutputKey::FromJson(in["key"]);
-        if (!key.ok()) return fail("program_error", key.status().message());
-        if (auto prefetched = task.prefetched ? task.prefetched->Take(port) : nullptr) {
-          readers.push_back(std::move(prefetched));
-          continue;
-        }
-        // A durable input comes from its producer's store like a memory one, and from its copy
-        // when the job manager sends no store (its daemon is gone, or it was released) or the
-        // store cannot deliver it.
-        const std::string copy = in.value("durable", std::string());
-        const bool copy_only = !copy.empty() && !in.contains("local");
-        auto reader = copy_only                 ? chan::OutputStore::OpenDurableCopy(copy, *key)
-                      : in["local"].get<bool>() ? store_->OpenReader(*key)
-                                                : chan::OpenRemoteReader(in["host"].get<std::string>(),
-                                                                         in["port"].get<uint16_t>(), *key, options_.secret);
-        if (!copy.empty() && !copy_only) {
-          reader = reader.ok() ? chan::OutputStore::WithDurableFallback(std::move(*reader), copy, *key)
-                               : chan::OutputStore::OpenDurableCopy(copy, *key);
-        }
-        if (!reader.ok()) {
-          return fail("input_lost", "input " + std::to_string(port) + " (" + key->ToString() + "): " + reader.status().message(),
-                      static_cast<int>(port), reader.status().code());
-        }
-        readers.push_back(std::make_unique<TrackingReader>(std::move(*reader), static_cast<int>(port), &lost_port));
-      }
-      std::vector<std::unique_ptr<CountingWriter>> writers;
-      for (size_t port = 0; port < spec["outputs"].size(); ++port) {
-        const Json& out = spec["outputs"][port];
-        if (out.is_object() && out.contains("live")) {
-          auto writer = OpenLiveWriter(out, task);
-          if (!writer.ok()) return fail("input_lost", "output " + std::to_string(port) + ": " + writer.status().message());
-          writers.push_back(std::make_unique<CountingWriter>(std::move(*writer)));
-          continue;
-        }
-        // "file", "memory", or {"durable": path}: a memory output with a copy at path.
-        const bool durable = out.is_object() && out.contains("durable");
-        auto kind = durable || out == "memory" ? chan::StorageKind::kMemory : chan::StorageKind::kFile;
-        auto writer =
-            store_->CreateWriter({job, vertex, version, static_cast<uint32_t>(port)}, kind,
-                                 durable ? std::filesystem::path(out["durable"].get<std::string>()) : std::filesystem::path());
-        if (!writer.ok()) return fail("program_error", writer.status().message());
-        writers.push_back(std::make_unique<CountingWriter>(std::move(*writer)));
-      }
-      // Created on demand (VertexContext::MakeScratchDir): most vertices never touch disk.
-      auto scratch =
-          options_.work_dir / "scratch" / (std::to_string(job) + "-" + std::to_string(vertex) + "-" + std::to_string(version));
-      Json params = spec["params"];
-      VertexContext ctx;
-      ctx.name = name;
-      ctx.replica = spec.value("replica", 0);
-      ctx.version = version;
-      ctx.params = &params;
-      for (auto& r : readers) ctx.inputs.push_back(r.get());
-      for (auto& w : writers) ctx.outputs.push_back(w.get());
-      ctx.cancel_flag = task.cancel.get();
-      ctx.attempt_log = task.log.get();
-      ctx.scratch_dir = scratch;
-      ctx.job_dir = spec.value("job_dir", std::string());
-      ctx.threads = spec.value("threads", 1u);
-      // Its own limit when its stage declares one, else its cpus' share of what this daemon
-      // offers: the vertices it can run at once then fit together.
-      const int64_t declared_mb = spec.value("memory_mb", int64_t{0});
-      ctx.memory_declared = declared_mb > 0;
-      ctx.memory_limit_bytes =
-          (ctx.memory_declared
-               ? declared_mb
-               : std::max<int64_t>(1, OfferedMemoryMb() * std::max<int64_t>(1, ctx.threads) / std::max(1, options_.cpus)))
-          << 20;
-      ctx.gpu = gpu.device();
-      ctx.collective = task.collective.get();
-      Status st;
-      try {
-        st = (*program)->Run(ctx);
-      } catch (const ParamError& e) {
-        st = Status::InvalidArgument(name + ": " + e.what());
-      } catch (const std::exception& e) {
-        st = Status::Internal(name + " threw: " + e.what());
-      } catch (...) {
-        st = Status::Internal(name + " threw a non-standard exception");
-      }
-      if (st.ok()) {
-        for (auto& w : writers) {
-          if (!w->closed()) st = w->Close();
-          if (!st.ok()) break;
-        }
-      }
-      std::error_code ec;
-      if (ctx.scratch_created()) std::filesystem::remove_all(scratch, ec);
-      if (task.cancel->load()) return fail("cancelled", "cancelled");
-      if (!st.ok()) {
-        if (lost_port >= 0)
-          return fail("input_lost", "input " + std::to_string(lost_port) + ": " + st.message(), lost_port, st.code());
-        fail("program_error", st.message());
-        if (IsDeterministicError(st.code())) report["deterministic"] = true;
-        return report;
-      }
-      Json bytes = Json::array(), messages = Json::array();
-      for (auto& w : writers) {
-        bytes.push_back(w->bytes());
-        messages.push_back(w->messages());
-      }
-      report["ok"] = true;
-      if (ctx.progress.is_object()) report["progress"] = std::move(ctx.progress);
-      report["output_bytes"] = std::move(bytes);
-      report["output_messages"] = std::move(messages);
-      report["duration_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-      return report;
-    } catch (const std::exception& e) {
-      return fail("program_error", std::string("malformed task: ") + e.what());
-    }
-  }
-
   DaemonOptions options_;
   asio::io_context io_;
   asio::steady_timer heartbeat_;
@@ -954,6 +736,7 @@ class Daemon::Impl {
   std::unique_ptr<chan::StreamHub> hub_;
   std::unique_ptr<InputPrefetcher> prefetcher_;  // remote inputs of held (chained) tasks
   GpuPool gpus_;                                 // which GPUs running attempts hold
+  std::unique_ptr<AttemptExecutor> executor_;    // made once the stores and channels exist
   std::map<std::string, std::string> nccl_ids_;  // group -> unique id, guarded by mu_
   std::condition_variable nccl_cv_;
   chan::ShmRegistry shm_;

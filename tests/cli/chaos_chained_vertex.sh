@@ -4,16 +4,9 @@
 # faults list the fail and nothing is listed as never fired. Every process started here is
 # stopped by its pid on the way out.
 # Usage: chaos_chained_vertex.sh COPSE_BINARY WORK_DIR
-copse=$1
-d=$2
-export COPSE_DIE_WITH_PARENT=1
-rm -rf "$d" && mkdir -p "$d" || exit 1
-jm= daemon=
-cleanup() { for p in $daemon $jm; do kill "$p" 2>/dev/null; done; wait; }
-trap cleanup EXIT
-"$copse" jm --listen 127.0.0.1:0 --state-dir "$d/jm" > "$d/jm.out" 2>&1 & jm=$!
-i=0; while [ ! -f "$d/jm/jm.addr" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i + 1)); done
-"$copse" daemon --state-dir "$d/jm" --name d0 --cpus 2 --work-dir "$d/w0" > "$d/d0.out" 2>&1 & daemon=$!
+. "$(dirname "$0")/local_cluster.sh"
+start_jm
+start_daemon d0 2
 cat > "$d/chain.json" <<'JOB'
 {"name": "chain", "stages": [
   {"name": "a", "program": "exec", "affinity": "g", "params": {"argv": ["sh", "-c", "echo a-started >&2; sleep 1.5; echo data"]}},

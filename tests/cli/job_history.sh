@@ -7,21 +7,10 @@
 # jobs`. `status -w -o json` prints one JSON object per line. Every process started here is
 # stopped by its pid on the way out.
 # Usage: job_history.sh COPSE_BINARY WORK_DIR
-copse=$1
-d=$2
-export COPSE_DIE_WITH_PARENT=1
-rm -rf "$d" && mkdir -p "$d" || exit 1
-jm= daemon=
-cleanup() { for p in $daemon $jm; do kill "$p" 2>/dev/null; done; wait; }
-trap cleanup EXIT
-start_jm() {
-  rm -f "$d/jm/jm.addr"
-  "$copse" jm --listen 127.0.0.1:0 --state-dir "$d/jm" "$@" >> "$d/jm.out" 2>&1 & jm=$!
-  i=0; while [ ! -f "$d/jm/jm.addr" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i + 1)); done
-}
+. "$(dirname "$0")/local_cluster.sh"
 c() { "$copse" "$@" --state-dir "$d/jm"; }
 start_jm
-"$copse" daemon --state-dir "$d/jm" --name d0 --cpus 2 --work-dir "$d/w0" > "$d/d0.out" 2>&1 & daemon=$!
+start_daemon d0 2
 
 cat > "$d/prints.json" <<'JOB'
 {"name": "prints", "stages": [{"name": "p", "program": "exec", "replicas": 2,
@@ -52,7 +41,7 @@ c logs 2 'x[0]' 2>/dev/null
 c submit "$d/resumed.json" > /dev/null
 i=0; until c logs 3 'b[0]' 2>/dev/null | grep -q b-started || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
 c logs 3 'b[0]' -f > "$d/follow.txt" 2>&1 & follower=$!
-i=0; until grep -q b-started "$d/follow.txt" || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
+i=0; until grep -qs b-started "$d/follow.txt" || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
 kill "$jm"; wait "$jm" 2>/dev/null
 start_jm
 wait "$follower"; echo "logs -f across the restart exit=$?"; grep -E "reconnected|b-started|b-ended|attempt 1 ended" "$d/follow.txt"

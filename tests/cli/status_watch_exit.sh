@@ -3,16 +3,9 @@
 # job completed, 1 when it failed. The servers say where they are once started. Every process
 # started here is stopped by its pid on the way out.
 # Usage: status_watch_exit.sh COPSE_BINARY WORK_DIR
-copse=$1
-d=$2
-export COPSE_DIE_WITH_PARENT=1
-rm -rf "$d" && mkdir -p "$d" || exit 1
-jm= daemon=
-cleanup() { for p in $daemon $jm; do kill "$p" 2>/dev/null; done; wait; }
-trap cleanup EXIT
-"$copse" jm --listen 127.0.0.1:0 --state-dir "$d/jm" > "$d/jm.out" 2>&1 & jm=$!
-i=0; while [ ! -f "$d/jm/jm.addr" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i + 1)); done
-"$copse" daemon --state-dir "$d/jm" --name d0 --cpus 1 --work-dir "$d/w0" --log-level warn > "$d/d0.out" 2>&1 & daemon=$!
+. "$(dirname "$0")/local_cluster.sh"
+start_jm
+start_daemon d0 1 --log-level warn
 echo '{"stages": [{"name": "x", "program": "exec", "max_attempts": 1, "params": {"argv": ["false"]}}]}' > "$d/fails.json"
 echo '{"stages": [{"name": "x", "program": "noop"}]}' > "$d/works.json"
 "$copse" submit --state-dir "$d/jm" "$d/fails.json" > /dev/null
