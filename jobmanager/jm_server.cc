@@ -599,6 +599,9 @@ class JmServer::Impl : public DaemonSink {
                   {"forgotten", true}};
       if (summary.contains("failure")) rows[id]["failure"] = summary["failure"];
     }
+    // The newest kMaxJobRows: a reply must stay well within one control message.
+    constexpr size_t kMaxJobRows = 10000;
+    while (rows.size() > kMaxJobRows) rows.erase(rows.begin());
     Json out = Json::array();
     for (auto& [id, row] : rows) out.push_back(std::move(row));
     return out;
