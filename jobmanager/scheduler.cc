@@ -150,7 +150,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
                            .string();
   }
   job->started = clock_.Now();
-  job->submitted_unix_ms = UnixNowMs();
+  job->submitted_unix_ms = clock_.UnixMs();
   job->runs.resize(job->g().vertices().size());
   job->faults = job->g().spec().faults;
   job->fault_fired.assign(job->faults.size(), 0);

@@ -1,5 +1,7 @@
 #pragma once
-// Scheduler: the job manager's core state machine. Single-threaded and free of I/O: the server
+// Scheduler: the job manager's core state machine. Single-threaded and free of network I/O
+// and of the host's clocks (it reads the injected Clock, monotonic and wall); the one file
+// operation left in it is removing a finished job's durable channel copies. The server
 // (jm_server.h) feeds it events (daemon registered/lost, job submitted/cancelled, attempts
 // finished, clock ticks) and it emits messages to daemons through a DaemonSink. Tests drive
 // it directly with a fake sink and a ManualClock.

@@ -109,7 +109,8 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
         // Older journals lack the time: such a job's elapsed time counts from the restart.
         if (const Json& at = rec.value("submitted_unix_ms", Json()); at.is_number_integer() && at.get<int64_t>() > 0) {
           job.submitted_unix_ms = at.get<int64_t>();
-          job.started -= std::chrono::milliseconds(std::clamp<int64_t>(UnixNowMs() - job.submitted_unix_ms, 0, int64_t{1} << 40));
+          job.started -=
+              std::chrono::milliseconds(std::clamp<int64_t>(clock_.UnixMs() - job.submitted_unix_ms, 0, int64_t{1} << 40));
         }
         ++restored;
         continue;

@@ -213,7 +213,7 @@ Json Scheduler::JobStatus(JobId id) const {
 Json Scheduler::Summary(const Job& job) const {
   Json summary = JobStatus(job.id);
   summary["submitted_unix_ms"] = job.submitted_unix_ms;
-  summary["finished_unix_ms"] = UnixNowMs();
+  summary["finished_unix_ms"] = clock_.UnixMs();
   if (auto outputs = OutputLocations(job.id); outputs.ok()) {
     for (Json& o : *outputs) {  // where they were: the bytes go when the job is forgotten
       const Run& r = job.runs[o["key"]["vertex"].get<uint32_t>()];

@@ -37,11 +37,6 @@ inline int64_t MemoryOf(const DaemonSpec& spec) {
   return spec.memory_mb > 0 ? std::min(spec.memory_mb, kUnaccountedMemoryMb) : kUnaccountedMemoryMb;
 }
 
-/// Now on the wall clock, in ms since the epoch.
-inline int64_t UnixNowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 /// How an output port is stored: as its first channel's kind; a port no channel reads (a
 /// declared job output) is a file.
 inline ChannelKind PortKind(const JobGraph& g, const std::vector<ChannelId>& port) {

@@ -177,6 +177,22 @@ TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
   CHECK(tasks[1]["after"][0]["vertex"] == tasks[0]["vertex"]);
 }
 
+TEST_CASE("Journal.ARestoredJobsElapsedTimeCountsFromItsSubmissionOnTheWallClock") {
+  // The injected clock's wall time, not the host's: a job restored 5 s after its submission
+  // shows 5 s elapsed, whatever the monotonic clock of the new job manager reads.
+  ManualClock clock;
+  const std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
+  REQUIRE(records[0].value("submitted_unix_ms", int64_t{0}) == clock.UnixMs());
+  ManualClock later;
+  later.Advance(std::chrono::seconds(5));
+  NullSink sink;
+  Scheduler restored(sink, later);
+  REQUIRE(restored.Restore(records, testing::TestCatalog()) == 1);
+  const Json status = restored.JobStatus(JobId(1));
+  CHECK(status["elapsed_s"].get<double>() == doctest::Approx(5.0));
+  CHECK(restored.JobsTable()[0]["submitted_unix_ms"] == clock.UnixMs());
+}
+
 TEST_CASE("Journal.ADoneRecordDamagedHalfWayLeavesItsVertexToRunAgain") {
   // Byte flips that rename one key of a "done" record: the vertex was marked completed before
   // the missing field threw, with no daemon, and the snapshot at the next start crashed.

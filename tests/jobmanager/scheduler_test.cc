@@ -2000,6 +2000,7 @@ class TickingClock final : public Clock {
  public:
   explicit TickingClock(Duration step) : step_(step) {}
   TimePoint Now() const override { return TimePoint(Duration(now_ns_ += step_.count())); }
+  int64_t UnixMs() const override { return 1'800'000'000'000 + now_ns_.load() / 1'000'000; }
   void Advance(Duration d) { now_ns_ += d.count(); }
 
  private:
