@@ -14,6 +14,7 @@
 #include "common/dir_lock.h"
 #include "common/framed_connection.h"
 #include "common/logging.h"
+#include "jobmanager/durable_copies.h"
 #include "jobmanager/job_history.h"
 #include "jobmanager/job_loader.h"
 #include "jobmanager/journal.h"
@@ -52,7 +53,9 @@ class JmServer::Impl : public DaemonSink {
         acceptor_(io_),
         local_acceptor_(io_),
         tick_timer_(io_),
-        scheduler_(*this, clock_, options_.scheduler) {}
+        scheduler_(*this, clock_, options_.scheduler) {
+    scheduler_.set_storage(&durable_files_);
+  }
 
   Status Listen() {
     COPSE_ASSIGN_OR_RETURN(secret_, auth::LoadOrCreateSecret(options_.state_dir));  // creates the directory
@@ -728,6 +731,7 @@ class JmServer::Impl : public DaemonSink {
   std::optional<DirLock> state_lock_;
   std::unique_ptr<Journal> journal_;
   std::unique_ptr<JobHistory> history_;  // before the scheduler, which writes to it: destroyed after it
+  DurableCopyFiles durable_files_;
   std::chrono::steady_clock::time_point next_prune_{};
   Scheduler scheduler_;
   std::string secret_;

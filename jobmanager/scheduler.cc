@@ -693,11 +693,7 @@ std::string Scheduler::DurablePath(const Job& job, VertexId v, uint32_t version,
 }
 
 void Scheduler::RemoveDurableCopies(const Job& job) {
-  if (job.durable_dir.empty()) return;
-  std::error_code ec;
-  std::filesystem::remove_all(job.durable_dir, ec);
-  if (ec) SchedLog()->warn("job={} cannot remove {}: {}", job.id.value(), job.durable_dir, ec.message());
-  std::filesystem::remove(std::filesystem::path(job.durable_dir).parent_path(), ec);  // only when empty
+  if (storage_ && !job.durable_dir.empty()) storage_->RemoveDurableCopies(job.id, job.durable_dir);
 }
 
 void Scheduler::ReleaseConsumedInputs(Job& job, VertexId v) {

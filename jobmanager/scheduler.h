@@ -1,7 +1,7 @@
 #pragma once
 // Scheduler: the job manager's core state machine. Single-threaded and free of network I/O
-// and of the host's clocks (it reads the injected Clock, monotonic and wall); the one file
-// operation left in it is removing a finished job's durable channel copies. The server
+// and of the host's clocks and files: it reads the injected Clock (monotonic and wall), and
+// what it writes goes through sinks (daemons, journal, history, storage). The server
 // (jm_server.h) feeds it events (daemon registered/lost, job submitted/cancelled, attempts
 // finished, clock ticks) and it emits messages to daemons through a DaemonSink. Tests drive
 // it directly with a fake sink and a ManualClock.
@@ -85,6 +85,15 @@ class HistorySink {
   virtual void JobLine(JobId job, VertexId vertex, const std::string& line) = 0;
   virtual void JobSpan(JobId job, const HistorySpan& span) = 0;
   virtual void JobFinished(JobId job, const Json& summary) = 0;
+};
+
+/// The file work the scheduler asks for and never does itself (durable_copies.h does it).
+class StorageSink {
+ public:
+  virtual ~StorageSink() = default;
+  /// Job `job`'s durable channel copies, all under `dir`, are needed no more: remove them, and
+  /// their parent directory once it is empty.
+  virtual void RemoveDurableCopies(JobId job, const std::string& dir) = 0;
 };
 
 /// Result of one attempt, as a daemon reports it.
@@ -174,6 +183,8 @@ class Scheduler {
   /// completion of a vertex the job lacks) are skipped, each with a log line and a line in
   /// `skipped` (when given), so that the job manager keeps the journal as it was for a person.
   size_t Restore(const std::vector<Json>& records, const ProgramCatalog& catalog, std::vector<std::string>* skipped = nullptr);
+  /// Who removes durable channel copies (null: nobody; they stay on disk).
+  void set_storage(StorageSink* storage) { storage_ = storage; }
   /// Where jobs' histories go from now on (null: nowhere).
   void set_history(HistorySink* history) { history_ = history; }
   /// Puts back a restored job's event lines and ended attempts from before the restart (its
@@ -396,6 +407,7 @@ class Scheduler {
   std::unique_ptr<PlacementPolicy> policy_;
   JournalSink* journal_ = nullptr;
   HistorySink* history_ = nullptr;
+  StorageSink* storage_ = nullptr;
   struct RandomChaos {
     std::mt19937_64 rng;
     Duration interval{};

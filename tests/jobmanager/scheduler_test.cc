@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 
+#include "jobmanager/durable_copies.h"
 #include "jobmanager/scheduler.h"
 #include "tests/jobmanager/job_test_util.h"
 
@@ -41,10 +42,11 @@ class FakeSink final : public DaemonSink {
 };
 
 struct Harness {
-  Harness() = default;
-  explicit Harness(const SchedulerOptions& options) : sched(sink, clock, options) {}
+  Harness() { sched.set_storage(&storage); }
+  explicit Harness(const SchedulerOptions& options) : sched(sink, clock, options) { sched.set_storage(&storage); }
   FakeSink sink;
   ManualClock clock;
+  DurableCopyFiles storage;
   Scheduler sched{sink, clock};
 
   DaemonId AddDaemon(const std::string& name, double cpus = 1) {
