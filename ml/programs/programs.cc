@@ -873,6 +873,9 @@ class EvalProgram final : public VertexProgram {
     // those who copy metrics.json.
     ctx.progress = {{"final", true}, {"test_accuracy", accuracy}};
     if (seconds > 0) ctx.progress["images_per_s"] = train_images / seconds;
+    // What `copse logs JOB VERTEX` shows of it.
+    ctx.log().info("test accuracy {:.2f} % on {} images; final loss {:.4f}; {:.0f} training images/s", 100 * accuracy,
+                   test->size(), stats[1] > 0 ? stats[0] / stats[1] : 0.0, seconds > 0 ? train_images / seconds : 0.0);
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(chan::Buffer(metrics.dump(2) + "\n")));
     if (ctx.num_outputs() > 1) COPSE_RETURN_NOT_OK(ctx.output(1).Write(chan::Buffer(SerializeTensors(params))));
     return ctx.CloseOutputs();
