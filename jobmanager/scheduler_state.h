@@ -7,7 +7,8 @@
 //   scheduler_daemons.cc    daemons joining, lost and coming back
 //   scheduler_journal.cc    restoring from the journal; snapshots for its compaction
 //   scheduler_placement.cc  placing ready vertices and gangs, dispatching, flushing to daemons
-//   scheduler_faults.cc     the clock: timeouts, stragglers, return graces, injected faults
+//   scheduler_clock.cc      the clock: timeouts, stragglers, return graces, forgetting jobs
+//   scheduler_chaos.cc      injected faults: copse chaos, the random monkey, the job file's
 //   scheduler_queries.cc    what the CLI is shown: status, tables, logs, output locations
 #include <algorithm>
 #include <chrono>
