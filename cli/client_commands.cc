@@ -62,7 +62,10 @@ struct LogsOptions {
   bool follow = false, events = false;
 };
 
+/// How often -f asks for more: a vertex's log is read from an offset; the job's event log is
+/// built whole at each ask (up to 20,000 lines), so it is asked for less often.
 constexpr auto kFollowEvery = std::chrono::milliseconds(250);
+constexpr auto kFollowEventsEvery = std::chrono::seconds(1);
 
 /// A request of `copse logs`: with -f, one that outlives a job manager restart, as `status -w`.
 Result<Json> CallLogs(std::unique_ptr<net::BlockingClient>& client, const LogsOptions& o, const Json& request) {
@@ -101,7 +104,7 @@ Status FollowEventLog(std::unique_ptr<net::BlockingClient>& client, const LogsOp
       }
       return Status::OK();
     }
-    std::this_thread::sleep_for(kFollowEvery);
+    std::this_thread::sleep_for(kFollowEventsEvery);
   }
 }
 
