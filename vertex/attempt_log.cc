@@ -26,9 +26,13 @@ void AttemptLog::Append(std::string_view stream, std::string_view text) {
     head_used_ += n;
     text.remove_prefix(n);
     if (text.empty()) return;
+  }
+  if (!past_head_) {  // the first byte beyond the head, whether or not a write straddled it
+    past_head_ = true;
+    const bool mid_line = !pending_.empty() && !pending_.back().text.empty() && pending_.back().text.back() != '\n';
     AppendTo(pending_, kNoteStream,
-             "[copse: this attempt's log passed " + std::to_string(kHeadBytes >> 10) + " KiB; its last " +
-                 std::to_string(kTailBytes >> 10) + " KiB follow when it ends]\n");
+             std::string(mid_line ? "\n" : "") + "[copse: this attempt's log passed " + std::to_string(kHeadBytes >> 10) +
+                 " KiB; its last " + std::to_string(kTailBytes >> 10) + " KiB follow when it ends]\n");
   }
   // The tail is kept in chunks of at most kTailChunk bytes, so that trimming its front drops
   // whole chunks and moves at most one chunk's bytes, however much is written.
@@ -61,6 +65,7 @@ std::vector<AttemptLog::Chunk> AttemptLog::Take() {
   pending_.clear();
   if (finished_) {
     if (omitted_ > 0) {
+      // On a line of its own: the tail starts wherever the bytes left out ended.
       AppendTo(out, kNoteStream, "[copse: " + std::to_string(omitted_) + " bytes left out here]\n");
       omitted_ = 0;
     }

@@ -49,6 +49,7 @@ class AttemptLog {
   mutable std::mutex mu_;
   bool finished_ = false;
   size_t head_used_ = 0;
+  bool past_head_ = false;  // a note says where the head ended
   uint64_t written_ = 0;
   uint64_t omitted_ = 0;
   std::vector<Chunk> pending_;  // within the head, not yet taken

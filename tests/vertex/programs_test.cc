@@ -246,6 +246,8 @@ TEST_CASE("Programs.AnAttemptLogKeepsItsHeadAndTail") {
   for (const auto& c : head) head_bytes += c.stream == "stderr" ? c.text.size() : 0;
   CHECK(head_bytes == AttemptLog::kHeadBytes);
   CHECK(head.front().text.substr(1023, 1) == "F");
+  CHECK(head.back().stream == "copse");  // where the head ends, though no write straddled it
+  CHECK(head.back().text.find("passed 256 KiB") != std::string::npos);
   log.Finish();
   const auto rest = log.Take();
   REQUIRE(rest.size() >= 2);
