@@ -1,7 +1,8 @@
 #!/bin/sh
 # `copse chaos fail JOB VERTEX`, armed while VERTEX waits on its daemon behind its running
 # predecessor (chained dispatch), fires when it runs: the job completes after a retry, its
-# faults list the fail and nothing is listed as never fired. Every process started here is
+# faults list the fail and nothing is listed as never fired; what the chained vertex read from
+# its predecessor on the same daemon counts as local input bytes. Every process started here is
 # stopped by its pid on the way out.
 # Usage: chaos_chained_vertex.sh COPSE_BINARY WORK_DIR
 . "$(dirname "$0")/local_cluster.sh"
@@ -20,3 +21,5 @@ i=0; until "$copse" logs --state-dir "$d/jm" 1 'a[0]' 2>/dev/null | grep -q a-st
 tail -1 "$d/watch.jsonl" | grep -o '"faults":\[[^]]*\]'
 tail -1 "$d/watch.jsonl" | grep -c faults_not_fired | sed 's/^/faults_not_fired: /'
 "$copse" logs --state-dir "$d/jm" 1 'b[0]' --events | grep -o "withdrawn: copse chaos armed a fault on it before it started"
+# b, chained on a's daemon, read a's output there: counted as local input bytes.
+tail -1 "$d/watch.jsonl" | grep -o '"input_bytes":{"local":[0-9]*' | sed 's/.*:/read locally: /'
