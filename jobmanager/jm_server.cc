@@ -82,6 +82,10 @@ class JmServer::Impl : public DaemonSink {
     for (uint64_t id : scheduler_.JobIds()) {
       const auto events = history_->Load(JobId(id));
       scheduler_.RestoreHistory(JobId(id), events->lines, events->spans);
+      // Finished, but the job manager stopped before its summary was written.
+      if (!history_->Summary(JobId(id))) {
+        if (auto summary = scheduler_.FinalSummary(JobId(id))) history_->JobFinished(JobId(id), *summary);
+      }
     }
     // The rewrite below drops what was not restored: a person gets the journal as it was.
     if (records_lost || !skipped.empty()) {
@@ -618,7 +622,6 @@ class JmServer::Impl : public DaemonSink {
     asio::post(io_, [this] {
       flush_pending_ = false;
       FlushJournal();
-      history_->Flush();
       scheduler_.Flush();
       AnswerWaiters();
     });
@@ -713,6 +716,7 @@ class JmServer::Impl : public DaemonSink {
       }
       for (auto& conn : silent) conn->Close(Status::Timeout("no heartbeat"));
       scheduler_.Tick();
+      history_->Flush();  // once a tick: its appends are kept off every reply's path
       PruneHistory(now);
       RequestFlush();
       ScheduleTick();

@@ -145,15 +145,20 @@ void JobHistory::JobSpan(JobId job, const HistorySpan& s) {
 }
 
 void JobHistory::JobFinished(JobId job, const Json& summary) {
-  Flush();
-  events_.erase(job.value());  // lines after its end start a new entry
+  // Written at the next Flush, off the path of the reply that the job ended.
   summaries_[job.value()] = summary;
+  unwritten_summaries_.insert(job.value());
+}
+
+void JobHistory::WriteSummary(JobId job) {
+  auto it = summaries_.find(job.value());
+  if (it == summaries_.end() || !DiskHasRoom()) return;
   std::error_code ec;
   fs::create_directories(JobDir(job), ec);
   const fs::path tmp = JobDir(job) / "summary.json.tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << DumpJson(summary) << "\n";
+    out << DumpJson(it->second) << "\n";
     if (!out) {
       SchedLog()->warn("job {}: cannot write its summary to {}", job.value(), tmp.string());
       return;
@@ -183,6 +188,11 @@ void JobHistory::Flush() {
       p.text.clear();
     }
   }
+  for (uint64_t id : unwritten_summaries_) {
+    WriteSummary(JobId(id));
+    events_.erase(id);  // its events are written; lines after its end start a new entry
+  }
+  unwritten_summaries_.clear();
 }
 
 JobHistory::VertexLogs& JobHistory::VertexLogsOf(JobId job) {

@@ -14,7 +14,7 @@
 //                                {"stream", "text"} chunks (vertex/attempt_log.h)
 // A restarted job manager reads events.jsonl back into the jobs its journal restores, so a
 // resumed job's trace and event log cover its whole life. Lines are buffered and written at
-// every Flush (after each batch of messages, as the journal): a crash loses at most a batch, never the journal's
+// every Flush (each tick of the job manager): a crash loses at most a tick of them, never the journal's
 // state. Each job keeps at most kMaxEventBytes of events and kMaxVertexLogBytes of vertex logs,
 // and nothing more is written while the file system has less than 256 MiB (or 1 %) free.
 // Finished jobs older than the retention are removed (Prune), and so are directories of jobs
@@ -51,7 +51,9 @@ class JobHistory final : public HistorySink {
   void JobLine(JobId job, VertexId vertex, const std::string& line) override;
   void JobSpan(JobId job, const HistorySpan& span) override;
   void JobFinished(JobId job, const Json& summary) override;
-  /// Writes the buffered events to their files.
+  /// Writes the buffered events, and the summaries of the jobs that finished since, to their
+  /// files. The job manager calls it every tick (50 ms), not on the path of each reply: a crash
+  /// loses at most a tick of lines, and a summary lost so is written again at the restart.
   void Flush();
 
   // ---- vertex logs ---------------------------------------------------------------------------
@@ -99,6 +101,7 @@ class JobHistory final : public HistorySink {
   /// Where `bytes` more of `job`'s events go before the next Flush, or null once its budget
   /// is spent (noted in its events once).
   std::string* Room(JobId job, size_t bytes);
+  void WriteSummary(JobId job);
   /// Whether the file system holding the history has room to spare: below kMinFreeBytes (or
   /// 1 %) the history stops growing, so that it never takes the room the journal needs.
   /// Checked at most once a second.
@@ -123,6 +126,7 @@ class JobHistory final : public HistorySink {
   std::map<uint64_t, Pending> events_;  // of jobs that have not finished (or wrote since)
   std::map<uint64_t, VertexLogs> vertex_logs_;
   std::map<uint64_t, Json> summaries_;                                             // every finished job's, read at Open
+  std::set<uint64_t> unwritten_summaries_;                                         // finished since the last Flush
   mutable std::pair<uint64_t, std::shared_ptr<const Events>> loaded_{0, nullptr};  // the last Load
   std::chrono::steady_clock::time_point disk_checked_{};
   bool disk_has_room_ = true;

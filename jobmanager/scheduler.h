@@ -190,6 +190,8 @@ class Scheduler {
   /// Puts back a restored job's event lines and ended attempts from before the restart (its
   /// history), ahead of what the restore logged; attempts still running then are lost.
   void RestoreHistory(JobId job, std::vector<std::pair<VertexId, std::string>> lines, std::vector<HistorySpan> spans);
+  /// A finished job's final status as its history keeps it (nothing for a running job).
+  std::optional<Json> FinalSummary(JobId job) const;
   /// The running and remembered jobs' ids.
   std::vector<uint64_t> JobIds() const;
   /// Starts the restored daemons' `recovery_grace` again from now. The job manager calls it

@@ -225,6 +225,12 @@ Json Scheduler::Summary(const Job& job) const {
   return summary;
 }
 
+std::optional<Json> Scheduler::FinalSummary(JobId id) const {
+  const Job* job = FindJob(id);
+  if (!job || job->state == JobState::kRunning) return std::nullopt;
+  return Summary(*job);
+}
+
 Json Scheduler::JobsTable() const {
   Json rows = Json::array();
   for (const auto& [id, job] : jobs_) {
