@@ -76,6 +76,11 @@ std::vector<AttemptLog::Chunk> AttemptLog::Take() {
   return out;
 }
 
+bool AttemptLog::HasPending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !pending_.empty() || (finished_ && (omitted_ > 0 || !tail_.empty()));
+}
+
 void AttemptLog::Finish() {
   std::lock_guard<std::mutex> lock(mu_);
   finished_ = true;

@@ -38,6 +38,8 @@ class AttemptLog {
   /// What is ready to be sent: while it runs, what was appended within the head since the last
   /// Take; after Finish, everything left (the note on what was omitted, then the tail).
   std::vector<Chunk> Take();
+  /// Whether Take would return anything now (an attempt that printed nothing: never).
+  bool HasPending() const;
   /// The attempt ended: nothing more is appended, and the next Take returns the rest.
   void Finish();
   /// Bytes appended in all, kept or not.

@@ -328,6 +328,9 @@ class Daemon::Impl {
   /// sent here). Each send is one attempt's: at most about 512 KiB (AttemptLog's bounds), where
   /// batching them into a report could pass a frame's limit.
   void SendLog(const AttemptKey& key, AttemptLog& log) {
+    // Most attempts print nothing: no lock to take. (Chunks another thread took earlier are
+    // sent under report_send_mu_, which any report taken after this waits for.)
+    if (!log.HasPending()) return;
     std::lock_guard<std::mutex> in_order(report_send_mu_);
     std::vector<AttemptLog::Chunk> taken = log.Take();
     if (taken.empty()) return;
