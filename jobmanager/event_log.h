@@ -13,7 +13,7 @@ namespace copse::jm {
 
 struct EventLine {
   size_t position;  // a logged line's index, or how many lines preceded a completion
-  bool logged;      // a logged line (before completions at the same position)
+  bool logged;      // a logged line (after the completions at the same position: they ended before it was logged)
   double end_ms;    // a completion's end, ordering completions at one position
   std::string text;
 };

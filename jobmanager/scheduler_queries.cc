@@ -37,19 +37,21 @@ Result<Json> Scheduler::Attempt(JobId id, const std::string& vertex, uint32_t at
   const bool dispatched = r.state == VertexState::kRunning || r.state == VertexState::kCompleted;
   uint32_t newest = dispatched ? std::max(r.version, r.dup_version) : 0;
   std::vector<std::string> attempts;
+  std::vector<const Job::Span*> mine;  // v's spans: the job's are walked once
   for (const auto& s : job->spans) {
     if (s.vertex != v.value()) continue;
+    mine.push_back(&s);
     if (attempts.size() < 20) attempts.push_back(std::to_string(s.version));
     newest = std::max(newest, s.version);
   }
   if (attempt == 0) attempt = newest;
   Json out = {{"vertex", v.value()}, {"name", vertex}, {"attempt", attempt}, {"newest", newest}};
   bool known = attempt == 0 || (dispatched && (attempt == r.version || attempt == r.dup_version));
-  for (const auto& s : job->spans) {
-    if (s.vertex != v.value() || s.version != attempt) continue;
+  for (const Job::Span* s : mine) {
+    if (s->version != attempt) continue;
     known = true;
-    out["daemon"] = daemons_[s.daemon.value()]->spec.name;
-    if (s.end_ms >= 0) out["outcome"] = s.outcome;
+    out["daemon"] = daemons_[s->daemon.value()]->spec.name;
+    if (s->end_ms >= 0) out["outcome"] = s->outcome;
   }
   if (!known) {
     return Status::NotFound(fmt::format("{} of job {} has no attempt {} (its attempts: {})", vertex, id.value(), attempt,
