@@ -30,7 +30,7 @@ constexpr std::array<NodeVerb, 7> kNodeVerbs = {{
     {"jm", "Run a job manager"},
     {"daemon", "Run a daemon that executes vertices"},
     {"run", "Run a job on an embedded local cluster (a job manager and N daemons)"},
-    {"train", "Train a model on Fashion-MNIST in this process (the single-process reference)"},
+    {"train", "Train a model in this process (the single-process reference): images, or gpt on text"},
     {"graph", "Write a training job file (data-parallel, pipeline, hybrid) to stdout"},
 }};
 

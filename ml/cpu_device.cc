@@ -560,6 +560,87 @@ class CpuDeviceImpl final : public Device {
     });
   }
 
+  void BatchedGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+                   float beta, float* c, int ldc, const GemmBatch& batch) override {
+    // One single-threaded product per pool part: each C_i comes from one whole product, so the
+    // bits do not depend on the thread count.
+    const int64_t count = int64_t{batch.outer} * batch.inner;
+    const int64_t per = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, int64_t{m} * n * k));
+    Pool().For(count, per, [&](int64_t b0, int64_t b1) {
+      for (int64_t i = b0; i < b1; ++i) {
+        const int64_t o = i / batch.inner, j = i % batch.inner;
+        OneThreadGemm(trans_a, trans_b, m, n, k, alpha, a + o * batch.a_outer + j * batch.a_inner, lda,
+                      b + o * batch.b_outer + j * batch.b_inner, ldb, beta, c + o * batch.c_outer + j * batch.c_inner, ldc);
+      }
+    });
+  }
+
+  void CausalSoftmax(const float* x, int blocks, int t, float* y) override {
+    Pool().For(int64_t{blocks} * t, std::max<int64_t>(1, kGrain / std::max(1, t)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int keep = static_cast<int>(r % t) + 1;
+        const float* xr = x + r * t;
+        float* yr = y + r * t;
+        const float mx = *std::max_element(xr, xr + keep);
+        float sum = 0.0f;
+        for (int c = 0; c < keep; ++c) sum += (yr[c] = std::exp(xr[c] - mx));
+        const float inv = 1.0f / sum;
+        for (int c = 0; c < keep; ++c) yr[c] *= inv;
+        std::fill(yr + keep, yr + t, 0.0f);
+      }
+    });
+  }
+
+  void CausalSoftmaxBackward(const float* y, const float* dy, int blocks, int t, float* dx) override {
+    Pool().For(int64_t{blocks} * t, std::max<int64_t>(1, kGrain / std::max(1, t)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int keep = static_cast<int>(r % t) + 1;
+        const float* yr = y + r * t;
+        const float* dr = dy + r * t;
+        float* xr = dx + r * t;
+        float dot = 0.0f;
+        for (int c = 0; c < keep; ++c) dot += yr[c] * dr[c];
+        for (int c = 0; c < keep; ++c) xr[c] = yr[c] * (dr[c] - dot);
+        std::fill(xr + keep, xr + t, 0.0f);
+      }
+    });
+  }
+
+  void EmbeddingForward(const float* ids, size_t n, const float* table, int dim, float* out) override {
+    for (size_t i = 0; i < n; ++i)
+      std::memcpy(out + i * dim, table + static_cast<size_t>(ids[i]) * dim, static_cast<size_t>(dim) * sizeof(float));
+  }
+
+  void EmbeddingBackward(const float* ids, size_t n, const float* dy, int vocab, int dim, float beta, float* dtable) override {
+    const size_t total = static_cast<size_t>(vocab) * dim;
+    if (beta == 0.0f)
+      std::fill(dtable, dtable + total, 0.0f);
+    else if (beta != 1.0f)
+      for (size_t i = 0; i < total; ++i) dtable[i] *= beta;
+    for (size_t i = 0; i < n; ++i) {
+      float* row = dtable + static_cast<size_t>(ids[i]) * dim;
+      const float* d = dy + i * dim;
+      for (int c = 0; c < dim; ++c) row[c] += d[c];
+    }
+  }
+
+  double SumSquares(const float* x, size_t n) override {
+    // Blocks of 4096 summed in float (vectorized), the block sums in double: the order depends
+    // on n only.
+    double total = 0.0;
+    for (size_t b = 0; b < n; b += 4096) {
+      const size_t e = std::min(n, b + 4096);
+      float s = 0.0f;
+      for (size_t i = b; i < e; ++i) s += x[i] * x[i];
+      total += s;
+    }
+    return total;
+  }
+
+  void Scale(float* x, size_t n, float a) override {
+    for (size_t i = 0; i < n; ++i) x[i] *= a;
+  }
+
   void SgdStep(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float dampening, float weight_decay,
                bool nesterov, bool first) override {
     Pool().For(static_cast<int64_t>(n), kGrain, [=](int64_t b, int64_t e) {
@@ -642,15 +723,17 @@ class CpuDeviceImpl final : public Device {
   }
 
   void AdamStep(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps,
-                float weight_decay, int64_t step) override {
+                float weight_decay, bool decoupled, int64_t step) override {
     const float bc1 = 1.0f - std::pow(beta1, static_cast<float>(step));
     const float bc2 = 1.0f - std::pow(beta2, static_cast<float>(step));
     const float step_size = lr / bc1;
     const float bc2_sqrt = std::sqrt(bc2);
+    const float l2 = decoupled ? 0.0f : weight_decay, keep = decoupled ? 1.0f - lr * weight_decay : 1.0f;
     Pool().For(static_cast<int64_t>(n), kGrain, [&](int64_t b, int64_t e) {
       for (size_t i = static_cast<size_t>(b); i < static_cast<size_t>(e); ++i) {
+        if (keep != 1.0f) p[i] *= keep;
         float d = g[i];
-        if (weight_decay != 0.0f) d += weight_decay * p[i];
+        if (l2 != 0.0f) d += l2 * p[i];
         m[i] = beta1 * m[i] + (1.0f - beta1) * d;
         v[i] = beta2 * v[i] + (1.0f - beta2) * d * d;
         const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;

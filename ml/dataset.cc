@@ -55,7 +55,23 @@ Status CheckHeader(const std::string& path, const std::string& b, uint32_t magic
 
 }  // namespace
 
-Dataset::Dataset(Tensor images, std::vector<int32_t> labels) : images_(std::move(images)), labels_(std::move(labels)) {}
+Dataset::Dataset(Tensor images, std::vector<int32_t> labels) : images_(std::move(images)), labels_(std::move(labels)) {
+  if (size() > 0 ? labels_.size() % static_cast<size_t>(size()) != 0 || labels_.empty() : !labels_.empty())
+    throw std::invalid_argument("Dataset: " + std::to_string(labels_.size()) + " labels for " + std::to_string(size()) +
+                                " examples");
+}
+
+std::vector<int32_t> Dataset::LabelsOf(std::span<const int64_t> indices) const {
+  const int64_t k = labels_per_example();
+  std::vector<int32_t> out;
+  out.reserve(indices.size() * static_cast<size_t>(k));
+  for (const int64_t idx : indices) {
+    if (idx < 0 || idx >= size())
+      throw std::out_of_range("Dataset: index " + std::to_string(idx) + " of " + std::to_string(size()));
+    out.insert(out.end(), labels_.begin() + idx * k, labels_.begin() + (idx + 1) * k);
+  }
+  return out;
+}
 
 Batch Dataset::Gather(std::span<const int64_t> indices, Device* device) const {
   const int64_t b = static_cast<int64_t>(indices.size());
@@ -64,15 +80,12 @@ Batch Dataset::Gather(std::span<const int64_t> indices, Device* device) const {
   shape[0] = b;
   Tensor host = Tensor::Empty(shape, CpuDevice());
   Batch out;
-  out.labels.resize(static_cast<size_t>(b));
+  out.labels = LabelsOf(indices);  // checks the indices
   const float* src = images_.data();
   float* dst = host.data();
   for (int64_t i = 0; i < b; ++i) {
     const int64_t idx = indices[static_cast<size_t>(i)];
-    if (idx < 0 || idx >= size())
-      throw std::out_of_range("Dataset::Gather: index " + std::to_string(idx) + " of " + std::to_string(size()));
     std::memcpy(dst + i * row, src + idx * row, static_cast<size_t>(row) * sizeof(float));
-    out.labels[static_cast<size_t>(i)] = labels_[static_cast<size_t>(idx)];
   }
   out.images = device == CpuDevice() ? host : host.To(device);
   return out;
@@ -168,11 +181,13 @@ std::vector<std::vector<int64_t>> MakeBatches(std::span<const int64_t> indices, 
 
 std::vector<Batch> SplitMicroBatches(const Batch& batch, int count) {
   std::vector<Batch> out;
+  const size_t examples = static_cast<size_t>(batch.examples());
+  const size_t k = examples == 0 ? 1 : batch.labels.size() / examples;
   for (int m = 0; m < count; ++m) {
-    const auto [b, e] = Part(batch.labels.size(), m, count);
+    const auto [b, e] = Part(examples, m, count);
     Batch mb;
     mb.images = batch.images.Rows(static_cast<int64_t>(b), static_cast<int64_t>(e));
-    mb.labels.assign(batch.labels.begin() + static_cast<ptrdiff_t>(b), batch.labels.begin() + static_cast<ptrdiff_t>(e));
+    mb.labels.assign(batch.labels.begin() + static_cast<ptrdiff_t>(b * k), batch.labels.begin() + static_cast<ptrdiff_t>(e * k));
     out.push_back(std::move(mb));
   }
   return out;

@@ -34,20 +34,28 @@ struct DatasetOptions {
   float std = 0.3530f;
 };
 
-/// A labelled batch on some device.
+/// A labelled batch on some device: B examples with k labels each (k = 1 for an image, its
+/// class; k = T for a text window, the next token at each position).
 struct Batch {
-  Tensor images;                // [B, 1, H, W]
-  std::vector<int32_t> labels;  // B values in [0, 10)
+  Tensor images;                // [B, 1, H, W] images, or [B, T] token ids
+  std::vector<int32_t> labels;  // B * k values, example-major
+  /// Rows of the loss: labels (images, or tokens of text).
   int64_t size() const { return static_cast<int64_t>(labels.size()); }
+  int64_t examples() const { return images.defined() ? images.dim(0) : 0; }
 };
 
 class Dataset {
  public:
   Dataset() = default;
+  /// `labels` holds the same number k >= 1 of labels for each of the images' N examples.
   Dataset(Tensor images, std::vector<int32_t> labels);
-  int64_t size() const { return static_cast<int64_t>(labels_.size()); }
-  const Tensor& images() const { return images_; }  // [N, 1, H, W] on the CPU
+  /// Examples (images or text windows).
+  int64_t size() const { return images_.defined() ? images_.dim(0) : 0; }
+  int64_t labels_per_example() const { return size() == 0 ? 1 : static_cast<int64_t>(labels_.size()) / size(); }
+  const Tensor& images() const { return images_; }  // [N, 1, H, W] or [N, T] on the CPU
   const std::vector<int32_t>& labels() const { return labels_; }
+  /// The labels of the examples at `indices`, one example's after another.
+  std::vector<int32_t> LabelsOf(std::span<const int64_t> indices) const;
   /// The examples at `indices`, copied into one batch on `device`.
   Batch Gather(std::span<const int64_t> indices, Device* device = CpuDevice()) const;
   /// Examples [begin, end) in storage order.
@@ -73,8 +81,8 @@ std::vector<int64_t> ShardIndices(std::span<const int64_t> indices, int replica,
 std::vector<int64_t> ShardBatch(std::span<const int64_t> batch, int replica, int replicas);
 /// Consecutive batches of `batch_size` (the last one smaller unless drop_last).
 std::vector<std::vector<int64_t>> MakeBatches(std::span<const int64_t> indices, int64_t batch_size, bool drop_last = false);
-/// Splits a batch into `count` micro-batches (contiguous, sizes differing by at most one;
-/// views of the batch's images, no copy).
+/// Splits a batch into `count` micro-batches of examples (contiguous, sizes differing by at
+/// most one; views of the batch's images, no copy), each with its examples' labels.
 std::vector<Batch> SplitMicroBatches(const Batch& batch, int count);
 
 }  // namespace copse::ml

@@ -19,6 +19,14 @@ std::atomic<int> cpu_threads{0};
 
 Device* CpuDevice() { return internal::MakeCpuDevice(); }
 
+void Device::BatchedGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                         int ldb, float beta, float* c, int ldc, const GemmBatch& batch) {
+  for (int o = 0; o < batch.outer; ++o)
+    for (int j = 0; j < batch.inner; ++j)
+      Gemm(trans_a, trans_b, m, n, k, alpha, a + o * batch.a_outer + j * batch.a_inner, lda,
+           b + o * batch.b_outer + j * batch.b_inner, ldb, beta, c + o * batch.c_outer + j * batch.c_inner, ldc);
+}
+
 void Device::SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads, const float* buf, size_t n, float lr,
                                float momentum, float dampening, float weight_decay, bool nesterov, bool first, float* p_out,
                                float* buf_out) {

@@ -101,6 +101,33 @@ class Device {
   /// Backward is the same call applied to dy.
   virtual void Dropout(const float* x, size_t n, float p, uint64_t seed, float* y) = 0;
 
+  // ---- transformers ----------------------------------------------------------------------
+  /// C_i = alpha * op(A_i) * op(B_i) + beta * C_i for every i of a two-level batch (outer o,
+  /// inner j): X_i = x + o * x_outer + j * x_inner. Attention's per-(sequence, head) products,
+  /// whose heads are column blocks of one row-major matrix. The default loops over Gemm.
+  struct GemmBatch {
+    int outer = 1, inner = 1;
+    int64_t a_outer = 0, a_inner = 0, b_outer = 0, b_inner = 0, c_outer = 0, c_inner = 0;
+  };
+  virtual void BatchedGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                           int ldb, float beta, float* c, int ldc, const GemmBatch& batch);
+  /// Causal softmax of `blocks` square [t, t] score blocks: row i of a block keeps columns 0..i
+  /// (stable: the row maximum is subtracted) and gets 0 beyond the diagonal, which is never read.
+  virtual void CausalSoftmax(const float* x, int blocks, int t, float* y) = 0;
+  /// Its backward: dx = y * (dy - sum_j y_j dy_j) over each row's kept columns, 0 beyond the
+  /// diagonal. dx may alias dy.
+  virtual void CausalSoftmaxBackward(const float* y, const float* dy, int blocks, int t, float* dx) = 0;
+  /// out[i, :] = table[ids[i], :] for `n` token ids held as floats (exact integers), each
+  /// already checked to be in [0, vocab).
+  virtual void EmbeddingForward(const float* ids, size_t n, const float* table, int dim, float* out) = 0;
+  /// dtable = beta * dtable + sum over the i with ids[i] == v of dy[i, :] for every row v of a
+  /// [vocab, dim] table, the rows of dy added in index order (deterministic, no atomics).
+  virtual void EmbeddingBackward(const float* ids, size_t n, const float* dy, int vocab, int dim, float beta, float* dtable) = 0;
+  /// The sum of x[i]^2 in double precision, in an order fixed by n alone (gradient clipping).
+  virtual double SumSquares(const float* x, size_t n) = 0;
+  /// x *= a.
+  virtual void Scale(float* x, size_t n, float a) = 0;
+
   // ---- optimizers ------------------------------------------------------------------------
   /// PyTorch SGD: g' = g + wd*p; buf = first ? g' : momentum*buf + (1-dampening)*g';
   /// p -= lr * (nesterov ? g' + momentum*buf : buf) (buf unused when momentum == 0).
@@ -114,9 +141,10 @@ class Device {
   virtual void SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads, const float* buf, size_t n, float lr,
                                  float momentum, float dampening, float weight_decay, bool nesterov, bool first, float* p_out,
                                  float* buf_out);
-  /// PyTorch Adam (L2 weight decay folded into g), step counts from 1.
+  /// PyTorch Adam (L2 weight decay folded into g), or AdamW when `decoupled_weight_decay`
+  /// (p *= 1 - lr * weight_decay before the update); step counts from 1.
   virtual void AdamStep(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps,
-                        float weight_decay, int64_t step) = 0;
+                        float weight_decay, bool decoupled_weight_decay, int64_t step) = 0;
 };
 
 /// The process-wide CPU device.

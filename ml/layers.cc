@@ -67,6 +67,19 @@ void Layer::UniformInit(const Tensor& t, uint64_t seed, uint64_t stream, float b
   t.device()->CopyFromHost(t.data(), v.data(), v.size() * sizeof(float));
 }
 
+void Layer::NormalInit(const Tensor& t, uint64_t seed, uint64_t stream, float std) const {
+  const uint64_t layer_seed = MixSeed(seed, static_cast<uint64_t>(index_));
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    // u1 in (0, 1] so that the log is finite.
+    const double u1 = 1.0 - PhiloxUniform(layer_seed, stream, 2 * (i / 2));
+    const double u2 = PhiloxUniform(layer_seed, stream, 2 * (i / 2) + 1);
+    const double r = std::sqrt(-2.0 * std::log(u1)), theta = 2.0 * M_PI * u2;
+    v[i] = static_cast<float>(std * r * (i % 2 == 0 ? std::cos(theta) : std::sin(theta)));
+  }
+  t.device()->CopyFromHost(t.data(), v.data(), v.size() * sizeof(float));
+}
+
 // ---- Linear ----------------------------------------------------------------------------------
 
 Linear::Linear(int in_features, int out_features, Activation act, bool bias)
@@ -85,8 +98,10 @@ void Linear::InitParameters(uint64_t seed) {
   if (bias_) UniformInit(params_[1].value, seed, 1, bound);
 }
 
-Result<Tensor> Linear::Forward(const Tensor& x, const ForwardContext&, LayerStash* stash) {
-  if (x.ndim() != 2 || x.dim(1) != in_) return BadInput(Describe(), "[N, " + std::to_string(in_) + "]", x);
+Result<Tensor> Linear::Forward(const Tensor& input, const ForwardContext&, LayerStash* stash) {
+  if (input.ndim() < 2 || input.dim(-1) != in_) return BadInput(Describe(), "[..., " + std::to_string(in_) + "]", input);
+  // [B, T, in] is [B * T, in]; the output keeps the leading dimensions.
+  const Tensor x = input.ndim() == 2 ? input : input.Reshape({input.numel() / in_, in_});
   Device* dev = device_;
   const int n = I(x.dim(0));
   Tensor z = Tensor::Empty({n, out_}, dev);
@@ -102,8 +117,12 @@ Result<Tensor> Linear::Forward(const Tensor& x, const ForwardContext&, LayerStas
   }
   if (stash) {
     stash->tensors = {x, act_ == Activation::kNone ? Tensor() : z};
+    stash->shape = input.ndim() == 2 ? Shape{} : input.shape();
   }
-  return y;
+  if (input.ndim() == 2) return y;
+  Shape out = input.shape();
+  out.back() = out_;
+  return y.Reshape(out);
 }
 
 Result<Tensor> Linear::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
@@ -119,11 +138,12 @@ Result<Tensor> Linear::Backward(const Tensor& dy, const LayerStash& stash, bool 
   return dx;
 }
 
-Result<Tensor> Linear::BackwardInput(const Tensor& dy, const LayerStash& stash, bool need_dx, Tensor* wgrad) {
+Result<Tensor> Linear::BackwardInput(const Tensor& dy_in, const LayerStash& stash, bool need_dx, Tensor* wgrad) {
   if (stash.tensors.size() != 2) return Status::FailedPrecondition(Describe() + ": empty stash");
   const int n = I(stash.tensors[0].dim(0));
-  if (dy.ndim() != 2 || dy.dim(0) != n || dy.dim(1) != out_)
-    return BadInput(Describe() + " backward", ShapeToString({n, out_}), dy);
+  if (dy_in.ndim() < 2 || dy_in.dim(-1) != out_ || dy_in.numel() != int64_t{n} * out_)
+    return BadInput(Describe() + " backward", ShapeToString({n, out_}), dy_in);
+  const Tensor dy = dy_in.ndim() == 2 ? dy_in : dy_in.Reshape({n, out_});
   *wgrad = dy;
   if (act_ != Activation::kNone) {
     *wgrad = Tensor::Empty(dy.shape(), device_);
@@ -132,7 +152,7 @@ Result<Tensor> Linear::BackwardInput(const Tensor& dy, const LayerStash& stash, 
   if (!need_dx) return Tensor();
   Tensor dx = Tensor::Empty({n, in_}, device_);
   device_->Gemm(false, false, n, in_, out_, 1.0f, wgrad->data(), out_, params_[0].value.data(), in_, 0.0f, dx.data(), in_);
-  return dx;
+  return stash.shape.empty() ? dx : dx.Reshape(stash.shape);
 }
 
 Status Linear::WeightGradients(const std::vector<std::pair<const LayerStash*, const Tensor*>>& parts) {

@@ -88,13 +88,17 @@ class Layer {
   Parameter& AddParameter(const std::string& name, const Shape& shape);
   /// Fills `t` with U(-bound, bound) from stream `stream` of this layer's seed.
   void UniformInit(const Tensor& t, uint64_t seed, uint64_t stream, float bound) const;
+  /// Fills `t` with N(0, std^2) from stream `stream` of this layer's seed (Box-Muller over
+  /// pairs of Philox uniforms).
+  void NormalInit(const Tensor& t, uint64_t seed, uint64_t stream, float std) const;
 
   std::vector<Parameter> params_;
   int index_ = 0;
   Device* device_ = CpuDevice();
 };
 
-/// y = act(x W^T + b), W [out, in] as in torch.nn.Linear; act fused into the same pass.
+/// y = act(x W^T + b), W [out, in] as in torch.nn.Linear; act fused into the same pass. x is
+/// [N, in] or [..., in] (the leading dimensions are rows, and y keeps them: [..., out]).
 class Linear final : public Layer {
  public:
   Linear(int in_features, int out_features, Activation act = Activation::kNone, bool bias = true);

@@ -5,14 +5,15 @@
 namespace copse::ml {
 
 Result<LossOutput> CrossEntropyLoss(const Tensor& logits, std::span<const int32_t> labels, int64_t normalizer) {
-  if (logits.ndim() != 2)
-    return Status::InvalidArgument("cross-entropy: logits must be [N, C], got " + ShapeToString(logits.shape()));
-  const int64_t rows = logits.dim(0);
+  if (logits.ndim() < 2 || logits.dim(-1) < 1)
+    return Status::InvalidArgument("cross-entropy: logits must be [N, C] or [..., C], got " + ShapeToString(logits.shape()));
+  const int64_t rows = logits.numel() / logits.dim(-1);
+  const Tensor flat = logits.ndim() == 2 ? logits : logits.Reshape({rows, logits.dim(-1)});
   if (normalizer <= 0) normalizer = rows;
-  COPSE_ASSIGN_OR_RETURN(CrossEntropyResult r, SoftmaxCrossEntropy(logits, labels, 1.0f / static_cast<float>(normalizer)));
+  COPSE_ASSIGN_OR_RETURN(CrossEntropyResult r, SoftmaxCrossEntropy(flat, labels, 1.0f / static_cast<float>(normalizer)));
   LossOutput out;
   out.loss = rows > 0 ? r.loss_sum / static_cast<double>(rows) : 0.0;
-  out.grad = std::move(r.grad);
+  out.grad = logits.ndim() == 2 ? std::move(r.grad) : r.grad.Reshape(logits.shape());
   return out;
 }
 

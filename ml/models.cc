@@ -1,6 +1,9 @@
 #include "ml/models.h"
 
+#include <cmath>
 #include <sstream>
+
+#include "ml/transformer.h"
 
 namespace copse::ml {
 namespace {
@@ -24,6 +27,20 @@ Sequential Cnn() {
   m.Add(std::make_shared<Flatten>());
   m.Add(std::make_shared<Linear>(32 * 7 * 7, 128, Activation::kRelu));
   m.Add(std::make_shared<Linear>(128, 10));
+  return m;
+}
+
+Sequential Gpt(const GptSpec& g) {
+  Sequential m;
+  const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(g.layers));
+  m.Add(std::make_shared<TokenEmbedding>(g.vocab, g.dim, g.context));
+  m.Add(std::make_shared<DropoutLayer>(g.dropout));
+  for (int i = 0; i < g.layers; ++i) {
+    m.Add(std::make_shared<AttentionBlock>(g.dim, g.heads, g.dropout, proj_std));
+    m.Add(std::make_shared<MlpBlock>(g.dim, g.dropout, proj_std));
+  }
+  m.Add(std::make_shared<LayerNormLayer>(g.dim));
+  m.Add(std::make_shared<Linear>(g.dim, g.vocab, Activation::kNone, /*bias=*/false));
   return m;
 }
 
@@ -51,8 +68,11 @@ Result<Sequential> BuildModelLayers(const std::string& name) {
                                      "last 10 (its classes), as mlp:784-...-10");
     }
     m = Mlp(widths);
+  } else if (IsLanguageModel(name)) {
+    COPSE_ASSIGN_OR_RETURN(GptSpec spec, ParseGptSpec(name));
+    m = Gpt(spec);
   } else {
-    return Status::InvalidArgument("model '" + name + "': expected mlp, cnn or mlp:A-B-...");
+    return Status::InvalidArgument("model '" + name + "': expected mlp, cnn, mlp:A-B-... or gpt:L-D-H-C");
   }
   return m;
 }

@@ -6,7 +6,10 @@
 //                -> Linear(1568,128)+ReLU -> Linear(128,10)
 //   "mlp:A-B-..-Z"  an MLP with those layer widths (ReLU between), e.g. "mlp:784-64-10"; A must
 //                be 784 and Z 10
-// Inputs are [N, 1, 28, 28] images; outputs are [N, 10] logits.
+//   "gpt:L-D-H-C[,dropout=P]"  a decoder-only transformer (ml/transformer.h): L blocks of width
+//                D with H heads over a context of C bytes
+// Image models take [N, 1, 28, 28] images and give [N, 10] logits; gpt models take token ids
+// [B, T] (T <= C) and give [B, T, 256] logits.
 #include <string>
 
 #include "ml/sequential.h"

@@ -1,5 +1,6 @@
 #include "ml/optimizer.h"
 
+#include <cmath>
 #include <map>
 
 namespace copse::ml {
@@ -95,6 +96,24 @@ Status Sgd::ImportState(const NamedTensors& state) {
   return Status::OK();
 }
 
+double ClipGradNorm(const std::vector<Parameter*>& params, double max_norm) {
+  double sum = 0.0;
+  for (Parameter* p : params) sum += p->grad.device()->SumSquares(p->grad.data(), static_cast<size_t>(p->grad.numel()));
+  const double norm = std::sqrt(sum);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0)
+    for (Parameter* p : params)
+      p->grad.device()->Scale(p->grad.data(), static_cast<size_t>(p->grad.numel()), static_cast<float>(coef));
+  return norm;
+}
+
+float WarmupCosineLr(int64_t step, int64_t warmup, int64_t total, float lr, float min_lr) {
+  if (step < warmup) return lr * static_cast<float>(step + 1) / static_cast<float>(warmup + 1);
+  if (step >= total || total <= warmup) return min_lr;
+  const double progress = static_cast<double>(step - warmup) / static_cast<double>(total - warmup);
+  return static_cast<float>(min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (lr - min_lr));
+}
+
 Adam::Adam(std::vector<Parameter*> params, const AdamOptions& options)
     : Optimizer(std::move(params), options.lr), options_(options) {
   for (Parameter* p : params_) {
@@ -109,7 +128,7 @@ void Adam::Step() {
     Parameter* p = params_[i];
     p->value.device()->AdamStep(p->value.data(), p->grad.data(), m_[i].data(), v_[i].data(),
                                 static_cast<size_t>(p->value.numel()), lr_, options_.beta1, options_.beta2, options_.eps,
-                                options_.weight_decay, steps_);
+                                options_.weight_decay, options_.decoupled_weight_decay, steps_);
   }
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// Optimizers with PyTorch's update rules (torch.optim.SGD and torch.optim.Adam, 1.13), so that
+// Optimizers with PyTorch's update rules (torch.optim.SGD, Adam and AdamW, 1.13), so that
 // a copse run and a PyTorch run with the same settings follow the same trajectory.
 // An optimizer is bound to a fixed list of parameters (in order) and owns per-parameter state
 // on their device; ExportState/ImportState carry that state through checkpoints and channels.
@@ -25,7 +25,19 @@ struct AdamOptions {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
+  /// AdamW (torch.optim.AdamW): weight decay shrinks the parameters directly instead of being
+  /// added to the gradient.
+  bool decoupled_weight_decay = false;
 };
+
+/// Scales every gradient by min(1, max_norm / (total L2 norm + 1e-6)) as
+/// torch.nn.utils.clip_grad_norm_ does; returns the total norm before clipping. The norm is
+/// summed in double in parameter order, so it is the same on every run.
+double ClipGradNorm(const std::vector<Parameter*>& params, double max_norm);
+
+/// Linear warmup from 0 over `warmup` steps, then a cosine decay from `lr` to `min_lr` at step
+/// `total` (nanoGPT's schedule); `step` counts from 0 and stays at min_lr past `total`.
+float WarmupCosineLr(int64_t step, int64_t warmup, int64_t total, float lr, float min_lr);
 
 class Optimizer {
  public:

@@ -1,15 +1,19 @@
 #include "ml/trainer.h"
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 
 #include "common/logging.h"
+#include "ml/language_model.h"
 #include "ml/loss.h"
 #include "ml/models.h"
 #include "ml/optimizer.h"
 #include "ml/philox.h"
 #include "ml/sequential.h"
 #include "ml/serialize.h"
+#include "ml/text_corpus.h"
+#include "ml/transformer.h"
 
 namespace copse::ml {
 namespace {
@@ -24,8 +28,40 @@ Status Validate(const TrainOptions& o) {
   if (!(o.lr > 0)) return Status::InvalidArgument("--lr must be > 0");
   if (o.momentum < 0 || o.momentum >= 1) return Status::InvalidArgument("--momentum must be in [0, 1)");
   if (o.threads < 1) return Status::InvalidArgument("--threads must be >= 1");
-  if (o.optimizer != "sgd" && o.optimizer != "adam") return Status::InvalidArgument("--optimizer must be sgd or adam");
+  if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw")
+    return Status::InvalidArgument("--optimizer must be sgd, adam or adamw");
   if (o.limit == 0) return Status::InvalidArgument("--limit must be > 0");
+  if (o.max_steps < 0) return Status::InvalidArgument("--steps must be >= 0");
+  if (o.lr_schedule != "constant" && o.lr_schedule != "cosine")
+    return Status::InvalidArgument("--lr-schedule must be constant or cosine");
+  if (o.warmup_steps < 0) return Status::InvalidArgument("--warmup-steps must be >= 0");
+  if (o.min_lr < 0 || o.min_lr > o.lr) return Status::InvalidArgument("--min-lr must be in [0, --lr]");
+  if (o.clip_norm < 0) return Status::InvalidArgument("--clip-norm must be >= 0");
+  if (IsLanguageModel(o.model) && o.sample_bytes > 0 && o.sample_prompt.empty())
+    return Status::InvalidArgument("--sample-prompt must not be empty");
+  return Status::OK();
+}
+
+/// The training and evaluation sets of `model`: Fashion-MNIST, or windows of the text corpus.
+Status LoadData(const TrainOptions& o, Dataset* train, Dataset* test) {
+  if (IsLanguageModel(o.model)) {
+    COPSE_ASSIGN_OR_RETURN(GptSpec spec, ParseGptSpec(o.model));
+    COPSE_ASSIGN_OR_RETURN(*train, LoadTextSplit(o.text_dir, Split::kTrain, spec.context, o.limit));
+    if (o.evaluate) {
+      COPSE_ASSIGN_OR_RETURN(*test, LoadTextSplit(o.text_dir, Split::kTest, spec.context, o.test_limit));
+    }
+    return Status::OK();
+  }
+  DatasetOptions train_opts, test_opts;
+  train_opts.limit = o.limit;
+  test_opts.limit = o.test_limit;
+  COPSE_ASSIGN_OR_RETURN(*train, LoadFashionMnist(o.data_dir, Split::kTrain, train_opts));
+  if (train->size() == 0) return Status::InvalidArgument("the training set in " + o.data_dir + " has no images");
+  if (o.evaluate) {
+    COPSE_ASSIGN_OR_RETURN(*test, LoadFashionMnist(o.data_dir, Split::kTest, test_opts));
+    // An accuracy over no images would be reported as 0 %, as if the model were wrong.
+    if (test->size() == 0) return Status::InvalidArgument("the test set in " + o.data_dir + " has no images");
+  }
   return Status::OK();
 }
 
@@ -48,25 +84,17 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
   SetCpuThreads(o.threads);
   COPSE_ASSIGN_OR_RETURN(Device * device, DeviceByName(o.device));
 
-  DatasetOptions train_opts, test_opts;
-  train_opts.limit = o.limit;
-  test_opts.limit = o.test_limit;
-  COPSE_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(o.data_dir, Split::kTrain, train_opts));
-  if (train.size() == 0) return Status::InvalidArgument("the training set in " + o.data_dir + " has no images");
-  Dataset test;
-  if (o.evaluate) {
-    COPSE_ASSIGN_OR_RETURN(test, LoadFashionMnist(o.data_dir, Split::kTest, test_opts));
-    // An accuracy over no images would be reported as 0 %, as if the model were wrong.
-    if (test.size() == 0) return Status::InvalidArgument("the test set in " + o.data_dir + " has no images");
-  }
-
-  COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModel(o.model, o.seed));
+  const bool lm = IsLanguageModel(o.model);
+  COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModel(o.model, o.seed));  // checks the spec first
+  Dataset train, test;
+  COPSE_RETURN_NOT_OK(LoadData(o, &train, &test));
   model.To(device);
   std::unique_ptr<Optimizer> opt;
-  if (o.optimizer == "adam") {
+  if (o.optimizer == "adam" || o.optimizer == "adamw") {
     AdamOptions a;
     a.lr = o.lr;
     a.weight_decay = o.weight_decay;
+    a.decoupled_weight_decay = o.optimizer == "adamw";
     opt = std::make_unique<Adam>(model.Parameters(), a);
   } else {
     SgdOptions s;
@@ -82,15 +110,24 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
   report.train_images = train.size();
   report.parameters = model.NumParameters();
   report.model_description = model.Describe();
+  report.language_model = lm;
+  const int64_t steps_per_epoch = (train.size() + o.batch - 1) / o.batch;
+  const int64_t total_steps =
+      o.max_steps > 0 ? std::min<int64_t>(o.max_steps, steps_per_epoch * o.epochs) : steps_per_epoch * o.epochs;
+  const auto params = model.Parameters();
+  int64_t global_step = 0, rows_trained = 0;  // rows: images, or tokens
   Stash stash;
-  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+  for (int epoch = 1; epoch <= o.epochs && global_step < total_steps; ++epoch) {
     const std::vector<int64_t> order = EpochOrder(train.size(), o.seed, epoch);
     const auto batches = MakeBatches(order, o.batch);
     const auto start = Clock::now();
     double loss_sum = 0;
     int64_t seen = 0, step = 0;
     for (const auto& idx : batches) {
+      if (global_step == total_steps) break;
       ++step;
+      if (o.lr_schedule == "cosine") opt->set_lr(WarmupCosineLr(global_step, o.warmup_steps, total_steps, o.lr, o.min_lr));
+      ++global_step;
       const Batch b = train.Gather(idx, device);
       ForwardContext ctx;
       ctx.training = true;
@@ -98,6 +135,7 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
       COPSE_ASSIGN_OR_RETURN(Tensor logits, model.Forward(b.images, ctx, &stash));
       COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels));
       COPSE_RETURN_NOT_OK(model.Backward(loss.grad, stash, /*need_input_grad=*/false, /*accumulate=*/false).status());
+      if (o.clip_norm > 0) ClipGradNorm(params, o.clip_norm);
       opt->Step();
       loss_sum += loss.loss * static_cast<double>(b.size());
       seen += b.size();
@@ -108,9 +146,13 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
         p.steps_per_epoch = static_cast<int64_t>(batches.size());
         p.loss = loss_sum / static_cast<double>(seen);
         p.images_per_s = static_cast<double>(seen) / Seconds(start, Clock::now());
+        p.lr = opt->lr();
         progress(p);
       }
     }
+    report.steps = global_step;
+    report.train_tokens += lm ? seen : 0;
+    rows_trained += seen;
     device->Synchronize();
     EpochReport er;
     er.epoch = epoch;
@@ -118,10 +160,13 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
     er.loss = seen ? loss_sum / static_cast<double>(seen) : 0.0;
     er.images_per_s = static_cast<double>(seen) / er.seconds;
     report.train_seconds += er.seconds;
-    if (o.evaluate) {
+    if (o.evaluate && lm) {
+      COPSE_ASSIGN_OR_RETURN(er.validation_loss, EvaluateLoss(model, test));
+    } else if (o.evaluate) {
       COPSE_ASSIGN_OR_RETURN(er.test_accuracy, Evaluate(model, test));
     }
-    log->info("epoch={} loss={:.4f} test_accuracy={:.4f} images_per_s={:.0f}", epoch, er.loss, er.test_accuracy, er.images_per_s);
+    log->info("epoch={} loss={:.4f} test_accuracy={:.4f} validation_loss={:.4f} per_s={:.0f}", epoch, er.loss, er.test_accuracy,
+              er.validation_loss, er.images_per_s);
     report.epochs.push_back(er);
     if (progress) {
       TrainProgress p;
@@ -130,13 +175,23 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
       p.steps_per_epoch = step;
       p.loss = er.loss;
       p.images_per_s = er.images_per_s;
+      p.lr = opt->lr();
       p.epoch_done = &report.epochs.back();
       progress(p);
     }
   }
   report.final_loss = report.epochs.back().loss;
   report.test_accuracy = report.epochs.back().test_accuracy;
-  report.images_per_s = static_cast<double>(report.train_images) * o.epochs / report.train_seconds;
+  report.images_per_s = report.train_seconds > 0 ? static_cast<double>(rows_trained) / report.train_seconds : 0.0;
+  if (lm) {
+    report.validation_loss = report.epochs.back().validation_loss;
+    report.perplexity = std::exp(report.validation_loss);
+    if (o.sample_bytes > 0) {
+      COPSE_ASSIGN_OR_RETURN(GptSpec spec, ParseGptSpec(o.model));
+      COPSE_ASSIGN_OR_RETURN(report.sample,
+                             GenerateText(model, spec.context, o.sample_prompt, o.sample_bytes, o.sample_temperature, o.seed));
+    }
+  }
   report.final_parameters = model.ExportParameters(/*host=*/true);
   report.parameter_digest = Digest(report.final_parameters);
   return report;

@@ -297,14 +297,75 @@ __global__ void SgdKernel(float* p, const float* g, float* buf, size_t n, float 
 }
 
 __global__ void AdamKernel(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps,
-                           float wd, float step_size, float bc2_sqrt) {
+                           float wd, float keep, float step_size, float bc2_sqrt) {
   COPSE_FOR_N(i, n) {
+    if (keep != 1.0f) p[i] *= keep;
     const float d = g[i] + wd * p[i];
     m[i] = beta1 * m[i] + (1.0f - beta1) * d;
     v[i] = beta2 * v[i] + (1.0f - beta2) * d * d;
     p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
   }
 }
+
+// One thread per row of the [blocks * t, t] scores: rows are short (the context length).
+__global__ void CausalSoftmaxKernel(const float* x, int blocks, int t, float* y) {
+  const size_t r = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (r >= static_cast<size_t>(blocks) * t) return;
+  const int keep = static_cast<int>(r % t) + 1;
+  const float* xr = x + r * t;
+  float* yr = y + r * t;
+  float mx = xr[0];
+  for (int c = 1; c < keep; ++c) mx = fmaxf(mx, xr[c]);
+  float sum = 0.0f;
+  for (int c = 0; c < keep; ++c) sum += (yr[c] = expf(xr[c] - mx));
+  const float inv = 1.0f / sum;
+  for (int c = 0; c < keep; ++c) yr[c] *= inv;
+  for (int c = keep; c < t; ++c) yr[c] = 0.0f;
+}
+
+__global__ void CausalSoftmaxBwdKernel(const float* y, const float* dy, int blocks, int t, float* dx) {
+  const size_t r = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (r >= static_cast<size_t>(blocks) * t) return;
+  const int keep = static_cast<int>(r % t) + 1;
+  const float* yr = y + r * t;
+  const float* dr = dy + r * t;
+  float* xr = dx + r * t;
+  float dot = 0.0f;
+  for (int c = 0; c < keep; ++c) dot += yr[c] * dr[c];
+  for (int c = 0; c < keep; ++c) xr[c] = yr[c] * (dr[c] - dot);
+  for (int c = keep; c < t; ++c) xr[c] = 0.0f;
+}
+
+__global__ void EmbeddingFwdKernel(const float* ids, size_t n, const float* table, int dim, float* out) {
+  COPSE_FOR_N(i, n * dim) {
+    const size_t row = i / dim, col = i % dim;
+    out[i] = table[static_cast<size_t>(ids[row]) * dim + col];
+  }
+}
+
+// One thread per table element, reading the ids in order: deterministic without atomics.
+__global__ void EmbeddingBwdKernel(const float* ids, size_t n, const float* dy, int vocab, int dim, float beta, float* dtable) {
+  COPSE_FOR_N(i, static_cast<size_t>(vocab) * dim) {
+    const int v = static_cast<int>(i / dim), col = static_cast<int>(i % dim);
+    float s = beta == 0.0f ? 0.0f : beta * dtable[i];
+    for (size_t k = 0; k < n; ++k)
+      if (static_cast<int>(ids[k]) == v) s += dy[k * dim + col];
+    dtable[i] = s;
+  }
+}
+
+// Partial sums of squares over fixed chunks (one thread each), added on the host in order.
+__global__ void SumSquaresKernel(const float* x, size_t n, size_t chunk, double* partial) {
+  const size_t c = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const size_t b = c * chunk;
+  if (b >= n) return;
+  const size_t e = b + chunk < n ? b + chunk : n;
+  double s = 0.0;
+  for (size_t i = b; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
+  partial[c] = s;
+}
+
+__global__ void ScaleKernel(float* x, size_t n, float a) { COPSE_FOR_N(i, n) x[i] *= a; }
 
 class CudaDeviceImpl final : public Device {
  public:
@@ -445,11 +506,53 @@ class CudaDeviceImpl final : public Device {
     if (n) Launch(SgdKernel, n, p, g, buf, n, lr, momentum, dampening, weight_decay, nesterov, first);
   }
   void AdamStep(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1, float beta2, float eps,
-                float weight_decay, int64_t step) override {
+                float weight_decay, bool decoupled, int64_t step) override {
     if (!n) return;
     const float bc1 = 1.0f - std::pow(beta1, static_cast<float>(step));
     const float bc2 = 1.0f - std::pow(beta2, static_cast<float>(step));
-    Launch(AdamKernel, n, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, lr / bc1, std::sqrt(bc2));
+    Launch(AdamKernel, n, p, g, m, v, n, lr, beta1, beta2, eps, decoupled ? 0.0f : weight_decay,
+           decoupled ? 1.0f - lr * weight_decay : 1.0f, lr / bc1, std::sqrt(bc2));
+  }
+  void BatchedGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+                   float beta, float* c, int ldc, const GemmBatch& batch) override {
+    if (m == 0 || n == 0 || batch.inner == 0) return;
+    Use();
+    for (int o = 0; o < batch.outer; ++o)  // row-major as column-major, as Gemm
+      CheckBlas(cublasSgemmStridedBatched(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
+                                          k, &alpha, b + o * batch.b_outer, ldb, batch.b_inner, a + o * batch.a_outer, lda,
+                                          batch.a_inner, &beta, c + o * batch.c_outer, ldc, batch.c_inner, batch.inner),
+                "sgemm strided batched");
+  }
+  void CausalSoftmax(const float* x, int blocks, int t, float* y) override {
+    const size_t rows = static_cast<size_t>(blocks) * t;
+    if (rows) Launch(CausalSoftmaxKernel, rows, x, blocks, t, y);
+  }
+  void CausalSoftmaxBackward(const float* y, const float* dy, int blocks, int t, float* dx) override {
+    const size_t rows = static_cast<size_t>(blocks) * t;
+    if (rows) Launch(CausalSoftmaxBwdKernel, rows, y, dy, blocks, t, dx);
+  }
+  void EmbeddingForward(const float* ids, size_t n, const float* table, int dim, float* out) override {
+    if (n && dim) Launch(EmbeddingFwdKernel, n * dim, ids, n, table, dim, out);
+  }
+  void EmbeddingBackward(const float* ids, size_t n, const float* dy, int vocab, int dim, float beta, float* dtable) override {
+    const size_t total = static_cast<size_t>(vocab) * dim;
+    if (total) Launch(EmbeddingBwdKernel, total, ids, n, dy, vocab, dim, beta, dtable);
+  }
+  double SumSquares(const float* x, size_t n) override {
+    if (n == 0) return 0.0;
+    constexpr size_t kChunk = 4096;
+    const size_t parts = (n + kChunk - 1) / kChunk;
+    double* partial = static_cast<double*>(Allocate(parts * sizeof(double)));
+    Launch(SumSquaresKernel, parts, x, n, kChunk, partial);
+    std::vector<double> host(parts);
+    CopyToHost(host.data(), partial, parts * sizeof(double));
+    Free(partial, parts * sizeof(double));
+    double total = 0.0;
+    for (double v : host) total += v;
+    return total;
+  }
+  void Scale(float* x, size_t n, float a) override {
+    if (n) Launch(ScaleKernel, n, x, n, a);
   }
 
  private:

@@ -11,6 +11,7 @@
 #include "tests/ml/test_util.h"
 
 using namespace copse::ml;
+using copse::ml::testing::ComparableAfterAdam;
 using copse::ml::testing::RandomTensor;
 using copse::ml::testing::RelativeError;
 
@@ -164,4 +165,39 @@ TEST_CASE("Cuda.SgdStepOutOfPlaceMatchesCpu") {
   }
   const NamedTensors pc = cpu.ExportParameters(), pg = gpu.ExportParameters();
   for (size_t i = 0; i < pc.size(); ++i) CHECK(RelativeError(pg[i].second, pc[i].second) < 1e-5);
+}
+
+TEST_CASE("Cuda.GptMatchesCpu") {
+  // The transformer's kernels (batched products, causal softmax, embeddings, AdamW, clipping)
+  // through a whole model: forward, backward and three AdamW steps with clipping.
+  Sequential cpu = *BuildModel("gpt:2-32-4-16,dropout=0.1", 3), gpu = *BuildModel("gpt:2-32-4-16,dropout=0.1", 3);
+  gpu.To(Gpu());
+  std::vector<float> ids;
+  for (int i = 0; i < 3 * 16; ++i) ids.push_back(static_cast<float>((i * 29 + 7) % 256));
+  std::vector<int32_t> labels;
+  for (int i = 0; i < 3 * 16; ++i) labels.push_back((i * 31 + 3) % 256);
+  const Tensor x = Tensor::FromVector({3, 16}, ids);
+  AdamOptions a;
+  a.lr = 1e-2f;
+  a.weight_decay = 0.1f;
+  a.decoupled_weight_decay = true;
+  Adam opt_cpu(cpu.Parameters(), a), opt_gpu(gpu.Parameters(), a);
+  for (int step = 0; step < 3; ++step) {
+    ForwardContext ctx;
+    ctx.seed = MixSeed(1, static_cast<uint64_t>(step));
+    Stash sc, sg;
+    const Tensor yc = *cpu.Forward(x, ctx, &sc), yg = *gpu.Forward(G(x), ctx, &sg);
+    Close(yg, yc, 1e-4);
+    auto lc = CrossEntropyLoss(yc, labels), lg = CrossEntropyLoss(yg, labels);
+    REQUIRE(cpu.Backward(lc->grad, sc, false, false).ok());
+    REQUIRE(gpu.Backward(lg->grad, sg, false, false).ok());
+    CHECK(ClipGradNorm(gpu.Parameters(), 0.5) == doctest::Approx(ClipGradNorm(cpu.Parameters(), 0.5)).epsilon(1e-4));
+    opt_cpu.Step();
+    opt_gpu.Step();
+  }
+  const NamedTensors pc = cpu.ExportParameters(), pg = gpu.ExportParameters();
+  for (size_t i = 0; i < pc.size(); ++i) {
+    INFO(pc[i].first);
+    CHECK(RelativeError(ComparableAfterAdam(pg[i].first, pg[i].second), ComparableAfterAdam(pc[i].first, pc[i].second)) < 1e-3);
+  }
 }

@@ -1,0 +1,90 @@
+#pragma once
+// The layers of a decoder-only transformer (GPT-2's pre-LayerNorm block), with explicit backward
+// passes like every layer of ml/layers.h, and the model spec that names one. A GPT model is a
+// Sequential (models.h builds it from "gpt:L-D-H-C"):
+//
+//   TokenEmbedding -> Dropout -> (AttentionBlock -> MlpBlock) x L -> LayerNorm -> Linear(D, V)
+//
+// Each block is a residual layer, y = x + f(LayerNorm(x)), so every block boundary is a place a
+// pipeline stage can end: the residual stream [B, T, D] is the only tensor that crosses it.
+// Inputs are token ids [B, T] held as floats (exact integers); the head's logits are [B, T, V].
+//
+// Initialization follows GPT-2 (and nanoGPT): embeddings and projection weights N(0, 0.02), the
+// projections that end a residual branch N(0, 0.02 / sqrt(2 L)), biases 0, LayerNorm 1 and 0,
+// each drawn from the Philox stream of (seed, global layer index) as every layer's parameters.
+// Dropout (when the spec asks for it) applies to the embeddings' sum and to each residual
+// branch, its mask a function of (step seed, layer index, element) only.
+// Thread-safety: as Layer.
+#include <cstdint>
+#include <string>
+
+#include "ml/layers.h"
+
+namespace copse::ml {
+
+/// What "gpt:L-D-H-C[,dropout=P]" names: L blocks of width D with H heads over a context of C
+/// tokens, byte-level (vocab 256).
+struct GptSpec {
+  int layers = 0;
+  int dim = 0;
+  int heads = 0;
+  int context = 0;
+  float dropout = 0.0f;
+  int vocab = 256;
+};
+
+/// Whether `model` names a language model ("gpt:...").
+bool IsLanguageModel(const std::string& model);
+
+/// Parses and checks a spec; the error names the part that is wrong.
+Result<GptSpec> ParseGptSpec(const std::string& model);
+
+/// Token and learned position embeddings: ids [B, T] (T <= context) -> [B, T, D].
+/// Parameters "token" [vocab, D] and "position" [context, D].
+class TokenEmbedding final : public Layer {
+ public:
+  TokenEmbedding(int vocab, int dim, int context);
+  std::string Describe() const override;
+  Result<Tensor> Forward(const Tensor& ids, const ForwardContext& ctx, LayerStash* stash) override;
+  /// Never returns dL/dids (token ids have no gradient).
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
+  void InitParameters(uint64_t seed) override;
+
+ private:
+  int vocab_, dim_, context_;
+};
+
+/// y = x + Dropout(Proj(CausalSelfAttention(LayerNorm(x)))) over x [B, T, D], with H heads of
+/// D / H: scores scaled by 1 / sqrt(D / H), masked so that position t attends to 0..t.
+/// Parameters "ln.weight", "ln.bias", "qkv.weight" [3D, D], "qkv.bias", "proj.weight" [D, D],
+/// "proj.bias".
+class AttentionBlock final : public Layer {
+ public:
+  AttentionBlock(int dim, int heads, float dropout, float proj_std);
+  std::string Describe() const override;
+  Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
+  void InitParameters(uint64_t seed) override;
+
+ private:
+  int dim_, heads_;
+  float dropout_, proj_std_;
+};
+
+/// y = x + Dropout(Proj(GELU(Fc(LayerNorm(x))))) over x [B, T, D], Fc widening to 4D.
+/// Parameters "ln.weight", "ln.bias", "fc.weight" [4D, D], "fc.bias", "proj.weight" [D, 4D],
+/// "proj.bias".
+class MlpBlock final : public Layer {
+ public:
+  MlpBlock(int dim, float dropout, float proj_std);
+  std::string Describe() const override;
+  Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
+  void InitParameters(uint64_t seed) override;
+
+ private:
+  int dim_;
+  float dropout_, proj_std_;
+};
+
+}  // namespace copse::ml
