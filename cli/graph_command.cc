@@ -75,7 +75,9 @@ int RunGraph(GraphFlags& f, const std::string& kind) {
 
 void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
   ml::GraphOptions& o = f.o;
-  cmd->add_option("--model", o.model, "mlp, cnn or mlp:A-B-...-Z")->capture_default_str();
+  cmd->add_option("--model", o.model,
+                  "mlp, cnn, mlp:A-B-...-Z, or gpt:LAYERS-WIDTH-HEADS-CONTEXT[,dropout=P] (stages split at blocks)")
+      ->capture_default_str();
   cmd->add_option("--epochs", o.epochs, "Passes over the training set")->check(CLI::Range(1, 1000000))->capture_default_str();
   cmd->add_option("--steps", o.steps, "Stop after this many steps (default: all epochs)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
@@ -86,10 +88,13 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
       ->check(CLI::Range(0.0, 0.999999))
       ->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(FiniteFrom(0, true))->capture_default_str();
-  cmd->add_option("--optimizer", o.optimizer, "sgd or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
+  cmd->add_option("--optimizer", o.optimizer, "sgd, adam or adamw")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
+      ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of initialization and shuffling")->check(Unsigned64())->capture_default_str();
   cmd->add_option("--data-dir", o.data_dir,
-                  "Fashion-MNIST directory, as the daemons see it (read here too, for the training set's size)")
+                  "Fashion-MNIST directory (gpt models: the fortunes text's, /usr/share/games/fortunes unless given), as "
+                  "the daemons see it (read here too, for the training set's size)")
       ->capture_default_str();
   cmd->add_option("--limit", o.limit, "Use only the first N training images")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--test-limit", o.test_limit, "Use only the first N test images")

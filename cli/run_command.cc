@@ -387,7 +387,8 @@ int RunJob(const RunOpts& o) {
       std::string path = out["path"];
       if (std::filesystem::path(path).filename() != "metrics.json") continue;
       if (auto metrics = ReadJsonFile(path); metrics.ok() && metrics->is_object()) {
-        for (const char* key : {"test_accuracy", "images_per_s", "final_loss", "train_images", "parameter_digest"}) {
+        for (const char* key : {"test_accuracy", "images_per_s", "final_loss", "train_images", "parameter_digest",
+                                "validation_loss", "perplexity", "tokens_per_s", "train_tokens", "sample"}) {
           if (metrics->contains(key)) summary[key] = (*metrics)[key];
         }
         if (auto bubble = PipelineBubble(cluster.client(), *job, metrics->value("config", Json::object()))) {
@@ -406,6 +407,12 @@ int RunJob(const RunOpts& o) {
     if (summary.contains("test_accuracy")) {
       std::cout << "  test accuracy " << summary["test_accuracy"].get<double>() * 100 << " %, "
                 << static_cast<int64_t>(summary.value("images_per_s", 0.0)) << " images/s\n";
+    }
+    if (summary.contains("validation_loss")) {
+      std::cout << "  validation loss " << summary["validation_loss"].get<double>() << " (perplexity "
+                << summary.value("perplexity", 0.0) << "), " << static_cast<int64_t>(summary.value("tokens_per_s", 0.0))
+                << " tokens/s\n";
+      if (summary.contains("sample")) std::cout << "  sample: " << summary["sample"].dump() << "\n";
     }
     if (summary.contains("pipeline_bubble")) {
       const Json& b = summary["pipeline_bubble"];

@@ -44,8 +44,14 @@ std::string RenderProgress(const Json& p) {
   if (p.contains("loss") && p["loss"].is_number()) out += sep + Fmt("loss %.4f", p["loss"].get<double>()), sep = ", ";
   if (p.contains("images_per_s") && p["images_per_s"].is_number())
     out += sep + Fmt("%.0f images/s", p["images_per_s"].get<double>()), sep = ", ";
+  if (p.contains("tokens_per_s") && p["tokens_per_s"].is_number())
+    out += sep + Fmt("%.0f tokens/s", p["tokens_per_s"].get<double>()), sep = ", ";
   if (p.contains("test_accuracy") && p["test_accuracy"].is_number())
-    out += sep + Fmt("test accuracy %.2f %%", 100 * p["test_accuracy"].get<double>());
+    out += sep + Fmt("test accuracy %.2f %%", 100 * p["test_accuracy"].get<double>()), sep = ", ";
+  if (p.contains("validation_loss") && p["validation_loss"].is_number()) {
+    out += sep + Fmt("validation loss %.4f", p["validation_loss"].get<double>());
+    if (p.contains("perplexity") && p["perplexity"].is_number()) out += Fmt(" (perplexity %.2f)", p["perplexity"].get<double>());
+  }
   return out;
 }
 

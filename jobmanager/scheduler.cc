@@ -647,10 +647,11 @@ void Scheduler::NoteProgress(Job& job, const Json& figures) {
   auto step = [](const Json& j) { return j.contains("step") && j["step"].is_number() ? j["step"].get<double>() : -1.0; };
   if (job.progress.is_object() && step(figures) < step(job.progress)) return;
   job.progress = figures;
-  if (figures.contains("images") && figures["images"].is_number()) {
-    const double images = figures["images"].get<double>(), now = ElapsedMs(job);
-    if (job.first_images < 0) job.first_images = images, job.first_images_ms = now;
-    job.last_images = images, job.last_images_ms = now;
+  for (const char* unit : {"images", "tokens"}) {  // trained so far: the rate shown is per second of these
+    if (!figures.contains(unit) || !figures[unit].is_number()) continue;
+    const double count = figures[unit].get<double>(), now = ElapsedMs(job);
+    if (job.first_images < 0) job.first_images = count, job.first_images_ms = now, job.rate_unit = unit;
+    job.last_images = count, job.last_images_ms = now;
   }
 }
 

@@ -205,7 +205,8 @@ Json Scheduler::JobStatus(JobId id) const {
     Json progress = job.progress.is_object() ? job.progress : Json::object();
     progress.update(job.results);
     if (job.last_images_ms > job.first_images_ms) {
-      progress["images_per_s"] = (job.last_images - job.first_images) / ((job.last_images_ms - job.first_images_ms) / 1000.0);
+      progress[job.rate_unit + "_per_s"] =
+          (job.last_images - job.first_images) / ((job.last_images_ms - job.first_images_ms) / 1000.0);
     }
     out["progress"] = std::move(progress);
   }

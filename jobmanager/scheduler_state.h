@@ -172,12 +172,13 @@ struct Scheduler::Job {
   bool retains = false;                                        // a stage retains outputs: only then is settling worth its walk
   uint64_t local_input_bytes = 0, remote_input_bytes = 0;      // what placement achieved
   /// The newest progress figures a program reported (by "step" when they carry one), and when
-  /// the first and newest "images" counts arrived, for a live images/s.
+  /// the first and newest "images" (or "tokens") counts arrived, for a live images/s (tokens/s).
   Json progress;
   /// Its results, reported once as final figures (a training job's test accuracy): shown in
   /// its progress whatever step comes after.
   Json results = Json::object();
   double first_images = -1, first_images_ms = 0, last_images = 0, last_images_ms = 0;
+  std::string rate_unit = "images";  // what first_/last_images count: "images", or "tokens" (text)
 
   const JobGraph& g() const { return *graph; }
 

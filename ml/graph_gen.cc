@@ -7,6 +7,8 @@
 #include <set>
 
 #include "ml/models.h"
+#include "ml/text_corpus.h"
+#include "ml/transformer.h"
 #include "ml/programs/support.h"  // the limits the programs check: jobs written here must pass them
 
 namespace copse::ml {
@@ -115,7 +117,7 @@ Status Check(const GraphOptions& o) {
     }
   }
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay)) return bad("--weight-decay", "a finite number >= 0");
-  if (o.optimizer != "sgd" && o.optimizer != "adam") return bad("--optimizer", "sgd or adam");
+  if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw") return bad("--optimizer", "sgd, adam or adamw");
   if (!(o.lr > 0) || !std::isfinite(o.lr)) return bad("--lr", "a finite number > 0");
   if (!(o.momentum >= 0 && o.momentum < 1)) return bad("--momentum", "[0, 1)");
   if (o.limit == 0) return bad("--limit", "> 0 (or absent)");
@@ -139,6 +141,11 @@ Json With(Json base, const Json& extra) {
 }
 
 Result<int64_t> TrainSize(const GraphOptions& o) {
+  if (IsLanguageModel(o.model)) {  // text windows
+    COPSE_ASSIGN_OR_RETURN(GptSpec spec, ParseGptSpec(o.model));
+    COPSE_ASSIGN_OR_RETURN(Dataset train, LoadTextSplit(o.data_dir, Split::kTrain, spec.context, o.limit));
+    return train.size();
+  }
   DatasetOptions d;
   d.limit = o.limit;
   COPSE_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(o.data_dir, Split::kTrain, d));
@@ -462,7 +469,9 @@ Result<std::vector<int>> BalancedSplit(const std::string& model, int stages) {
   return best;
 }
 
-Result<Json> GenerateTrainingGraph(const GraphOptions& o) {
+Result<Json> GenerateTrainingGraph(const GraphOptions& options) {
+  GraphOptions o = options;
+  if (IsLanguageModel(o.model) && o.data_dir == kFashionMnistDir) o.data_dir = kFortunesDir;  // text models read text
   COPSE_RETURN_NOT_OK(Check(o));
   COPSE_RETURN_NOT_OK(BuildModelLayers(o.model).status());
   COPSE_ASSIGN_OR_RETURN(int64_t train_size, TrainSize(o));

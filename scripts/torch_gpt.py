@@ -208,7 +208,7 @@ def bench(args):
     vx, vy = windows(validation, context, args.validation_windows)
     rates, losses = [], []
     for run in range(args.runs):
-        torch.manual_seed(run + 1)
+        torch.manual_seed(args.seed + run)
         model = Gpt(layers, dim, heads, context)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         perm = torch.randperm(x.shape[0])
@@ -246,6 +246,7 @@ def main():
     b.add_argument("--model", default="gpt:4-128-4-64")
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--runs", type=int, default=3)
+    b.add_argument("--seed", type=int, default=1, help="of the first run (initialization and batch order)")
     b.add_argument("--steps", type=int, default=200)
     b.add_argument("--batch", type=int, default=16)
     b.add_argument("--lr", type=float, default=3e-3)

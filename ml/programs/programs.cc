@@ -11,6 +11,7 @@
 //   stash    what backward needs of one forward: per layer "s<i>.<j>" tensors, "s<i>.shape",
 //            "s<i>.seed"; or "x" alone with recomputation; the last stage adds "dy", "__loss"
 //   act      one tensor set {"x": activation} (forward) or {"dx": gradient} (backward)
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -21,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ml/language_model.h"
 #include "ml/loss.h"
 #include "ml/models.h"
 #include "ml/philox.h"
@@ -31,6 +33,7 @@
 #include "ml/serialize.h"
 #include "ml/tensor_message.h"
 #include "ml/trainer.h"
+#include "ml/transformer.h"
 
 namespace copse::ml {
 namespace programs {
@@ -106,7 +109,7 @@ Result<Batch> LoadPart(VertexContext& ctx, const TrainSettings& s, int64_t step,
     *batch_size = static_cast<int64_t>(n->data()[0]);
     return b;
   }
-  COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.data_dir, Split::kTrain, s.limit));
+  COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
   COPSE_ASSIGN_OR_RETURN(auto idx, StepIndices(s, step, part, parts, batch_size));
   return train->Gather(idx);
 }
@@ -509,10 +512,11 @@ class UpdateProgram final : public VertexProgram {
     if (!lease->optimizer || lease->state_key != state_key) {
       COPSE_ASSIGN_OR_RETURN(NamedTensors state, ReadTensorMessage(chain[1]));
       lease->state_key = 0;
-      if (s.optimizer == "adam") {
+      if (s.optimizer == "adam" || s.optimizer == "adamw") {
         AdamOptions a;
         a.lr = s.lr;
         a.weight_decay = s.weight_decay;
+        a.decoupled_weight_decay = s.optimizer == "adamw";
         lease->optimizer = std::make_unique<Adam>(m.Parameters(), a);
       } else {
         SgdOptions o;
@@ -570,7 +574,7 @@ class UpdateProgram final : public VertexProgram {
                       {"steps", ctx.param<int64_t>("steps", 0)},
                       {"loss", stats[0] / stats[1]},
                       {"epoch", static_cast<int64_t>(stats[2])},
-                      {"images", stats[3]}};
+                      {IsLanguageModel(s.model) ? "tokens" : "images", stats[3]}};
     }
     lease.Commit();
     COPSE_RETURN_NOT_OK(WriteChainAndParams(ctx, params_out, state_out, stats_out));
@@ -625,9 +629,9 @@ class ForwardProgram final : public VertexProgram {
       COPSE_ASSIGN_OR_RETURN(x, ReadSingleTensor(act));
     }
     if (stage == stages - 1 && stage != 0) {  // labels of this micro-batch
-      COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.data_dir, Split::kTrain, s.limit));
+      COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
       COPSE_ASSIGN_OR_RETURN(auto idx, StepIndices(s, pos.step, pos.part(), pos.parts(), &batch_size));
-      for (int64_t i : idx) b.labels.push_back(train->labels()[static_cast<size_t>(i)]);
+      b.labels = train->LabelsOf(idx);
     }
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
     Stash stash;
@@ -854,29 +858,50 @@ class EvalProgram final : public VertexProgram {
     COPSE_RETURN_NOT_OK(model.ImportParameters(all));
     const NamedTensors params = model.ExportParameters();
     const std::string digest = Digest(params);
-    COPSE_ASSIGN_OR_RETURN(auto test, CachedDataset(s.data_dir, Split::kTest, s.test_limit));
-    COPSE_ASSIGN_OR_RETURN(double accuracy, Evaluate(model, *test));
+    COPSE_ASSIGN_OR_RETURN(auto test, CachedDataset(s.model, s.data_dir, Split::kTest, s.test_limit));
     const int64_t train_images = ctx.param<int64_t>("train_images", static_cast<int64_t>(stats[3]));
     const double seconds = t0 > 0 ? (eval_start - t0) / 1e6 : 0.0;
+    const double final_loss = stats[1] > 0 ? stats[0] / stats[1] : 0.0;
     nlohmann::json metrics = {
-        {"test_accuracy", accuracy},
-        {"images_per_s", seconds > 0 ? train_images / seconds : 0.0},
-        {"train_images", train_images},
         {"train_seconds", seconds},
-        {"final_loss", stats[1] > 0 ? stats[0] / stats[1] : 0.0},
-        {"test_images", test->size()},
+        {"final_loss", final_loss},
         {"parameters", model.NumParameters()},
         {"parameter_digest", digest},
     };
+    if (IsLanguageModel(s.model)) {  // text: validation loss, tokens
+      COPSE_ASSIGN_OR_RETURN(double validation_loss, EvaluateLoss(model, *test));
+      const int64_t tokens = train_images * s.labels_per_example;
+      const double rate = seconds > 0 ? tokens / seconds : 0.0;
+      metrics["validation_loss"] = validation_loss;
+      metrics["perplexity"] = std::exp(validation_loss);
+      metrics["tokens_per_s"] = rate;
+      metrics["train_tokens"] = tokens;
+      metrics["validation_tokens"] = test->size() * s.labels_per_example;
+      ctx.progress = {{"final", true}, {"validation_loss", validation_loss}, {"perplexity", std::exp(validation_loss)}};
+      if (seconds > 0) ctx.progress["tokens_per_s"] = rate;
+      const auto spec = ParseGptSpec(s.model);
+      auto sample = GenerateText(model, spec->context, "\n", 200, 0.8f, s.seed);
+      if (sample.ok()) metrics["sample"] = *sample;
+      ctx.log().info("validation loss {:.4f} (perplexity {:.2f}) on {} tokens; final loss {:.4f}; {:.0f} training tokens/s",
+                     validation_loss, std::exp(validation_loss), test->size() * s.labels_per_example, final_loss, rate);
+      if (sample.ok()) ctx.log().info("sample: {}", *sample);
+    } else {
+      COPSE_ASSIGN_OR_RETURN(double accuracy, Evaluate(model, *test));
+      metrics["test_accuracy"] = accuracy;
+      metrics["images_per_s"] = seconds > 0 ? train_images / seconds : 0.0;
+      metrics["train_images"] = train_images;
+      metrics["test_images"] = test->size();
+      // The job's results, for every status of it (copse status, submit --wait), not only for
+      // those who copy metrics.json.
+      ctx.progress = {{"final", true}, {"test_accuracy", accuracy}};
+      if (seconds > 0) ctx.progress["images_per_s"] = train_images / seconds;
+      // What `copse logs JOB VERTEX` shows of it.
+      ctx.log().info("test accuracy {:.2f} % on {} images; final loss {:.4f}; {:.0f} training images/s", 100 * accuracy,
+                     test->size(), final_loss, seconds > 0 ? train_images / seconds : 0.0);
+    }
     if (ctx.params && ctx.params->contains("config")) metrics["config"] = (*ctx.params)["config"];
-    // The job's results, for every status of it (copse status, submit --wait), not only for
-    // those who copy metrics.json.
-    ctx.progress = {{"final", true}, {"test_accuracy", accuracy}};
-    if (seconds > 0) ctx.progress["images_per_s"] = train_images / seconds;
-    // What `copse logs JOB VERTEX` shows of it.
-    ctx.log().info("test accuracy {:.2f} % on {} images; final loss {:.4f}; {:.0f} training images/s", 100 * accuracy,
-                   test->size(), stats[1] > 0 ? stats[0] / stats[1] : 0.0, seconds > 0 ? train_images / seconds : 0.0);
-    COPSE_RETURN_NOT_OK(ctx.output(0).Write(chan::Buffer(metrics.dump(2) + "\n")));
+    COPSE_RETURN_NOT_OK(
+        ctx.output(0).Write(chan::Buffer(metrics.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n")));
     if (ctx.num_outputs() > 1) COPSE_RETURN_NOT_OK(ctx.output(1).Write(chan::Buffer(SerializeTensors(params))));
     return ctx.CloseOutputs();
   }

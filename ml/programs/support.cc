@@ -10,6 +10,8 @@
 #include <tuple>
 
 #include "ml/models.h"
+#include "ml/text_corpus.h"
+#include "ml/transformer.h"
 #include "ml/tensor_message.h"
 
 namespace copse::ml::programs {
@@ -63,11 +65,12 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
     return Status::InvalidArgument(ctx.name + ": params.batch " + std::to_string(s.batch) + " leaves some of its " +
                                    std::to_string(parts) + " workers x micro-batches without an image");
   }
-  if (s.optimizer != "sgd" && s.optimizer != "adam")
-    return Status::InvalidArgument(ctx.name + ": params.optimizer must be sgd or adam");
+  if (s.optimizer != "sgd" && s.optimizer != "adam" && s.optimizer != "adamw")
+    return Status::InvalidArgument(ctx.name + ": params.optimizer must be sgd, adam or adamw");
   if (!s.data_dir.empty() && s.data_dir[0] != '/') s.data_dir = ctx.ResolvePath(s.data_dir).string();
-  COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.data_dir, Split::kTrain, s.limit));
+  COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
   s.train_size = train->size();
+  s.labels_per_example = train->labels_per_example();
   if (s.train_size == 0) return Status::InvalidArgument(ctx.name + ": the training set is empty");
   s.steps_per_epoch = (s.train_size + s.batch - 1) / s.batch;
   return s;
@@ -76,7 +79,7 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
 namespace {
 
 std::mutex g_data_mu;
-std::map<std::tuple<std::string, int, int64_t>, std::shared_ptr<const Dataset>> g_datasets;
+std::map<std::tuple<std::string, std::string, int, int64_t>, std::shared_ptr<const Dataset>> g_datasets;
 std::map<std::tuple<int64_t, uint64_t, int64_t>, std::shared_ptr<const std::vector<int64_t>>> g_orders;
 
 std::shared_ptr<const std::vector<int64_t>> CachedOrder(int64_t n, uint64_t seed, int64_t epoch) {
@@ -92,14 +95,26 @@ std::shared_ptr<const std::vector<int64_t>> CachedOrder(int64_t n, uint64_t seed
 
 }  // namespace
 
-Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& dir, Split split, int64_t limit) {
+Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& model, const std::string& dir, Split split,
+                                                     int64_t limit) {
+  int context = 0;  // text windows of this length, or images when 0
+  if (IsLanguageModel(model)) {
+    COPSE_ASSIGN_OR_RETURN(GptSpec spec, ParseGptSpec(model));
+    context = spec.context;
+  }
   std::lock_guard<std::mutex> lock(g_data_mu);
-  const auto key = std::make_tuple(dir, static_cast<int>(split), limit);
+  const auto key =
+      std::make_tuple(context ? "text/" + std::to_string(context) : std::string("images"), dir, static_cast<int>(split), limit);
   auto it = g_datasets.find(key);
   if (it != g_datasets.end()) return it->second;
-  DatasetOptions o;
-  o.limit = limit;
-  COPSE_ASSIGN_OR_RETURN(Dataset d, LoadFashionMnist(dir, split, o));
+  Dataset d;
+  if (context > 0) {
+    COPSE_ASSIGN_OR_RETURN(d, LoadTextSplit(dir, split, context, limit));
+  } else {
+    DatasetOptions o;
+    o.limit = limit;
+    COPSE_ASSIGN_OR_RETURN(d, LoadFashionMnist(dir, split, o));
+  }
   auto ptr = std::make_shared<const Dataset>(std::move(d));
   g_datasets[key] = ptr;
   return ptr;
@@ -115,7 +130,7 @@ Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, i
   const int64_t begin = (k - 1) * s.batch;
   const int64_t end = std::min<int64_t>(s.train_size, begin + s.batch);
   std::span<const int64_t> batch(order->data() + begin, static_cast<size_t>(end - begin));
-  if (batch_size) *batch_size = end - begin;
+  if (batch_size) *batch_size = (end - begin) * s.labels_per_example;
   return ShardBatch(batch, part, parts);
 }
 

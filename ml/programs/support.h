@@ -36,8 +36,9 @@ struct TrainSettings {
   int64_t batch = 128;      // global batch
   std::string optimizer = "sgd";
   float lr = 0.05f, momentum = 0.9f, weight_decay = 0.0f;
-  int64_t train_size = 0;       // images in the (limited) training set
-  int64_t steps_per_epoch = 0;  // ceil(train_size / batch)
+  int64_t train_size = 0;          // examples (images, text windows) in the (limited) training set
+  int64_t steps_per_epoch = 0;     // ceil(train_size / batch)
+  int64_t labels_per_example = 1;  // 1 for an image; a text window's context for a gpt model
 };
 
 /// The largest global batch, and the most workers, micro-batches or stages, params may name.
@@ -52,12 +53,14 @@ Status CheckPartition(const vertex::VertexContext& ctx);
 /// every worker's micro-batches, CheckPartition, a training set that is not empty.
 Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx);
 
-/// The (limited) Fashion-MNIST split, loaded once per process.
-Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& dir, Split split, int64_t limit);
+/// The (limited) split `model` trains on, loaded once per process: Fashion-MNIST from `dir`, or
+/// for a gpt model windows of the text corpus in `dir` (kTest: its validation text).
+Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& model, const std::string& dir, Split split,
+                                                     int64_t limit);
 
 /// Dataset indices of global step `step` (0-based over all epochs), part `part` of `parts`
-/// (ShardBatch: contiguous, sizes differing by at most one). `batch_size` gets the size of
-/// the whole global batch (the loss normalizer).
+/// (ShardBatch: contiguous, sizes differing by at most one). `batch_size` gets the rows of the
+/// loss over the whole global batch (its images, or tokens: the loss normalizer).
 Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, int part, int parts, int64_t* batch_size);
 /// Epoch (from 1) and step within the epoch (from 1) of a global step.
 std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step);

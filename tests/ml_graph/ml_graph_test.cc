@@ -237,6 +237,53 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
   CHECK(digest_of["batched"] != digest_of["per-microbatch"]);  // the batched path really ran
 }
 
+// The transformer as graphs: its pipeline stages split at block boundaries (the residual stream
+// [B, T, D] is what crosses), data-parallel shards of text windows, and a hybrid of both, each
+// reaching single-process training's parameters (SGD: Adam would turn the attention key bias's
+// exactly-zero gradient, rounding noise on either side, into +-lr steps that never touch the
+// output but do move that bias); a daemon killed mid-run changes no bit of the result.
+TEST_CASE("MlGraph.GptPipelineDataParallelAndHybridMatchSingleProcessTraining" * doctest::timeout(300)) {
+  if (!fs::exists("/usr/share/games/fortunes")) {
+    MESSAGE("skipped: no /usr/share/games/fortunes (Debian package fortunes)");
+    return;
+  }
+  GraphOptions base = Small();
+  base.model = "gpt:2-32-4-16";
+  base.limit = 256;  // windows of 16 tokens
+  base.test_limit = 64;
+  base.batch = 32;  // 8 steps
+  const NamedTensors reference = SingleProcess(base);
+  std::string clean_pipeline_digest;
+  for (const std::string kind : {"pipeline", "data-parallel", "hybrid"}) {
+    CAPTURE(kind);
+    GraphOptions o = kind == "data-parallel" ? base : PipelineOf(base, kind, 2, 4, "1f1b", false, "batched");
+    o.kind = kind;
+    o.workers = 2;
+    auto job = GenerateTrainingGraph(o);
+    REQUIRE(job.ok());
+    TempDir dir;
+    const RunResult r = RunJob(*job, dir.path, 2);
+    const double rel = RelativeDifference(r.params, reference);
+    MESSAGE("gpt " << kind << ": relative difference " << rel);
+    CHECK(rel < kTolerance);
+    CHECK(r.metrics["train_tokens"] == 256 * 16);
+    CHECK(r.metrics["validation_loss"].get<double>() < 5.0);      // ln(256) = 5.55 untrained
+    CHECK(r.metrics["sample"].get<std::string>().size() >= 200);  // bytes not valid UTF-8 become U+FFFD
+    if (kind == "pipeline") clean_pipeline_digest = r.digest;
+  }
+  // Stage 1's daemon killed mid-run: the pipeline's result is bit-identical to the clean run's.
+  GraphOptions o = PipelineOf(base, "pipeline", 2, 4, "1f1b", false, "batched");
+  auto job = GenerateTrainingGraph(o);
+  REQUIRE(job.ok());
+  Json faulty = *job;
+  faulty["faults"] = Json::array({{{"kill_daemon_of", "fwd1[20]"}, {"when", {{"completed", 70}}}}});
+  TempDir dir;
+  const RunResult r = RunJob(faulty, dir.path, 3);
+  REQUIRE(r.summary["faults"].size() == 1);
+  REQUIRE(r.summary["recoveries"].size() > 0);
+  CHECK(r.digest == clean_pipeline_digest);
+}
+
 // A pipeline stage's backward passes a gradient log, not its accumulated gradients, to the next
 // micro-batch (ml/programs/gradient_log.h); the daemon's cached model holds the sum. With the
 // model cache off every backward of micro-batch m > 0 rebuilds the sum by replaying the log —
