@@ -22,6 +22,8 @@
 
 namespace copse::ml {
 
+class TensorParallelGroup;  // ml/transformer.h
+
 /// A trainable tensor and its gradient (same shape and device).
 struct Parameter {
   std::string name;  // "weight", "bias" (Sequential prefixes the global layer index)
@@ -73,6 +75,10 @@ class Layer {
   /// BackwardInput per micro-batch — in one pass. The same parts give the same bits whatever
   /// their order of arrival, thread count or daemon.
   virtual Status WeightGradients(const std::vector<std::pair<const LayerStash*, const Tensor*>>& parts);
+
+  /// Tensor-parallel layers (ml/transformer.h) sum their partial products over `group`, which
+  /// must outlive their calls; other layers ignore it.
+  virtual void SetTensorParallelGroup(TensorParallelGroup* group) {}
 
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }

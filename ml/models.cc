@@ -30,14 +30,14 @@ Sequential Cnn() {
   return m;
 }
 
-Sequential Gpt(const GptSpec& g) {
+Sequential Gpt(const GptSpec& g, TensorShard shard = {}) {
   Sequential m;
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(g.layers));
   m.Add(std::make_shared<TokenEmbedding>(g.vocab, g.dim, g.context));
   m.Add(std::make_shared<DropoutLayer>(g.dropout));
   for (int i = 0; i < g.layers; ++i) {
-    m.Add(std::make_shared<AttentionBlock>(g.dim, g.heads, g.dropout, proj_std));
-    m.Add(std::make_shared<MlpBlock>(g.dim, g.dropout, proj_std));
+    m.Add(std::make_shared<AttentionBlock>(g.dim, g.heads, g.dropout, proj_std, shard));
+    m.Add(std::make_shared<MlpBlock>(g.dim, g.dropout, proj_std, shard));
   }
   m.Add(std::make_shared<LayerNormLayer>(g.dim));
   m.Add(std::make_shared<Linear>(g.dim, g.vocab, Activation::kNone, /*bias=*/false));
@@ -74,6 +74,26 @@ Result<Sequential> BuildModelLayers(const std::string& name) {
   } else {
     return Status::InvalidArgument("model '" + name + "': expected mlp, cnn, mlp:A-B-... or gpt:L-D-H-C");
   }
+  return m;
+}
+
+Result<Sequential> BuildModelShardLayers(const std::string& name, int rank, int ranks) {
+  if (ranks == 1) return BuildModelLayers(name);
+  if (!IsLanguageModel(name))
+    return Status::InvalidArgument("model '" + name +
+                                   "': tensor parallelism splits gpt models only (attention heads, MLP units)");
+  COPSE_ASSIGN_OR_RETURN(GptSpec spec, ParseGptSpec(name));
+  if (ranks < 1 || spec.heads % ranks != 0)
+    return Status::InvalidArgument("model '" + name + "': its " + std::to_string(spec.heads) + " heads cannot be split over " +
+                                   std::to_string(ranks) + " tensor-parallel ranks (HEADS must be a multiple of them)");
+  if (rank < 0 || rank >= ranks)
+    return Status::InvalidArgument("tensor-parallel rank " + std::to_string(rank) + " is not one of " + std::to_string(ranks));
+  return Gpt(spec, TensorShard{rank, ranks});
+}
+
+Result<Sequential> BuildModelShard(const std::string& name, uint64_t seed, int rank, int ranks) {
+  COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModelShardLayers(name, rank, ranks));
+  m.InitParameters(seed);
   return m;
 }
 

@@ -23,4 +23,11 @@ Result<Sequential> BuildModel(const std::string& name, uint64_t seed);
 /// for "mlp"): for callers that need only its shapes or set every parameter right after.
 Result<Sequential> BuildModelLayers(const std::string& name);
 
+/// Member `rank` of `ranks` of a tensor-parallel gpt model (ml/transformer.h): its blocks hold
+/// their shard, initialized as that shard of BuildModel(name, seed), and need a group
+/// (Sequential::SetTensorParallelGroup) to run. ranks == 1 is the whole model. The error names
+/// the model and why it cannot be split so.
+Result<Sequential> BuildModelShard(const std::string& name, uint64_t seed, int rank, int ranks);
+Result<Sequential> BuildModelShardLayers(const std::string& name, int rank, int ranks);
+
 }  // namespace copse::ml

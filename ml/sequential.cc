@@ -21,6 +21,10 @@ Sequential Sequential::Slice(size_t begin, size_t end) const {
   return s;
 }
 
+void Sequential::SetTensorParallelGroup(TensorParallelGroup* group) const {
+  for (auto& l : layers_) l->SetTensorParallelGroup(group);
+}
+
 void Sequential::InitParameters(uint64_t seed) {
   for (auto& l : layers_) l->InitParameters(seed);
 }

@@ -37,6 +37,8 @@ class Sequential {
   /// Layers [begin, end), sharing parameters with this model; indices keep their global value.
   Sequential Slice(size_t begin, size_t end) const;
 
+  /// Gives every tensor-parallel layer its group (Layer::SetTensorParallelGroup).
+  void SetTensorParallelGroup(TensorParallelGroup* group) const;
   /// Initializes every layer from (seed, its global index).
   void InitParameters(uint64_t seed);
   /// Moves parameters and gradients to `device`; inputs must then live there too.

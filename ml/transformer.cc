@@ -1,6 +1,8 @@
 #include "ml/transformer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <sstream>
 
 #include "ml/ops.h"
@@ -131,55 +133,191 @@ Result<Tensor> TokenEmbedding::Backward(const Tensor& dy, const LayerStash& stas
   return Tensor();
 }
 
-// ---- AttentionBlock --------------------------------------------------------------------------
-// Stash: x, LayerNorm mean and rstd, h = LayerNorm(x), qkv [N, 3D], the probabilities P
-// [B, H, T, T], and o [N, D] (the heads' outputs side by side, before the projection).
-// Head j of row block b is the column block j * D/H of q, k and v within qkv; the per-head
-// products are one BatchedGemm each, over (b, j).
+// ---- tensor-parallel shards ------------------------------------------------------------------
 
-AttentionBlock::AttentionBlock(int dim, int heads, float dropout, float proj_std)
-    : dim_(dim), heads_(heads), dropout_(dropout), proj_std_(proj_std) {
+namespace {
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// How a parameter is split: rows of each of `blocks` equal row blocks (qkv: q, k and v), the
+/// columns, or not at all.
+enum class Split { kNone, kRows, kColumns };
+
+Split SplitOf(const std::string& name, int* blocks) {
+  *blocks = 1;
+  if (EndsWith(name, "qkv.weight") || EndsWith(name, "qkv.bias")) return *blocks = 3, Split::kRows;
+  if (EndsWith(name, "fc.weight") || EndsWith(name, "fc.bias")) return Split::kRows;
+  if (EndsWith(name, "proj.weight")) return Split::kColumns;
+  return Split::kNone;
+}
+
+/// Copies rows [row0, row0 + rows) x columns [col0, col0 + cols) of host matrix `src` (width
+/// src_cols) to `dst` at (dst_row0, dst_col0) (width dst_cols).
+void CopyBlock(const float* src, int64_t src_cols, int64_t row0, int64_t col0, int64_t rows, int64_t cols, float* dst,
+               int64_t dst_cols, int64_t dst_row0, int64_t dst_col0) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy(src + (row0 + r) * src_cols + col0, src + (row0 + r) * src_cols + col0 + cols,
+              dst + (dst_row0 + r) * dst_cols + dst_col0);
+}
+
+}  // namespace
+
+Tensor ShardParameter(const std::string& name, const Tensor& full, int rank, int ranks) {
+  int blocks = 1;
+  const Split split = SplitOf(name, &blocks);
+  if (ranks == 1 || split == Split::kNone) return full;
+  const Tensor host = full.To(CpuDevice());
+  const int64_t rows = full.dim(0), cols = full.ndim() > 1 ? full.dim(1) : 1;
+  Shape shape = full.shape();
+  Tensor out;
+  if (split == Split::kRows) {
+    const int64_t block = rows / blocks, part = block / ranks;
+    shape[0] = part * blocks;
+    out = Tensor::Empty(shape);
+    for (int b = 0; b < blocks; ++b)
+      CopyBlock(host.data(), cols, b * block + rank * part, 0, part, cols, out.data(), cols, b * part, 0);
+  } else {
+    const int64_t part = cols / ranks;
+    shape[1] = part;
+    out = Tensor::Empty(shape);
+    CopyBlock(host.data(), cols, 0, rank * part, rows, part, out.data(), part, 0, 0);
+  }
+  return out.To(full.device());
+}
+
+Tensor UnshardParameter(const std::string& name, const std::vector<Tensor>& shards) {
+  int blocks = 1;
+  const Split split = SplitOf(name, &blocks);
+  const int ranks = static_cast<int>(shards.size());
+  if (ranks == 1 || split == Split::kNone) return shards.at(0);
+  const int64_t rows = shards[0].dim(0), cols = shards[0].ndim() > 1 ? shards[0].dim(1) : 1;
+  Shape shape = shards[0].shape();
+  Tensor out;
+  if (split == Split::kRows) {
+    const int64_t part = rows / blocks, block = part * ranks;
+    shape[0] = block * blocks;
+    out = Tensor::Empty(shape);
+    for (int r = 0; r < ranks; ++r) {
+      const Tensor host = shards[static_cast<size_t>(r)].To(CpuDevice());
+      for (int b = 0; b < blocks; ++b)
+        CopyBlock(host.data(), cols, b * part, 0, part, cols, out.data(), cols, b * block + r * part, 0);
+    }
+  } else {
+    shape[1] = cols * ranks;
+    out = Tensor::Empty(shape);
+    for (int r = 0; r < ranks; ++r) {
+      const Tensor host = shards[static_cast<size_t>(r)].To(CpuDevice());
+      CopyBlock(host.data(), cols, 0, 0, rows, cols, out.data(), cols * ranks, 0, r * cols);
+    }
+  }
+  return out;
+}
+
+NamedTensors ShardParameters(const NamedTensors& full, int rank, int ranks) {
+  NamedTensors out;
+  for (const auto& [name, t] : full) out.emplace_back(name, ShardParameter(name, t, rank, ranks));
+  return out;
+}
+
+Result<NamedTensors> UnshardParameters(const std::vector<NamedTensors>& shards) {
+  if (shards.empty()) return Status::InvalidArgument("no tensor-parallel shards to join");
+  NamedTensors out;
+  for (size_t i = 0; i < shards[0].size(); ++i) {
+    std::vector<Tensor> parts;
+    for (size_t r = 0; r < shards.size(); ++r) {
+      if (shards[r].size() != shards[0].size() || shards[r][i].first != shards[0][i].first)
+        return Status::InvalidArgument("tensor-parallel shard " + std::to_string(r) + " does not hold the parameters of shard 0");
+      parts.push_back(shards[r][i].second);
+    }
+    out.emplace_back(shards[0][i].first, UnshardParameter(shards[0][i].first, parts));
+  }
+  return out;
+}
+
+namespace {
+
+/// The group's sum of a partial product, or the partial itself without tensor parallelism.
+Result<Tensor> SumOverShards(const TensorShard& shard, TensorParallelGroup* group, const Tensor& partial,
+                             const std::string& who) {
+  if (shard.ranks == 1) return partial;
+  if (group == nullptr || group->size() != shard.ranks || group->rank() != shard.rank)
+    return Status::FailedPrecondition(who + ": a tensor-parallel shard " + std::to_string(shard.rank) + " of " +
+                                      std::to_string(shard.ranks) + " needs its group (Sequential::SetTensorParallelGroup)");
+  return group->AllReduceSum(partial);
+}
+
+/// `t` initialized as the full tensor of shape `full` would be (NormalInit of `layer` on stream
+/// `stream`), then sharded as parameter `name`.
+void ShardedNormalInit(const std::function<void(const Tensor&)>& init, const std::string& name, const Shape& full,
+                       const TensorShard& shard, const Tensor& t) {
+  if (shard.ranks == 1) return init(t);
+  const Tensor whole = Tensor::Empty(full);
+  init(whole);
+  t.CopyFrom(ShardParameter(name, whole, shard.rank, shard.ranks));
+}
+
+}  // namespace
+
+// ---- AttentionBlock --------------------------------------------------------------------------
+// Stash: x, LayerNorm mean and rstd, h = LayerNorm(x), qkv [N, 3Dl], the probabilities P
+// [B, Hl, T, T], and o [N, Dl] (the local heads' outputs side by side, before the projection),
+// where Hl = H / ranks heads of this shard span Dl = D / ranks columns. Head j of row block b is
+// the column block j * D/H of q, k and v within qkv; the per-head products are one BatchedGemm
+// each, over (b, j).
+
+AttentionBlock::AttentionBlock(int dim, int heads, float dropout, float proj_std, TensorShard shard)
+    : dim_(dim), heads_(heads), dropout_(dropout), proj_std_(proj_std), shard_(shard) {
+  const int local = dim_ / shard_.ranks;
   AddParameter("ln.weight", {dim_});
   AddParameter("ln.bias", {dim_});
-  AddParameter("qkv.weight", {3 * dim_, dim_});
-  AddParameter("qkv.bias", {3 * dim_});
-  AddParameter("proj.weight", {dim_, dim_});
+  AddParameter("qkv.weight", {3 * local, dim_});
+  AddParameter("qkv.bias", {3 * local});
+  AddParameter("proj.weight", {dim_, local});
   AddParameter("proj.bias", {dim_});
   params_[0].value.Fill(1.0f);
 }
 
 std::string AttentionBlock::Describe() const {
-  return "AttentionBlock(" + std::to_string(dim_) + ", heads " + std::to_string(heads_) + ")";
+  std::string s = "AttentionBlock(" + std::to_string(dim_) + ", heads " + std::to_string(heads_);
+  if (shard_.ranks > 1) s += ", shard " + std::to_string(shard_.rank) + "/" + std::to_string(shard_.ranks);
+  return s + ")";
 }
 
 void AttentionBlock::InitParameters(uint64_t seed) {
   params_[0].value.Fill(1.0f);
   params_[1].value.Fill(0.0f);
-  NormalInit(params_[2].value, seed, 2, kInitStd);
+  ShardedNormalInit([&](const Tensor& t) { NormalInit(t, seed, 2, kInitStd); }, "qkv.weight", {3 * dim_, dim_}, shard_,
+                    params_[2].value);
   params_[3].value.Fill(0.0f);
-  NormalInit(params_[4].value, seed, 4, proj_std_);
+  ShardedNormalInit([&](const Tensor& t) { NormalInit(t, seed, 4, proj_std_); }, "proj.weight", {dim_, dim_}, shard_,
+                    params_[4].value);
   params_[5].value.Fill(0.0f);
 }
 
 Result<Tensor> AttentionBlock::Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) {
   if (x.ndim() != 3 || x.dim(2) != dim_ || x.dim(1) < 1) return BadInput(Describe(), "[B, T, " + std::to_string(dim_) + "]", x);
   Device* d = device_;
-  const int b = I(x.dim(0)), t = I(x.dim(1)), n = b * t, dh = dim_ / heads_, d3 = 3 * dim_;
+  const int b = I(x.dim(0)), t = I(x.dim(1)), n = b * t, dh = dim_ / heads_;
+  const int hl = heads_ / shard_.ranks, dl = dim_ / shard_.ranks, d3 = 3 * dl;
   LayerNormResult ln = LayerNorm(x, params_[0].value, params_[1].value, kLayerNormEps);
   Tensor qkv = Tensor::Empty({n, d3}, d);
   Dense(d, ln.y.data(), n, dim_, d3, params_[2], params_[3], qkv.data());
 
-  Tensor p = Tensor::Empty({b, heads_, t, t}, d);
-  Device::GemmBatch scores{b, heads_, int64_t{t} * d3, dh, int64_t{t} * d3, dh, int64_t{heads_} * t * t, int64_t{t} * t};
-  d->BatchedGemm(false, true, t, t, dh, 1.0f / std::sqrt(static_cast<float>(dh)), qkv.data(), d3, qkv.data() + dim_, d3, 0.0f,
+  Tensor p = Tensor::Empty({b, hl, t, t}, d);
+  Device::GemmBatch scores{b, hl, int64_t{t} * d3, dh, int64_t{t} * d3, dh, int64_t{hl} * t * t, int64_t{t} * t};
+  d->BatchedGemm(false, true, t, t, dh, 1.0f / std::sqrt(static_cast<float>(dh)), qkv.data(), d3, qkv.data() + dl, d3, 0.0f,
                  p.data(), t, scores);
-  d->CausalSoftmax(p.data(), b * heads_, t, p.data());
-  Tensor o = Tensor::Empty({n, dim_}, d);
-  Device::GemmBatch mix{b, heads_, int64_t{heads_} * t * t, int64_t{t} * t, int64_t{t} * d3, dh, int64_t{t} * dim_, dh};
-  d->BatchedGemm(false, false, t, dh, t, 1.0f, p.data(), t, qkv.data() + 2 * dim_, d3, 0.0f, o.data(), dim_, mix);
+  d->CausalSoftmax(p.data(), b * hl, t, p.data());
+  Tensor o = Tensor::Empty({n, dl}, d);
+  Device::GemmBatch mix{b, hl, int64_t{hl} * t * t, int64_t{t} * t, int64_t{t} * d3, dh, int64_t{t} * dl, dh};
+  d->BatchedGemm(false, false, t, dh, t, 1.0f, p.data(), t, qkv.data() + 2 * dl, d3, 0.0f, o.data(), dl, mix);
 
-  Tensor y = Tensor::Empty({b, t, dim_}, d);
-  Dense(d, o.data(), n, dim_, dim_, params_[4], params_[5], y.data());
+  Tensor partial = Tensor::Empty({b, t, dim_}, d);
+  d->Gemm(false, true, n, dim_, dl, 1.0f, o.data(), dl, params_[4].value.data(), dl, 0.0f, partial.data(), dim_);
+  COPSE_ASSIGN_OR_RETURN(Tensor y, SumOverShards(shard_, group_, partial, Describe()));
+  d->BiasActivation(y.data(), params_[5].value.data(), n, dim_, Activation::kNone, y.data());
   const bool drop = ctx.training && dropout_ > 0.0f;
   const uint64_t seed = drop ? DropoutSeed(ctx, index_) : 0;
   if (drop) d->Dropout(y.data(), static_cast<size_t>(y.numel()), dropout_, seed, y.data());
@@ -189,7 +327,7 @@ Result<Tensor> AttentionBlock::Forward(const Tensor& x, const ForwardContext& ct
     stash->seed = seed;
     stash->shape = drop ? Shape{1} : Shape{};
   }
-  return y;
+  return y.Reshape({b, t, dim_});
 }
 
 Result<Tensor> AttentionBlock::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
@@ -198,31 +336,33 @@ Result<Tensor> AttentionBlock::Backward(const Tensor& dy, const LayerStash& stas
                &qkv = stash.tensors[4], &p = stash.tensors[5], &o = stash.tensors[6];
   if (dy.numel() != x.numel()) return BadInput(Describe() + " backward", ShapeToString(x.shape()), dy);
   Device* d = device_;
-  const int b = I(x.dim(0)), t = I(x.dim(1)), n = b * t, dh = dim_ / heads_, d3 = 3 * dim_;
+  const int b = I(x.dim(0)), t = I(x.dim(1)), n = b * t, dh = dim_ / heads_;
+  const int hl = heads_ / shard_.ranks, dl = dim_ / shard_.ranks, d3 = 3 * dl;
   if (!accumulate) ZeroGrad();
 
   Tensor dz = dy;
   if (!stash.shape.empty()) dz = Dropout(dy, dropout_, stash.seed);
-  Tensor dout = Tensor::Empty({n, dim_}, d);
-  DenseBackward(d, o.data(), dz.data(), n, dim_, dim_, params_[4], params_[5], dout.data());
+  Tensor dout = Tensor::Empty({n, dl}, d);
+  DenseBackward(d, o.data(), dz.data(), n, dl, dim_, params_[4], params_[5], dout.data());
 
   // dP = dO V^T, dV = P^T dO, dS = softmax'(dP), dQ = s dS K, dK = s dS^T Q.
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-  Tensor dp = Tensor::Empty({b, heads_, t, t}, d);
+  Tensor dp = Tensor::Empty({b, hl, t, t}, d);
   Tensor dqkv = Tensor::Empty({n, d3}, d);
-  const int64_t per_p = int64_t{heads_} * t * t, blk = int64_t{t} * t, row3 = int64_t{t} * d3, row1 = int64_t{t} * dim_;
-  d->BatchedGemm(false, true, t, t, dh, 1.0f, dout.data(), dim_, qkv.data() + 2 * dim_, d3, 0.0f, dp.data(), t,
-                 {b, heads_, row1, dh, row3, dh, per_p, blk});
-  d->BatchedGemm(true, false, t, dh, t, 1.0f, p.data(), t, dout.data(), dim_, 0.0f, dqkv.data() + 2 * dim_, d3,
-                 {b, heads_, per_p, blk, row1, dh, row3, dh});
-  d->CausalSoftmaxBackward(p.data(), dp.data(), b * heads_, t, dp.data());
-  d->BatchedGemm(false, false, t, dh, t, scale, dp.data(), t, qkv.data() + dim_, d3, 0.0f, dqkv.data(), d3,
-                 {b, heads_, per_p, blk, row3, dh, row3, dh});
-  d->BatchedGemm(true, false, t, dh, t, scale, dp.data(), t, qkv.data(), d3, 0.0f, dqkv.data() + dim_, d3,
-                 {b, heads_, per_p, blk, row3, dh, row3, dh});
+  const int64_t per_p = int64_t{hl} * t * t, blk = int64_t{t} * t, row3 = int64_t{t} * d3, row1 = int64_t{t} * dl;
+  d->BatchedGemm(false, true, t, t, dh, 1.0f, dout.data(), dl, qkv.data() + 2 * dl, d3, 0.0f, dp.data(), t,
+                 {b, hl, row1, dh, row3, dh, per_p, blk});
+  d->BatchedGemm(true, false, t, dh, t, 1.0f, p.data(), t, dout.data(), dl, 0.0f, dqkv.data() + 2 * dl, d3,
+                 {b, hl, per_p, blk, row1, dh, row3, dh});
+  d->CausalSoftmaxBackward(p.data(), dp.data(), b * hl, t, dp.data());
+  d->BatchedGemm(false, false, t, dh, t, scale, dp.data(), t, qkv.data() + dl, d3, 0.0f, dqkv.data(), d3,
+                 {b, hl, per_p, blk, row3, dh, row3, dh});
+  d->BatchedGemm(true, false, t, dh, t, scale, dp.data(), t, qkv.data(), d3, 0.0f, dqkv.data() + dl, d3,
+                 {b, hl, per_p, blk, row3, dh, row3, dh});
 
-  Tensor dh_ln = Tensor::Empty({n, dim_}, d);
-  DenseBackward(d, h.data(), dqkv.data(), n, dim_, d3, params_[2], params_[3], dh_ln.data());
+  Tensor dh_part = Tensor::Empty({n, dim_}, d);
+  DenseBackward(d, h.data(), dqkv.data(), n, dim_, d3, params_[2], params_[3], dh_part.data());
+  COPSE_ASSIGN_OR_RETURN(Tensor dh_ln, SumOverShards(shard_, group_, dh_part, Describe()));
   Tensor dx = Tensor::Empty(x.shape(), d);
   d->LayerNormBackward(dh_ln.data(), x.data(), params_[0].value.data(), mean.data(), rstd.data(), n, dim_, dx.data(),
                        params_[0].grad.data(), params_[1].grad.data());
@@ -232,39 +372,49 @@ Result<Tensor> AttentionBlock::Backward(const Tensor& dy, const LayerStash& stas
 }
 
 // ---- MlpBlock --------------------------------------------------------------------------------
-// Stash: x, LayerNorm mean and rstd, h = LayerNorm(x), z = Fc(h) [N, 4D] and a = GELU(z).
+// Stash: x, LayerNorm mean and rstd, h = LayerNorm(x), z = Fc(h) [N, 4D/R] and a = GELU(z).
 
-MlpBlock::MlpBlock(int dim, float dropout, float proj_std) : dim_(dim), dropout_(dropout), proj_std_(proj_std) {
+MlpBlock::MlpBlock(int dim, float dropout, float proj_std, TensorShard shard)
+    : dim_(dim), dropout_(dropout), proj_std_(proj_std), shard_(shard) {
+  const int wide = 4 * dim_ / shard_.ranks;
   AddParameter("ln.weight", {dim_});
   AddParameter("ln.bias", {dim_});
-  AddParameter("fc.weight", {4 * dim_, dim_});
-  AddParameter("fc.bias", {4 * dim_});
-  AddParameter("proj.weight", {dim_, 4 * dim_});
+  AddParameter("fc.weight", {wide, dim_});
+  AddParameter("fc.bias", {wide});
+  AddParameter("proj.weight", {dim_, wide});
   AddParameter("proj.bias", {dim_});
   params_[0].value.Fill(1.0f);
 }
 
-std::string MlpBlock::Describe() const { return "MlpBlock(" + std::to_string(dim_) + ", " + std::to_string(4 * dim_) + ")"; }
+std::string MlpBlock::Describe() const {
+  std::string s = "MlpBlock(" + std::to_string(dim_) + ", " + std::to_string(4 * dim_);
+  if (shard_.ranks > 1) s += ", shard " + std::to_string(shard_.rank) + "/" + std::to_string(shard_.ranks);
+  return s + ")";
+}
 
 void MlpBlock::InitParameters(uint64_t seed) {
   params_[0].value.Fill(1.0f);
   params_[1].value.Fill(0.0f);
-  NormalInit(params_[2].value, seed, 2, kInitStd);
+  ShardedNormalInit([&](const Tensor& t) { NormalInit(t, seed, 2, kInitStd); }, "fc.weight", {4 * dim_, dim_}, shard_,
+                    params_[2].value);
   params_[3].value.Fill(0.0f);
-  NormalInit(params_[4].value, seed, 4, proj_std_);
+  ShardedNormalInit([&](const Tensor& t) { NormalInit(t, seed, 4, proj_std_); }, "proj.weight", {dim_, 4 * dim_}, shard_,
+                    params_[4].value);
   params_[5].value.Fill(0.0f);
 }
 
 Result<Tensor> MlpBlock::Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) {
   if (x.ndim() != 3 || x.dim(2) != dim_) return BadInput(Describe(), "[B, T, " + std::to_string(dim_) + "]", x);
   Device* d = device_;
-  const int n = I(x.dim(0) * x.dim(1)), wide = 4 * dim_;
+  const int n = I(x.dim(0) * x.dim(1)), wide = 4 * dim_ / shard_.ranks;
   LayerNormResult ln = LayerNorm(x, params_[0].value, params_[1].value, kLayerNormEps);
   Tensor z = Tensor::Empty({n, wide}, d), a = Tensor::Empty({n, wide}, d);
   Dense(d, ln.y.data(), n, dim_, wide, params_[2], params_[3], z.data());
   d->BiasActivation(z.data(), nullptr, n, wide, Activation::kGelu, a.data());
-  Tensor y = Tensor::Empty(x.shape(), d);
-  Dense(d, a.data(), n, wide, dim_, params_[4], params_[5], y.data());
+  Tensor partial = Tensor::Empty(x.shape(), d);
+  d->Gemm(false, true, n, dim_, wide, 1.0f, a.data(), wide, params_[4].value.data(), wide, 0.0f, partial.data(), dim_);
+  COPSE_ASSIGN_OR_RETURN(Tensor y, SumOverShards(shard_, group_, partial, Describe()));
+  d->BiasActivation(y.data(), params_[5].value.data(), n, dim_, Activation::kNone, y.data());
   const bool drop = ctx.training && dropout_ > 0.0f;
   const uint64_t seed = drop ? DropoutSeed(ctx, index_) : 0;
   if (drop) d->Dropout(y.data(), static_cast<size_t>(y.numel()), dropout_, seed, y.data());
@@ -274,7 +424,7 @@ Result<Tensor> MlpBlock::Forward(const Tensor& x, const ForwardContext& ctx, Lay
     stash->seed = seed;
     stash->shape = drop ? Shape{1} : Shape{};
   }
-  return y;
+  return y.Reshape(x.shape());
 }
 
 Result<Tensor> MlpBlock::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
@@ -283,15 +433,16 @@ Result<Tensor> MlpBlock::Backward(const Tensor& dy, const LayerStash& stash, boo
                &z = stash.tensors[4], &a = stash.tensors[5];
   if (dy.numel() != x.numel()) return BadInput(Describe() + " backward", ShapeToString(x.shape()), dy);
   Device* d = device_;
-  const int n = I(x.dim(0) * x.dim(1)), wide = 4 * dim_;
+  const int n = I(x.dim(0) * x.dim(1)), wide = 4 * dim_ / shard_.ranks;
   if (!accumulate) ZeroGrad();
   Tensor dz2 = dy;
   if (!stash.shape.empty()) dz2 = Dropout(dy, dropout_, stash.seed);
   Tensor da = Tensor::Empty({n, wide}, d);
   DenseBackward(d, a.data(), dz2.data(), n, wide, dim_, params_[4], params_[5], da.data());
   d->ActivationBackward(Activation::kGelu, z.data(), da.data(), static_cast<size_t>(da.numel()), da.data());
-  Tensor dh_ln = Tensor::Empty({n, dim_}, d);
-  DenseBackward(d, h.data(), da.data(), n, dim_, wide, params_[2], params_[3], dh_ln.data());
+  Tensor dh_part = Tensor::Empty({n, dim_}, d);
+  DenseBackward(d, h.data(), da.data(), n, dim_, wide, params_[2], params_[3], dh_part.data());
+  COPSE_ASSIGN_OR_RETURN(Tensor dh_ln, SumOverShards(shard_, group_, dh_part, Describe()));
   Tensor dx = Tensor::Empty(x.shape(), d);
   d->LayerNormBackward(dh_ln.data(), x.data(), params_[0].value.data(), mean.data(), rstd.data(), n, dim_, dx.data(),
                        params_[0].grad.data(), params_[1].grad.data());

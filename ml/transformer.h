@@ -17,6 +17,7 @@
 // Thread-safety: as Layer.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ml/layers.h"
 
@@ -32,6 +33,39 @@ struct GptSpec {
   float dropout = 0.0f;
   int vocab = 256;
 };
+
+/// Tensor parallelism (Megatron-LM's): each of `ranks` members holds a shard of every block —
+/// the attention's heads [rank * H/ranks, (rank + 1) * H/ranks) (their rows of qkv, their
+/// columns of proj) and a slice of the MLP's 4D hidden units (rows of fc, columns of proj) —
+/// and everything else whole. A block's two products that end in a sum over the shards (the
+/// output projection forward, the input projection's dL/dx backward) give each member a
+/// partial [B, T, D] that the group adds up; so each block costs one all-reduce forward and one
+/// backward. Every member computes the replicated parts on the same inputs, so their gradients
+/// and updates agree bit for bit without exchanging them.
+struct TensorShard {
+  int rank = 0;
+  int ranks = 1;
+};
+
+/// The members of one tensor-parallel group, as a layer sees them.
+class TensorParallelGroup {
+ public:
+  virtual ~TensorParallelGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// The sum of every member's `partial` (same shape everywhere), added in rank order so that
+  /// every member gets the same bits; every member must call it, in the same order.
+  virtual Result<Tensor> AllReduceSum(const Tensor& partial) = 0;
+};
+
+/// The shard of full parameter `name` ("<index>.qkv.weight", ...) that member `rank` of `ranks`
+/// holds (the whole tensor when the parameter is replicated), and back: the full tensor from
+/// every member's shard, in rank order.
+Tensor ShardParameter(const std::string& name, const Tensor& full, int rank, int ranks);
+Tensor UnshardParameter(const std::string& name, const std::vector<Tensor>& shards);
+NamedTensors ShardParameters(const NamedTensors& full, int rank, int ranks);
+/// `shards[r]` is member r's parameter set (same names in the same order).
+Result<NamedTensors> UnshardParameters(const std::vector<NamedTensors>& shards);
 
 /// Whether `model` names a language model ("gpt:...").
 bool IsLanguageModel(const std::string& model);
@@ -58,33 +92,42 @@ class TokenEmbedding final : public Layer {
 /// D / H: scores scaled by 1 / sqrt(D / H), masked so that position t attends to 0..t.
 /// Parameters "ln.weight", "ln.bias", "qkv.weight" [3D, D], "qkv.bias", "proj.weight" [D, D],
 /// "proj.bias".
+/// With a shard of R ranks: the block's H/R heads, "qkv.weight" [3D/R, D], "proj.weight"
+/// [D, D/R]; "proj.bias" is added once, after the group's sum.
 class AttentionBlock final : public Layer {
  public:
-  AttentionBlock(int dim, int heads, float dropout, float proj_std);
+  AttentionBlock(int dim, int heads, float dropout, float proj_std, TensorShard shard = {});
   std::string Describe() const override;
   Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
   Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
   void InitParameters(uint64_t seed) override;
+  void SetTensorParallelGroup(TensorParallelGroup* group) override { group_ = group; }
 
  private:
   int dim_, heads_;
   float dropout_, proj_std_;
+  TensorShard shard_;
+  TensorParallelGroup* group_ = nullptr;
 };
 
 /// y = x + Dropout(Proj(GELU(Fc(LayerNorm(x))))) over x [B, T, D], Fc widening to 4D.
 /// Parameters "ln.weight", "ln.bias", "fc.weight" [4D, D], "fc.bias", "proj.weight" [D, 4D],
 /// "proj.bias".
+/// With a shard of R ranks: "fc.weight" [4D/R, D], "fc.bias" [4D/R], "proj.weight" [D, 4D/R].
 class MlpBlock final : public Layer {
  public:
-  MlpBlock(int dim, float dropout, float proj_std);
+  MlpBlock(int dim, float dropout, float proj_std, TensorShard shard = {});
   std::string Describe() const override;
   Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
   Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
   void InitParameters(uint64_t seed) override;
+  void SetTensorParallelGroup(TensorParallelGroup* group) override { group_ = group; }
 
  private:
   int dim_;
   float dropout_, proj_std_;
+  TensorShard shard_;
+  TensorParallelGroup* group_ = nullptr;
 };
 
 }  // namespace copse::ml
