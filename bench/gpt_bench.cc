@@ -6,10 +6,10 @@
 // 1, the same number of steps; validation loss on the first 500 validation windows. Each side
 // draws its own initial parameters and batch order (seed = run), so losses agree statistically,
 // not bit for bit. Then the same model, batch and steps as copse jobs on the same two cores
-// (`copse run --daemons 2`, 1 thread per vertex): data-parallel 2 (parameter server) and a
-// 2-stage 1F1B pipeline of 4 micro-batches, with AdamW at a constant rate (jobs have no schedule
-// or clipping yet). Each round runs every row once, in turn; medians printed.
-// A benchmark: it prints figures and never fails on them.
+// (`copse run --daemons 2`, 1 thread per vertex): tensor-parallel 2 (a gang per step on one
+// daemon, shm channels), data-parallel 2 (parameter server) and a 2-stage 1F1B pipeline of 4
+// micro-batches, with AdamW at a constant rate (jobs have no schedule or clipping yet). Each round runs every row once, in turn;
+// medians printed. A benchmark: it prints figures and never fails on them.
 //
 //   gpt_bench [--model gpt:4-128-4-64] [--steps 200] [--runs 3] [--threads 2] [--no-torch] [--no-graphs]
 #include <unistd.h>
@@ -142,6 +142,11 @@ int main(int argc, char** argv) {
     pp.stages = 2;
     pp.microbatches = 4;
     pp.schedule = "1f1b";
+    copse::ml::GraphOptions tp = g;
+    tp.kind = "tensor-parallel";
+    tp.tensor_parallel = 2;
+    tp.tp_channel = "shm";
+    rows.push_back({"tensor-parallel 2 shm", tp, {}, {}});
     rows.push_back({"data-parallel 2", dp, {}, {}});
     rows.push_back({"pipeline 2 1F1B M=4", pp, {}, {}});
   }

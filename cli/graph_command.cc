@@ -128,7 +128,8 @@ void AddPipelineFlags(CLI::App* cmd, GraphFlags& f) {
 }  // namespace
 
 void AddGraphCommand(CLI::App& app) {
-  CLI::App* graph = app.add_subcommand("graph", "Write a training job file (data-parallel, pipeline, hybrid) to stdout");
+  CLI::App* graph =
+      app.add_subcommand("graph", "Write a training job file (data-parallel, pipeline, hybrid, tensor-parallel) to stdout");
   graph->require_subcommand(1);
 
   auto dp = std::make_shared<GraphFlags>();
@@ -155,6 +156,21 @@ void AddGraphCommand(CLI::App& app) {
   AddPipelineFlags(h, *hp);
   AddTrainingFlags(h, *hp);
   h->callback([hp] { ExitCode() = RunGraph(*hp, "hybrid"); });
+
+  auto tp = std::make_shared<GraphFlags>();
+  CLI::App* t = graph->add_subcommand(
+      "tensor-parallel", "a gpt model's blocks split over T members per step (Megatron-style), joined by live channels");
+  tp->o.model = "gpt:4-128-4-64";
+  tp->o.optimizer = "adamw";
+  tp->o.lr = 3e-3;
+  t->add_option("--tensor-parallel", tp->o.tensor_parallel, "Members of each step's group (HEADS must be a multiple)")
+      ->check(CLI::Range(2, 16))
+      ->capture_default_str();
+  t->add_option("--tp-channel", tp->o.tp_channel, "shm (the group on one daemon) or stream (across daemons)")
+      ->check(CLI::IsMember({"shm", "stream"}))
+      ->capture_default_str();
+  AddTrainingFlags(t, *tp);
+  t->callback([tp] { ExitCode() = RunGraph(*tp, "tensor-parallel"); });
 }
 
 }  // namespace copse::cli

@@ -21,7 +21,7 @@
 namespace copse::ml {
 
 struct GraphOptions {
-  std::string kind = "data-parallel";  // data-parallel | pipeline | hybrid
+  std::string kind = "data-parallel";  // data-parallel | pipeline | hybrid | tensor-parallel
   std::string name;                    // job name (default from the kind)
   int workers = 2;                     // data-parallel replicas (pipelines, for hybrid)
   int stages = 2;                      // pipeline stages
@@ -32,10 +32,12 @@ struct GraphOptions {
   // gradients of every micro-batch in one product (where the stage's layers allow it and
   // activations are stashed); per-microbatch: each backward accumulates them.
   std::string weight_grads = "batched";
-  std::string reducer = "tree";  // tree | ring | ps (data-parallel)
-  int fanin = 2;                 // tree reducer fan-in
-  bool loader_vertices = false;  // data-parallel: a shard-loader vertex per grad vertex
-  std::vector<int> split;        // pipeline stage boundaries (layer indices), or balanced
+  std::string reducer = "tree";    // tree | ring | ps (data-parallel)
+  int fanin = 2;                   // tree reducer fan-in
+  bool loader_vertices = false;    // data-parallel: a shard-loader vertex per grad vertex
+  std::vector<int> split;          // pipeline stage boundaries (layer indices), or balanced
+  int tensor_parallel = 2;         // tensor-parallel: members of each step's gang
+  std::string tp_channel = "shm";  // their live channels: shm (one daemon) | stream
   // Training.
   std::string model = "mlp";
   int epochs = 1;

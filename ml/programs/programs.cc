@@ -29,6 +29,7 @@
 #include "ml/programs/allreduce.h"
 #include "ml/programs/gradient_log.h"
 #include "ml/programs/register.h"
+#include "ml/programs/tensor_parallel.h"
 #include "ml/programs/support.h"
 #include "ml/serialize.h"
 #include "ml/tensor_message.h"
@@ -41,17 +42,6 @@ namespace {
 
 using vertex::VertexContext;
 using vertex::VertexProgram;
-
-Tensor Scalars(const std::vector<float>& v) { return Tensor::FromVector({static_cast<int64_t>(v.size())}, v); }
-
-std::vector<float> ReadScalars(const Tensor* t, size_t n) {
-  std::vector<float> out(n, 0.0f);
-  if (t) {
-    const Tensor h = t->To(CpuDevice());
-    for (size_t i = 0; i < n && i < static_cast<size_t>(h.numel()); ++i) out[i] = h.data()[i];
-  }
-  return out;
-}
 
 /// Layers [begin, end) of the whole model from params (end = -1: to the last layer).
 Result<std::pair<int, int>> LayerRange(const VertexContext& ctx, const TrainSettings& s) {
@@ -180,7 +170,11 @@ class InitProgram final : public VertexProgram {
     COPSE_ASSIGN_OR_RETURN(auto range, LayerRange(ctx, s));
     COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModel(s.model, s.seed));
     Sequential stage = full.Slice(range.first, range.second);
-    const chan::Buffer params = TensorMessage(ParameterHandles(stage));  // `stage` dies here
+    // A member of a tensor-parallel group (params.tensor_parallel > 1) starts from its shard.
+    const int tp = ctx.param<int>("tensor_parallel", 1), tp_rank = ctx.param<int>("tp_rank", 0);
+    if (tp > 1) COPSE_RETURN_NOT_OK(BuildModelShardLayers(s.model, tp_rank, tp).status().WithContext(ctx.name));
+    const chan::Buffer params = TensorMessage(tp > 1 ? ShardParameters(stage.ExportParameters(), tp_rank, tp)
+                                                     : ParameterHandles(stage));  // `stage` dies here
     const chan::Buffer state = TensorMessage({});
     const chan::Buffer stats = TensorMessage({{"__stats", Scalars({0, 0, 0, 0})}});
     std::vector<size_t> skip;
@@ -855,6 +849,16 @@ class EvalProgram final : public VertexProgram {
       if (sv[1] > 0) stats = sv;  // the stage that computes the loss
     }
     COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModelLayers(s.model));  // every parameter is imported
+    if (const int tp = ctx.param<int>("tensor_parallel", 1); tp > 1) {
+      // The chains are the members' shards, in rank order: joined into the whole model's.
+      if (all.size() % static_cast<size_t>(tp) != 0)
+        return Status::DataLoss(ctx.name + ": " + std::to_string(all.size()) + " parameters from " + std::to_string(tp) +
+                                " tensor-parallel members");
+      std::vector<NamedTensors> shards(static_cast<size_t>(tp));
+      const size_t per = all.size() / static_cast<size_t>(tp);
+      for (size_t i = 0; i < all.size(); ++i) shards[i / per].push_back(std::move(all[i]));
+      COPSE_ASSIGN_OR_RETURN(all, UnshardParameters(shards));
+    }
     COPSE_RETURN_NOT_OK(model.ImportParameters(all));
     const NamedTensors params = model.ExportParameters();
     const std::string digest = Digest(params);
@@ -950,6 +954,7 @@ void RegisterMlPrograms(vertex::ProgramRegistry& registry) {
   add("ml.reduce", [] { return std::make_unique<ReduceProgram>(); });
   add("ml.ring_reduce", [] { return std::make_unique<RingReduceProgram>(); });
   add("ml.allreduce", [] { return MakeAllReduceProgram(); });
+  add("ml.tp_step", [] { return MakeTensorParallelStepProgram(); });
   add("ml.update", [] { return std::make_unique<UpdateProgram>(); });
   add("ml.ps", [] { return std::make_unique<UpdateProgram>(); });
   add("ml.eval", [] { return std::make_unique<EvalProgram>(); });

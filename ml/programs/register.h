@@ -10,6 +10,8 @@
 //   ml.reduce      sum of gradient messages in port order (a node of a reduction tree)
 //   ml.ring_reduce one round of a ring all-reduce among replica vertices
 //   ml.allreduce   a worker's gradients summed over its GPU gang's NCCL group
+//   ml.tp_step     one step of one member of a tensor-parallel gang (forward, backward and
+//                  update of its shard), all-reducing each block's partials over live channels
 //   ml.update      optimizer step of one stage: sums its gradient inputs, writes the new
 //                  parameters and optimizer state
 //   ml.ps          a parameter server: ml.update fed by every worker directly

@@ -204,6 +204,17 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const 
   return lease;
 }
 
+Tensor Scalars(const std::vector<float>& v) { return Tensor::FromVector({static_cast<int64_t>(v.size())}, v); }
+
+std::vector<float> ReadScalars(const Tensor* t, size_t n) {
+  std::vector<float> out(n, 0.0f);
+  if (t) {
+    const Tensor h = t->To(CpuDevice());
+    for (size_t i = 0; i < n && i < static_cast<size_t>(h.numel()); ++i) out[i] = h.data()[i];
+  }
+  return out;
+}
+
 NamedTensors Clones(const NamedTensors& tensors) {
   NamedTensors out;
   out.reserve(tensors.size());

@@ -107,6 +107,11 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const 
 /// The tensor named `name` in `set` (the first such), or null.
 const Tensor* FindTensor(const NamedTensors& set, std::string_view name);
 
+/// A 1-D tensor of `v` ("__loss", "__stats"), and the first `n` values of one (zeros where it
+/// is null or shorter).
+Tensor Scalars(const std::vector<float>& v);
+std::vector<float> ReadScalars(const Tensor* t, size_t n);
+
 /// Deep copies of `tensors` (to write to tensors a TensorMessage shares read-only).
 NamedTensors Clones(const NamedTensors& tensors);
 

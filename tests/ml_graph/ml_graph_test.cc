@@ -284,6 +284,60 @@ TEST_CASE("MlGraph.GptPipelineDataParallelAndHybridMatchSingleProcessTraining" *
   CHECK(r.digest == clean_pipeline_digest);
 }
 
+// Tensor parallelism as a job: per step a gang of two ml.tp_step members joined by live
+// channels — shm on one daemon, or stream across daemons — reaches the whole model's
+// single-process parameters (the same sums split at another point), and a killed member's
+// daemon restarts the gang: bit-identical parameters.
+TEST_CASE("MlGraph.GptTensorParallelMatchesSingleProcessTraining" * doctest::timeout(300)) {
+  if (!fs::exists("/usr/share/games/fortunes")) {
+    MESSAGE("skipped: no /usr/share/games/fortunes (Debian package fortunes)");
+    return;
+  }
+  GraphOptions base = Small();
+  base.model = "gpt:2-32-4-16";
+  base.limit = 256;
+  base.test_limit = 64;
+  base.batch = 32;  // 8 steps
+  const NamedTensors reference = SingleProcess(base);
+  std::string digest;
+  for (const std::string channel : {"shm", "stream"}) {
+    CAPTURE(channel);
+    GraphOptions o = base;
+    o.kind = "tensor-parallel";
+    o.tensor_parallel = 2;
+    o.tp_channel = channel;
+    auto job = GenerateTrainingGraph(o);
+    REQUIRE(job.ok());
+    TempDir dir;
+    const RunResult r = RunJob(*job, dir.path, 2, channel == "shm" ? 2 : 1);  // stream: one slot each, members apart
+    const double rel = RelativeDifference(r.params, reference);
+    MESSAGE("gpt tensor-parallel 2 over " << channel << ": relative difference " << rel);
+    CHECK(rel < kTolerance);
+    CHECK(r.metrics["config"]["tensor_parallel"] == 2);
+    if (digest.empty()) digest = r.digest;
+    CHECK(r.digest == digest);  // the channel kind moves bytes, it changes no sum
+  }
+  GraphOptions o = base;
+  o.kind = "tensor-parallel";
+  o.tp_channel = "stream";
+  auto job = GenerateTrainingGraph(o);
+  REQUIRE(job.ok());
+  Json faulty = *job;
+  faulty["faults"] = Json::array({{{"kill_daemon_of", "tp1[5]"}, {"when", {{"completed", 12}}}}});
+  TempDir dir;
+  const RunResult r = RunJob(faulty, dir.path, 3, 1);
+  REQUIRE(r.summary["faults"].size() == 1);
+  REQUIRE(r.summary["recoveries"].size() > 0);
+  CHECK(r.digest == digest);
+
+  GraphOptions bad = base;
+  bad.kind = "tensor-parallel";
+  bad.tensor_parallel = 3;
+  CHECK(GenerateTrainingGraph(bad).status().message().find("4 heads cannot be split over 3") != std::string::npos);
+  bad.model = "mlp";
+  CHECK(GenerateTrainingGraph(bad).status().message().find("gpt models only") != std::string::npos);
+}
+
 // A pipeline stage's backward passes a gradient log, not its accumulated gradients, to the next
 // micro-batch (ml/programs/gradient_log.h); the daemon's cached model holds the sum. With the
 // model cache off every backward of micro-batch m > 0 rebuilds the sum by replaying the log —

@@ -1,0 +1,143 @@
+// ml.tp_step: one training step of member params.tp_rank of a tensor-parallel group of
+// params.tensor_parallel members (ml/transformer.h: each member holds a shard of every block).
+// One vertex per member and step; a step's members form a gang joined by live channels (shm on
+// one daemon, stream across daemons), every member to every other, over which each block's two
+// all-reduces run: a member writes its partial [B, T, D] to each peer and adds every member's
+// part in rank order, so all get the same bits.
+//
+// Ports: input 0, the member's chain (params, optimizer state, stats) from ml.init or its
+// previous step; inputs 1..R-1, the other members' partials, one channel from each in rank
+// order (itself skipped). Output 0, its chain after the step (to its next step, or eval);
+// outputs 1..R-1, its partials to each other member in rank order. Every member trains on the
+// whole global batch of step params-replica; the loss stage's figures come from member 0.
+#include "ml/programs/tensor_parallel.h"
+
+#include <algorithm>
+
+#include "ml/loss.h"
+#include "ml/models.h"
+#include "ml/philox.h"
+#include "ml/programs/support.h"
+#include "ml/tensor_message.h"
+#include "ml/transformer.h"
+
+namespace copse::ml::programs {
+namespace {
+
+/// The gang's live channels as a TensorParallelGroup: port k (1-based) of the vertex joins it
+/// to the k-th other member in rank order.
+class LiveChannelGroup final : public TensorParallelGroup {
+ public:
+  LiveChannelGroup(vertex::VertexContext& ctx, int rank, int size) : ctx_(ctx), rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Result<Tensor> AllReduceSum(const Tensor& partial) override {
+    const chan::Buffer mine = SingleTensorMessage(partial);
+    for (int k = 1; k < size_; ++k) COPSE_RETURN_NOT_OK(ctx_.output(static_cast<size_t>(k)).Write(mine));
+    std::vector<Tensor> parts(static_cast<size_t>(size_));
+    parts[static_cast<size_t>(rank_)] = partial;
+    for (int k = 1; k < size_; ++k) {
+      const int peer = k - 1 < rank_ ? k - 1 : k;
+      COPSE_ASSIGN_OR_RETURN(auto msg, ctx_.input(static_cast<size_t>(k)).Next());
+      if (!msg) return Status::DataLoss(ctx_.name + ": tensor-parallel member " + std::to_string(peer) + " ended early");
+      COPSE_ASSIGN_OR_RETURN(Tensor t, ReadSingleTensor(*msg));
+      if (t.shape() != partial.shape())
+        return Status::DataLoss(ctx_.name + ": member " + std::to_string(peer) + " sent a partial of shape " +
+                                ShapeToString(t.shape()) + ", expected " + ShapeToString(partial.shape()));
+      parts[static_cast<size_t>(peer)] = t;
+    }
+    Tensor sum = parts[0].Clone();
+    for (size_t r = 1; r < parts.size(); ++r)
+      sum.device()->Axpy(1.0f, parts[r].data(), static_cast<size_t>(sum.numel()), sum.data());
+    return sum;
+  }
+
+ private:
+  vertex::VertexContext& ctx_;
+  int rank_, size_;
+};
+
+std::unique_ptr<Optimizer> MakeOptimizer(const TrainSettings& s, Sequential& m) {
+  if (s.optimizer == "adam" || s.optimizer == "adamw") {
+    AdamOptions a;
+    a.lr = s.lr;
+    a.weight_decay = s.weight_decay;
+    a.decoupled_weight_decay = s.optimizer == "adamw";
+    return std::make_unique<Adam>(m.Parameters(), a);
+  }
+  return std::make_unique<Sgd>(m.Parameters(), SgdOptions{s.lr, s.momentum, 0.0f, s.weight_decay, false});
+}
+
+class TensorParallelStepProgram final : public vertex::VertexProgram {
+ public:
+  Status Run(vertex::VertexContext& ctx) override {
+    TraceSpan span(ctx);
+    SetCpuThreads(static_cast<int>(std::max(1u, ctx.threads)));
+    COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
+    const int ranks = ctx.param<int>("tensor_parallel", 1), rank = ctx.param<int>("tp_rank", 0);
+    if (ranks < 1 || rank < 0 || rank >= ranks)
+      return Status::InvalidArgument(ctx.name + ": params.tp_rank " + std::to_string(rank) + " is not one of its " +
+                                     std::to_string(ranks) + " tensor-parallel ranks");
+    if (ctx.num_inputs() != static_cast<size_t>(ranks) || ctx.num_outputs() != static_cast<size_t>(ranks))
+      return Status::InvalidArgument(ctx.name + ": a member of " + std::to_string(ranks) + " needs " + std::to_string(ranks) +
+                                     " inputs and outputs (its chain, and a live channel from and to each other member), has " +
+                                     std::to_string(ctx.num_inputs()) + " and " + std::to_string(ctx.num_outputs()));
+    COPSE_ASSIGN_OR_RETURN(auto chain, ReadAll(ctx, 0));
+    if (chain.size() != 3) return Status::DataLoss(ctx.name + ": input 0 needs a chain (params, state, stats)");
+    COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModelShardLayers(s.model, rank, ranks));
+    COPSE_ASSIGN_OR_RETURN(NamedTensors params, ReadTensorMessage(chain[0]));
+    COPSE_RETURN_NOT_OK(model.ImportParameters(params).WithContext(ctx.name));
+    std::unique_ptr<Optimizer> opt = MakeOptimizer(s, model);
+    COPSE_ASSIGN_OR_RETURN(NamedTensors state, ReadTensorMessage(chain[1]));
+    if (!state.empty()) COPSE_RETURN_NOT_OK(opt->ImportState(state).WithContext(ctx.name));
+    COPSE_ASSIGN_OR_RETURN(NamedTensors stats_set, ReadTensorMessage(chain[2]));
+    std::vector<float> stats = ReadScalars(FindTensor(stats_set, "__stats"), 4);
+
+    const int64_t step = ctx.replica;
+    COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
+    int64_t batch_rows = 0;
+    COPSE_ASSIGN_OR_RETURN(auto idx, StepIndices(s, step, 0, 1, &batch_rows));
+    const Batch b = train->Gather(idx);
+    LiveChannelGroup group(ctx, rank, ranks);
+    model.SetTensorParallelGroup(&group);
+    const auto [epoch, k] = EpochAndStep(s, step);
+    const ForwardContext fc{true, MixSeed(s.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(k))};
+    Stash stash;
+    COPSE_ASSIGN_OR_RETURN(Tensor logits, model.Forward(b.images, fc, &stash));
+    COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels, batch_rows));
+    COPSE_RETURN_NOT_OK(model.Backward(loss.grad, stash, /*need_input_grad=*/false, /*accumulate=*/false).status());
+    opt->Step();
+
+    if (static_cast<int64_t>(stats[2]) != epoch) stats[0] = stats[1] = 0, stats[2] = static_cast<float>(epoch);
+    stats[0] += static_cast<float>(loss.loss * static_cast<double>(b.size()));
+    stats[1] += static_cast<float>(b.size());
+    stats[3] += static_cast<float>(b.size());
+    if (rank == 0) {
+      ctx.progress = {{"step", step + 1},
+                      {"steps", ctx.param<int64_t>("steps", 0)},
+                      {"loss", stats[0] / stats[1]},
+                      {"epoch", static_cast<int64_t>(stats[2])},
+                      {IsLanguageModel(s.model) ? "tokens" : "images", stats[3]}};
+    }
+    COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(model.ExportParameters())));
+    COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(opt->ExportState())));
+    COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage({{"__stats", Scalars(stats)}})));
+    // End every channel, then read the peers' to their end: no member returns before its peers
+    // have read what it sent.
+    COPSE_RETURN_NOT_OK(ctx.CloseOutputs());
+    for (size_t port = 1; port < ctx.num_inputs(); ++port) {
+      while (true) {
+        COPSE_ASSIGN_OR_RETURN(auto m, ctx.input(port).Next());
+        if (!m) break;
+      }
+    }
+    return Status::OK();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<vertex::VertexProgram> MakeTensorParallelStepProgram() { return std::make_unique<TensorParallelStepProgram>(); }
+
+}  // namespace copse::ml::programs
