@@ -111,8 +111,19 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
   cmd->add_option("-f,--file,--out", f.out, "write the job file here instead of standard output");
 }
 
+void AddTensorParallelFlags(CLI::App* cmd, ml::GraphOptions& o, int min) {
+  cmd->add_option("--tensor-parallel", o.tensor_parallel,
+                  "Tensor-parallel members per gang: each gpt block split over them (HEADS must be a multiple)")
+      ->check(CLI::Range(min, 16))
+      ->capture_default_str();
+  cmd->add_option("--tp-channel", o.tp_channel, "Their live channels: shm (a gang on one daemon) or stream (across daemons)")
+      ->check(CLI::IsMember({"shm", "stream"}))
+      ->capture_default_str();
+}
+
 void AddPipelineFlags(CLI::App* cmd, GraphFlags& f) {
   ml::GraphOptions& o = f.o;
+  AddTensorParallelFlags(cmd, o, 1);
   cmd->add_option("--stages", o.stages, "Pipeline stages")->check(CLI::Range(1, 64))->capture_default_str();
   cmd->add_option("--microbatches", o.microbatches, "Micro-batches per step")->check(CLI::Range(1, 256))->capture_default_str();
   cmd->add_option("--schedule", o.schedule, "gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"}))->capture_default_str();
@@ -163,12 +174,8 @@ void AddGraphCommand(CLI::App& app) {
   tp->o.model = "gpt:4-128-4-64";
   tp->o.optimizer = "adamw";
   tp->o.lr = 3e-3;
-  t->add_option("--tensor-parallel", tp->o.tensor_parallel, "Members of each step's group (HEADS must be a multiple)")
-      ->check(CLI::Range(2, 16))
-      ->capture_default_str();
-  t->add_option("--tp-channel", tp->o.tp_channel, "shm (the group on one daemon) or stream (across daemons)")
-      ->check(CLI::IsMember({"shm", "stream"}))
-      ->capture_default_str();
+  tp->o.tensor_parallel = 2;
+  AddTensorParallelFlags(t, tp->o, 2);
   AddTrainingFlags(t, *tp);
   t->callback([tp] { ExitCode() = RunGraph(*tp, "tensor-parallel"); });
 }

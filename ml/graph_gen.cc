@@ -99,8 +99,10 @@ Status Check(const GraphOptions& o) {
   };
   if (o.kind != "data-parallel" && o.kind != "pipeline" && o.kind != "hybrid" && o.kind != "tensor-parallel")
     return bad("kind", "data-parallel, pipeline, hybrid or tensor-parallel");
-  if (o.kind == "tensor-parallel") {
-    if (o.tensor_parallel < 2 || o.tensor_parallel > 16) return bad("--tensor-parallel", "2..16");
+  if (o.kind == "tensor-parallel" && o.tensor_parallel < 2) return bad("--tensor-parallel", "2..16 for a tensor-parallel job");
+  if (o.tensor_parallel > 1) {
+    if (o.tensor_parallel > 16) return bad("--tensor-parallel", "1..16");
+    if (o.kind == "data-parallel") return bad("--tensor-parallel", "1 for data-parallel (hybrid --stages 1 combines them)");
     if (o.tp_channel != "shm" && o.tp_channel != "stream") return bad("--tp-channel", "shm or stream");
     COPSE_RETURN_NOT_OK(BuildModelShardLayers(o.model, 0, o.tensor_parallel).status());
   }
@@ -175,11 +177,11 @@ void MarkCheckpoint(JobBuilder& b, const GraphOptions& o, const std::string& upd
 
 Json Config(const GraphOptions& o, int64_t steps) {
   Json c = {{"kind", o.kind}, {"model", o.model}, {"batch", o.batch}, {"steps", steps}, {"epochs", o.epochs}};
-  if (o.kind == "tensor-parallel") {
+  if (o.tensor_parallel > 1) {
     c["tensor_parallel"] = o.tensor_parallel;
     c["tp_channel"] = o.tp_channel;
-    return c;
   }
+  if (o.kind == "tensor-parallel") return c;
   if (o.kind != "pipeline") c["workers"] = o.workers;
   if (o.kind == "data-parallel") c["reducer"] = o.reducer;
   if (o.kind != "data-parallel") {
@@ -383,6 +385,11 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
   JobBuilder b(o.checkpoint_dir + "/durable");
   const Json common = CommonParams(o);
   const int P = o.stages, M = o.microbatches, W = o.kind == "hybrid" ? o.workers : 1;
+  // With tensor parallelism (R > 1) every vertex below is R members, one per rank, and each
+  // forward and backward's members form a gang joined by live channels (ml.tp_step's layout:
+  // the last R - 1 inputs and outputs); each member's params, stash, activations and gradients
+  // flow only between vertices of its own rank.
+  const int R = o.tensor_parallel;
   std::vector<int> split = o.split;
   if (split.empty()) {
     COPSE_ASSIGN_OR_RETURN(split, BalancedSplit(o.model, P));
@@ -392,78 +399,103 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
       !std::is_sorted(split.begin(), split.end()) || std::adjacent_find(split.begin(), split.end()) != split.end())
     return Status::InvalidArgument("--split: expected " + std::to_string(P - 1) + " increasing inner boundaries between 0 and " +
                                    std::to_string(full.size()));
-  auto suffix = [&](int s, int w) { return std::to_string(s) + (W > 1 ? "w" + std::to_string(w) : ""); };
-  auto F = [&](int s, int w) { return "fwd" + suffix(s, w); };
-  auto B = [&](int s, int w) { return "bwd" + suffix(s, w); };
-  auto Uname = [&](int s) { return "upd" + std::to_string(s); };
-  auto Iname = [&](int s) { return "init" + std::to_string(s); };
+  auto rank = [&](int r) { return R > 1 ? "t" + std::to_string(r) : std::string(); };
+  auto suffix = [&](int s, int w, int r) { return std::to_string(s) + (W > 1 ? "w" + std::to_string(w) : "") + rank(r); };
+  auto F = [&](int s, int w, int r) { return "fwd" + suffix(s, w, r); };
+  auto B = [&](int s, int w, int r) { return "bwd" + suffix(s, w, r); };
+  auto Uname = [&](int s, int r) { return "upd" + std::to_string(s) + rank(r); };
+  auto Iname = [&](int s, int r) { return "init" + std::to_string(s) + rank(r); };
   for (int s = 0; s < P; ++s) {
     const Json layers = {{"begin", split[s]}, {"end", split[s + 1]}};
-    const std::string group = "stage" + std::to_string(s);
     // What crosses to a neighbour stage is retained (the activation, port 1 of a forward; dL/dx,
     // port 1 of a backward): a lost stage re-runs its own history from its neighbours' outputs
     // instead of walking back through every stage to init. Outputs that stay within a stage are
     // released as usual — they would die with the stage's daemon anyway.
     const std::vector<int> crossing = {1};
-    // Batched weight gradients need the stashed layer inputs and layers that can defer theirs.
+    // Batched weight gradients need the stashed layer inputs and layers that can defer theirs
+    // (a tensor-parallel block cannot).
     const bool batched =
-        o.weight_grads == "batched" && !o.recompute && full.Slice(split[s], split[s + 1]).DefersWeightGradients();
-    b.Stage(Iname(s), "ml.init", 1, With(With(common, layers), {{"clock", s == 0}}), o.daemon_cpus, group + (W > 1 ? "w0" : ""));
-    for (int w = 0; w < W; ++w) {
-      const Json pos = {{"stage", s},   {"stages", P}, {"microbatches", M},
-                        {"workers", W}, {"worker", w}, {"recompute", o.recompute}};
-      b.Stage(F(s, w), "ml.forward", steps * M, With(With(common, layers), pos), o.threads,
-              group + (W > 1 ? "w" + std::to_string(w) : ""), s + 1 < P ? crossing : std::vector<int>{});
-      b.Stage(B(s, w), "ml.backward", steps * M,
-              With(With(With(common, layers), pos), {{"weight_grads", batched ? "batched" : "per-microbatch"}}), o.threads,
-              group + (W > 1 ? "w" + std::to_string(w) : ""), s > 0 ? crossing : std::vector<int>{});
+        o.weight_grads == "batched" && !o.recompute && R == 1 && full.Slice(split[s], split[s + 1]).DefersWeightGradients();
+    for (int r = 0; r < R; ++r) {
+      // shm gangs share a daemon: a stage's members share its affinity group; stream gangs may
+      // spread, one group per rank.
+      const std::string group = "stage" + std::to_string(s) + (o.tp_channel == "stream" ? rank(r) : std::string());
+      const Json tp = R > 1 ? Json{{"tensor_parallel", R}, {"tp_rank", r}} : Json::object();
+      b.Stage(Iname(s, r), "ml.init", 1, With(With(With(common, layers), tp), {{"clock", s == 0 && r == 0}}), o.daemon_cpus,
+              group + (W > 1 ? "w0" : ""));
+      for (int w = 0; w < W; ++w) {
+        const Json pos = {{"stage", s},   {"stages", P}, {"microbatches", M},
+                          {"workers", W}, {"worker", w}, {"recompute", o.recompute}};
+        b.Stage(F(s, w, r), "ml.forward", steps * M, With(With(With(common, layers), tp), pos), o.threads,
+                group + (W > 1 ? "w" + std::to_string(w) : ""), s + 1 < P ? crossing : std::vector<int>{});
+        b.Stage(B(s, w, r), "ml.backward", steps * M,
+                With(With(With(With(common, layers), tp), pos), {{"weight_grads", batched ? "batched" : "per-microbatch"}}),
+                o.threads, group + (W > 1 ? "w" + std::to_string(w) : ""), s > 0 ? crossing : std::vector<int>{});
+      }
+      b.Stage(Uname(s, r), "ml.update", steps,
+              With(With(UpdateParams(common, split[s], split[s + 1], steps), tp),
+                   {{"weight_grads", batched ? "batched" : "per-microbatch"}}),
+              PipelineUpdateCpus(o), group + (W > 1 ? "w0" : ""));
     }
-    b.Stage(Uname(s), "ml.update", steps,
-            With(UpdateParams(common, split[s], split[s + 1], steps), {{"weight_grads", batched ? "batched" : "per-microbatch"}}),
-            PipelineUpdateCpus(o), group + (W > 1 ? "w0" : ""));
   }
   for (int64_t t = 0; t < steps; ++t) {
     for (int s = 0; s < P; ++s) {
-      const std::string src = t == 0 ? Iname(s) : V(Uname(s), t - 1);
-      if (t > 0) MarkCheckpoint(b, o, src, t - 1, steps);
-      b.Reserve(src, 1);
-      b.Edge(src, 0, V(Uname(s), t), 0);  // the chain
-      for (int w = 0; w < W; ++w) {
-        for (int m = 0; m < M; ++m) {
-          const int64_t r = t * M + m;
-          const std::string f = V(F(s, w), r), bw = V(B(s, w), r);
-          b.Edge(src, -1, f, 0);
-          b.Edge(src, -1, bw, 0);
-          if (s > 0) b.Edge(V(F(s - 1, w), r), 1, f, 1);
-          b.Edge(f, 0, bw, 1);
-          if (s < P - 1) b.Edge(V(B(s + 1, w), r), 1, bw, 2);
-          if (m > 0) b.Edge(V(B(s, w), r - 1), 0, bw, s < P - 1 ? 3 : 2);
-        }
-        b.Edge(V(B(s, w), t * M + M - 1), 0, V(Uname(s), t), 1 + w);
-        // The schedule: one stage's vertices of this step in a chain of ordering edges.
-        const auto order = ScheduleOrder(o.schedule, s, P, M);
-        for (size_t i = 1; i < order.size(); ++i) {
-          auto name = [&](std::pair<char, int> x) { return V(x.first == 'F' ? F(s, w) : B(s, w), t * M + x.second); };
-          b.Order(name(order[i - 1]), name(order[i]));
+      for (int r = 0; r < R; ++r) {
+        const std::string src = t == 0 ? Iname(s, r) : V(Uname(s, r), t - 1);
+        if (t > 0) MarkCheckpoint(b, o, src, t - 1, steps);
+        b.Reserve(src, 1);
+        b.Edge(src, 0, V(Uname(s, r), t), 0);  // the chain
+        for (int w = 0; w < W; ++w) {
+          for (int m = 0; m < M; ++m) {
+            const int64_t i = t * M + m;
+            const std::string f = V(F(s, w, r), i), bw = V(B(s, w, r), i);
+            b.Edge(src, -1, f, 0);
+            b.Edge(src, -1, bw, 0);
+            if (s > 0) b.Edge(V(F(s - 1, w, r), i), 1, f, 1);
+            b.Edge(f, 0, bw, 1);
+            if (s < P - 1) b.Edge(V(B(s + 1, w, r), i), 1, bw, 2);
+            if (m > 0) b.Edge(V(B(s, w, r), i - 1), 0, bw, s < P - 1 ? 3 : 2);
+            // The gangs: member r's live channels come after its data ports.
+            const int f_in = s > 0 ? 2 : 1, f_out = s < P - 1 ? 2 : 1;
+            const int b_in = 2 + (s < P - 1 ? 1 : 0) + (m > 0 ? 1 : 0), b_out = s > 0 ? 2 : 1;
+            for (int q = 0; q < R; ++q) {
+              if (q == r) continue;
+              const int out_k = q < r ? q : q - 1, in_k = r < q ? r : r - 1;  // q among r's peers, r among q's
+              b.LiveEdge(f, f_out + out_k, V(F(s, w, q), i), f_in + in_k, o.tp_channel);
+              b.LiveEdge(bw, b_out + out_k, V(B(s, w, q), i), b_in + in_k, o.tp_channel);
+            }
+          }
+          b.Edge(V(B(s, w, r), t * M + M - 1), 0, V(Uname(s, r), t), 1 + w);
+          // The schedule: one stage's vertices of this step in a chain of ordering edges.
+          const auto order = ScheduleOrder(o.schedule, s, P, M);
+          for (size_t k = 1; k < order.size(); ++k) {
+            auto name = [&](std::pair<char, int> x) { return V(x.first == 'F' ? F(s, w, r) : B(s, w, r), t * M + x.second); };
+            b.Order(name(order[k - 1]), name(order[k]));
+          }
         }
       }
     }
   }
-  for (int s = 0; s < P; ++s) AddCheckpoints(b, o, Uname(s), "ckpt" + std::to_string(s), steps);
-  b.Stage("eval", "ml.eval", 1, With(common, {{"clock", true}, {"train_images", train_images}, {"config", Config(o, steps)}}),
-          o.threads);
-  b.Edge(Iname(0), b.NextPort(Iname(0)), "eval", 0);
-  for (int s = 0; s < P; ++s) b.Edge(V(Uname(s), steps - 1), 0, "eval", 1 + s);
-  const std::string name = o.name.empty()
-                               ? (W > 1 ? "dp" + std::to_string(W) + "-" : std::string()) + "pipeline" + std::to_string(P) + "-" +
-                                     o.schedule + "-m" + std::to_string(M) + (o.recompute ? "-recompute" : "")
-                               : o.name;
+  for (int s = 0; s < P; ++s)
+    for (int r = 0; r < R; ++r) AddCheckpoints(b, o, Uname(s, r), "ckpt" + std::to_string(s) + rank(r), steps);
+  Json eval_params = With(common, {{"clock", true}, {"train_images", train_images}, {"config", Config(o, steps)}});
+  if (R > 1) eval_params["tensor_parallel"] = R;
+  b.Stage("eval", "ml.eval", 1, eval_params, o.threads);
+  b.Edge(Iname(0, 0), b.NextPort(Iname(0, 0)), "eval", 0);
+  for (int s = 0; s < P; ++s)
+    for (int r = 0; r < R; ++r) b.Edge(V(Uname(s, r), steps - 1), 0, "eval", 1 + s * R + r);
+  const std::string name = o.name.empty() ? (W > 1 ? "dp" + std::to_string(W) + "-" : std::string()) + "pipeline" +
+                                                std::to_string(P) + (R > 1 ? "-tp" + std::to_string(R) : std::string()) + "-" +
+                                                o.schedule + "-m" + std::to_string(M) + (o.recompute ? "-recompute" : "")
+                                          : o.name;
   Json outputs = Json::array(
       {{{"from", "eval"}, {"port", 0}, {"path", "metrics.json"}}, {{"from", "eval"}, {"port", 1}, {"path", "params.bin"}}});
   return b.Finish(name,
                   "pipeline-parallel training of " + o.model + ": " + std::to_string(P) + " stages x " + std::to_string(M) +
                       " micro-batches, " + o.schedule + " schedule" +
-                      (W > 1 ? ", " + std::to_string(W) + " data-parallel pipelines" : "") + ", generated by copse graph",
+                      (W > 1 ? ", " + std::to_string(W) + " data-parallel pipelines" : "") +
+                      (R > 1 ? ", each stage split over " + std::to_string(R) + " tensor-parallel members" : "") +
+                      ", generated by copse graph",
                   std::move(outputs));
 }
 
@@ -539,7 +571,7 @@ Result<Json> GenerateTrainingGraph(const GraphOptions& options) {
     // pair); bound the whole before writing it, as the job manager bounds what it expands.
     const int64_t w = o.kind == "pipeline" ? 1 : o.workers;
     const int64_t pm = o.kind == "data-parallel" ? 1 : int64_t{o.stages} * o.microbatches;
-    const int64_t per_step = w * (2 * pm + 2 * w + 4) + 2 * o.stages;  // + each stage's update
+    const int64_t per_step = (w * (2 * pm + 2 * w + 4) + 2 * o.stages) * std::max(1, o.tensor_parallel);  // + updates
     if (steps > kMaxGraphVertices / per_step) {
       return Status::InvalidArgument("--epochs/--steps: " + std::to_string(steps) + " steps of up to " +
                                      std::to_string(per_step) + " vertices each exceed the " + std::to_string(kMaxGraphVertices) +

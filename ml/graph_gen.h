@@ -32,12 +32,14 @@ struct GraphOptions {
   // gradients of every micro-batch in one product (where the stage's layers allow it and
   // activations are stashed); per-microbatch: each backward accumulates them.
   std::string weight_grads = "batched";
-  std::string reducer = "tree";    // tree | ring | ps (data-parallel)
-  int fanin = 2;                   // tree reducer fan-in
-  bool loader_vertices = false;    // data-parallel: a shard-loader vertex per grad vertex
-  std::vector<int> split;          // pipeline stage boundaries (layer indices), or balanced
-  int tensor_parallel = 2;         // tensor-parallel: members of each step's gang
-  std::string tp_channel = "shm";  // their live channels: shm (one daemon) | stream
+  std::string reducer = "tree";  // tree | ring | ps (data-parallel)
+  int fanin = 2;                 // tree reducer fan-in
+  bool loader_vertices = false;  // data-parallel: a shard-loader vertex per grad vertex
+  std::vector<int> split;        // pipeline stage boundaries (layer indices), or balanced
+  // Tensor parallelism: members of each gang (the tensor-parallel kind's step; each forward and
+  // backward of a pipeline or hybrid, making those 3-D), joined by live channels.
+  int tensor_parallel = 1;
+  std::string tp_channel = "shm";  // shm (a gang on one daemon) | stream (across daemons)
   // Training.
   std::string model = "mlp";
   int epochs = 1;

@@ -628,6 +628,7 @@ class ForwardProgram final : public VertexProgram {
       b.labels = train->LabelsOf(idx);
     }
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
+    COPSE_ASSIGN_OR_RETURN(auto tp, TensorParallelScope::Open(ctx, s.tp_rank, s.tp_ranks, lease->model));
     Stash stash;
     const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
     NamedTensors out;
@@ -660,7 +661,8 @@ class ForwardProgram final : public VertexProgram {
       if (ctx.num_outputs() < 2) return Status::InvalidArgument(ctx.name + ": needs an activation output");
       COPSE_RETURN_NOT_OK(ctx.output(1).Write(SingleTensorMessage(y)));
     }
-    return ctx.CloseOutputs();
+    COPSE_RETURN_NOT_OK(ctx.CloseOutputs());
+    return tp ? tp->group().Finish() : Status::OK();
   }
 };
 
@@ -723,17 +725,22 @@ class BackwardProgram final : public VertexProgram {
       acc_msg = std::move(a);
       COPSE_ASSIGN_OR_RETURN(log, ReadTensorMessage(*acc_msg));
       const std::string input = ctx.name + ": input " + std::to_string(port - 1);
-      if (!IsGradientLog(log)) return Status::DataLoss(input + " is not a gradient log");
-      auto counted = GradientLogEntries(log);
-      if (!counted.ok()) return counted.status().WithContext(input);
-      if (*counted != static_cast<size_t>(pos.m))
-        return Status::DataLoss(input + ": the gradient log has " + std::to_string(*counted) + " entries, expected " +
-                                std::to_string(pos.m));
+      if (s.tp_ranks == 1) {  // a tensor-parallel member's are the gradients themselves (TensorParallelRun)
+        if (!IsGradientLog(log)) return Status::DataLoss(input + " is not a gradient log");
+        auto counted = GradientLogEntries(log);
+        if (!counted.ok()) return counted.status().WithContext(input);
+        if (*counted != static_cast<size_t>(pos.m))
+          return Status::DataLoss(input + ": the gradient log has " + std::to_string(*counted) + " entries, expected " +
+                                  std::to_string(pos.m));
+      }
     }
     std::vector<float> loss = ReadScalars(FindTensor(stash_set, "__loss"), 2);
     if (acc_msg) {
       const auto prev = ReadScalars(FindTensor(log, "__loss"), 2);
       loss[0] += prev[0], loss[1] += prev[1];
+    }
+    if (s.tp_ranks > 1) {
+      return TensorParallelRun(ctx, s, range, stage, recompute, pos, params, stash_set, dy, acc_msg ? &log : nullptr, loss);
     }
     if (batched) {
       return BatchedRun(ctx, s, range, stage, recompute, params, stash_set, dy, log, loss);
@@ -776,6 +783,28 @@ class BackwardProgram final : public VertexProgram {
   }
 
  private:
+  /// A member of a tensor-parallel group: the gradients summed over micro-batches 0..m travel
+  /// whole to micro-batch m + 1 (`sum_so_far`), not as a gradient log, whose replay on a cold
+  /// daemon would need the other members' all-reduces again.
+  static Status TensorParallelRun(VertexContext& ctx, const TrainSettings& s, std::pair<int, int> range, int stage,
+                                  bool recompute, const MicroPos& pos, const chan::Buffer& params, const NamedTensors& stash_set,
+                                  const Tensor& dy, const NamedTensors* sum_so_far, const std::vector<float>& loss) {
+    COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
+    Sequential& m = lease->model;
+    COPSE_ASSIGN_OR_RETURN(auto tp, TensorParallelScope::Open(ctx, s.tp_rank, s.tp_ranks, m));
+    m.FreshGradients();  // the entry's may be a message's
+    if (sum_so_far) COPSE_RETURN_NOT_OK(m.ImportGradients(*sum_so_far).WithContext(ctx.name));
+    const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
+    auto backward = MicroBatchBackward(m, stash_set, dy, recompute, fc, /*need_dx=*/stage > 0, sum_so_far != nullptr);
+    if (!backward.ok()) return backward.status().WithContext(ctx.name);
+    NamedTensors out_set = GradientHandles(m);  // the next micro-batch renews them before writing
+    out_set.emplace_back("__loss", Scalars(loss));
+    lease->grads_key = 0;
+    lease.Commit();
+    COPSE_RETURN_NOT_OK(WriteOutputs(ctx, stage, TensorMessage(std::move(out_set)), *backward));
+    return tp->group().Finish();
+  }
+
   /// params.weight_grads "batched": dL/dx only (Sequential::BackwardInputs); the weight
   /// gradients of every micro-batch are computed together by the update, from the gradient log
   /// this backward extends with its stash, dy and each layer's weight-gradient part ("w<i>").
@@ -837,28 +866,36 @@ class EvalProgram final : public VertexProgram {
       COPSE_ASSIGN_OR_RETURN(chan::Buffer c, ReadOne(ctx, port++));
       t0 = std::stoll(std::string(c.view()));
     }
-    NamedTensors all;
+    // One parameter set per chain: a stage's, or with tensor parallelism (params.tensor_parallel
+    // R > 1) R consecutive chains per stage, its members' shards in rank order.
+    const size_t tp = static_cast<size_t>(std::max(1, ctx.param<int>("tensor_parallel", 1)));
+    std::vector<NamedTensors> sets;
     std::vector<float> stats(4, 0.0f);
     for (; port < ctx.num_inputs(); ++port) {
       COPSE_ASSIGN_OR_RETURN(auto chain, ReadAll(ctx, port));
       if (chain.size() != 3) return Status::DataLoss(ctx.name + ": a chain input needs params, state, stats");
       COPSE_ASSIGN_OR_RETURN(NamedTensors p, ReadTensorMessage(chain[0]));
-      for (auto& kv : p) all.push_back(std::move(kv));
+      sets.push_back(std::move(p));
       COPSE_ASSIGN_OR_RETURN(NamedTensors st, ReadTensorMessage(chain[2]));
       const auto sv = ReadScalars(FindTensor(st, "__stats"), 4);
       if (sv[1] > 0) stats = sv;  // the stage that computes the loss
     }
-    COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModelLayers(s.model));  // every parameter is imported
-    if (const int tp = ctx.param<int>("tensor_parallel", 1); tp > 1) {
-      // The chains are the members' shards, in rank order: joined into the whole model's.
-      if (all.size() % static_cast<size_t>(tp) != 0)
-        return Status::DataLoss(ctx.name + ": " + std::to_string(all.size()) + " parameters from " + std::to_string(tp) +
-                                " tensor-parallel members");
-      std::vector<NamedTensors> shards(static_cast<size_t>(tp));
-      const size_t per = all.size() / static_cast<size_t>(tp);
-      for (size_t i = 0; i < all.size(); ++i) shards[i / per].push_back(std::move(all[i]));
-      COPSE_ASSIGN_OR_RETURN(all, UnshardParameters(shards));
+    if (sets.size() % tp != 0)
+      return Status::DataLoss(ctx.name + ": " + std::to_string(sets.size()) + " chains for stages of " + std::to_string(tp) +
+                              " tensor-parallel members");
+    NamedTensors all;
+    for (size_t i = 0; i < sets.size(); i += tp) {
+      NamedTensors stage;
+      if (tp > 1) {
+        COPSE_ASSIGN_OR_RETURN(stage,
+                               UnshardParameters(std::vector<NamedTensors>(sets.begin() + static_cast<ptrdiff_t>(i),
+                                                                           sets.begin() + static_cast<ptrdiff_t>(i + tp))));
+      } else {
+        stage = std::move(sets[i]);
+      }
+      for (auto& kv : stage) all.push_back(std::move(kv));
     }
+    COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModelLayers(s.model));  // every parameter is imported
     COPSE_RETURN_NOT_OK(model.ImportParameters(all));
     const NamedTensors params = model.ExportParameters();
     const std::string digest = Digest(params);

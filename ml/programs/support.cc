@@ -54,6 +54,8 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
     s.lr = ctx.param<float>("lr", s.lr);
     s.momentum = ctx.param<float>("momentum", s.momentum);
     s.weight_decay = ctx.param<float>("weight_decay", s.weight_decay);
+    s.tp_ranks = ctx.param<int>("tensor_parallel", 1);
+    s.tp_rank = ctx.param<int>("tp_rank", 0);
   } catch (const std::exception& e) {
     return Status::InvalidArgument(ctx.name + ": bad ML params: " + e.what());
   }
@@ -65,6 +67,9 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
     return Status::InvalidArgument(ctx.name + ": params.batch " + std::to_string(s.batch) + " leaves some of its " +
                                    std::to_string(parts) + " workers x micro-batches without an image");
   }
+  if (s.tp_ranks < 1 || s.tp_ranks > 64 || s.tp_rank < 0 || s.tp_rank >= s.tp_ranks)
+    return Status::InvalidArgument(ctx.name + ": params.tp_rank " + std::to_string(s.tp_rank) + " is not one of its " +
+                                   std::to_string(s.tp_ranks) + " tensor-parallel ranks (params.tensor_parallel, 1 to 64)");
   if (s.optimizer != "sgd" && s.optimizer != "adam" && s.optimizer != "adamw")
     return Status::InvalidArgument(ctx.name + ": params.optimizer must be sgd, adam or adamw");
   if (!s.data_dir.empty() && s.data_dir[0] != '/') s.data_dir = ctx.ResolvePath(s.data_dir).string();
@@ -168,7 +173,8 @@ ModelLease::~ModelLease() {
 }
 
 Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const chan::Buffer& params_msg, uint64_t grads_key) {
-  const std::string cache_key = s.model + "/" + std::to_string(begin) + "-" + std::to_string(end) + "/" + s.optimizer;
+  const std::string cache_key = s.model + "/" + std::to_string(begin) + "-" + std::to_string(end) + "/" + s.optimizer + "/tp" +
+                                std::to_string(s.tp_rank) + "of" + std::to_string(s.tp_ranks);
   const uint64_t params_key = TensorMessageKey(params_msg);
   std::unique_ptr<CachedModel> entry;
   {
@@ -187,7 +193,7 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const 
   }
   if (!entry) {
     // The params message sets every parameter below, so the layers are built uninitialized.
-    COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModelLayers(s.model));
+    COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModelShardLayers(s.model, s.tp_rank, s.tp_ranks));
     if (begin < 0 || end > static_cast<int>(full.size()) || begin >= end)
       return Status::InvalidArgument("layers [" + std::to_string(begin) + ", " + std::to_string(end) +
                                      ") out of range for model " + s.model + " (" + std::to_string(full.size()) + " layers)");

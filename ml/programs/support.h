@@ -39,6 +39,9 @@ struct TrainSettings {
   int64_t train_size = 0;          // examples (images, text windows) in the (limited) training set
   int64_t steps_per_epoch = 0;     // ceil(train_size / batch)
   int64_t labels_per_example = 1;  // 1 for an image; a text window's context for a gpt model
+  // Tensor parallelism (params.tensor_parallel, tp_rank): the vertex holds shard tp_rank of
+  // tp_ranks of the model's blocks (ml/transformer.h); 1 member: the whole model.
+  int tp_rank = 0, tp_ranks = 1;
 };
 
 /// The largest global batch, and the most workers, micro-batches or stages, params may name.
@@ -65,7 +68,8 @@ Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, i
 /// Epoch (from 1) and step within the epoch (from 1) of a global step.
 std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step);
 
-/// One cached model slice (layers [begin, end) of `model`) with an optional optimizer. The
+/// One cached model slice (layers [begin, end) of `model`, or of its tensor-parallel shard)
+/// with an optional optimizer. The
 /// keys say which message each part of the state equals (0 = unknown).
 ///
 /// Sharing contract: an entry's parameter values, gradients and optimizer state may be the very

@@ -22,41 +22,51 @@
 #include "ml/transformer.h"
 
 namespace copse::ml::programs {
-namespace {
 
-/// The gang's live channels as a TensorParallelGroup: port k (1-based) of the vertex joins it
-/// to the k-th other member in rank order.
-class LiveChannelGroup final : public TensorParallelGroup {
- public:
-  LiveChannelGroup(vertex::VertexContext& ctx, int rank, int size) : ctx_(ctx), rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-
-  Result<Tensor> AllReduceSum(const Tensor& partial) override {
-    const chan::Buffer mine = SingleTensorMessage(partial);
-    for (int k = 1; k < size_; ++k) COPSE_RETURN_NOT_OK(ctx_.output(static_cast<size_t>(k)).Write(mine));
-    std::vector<Tensor> parts(static_cast<size_t>(size_));
-    parts[static_cast<size_t>(rank_)] = partial;
-    for (int k = 1; k < size_; ++k) {
-      const int peer = k - 1 < rank_ ? k - 1 : k;
-      COPSE_ASSIGN_OR_RETURN(auto msg, ctx_.input(static_cast<size_t>(k)).Next());
-      if (!msg) return Status::DataLoss(ctx_.name + ": tensor-parallel member " + std::to_string(peer) + " ended early");
-      COPSE_ASSIGN_OR_RETURN(Tensor t, ReadSingleTensor(*msg));
-      if (t.shape() != partial.shape())
-        return Status::DataLoss(ctx_.name + ": member " + std::to_string(peer) + " sent a partial of shape " +
-                                ShapeToString(t.shape()) + ", expected " + ShapeToString(partial.shape()));
-      parts[static_cast<size_t>(peer)] = t;
-    }
-    Tensor sum = parts[0].Clone();
-    for (size_t r = 1; r < parts.size(); ++r)
-      sum.device()->Axpy(1.0f, parts[r].data(), static_cast<size_t>(sum.numel()), sum.data());
-    return sum;
+Result<Tensor> LiveChannelGroup::AllReduceSum(const Tensor& partial) {
+  const chan::Buffer mine = SingleTensorMessage(partial);
+  for (int k = 0; k + 1 < size_; ++k) COPSE_RETURN_NOT_OK(ctx_.output(first_output_ + static_cast<size_t>(k)).Write(mine));
+  std::vector<Tensor> parts(static_cast<size_t>(size_));
+  parts[static_cast<size_t>(rank_)] = partial;
+  for (int k = 0; k + 1 < size_; ++k) {
+    const int peer = k < rank_ ? k : k + 1;
+    COPSE_ASSIGN_OR_RETURN(auto msg, ctx_.input(first_input_ + static_cast<size_t>(k)).Next());
+    if (!msg) return Status::DataLoss(ctx_.name + ": tensor-parallel member " + std::to_string(peer) + " ended early");
+    COPSE_ASSIGN_OR_RETURN(Tensor t, ReadSingleTensor(*msg));
+    if (t.shape() != partial.shape())
+      return Status::DataLoss(ctx_.name + ": member " + std::to_string(peer) + " sent a partial of shape " +
+                              ShapeToString(t.shape()) + ", expected " + ShapeToString(partial.shape()));
+    parts[static_cast<size_t>(peer)] = t;
   }
+  Tensor sum = parts[0].Clone();
+  for (size_t r = 1; r < parts.size(); ++r)
+    sum.device()->Axpy(1.0f, parts[r].data(), static_cast<size_t>(sum.numel()), sum.data());
+  return sum;
+}
 
- private:
-  vertex::VertexContext& ctx_;
-  int rank_, size_;
-};
+Status LiveChannelGroup::Finish() {
+  for (int k = 0; k + 1 < size_; ++k) {
+    while (true) {
+      COPSE_ASSIGN_OR_RETURN(auto m, ctx_.input(first_input_ + static_cast<size_t>(k)).Next());
+      if (!m) break;
+    }
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<TensorParallelScope>> TensorParallelScope::Open(vertex::VertexContext& ctx, int rank, int ranks,
+                                                                       const Sequential& model) {
+  if (ranks <= 1) return std::unique_ptr<TensorParallelScope>();
+  const size_t live = static_cast<size_t>(ranks - 1);
+  if (ctx.num_inputs() <= live || ctx.num_outputs() <= live)
+    return Status::InvalidArgument(ctx.name + ": a member of a tensor-parallel group of " + std::to_string(ranks) +
+                                   " needs its last " + std::to_string(live) +
+                                   " inputs and outputs to be live channels to the other members");
+  return std::unique_ptr<TensorParallelScope>(
+      new TensorParallelScope(ctx, rank, ranks, model, ctx.num_inputs() - live, ctx.num_outputs() - live));
+}
+
+namespace {
 
 std::unique_ptr<Optimizer> MakeOptimizer(const TrainSettings& s, Sequential& m) {
   if (s.optimizer == "adam" || s.optimizer == "adamw") {
@@ -75,10 +85,7 @@ class TensorParallelStepProgram final : public vertex::VertexProgram {
     TraceSpan span(ctx);
     SetCpuThreads(static_cast<int>(std::max(1u, ctx.threads)));
     COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
-    const int ranks = ctx.param<int>("tensor_parallel", 1), rank = ctx.param<int>("tp_rank", 0);
-    if (ranks < 1 || rank < 0 || rank >= ranks)
-      return Status::InvalidArgument(ctx.name + ": params.tp_rank " + std::to_string(rank) + " is not one of its " +
-                                     std::to_string(ranks) + " tensor-parallel ranks");
+    const int ranks = s.tp_ranks, rank = s.tp_rank;
     if (ctx.num_inputs() != static_cast<size_t>(ranks) || ctx.num_outputs() != static_cast<size_t>(ranks))
       return Status::InvalidArgument(ctx.name + ": a member of " + std::to_string(ranks) + " needs " + std::to_string(ranks) +
                                      " inputs and outputs (its chain, and a live channel from and to each other member), has " +
@@ -99,7 +106,7 @@ class TensorParallelStepProgram final : public vertex::VertexProgram {
     int64_t batch_rows = 0;
     COPSE_ASSIGN_OR_RETURN(auto idx, StepIndices(s, step, 0, 1, &batch_rows));
     const Batch b = train->Gather(idx);
-    LiveChannelGroup group(ctx, rank, ranks);
+    LiveChannelGroup group(ctx, rank, ranks, 1, 1);
     model.SetTensorParallelGroup(&group);
     const auto [epoch, k] = EpochAndStep(s, step);
     const ForwardContext fc{true, MixSeed(s.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(k))};
@@ -123,16 +130,8 @@ class TensorParallelStepProgram final : public vertex::VertexProgram {
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(model.ExportParameters())));
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(opt->ExportState())));
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage({{"__stats", Scalars(stats)}})));
-    // End every channel, then read the peers' to their end: no member returns before its peers
-    // have read what it sent.
     COPSE_RETURN_NOT_OK(ctx.CloseOutputs());
-    for (size_t port = 1; port < ctx.num_inputs(); ++port) {
-      while (true) {
-        COPSE_ASSIGN_OR_RETURN(auto m, ctx.input(port).Next());
-        if (!m) break;
-      }
-    }
-    return Status::OK();
+    return group.Finish();
   }
 };
 

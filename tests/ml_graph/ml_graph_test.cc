@@ -287,8 +287,9 @@ TEST_CASE("MlGraph.GptPipelineDataParallelAndHybridMatchSingleProcessTraining" *
 // Tensor parallelism as a job: per step a gang of two ml.tp_step members joined by live
 // channels — shm on one daemon, or stream across daemons — reaches the whole model's
 // single-process parameters (the same sums split at another point), and a killed member's
-// daemon restarts the gang: bit-identical parameters.
-TEST_CASE("MlGraph.GptTensorParallelMatchesSingleProcessTraining" * doctest::timeout(300)) {
+// daemon restarts the gang: bit-identical parameters. So does data x pipeline x tensor
+// parallelism in one job.
+TEST_CASE("MlGraph.GptTensorParallelAnd3DMatchSingleProcessTraining" * doctest::timeout(300)) {
   if (!fs::exists("/usr/share/games/fortunes")) {
     MESSAGE("skipped: no /usr/share/games/fortunes (Debian package fortunes)");
     return;
@@ -319,6 +320,7 @@ TEST_CASE("MlGraph.GptTensorParallelMatchesSingleProcessTraining" * doctest::tim
   }
   GraphOptions o = base;
   o.kind = "tensor-parallel";
+  o.tensor_parallel = 2;
   o.tp_channel = "stream";
   auto job = GenerateTrainingGraph(o);
   REQUIRE(job.ok());
@@ -329,6 +331,20 @@ TEST_CASE("MlGraph.GptTensorParallelMatchesSingleProcessTraining" * doctest::tim
   REQUIRE(r.summary["faults"].size() == 1);
   REQUIRE(r.summary["recoveries"].size() > 0);
   CHECK(r.digest == digest);
+
+  // Data x pipeline x tensor parallelism in one job: 2 pipelines of 2 stages, each forward and
+  // backward a gang of 2 tensor-parallel members (shm), 8 vertices per micro-batch slot.
+  GraphOptions three_d = PipelineOf(base, "hybrid", 2, 2, "1f1b", false, "batched");
+  three_d.workers = 2;
+  three_d.tensor_parallel = 2;
+  auto job3 = GenerateTrainingGraph(three_d);
+  REQUIRE(job3.ok());
+  TempDir dir3;
+  const RunResult r3 = RunJob(*job3, dir3.path, 2);
+  const double rel3 = RelativeDifference(r3.params, reference);
+  MESSAGE("gpt data 2 x pipeline 2 x tensor 2: relative difference " << rel3);
+  CHECK(rel3 < kTolerance);
+  CHECK(r3.metrics["config"]["tensor_parallel"] == 2);
 
   GraphOptions bad = base;
   bad.kind = "tensor-parallel";
