@@ -26,36 +26,23 @@
 #include <nlohmann/json.hpp>
 
 #include "ml/graph_gen.h"
+#include "bench/torch_compare.h"
 #include "ml/trainer.h"
 
 namespace {
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::string Python() {
-  if (const char* p = std::getenv("COPSE_PYTHON")) return p;
-  if (access("/usr/bin/python3", X_OK) == 0) return "/usr/bin/python3";  // Debian's torch
-  return "python3";
-}
+using copse::bench::Median;
+using copse::bench::Python;
 
 /// One PyTorch run: {tokens/s, validation loss}, or {-1, -1} when torch is unavailable.
 std::pair<double, double> TorchRun(const std::string& model, int steps, int threads, int seed) {
   const std::string cmd = "OMP_WAIT_POLICY=passive " + Python() + " " + COPSE_SOURCE_DIR +
                           "/scripts/torch_gpt.py bench --model " + model + " --steps " + std::to_string(steps) + " --threads " +
                           std::to_string(threads) + " --runs 1 --seed " + std::to_string(seed) + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, -1};
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  if (pclose(p) != 0) return {-1, -1};
+  const auto out = copse::bench::CommandOutput(cmd);
+  if (!out) return {-1, -1};
   try {
-    const auto j = nlohmann::json::parse(out);
+    const auto j = nlohmann::json::parse(*out);
     return {j.at("median").get<double>(), j.at("validation_loss_median").get<double>()};
   } catch (const std::exception&) {
     return {-1, -1};

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/torch_compare.h"
 #include "ml/trainer.h"
 
 namespace {
@@ -28,19 +29,8 @@ namespace {
 using copse::ml::Train;
 using copse::ml::TrainOptions;
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::string Python() {
-  if (const char* p = std::getenv("COPSE_PYTHON")) return p;
-  // Debian's python3-torch lives in the system interpreter, which a pyenv shim may hide.
-  if (access("/usr/bin/python3", X_OK) == 0) return "/usr/bin/python3";
-  return "python3";
-}
+using copse::bench::Median;
+using copse::bench::Python;
 
 /// Median images/s of PyTorch, or a negative value when torch is unavailable.
 double TorchMedian(const std::string& model, const std::string& device, int threads, int64_t images, int runs,
@@ -49,14 +39,10 @@ double TorchMedian(const std::string& model, const std::string& device, int thre
                           model + " --device " + device + " --threads " + std::to_string(threads) + " --images " +
                           std::to_string(images) + " --runs " + std::to_string(runs) + " --data-dir '" + data_dir +
                           "' 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  if (pclose(p) != 0) return -1;
+  const auto out = copse::bench::CommandOutput(cmd);
+  if (!out) return -1;
   try {
-    return nlohmann::json::parse(out).at("median").get<double>();
+    return nlohmann::json::parse(*out).at("median").get<double>();
   } catch (const std::exception&) {
     return -1;
   }

@@ -236,29 +236,78 @@ Result<NamedTensors> UnshardParameters(const std::vector<NamedTensors>& shards) 
   return out;
 }
 
-namespace {
+// ---- ResidualBlock ---------------------------------------------------------------------------
 
-/// The group's sum of a partial product, or the partial itself without tensor parallelism.
-Result<Tensor> SumOverShards(const TensorShard& shard, TensorParallelGroup* group, const Tensor& partial,
-                             const std::string& who) {
-  if (shard.ranks == 1) return partial;
-  if (group == nullptr || group->size() != shard.ranks || group->rank() != shard.rank)
-    return Status::FailedPrecondition(who + ": a tensor-parallel shard " + std::to_string(shard.rank) + " of " +
-                                      std::to_string(shard.ranks) + " needs its group (Sequential::SetTensorParallelGroup)");
-  return group->AllReduceSum(partial);
+ResidualBlock::ResidualBlock(int dim, int width, int proj_in, const std::string& in, float dropout, float proj_std,
+                             TensorShard shard)
+    : dim_(dim), width_(width), proj_in_(proj_in), dropout_(dropout), proj_std_(proj_std), shard_(shard) {
+  AddParameter("ln.weight", {dim_});
+  AddParameter("ln.bias", {dim_});
+  AddParameter(in + ".weight", {width_ / shard_.ranks, dim_});
+  AddParameter(in + ".bias", {width_ / shard_.ranks});
+  AddParameter("proj.weight", {dim_, proj_in_ / shard_.ranks});
+  AddParameter("proj.bias", {dim_});
+  params_[0].value.Fill(1.0f);
 }
 
-/// `t` initialized as the full tensor of shape `full` would be (NormalInit of `layer` on stream
-/// `stream`), then sharded as parameter `name`.
-void ShardedNormalInit(const std::function<void(const Tensor&)>& init, const std::string& name, const Shape& full,
-                       const TensorShard& shard, const Tensor& t) {
-  if (shard.ranks == 1) return init(t);
-  const Tensor whole = Tensor::Empty(full);
-  init(whole);
-  t.CopyFrom(ShardParameter(name, whole, shard.rank, shard.ranks));
+void ResidualBlock::InitBlock(uint64_t seed) {
+  // Each weight as the whole block's draw (stream 2 and 4 of the layer's seed), then this
+  // shard's part of it.
+  auto init = [&](Parameter& p, const Shape& full, uint64_t stream, float std) {
+    if (shard_.ranks == 1) return NormalInit(p.value, seed, stream, std);
+    const Tensor whole = Tensor::Empty(full);
+    NormalInit(whole, seed, stream, std);
+    p.value.CopyFrom(ShardParameter(p.name, whole, shard_.rank, shard_.ranks));
+  };
+  params_[0].value.Fill(1.0f);
+  params_[1].value.Fill(0.0f);
+  init(params_[2], {width_, dim_}, 2, kInitStd);
+  params_[3].value.Fill(0.0f);
+  init(params_[4], {dim_, proj_in_}, 4, proj_std_);
+  params_[5].value.Fill(0.0f);
 }
 
-}  // namespace
+std::string ResidualBlock::ShardSuffix() const {
+  return shard_.ranks > 1 ? ", shard " + std::to_string(shard_.rank) + "/" + std::to_string(shard_.ranks) : std::string();
+}
+
+Result<Tensor> ResidualBlock::SumOverShards(const Tensor& partial) {
+  if (shard_.ranks == 1) return partial;
+  if (group_ == nullptr || group_->size() != shard_.ranks || group_->rank() != shard_.rank)
+    return Status::FailedPrecondition(Describe() + ": a tensor-parallel shard " + std::to_string(shard_.rank) + " of " +
+                                      std::to_string(shard_.ranks) + " needs its group (Sequential::SetTensorParallelGroup)");
+  return group_->AllReduceSum(partial);
+}
+
+Result<Tensor> ResidualBlock::CloseBranch(const Tensor& partial, const Tensor& x, const ForwardContext& ctx, LayerStash* stash) {
+  COPSE_ASSIGN_OR_RETURN(Tensor y, SumOverShards(partial));
+  const int rows = I(x.numel() / dim_);
+  device_->BiasActivation(y.data(), params_[5].value.data(), rows, dim_, Activation::kNone, y.data());
+  const bool drop = ctx.training && dropout_ > 0.0f;
+  const uint64_t seed = drop ? DropoutSeed(ctx, index_) : 0;
+  if (drop) device_->Dropout(y.data(), static_cast<size_t>(y.numel()), dropout_, seed, y.data());
+  device_->Axpy(1.0f, x.data(), static_cast<size_t>(y.numel()), y.data());
+  if (stash) {
+    stash->seed = seed;
+    stash->shape = drop ? Shape{1} : Shape{};  // shape {1}: a mask was applied
+  }
+  return y.Reshape(x.shape());
+}
+
+Tensor ResidualBlock::BranchGrad(const Tensor& dy, const LayerStash& stash) const {
+  return stash.shape.empty() ? dy : Dropout(dy, dropout_, stash.seed);
+}
+
+Result<Tensor> ResidualBlock::InputGrad(const Tensor& dh_partial, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                        const Tensor& dy, bool need_dx) {
+  COPSE_ASSIGN_OR_RETURN(Tensor dh, SumOverShards(dh_partial));
+  Tensor dx = Tensor::Empty(x.shape(), device_);
+  device_->LayerNormBackward(dh.data(), x.data(), params_[0].value.data(), mean.data(), rstd.data(), I(x.numel() / dim_), dim_,
+                             dx.data(), params_[0].grad.data(), params_[1].grad.data());
+  if (!need_dx) return Tensor();
+  device_->Axpy(1.0f, dy.data(), static_cast<size_t>(dx.numel()), dx.data());  // the residual path
+  return dx;
+}
 
 // ---- AttentionBlock --------------------------------------------------------------------------
 // Stash: x, LayerNorm mean and rstd, h = LayerNorm(x), qkv [N, 3Dl], the probabilities P
@@ -268,32 +317,10 @@ void ShardedNormalInit(const std::function<void(const Tensor&)>& init, const std
 // each, over (b, j).
 
 AttentionBlock::AttentionBlock(int dim, int heads, float dropout, float proj_std, TensorShard shard)
-    : dim_(dim), heads_(heads), dropout_(dropout), proj_std_(proj_std), shard_(shard) {
-  const int local = dim_ / shard_.ranks;
-  AddParameter("ln.weight", {dim_});
-  AddParameter("ln.bias", {dim_});
-  AddParameter("qkv.weight", {3 * local, dim_});
-  AddParameter("qkv.bias", {3 * local});
-  AddParameter("proj.weight", {dim_, local});
-  AddParameter("proj.bias", {dim_});
-  params_[0].value.Fill(1.0f);
-}
+    : ResidualBlock(dim, 3 * dim, dim, "qkv", dropout, proj_std, shard), heads_(heads) {}
 
 std::string AttentionBlock::Describe() const {
-  std::string s = "AttentionBlock(" + std::to_string(dim_) + ", heads " + std::to_string(heads_);
-  if (shard_.ranks > 1) s += ", shard " + std::to_string(shard_.rank) + "/" + std::to_string(shard_.ranks);
-  return s + ")";
-}
-
-void AttentionBlock::InitParameters(uint64_t seed) {
-  params_[0].value.Fill(1.0f);
-  params_[1].value.Fill(0.0f);
-  ShardedNormalInit([&](const Tensor& t) { NormalInit(t, seed, 2, kInitStd); }, "qkv.weight", {3 * dim_, dim_}, shard_,
-                    params_[2].value);
-  params_[3].value.Fill(0.0f);
-  ShardedNormalInit([&](const Tensor& t) { NormalInit(t, seed, 4, proj_std_); }, "proj.weight", {dim_, dim_}, shard_,
-                    params_[4].value);
-  params_[5].value.Fill(0.0f);
+  return "AttentionBlock(" + std::to_string(dim_) + ", heads " + std::to_string(heads_) + ShardSuffix() + ")";
 }
 
 Result<Tensor> AttentionBlock::Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) {
@@ -316,18 +343,9 @@ Result<Tensor> AttentionBlock::Forward(const Tensor& x, const ForwardContext& ct
 
   Tensor partial = Tensor::Empty({b, t, dim_}, d);
   d->Gemm(false, true, n, dim_, dl, 1.0f, o.data(), dl, params_[4].value.data(), dl, 0.0f, partial.data(), dim_);
-  COPSE_ASSIGN_OR_RETURN(Tensor y, SumOverShards(shard_, group_, partial, Describe()));
-  d->BiasActivation(y.data(), params_[5].value.data(), n, dim_, Activation::kNone, y.data());
-  const bool drop = ctx.training && dropout_ > 0.0f;
-  const uint64_t seed = drop ? DropoutSeed(ctx, index_) : 0;
-  if (drop) d->Dropout(y.data(), static_cast<size_t>(y.numel()), dropout_, seed, y.data());
-  d->Axpy(1.0f, x.data(), static_cast<size_t>(y.numel()), y.data());
-  if (stash) {
-    stash->tensors = {x, ln.mean, ln.rstd, ln.y, qkv, p, o};
-    stash->seed = seed;
-    stash->shape = drop ? Shape{1} : Shape{};
-  }
-  return y.Reshape({b, t, dim_});
+  COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(partial, x, ctx, stash));
+  if (stash) stash->tensors = {x, ln.mean, ln.rstd, ln.y, qkv, p, o};
+  return y;
 }
 
 Result<Tensor> AttentionBlock::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
@@ -340,8 +358,7 @@ Result<Tensor> AttentionBlock::Backward(const Tensor& dy, const LayerStash& stas
   const int hl = heads_ / shard_.ranks, dl = dim_ / shard_.ranks, d3 = 3 * dl;
   if (!accumulate) ZeroGrad();
 
-  Tensor dz = dy;
-  if (!stash.shape.empty()) dz = Dropout(dy, dropout_, stash.seed);
+  const Tensor dz = BranchGrad(dy, stash);
   Tensor dout = Tensor::Empty({n, dl}, d);
   DenseBackward(d, o.data(), dz.data(), n, dl, dim_, params_[4], params_[5], dout.data());
 
@@ -362,69 +379,32 @@ Result<Tensor> AttentionBlock::Backward(const Tensor& dy, const LayerStash& stas
 
   Tensor dh_part = Tensor::Empty({n, dim_}, d);
   DenseBackward(d, h.data(), dqkv.data(), n, dim_, d3, params_[2], params_[3], dh_part.data());
-  COPSE_ASSIGN_OR_RETURN(Tensor dh_ln, SumOverShards(shard_, group_, dh_part, Describe()));
-  Tensor dx = Tensor::Empty(x.shape(), d);
-  d->LayerNormBackward(dh_ln.data(), x.data(), params_[0].value.data(), mean.data(), rstd.data(), n, dim_, dx.data(),
-                       params_[0].grad.data(), params_[1].grad.data());
-  if (!need_dx) return Tensor();
-  d->Axpy(1.0f, dy.data(), static_cast<size_t>(dx.numel()), dx.data());  // the residual path
-  return dx;
+  return InputGrad(dh_part, x, mean, rstd, dy, need_dx);
 }
 
 // ---- MlpBlock --------------------------------------------------------------------------------
 // Stash: x, LayerNorm mean and rstd, h = LayerNorm(x), z = Fc(h) [N, 4D/R] and a = GELU(z).
 
 MlpBlock::MlpBlock(int dim, float dropout, float proj_std, TensorShard shard)
-    : dim_(dim), dropout_(dropout), proj_std_(proj_std), shard_(shard) {
-  const int wide = 4 * dim_ / shard_.ranks;
-  AddParameter("ln.weight", {dim_});
-  AddParameter("ln.bias", {dim_});
-  AddParameter("fc.weight", {wide, dim_});
-  AddParameter("fc.bias", {wide});
-  AddParameter("proj.weight", {dim_, wide});
-  AddParameter("proj.bias", {dim_});
-  params_[0].value.Fill(1.0f);
-}
+    : ResidualBlock(dim, 4 * dim, 4 * dim, "fc", dropout, proj_std, shard) {}
 
 std::string MlpBlock::Describe() const {
-  std::string s = "MlpBlock(" + std::to_string(dim_) + ", " + std::to_string(4 * dim_);
-  if (shard_.ranks > 1) s += ", shard " + std::to_string(shard_.rank) + "/" + std::to_string(shard_.ranks);
-  return s + ")";
-}
-
-void MlpBlock::InitParameters(uint64_t seed) {
-  params_[0].value.Fill(1.0f);
-  params_[1].value.Fill(0.0f);
-  ShardedNormalInit([&](const Tensor& t) { NormalInit(t, seed, 2, kInitStd); }, "fc.weight", {4 * dim_, dim_}, shard_,
-                    params_[2].value);
-  params_[3].value.Fill(0.0f);
-  ShardedNormalInit([&](const Tensor& t) { NormalInit(t, seed, 4, proj_std_); }, "proj.weight", {dim_, 4 * dim_}, shard_,
-                    params_[4].value);
-  params_[5].value.Fill(0.0f);
+  return "MlpBlock(" + std::to_string(dim_) + ", " + std::to_string(width_) + ShardSuffix() + ")";
 }
 
 Result<Tensor> MlpBlock::Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) {
   if (x.ndim() != 3 || x.dim(2) != dim_) return BadInput(Describe(), "[B, T, " + std::to_string(dim_) + "]", x);
   Device* d = device_;
-  const int n = I(x.dim(0) * x.dim(1)), wide = 4 * dim_ / shard_.ranks;
+  const int n = I(x.dim(0) * x.dim(1)), wide = proj_in_ / shard_.ranks;
   LayerNormResult ln = LayerNorm(x, params_[0].value, params_[1].value, kLayerNormEps);
   Tensor z = Tensor::Empty({n, wide}, d), a = Tensor::Empty({n, wide}, d);
   Dense(d, ln.y.data(), n, dim_, wide, params_[2], params_[3], z.data());
   d->BiasActivation(z.data(), nullptr, n, wide, Activation::kGelu, a.data());
   Tensor partial = Tensor::Empty(x.shape(), d);
   d->Gemm(false, true, n, dim_, wide, 1.0f, a.data(), wide, params_[4].value.data(), wide, 0.0f, partial.data(), dim_);
-  COPSE_ASSIGN_OR_RETURN(Tensor y, SumOverShards(shard_, group_, partial, Describe()));
-  d->BiasActivation(y.data(), params_[5].value.data(), n, dim_, Activation::kNone, y.data());
-  const bool drop = ctx.training && dropout_ > 0.0f;
-  const uint64_t seed = drop ? DropoutSeed(ctx, index_) : 0;
-  if (drop) d->Dropout(y.data(), static_cast<size_t>(y.numel()), dropout_, seed, y.data());
-  d->Axpy(1.0f, x.data(), static_cast<size_t>(y.numel()), y.data());
-  if (stash) {
-    stash->tensors = {x, ln.mean, ln.rstd, ln.y, z, a};
-    stash->seed = seed;
-    stash->shape = drop ? Shape{1} : Shape{};
-  }
-  return y.Reshape(x.shape());
+  COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(partial, x, ctx, stash));
+  if (stash) stash->tensors = {x, ln.mean, ln.rstd, ln.y, z, a};
+  return y;
 }
 
 Result<Tensor> MlpBlock::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
@@ -433,22 +413,15 @@ Result<Tensor> MlpBlock::Backward(const Tensor& dy, const LayerStash& stash, boo
                &z = stash.tensors[4], &a = stash.tensors[5];
   if (dy.numel() != x.numel()) return BadInput(Describe() + " backward", ShapeToString(x.shape()), dy);
   Device* d = device_;
-  const int n = I(x.dim(0) * x.dim(1)), wide = 4 * dim_ / shard_.ranks;
+  const int n = I(x.dim(0) * x.dim(1)), wide = proj_in_ / shard_.ranks;
   if (!accumulate) ZeroGrad();
-  Tensor dz2 = dy;
-  if (!stash.shape.empty()) dz2 = Dropout(dy, dropout_, stash.seed);
+  const Tensor dz2 = BranchGrad(dy, stash);
   Tensor da = Tensor::Empty({n, wide}, d);
   DenseBackward(d, a.data(), dz2.data(), n, wide, dim_, params_[4], params_[5], da.data());
   d->ActivationBackward(Activation::kGelu, z.data(), da.data(), static_cast<size_t>(da.numel()), da.data());
   Tensor dh_part = Tensor::Empty({n, dim_}, d);
   DenseBackward(d, h.data(), da.data(), n, dim_, wide, params_[2], params_[3], dh_part.data());
-  COPSE_ASSIGN_OR_RETURN(Tensor dh_ln, SumOverShards(shard_, group_, dh_part, Describe()));
-  Tensor dx = Tensor::Empty(x.shape(), d);
-  d->LayerNormBackward(dh_ln.data(), x.data(), params_[0].value.data(), mean.data(), rstd.data(), n, dim_, dx.data(),
-                       params_[0].grad.data(), params_[1].grad.data());
-  if (!need_dx) return Tensor();
-  d->Axpy(1.0f, dy.data(), static_cast<size_t>(dx.numel()), dx.data());
-  return dx;
+  return InputGrad(dh_part, x, mean, rstd, dy, need_dx);
 }
 
 }  // namespace copse::ml

@@ -88,46 +88,66 @@ class TokenEmbedding final : public Layer {
   int vocab_, dim_, context_;
 };
 
-/// y = x + Dropout(Proj(CausalSelfAttention(LayerNorm(x)))) over x [B, T, D], with H heads of
-/// D / H: scores scaled by 1 / sqrt(D / H), masked so that position t attends to 0..t.
-/// Parameters "ln.weight", "ln.bias", "qkv.weight" [3D, D], "qkv.bias", "proj.weight" [D, D],
-/// "proj.bias".
-/// With a shard of R ranks: the block's H/R heads, "qkv.weight" [3D/R, D], "proj.weight"
-/// [D, D/R]; "proj.bias" is added once, after the group's sum.
-class AttentionBlock final : public Layer {
+/// What the two kinds of block share: y = x + Dropout(Proj(f(Fc(LayerNorm(x))))) with
+/// parameters "ln.weight", "ln.bias", "<in>.weight" [width, D], "<in>.bias", "proj.weight"
+/// [D, width], "proj.bias" — the input projection column-parallel and the output projection
+/// row-parallel over a shard's members, its bias added once after their sum.
+class ResidualBlock : public Layer {
  public:
-  AttentionBlock(int dim, int heads, float dropout, float proj_std, TensorShard shard = {});
-  std::string Describe() const override;
-  Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
-  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
-  void InitParameters(uint64_t seed) override;
   void SetTensorParallelGroup(TensorParallelGroup* group) override { group_ = group; }
 
- private:
-  int dim_, heads_;
+ protected:
+  /// `in` names the input projection and `width` is its full output width (3D, 4D); `proj_in`
+  /// is the output projection's full input width (D: the heads' outputs; 4D: the hidden units).
+  ResidualBlock(int dim, int width, int proj_in, const std::string& in, float dropout, float proj_std, TensorShard shard);
+  /// LayerNorm 1 and 0, zero biases, the projections' weights N(0, 0.02) and N(0, proj_std):
+  /// a shard gets its part of the whole block's draws.
+  void InitBlock(uint64_t seed);
+  /// " shard r/R" for Describe, or nothing.
+  std::string ShardSuffix() const;
+  /// The branch's end: the members' partial output projections summed, proj.bias, dropout (in
+  /// training), then x added. Records in `stash` whether a mask was applied.
+  Result<Tensor> CloseBranch(const Tensor& partial, const Tensor& x, const ForwardContext& ctx, LayerStash* stash);
+  /// dL/d(branch output) from dL/dy: dropout's backward.
+  Tensor BranchGrad(const Tensor& dy, const LayerStash& stash) const;
+  /// dL/dx from the members' partial dL/d(LayerNorm output): summed, through the LayerNorm
+  /// (adding its parameters' gradients), plus the residual path's dy. Undefined if !need_dx.
+  Result<Tensor> InputGrad(const Tensor& dh_partial, const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                           bool need_dx);
+  /// The group's sum of `partial`, or `partial` without tensor parallelism.
+  Result<Tensor> SumOverShards(const Tensor& partial);
+
+  int dim_, width_, proj_in_;  // full widths; this shard holds width_ / ranks and proj_in_ / ranks of them
   float dropout_, proj_std_;
   TensorShard shard_;
   TensorParallelGroup* group_ = nullptr;
 };
 
-/// y = x + Dropout(Proj(GELU(Fc(LayerNorm(x))))) over x [B, T, D], Fc widening to 4D.
-/// Parameters "ln.weight", "ln.bias", "fc.weight" [4D, D], "fc.bias", "proj.weight" [D, 4D],
-/// "proj.bias".
+/// y = x + Dropout(Proj(CausalSelfAttention(LayerNorm(x)))) over x [B, T, D], with H heads of
+/// D / H: scores scaled by 1 / sqrt(D / H), masked so that position t attends to 0..t.
+/// The input projection is "qkv" [3D, D]. With a shard of R ranks: the block's H/R heads,
+/// "qkv.weight" [3D/R, D], "proj.weight" [D, D/R].
+class AttentionBlock final : public ResidualBlock {
+ public:
+  AttentionBlock(int dim, int heads, float dropout, float proj_std, TensorShard shard = {});
+  std::string Describe() const override;
+  Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
+  Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
+  void InitParameters(uint64_t seed) override { InitBlock(seed); }
+
+ private:
+  int heads_;
+};
+
+/// y = x + Dropout(Proj(GELU(Fc(LayerNorm(x))))) over x [B, T, D], Fc widening to 4D ("fc").
 /// With a shard of R ranks: "fc.weight" [4D/R, D], "fc.bias" [4D/R], "proj.weight" [D, 4D/R].
-class MlpBlock final : public Layer {
+class MlpBlock final : public ResidualBlock {
  public:
   MlpBlock(int dim, float dropout, float proj_std, TensorShard shard = {});
   std::string Describe() const override;
   Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
   Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
-  void InitParameters(uint64_t seed) override;
-  void SetTensorParallelGroup(TensorParallelGroup* group) override { group_ = group; }
-
- private:
-  int dim_;
-  float dropout_, proj_std_;
-  TensorShard shard_;
-  TensorParallelGroup* group_ = nullptr;
+  void InitParameters(uint64_t seed) override { InitBlock(seed); }
 };
 
 }  // namespace copse::ml

@@ -32,6 +32,8 @@ except ImportError:
     sys.exit(3)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from torch_reference import write  # noqa: E402  (the reference file format)
 DEFAULT_OUT = os.path.join(HERE, "..", "tests", "data", "ml", "gpt_reference.bin")
 
 
@@ -110,21 +112,6 @@ class Gpt(nn.Module):
                 _, i, rest = name.split(".", 2)
                 names[name] = f"{int(i) + 2}.{rest}"
         return names
-
-
-def write(path, tensors):
-    import struct
-    with open(path, "wb") as f:
-        f.write(b"CPSREF01")
-        f.write(struct.pack("<I", len(tensors)))
-        for name, t in tensors.items():
-            t = t.detach().contiguous().float()
-            nb = name.encode()
-            f.write(struct.pack("<I", len(nb)))
-            f.write(nb)
-            f.write(struct.pack("<I", t.dim()))
-            f.write(struct.pack(f"<{t.dim()}q", *t.shape))
-            f.write(t.numpy().astype("<f4").tobytes())
 
 
 def reference(args):
