@@ -8,8 +8,9 @@
 // not bit for bit. Then the same model, batch and steps as copse jobs on the same two cores
 // (`copse run --daemons 2`, 1 thread per vertex): tensor-parallel 2 (a gang per step on one
 // daemon, shm channels), data-parallel 2 (parameter server) and a 2-stage 1F1B pipeline of 4
-// micro-batches, with AdamW at a constant rate (jobs have no schedule or clipping yet). Each round runs every row once, in turn;
-// medians printed. A benchmark: it prints figures and never fails on them.
+// micro-batches, with the same AdamW schedule but no clipping (jobs do not clip yet). Each
+// round runs every row once, in turn; medians printed. A benchmark: it prints figures and never
+// fails on them.
 //
 //   gpt_bench [--model gpt:4-128-4-64] [--steps 200] [--runs 3] [--threads 2] [--no-torch] [--no-graphs]
 #include <unistd.h>
@@ -117,6 +118,9 @@ int main(int argc, char** argv) {
     g.steps = steps;
     g.optimizer = "adamw";
     g.lr = 3e-3;
+    g.lr_schedule = "cosine";
+    g.warmup_steps = 20;
+    g.min_lr = 3e-4;
     g.weight_decay = 0.1;
     g.test_limit = 500;
     g.threads = 1;
@@ -187,8 +191,8 @@ int main(int argc, char** argv) {
   std::printf("%-22s %14.0f %16.4f\n", "copse (1 process)", Median(ours), Median(ours_loss));
   for (const GraphRow& row : rows) {
     if (row.rate.empty()) continue;
-    std::printf("%-22s %14.0f %16.4f   %.2fx copse's single process (constant lr, no clipping)\n", row.name.c_str(),
-                Median(row.rate), Median(row.loss), Median(row.rate) / Median(ours));
+    std::printf("%-22s %14.0f %16.4f   %.2fx copse's single process (no clipping)\n", row.name.c_str(), Median(row.rate),
+                Median(row.loss), Median(row.rate) / Median(ours));
   }
   if (!theirs.empty()) {
     std::printf("%-22s %14.0f %16.4f\n", "pytorch (1 process)", Median(theirs), Median(theirs_loss));

@@ -130,6 +130,9 @@ Status Check(const GraphOptions& o) {
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay)) return bad("--weight-decay", "a finite number >= 0");
   if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw") return bad("--optimizer", "sgd, adam or adamw");
   if (!(o.lr > 0) || !std::isfinite(o.lr)) return bad("--lr", "a finite number > 0");
+  if (o.lr_schedule != "constant" && o.lr_schedule != "cosine") return bad("--lr-schedule", "constant or cosine");
+  if (o.warmup_steps < 0) return bad("--warmup-steps", ">= 0");
+  if (!(o.min_lr >= 0 && o.min_lr <= o.lr)) return bad("--min-lr", "a number in [0, --lr]");
   if (!(o.momentum >= 0 && o.momentum < 1)) return bad("--momentum", "[0, 1)");
   if (o.limit == 0) return bad("--limit", "> 0 (or absent)");
   if (o.steps == 0) return bad("--steps", "> 0 (or absent)");
@@ -143,6 +146,11 @@ Json CommonParams(const GraphOptions& o) {
             {"optimizer", o.optimizer}, {"lr", o.lr},     {"momentum", o.momentum}, {"weight_decay", o.weight_decay}};
   if (o.limit > 0) p["limit"] = o.limit;
   if (o.test_limit > 0) p["test_limit"] = o.test_limit;
+  if (o.lr_schedule != "constant") {
+    p["lr_schedule"] = o.lr_schedule;
+    p["warmup_steps"] = o.warmup_steps;
+    p["min_lr"] = o.min_lr;
+  }
   return p;
 }
 

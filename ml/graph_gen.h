@@ -46,6 +46,11 @@ struct GraphOptions {
   int batch = 128;
   std::string optimizer = "sgd";
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0;
+  // constant, or cosine: linear warmup over warmup_steps, then cosine decay to min_lr at the
+  // last step (WarmupCosineLr, as copse train's --lr-schedule).
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
   uint64_t seed = 1;
   std::string data_dir = kFashionMnistDir;
   int64_t limit = -1, test_limit = -1;

@@ -521,6 +521,7 @@ class UpdateProgram final : public VertexProgram {
       }
       if (!state.empty()) COPSE_RETURN_NOT_OK(lease->optimizer->ImportState(state));
     }
+    lease->optimizer->set_lr(StepLr(s, step, ctx.param<int64_t>("steps", 0)));
     auto* sgd = dynamic_cast<Sgd*>(lease->optimizer.get());
     // A stage that batches its weight gradients sends its gradient log; they are computed here.
     std::optional<std::vector<float>> batched_loss;

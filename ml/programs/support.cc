@@ -54,6 +54,9 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
     s.lr = ctx.param<float>("lr", s.lr);
     s.momentum = ctx.param<float>("momentum", s.momentum);
     s.weight_decay = ctx.param<float>("weight_decay", s.weight_decay);
+    s.lr_schedule = ctx.param<std::string>("lr_schedule", s.lr_schedule);
+    s.warmup_steps = ctx.param<int64_t>("warmup_steps", s.warmup_steps);
+    s.min_lr = ctx.param<float>("min_lr", s.min_lr);
     s.tp_ranks = ctx.param<int>("tensor_parallel", 1);
     s.tp_rank = ctx.param<int>("tp_rank", 0);
   } catch (const std::exception& e) {
@@ -70,6 +73,10 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
   if (s.tp_ranks < 1 || s.tp_ranks > 64 || s.tp_rank < 0 || s.tp_rank >= s.tp_ranks)
     return Status::InvalidArgument(ctx.name + ": params.tp_rank " + std::to_string(s.tp_rank) + " is not one of its " +
                                    std::to_string(s.tp_ranks) + " tensor-parallel ranks (params.tensor_parallel, 1 to 64)");
+  if (s.lr_schedule != "constant" && s.lr_schedule != "cosine")
+    return Status::InvalidArgument(ctx.name + ": params.lr_schedule must be constant or cosine");
+  if (s.warmup_steps < 0 || !(s.min_lr >= 0))
+    return Status::InvalidArgument(ctx.name + ": params.warmup_steps and params.min_lr must be >= 0");
   if (s.optimizer != "sgd" && s.optimizer != "adam" && s.optimizer != "adamw")
     return Status::InvalidArgument(ctx.name + ": params.optimizer must be sgd, adam or adamw");
   if (!s.data_dir.empty() && s.data_dir[0] != '/') s.data_dir = ctx.ResolvePath(s.data_dir).string();
@@ -123,6 +130,10 @@ Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& model, c
   auto ptr = std::make_shared<const Dataset>(std::move(d));
   g_datasets[key] = ptr;
   return ptr;
+}
+
+float StepLr(const TrainSettings& s, int64_t step, int64_t total) {
+  return s.lr_schedule == "cosine" ? WarmupCosineLr(step, s.warmup_steps, total, s.lr, s.min_lr) : s.lr;
 }
 
 std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step) {

@@ -36,6 +36,9 @@ struct TrainSettings {
   int64_t batch = 128;      // global batch
   std::string optimizer = "sgd";
   float lr = 0.05f, momentum = 0.9f, weight_decay = 0.0f;
+  std::string lr_schedule = "constant";  // or cosine: StepLr
+  int64_t warmup_steps = 0;
+  float min_lr = 0.0f;
   int64_t train_size = 0;          // examples (images, text windows) in the (limited) training set
   int64_t steps_per_epoch = 0;     // ceil(train_size / batch)
   int64_t labels_per_example = 1;  // 1 for an image; a text window's context for a gpt model
@@ -65,6 +68,9 @@ Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& model, c
 /// (ShardBatch: contiguous, sizes differing by at most one). `batch_size` gets the rows of the
 /// loss over the whole global batch (its images, or tokens: the loss normalizer).
 Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, int part, int parts, int64_t* batch_size);
+/// The learning rate of global step `step` (0-based) of `total`: s.lr, or with the cosine
+/// schedule WarmupCosineLr (what copse train uses, so jobs follow the same rates).
+float StepLr(const TrainSettings& s, int64_t step, int64_t total);
 /// Epoch (from 1) and step within the epoch (from 1) of a global step.
 std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step);
 

@@ -114,6 +114,7 @@ class TensorParallelStepProgram final : public vertex::VertexProgram {
     COPSE_ASSIGN_OR_RETURN(Tensor logits, model.Forward(b.images, fc, &stash));
     COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels, batch_rows));
     COPSE_RETURN_NOT_OK(model.Backward(loss.grad, stash, /*need_input_grad=*/false, /*accumulate=*/false).status());
+    opt->set_lr(StepLr(s, step, ctx.param<int64_t>("steps", 0)));
     opt->Step();
 
     if (static_cast<int64_t>(stats[2]) != epoch) stats[0] = stats[1] = 0, stats[2] = static_cast<float>(epoch);

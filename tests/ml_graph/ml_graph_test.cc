@@ -132,6 +132,9 @@ NamedTensors SingleProcess(const GraphOptions& g) {
   o.lr = static_cast<float>(g.lr);
   o.momentum = static_cast<float>(g.momentum);
   o.seed = g.seed;
+  o.lr_schedule = g.lr_schedule;
+  o.warmup_steps = g.warmup_steps;
+  o.min_lr = static_cast<float>(g.min_lr);
   o.threads = 1;
   o.evaluate = false;
   auto r = Train(o);
@@ -251,7 +254,10 @@ TEST_CASE("MlGraph.GptPipelineDataParallelAndHybridMatchSingleProcessTraining" *
   base.model = "gpt:2-32-4-16";
   base.limit = 256;  // windows of 16 tokens
   base.test_limit = 64;
-  base.batch = 32;  // 8 steps
+  base.batch = 32;              // 8 steps
+  base.lr_schedule = "cosine";  // the rates copse train would use at each step
+  base.warmup_steps = 2;
+  base.min_lr = 0.005;
   const NamedTensors reference = SingleProcess(base);
   std::string clean_pipeline_digest;
   for (const std::string kind : {"pipeline", "data-parallel", "hybrid"}) {
@@ -298,7 +304,10 @@ TEST_CASE("MlGraph.GptTensorParallelAnd3DMatchSingleProcessTraining" * doctest::
   base.model = "gpt:2-32-4-16";
   base.limit = 256;
   base.test_limit = 64;
-  base.batch = 32;  // 8 steps
+  base.batch = 32;              // 8 steps
+  base.lr_schedule = "cosine";  // the rates copse train would use at each step
+  base.warmup_steps = 2;
+  base.min_lr = 0.005;
   const NamedTensors reference = SingleProcess(base);
   std::string digest;
   for (const std::string channel : {"shm", "stream"}) {
