@@ -625,13 +625,13 @@ class CpuDeviceImpl final : public Device {
   }
 
   double SumSquares(const float* x, size_t n) override {
-    // Blocks of 4096 summed in float (vectorized), the block sums in double: the order depends
-    // on n only.
+    // Chunks of 4096 each summed in double, then the chunk sums in order: the CUDA device's
+    // order, so both give the same bits.
     double total = 0.0;
     for (size_t b = 0; b < n; b += 4096) {
       const size_t e = std::min(n, b + 4096);
-      float s = 0.0f;
-      for (size_t i = b; i < e; ++i) s += x[i] * x[i];
+      double s = 0.0;
+      for (size_t i = b; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
       total += s;
     }
     return total;

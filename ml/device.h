@@ -123,7 +123,8 @@ class Device {
   /// dtable = beta * dtable + sum over the i with ids[i] == v of dy[i, :] for every row v of a
   /// [vocab, dim] table, the rows of dy added in index order (deterministic, no atomics).
   virtual void EmbeddingBackward(const float* ids, size_t n, const float* dy, int vocab, int dim, float beta, float* dtable) = 0;
-  /// The sum of x[i]^2 in double precision, in an order fixed by n alone (gradient clipping).
+  /// The sum of x[i]^2 in double precision (gradient clipping): chunks of 4096 elements each
+  /// summed in order, then the chunk sums in order, on every device.
   virtual double SumSquares(const float* x, size_t n) = 0;
   /// x *= a.
   virtual void Scale(float* x, size_t n, float a) = 0;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <map>
 #include <set>
 
@@ -163,6 +162,9 @@ Result<int64_t> TrainSize(const GraphOptions& o) {
   if (IsLanguageModel(o.model)) {  // text windows
     COPSE_ASSIGN_OR_RETURN(GptSpec spec, ParseGptSpec(o.model));
     COPSE_ASSIGN_OR_RETURN(Dataset train, LoadTextSplit(o.data_dir, Split::kTrain, spec.context, o.limit));
+    // eval reads the validation windows after the last step: a text too short for them is
+    // refused now, not after the whole job has trained.
+    COPSE_RETURN_NOT_OK(LoadTextSplit(o.data_dir, Split::kTest, spec.context, o.test_limit).status());
     return train.size();
   }
   DatasetOptions d;
@@ -540,29 +542,39 @@ Result<std::vector<int>> BalancedSplit(const std::string& model, int stages) {
     cost[static_cast<size_t>(i)] = (first && p > 0 ? 2.0 : 3.0) * p + 1.0;
     if (p > 0) first = false;
   }
-  // Exhaustive over boundaries (models have few layers): minimize the largest stage.
-  std::vector<int> best, cur = {0};
-  double best_max = 1e300;
-  std::function<void(int, double)> rec = [&](int start, double max_so_far) {
-    const int left = stages - static_cast<int>(cur.size()) + 1;  // stages still to form
-    if (left == 1) {
-      double c = 0;
-      for (int i = start; i < n; ++i) c += cost[static_cast<size_t>(i)];
-      const double mx = std::max(max_so_far, c);
-      if (mx < best_max) best_max = mx, best = cur, best.push_back(n);
-      return;
-    }
+  // Minimize the largest stage's cost. best[k][i]: the least largest cost of layers [i, n) in k
+  // stages (a dynamic program, O(stages x layers^2): a 256-block GPT has 516 layers). Of the
+  // splits that reach it, the boundaries come out lexicographically smallest (each stage ends
+  // at the first layer that still lets the rest fit), so equal costs always split alike.
+  auto range_cost = [&](int a, int b) {
     double c = 0;
-    for (int end = start + 1; end <= n - (left - 1); ++end) {
-      c += cost[static_cast<size_t>(end - 1)];
-      if (std::max(max_so_far, c) >= best_max) break;
-      cur.push_back(end);
-      rec(end, std::max(max_so_far, c));
-      cur.pop_back();
-    }
+    for (int i = a; i < b; ++i) c += cost[static_cast<size_t>(i)];
+    return c;
   };
-  rec(0, 0.0);
-  return best;
+  constexpr double kNever = 1e300;
+  std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(static_cast<size_t>(n) + 1, kNever));
+  best[0][static_cast<size_t>(n)] = 0;
+  for (int k = 1; k <= stages; ++k) {
+    for (int i = n - k; i >= 0; --i) {
+      double c = 0, least = kNever;
+      for (int end = i + 1; end <= n - (k - 1); ++end) {
+        c += cost[static_cast<size_t>(end - 1)];
+        least = std::min(least, std::max(c, best[static_cast<size_t>(k - 1)][static_cast<size_t>(end)]));
+      }
+      best[static_cast<size_t>(k)][static_cast<size_t>(i)] = least;
+    }
+  }
+  const double target = best[static_cast<size_t>(stages)][0];
+  std::vector<int> split = {0};
+  for (int k = stages; k >= 1; --k) {
+    const int start = split.back();
+    int end = start + 1;
+    while (end < n - (k - 1) &&
+           !(range_cost(start, end) <= target && best[static_cast<size_t>(k - 1)][static_cast<size_t>(end)] <= target))
+      ++end;
+    split.push_back(end);
+  }
+  return split;
 }
 
 Result<Json> GenerateTrainingGraph(const GraphOptions& options) {

@@ -44,9 +44,13 @@ std::vector<std::string> SplitEntries(const std::string& text) {
 Result<TextCorpus> LoadFortunes(const std::string& dir) {
   std::error_code ec;
   std::vector<std::filesystem::path> files;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find('.') == std::string::npos && e.is_regular_file()) files.push_back(e.path());
+  std::filesystem::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    // fortune's layout: text files have no dot in their names (.dat indexes, .u8 links do);
+    // links are skipped, so each file counts once.
+    const std::string name = it->path().filename().string();
+    std::error_code kind;
+    if (name.find('.') == std::string::npos && !it->is_symlink(kind) && it->is_regular_file(kind)) files.push_back(it->path());
   }
   if (ec)
     return Status::NotFound(dir + ": " + ec.message() +

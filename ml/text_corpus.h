@@ -31,8 +31,9 @@ struct TextCorpus {
   int files = 0;
 };
 
-/// Reads every fortune file of `dir` (names without a dot; the .dat indexes and .u8 links are
-/// skipped) and splits its entries. NotFound when the directory has none, naming the package.
+/// Reads every fortune file of `dir` — regular files whose names have no dot, fortune's layout
+/// (the .dat indexes and .u8 links are skipped, as are symbolic links) — and splits its entries.
+/// NotFound when the directory cannot be read or has none, naming the package.
 Result<TextCorpus> LoadFortunes(const std::string& dir);
 
 /// Training examples from `text`: window i holds bytes [i * context, (i + 1) * context) as the

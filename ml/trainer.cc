@@ -185,7 +185,7 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
   report.images_per_s = report.train_seconds > 0 ? static_cast<double>(rows_trained) / report.train_seconds : 0.0;
   if (lm) {
     report.validation_loss = report.epochs.back().validation_loss;
-    report.perplexity = std::exp(report.validation_loss);
+    report.perplexity = o.evaluate ? std::exp(report.validation_loss) : 0.0;  // 0: not evaluated
     if (o.sample_bytes > 0) {
       COPSE_ASSIGN_OR_RETURN(GptSpec spec, ParseGptSpec(o.model));
       COPSE_ASSIGN_OR_RETURN(report.sample,

@@ -309,31 +309,31 @@ __global__ void AdamKernel(float* p, const float* g, float* m, float* v, size_t 
 
 // One thread per row of the [blocks * t, t] scores: rows are short (the context length).
 __global__ void CausalSoftmaxKernel(const float* x, int blocks, int t, float* y) {
-  const size_t r = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (r >= static_cast<size_t>(blocks) * t) return;
-  const int keep = static_cast<int>(r % t) + 1;
-  const float* xr = x + r * t;
-  float* yr = y + r * t;
-  float mx = xr[0];
-  for (int c = 1; c < keep; ++c) mx = fmaxf(mx, xr[c]);
-  float sum = 0.0f;
-  for (int c = 0; c < keep; ++c) sum += (yr[c] = expf(xr[c] - mx));
-  const float inv = 1.0f / sum;
-  for (int c = 0; c < keep; ++c) yr[c] *= inv;
-  for (int c = keep; c < t; ++c) yr[c] = 0.0f;
+  COPSE_FOR_N(r, static_cast<size_t>(blocks) * t) {
+    const int keep = static_cast<int>(r % t) + 1;
+    const float* xr = x + r * t;
+    float* yr = y + r * t;
+    float mx = xr[0];
+    for (int c = 1; c < keep; ++c) mx = fmaxf(mx, xr[c]);
+    float sum = 0.0f;
+    for (int c = 0; c < keep; ++c) sum += (yr[c] = expf(xr[c] - mx));
+    const float inv = 1.0f / sum;
+    for (int c = 0; c < keep; ++c) yr[c] *= inv;
+    for (int c = keep; c < t; ++c) yr[c] = 0.0f;
+  }
 }
 
 __global__ void CausalSoftmaxBwdKernel(const float* y, const float* dy, int blocks, int t, float* dx) {
-  const size_t r = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (r >= static_cast<size_t>(blocks) * t) return;
-  const int keep = static_cast<int>(r % t) + 1;
-  const float* yr = y + r * t;
-  const float* dr = dy + r * t;
-  float* xr = dx + r * t;
-  float dot = 0.0f;
-  for (int c = 0; c < keep; ++c) dot += yr[c] * dr[c];
-  for (int c = 0; c < keep; ++c) xr[c] = yr[c] * (dr[c] - dot);
-  for (int c = keep; c < t; ++c) xr[c] = 0.0f;
+  COPSE_FOR_N(r, static_cast<size_t>(blocks) * t) {
+    const int keep = static_cast<int>(r % t) + 1;
+    const float* yr = y + r * t;
+    const float* dr = dy + r * t;
+    float* xr = dx + r * t;
+    float dot = 0.0f;
+    for (int c = 0; c < keep; ++c) dot += yr[c] * dr[c];
+    for (int c = 0; c < keep; ++c) xr[c] = yr[c] * (dr[c] - dot);
+    for (int c = keep; c < t; ++c) xr[c] = 0.0f;
+  }
 }
 
 __global__ void EmbeddingFwdKernel(const float* ids, size_t n, const float* table, int dim, float* out) {
@@ -343,13 +343,15 @@ __global__ void EmbeddingFwdKernel(const float* ids, size_t n, const float* tabl
   }
 }
 
-// One thread per table element, reading the ids in order: deterministic without atomics.
-__global__ void EmbeddingBwdKernel(const float* ids, size_t n, const float* dy, int vocab, int dim, float beta, float* dtable) {
+// One thread per table element, adding the rows of its token's positions (`rows`, from
+// offsets[v] to offsets[v + 1], in index order): deterministic without atomics, and the CPU's
+// order of additions.
+__global__ void EmbeddingBwdKernel(const int32_t* offsets, const int32_t* rows, const float* dy, int vocab, int dim, float beta,
+                                   float* dtable) {
   COPSE_FOR_N(i, static_cast<size_t>(vocab) * dim) {
     const int v = static_cast<int>(i / dim), col = static_cast<int>(i % dim);
     float s = beta == 0.0f ? 0.0f : beta * dtable[i];
-    for (size_t k = 0; k < n; ++k)
-      if (static_cast<int>(ids[k]) == v) s += dy[k * dim + col];
+    for (int k = offsets[v]; k < offsets[v + 1]; ++k) s += dy[static_cast<size_t>(rows[k]) * dim + col];
     dtable[i] = s;
   }
 }
@@ -536,7 +538,25 @@ class CudaDeviceImpl final : public Device {
   }
   void EmbeddingBackward(const float* ids, size_t n, const float* dy, int vocab, int dim, float beta, float* dtable) override {
     const size_t total = static_cast<size_t>(vocab) * dim;
-    if (total) Launch(EmbeddingBwdKernel, total, ids, n, dy, vocab, dim, beta, dtable);
+    if (total == 0) return;
+    // Each token's positions, in index order (a counting sort on the host: ids are B x T floats).
+    std::vector<float> host(n);
+    CopyToHost(host.data(), ids, n * sizeof(float));
+    std::vector<int32_t> offsets(static_cast<size_t>(vocab) + 1, 0), rows(n);
+    for (float id : host) ++offsets[static_cast<size_t>(id) + 1];
+    for (int v = 0; v < vocab; ++v) offsets[static_cast<size_t>(v) + 1] += offsets[static_cast<size_t>(v)];
+    std::vector<int32_t> next(offsets.begin(), offsets.end() - 1);
+    for (size_t i = 0; i < n; ++i) rows[static_cast<size_t>(next[static_cast<size_t>(host[i])]++)] = static_cast<int32_t>(i);
+    const size_t offsets_bytes = offsets.size() * sizeof(int32_t), rows_bytes = std::max<size_t>(1, n) * sizeof(int32_t);
+    auto* d_offsets = static_cast<int32_t*>(Allocate(offsets_bytes));
+    auto* d_rows = static_cast<int32_t*>(Allocate(rows_bytes));
+    CopyFromHost(d_offsets, offsets.data(), offsets_bytes);
+    CopyFromHost(d_rows, rows.data(), n * sizeof(int32_t));
+    Launch(EmbeddingBwdKernel, total, static_cast<const int32_t*>(d_offsets), static_cast<const int32_t*>(d_rows), dy, vocab, dim,
+           beta, dtable);
+    // Freed blocks are reused only by work issued later on this stream (see Free).
+    Free(d_offsets, offsets_bytes);
+    Free(d_rows, rows_bytes);
   }
   double SumSquares(const float* x, size_t n) override {
     if (n == 0) return 0.0;

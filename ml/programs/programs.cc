@@ -912,7 +912,9 @@ class EvalProgram final : public VertexProgram {
     };
     if (IsLanguageModel(s.model)) {  // text: validation loss, tokens
       COPSE_ASSIGN_OR_RETURN(double validation_loss, EvaluateLoss(model, *test));
-      const int64_t tokens = train_images * s.labels_per_example;
+      // params.train_images counts windows; the chains' statistics count tokens already.
+      const int64_t tokens = ctx.params && ctx.params->contains("train_images") ? train_images * s.labels_per_example
+                                                                                : static_cast<int64_t>(stats[3]);
       const double rate = seconds > 0 ? tokens / seconds : 0.0;
       metrics["validation_loss"] = validation_loss;
       metrics["perplexity"] = std::exp(validation_loss);

@@ -9,7 +9,7 @@
 // previous step; inputs 1..R-1, the other members' partials, one channel from each in rank
 // order (itself skipped). Output 0, its chain after the step (to its next step, or eval);
 // outputs 1..R-1, its partials to each other member in rank order. Every member trains on the
-// whole global batch of step params-replica; the loss stage's figures come from member 0.
+// whole global batch of step params.first_step + replica; the figures come from member 0.
 #include "ml/programs/tensor_parallel.h"
 
 #include <algorithm>
@@ -101,7 +101,7 @@ class TensorParallelStepProgram final : public vertex::VertexProgram {
     COPSE_ASSIGN_OR_RETURN(NamedTensors stats_set, ReadTensorMessage(chain[2]));
     std::vector<float> stats = ReadScalars(FindTensor(stats_set, "__stats"), 4);
 
-    const int64_t step = ctx.replica;
+    const int64_t step = ctx.param<int64_t>("first_step", 0) + ctx.replica;
     COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
     int64_t batch_rows = 0;
     COPSE_ASSIGN_OR_RETURN(auto idx, StepIndices(s, step, 0, 1, &batch_rows));
