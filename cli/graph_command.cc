@@ -97,6 +97,11 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
   cmd->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine schedule")
       ->check(FiniteFrom(0, true))
       ->capture_default_str();
+  cmd->add_option("--clip-norm", o.clip_norm,
+                  "Clip the gradients' global L2 norm to this before each step (0: never; data-parallel and "
+                  "tensor-parallel jobs)")
+      ->check(FiniteFrom(0, true))
+      ->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();

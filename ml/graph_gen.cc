@@ -132,6 +132,11 @@ Status Check(const GraphOptions& o) {
   if (o.lr_schedule != "constant" && o.lr_schedule != "cosine") return bad("--lr-schedule", "constant or cosine");
   if (o.warmup_steps < 0) return bad("--warmup-steps", ">= 0");
   if (!(o.min_lr >= 0 && o.min_lr <= o.lr)) return bad("--min-lr", "a number in [0, --lr]");
+  if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) return bad("--clip-norm", "a finite number >= 0");
+  if (o.clip_norm > 0 && (o.kind == "pipeline" || o.kind == "hybrid"))
+    return bad("--clip-norm",
+               "0 for pipeline and hybrid jobs (the norm would span their stages; data-parallel and "
+               "tensor-parallel jobs clip)");
   if (!(o.momentum >= 0 && o.momentum < 1)) return bad("--momentum", "[0, 1)");
   if (o.limit == 0) return bad("--limit", "> 0 (or absent)");
   if (o.steps == 0) return bad("--steps", "> 0 (or absent)");
@@ -145,6 +150,7 @@ Json CommonParams(const GraphOptions& o) {
             {"optimizer", o.optimizer}, {"lr", o.lr},     {"momentum", o.momentum}, {"weight_decay", o.weight_decay}};
   if (o.limit > 0) p["limit"] = o.limit;
   if (o.test_limit > 0) p["test_limit"] = o.test_limit;
+  if (o.clip_norm > 0) p["clip_norm"] = o.clip_norm;
   if (o.lr_schedule != "constant") {
     p["lr_schedule"] = o.lr_schedule;
     p["warmup_steps"] = o.warmup_steps;

@@ -51,6 +51,9 @@ struct GraphOptions {
   std::string lr_schedule = "constant";
   int64_t warmup_steps = 0;
   double min_lr = 0.0;
+  // Clip the gradients' global L2 norm to this before each step (0: never). Data-parallel and
+  // tensor-parallel jobs only: a pipeline's norm would span its stages.
+  double clip_norm = 0.0;
   uint64_t seed = 1;
   std::string data_dir = kFashionMnistDir;
   int64_t limit = -1, test_limit = -1;

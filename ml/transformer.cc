@@ -215,6 +215,11 @@ Tensor UnshardParameter(const std::string& name, const std::vector<Tensor>& shar
   return out;
 }
 
+bool IsShardedParameter(const std::string& name) {
+  int blocks = 1;
+  return SplitOf(name, &blocks) != Split::kNone;
+}
+
 NamedTensors ShardParameters(const NamedTensors& full, int rank, int ranks) {
   NamedTensors out;
   for (const auto& [name, t] : full) out.emplace_back(name, ShardParameter(name, t, rank, ranks));

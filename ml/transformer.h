@@ -64,6 +64,9 @@ class TensorParallelGroup {
 Tensor ShardParameter(const std::string& name, const Tensor& full, int rank, int ranks);
 Tensor UnshardParameter(const std::string& name, const std::vector<Tensor>& shards);
 NamedTensors ShardParameters(const NamedTensors& full, int rank, int ranks);
+/// Whether parameter `name` is split over a tensor-parallel group (else every member holds it
+/// whole).
+bool IsShardedParameter(const std::string& name);
 /// `shards[r]` is member r's parameter set (same names in the same order).
 Result<NamedTensors> UnshardParameters(const std::vector<NamedTensors>& shards);
 

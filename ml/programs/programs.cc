@@ -44,19 +44,24 @@ using vertex::VertexContext;
 using vertex::VertexProgram;
 
 /// Layers [begin, end) of the whole model from params (end = -1: to the last layer).
+/// The layer count of `model`, built once per process.
+Result<int> LayerCount(const std::string& model) {
+  static std::mutex mu;
+  static std::map<std::string, int> layers;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = layers.find(model);
+  if (it == layers.end()) {
+    COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModelLayers(model));
+    it = layers.emplace(model, static_cast<int>(m.size())).first;
+  }
+  return it->second;
+}
+
 Result<std::pair<int, int>> LayerRange(const VertexContext& ctx, const TrainSettings& s) {
   int begin = ctx.param<int>("begin", 0);
   int end = ctx.param<int>("end", -1);
-  if (end < 0) {  // the layer count of the model, built once per process
-    static std::mutex mu;
-    static std::map<std::string, int> layers;
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = layers.find(s.model);
-    if (it == layers.end()) {
-      COPSE_ASSIGN_OR_RETURN(Sequential m, BuildModelLayers(s.model));
-      it = layers.emplace(s.model, static_cast<int>(m.size())).first;
-    }
-    end = it->second;
+  if (end < 0) {
+    COPSE_ASSIGN_OR_RETURN(end, LayerCount(s.model));
   }
   return std::make_pair(begin, end);
 }
@@ -523,25 +528,39 @@ class UpdateProgram final : public VertexProgram {
     }
     lease->optimizer->set_lr(StepLr(s, step, ctx.param<int64_t>("steps", 0)));
     auto* sgd = dynamic_cast<Sgd*>(lease->optimizer.get());
-    // A stage that batches its weight gradients sends its gradient log; they are computed here.
-    std::optional<std::vector<float>> batched_loss;
+    // A stage that batches its weight gradients sends its gradient log; they are computed here,
+    // into the model's own gradient tensors (so are the sums a clipped step needs): own_loss.
+    std::optional<std::vector<float>> own_loss;
     if (batched) {
       auto l = WeightGradientsFromLogs(m, grads);
       if (!l.ok()) return l.status().WithContext(ctx.name);
-      batched_loss = std::move(l).value();
+      own_loss = std::move(l).value();
       lease->grads_key = 0;
     }
+    if (s.clip_norm > 0) {
+      // The global norm needs every gradient of the model: only an update of the whole model
+      // (data-parallel) has them. Its gradients are summed into the model's own tensors first.
+      COPSE_ASSIGN_OR_RETURN(const int layers, LayerCount(s.model));
+      if (range.first != 0 || range.second != layers)
+        return Status::InvalidArgument(ctx.name + ": params.clip_norm needs an update of the whole model, not of layers [" +
+                                       std::to_string(range.first) + ", " + std::to_string(range.second) + ")");
+      if (!own_loss) {
+        COPSE_ASSIGN_OR_RETURN(own_loss, SumGradientsInto(m, grads));
+      }
+      lease->grads_key = 0;
+      ClipGradNorm(m.Parameters(), s.clip_norm);
+    }
     std::vector<float> loss;
-    if (sgd && batched_loss) {
-      loss = *batched_loss;
+    if (sgd && own_loss) {
+      loss = *own_loss;
       std::vector<std::vector<const float*>> own;
       for (const Parameter* p : m.Parameters()) own.push_back({p->grad.data()});
       sgd->StepOutOfPlace(own);
     } else if (sgd) {
       COPSE_ASSIGN_OR_RETURN(loss, SgdStepOnGradients(m, *sgd, grads));
     } else {
-      if (batched_loss) {
-        loss = *batched_loss;
+      if (own_loss) {
+        loss = *own_loss;
       } else if (grads_key == 0 || lease->grads_key != grads_key) {
         lease->grads_key = 0;
         COPSE_ASSIGN_OR_RETURN(loss, SumGradientsInto(m, grads));

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -57,6 +58,7 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
     s.lr_schedule = ctx.param<std::string>("lr_schedule", s.lr_schedule);
     s.warmup_steps = ctx.param<int64_t>("warmup_steps", s.warmup_steps);
     s.min_lr = ctx.param<float>("min_lr", s.min_lr);
+    s.clip_norm = ctx.param<float>("clip_norm", s.clip_norm);
     s.tp_ranks = ctx.param<int>("tensor_parallel", 1);
     s.tp_rank = ctx.param<int>("tp_rank", 0);
   } catch (const std::exception& e) {
@@ -75,8 +77,8 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
                                    std::to_string(s.tp_ranks) + " tensor-parallel ranks (params.tensor_parallel, 1 to 64)");
   if (s.lr_schedule != "constant" && s.lr_schedule != "cosine")
     return Status::InvalidArgument(ctx.name + ": params.lr_schedule must be constant or cosine");
-  if (s.warmup_steps < 0 || !(s.min_lr >= 0))
-    return Status::InvalidArgument(ctx.name + ": params.warmup_steps and params.min_lr must be >= 0");
+  if (s.warmup_steps < 0 || !(s.min_lr >= 0) || !(s.clip_norm >= 0) || !std::isfinite(s.clip_norm))
+    return Status::InvalidArgument(ctx.name + ": params.warmup_steps, min_lr and clip_norm must be finite and >= 0");
   if (s.optimizer != "sgd" && s.optimizer != "adam" && s.optimizer != "adamw")
     return Status::InvalidArgument(ctx.name + ": params.optimizer must be sgd, adam or adamw");
   if (!s.data_dir.empty() && s.data_dir[0] != '/') s.data_dir = ctx.ResolvePath(s.data_dir).string();

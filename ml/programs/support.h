@@ -39,6 +39,7 @@ struct TrainSettings {
   std::string lr_schedule = "constant";  // or cosine: StepLr
   int64_t warmup_steps = 0;
   float min_lr = 0.0f;
+  float clip_norm = 0.0f;          // the gradients' global L2 norm clipped to this before each step (0: never)
   int64_t train_size = 0;          // examples (images, text windows) in the (limited) training set
   int64_t steps_per_epoch = 0;     // ceil(train_size / batch)
   int64_t labels_per_example = 1;  // 1 for an image; a text window's context for a gpt model

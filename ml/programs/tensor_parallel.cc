@@ -13,9 +13,11 @@
 #include "ml/programs/tensor_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "ml/loss.h"
 #include "ml/models.h"
+#include "ml/optimizer.h"
 #include "ml/philox.h"
 #include "ml/programs/support.h"
 #include "ml/tensor_message.h"
@@ -68,6 +70,27 @@ Result<std::unique_ptr<TensorParallelScope>> TensorParallelScope::Open(vertex::V
 
 namespace {
 
+/// ClipGradNorm over the whole model the members hold together: the squares of the sharded
+/// gradients summed over the group (one scalar all-reduce), those of the replicated ones (the
+/// same on every member) once.
+Status ClipOverMembers(const Sequential& model, TensorParallelGroup& group, double max_norm) {
+  const auto names = model.ParameterNames();
+  const auto params = model.Parameters();
+  double sharded = 0, replicated = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& g = params[i]->grad;
+    (IsShardedParameter(names[i]) ? sharded : replicated) += g.device()->SumSquares(g.data(), static_cast<size_t>(g.numel()));
+  }
+  // A float carries the partial sum: every member adds the same floats in rank order.
+  COPSE_ASSIGN_OR_RETURN(Tensor total, group.AllReduceSum(Tensor::FromVector({1}, {static_cast<float>(sharded)})));
+  const double norm = std::sqrt(static_cast<double>(total.ToVector()[0]) + replicated);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0)
+    for (Parameter* p : params)
+      p->grad.device()->Scale(p->grad.data(), static_cast<size_t>(p->grad.numel()), static_cast<float>(coef));
+  return Status::OK();
+}
+
 std::unique_ptr<Optimizer> MakeOptimizer(const TrainSettings& s, Sequential& m) {
   if (s.optimizer == "adam" || s.optimizer == "adamw") {
     AdamOptions a;
@@ -114,6 +137,7 @@ class TensorParallelStepProgram final : public vertex::VertexProgram {
     COPSE_ASSIGN_OR_RETURN(Tensor logits, model.Forward(b.images, fc, &stash));
     COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels, batch_rows));
     COPSE_RETURN_NOT_OK(model.Backward(loss.grad, stash, /*need_input_grad=*/false, /*accumulate=*/false).status());
+    if (s.clip_norm > 0) COPSE_RETURN_NOT_OK(ClipOverMembers(model, group, s.clip_norm));
     opt->set_lr(StepLr(s, step, ctx.param<int64_t>("steps", 0)));
     opt->Step();
 

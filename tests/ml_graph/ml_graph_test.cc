@@ -137,6 +137,9 @@ NamedTensors SingleProcess(const GraphOptions& g) {
   o.lr_schedule = g.lr_schedule;
   o.warmup_steps = g.warmup_steps;
   o.min_lr = static_cast<float>(g.min_lr);
+  o.clip_norm = static_cast<float>(g.clip_norm);
+  o.optimizer = g.optimizer;
+  o.weight_decay = static_cast<float>(g.weight_decay);
   o.threads = 1;
   o.evaluate = false;
   auto r = Train(o);
@@ -356,6 +359,47 @@ TEST_CASE("MlGraph.GptTensorParallelAnd3DMatchSingleProcessTraining" * doctest::
   MESSAGE("gpt data 2 x pipeline 2 x tensor 2: relative difference " << rel3);
   CHECK(rel3 < kTolerance);
   CHECK(r3.metrics["config"]["tensor_parallel"] == 2);
+
+  // Clipped to a norm below the gradients' (so every step clips): a data-parallel job (its
+  // update holds every gradient) and a tensor-parallel one (the members add their shards'
+  // squares) follow single-process training, and differ from unclipped training.
+  GraphOptions clipped = base;
+  clipped.clip_norm = 0.05;
+  clipped.optimizer = "adamw";
+  clipped.lr = 0.003;
+  clipped.min_lr = 0.0003;
+  const NamedTensors clipped_reference = SingleProcess(clipped);
+  for (const std::string kind : {"data-parallel", "tensor-parallel"}) {
+    CAPTURE(kind);
+    GraphOptions c = clipped;
+    c.kind = kind;
+    c.workers = 2;
+    c.reducer = "ps";
+    c.tensor_parallel = kind == "tensor-parallel" ? 2 : 1;
+    auto clipped_job = GenerateTrainingGraph(c);
+    REQUIRE(clipped_job.ok());
+    TempDir clipped_dir;
+    const RunResult rc = RunJob(*clipped_job, clipped_dir.path, 2);
+    const double rel_c = RelativeDifference(rc.params, clipped_reference);
+    MESSAGE("gpt " << kind << " clipped: relative difference " << rel_c);
+    // AdamW divides each gradient by its own running magnitude: the key bias's rounding noise
+    // (gpt_reference_test.cc) moves it by +-lr per step; compare everything else.
+    NamedTensors ours, theirs;
+    for (size_t i = 0; i < rc.params.size(); ++i) {
+      if (rc.params[i].first.find("qkv.bias") != std::string::npos) continue;
+      ours.push_back(rc.params[i]);
+      theirs.push_back(clipped_reference[i]);
+    }
+    CHECK(RelativeDifference(ours, theirs) < 1e-4);
+  }
+  GraphOptions unclipped = clipped;
+  unclipped.clip_norm = 0;
+  const NamedTensors unclipped_reference = SingleProcess(unclipped);
+  // Adam divides out most of a gradient's scale, so clipping moves the parameters little — but
+  // 70x the tolerance above (measured 7e-3).
+  CHECK(RelativeDifference(unclipped_reference, clipped_reference) > 1e-3);
+  GraphOptions clipped_pipeline = PipelineOf(clipped, "pipeline", 2, 4, "1f1b", false, "batched");
+  CHECK(GenerateTrainingGraph(clipped_pipeline).status().message().find("--clip-norm") == 0);
 
   GraphOptions bad = base;
   bad.kind = "tensor-parallel";
