@@ -193,8 +193,8 @@ int main(int argc, char** argv) {
   std::printf("%-22s %14.0f %16.4f\n", "copse (1 process)", Median(ours), Median(ours_loss));
   for (const GraphRow& row : rows) {
     if (row.rate.empty()) continue;
-    std::printf("%-22s %14.0f %16.4f   %.2fx copse's single process\n", row.name.c_str(), Median(row.rate),
-                Median(row.loss), Median(row.rate) / Median(ours));
+    std::printf("%-22s %14.0f %16.4f   %.2fx copse's single process\n", row.name.c_str(), Median(row.rate), Median(row.loss),
+                Median(row.rate) / Median(ours));
   }
   if (!theirs.empty()) {
     std::printf("%-22s %14.0f %16.4f\n", "pytorch (1 process)", Median(theirs), Median(theirs_loss));
