@@ -2,24 +2,17 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
 
+#include "common/json_util.h"
+
 namespace copse::ml {
 namespace {
 
-constexpr int64_t kMaxCorpusBytes = int64_t{1} << 30;
-
-Result<std::string> ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound(path.string() + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+constexpr int64_t kMaxCorpusBytes = int64_t{1} << 30;  // all files together: 1 GiB is no fortunes directory
 
 /// Entries of a fortune file: text between lines holding a single '%'.
 std::vector<std::string> SplitEntries(const std::string& text) {
@@ -61,9 +54,8 @@ Result<TextCorpus> LoadFortunes(const std::string& dir) {
   TextCorpus c;
   int64_t bytes = 0;
   for (const auto& f : files) {
-    COPSE_ASSIGN_OR_RETURN(std::string text, ReadFile(f));
+    COPSE_ASSIGN_OR_RETURN(std::string text, ReadFile(f.string(), static_cast<size_t>(kMaxCorpusBytes - bytes)));
     bytes += static_cast<int64_t>(text.size());
-    if (bytes > kMaxCorpusBytes) return Status::InvalidArgument(dir + ": more than 1 GiB of text; not a fortunes directory?");
     for (std::string& entry : SplitEntries(text)) {
       std::string& dst = c.entries % 10 == 9 ? c.validation : c.train;
       dst += entry;

@@ -21,12 +21,6 @@ Status BadInput(const std::string& layer, const std::string& expected, const Ten
                                  (x.defined() ? ShapeToString(x.shape()) : "undefined"));
 }
 
-/// y[n, out] = x[n, in] W^T + b for W [out, in] (torch.nn.Linear's layout).
-void Dense(Device* d, const float* x, int n, int in, int out, const Parameter& w, const Parameter& b, float* y) {
-  d->Gemm(false, true, n, out, in, 1.0f, x, in, w.value.data(), in, 0.0f, y, out);
-  d->BiasActivation(y, b.value.data(), n, out, Activation::kNone, y);
-}
-
 /// Adds dW += dz^T x and db += column sums of dz; writes dx = dz W when dx is not null.
 void DenseBackward(Device* d, const float* x, const float* dz, int n, int in, int out, Parameter& w, Parameter& b, float* dx) {
   d->Gemm(true, false, out, in, n, 1.0f, dz, out, x, in, 1.0f, w.grad.data(), in);
@@ -334,8 +328,7 @@ Result<Tensor> AttentionBlock::Forward(const Tensor& x, const ForwardContext& ct
   const int b = I(x.dim(0)), t = I(x.dim(1)), n = b * t, dh = dim_ / heads_;
   const int hl = heads_ / shard_.ranks, dl = dim_ / shard_.ranks, d3 = 3 * dl;
   LayerNormResult ln = LayerNorm(x, params_[0].value, params_[1].value, kLayerNormEps);
-  Tensor qkv = Tensor::Empty({n, d3}, d);
-  Dense(d, ln.y.data(), n, dim_, d3, params_[2], params_[3], qkv.data());
+  const Tensor qkv = LinearForward(ln.y.Reshape({n, dim_}), params_[2].value, params_[3].value);
 
   Tensor p = Tensor::Empty({b, hl, t, t}, d);
   Device::GemmBatch scores{b, hl, int64_t{t} * d3, dh, int64_t{t} * d3, dh, int64_t{hl} * t * t, int64_t{t} * t};
@@ -346,9 +339,7 @@ Result<Tensor> AttentionBlock::Forward(const Tensor& x, const ForwardContext& ct
   Device::GemmBatch mix{b, hl, int64_t{hl} * t * t, int64_t{t} * t, int64_t{t} * d3, dh, int64_t{t} * dl, dh};
   d->BatchedGemm(false, false, t, dh, t, 1.0f, p.data(), t, qkv.data() + 2 * dl, d3, 0.0f, o.data(), dl, mix);
 
-  Tensor partial = Tensor::Empty({b, t, dim_}, d);
-  d->Gemm(false, true, n, dim_, dl, 1.0f, o.data(), dl, params_[4].value.data(), dl, 0.0f, partial.data(), dim_);
-  COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(partial, x, ctx, stash));
+  COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(Matmul(o, params_[4].value, false, true), x, ctx, stash));
   if (stash) stash->tensors = {x, ln.mean, ln.rstd, ln.y, qkv, p, o};
   return y;
 }
@@ -399,15 +390,11 @@ std::string MlpBlock::Describe() const {
 
 Result<Tensor> MlpBlock::Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) {
   if (x.ndim() != 3 || x.dim(2) != dim_) return BadInput(Describe(), "[B, T, " + std::to_string(dim_) + "]", x);
-  Device* d = device_;
-  const int n = I(x.dim(0) * x.dim(1)), wide = proj_in_ / shard_.ranks;
+  const int n = I(x.dim(0) * x.dim(1));
   LayerNormResult ln = LayerNorm(x, params_[0].value, params_[1].value, kLayerNormEps);
-  Tensor z = Tensor::Empty({n, wide}, d), a = Tensor::Empty({n, wide}, d);
-  Dense(d, ln.y.data(), n, dim_, wide, params_[2], params_[3], z.data());
-  d->BiasActivation(z.data(), nullptr, n, wide, Activation::kGelu, a.data());
-  Tensor partial = Tensor::Empty(x.shape(), d);
-  d->Gemm(false, true, n, dim_, wide, 1.0f, a.data(), wide, params_[4].value.data(), wide, 0.0f, partial.data(), dim_);
-  COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(partial, x, ctx, stash));
+  const Tensor z = LinearForward(ln.y.Reshape({n, dim_}), params_[2].value, params_[3].value);
+  const Tensor a = Gelu(z);
+  COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(Matmul(a, params_[4].value, false, true), x, ctx, stash));
   if (stash) stash->tensors = {x, ln.mean, ln.rstd, ln.y, z, a};
   return y;
 }
