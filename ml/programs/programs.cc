@@ -511,19 +511,7 @@ class UpdateProgram final : public VertexProgram {
     if (!lease->optimizer || lease->state_key != state_key) {
       COPSE_ASSIGN_OR_RETURN(NamedTensors state, ReadTensorMessage(chain[1]));
       lease->state_key = 0;
-      if (s.optimizer == "adam" || s.optimizer == "adamw") {
-        AdamOptions a;
-        a.lr = s.lr;
-        a.weight_decay = s.weight_decay;
-        a.decoupled_weight_decay = s.optimizer == "adamw";
-        lease->optimizer = std::make_unique<Adam>(m.Parameters(), a);
-      } else {
-        SgdOptions o;
-        o.lr = s.lr;
-        o.momentum = s.momentum;
-        o.weight_decay = s.weight_decay;
-        lease->optimizer = std::make_unique<Sgd>(m.Parameters(), o);
-      }
+      lease->optimizer = MakeOptimizer(s, m);
       if (!state.empty()) COPSE_RETURN_NOT_OK(lease->optimizer->ImportState(state));
     }
     lease->optimizer->set_lr(StepLr(s, step, ctx.param<int64_t>("steps", 0)));
@@ -571,11 +559,7 @@ class UpdateProgram final : public VertexProgram {
       COPSE_RETURN_NOT_OK(m.ShareParameters(m.ExportParameters(/*host=*/false)));
       lease->optimizer->Step();
     }
-    const int64_t epoch = EpochAndStep(s, step).first;
-    if (static_cast<int64_t>(stats[2]) != epoch) stats[0] = stats[1] = 0, stats[2] = static_cast<float>(epoch);
-    stats[0] += loss[0];
-    stats[1] += loss[1];
-    stats[3] += loss[1];
+    AddToStats(s, step, loss, stats);
     // No copies: the next update replaces the values and SGD's momentum instead of writing them
     // (the sharing contract in support.h); Adam's state is stepped in place, so it is copied.
     const chan::Buffer params_out = TensorMessage(ParameterHandles(m));
@@ -584,11 +568,7 @@ class UpdateProgram final : public VertexProgram {
     lease->params_key = TensorMessageKey(params_out);
     lease->state_key = TensorMessageKey(state_out);
     if (stats[1] > 0) {  // the stage that computes the loss reports the run's progress
-      ctx.progress = {{"step", step + 1},
-                      {"steps", ctx.param<int64_t>("steps", 0)},
-                      {"loss", stats[0] / stats[1]},
-                      {"epoch", static_cast<int64_t>(stats[2])},
-                      {IsLanguageModel(s.model) ? "tokens" : "images", stats[3]}};
+      ctx.progress = StepProgress(s, step, ctx.param<int64_t>("steps", 0), stats);
     }
     lease.Commit();
     COPSE_RETURN_NOT_OK(WriteChainAndParams(ctx, params_out, state_out, stats_out));

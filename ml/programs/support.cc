@@ -138,6 +138,37 @@ float StepLr(const TrainSettings& s, int64_t step, int64_t total) {
   return s.lr_schedule == "cosine" ? WarmupCosineLr(step, s.warmup_steps, total, s.lr, s.min_lr) : s.lr;
 }
 
+std::unique_ptr<Optimizer> MakeOptimizer(const TrainSettings& s, Sequential& m) {
+  if (s.optimizer == "adam" || s.optimizer == "adamw") {
+    AdamOptions a;
+    a.lr = s.lr;
+    a.weight_decay = s.weight_decay;
+    a.decoupled_weight_decay = s.optimizer == "adamw";
+    return std::make_unique<Adam>(m.Parameters(), a);
+  }
+  SgdOptions o;
+  o.lr = s.lr;
+  o.momentum = s.momentum;
+  o.weight_decay = s.weight_decay;
+  return std::make_unique<Sgd>(m.Parameters(), o);
+}
+
+void AddToStats(const TrainSettings& s, int64_t step, const std::vector<float>& loss, std::vector<float>& stats) {
+  const int64_t epoch = EpochAndStep(s, step).first;
+  if (static_cast<int64_t>(stats[2]) != epoch) stats[0] = stats[1] = 0, stats[2] = static_cast<float>(epoch);
+  stats[0] += loss[0];
+  stats[1] += loss[1];
+  stats[3] += loss[1];
+}
+
+Json StepProgress(const TrainSettings& s, int64_t step, int64_t steps, const std::vector<float>& stats) {
+  return {{"step", step + 1},
+          {"steps", steps},
+          {"loss", stats[0] / stats[1]},
+          {"epoch", static_cast<int64_t>(stats[2])},
+          {IsLanguageModel(s.model) ? "tokens" : "images", stats[3]}};
+}
+
 std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step) {
   return {step / s.steps_per_epoch + 1, step % s.steps_per_epoch + 1};
 }

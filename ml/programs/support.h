@@ -72,6 +72,14 @@ Result<std::vector<int64_t>> StepIndices(const TrainSettings& s, int64_t step, i
 /// The learning rate of global step `step` (0-based) of `total`: s.lr, or with the cosine
 /// schedule WarmupCosineLr (what copse train uses, so jobs follow the same rates).
 float StepLr(const TrainSettings& s, int64_t step, int64_t total);
+/// The optimizer of `s` (sgd, adam or adamw) over `m`'s parameters.
+std::unique_ptr<Optimizer> MakeOptimizer(const TrainSettings& s, Sequential& m);
+/// Adds global step `step`'s {loss sum, rows} to a chain's "__stats" {loss sum and rows of this
+/// epoch, epoch, rows trained in all} (the epoch's sums restart with a new epoch).
+void AddToStats(const TrainSettings& s, int64_t step, const std::vector<float>& loss, std::vector<float>& stats);
+/// What a training step reports as progress: {"step", "steps", "loss", "epoch", and "images"
+/// or, for a language model, "tokens" trained so far}.
+Json StepProgress(const TrainSettings& s, int64_t step, int64_t steps, const std::vector<float>& stats);
 /// Epoch (from 1) and step within the epoch (from 1) of a global step.
 std::pair<int64_t, int64_t> EpochAndStep(const TrainSettings& s, int64_t step);
 

@@ -91,17 +91,6 @@ Status ClipOverMembers(const Sequential& model, TensorParallelGroup& group, doub
   return Status::OK();
 }
 
-std::unique_ptr<Optimizer> MakeOptimizer(const TrainSettings& s, Sequential& m) {
-  if (s.optimizer == "adam" || s.optimizer == "adamw") {
-    AdamOptions a;
-    a.lr = s.lr;
-    a.weight_decay = s.weight_decay;
-    a.decoupled_weight_decay = s.optimizer == "adamw";
-    return std::make_unique<Adam>(m.Parameters(), a);
-  }
-  return std::make_unique<Sgd>(m.Parameters(), SgdOptions{s.lr, s.momentum, 0.0f, s.weight_decay, false});
-}
-
 class TensorParallelStepProgram final : public vertex::VertexProgram {
  public:
   Status Run(vertex::VertexContext& ctx) override {
@@ -141,17 +130,8 @@ class TensorParallelStepProgram final : public vertex::VertexProgram {
     opt->set_lr(StepLr(s, step, ctx.param<int64_t>("steps", 0)));
     opt->Step();
 
-    if (static_cast<int64_t>(stats[2]) != epoch) stats[0] = stats[1] = 0, stats[2] = static_cast<float>(epoch);
-    stats[0] += static_cast<float>(loss.loss * static_cast<double>(b.size()));
-    stats[1] += static_cast<float>(b.size());
-    stats[3] += static_cast<float>(b.size());
-    if (rank == 0) {
-      ctx.progress = {{"step", step + 1},
-                      {"steps", ctx.param<int64_t>("steps", 0)},
-                      {"loss", stats[0] / stats[1]},
-                      {"epoch", static_cast<int64_t>(stats[2])},
-                      {IsLanguageModel(s.model) ? "tokens" : "images", stats[3]}};
-    }
+    AddToStats(s, step, {static_cast<float>(loss.loss * static_cast<double>(b.size())), static_cast<float>(b.size())}, stats);
+    if (rank == 0) ctx.progress = StepProgress(s, step, ctx.param<int64_t>("steps", 0), stats);
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(model.ExportParameters())));
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(opt->ExportState())));
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage({{"__stats", Scalars(stats)}})));
