@@ -245,6 +245,20 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
   CHECK(digest_of["batched"] != digest_of["per-microbatch"]);  // the batched path really ran
 }
 
+/// A two-block GPT on 256 windows of 16 tokens, 8 steps of 32 windows under a cosine schedule
+/// (the rates copse train would use at each step).
+GraphOptions SmallGpt() {
+  GraphOptions o = Small();
+  o.model = "gpt:2-32-4-16";
+  o.limit = 256;
+  o.test_limit = 64;
+  o.batch = 32;
+  o.lr_schedule = "cosine";
+  o.warmup_steps = 2;
+  o.min_lr = 0.005;
+  return o;
+}
+
 // The transformer as graphs: its pipeline stages split at block boundaries (the residual stream
 // [B, T, D] is what crosses), data-parallel shards of text windows, and a hybrid of both, each
 // reaching single-process training's parameters (SGD: Adam would turn the attention key bias's
@@ -255,14 +269,7 @@ TEST_CASE("MlGraph.GptPipelineDataParallelAndHybridMatchSingleProcessTraining" *
     MESSAGE("skipped: no /usr/share/games/fortunes (Debian package fortunes)");
     return;
   }
-  GraphOptions base = Small();
-  base.model = "gpt:2-32-4-16";
-  base.limit = 256;  // windows of 16 tokens
-  base.test_limit = 64;
-  base.batch = 32;              // 8 steps
-  base.lr_schedule = "cosine";  // the rates copse train would use at each step
-  base.warmup_steps = 2;
-  base.min_lr = 0.005;
+  const GraphOptions base = SmallGpt();
   const NamedTensors reference = SingleProcess(base);
   std::string clean_pipeline_digest;
   for (const std::string kind : {"pipeline", "data-parallel", "hybrid"}) {
@@ -305,14 +312,7 @@ TEST_CASE("MlGraph.GptTensorParallelAnd3DMatchSingleProcessTraining" * doctest::
     MESSAGE("skipped: no /usr/share/games/fortunes (Debian package fortunes)");
     return;
   }
-  GraphOptions base = Small();
-  base.model = "gpt:2-32-4-16";
-  base.limit = 256;
-  base.test_limit = 64;
-  base.batch = 32;              // 8 steps
-  base.lr_schedule = "cosine";  // the rates copse train would use at each step
-  base.warmup_steps = 2;
-  base.min_lr = 0.005;
+  const GraphOptions base = SmallGpt();
   const NamedTensors reference = SingleProcess(base);
   std::string digest;
   for (const std::string channel : {"shm", "stream"}) {
