@@ -63,4 +63,21 @@ inline CLI::Validator Unsigned64() {
 /// 2 usage error (main() maps CLI11's parse errors to 2).
 int& ExitCode();
 
+/// The learning-rate schedule and clipping flags `copse train` and `copse graph` share:
+/// --lr-schedule, --warmup-steps, --min-lr and --clip-norm (`clip_help` says where it applies).
+template <typename Real>
+void AddScheduleFlags(CLI::App* cmd, std::string& schedule, int64_t& warmup_steps, Real& min_lr, Real& clip_norm,
+                      const std::string& clip_help) {
+  cmd->add_option("--lr-schedule", schedule, "constant, or cosine: linear warmup then cosine decay to --min-lr")
+      ->check(CLI::IsMember({"constant", "cosine"}))
+      ->capture_default_str();
+  cmd->add_option("--warmup-steps", warmup_steps, "Warmup steps of the cosine schedule")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  cmd->add_option("--min-lr", min_lr, "Learning rate at the end of the cosine schedule")
+      ->check(FiniteFrom(0, true))
+      ->capture_default_str();
+  cmd->add_option("--clip-norm", clip_norm, clip_help)->check(FiniteFrom(0, true))->capture_default_str();
+}
+
 }  // namespace copse::cli

@@ -88,20 +88,9 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
       ->check(CLI::Range(0.0, 0.999999))
       ->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(FiniteFrom(0, true))->capture_default_str();
-  cmd->add_option("--lr-schedule", o.lr_schedule, "constant, or cosine: linear warmup then cosine decay to --min-lr")
-      ->check(CLI::IsMember({"constant", "cosine"}))
-      ->capture_default_str();
-  cmd->add_option("--warmup-steps", o.warmup_steps, "Warmup steps of the cosine schedule")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
-      ->capture_default_str();
-  cmd->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine schedule")
-      ->check(FiniteFrom(0, true))
-      ->capture_default_str();
-  cmd->add_option("--clip-norm", o.clip_norm,
-                  "Clip the gradients' global L2 norm to this before each step (0: never; data-parallel and "
-                  "tensor-parallel jobs)")
-      ->check(FiniteFrom(0, true))
-      ->capture_default_str();
+  AddScheduleFlags(cmd, o.lr_schedule, o.warmup_steps, o.min_lr, o.clip_norm,
+                   "Clip the gradients' global L2 norm to this before each step (0: never; data-parallel and "
+                   "tensor-parallel jobs)");
   cmd->add_option("--optimizer", o.optimizer, "sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();

@@ -111,18 +111,8 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--steps", o.max_steps, "Stop after this many steps in all (0: every epoch)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
-  cmd->add_option("--lr-schedule", o.lr_schedule, "constant, or cosine: linear warmup then cosine decay to --min-lr")
-      ->check(CLI::IsMember({"constant", "cosine"}))
-      ->capture_default_str();
-  cmd->add_option("--warmup-steps", o.warmup_steps, "Warmup steps of the cosine schedule")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
-      ->capture_default_str();
-  cmd->add_option("--min-lr", o.min_lr, "Learning rate at the end of the cosine schedule")
-      ->check(FiniteFrom(0, true))
-      ->capture_default_str();
-  cmd->add_option("--clip-norm", o.clip_norm, "Clip the gradients' global L2 norm to this (0: never)")
-      ->check(FiniteFrom(0, true))
-      ->capture_default_str();
+  AddScheduleFlags(cmd, o.lr_schedule, o.warmup_steps, o.min_lr, o.clip_norm,
+                   "Clip the gradients' global L2 norm to this (0: never)");
   cmd->add_option("--text-dir", o.text_dir, "Directory of fortune files: the text gpt models train on")->capture_default_str();
   cmd->add_option("--sample-bytes", o.sample_bytes, "gpt: bytes of text to generate at the end (0: none)")
       ->check(CLI::Range(0, 1 << 20))
