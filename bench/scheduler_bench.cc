@@ -27,9 +27,9 @@ namespace {
 
 class QueueSink final : public jm::DaemonSink {
  public:
-  void SendToDaemon(copse::DaemonId d, const Json& m) override {
-    if (m["op"] != "run") return;
-    for (const auto& t : m["tasks"]) tasks.push_back(t.dump());  // what a real sink would write
+  void SendToDaemon(copse::DaemonId, const copse::protocol::JmToDaemon& m) override {
+    if (!m.has_run()) return;
+    for (const auto& t : m.run().tasks()) tasks.push_back(t.SerializeAsString());  // what a real sink would write
   }
   std::deque<std::string> tasks;
 };
@@ -64,15 +64,16 @@ int main() {
     sched.Flush();
     size_t done = 0;
     while (!sink.tasks.empty()) {
-      Json t = Json::parse(sink.tasks.front());  // what the server parses from a report
+      copse::protocol::Task t;
+      if (!t.ParseFromString(sink.tasks.front())) return 1;  // what the server parses from a report
       sink.tasks.pop_front();
       jm::AttemptReport r;
       r.job = job;
-      r.vertex = copse::VertexId(t["vertex"].get<uint32_t>());
-      r.version = t["version"];
+      r.vertex = copse::VertexId(t.vertex());
+      r.version = t.version();
       r.ok = true;
-      r.output_bytes.assign(t["outputs"].size(), 0);
-      r.output_messages.assign(t["outputs"].size(), 0);
+      r.output_bytes.assign(t.outputs_size(), 0);
+      r.output_messages.assign(t.outputs_size(), 0);
       sched.OnAttemptFinished(r);
       sched.Flush();
       if (++done % 64 == 0 && with_history) (*history)->Flush();

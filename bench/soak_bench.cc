@@ -86,7 +86,7 @@ std::string ExpectedSinkDigest(const Json& job) {
   std::string sink;
   for (copse::VertexId v : g.topological_order()) {
     const auto& node = g.vertex(v);
-    copse::vertex::ChecksumHasher h(node.name, node.params->dump());
+    copse::vertex::ChecksumHasher h(node.name, *node.params);
     for (copse::ChannelId ch : node.inputs) {
       h.AddMessage(out.at(g.channel(ch).from.value()));
       h.EndPort();

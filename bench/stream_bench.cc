@@ -71,7 +71,7 @@ std::vector<Buffer> Pool(size_t size) {
 [[noreturn]] void Child(int in, int out, std::filesystem::path dir) {
   auto hub = StreamHub::Start("127.0.0.1", 0, dir / "child-ipc", kSecret);
   if (!hub.ok()) ::_exit(3);
-  Send(out, (*hub)->endpoints());
+  Send(out, (*hub)->endpoints().ToJson());
   auto pool = Pool(kMsg);
   zmq::context_t ctx(1);
   for (;;) {
@@ -82,7 +82,7 @@ std::vector<Buffer> Pool(size_t size) {
       auto key = StreamKey::FromJson(cmd["key"]).value();
       StreamOptions o;
       o.window_bytes = cmd["window"];
-      auto w = (*hub)->OpenWriter(cmd["peer"], key, o);
+      auto w = (*hub)->OpenWriter(*StreamPeer::FromJson(cmd["peer"]), key, o);
       if (!w.ok()) ::_exit(4);
       uint64_t n = cmd["messages"];
       for (uint64_t i = 0; i < n; ++i)
@@ -104,7 +104,7 @@ std::vector<Buffer> Pool(size_t size) {
       auto r = (*hub)->OpenReader(key, {});
       StreamKey back = key;
       back.channel += 1;
-      auto w = (*hub)->OpenWriter(cmd["peer"], back, {});
+      auto w = (*hub)->OpenWriter(*StreamPeer::FromJson(cmd["peer"]), back, {});
       if (!r.ok() || !w.ok()) ::_exit(6);
       for (;;) {
         auto m = (*r)->Next();
@@ -185,9 +185,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto& hub = *hub_r;
-  Json tcp_ep = hub->endpoints();
+  Json tcp_ep = hub->endpoints().ToJson();
   tcp_ep.erase("ipc");
-  Json ipc_ep = hub->endpoints();
+  Json ipc_ep = hub->endpoints().ToJson();
   Json child_tcp = child_ep;
   child_tcp.erase("ipc");
 
@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
     StreamKey key{job++, 1, 0};
     StreamKey back{key.job, 2, 0};
     auto r = hub->OpenReader(back, {});
-    auto w = hub->OpenWriter(child_peer, key, {});
+    auto w = hub->OpenWriter(*StreamPeer::FromJson(child_peer), key, {});
     Send(cout, Json{{"op", "pong"}, {"key", key.ToJson()}, {"peer", my_peer}});
     Buffer ping(std::string(kSmall, 'p'));
     std::vector<double> us;

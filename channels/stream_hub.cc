@@ -755,20 +755,12 @@ Result<std::unique_ptr<StreamHub>> StreamHub::Start(const std::string& host, uin
   return std::unique_ptr<StreamHub>(new StreamHub(std::move(impl)));
 }
 
-Json StreamHub::endpoints() const {
-  Json j = {{"tcp", impl_->tcp_endpoint}, {"host", impl_->host_label}};
-  if (!impl_->ipc_endpoint.empty()) j["ipc"] = impl_->ipc_endpoint;
-  return j;
-}
+StreamPeer StreamHub::endpoints() const { return {impl_->tcp_endpoint, impl_->ipc_endpoint, impl_->host_label}; }
 
-Result<std::unique_ptr<ChannelWriter>> StreamHub::OpenWriter(const Json& peer, const StreamKey& key, StreamOptions options) {
-  if (!peer.is_object() || !peer.contains("tcp") || !peer["tcp"].is_string())
-    return Status::InvalidArgument("stream peer: /tcp: expected a string like \"tcp://host:port\"");
-  std::string endpoint = peer["tcp"].get<std::string>();
-  if (peer.contains("ipc") && peer["ipc"].is_string() && !peer["ipc"].get<std::string>().empty() && peer.contains("host") &&
-      peer["host"].is_string() && !impl_->host_label.empty() && peer["host"].get<std::string>() == impl_->host_label) {
-    endpoint = peer["ipc"].get<std::string>();
-  }
+Result<std::unique_ptr<ChannelWriter>> StreamHub::OpenWriter(const StreamPeer& peer, const StreamKey& key,
+                                                             StreamOptions options) {
+  std::string endpoint = peer.tcp;
+  if (!peer.ipc.empty() && !impl_->host_label.empty() && peer.host == impl_->host_label) endpoint = peer.ipc;
   if (endpoint.rfind("tcp://", 0) != 0 && endpoint.rfind("ipc://", 0) != 0)
     return Status::InvalidArgument("stream peer: unsupported endpoint \"" + endpoint + "\"");
   options.window_bytes = std::clamp<size_t>(options.window_bytes, 1, kMaxWindowBytes);

@@ -69,17 +69,16 @@ class StreamHub {
   StreamHub(const StreamHub&) = delete;
   StreamHub& operator=(const StreamHub&) = delete;
 
-  /// What to publish to the job manager:
-  /// {"tcp":"tcp://127.0.0.1:5555","ipc":"ipc:///…/stream-123-0.sock","host":"<hostname>"}
-  /// ("ipc" is absent without an ipc_dir).
-  Json endpoints() const;
+  /// What to publish to the job manager: tcp "tcp://127.0.0.1:5555", ipc
+  /// "ipc:///…/stream-123-0.sock" (empty without an ipc_dir), host "<hostname>".
+  StreamPeer endpoints() const;
 
   /// Producer side: messages go to the hub at `peer` (its endpoints()): over ipc:// when the
   /// peer's "host" equals ours and it has an ipc endpoint, else over tcp://. Write() blocks
   /// while the window is full; Close() queues end-of-stream and returns. AlreadyExists when
-  /// this hub already has a writer for `key`; InvalidArgument naming the member when `peer` is
-  /// malformed.
-  Result<std::unique_ptr<ChannelWriter>> OpenWriter(const Json& peer, const StreamKey& key, StreamOptions options);
+  /// this hub already has a writer for `key`; InvalidArgument when `peer`'s endpoint is not
+  /// tcp:// or ipc://.
+  Result<std::unique_ptr<ChannelWriter>> OpenWriter(const StreamPeer& peer, const StreamKey& key, StreamOptions options);
 
   /// Consumer side: the messages a producer sends for `key`, in order, then end-of-stream. May
   /// be opened before or after the producer starts (data arriving first is held, within the

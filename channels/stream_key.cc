@@ -35,4 +35,23 @@ Result<StreamKey> StreamKey::FromJson(const Json& j) {
   return k;
 }
 
+Json StreamPeer::ToJson() const {
+  Json j = {{"tcp", tcp}, {"host", host}};
+  if (!ipc.empty()) j["ipc"] = ipc;
+  return j;
+}
+
+Result<StreamPeer> StreamPeer::FromJson(const Json& j) {
+  if (!j.is_object()) return Status::InvalidArgument("stream peer must be an object, not " + JsonTypeName(j));
+  StreamPeer peer;
+  for (auto [name, field] : {std::pair{"tcp", &peer.tcp}, {"ipc", &peer.ipc}, {"host", &peer.host}}) {
+    auto it = j.find(name);
+    if (it == j.end()) continue;
+    if (!it->is_string())
+      return Status::InvalidArgument(std::string("stream peer: /") + name + ": expected a string, not " + JsonTypeName(*it));
+    *field = it->get<std::string>();
+  }
+  return peer;
+}
+
 }  // namespace copse::chan

@@ -31,6 +31,19 @@ struct StreamKey {
   friend auto operator<=>(const StreamKey&, const StreamKey&) = default;
 };
 
+/// Where a hub takes live channels (StreamHub::endpoints()), as the job manager relays it to
+/// producers.
+struct StreamPeer {
+  std::string tcp;   // "tcp://host:port"
+  std::string ipc;   // "ipc://path", or empty: none
+  std::string host;  // its host label: a writer whose hub has the same label uses ipc
+
+  /// {"tcp", "ipc" (when set), "host"}: for tools that pass a peer along as JSON.
+  Json ToJson() const;
+  /// InvalidArgument naming the member that is not a string.
+  static Result<StreamPeer> FromJson(const Json& j);
+};
+
 /// How one end of a live channel behaves. Both ends of a channel should use the same window;
 /// the producer's governs (it is sent to the consumer when the channel opens).
 struct StreamOptions {

@@ -73,7 +73,9 @@ void FramedConnection::ReadHeader() {
     if (ec) return self->Close(Status::Unavailable(ec == asio::error::eof ? "peer closed the connection" : ec.message()));
     auto h = wire::DecodeHeader(self->header_, self->max_frame_bytes_);
     if (!h.ok()) return self->SendErrorAndClose(h.status().message());
-    if (h->type != wire::FrameType::kJson) return self->SendErrorAndClose("expected a JSON control frame");
+    if (h->type != wire::FrameType::kJson && !(h->type == wire::FrameType::kProto && self->on_proto_))
+      return self->SendErrorAndClose("expected a control frame");
+    self->body_type_ = h->type;
     self->ReadBody(h->length);
   });
 }
@@ -95,6 +97,14 @@ void FramedConnection::ReadMoreBody(uint32_t length) {
       if (ec) return self->Close(Status::Unavailable(ec.message()));
       self->ReadMoreBody(length);
     });
+    return;
+  }
+  if (body_type_ == wire::FrameType::kProto) {
+    if (!open_) return;
+    std::string body = std::move(body_);
+    body_ = std::string();
+    on_proto_(std::move(body));
+    if (open_ && !close_after_write_) ReadHeader();
     return;
   }
   auto parsed = ParseJson(body_, "message from " + peer_);
@@ -217,6 +227,7 @@ void FramedConnection::Close(const Status& why) {
     handler(why);
   }
   on_message_ = nullptr;
+  on_proto_ = nullptr;
 }
 
 namespace {
@@ -304,13 +315,19 @@ Status BlockingClient::ReadExact(char* data, size_t n, Deadline deadline, const 
   return Status::OK();
 }
 
-Result<Json> BlockingClient::ReceiveBefore(Deadline deadline, const std::string& budget) {
+Result<wire::Frame> BlockingClient::ReceiveFrameBefore(Deadline deadline, const std::string& budget) {
   char header[wire::kHeaderBytes];
   COPSE_RETURN_NOT_OK(ReadExact(header, sizeof(header), deadline, budget));
   COPSE_ASSIGN_OR_RETURN(auto h, wire::DecodeHeader(header, wire::kMaxControlBytes));
-  std::string body(h.length, '\0');
-  COPSE_RETURN_NOT_OK(ReadExact(body.data(), body.size(), deadline, budget));
-  COPSE_ASSIGN_OR_RETURN(Json msg, ParseJson(body, "reply"));
+  wire::Frame frame{h.type, std::string(h.length, '\0')};
+  COPSE_RETURN_NOT_OK(ReadExact(frame.body.data(), frame.body.size(), deadline, budget));
+  return frame;
+}
+
+Result<Json> BlockingClient::ReceiveBefore(Deadline deadline, const std::string& budget) {
+  COPSE_ASSIGN_OR_RETURN(wire::Frame frame, ReceiveFrameBefore(deadline, budget));
+  if (frame.type != wire::FrameType::kJson) return Status::InvalidArgument("the server sent a binary frame where JSON was due");
+  COPSE_ASSIGN_OR_RETURN(Json msg, ParseJson(frame.body, "reply"));
   if (!msg.is_object()) return Status::InvalidArgument("the server sent a " + JsonTypeName(msg) + ", not a message");
   return msg;
 }
@@ -347,6 +364,22 @@ Result<Json> BlockingClient::Call(const Json& request, std::chrono::milliseconds
 Result<Json> BlockingClient::Call(const Json& request, Deadline deadline) {
   COPSE_RETURN_NOT_OK(Send(request, deadline));
   return Receive(deadline);
+}
+
+Status BlockingClient::SendFrame(const std::string& frame, Deadline deadline) {
+  const std::error_code ec = WriteBefore(io_, socket_, asio::buffer(frame), deadline);
+  if (ec == asio::error::timed_out) return Status::Timeout("the server did not take a message within " + kTimeAllowed);
+  if (ec) return Status::Unavailable("send failed: " + ec.message());
+  return Status::OK();
+}
+
+Result<wire::Frame> BlockingClient::ReceiveFrame(Deadline deadline) {
+  COPSE_ASSIGN_OR_RETURN(wire::Frame frame, ReceiveFrameBefore(deadline, kTimeAllowed));
+  if (frame.type == wire::FrameType::kJson) {
+    COPSE_ASSIGN_OR_RETURN(Json msg, ParseJson(frame.body, "reply"));
+    COPSE_RETURN_NOT_OK(ErrorReplyAsStatus(std::move(msg)).status());
+  }
+  return frame;
 }
 
 Result<std::shared_ptr<FramedConnection>> BlockingClient::Detach(asio::io_context& io, uint32_t max_frame_bytes) {

@@ -50,6 +50,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// Messages waiting for a peer that does not read beyond this close the connection.
   static constexpr size_t kMaxQueuedBytes = size_t{256} << 20;
   using MessageHandler = std::function<void(Json)>;
+  /// Gets the body of each kProto frame (protocol/codec.h decodes it).
+  using ProtoHandler = std::function<void(std::string)>;
   using CloseHandler = std::function<void(const Status&)>;
 
   using Socket = asio::generic::stream_protocol::socket;
@@ -62,8 +64,11 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   FramedConnection(Socket socket, uint32_t max_frame_bytes, bool local, std::string peer);
   ~FramedConnection();
 
-  /// Starts reading; `on_message` gets each JSON object, `on_close` once when it ends.
+  /// Starts reading; `on_message` gets each JSON object, `on_close` once when it ends. Without
+  /// a proto handler (set_proto_handler) a kProto frame closes the connection.
   void Start(MessageHandler on_message, CloseHandler on_close);
+  /// Where kProto frames' bodies go; before Start, or on the io thread.
+  void set_proto_handler(ProtoHandler on_proto) { on_proto_ = std::move(on_proto); }
   /// Thread-safe (see above).
   void Send(const Json& message);
   /// Sends an already-encoded frame (header + body); thread-safe.
@@ -112,6 +117,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   bool writing_ = false;         // an asynchronous write (or one posted) owns out_
   bool close_after_write_ = false;
   MessageHandler on_message_;
+  ProtoHandler on_proto_;
+  wire::FrameType body_type_ = wire::FrameType::kJson;  // of the frame being read
   CloseHandler on_close_;
 };
 
@@ -148,6 +155,10 @@ class BlockingClient {
   /// Send then Receive.
   Result<Json> Call(const Json& request, std::chrono::milliseconds timeout = std::chrono::seconds(30));
   Result<Json> Call(const Json& request, Deadline deadline);
+  /// An encoded frame (protocol::EncodeFrame's), and the next frame of any type: a JSON
+  /// {"op":"error"} becomes FailedPrecondition with the server's message.
+  Status SendFrame(const std::string& frame, Deadline deadline);
+  Result<wire::Frame> ReceiveFrame(Deadline deadline);
 
   /// The connected socket's descriptor (to ask the kernel who holds a local socket's other end).
   int native_handle() { return socket_.native_handle(); }
@@ -167,6 +178,7 @@ class BlockingClient {
   Status SendBefore(const Json& message, Deadline deadline, const std::string& budget);
   /// The next message as sent, {"op":"error"} included.
   Result<Json> ReceiveBefore(Deadline deadline, const std::string& budget);
+  Result<wire::Frame> ReceiveFrameBefore(Deadline deadline, const std::string& budget);
   Status ReadExact(char* data, size_t n, Deadline deadline, const std::string& budget);
 
   asio::io_context io_;

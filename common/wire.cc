@@ -34,11 +34,13 @@ Result<FrameHeader> DecodeHeader(const char* bytes, uint32_t max_body) {
   if (Get32(bytes) != kMagic) return Status::InvalidArgument("not a copse peer (bad frame magic)");
   uint16_t version = Get16(bytes + 4);
   if (version != kProtocolVersion) {
-    return Status::InvalidArgument("protocol version " + std::to_string(version) + " is not supported (this copse speaks " +
-                                   std::to_string(kProtocolVersion) + ")");
+    return Status::InvalidArgument("the peer speaks copse protocol version " + std::to_string(version) + ", this copse " +
+                                   std::to_string(kProtocolVersion) +
+                                   ", and neither speaks the other's: run one copse release on the job manager, its daemons "
+                                   "and its clients");
   }
   uint16_t type = Get16(bytes + 6);
-  if (type < 1 || type > 3) return Status::InvalidArgument("unknown frame type " + std::to_string(type));
+  if (type < 1 || type > 4) return Status::InvalidArgument("unknown frame type " + std::to_string(type));
   uint32_t length = Get32(bytes + 8);
   if (length > max_body) {
     return Status::InvalidArgument("frame of " + std::to_string(length) + " bytes exceeds the limit of " +

@@ -4,7 +4,9 @@
 //
 //   header (12 bytes, little-endian): u32 magic "CPSE", u16 protocol version, u16 frame type,
 //                                     u32 body length
-//   body: `length` bytes; kJson frames hold one JSON object with an "op" member.
+//   body: `length` bytes; kJson frames hold one JSON object with an "op" member (the handshake,
+//         client requests, the data server); kProto frames one serialized protocol message
+//         (protocol/daemon.proto: the job manager <-> daemon conversation).
 //
 // A peer that sends a wrong magic, another version, an unknown type or a body over the
 // receiver's limit gets an error and is disconnected (DecodeHeader says which).
@@ -18,21 +20,30 @@
 namespace copse::wire {
 
 constexpr uint32_t kMagic = 0x45535043;  // "CPSE" read as little-endian bytes
-constexpr uint16_t kProtocolVersion = 1;
+// 2: the job manager <-> daemon messages became protocol buffers (kProto). Peers of different
+// versions refuse each other at the first frame (DecodeHeader says which versions met).
+constexpr uint16_t kProtocolVersion = 2;
 constexpr size_t kHeaderBytes = 12;
 constexpr uint32_t kMaxControlBytes = 64u << 20;   // a control message (job files included)
 constexpr uint32_t kMaxHandshakeBytes = 4u << 10;  // what a peer may send before it authenticated
 constexpr uint32_t kMaxDataBytes = 256u << 20;     // one data block between daemons
 
 enum class FrameType : uint16_t {
-  kJson = 1,  // control message: a JSON object with "op"
-  kData = 2,  // one message of a channel: u64 xxh3 checksum, then the bytes
-  kEnd = 3,   // end of a channel's data; body: JSON status
+  kJson = 1,   // control message: a JSON object with "op"
+  kData = 2,   // one message of a channel: u64 xxh3 checksum, then the bytes
+  kEnd = 3,    // end of a channel's data; body: JSON status
+  kProto = 4,  // control message: a serialized protocol buffer (protocol/codec.h)
 };
 
 struct FrameHeader {
   FrameType type;
   uint32_t length;
+};
+
+/// A received frame's type and body.
+struct Frame {
+  FrameType type;
+  std::string body;
 };
 
 std::array<char, kHeaderBytes> EncodeHeader(FrameType type, uint32_t length);

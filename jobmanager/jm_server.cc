@@ -20,6 +20,7 @@
 #include "jobmanager/journal.h"
 #include "jobmanager/scheduler.h"
 #include "jobmanager/trace_streamer.h"
+#include "protocol/codec.h"
 
 namespace copse::jm {
 namespace {
@@ -145,9 +146,9 @@ class JmServer::Impl : public DaemonSink {
     });
   }
 
-  void SendToDaemon(DaemonId daemon, const Json& message) override {
+  void SendToDaemon(DaemonId daemon, const protocol::JmToDaemon& message) override {
     auto it = daemon_conns_.find(daemon);
-    if (it != daemon_conns_.end()) it->second->Send(message);
+    if (it != daemon_conns_.end()) it->second->SendRaw(protocol::EncodeFrame(message));
   }
 
  private:
@@ -227,6 +228,9 @@ class JmServer::Impl : public DaemonSink {
     peer.nonce = auth::NewNonce();
     peer.last_seen = std::chrono::steady_clock::now();
     std::weak_ptr<net::FramedConnection> weak = conn;
+    conn->set_proto_handler([this, weak](std::string body) {
+      if (auto c = weak.lock()) OnProto(c, std::move(body));
+    });
     conn->Start(
         [this, weak](Json msg) {
           if (auto c = weak.lock()) OnMessage(c, std::move(msg));
@@ -278,11 +282,8 @@ class JmServer::Impl : public DaemonSink {
       return;
     }
     try {
-      if (peer.role == "daemon") {
-        HandleDaemon(conn, peer, op, msg);
-      } else {
-        HandleClient(conn, op, msg);
-      }
+      if (peer.role == "daemon") return conn->SendErrorAndClose("a daemon speaks in protocol frames, not JSON");
+      HandleClient(conn, op, msg);
     } catch (const Json::exception& e) {
       // A well-framed message with members of the wrong type: the peer is broken, not us.
       conn->SendErrorAndClose("malformed \"" + op + "\" message: " + e.what());
@@ -294,81 +295,92 @@ class JmServer::Impl : public DaemonSink {
     RequestFlush();
   }
 
-  void HandleDaemon(const std::shared_ptr<net::FramedConnection>& conn, Peer& peer, const std::string& op, const Json& msg) {
-    if (op == "heartbeat") return;
-    if (op == "register") {
+  /// A daemon's message (protocol/daemon.proto), decoded and checked by the codec; one that
+  /// breaks the schema drops that daemon, naming the message and the field.
+  void OnProto(const std::shared_ptr<net::FramedConnection>& conn, std::string body) {
+    auto it = peers_.find(conn);
+    if (it == peers_.end()) return;
+    Peer& peer = it->second;
+    peer.last_seen = std::chrono::steady_clock::now();
+    if (!peer.authenticated || peer.role != "daemon") return conn->SendErrorAndClose("only a daemon sends protocol frames");
+    auto msg = protocol::DecodeDaemonToJm(body);
+    if (!msg.ok()) return conn->SendErrorAndClose("malformed message: " + msg.status().message());
+    try {
+      HandleDaemon(conn, peer, *msg);
+    } catch (const std::bad_alloc&) {
+      JmLog()->error("out of memory handling \"{}\" from {}", protocol::BodyName(*msg), conn->peer());
+      conn->SendErrorAndClose("the job manager ran out of memory handling \"" + std::string(protocol::BodyName(*msg)) + "\"");
+    }
+    RequestFlush();
+  }
+
+  void HandleDaemon(const std::shared_ptr<net::FramedConnection>& conn, Peer& peer, protocol::DaemonToJm& msg) {
+    using M = protocol::DaemonToJm;
+    if (msg.body_case() == M::kHeartbeat) return;
+    if (msg.body_case() == M::kRegister) {
       if (peer.daemon.valid()) return conn->SendErrorAndClose("already registered");
+      protocol::Register& reg = *msg.mutable_register_();
       DaemonSpec spec;
-      spec.name = msg.at("name").get<std::string>();
-      spec.cpus = msg.value("cpus", 1.0);
-      // Whole numbers, read wide: a narrowing would wrap 2^40 gpus to 0, and a float beyond
-      // int64 converts to nothing defined.
-      for (const char* key : {"gpus", "memory_mb"}) {
-        if (msg.contains(key) && !msg[key].is_number_integer()) {
-          return conn->SendErrorAndClose(std::string("register: ") + key + " must be a whole number");
-        }
-      }
-      const int64_t gpus = msg.value("gpus", int64_t{0});
-      spec.memory_mb = msg.value("memory_mb", int64_t{0});
-      spec.data_host = msg.at("data_host").get<std::string>();
-      const int64_t data_port = msg.at("data_port").get<int64_t>();
+      spec.name = reg.name();
+      spec.cpus = reg.cpus();
+      spec.gpus = static_cast<int>(reg.gpus());  // checked: 0 to 1,000,000
+      spec.memory_mb = reg.memory_mb();
+      spec.data_host = reg.data_host();
+      spec.data_port = static_cast<uint16_t>(reg.data_port());  // checked: 1 to 65535
       if (std::string why = DaemonNameProblem(spec.name); !why.empty()) return conn->SendErrorAndClose("register: " + why);
-      if (!(spec.cpus >= 0 && spec.cpus <= 1e6) || gpus < 0 || gpus > 1'000'000 || spec.memory_mb < 0) {
-        return conn->SendErrorAndClose("register: cpus and gpus must be 0 to 1,000,000, memory_mb not negative");
-      }
-      spec.gpus = static_cast<int>(gpus);
       if (std::string why = HostProblem(spec.data_host); !why.empty())
         return conn->SendErrorAndClose("register: data_host " + why);
-      if (data_port < 1 || data_port > 65535) return conn->SendErrorAndClose("register: data_port must be 1 to 65535");
-      spec.data_port = static_cast<uint16_t>(data_port);
-      spec.stream_endpoints = msg.value("stream", Json::object());
+      spec.stream_endpoints = std::move(*reg.mutable_stream());
       spec.control = conn->local() ? "local socket" : "tcp";
-      if (msg.contains("labels")) spec.labels = msg["labels"].get<std::map<std::string, std::string>>();
+      spec.labels.insert(reg.labels().begin(), reg.labels().end());
       OutputInventory inventory;
-      for (const auto& k : msg.value("outputs", Json::array())) {
-        inventory.insert({k.at("job").get<uint64_t>(), k.at("vertex").get<uint32_t>(), k.at("version").get<uint32_t>(),
-                          k.at("port").get<uint32_t>()});
-      }
+      for (const protocol::OutputKey& k : reg.outputs()) inventory.insert({k.job(), k.vertex(), k.version(), k.port()});
       auto id = scheduler_.AddDaemon(std::move(spec), inventory);
       if (!id.ok()) return conn->SendErrorAndClose(id.status().message());
       peer.daemon = *id;
       daemon_conns_[*id] = conn;
       // Reply before the first tasks (AddDaemon may already have placed some in the outbox).
       // The daemon heartbeats at the pace this job manager's timeout needs: five per timeout.
-      conn->Send({{"op", "registered"}, {"daemon", id->value()}, {"heartbeat_ms", HeartbeatIntervalMs()}});
+      protocol::JmToDaemon registered;
+      registered.mutable_registered()->set_daemon(id->value());
+      registered.mutable_registered()->set_heartbeat_ms(static_cast<uint32_t>(HeartbeatIntervalMs()));
+      conn->SendRaw(protocol::EncodeFrame(registered));
       return;
     }
     if (!peer.daemon.valid()) return conn->SendErrorAndClose("register first");
-    if (op == "nccl_id") {
-      scheduler_.RelayNcclId(msg.at("group").get<std::string>(), msg.at("id").get<std::string>(), peer.daemon);
-      return;
+    switch (msg.body_case()) {
+      case M::kNcclId: return scheduler_.RelayNcclId(msg.nccl_id().group(), msg.nccl_id().id(), peer.daemon);
+      case M::kVertexLog: return StoreVertexLog(msg.vertex_log());
+      case M::kReport:
+        for (const protocol::AttemptReport& a : msg.report().attempts()) scheduler_.OnAttemptFinished(ReportFrom(a));
+        return;
+      default: conn->SendErrorAndClose("unexpected daemon message \"" + std::string(protocol::BodyName(msg)) + "\"");
     }
-    if (op == "vertex_log") {
-      StoreVertexLog(msg, msg.at("chunks"));
-      return;
+  }
+
+  /// A daemon's report as the scheduler reads it.
+  static AttemptReport ReportFrom(const protocol::AttemptReport& a) {
+    AttemptReport r;
+    r.job = JobId(a.job());
+    r.vertex = VertexId(a.vertex());
+    r.version = a.version();
+    r.ok = a.ok();
+    r.error = a.error();
+    r.failure = a.ok() ? protocol::FAILURE_PROGRAM_ERROR : a.failure();
+    r.lost_input_port =
+        a.has_lost_input() && a.lost_input() <= static_cast<uint32_t>(INT32_MAX) ? static_cast<int>(a.lost_input()) : -1;
+    r.lost_input_unreachable = a.lost_input_unreachable();
+    r.lost_input_version = a.lost_input_version();
+    r.output_bytes.assign(a.output_bytes().begin(), a.output_bytes().end());
+    r.output_messages.assign(a.output_messages().begin(), a.output_messages().end());
+    r.duration_ms = a.duration_ms();
+    r.deterministic = a.deterministic();
+    if (!a.progress_json().empty()) {
+      // The program's figures, shown as they are; not an object: none.
+      if (auto figures = ParseJson(a.progress_json(), "progress"); figures.ok() && figures->is_object())
+        r.progress = std::move(*figures);
     }
-    if (op == "report") {
-      for (const auto& a : msg.at("attempts")) {
-        AttemptReport r;
-        r.job = JobId(a.at("job").get<uint64_t>());
-        r.vertex = VertexId(a.at("vertex").get<uint32_t>());
-        r.version = a.at("version").get<uint32_t>();
-        r.ok = a.at("ok").get<bool>();
-        r.error = a.value("error", "");
-        r.failure = ParseFailureClass(a.value("class", "program_error")).value_or(FailureClass::kProgramError);
-        r.lost_input_port = a.value("lost_input", -1);
-        r.lost_input_unreachable = a.value("lost_input_unreachable", false);
-        r.lost_input_version = a.value("lost_input_version", uint32_t{0});
-        r.output_bytes = a.value("output_bytes", std::vector<uint64_t>{});
-        r.output_messages = a.value("output_messages", std::vector<uint64_t>{});
-        r.duration_ms = a.value("duration_ms", 0.0);
-        r.deterministic = a.value("deterministic", false);
-        if (auto it = a.find("progress"); it != a.end() && it->is_object()) r.progress = *it;
-        scheduler_.OnAttemptFinished(r);
-      }
-      return;
-    }
-    conn->SendErrorAndClose("unknown daemon message \"" + op + "\"");
+    return r;
   }
 
   void HandleClient(const std::shared_ptr<net::FramedConnection>& conn, const std::string& op, const Json& msg) {
@@ -469,18 +481,14 @@ class JmServer::Impl : public DaemonSink {
 
   /// A daemon's chunks of an attempt's log (`msg` names the attempt), kept in the job's history.
   /// Malformed ones are logged and dropped: they cost the log, never the job manager.
-  void StoreVertexLog(const Json& msg, const Json& chunks) {
-    const JobId job = JobIdFrom(msg);
-    const Json& vertex = msg.value("vertex", Json());
-    const Json& version = msg.value("version", Json());
-    if (!job.valid() || !vertex.is_number_unsigned() || !version.is_number_unsigned() || vertex.get<uint64_t>() > UINT32_MAX ||
-        version.get<uint64_t>() > UINT32_MAX ||
-        !scheduler_.HasAttempt(job, VertexId(vertex.get<uint32_t>()), version.get<uint32_t>())) {
-      JmLog()->warn("dropping a vertex log naming no attempt sent of a known job: job {}, vertex {}, version {}",
-                    msg.value("job", Json()).dump(), vertex.dump(), version.dump());
+  void StoreVertexLog(const protocol::VertexLog& log) {
+    const JobId job(log.job());
+    if (!scheduler_.HasAttempt(job, VertexId(log.vertex()), log.version())) {
+      JmLog()->warn("dropping a vertex log naming no attempt sent of a known job: job {}, vertex {}, version {}", log.job(),
+                    log.vertex(), log.version());
       return;
     }
-    if (Status st = history_->AppendVertexLog(job, VertexId(vertex.get<uint32_t>()), version.get<uint32_t>(), chunks); !st.ok()) {
+    if (Status st = history_->AppendVertexLog(job, VertexId(log.vertex()), log.version(), log.chunks()); !st.ok()) {
       JmLog()->warn("job {}: dropping a vertex log: {}", job.value(), st.message());
     }
   }

@@ -150,7 +150,7 @@ class JobGraph::Builder {
     g_.vertices_.resize(total);
     for (size_t si = 0; si < spec_.stages.size(); ++si) {
       const auto& s = spec_.stages[si];
-      auto shared = per_replica[si] ? nullptr : std::make_shared<const Json>(s.params);
+      auto shared = per_replica[si] ? nullptr : std::make_shared<const std::string>(DumpJson(s.params));
       for (int r = 0; r < s.replicas; ++r) {
         uint32_t id = g_.stage_base_[si] + static_cast<uint32_t>(r);
         VertexNode& v = g_.vertices_[id];
@@ -161,7 +161,7 @@ class JobGraph::Builder {
         if (per_replica[si]) {
           Json p = s.params;
           SubstituteReplica(p, std::to_string(r));
-          v.params = std::make_shared<const Json>(std::move(p));
+          v.params = std::make_shared<const std::string>(DumpJson(p));
         } else {
           v.params = shared;
         }

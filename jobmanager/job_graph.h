@@ -35,8 +35,10 @@ struct VertexNode {
   VertexId id;
   int stage = 0;  // index into JobSpec::stages
   int replica = 0;
-  std::string name;                             // "stage[replica]"
-  std::shared_ptr<const Json> params;           // with {replica} substituted
+  std::string name;  // "stage[replica]"
+  /// The stage's params as JSON text (what tasks carry), with {replica} substituted; shared
+  /// by the replicas of a stage whose params do not name {replica}.
+  std::shared_ptr<const std::string> params;
   std::vector<ChannelId> inputs;                // data channels by input port
   std::vector<std::vector<ChannelId>> outputs;  // per output port, the channels that read it
   std::vector<ChannelId> order_in;              // order edges into this vertex

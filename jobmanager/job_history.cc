@@ -217,17 +217,14 @@ fs::path JobHistory::VertexLogPath(JobId job, VertexId vertex, uint32_t version)
   return JobDir(job) / "logs" / fmt::format("{}.{}.jsonl", vertex.value(), version);
 }
 
-Status JobHistory::AppendVertexLog(JobId job, VertexId vertex, uint32_t version, const Json& chunks) {
-  if (!chunks.is_array()) return Status::InvalidArgument("\"chunks\": expected an array, got " + DumpJson(chunks));
+Status JobHistory::AppendVertexLog(JobId job, VertexId vertex, uint32_t version,
+                                   const google::protobuf::RepeatedPtrField<protocol::LogChunk>& chunks) {
   std::string text;
-  for (const Json& c : chunks) {
-    if (!c.is_object() || !c.contains("stream") || !c["stream"].is_string() || !c.contains("text") || !c["text"].is_string()) {
-      return Status::InvalidArgument("a log chunk must be {\"stream\": string, \"text\": string}, got " + DumpJson(c));
-    }
+  for (const protocol::LogChunk& c : chunks) {
     text += "{\"stream\":";
-    AppendJsonString(text, c["stream"].get_ref<const std::string&>());
+    AppendJsonString(text, c.stream());
     text += ",\"text\":";
-    AppendJsonString(text, c["text"].get_ref<const std::string&>());
+    AppendJsonString(text, c.text());  // what a program printed: not always UTF-8 (U+FFFD then)
     text += "}\n";
   }
   if (text.empty() || !DiskHasRoom()) return Status::OK();

@@ -35,6 +35,7 @@
 #include "common/status.h"
 #include "jobmanager/scheduler.h"
 #include "jobmanager/trace_export.h"
+#include "protocol/daemon.pb.h"
 
 namespace copse::jm {
 
@@ -57,10 +58,10 @@ class JobHistory final : public HistorySink {
   void Flush();
 
   // ---- vertex logs ---------------------------------------------------------------------------
-  /// Appends `chunks` ([{"stream", "text"}], as a daemon sends them) to an attempt's log. Chunks
-  /// not of that shape are refused (InvalidArgument); past the job's budget they are dropped,
-  /// with a note in the log where that happened.
-  Status AppendVertexLog(JobId job, VertexId vertex, uint32_t version, const Json& chunks);
+  /// Appends `chunks` (a daemon's VertexLog) to an attempt's log; past the job's budget they
+  /// are dropped, with a note in the log where that happened.
+  Status AppendVertexLog(JobId job, VertexId vertex, uint32_t version,
+                         const google::protobuf::RepeatedPtrField<protocol::LogChunk>& chunks);
   struct LogRead {
     Json records = Json::array();  // [{"stream", "text"}]
     uint64_t next = 0;             // the offset to ask from next time

@@ -1,3 +1,4 @@
+#include "jobmanager/daemon_messages.h"
 #include "jobmanager/scheduler_state.h"
 
 #include <algorithm>
@@ -46,25 +47,6 @@ std::string_view JobStateName(JobState s) {
     case JobState::kCancelled: return "cancelled";
   }
   return "?";
-}
-
-std::string_view FailureClassName(FailureClass c) {
-  switch (c) {
-    case FailureClass::kProgramError: return "program_error";
-    case FailureClass::kDaemonLost: return "daemon_lost";
-    case FailureClass::kInputLost: return "input_lost";
-    case FailureClass::kTimeout: return "timeout";
-    case FailureClass::kCancelled: return "cancelled";
-  }
-  return "?";
-}
-
-std::optional<FailureClass> ParseFailureClass(std::string_view name) {
-  for (auto c : {FailureClass::kProgramError, FailureClass::kDaemonLost, FailureClass::kInputLost, FailureClass::kTimeout,
-                 FailureClass::kCancelled}) {
-    if (FailureClassName(c) == name) return c;
-  }
-  return std::nullopt;
 }
 
 Scheduler::Scheduler(DaemonSink& sink, const Clock& clock, SchedulerOptions options)
@@ -314,7 +296,7 @@ bool Scheduler::ResolveDuplicate(Job& job, VertexId v, const AttemptReport& rep)
   if (rep.ok) {
     // First to finish wins; the other attempt is cancelled and its slot freed.
     if (daemons_[other.value()]->alive) {
-      sink_.SendToDaemon(other, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", v.value()}, {"version", other_version}});
+      sink_.SendToDaemon(other, daemon_msg::Cancel(job.id, v, other_version));
     }
     FreeSlot(job, v, other);
     if (from_dup) {
@@ -366,11 +348,11 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
   }
   const JobGraph& g = job->g();
   const auto& inputs = g.vertex(rep.vertex).inputs;
-  const bool input_lost = !rep.ok && rep.failure == FailureClass::kInputLost && rep.lost_input_port >= 0;
+  const bool input_lost = !rep.ok && rep.failure == protocol::FAILURE_INPUT_LOST && rep.lost_input_port >= 0;
   if (rep.ok) {
     Complete(*job, rep.vertex, rep);
   } else if (input_lost && static_cast<size_t>(rep.lost_input_port) >= inputs.size()) {
-    Fail(*job, rep.vertex, FailureClass::kProgramError,
+    Fail(*job, rep.vertex, protocol::FAILURE_PROGRAM_ERROR,
          "its daemon reported input " + std::to_string(rep.lost_input_port) + " lost, but it has " +
              std::to_string(inputs.size()) + " inputs: " + rep.error,
          true);
@@ -384,7 +366,7 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     if (rep.lost_input_version != 0 && rep.lost_input_version != pr.version) {
       // It read a version of its input that was re-run meanwhile (the consumer was sent before
       // the producer's new version existed): run it again on the new one, nothing regenerated.
-      Fail(*job, rep.vertex, FailureClass::kInputLost,
+      Fail(*job, rep.vertex, protocol::FAILURE_INPUT_LOST,
            rep.error + " (a superseded version " + std::to_string(rep.lost_input_version) + "; now " +
                std::to_string(pr.version) + ")",
            /*charge=*/false);
@@ -420,7 +402,7 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
         return;
       }
     }
-    Fail(*job, rep.vertex, FailureClass::kInputLost, rep.error, /*charge=*/false);
+    Fail(*job, rep.vertex, protocol::FAILURE_INPUT_LOST, rep.error, /*charge=*/false);
     if (suspect) {
       Log(*job, producer, "daemon " + holder->spec.name + " could not be reached for its output; held for its loss or return");
     } else if (held) {
@@ -430,8 +412,8 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     }
     RecomputePending(*job);
   } else {
-    Fail(*job, rep.vertex, rep.failure, rep.error, rep.failure != FailureClass::kCancelled,
-         rep.deterministic && rep.failure == FailureClass::kProgramError);
+    Fail(*job, rep.vertex, rep.failure, rep.error, rep.failure != protocol::FAILURE_CANCELLED,
+         rep.deterministic && rep.failure == protocol::FAILURE_PROGRAM_ERROR);
   }
   Schedule();
 }
@@ -614,7 +596,7 @@ void Scheduler::WithdrawRemoteChains(Job& job, VertexId v) {
     if (c.daemon == where || std::find(c.chained_after.begin(), c.chained_after.end(), v) == c.chained_after.end()) return;
     Flush();  // u's "run" may still wait in the outbox: it must not arrive after its cancel
     if (daemons_[c.daemon.value()]->alive) {
-      sink_.SendToDaemon(c.daemon, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", u.value()}, {"version", c.version}});
+      sink_.SendToDaemon(c.daemon, daemon_msg::Cancel(job.id, u, c.version));
     }
     Unchain(job, u, /*rechain=*/false);
   });
@@ -727,8 +709,8 @@ bool Scheduler::OutputReleased(const JobGraph& g, VertexId v, const Run& r, int 
 void Scheduler::QueueRelease(Job& job, VertexId v, size_t port) {
   const Run& r = job.runs[v.value()];
   PendingReleases& batch = release_outbox_[r.daemon];
-  if (batch.msg.is_null()) batch.msg = {{"op", "release"}, {"keys", Json::array()}};
-  batch.msg["keys"].push_back({{"job", job.id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", port}});
+  *batch.msg.mutable_release()->add_keys() =
+      protocol::MakeOutputKey(job.id.value(), v.value(), r.version, static_cast<uint32_t>(port));
   batch.bytes += port < r.output_bytes.size() ? r.output_bytes[port] : 0;
 }
 
@@ -766,7 +748,7 @@ void Scheduler::ResetGang(Job& job, GangId gang, VertexId cause, const std::stri
     Run& r = job.runs[m.value()];
     if (r.state == VertexState::kRunning) {
       if (r.daemon.valid() && daemons_[r.daemon.value()]->alive && m != cause) {
-        sink_.SendToDaemon(r.daemon, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", m.value()}, {"version", r.version}});
+        sink_.SendToDaemon(r.daemon, daemon_msg::Cancel(job.id, m, r.version));
       }
       ReleaseSlots(job, m);
     } else if (r.state == VertexState::kCompleted) {
@@ -798,7 +780,7 @@ void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& 
     // Live channels cannot be replayed: the whole gang runs again with a new version. Only a
     // member's own error or timeout is charged, not the peers it took down.
     if (r.state != VertexState::kRunning) return;  // already reset with its gang
-    charge = charge && (cls == FailureClass::kProgramError || cls == FailureClass::kTimeout);
+    charge = charge && (cls == protocol::FAILURE_PROGRAM_ERROR || cls == protocol::FAILURE_TIMEOUT);
     ResetGang(job, gang, v, name + " failed (" + std::string(FailureClassName(cls)) + "): " + error);
     detail += " (its gang of " + std::to_string(job.g().gangs()[gang.value()].members.size()) + " restarts)";
   } else {
@@ -866,21 +848,24 @@ void Scheduler::FinishJob(Job& job, JobState state, const std::string& reason) {
     job.runs[v].state = VertexState::kWaiting;
   }
   for (DaemonId d : busy) {
-    if (d.valid() && daemons_[d.value()]->alive) sink_.SendToDaemon(d, {{"op", "cancel"}, {"job", job.id.value()}});
+    if (d.valid() && daemons_[d.value()]->alive) sink_.SendToDaemon(d, daemon_msg::Cancel(job.id));
   }
   // Garbage-collect intermediate outputs; keep the declared job outputs of a completed job.
-  std::map<DaemonId, Json> keep;
+  std::map<DaemonId, protocol::JmToDaemon> gc;
   if (state == JobState::kCompleted) {
     for (const auto& o : job.g().spec().outputs) {
       VertexId v = job.g().FindVertex(o.from.ToString());
       const Run& r = job.runs[v.value()];
-      keep[r.daemon].push_back({{"job", job.id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", o.port}});
+      auto [it, fresh] = gc.try_emplace(r.daemon, daemon_msg::Gc(job.id));
+      *it->second.mutable_gc()->add_keep() =
+          protocol::MakeOutputKey(job.id.value(), v.value(), r.version, static_cast<uint32_t>(o.port));
     }
   }
   for (const auto& d : daemons_) {
     if (!d->alive) continue;
     Flush();  // tasks queued before the GC message must not be reordered after it
-    sink_.SendToDaemon(d->id, {{"op", "gc"}, {"job", job.id.value()}, {"keep", keep.count(d->id) ? keep[d->id] : Json::array()}});
+    auto it = gc.find(d->id);
+    sink_.SendToDaemon(d->id, it != gc.end() ? it->second : daemon_msg::Gc(job.id));
   }
   RemoveDurableCopies(job);  // checkpoints for recovery only: the job needs them no more
   if (history_) history_->JobFinished(job.id, Summary(job));

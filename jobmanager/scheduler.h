@@ -36,18 +36,19 @@
 #include "jobmanager/journal.h"
 #include "jobmanager/placement.h"
 #include "jobmanager/trace_export.h"
+#include "protocol/daemon.pb.h"
+#include "protocol/keys.h"
 
 namespace copse::jm {
 
 enum class VertexState : uint8_t { kWaiting, kReady, kRunning, kCompleted };
 enum class JobState : uint8_t { kRunning, kCompleted, kFailed, kCancelled };
-/// Why an attempt failed; decides whether it is charged and where it runs next.
-enum class FailureClass : uint8_t { kProgramError, kDaemonLost, kInputLost, kTimeout, kCancelled };
+/// Why an attempt failed; decides whether it is charged and where it runs next (the protocol's).
+using protocol::FailureClass;
+using protocol::FailureClassName;
 
 std::string_view VertexStateName(VertexState s);
 std::string_view JobStateName(JobState s);
-std::string_view FailureClassName(FailureClass c);
-std::optional<FailureClass> ParseFailureClass(std::string_view name);
 
 struct DaemonSpec {
   std::string name;
@@ -57,15 +58,15 @@ struct DaemonSpec {
   std::map<std::string, std::string> labels;  // host=…, rack=…
   std::string data_host;                      // where its outputs are served
   uint16_t data_port = 0;
-  Json stream_endpoints;        // where live channels reach it (StreamHub::endpoints)
-  std::string control = "tcp";  // its job manager connection: "tcp" or "local socket"
+  protocol::StreamEndpoints stream_endpoints;  // where live channels reach it
+  std::string control = "tcp";                 // its job manager connection: "tcp" or "local socket"
 };
 
 /// Where the scheduler's messages to daemons go.
 class DaemonSink {
  public:
   virtual ~DaemonSink() = default;
-  virtual void SendToDaemon(DaemonId daemon, const Json& message) = 0;
+  virtual void SendToDaemon(DaemonId daemon, const protocol::JmToDaemon& message) = 0;
 };
 
 /// One ended attempt as a job's history keeps it (job_history.h): enough to draw its trace and
@@ -102,7 +103,7 @@ struct AttemptReport {
   VertexId vertex;
   uint32_t version = 0;
   bool ok = false;
-  FailureClass failure = FailureClass::kProgramError;
+  FailureClass failure = protocol::FAILURE_PROGRAM_ERROR;
   std::string error;
   int lost_input_port = -1;               // with kInputLost: which input could not be read
   bool lost_input_unreachable = false;    // ... because its daemon could not be reached (not damaged or missing)
@@ -286,7 +287,7 @@ class Scheduler {
   /// Whether any live daemon has a free cpu or gpu (else placing anything is pointless).
   bool AnySlotFree() const;
   /// Ranks and peer ranks for the nccl channels of a gang member's task.
-  void AddNcclInfo(Job& job, VertexId v, uint32_t version, Json& task);
+  void AddNcclInfo(Job& job, VertexId v, uint32_t version, protocol::Task& task);
   /// A daemon's label `key` ("" when it has none), valid while its spec is.
   static std::string_view LabelOf(const Daemon& d, const std::string& key);
   /// Places every member of a gang at once, or none.
@@ -419,13 +420,13 @@ class Scheduler {
   };
   std::optional<RandomChaos> chaos_;
   std::map<std::string, std::set<DaemonId>> nccl_groups_;  // group -> daemons awaiting its id
-  std::map<DaemonId, Json> outbox_;                        // per daemon: {"op":"run","tasks":[…]}
+  std::map<DaemonId, protocol::JmToDaemon> outbox_;        // per daemon: a Run of the tasks placed since the last flush
   /// Per (re-)registered daemon: {"op":"release"} of the outputs it listed that no job needs,
   /// sent before any task (a new attempt could otherwise meet a stale output of its key).
-  std::map<DaemonId, Json> stale_outbox_;
+  std::map<DaemonId, protocol::JmToDaemon> stale_outbox_;
   struct PendingReleases {
-    Json msg;            // {"op":"release","keys":[…]}
-    uint64_t bytes = 0;  // what dropping them frees
+    protocol::JmToDaemon msg;  // a Release
+    uint64_t bytes = 0;        // what dropping them frees
   };
   std::map<DaemonId, PendingReleases> release_outbox_;  // per daemon
   bool releases_due_ = false;                           // a Tick since the last releases went out

@@ -1,5 +1,6 @@
 // Faults injected on purpose — `copse chaos` requests, the seeded random monkey, the job
 // file's faults — kept apart from the production state machine they exercise.
+#include "jobmanager/daemon_messages.h"
 #include "jobmanager/scheduler_state.h"
 
 #include <algorithm>
@@ -34,7 +35,7 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     }
     Flush();
     ExpectInjectedLoss(*d);
-    sink_.SendToDaemon(d->id, action == "kill" ? Json{{"op", "kill"}} : Json{{"op", "cut"}, {"ms", ms}});
+    sink_.SendToDaemon(d->id, action == "kill" ? daemon_msg::Kill() : daemon_msg::Cut(ms));
     Json record = {{"fault", action == "kill" ? "kill_daemon" : "cut_daemon"}, {"daemon", name}, {"source", "chaos"}};
     if (action == "cut") record["ms"] = ms;
     record_everywhere(record);
@@ -80,8 +81,7 @@ Result<Json> Scheduler::Chaos(const Json& request) {
       // has not started) and sent again, as attempt `next`, with the fault in it.
       Flush();  // its "run" must not arrive after its cancel
       if (daemons_[chained.daemon.value()]->alive) {
-        sink_.SendToDaemon(chained.daemon,
-                           {{"op", "cancel"}, {"job", job->id.value()}, {"vertex", v.value()}, {"version", chained.version}});
+        sink_.SendToDaemon(chained.daemon, daemon_msg::Cancel(job->id, v, chained.version));
       }
       Unchain(*job, v, /*rechain=*/true, "copse chaos armed a fault on it before it started");
     }
@@ -220,14 +220,16 @@ void Scheduler::CheckFaults(Job& job) {
     if (f.kind == FaultKind::kKillDaemon || f.kind == FaultKind::kKillDaemonOf) {
       Flush();
       ExpectInjectedLoss(*target);
-      sink_.SendToDaemon(target->id, {{"op", "kill"}});
+      sink_.SendToDaemon(target->id, daemon_msg::Kill());
     } else {
-      Json keys = Json::array();
+      protocol::JmToDaemon damage = daemon_msg::Damage(f.kind == FaultKind::kCorruptOutputOf ? protocol::DamageOutputs::CORRUPT
+                                                                                             : protocol::DamageOutputs::DROP);
       const Run& r = job.runs[v.value()];
       for (size_t p = 0; p < g.vertex(v).outputs.size(); ++p) {
-        keys.push_back({{"job", job.id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", p}});
+        *damage.mutable_damage()->add_keys() =
+            protocol::MakeOutputKey(job.id.value(), v.value(), r.version, static_cast<uint32_t>(p));
       }
-      sink_.SendToDaemon(target->id, {{"op", f.kind == FaultKind::kCorruptOutputOf ? "corrupt" : "drop"}, {"keys", keys}});
+      sink_.SendToDaemon(target->id, damage);
       // Readers detect a damaged output and have it regenerated. A job output may have none
       // that will: a reader that opened it before keeps the undamaged copy, one over a durable
       // channel falls back to its copy, a live channel's reader never reads the stored port,

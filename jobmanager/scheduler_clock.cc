@@ -1,5 +1,6 @@
 // The scheduler's clock: what happens as time passes — timeouts, stragglers' duplicates,
 // return graces running out, finished jobs forgotten (Tick).
+#include "jobmanager/daemon_messages.h"
 #include "jobmanager/scheduler_state.h"
 
 #include <algorithm>
@@ -30,8 +31,8 @@ void Scheduler::Tick() {
       double timeout_s = job.g().stage_of(VertexId(v)).timeout_s;
       if (!r.chained_after.empty()) continue;  // not started yet
       if (timeout_s <= 0 || now - r.started < std::chrono::duration<double>(timeout_s)) continue;
-      sink_.SendToDaemon(r.daemon, {{"op", "cancel"}, {"job", job.id.value()}, {"vertex", v}, {"version", r.version}});
-      Fail(job, VertexId(v), FailureClass::kTimeout, "ran longer than timeout_s=" + std::to_string(timeout_s), true);
+      sink_.SendToDaemon(r.daemon, daemon_msg::Cancel(job.id, VertexId(v), r.version));
+      Fail(job, VertexId(v), protocol::FAILURE_TIMEOUT, "ran longer than timeout_s=" + std::to_string(timeout_s), true);
       if (job.state != JobState::kRunning) break;
     }
     if (job.state == JobState::kRunning) {

@@ -1,3 +1,4 @@
+#include "jobmanager/daemon_messages.h"
 #include "jobmanager/scheduler_state.h"
 
 namespace copse::jm {
@@ -132,7 +133,8 @@ bool Scheduler::HoldsWhatIsRead(const Job& job, VertexId v, const OutputInventor
 }
 
 void Scheduler::ReleaseStale(const Daemon& d, const OutputInventory& inventory) {
-  Json keys = Json::array();
+  protocol::JmToDaemon release;
+  auto& keys = *release.mutable_release()->mutable_keys();
   for (const auto& [job_id, vertex, version, port] : inventory) {
     auto it = jobs_.find(JobId(job_id));
     if (it != jobs_.end() && vertex < it->second->runs.size()) {
@@ -146,11 +148,11 @@ void Scheduler::ReleaseStale(const Daemon& d, const OutputInventory& inventory) 
         continue;  // still what the job manager reads from there
       }
     }
-    keys.push_back({{"job", job_id}, {"vertex", vertex}, {"version", version}, {"port", port}});
+    *keys.Add() = protocol::MakeOutputKey(job_id, vertex, version, port);
   }
   if (keys.empty()) return;
   SchedLog()->info("daemon {}: releasing {} listed outputs no job needs", d.spec.name, keys.size());
-  stale_outbox_[d.id] = {{"op", "release"}, {"keys", std::move(keys)}};
+  stale_outbox_[d.id] = std::move(release);
 }
 
 void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
@@ -183,7 +185,7 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   // nothing) would hold their slots for the data plane's read timeout: their daemons end those
   // fetches now, and the attempts report the input unreachable.
   if (d.spec.data_port != 0) {
-    const Json peer_lost = {{"op", "peer_lost"}, {"host", d.spec.data_host}, {"port", d.spec.data_port}};
+    const protocol::JmToDaemon peer_lost = daemon_msg::PeerLost(d.spec.data_host, d.spec.data_port);
     for (const auto& other : daemons_) {
       if (other->alive) sink_.SendToDaemon(other->id, peer_lost);
     }
@@ -227,7 +229,7 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
       if (unexplained) {
         error += " (" + std::to_string(r.daemon_losses) + " of " + std::to_string(allowed) + " such losses allowed)";
       }
-      Fail(job, VertexId(v), FailureClass::kDaemonLost, error, false);
+      Fail(job, VertexId(v), protocol::FAILURE_DAEMON_LOST, error, false);
     }
     if (job.state != JobState::kRunning) continue;
     // Outputs stored there are gone: regenerate those still needed, consumers first so that a

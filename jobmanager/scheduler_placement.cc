@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "common/text_util.h"
+#include "jobmanager/daemon_messages.h"
 
 namespace copse::jm {
 
@@ -116,7 +117,7 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
   return true;
 }
 
-void Scheduler::AddNcclInfo(Job& job, VertexId v, uint32_t version, Json& task) {
+void Scheduler::AddNcclInfo(Job& job, VertexId v, uint32_t version, protocol::Task& task) {
   // Ranks: the gang's members that nccl channels touch, in vertex-id order.
   const JobGraph& g = job.g();
   std::vector<VertexId> ranked;
@@ -134,17 +135,22 @@ void Scheduler::AddNcclInfo(Job& job, VertexId v, uint32_t version, Json& task) 
   if (rank == static_cast<int>(ranked.size())) return;
   std::string group = "job" + std::to_string(job.id.value()) + "-gang" + std::to_string(g.vertex(v).gang.value()) + "-v" +
                       std::to_string(version);
-  task["nccl"] = {{"group", group}, {"rank", rank}, {"nranks", ranked.size()}};
+  task.mutable_nccl()->set_group(group);
+  task.mutable_nccl()->set_rank(rank);
+  task.mutable_nccl()->set_nranks(static_cast<int32_t>(ranked.size()));
   nccl_groups_[group].insert(job.runs[v.value()].daemon);
   const VertexNode& node = g.vertex(v);
   for (size_t port = 0; port < node.inputs.size(); ++port) {
     const ChannelEdge& c = g.channel(node.inputs[port]);
-    if (c.kind == ChannelKind::kNccl) task["inputs"][port]["peer_rank"] = rank_of(c.from);
+    if (c.kind == ChannelKind::kNccl) task.mutable_inputs(static_cast<int>(port))->mutable_live()->set_peer_rank(rank_of(c.from));
   }
   for (size_t port = 0; port < node.outputs.size(); ++port) {
     if (node.outputs[port].empty() || g.channel(node.outputs[port].front()).kind != ChannelKind::kNccl) continue;
     for (size_t i = 0; i < node.outputs[port].size(); ++i) {
-      task["outputs"][port]["channels"][i]["peer_rank"] = rank_of(g.channel(node.outputs[port][i]).to);
+      task.mutable_outputs(static_cast<int>(port))
+          ->mutable_live()
+          ->mutable_channels(static_cast<int>(i))
+          ->set_peer_rank(rank_of(g.channel(node.outputs[port][i]).to));
     }
   }
 }
@@ -153,7 +159,7 @@ void Scheduler::RelayNcclId(const std::string& group, const std::string& id, Dae
   auto it = nccl_groups_.find(group);
   if (it == nccl_groups_.end()) return;
   for (DaemonId d : it->second) {
-    if (d != from && daemons_[d.value()]->alive) sink_.SendToDaemon(d, {{"op", "nccl_id"}, {"group", group}, {"id", id}});
+    if (d != from && daemons_[d.value()]->alive) sink_.SendToDaemon(d, daemon_msg::NcclId(group, id));
   }
   nccl_groups_.erase(it);
 }
@@ -265,78 +271,79 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
   d.free_memory_mb -= stage.resources.memory_mb;
   ++d.running;
 
-  Json inputs = Json::array();
+  protocol::JmToDaemon& batch = outbox_[d.id];
+  protocol::Task& task = *batch.mutable_run()->add_tasks();
+  task.set_job(job.id.value());
+  task.set_vertex(v.value());
+  task.set_version(version);
+  task.set_name(node.name);
+  task.set_program(stage.program);
+  task.set_replica(node.replica);
+  task.set_params_json(*node.params);
+  task.set_job_dir(job.job_dir);
+  task.set_threads(static_cast<uint32_t>(std::max(1, static_cast<int>(stage.resources.cpus))));
+  task.set_gpus(static_cast<uint32_t>(stage.resources.gpus));
+  task.set_memory_mb(stage.resources.memory_mb);
   for (ChannelId ch : node.inputs) {
     const ChannelEdge& c = g.channel(ch);
     const Run& p = job.runs[c.from.value()];
+    protocol::Input& in = *task.add_inputs();
     if (IsLive(c.kind)) {
-      inputs.push_back(
-          {{"live", ChannelKindName(c.kind)}, {"key", {{"job", job.id.value()}, {"channel", ch.value()}, {"version", version}}}});
+      in.mutable_live()->set_kind(daemon_msg::ToProtocol(c.kind));
+      *in.mutable_live()->mutable_key() = protocol::MakeStreamKey(job.id.value(), ch.value(), version);
       continue;
     }
     // A producer still running (v is chained after it) has no counts yet: those it has are an
     // earlier attempt's.
     if (p.state == VertexState::kCompleted && static_cast<size_t>(c.from_port) < p.output_messages.size() &&
         p.output_messages[c.from_port] == 0) {
-      inputs.push_back({{"empty", true}});  // nothing to fetch: the reader ends at once
+      in.mutable_empty();  // nothing to fetch: the reader ends at once
       continue;
     }
     const Daemon& pd = *daemons_[p.daemon.value()];
-    Json in = {{"key", {{"job", job.id.value()}, {"vertex", c.from.value()}, {"version", p.version}, {"port", c.from_port}}}};
+    protocol::StoredInput& stored = *in.mutable_stored();
+    *stored.mutable_key() = protocol::MakeOutputKey(job.id.value(), c.from.value(), p.version, c.from_port);
     // A durable input names its copy too: the only source once the producer's store cannot
     // serve it (its daemon is gone, or the memory output was released after its consumers
     // completed), else the daemon's fallback.
     const bool durable = c.kind == ChannelKind::kDurable;
-    if (durable) in["durable"] = DurablePath(job, c.from, p.version, c.from_port);
+    if (durable) stored.set_durable(DurablePath(job, c.from, p.version, c.from_port));
     const bool store_serves = pd.alive && !(p.state == VertexState::kCompleted && OutputReleased(g, c.from, p, c.from_port));
     if (!durable || store_serves) {
-      in["local"] = p.daemon == d.id;
-      in["host"] = pd.spec.data_host;
-      in["port"] = pd.spec.data_port;
+      protocol::StoreLocation& at = *stored.mutable_store();
+      at.set_local(p.daemon == d.id);
+      at.set_host(pd.spec.data_host);
+      at.set_port(pd.spec.data_port);
     }
-    inputs.push_back(std::move(in));
   }
-  Json outputs = Json::array();
   for (const auto& port : node.outputs) {
+    protocol::Output& out = *task.add_outputs();
     const ChannelKind kind = PortKind(g, port);
     if (kind == ChannelKind::kDurable) {  // a memory output with a copy there
-      outputs.push_back({{"durable", DurablePath(job, v, version, static_cast<int>(outputs.size()))}});
+      out.set_durable(DurablePath(job, v, version, task.outputs_size() - 1));
       continue;
     }
     if (!IsLive(kind)) {
-      outputs.push_back(ChannelKindName(kind));
+      out.set_stored(daemon_msg::ToProtocol(kind));
       continue;
     }
     // A live output goes straight to each consumer (placed with this gang): where and as what.
-    Json channels = Json::array();
+    protocol::LiveOutput& live = *out.mutable_live();
+    live.set_kind(daemon_msg::ToProtocol(kind));
     for (ChannelId ch : port) {
       const Daemon& to = *daemons_[job.runs[g.channel(ch).to.value()].daemon.value()];
-      channels.push_back({{"key", {{"job", job.id.value()}, {"channel", ch.value()}, {"version", version}}},
-                          {"peer", to.spec.stream_endpoints}});
+      protocol::LiveChannel& channel = *live.add_channels();
+      *channel.mutable_key() = protocol::MakeStreamKey(job.id.value(), ch.value(), version);
+      *channel.mutable_peer() = to.spec.stream_endpoints;
     }
-    outputs.push_back({{"live", ChannelKindName(kind)}, {"channels", std::move(channels)}});
   }
-  Json task = {{"job", job.id.value()},
-               {"vertex", v.value()},
-               {"version", version},
-               {"name", node.name},
-               {"program", stage.program},
-               {"replica", node.replica},
-               {"params", *node.params},
-               {"job_dir", job.job_dir},
-               {"threads", std::max(1, static_cast<int>(stage.resources.cpus))},
-               {"gpus", stage.resources.gpus},
-               {"memory_mb", stage.resources.memory_mb},
-               {"inputs", std::move(inputs)},
-               {"outputs", std::move(outputs)}};
   if (node.gang.valid()) AddNcclInfo(job, v, version, task);
-  if (!after.empty()) {
-    Json& list = task["after"] = Json::array();
-    for (VertexId a : after) {
-      const Run& p = job.runs[a.value()];
-      list.push_back({{"vertex", a.value()}, {"version", p.version}});
-      if (p.daemon != d.id) list.back()["remote"] = true;
-    }
+  for (VertexId a : after) {
+    const Run& p = job.runs[a.value()];
+    protocol::ChainedAfter& chained = *task.add_after();
+    chained.set_vertex(a.value());
+    chained.set_version(p.version);
+    chained.set_remote(p.daemon != d.id);
   }
   // Faults the job file injects into this attempt.
   const auto& faults = job.faults;
@@ -348,14 +355,14 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
     if (!armed) continue;
     if (f.kind == FaultKind::kFail &&
         std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
-      task["inject_failure"] = "injected fault " + f.pointer + ": attempt " + std::to_string(version) + " fails";
+      task.set_inject_failure("injected fault " + f.pointer + ": attempt " + std::to_string(version) + " fails");
       job.fault_fired[i] = 1;
       job.faults_log.push_back(
           {{"fault", "fail"}, {"vertex", node.name}, {"attempt", version}, {"at_ms", ElapsedMs(job)}, {"source", f.pointer}});
     }
     if (f.kind == FaultKind::kDelay &&
         std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
-      task["delay_ms"] = f.ms;
+      task.set_delay_ms(f.ms);
       if (!job.fault_fired[i]) {
         job.fault_fired[i] = 1;
         job.faults_log.push_back(
@@ -367,9 +374,6 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
     job.open_spans[{v.value(), version}] = job.spans.size();
     job.spans.push_back({v.value(), version, d.id, ElapsedMs(job), -1, ""});
   }
-  Json& batch = outbox_[d.id];
-  if (batch.is_null()) batch = {{"op", "run"}, {"tasks", Json::array()}};
-  batch["tasks"].push_back(std::move(task));
   Log(job, v,
       "version " + std::to_string(version) + (duplicate ? " (straggler duplicate)" : "") + " placed on " + d.spec.name +
           (after.empty() ? "" : " chained after " + NameList(g, after)));
@@ -387,11 +391,12 @@ void Scheduler::Flush() {
   }
   for (auto it = release_outbox_.begin(); it != release_outbox_.end();) {
     const auto& [daemon, batch] = *it;
-    if (!releases_due_ && batch.msg["keys"].size() < kReleaseBatchKeys && batch.bytes < kReleaseBatchBytes) {
+    if (!releases_due_ && static_cast<size_t>(batch.msg.release().keys_size()) < kReleaseBatchKeys &&
+        batch.bytes < kReleaseBatchBytes) {
       ++it;
       continue;
     }
-    if (daemons_[daemon.value()]->alive && !batch.msg["keys"].empty()) sink_.SendToDaemon(daemon, batch.msg);
+    if (daemons_[daemon.value()]->alive && batch.msg.release().keys_size() > 0) sink_.SendToDaemon(daemon, batch.msg);
     it = release_outbox_.erase(it);
   }
   releases_due_ = false;

@@ -2,7 +2,7 @@
 """Fails when a source file includes a module its library may not depend on.
 
 The dependency direction (docs/architecture.md): common <- channels <- vertex <- ml;
-common <- jobmanager; cli, tests and bench on top of everything. The job manager sees
+common <- protocol <- vertex, jobmanager; cli, tests and bench on top of everything. The job manager sees
 channels as data and programs as names, so it includes neither; the client binary
 (`copse`, the copse_cli_client sources) stays small, so it includes neither vertex nor ml.
 Every target includes from the repository root, so only this check stops a header-only
@@ -18,18 +18,19 @@ import sys
 # Folder -> the top-level modules its files may include (their own included).
 ALLOWED = {
     "common": {"common"},
+    "protocol": {"common", "protocol"},
     "channels": {"common", "channels"},
-    "vertex": {"common", "channels", "vertex"},
-    "jobmanager": {"common", "jobmanager"},
-    "ml": {"common", "channels", "vertex", "ml"},
+    "vertex": {"common", "protocol", "channels", "vertex"},
+    "jobmanager": {"common", "protocol", "jobmanager"},
+    "ml": {"common", "protocol", "channels", "vertex", "ml"},
 }
 # The client binary's sources (cli/CMakeLists.txt, copse_cli_client and client_main.cc).
 CLIENT_SOURCES = {
     "app_main", "jm_client", "status_view", "job_watch", "process_util", "trace_client", "client_commands", "client_main",
     "commands",
 }
-CLIENT_ALLOWED = {"common", "channels", "jobmanager", "cli"}
-MODULES = {"common", "channels", "vertex", "jobmanager", "ml", "cli", "bench", "tests"}
+CLIENT_ALLOWED = {"common", "protocol", "channels", "jobmanager", "cli"}
+MODULES = {"common", "protocol", "channels", "vertex", "jobmanager", "ml", "cli", "bench", "tests"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/[^"]*"', re.M)
 
 

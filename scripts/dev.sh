@@ -19,6 +19,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git rsync
   libasio-dev nlohmann-json3-dev libspdlog-dev libzmq3-dev cppzmq-dev doctest-dev
   libopenblas-dev libdnnl-dev libcli11-dev libxxhash-dev zlib1g-dev libssl-dev libgoogle-perftools-dev
+  libprotobuf-dev protobuf-compiler
   dataset-fashion-mnist fortunes python3 python3-jsonschema graphviz clang-format
 )
 

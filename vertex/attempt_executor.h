@@ -22,6 +22,7 @@
 #endif
 #include "common/json_util.h"
 #include "common/status.h"
+#include "protocol/daemon.pb.h"
 #include "vertex/attempt_log.h"
 #include "vertex/gpu_pool.h"
 #include "vertex/input_prefetcher.h"
@@ -32,7 +33,7 @@ namespace copse::vertex {
 
 /// One attempt: the task the job manager sent, and what the daemon prepared for it.
 struct AttemptTask {
-  Json spec;
+  protocol::Task spec;
   std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
 #ifdef COPSE_HAVE_NCCL
   std::unique_ptr<chan::nccl::NcclGroup> nccl;  // this attempt's group, when it has nccl channels
@@ -57,21 +58,21 @@ struct ExecutorEnv {
   std::chrono::milliseconds live_peer_timeout{300};
   /// Joins the attempt's gang's NCCL group (`nccl`: the task's member), setting its nccl,
   /// collective and device; the daemon relays the group's id through the job manager.
-  std::function<Status(const Json& nccl, int device, AttemptTask& task)> join_nccl;
+  std::function<Status(const protocol::NcclMember& nccl, int device, AttemptTask& task)> join_nccl;
 };
 
 class AttemptExecutor {
  public:
   explicit AttemptExecutor(ExecutorEnv env) : env_(std::move(env)) {}
   /// Runs one attempt and returns its report. Never throws.
-  Json Execute(AttemptTask& task) const;
+  protocol::AttemptReport Execute(AttemptTask& task) const;
 
  private:
   chan::StreamOptions LiveOptions(const AttemptTask& task) const;
   /// The reading end of a stream or shm channel of this vertex's gang.
-  Result<std::unique_ptr<chan::ChannelReader>> OpenLiveReader(const Json& in, AttemptTask& task) const;
+  Result<std::unique_ptr<chan::ChannelReader>> OpenLiveReader(const protocol::LiveInput& in, AttemptTask& task) const;
   /// The writing end of a live output port: one channel, or a tee over several.
-  Result<std::unique_ptr<chan::ChannelWriter>> OpenLiveWriter(const Json& out, AttemptTask& task) const;
+  Result<std::unique_ptr<chan::ChannelWriter>> OpenLiveWriter(const protocol::LiveOutput& out, AttemptTask& task) const;
 
   ExecutorEnv env_;
 };

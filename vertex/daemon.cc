@@ -41,10 +41,12 @@
 #include "common/logging.h"
 #include "common/machine_memory.h"
 #include "common/thread_name.h"
+#include "protocol/codec.h"
 #include "vertex/attempt_executor.h"
 #include "vertex/attempt_log.h"
 #include "vertex/gpu_pool.h"
 #include "vertex/input_prefetcher.h"
+#include "vertex/protocol_types.h"
 
 namespace copse::vertex {
 namespace {
@@ -128,7 +130,9 @@ class Daemon::Impl {
     env.memory_mb = OfferedMemoryMb();
     env.secret = options_.secret;
     env.live_peer_timeout = std::max(std::chrono::milliseconds(300), 2 * options_.heartbeat_interval);
-    env.join_nccl = [this](const Json& nccl, int device, AttemptTask& task) { return JoinNcclGroup(nccl, device, task); };
+    env.join_nccl = [this](const protocol::NcclMember& nccl, int device, AttemptTask& task) {
+      return JoinNcclGroup(nccl, device, task);
+    };
     executor_ = std::make_unique<AttemptExecutor>(std::move(env));
     COPSE_RETURN_NOT_OK(Register());
     for (int i = 0; i < std::max(1, options_.cpus); ++i) workers_.emplace_back([this] { WorkerLoop(); });
@@ -188,27 +192,30 @@ class Daemon::Impl {
     // Never take tasks from a server that cannot show it holds the secret.
     Status authenticated = client.Authenticate(options_.secret, "daemon", deadline);
     if (!authenticated.ok()) return RegistrationFailure(authenticated, jm);
-    Json outputs = Json::array();
-    for (const auto& key : store_->List()) outputs.push_back(key.ToJson());
-    auto registered = client.Call({{"op", "register"},
-                                   {"name", options_.name},
-                                   {"cpus", options_.cpus},
-                                   {"gpus", options_.gpus},
-                                   {"memory_mb", options_.memory_mb},
-                                   {"labels", options_.labels},
-                                   {"data_host", options_.data_host},
-                                   {"data_port", data_server_->port()},
-                                   {"stream", hub_->endpoints()},
-                                   {"outputs", std::move(outputs)}},
-                                  deadline);
-    if (!registered.ok()) return RegistrationFailure(registered.status(), jm);
-    if (StringMember(*registered, "op") != "registered") {
-      return Status::Internal("unexpected reply to register: " + DumpJson(*registered).substr(0, 200));
+    protocol::DaemonToJm hello;
+    protocol::Register& reg = *hello.mutable_register_();
+    reg.set_name(options_.name);
+    reg.set_cpus(options_.cpus);
+    reg.set_gpus(options_.gpus);
+    reg.set_memory_mb(options_.memory_mb);
+    reg.mutable_labels()->insert(options_.labels.begin(), options_.labels.end());
+    reg.set_data_host(options_.data_host);
+    reg.set_data_port(data_server_->port());
+    *reg.mutable_stream() = ToProtocol(hub_->endpoints());
+    for (const auto& key : store_->List()) *reg.add_outputs() = ToProtocol(key);
+    Status sent = client.SendFrame(protocol::EncodeFrame(hello), deadline);
+    if (!sent.ok()) return RegistrationFailure(sent, jm);
+    auto reply = client.ReceiveFrame(deadline);
+    if (!reply.ok()) return RegistrationFailure(reply.status(), jm);
+    auto registered = reply->type == wire::FrameType::kProto
+                          ? protocol::DecodeJmToDaemon(reply->body)
+                          : Result<protocol::JmToDaemon>(Status::InvalidArgument("a JSON frame"));
+    if (!registered.ok() || !registered->has_registered()) {
+      return Status::Internal("unexpected reply to register: " +
+                              (registered.ok() ? std::string(protocol::BodyName(*registered)) : registered.status().message()));
     }
-    // The job manager says how often it needs to hear from us (one without the field: our default).
-    const Json every = registered->value("heartbeat_ms", Json());
-    const int64_t ms = every.is_number_integer() ? every.get<int64_t>() : 0;
-    heartbeat_every_ = ms >= 1 && ms <= 60'000 ? std::chrono::milliseconds(ms) : options_.heartbeat_interval;
+    // The job manager says how often it needs to hear from us (checked: 1 to 60,000 ms).
+    heartbeat_every_ = std::chrono::milliseconds(registered->registered().heartbeat_ms());
     if (!client.local()) {
       // Cut off from the job manager (a partition, not its restart or a stall: its kernel still
       // acknowledges), our heartbeats stay unacknowledged, and the kernel ends the connection
@@ -234,7 +241,8 @@ class Daemon::Impl {
   /// reconnect_timeout: a restarted job manager resumes with what this daemon holds.
   Status Run() {
     while (true) {
-      conn_->Start([this](Json msg) { OnMessage(std::move(msg)); },
+      conn_->set_proto_handler([this](std::string body) { OnMessage(std::move(body)); });
+      conn_->Start([this](Json msg) { OnJsonMessage(msg); },
                    [this](const Status& why) {
                      exit_status_ = why.WithContext("job manager connection ended");
                      heartbeat_.cancel();
@@ -301,7 +309,12 @@ class Daemon::Impl {
     heartbeat_.expires_after(heartbeat_every_);
     heartbeat_.async_wait([this](std::error_code ec) {
       if (ec) return;
-      conn_->Send({{"op", "heartbeat"}});
+      static const std::string kHeartbeat = [] {
+        protocol::DaemonToJm beat;
+        beat.mutable_heartbeat();
+        return protocol::EncodeFrame(beat);
+      }();
+      conn_->SendRaw(kHeartbeat);
       Heartbeat();
     });
   }
@@ -334,36 +347,50 @@ class Daemon::Impl {
     std::lock_guard<std::mutex> in_order(report_send_mu_);
     std::vector<AttemptLog::Chunk> taken = log.Take();
     if (taken.empty()) return;
-    Json chunks = Json::array();
-    for (auto& c : taken) chunks.push_back({{"stream", std::move(c.stream)}, {"text", std::move(c.text)}});
+    protocol::DaemonToJm msg;
+    protocol::VertexLog& vertex_log = *msg.mutable_vertex_log();
+    vertex_log.set_job(std::get<0>(key));
+    vertex_log.set_vertex(std::get<1>(key));
+    vertex_log.set_version(std::get<2>(key));
+    for (auto& c : taken) {
+      protocol::LogChunk& chunk = *vertex_log.add_chunks();
+      chunk.set_stream(std::move(c.stream));
+      chunk.set_text(std::move(c.text));
+    }
     std::shared_ptr<net::FramedConnection> conn;
     {
       std::lock_guard<std::mutex> lock(mu_);
       conn = conn_;
     }
     if (!conn || !conn->open()) return;
-    conn->Send({{"op", "vertex_log"},
-                {"job", std::get<0>(key)},
-                {"vertex", std::get<1>(key)},
-                {"version", std::get<2>(key)},
-                {"chunks", std::move(chunks)}});
+    conn->SendRaw(protocol::EncodeFrame(msg));
   }
 
-  void OnMessage(Json msg) {
-    const std::string op = msg["op"].get<std::string>();
-    try {
-      if (op == "run") {
+  /// The job manager speaks JSON only to say why it drops us (a refused or malformed message).
+  void OnJsonMessage(const Json& msg) {
+    DaemonLog()->error("daemon {}: the job manager says: {}", options_.name,
+                       StringMember(msg, "op") == "error" ? StringMember(msg, "message") : DumpJson(msg).substr(0, 200));
+  }
+
+  /// A message from the job manager (protocol/daemon.proto), decoded and checked by the codec:
+  /// one that breaks the schema drops the connection (and this daemon reconnects), naming the
+  /// message and the field.
+  void OnMessage(std::string body) {
+    auto decoded = protocol::DecodeJmToDaemon(body);
+    if (!decoded.ok()) {
+      DaemonLog()->error("daemon {}: malformed message from the job manager: {}", options_.name, decoded.status().message());
+      return conn_->SendErrorAndClose("malformed message: " + decoded.status().message());
+    }
+    protocol::JmToDaemon& msg = *decoded;
+    using M = protocol::JmToDaemon;
+    switch (msg.body_case()) {
+      case M::kRun: {
         std::lock_guard<std::mutex> lock(mu_);
         const size_t queued_before = queue_.size();
-        for (auto& spec : msg["tasks"]) {
-          if (const std::string bad = MalformedTask(spec); !bad.empty()) {
-            // Unanswerable (no attempt to report on); the worker threads must never see it.
-            DaemonLog()->error("daemon {}: ignoring a malformed task from the job manager: {}", options_.name, bad);
-            continue;
-          }
+        for (protocol::Task& spec : *msg.mutable_run()->mutable_tasks()) {
           Task t;
           t.spec = std::move(spec);
-          if (t.spec.contains("after")) {
+          if (t.spec.after_size() > 0) {
             HoldChained(std::move(t));
           } else {
             queue_.push_back(std::move(t));
@@ -373,14 +400,14 @@ class Daemon::Impl {
         // tasks of a pipeline arrive so).
         AddWorkersForQueue();
         for (size_t i = queued_before; i < queue_.size(); ++i) cv_.notify_one();
-      } else if (op == "cancel") {
-        CancelMatching(msg["job"].get<uint64_t>(), msg.value("vertex", int64_t{-1}));
-      } else if (op == "gc") {
+        return;
+      }
+      case M::kCancel:
+        return CancelMatching(msg.cancel().job(), msg.cancel().has_vertex() ? int64_t{msg.cancel().vertex()} : int64_t{-1});
+      case M::kGc: {
         std::set<chan::OutputKey> keep;
-        for (const auto& k : msg["keep"]) {
-          if (auto key = chan::OutputKey::FromJson(k); key.ok()) keep.insert(*key);
-        }
-        uint64_t job = msg["job"].get<uint64_t>();
+        for (const auto& k : msg.gc().keep()) keep.insert(FromProtocol(k));
+        const uint64_t job = msg.gc().job();
         for (const auto& key : store_->List(job)) {
           if (!keep.count(key)) store_->Drop(key);
         }
@@ -391,84 +418,65 @@ class Daemon::Impl {
         }
         hub_->DropJob(job);
         shm_.DropJob(job);
-      } else if (op == "release") {
-        for (const auto& k : msg["keys"]) {
-          if (auto key = chan::OutputKey::FromJson(k); key.ok()) store_->Drop(*key);
-        }
-      } else if (op == "peer_lost") {
+        return;
+      }
+      case M::kRelease:
+        for (const auto& k : msg.release().keys()) store_->Drop(FromProtocol(k));
+        return;
+      case M::kPeerLost: {
         // The job manager declared that daemon lost: fetches from it would wait out their read
         // timeout (a stopped or cut-off daemon accepts and then says nothing). Their consumers
         // fail at once with the input unreachable, and the job manager re-runs or holds it.
-        const std::string host = msg["host"].get<std::string>();
-        const uint64_t port = msg["port"].get<uint64_t>();
-        if (port == 0 || port > 65535) {
-          DaemonLog()->error("daemon {}: malformed \"peer_lost\" from the job manager: port {} is not a port", options_.name,
-                             port);
-          return;
-        }
-        const size_t ended = chan::AbortFetchesFrom(host, static_cast<uint16_t>(port));
-        if (ended) DaemonLog()->info("daemon {}: ended {} fetches from lost daemon at {}:{}", options_.name, ended, host, port);
-      } else if (op == "nccl_id") {
+        const auto& lost = msg.peer_lost();
+        const size_t ended = chan::AbortFetchesFrom(lost.host(), static_cast<uint16_t>(lost.port()));
+        if (ended)
+          DaemonLog()->info("daemon {}: ended {} fetches from lost daemon at {}:{}", options_.name, ended, lost.host(),
+                            lost.port());
+        return;
+      }
+      case M::kNcclId: {
         std::lock_guard<std::mutex> lock(mu_);
-        nccl_ids_[msg["group"].get<std::string>()] = msg["id"].get<std::string>();
+        nccl_ids_[msg.nccl_id().group()] = msg.nccl_id().id();
         nccl_cv_.notify_all();
-      } else if (op == "cut") {
-        // Injected network partition from the job manager: drop the connection and stay away.
-        // At most a day: a larger count of milliseconds would overflow the time point.
-        const int64_t ms = std::clamp<int64_t>(msg.value("ms", int64_t{1000}), 0, 86'400'000);
+        return;
+      }
+      case M::kCut: {
+        // Injected network partition from the job manager: drop the connection and stay away
+        // (at most a day, checked).
+        const int64_t ms = msg.cut().ms();
         cut_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
         DaemonLog()->warn("daemon {}: cut off from the job manager for {} ms by an injected fault", options_.name, ms);
         conn_->Close(Status::Unavailable("cut off by an injected fault"));
-      } else if (op == "kill") {
+        return;
+      }
+      case M::kKill:
         DaemonLog()->warn("daemon {}: killed by an injected fault", options_.name);
         ::kill(::getpid(), SIGKILL);
-      } else if (op == "corrupt" || op == "drop") {
-        for (const auto& k : msg["keys"]) {
-          auto key = chan::OutputKey::FromJson(k);
-          if (!key.ok()) continue;
-          Status st = op == "corrupt" ? store_->Corrupt(*key) : store_->Remove(*key);
-          DaemonLog()->warn("daemon {}: injected {} of {}: {}", options_.name, op, key->ToString(), st.ToString());
+        return;
+      case M::kDamage: {
+        const bool corrupt = msg.damage().damage() == protocol::DamageOutputs::CORRUPT;
+        for (const auto& k : msg.damage().keys()) {
+          const chan::OutputKey key = FromProtocol(k);
+          Status st = corrupt ? store_->Corrupt(key) : store_->Remove(key);
+          DaemonLog()->warn("daemon {}: injected {} of {}: {}", options_.name, corrupt ? "corruption" : "drop", key.ToString(),
+                            st.ToString());
         }
-      } else {
-        DaemonLog()->warn("daemon {}: ignoring unknown message \"{}\"", options_.name, op);
+        return;
       }
-    } catch (const Json::exception& e) {
-      DaemonLog()->error("daemon {}: malformed \"{}\" from the job manager: {}", options_.name, op, e.what());
+      default:
+        DaemonLog()->warn("daemon {}: ignoring an unexpected \"{}\" from the job manager", options_.name,
+                          protocol::BodyName(msg));
     }
   }
 
   /// The memory this daemon offers vertices, in MB: what it was told, else the machine's.
   int64_t OfferedMemoryMb() const { return options_.memory_mb > 0 ? options_.memory_mb : MachineMemoryMb(); }
 
-  /// What is wrong with a task's identity and chaining (read outside any handler, on worker
-  /// threads), or "" when they are well formed.
-  static std::string MalformedTask(const Json& spec) {
-    auto id = [](const Json& j, const char* key, uint64_t max) {
-      auto it = j.find(key);
-      return it != j.end() && it->is_number_unsigned() && it->get<uint64_t>() <= max;
-    };
-    constexpr uint64_t kU32 = std::numeric_limits<uint32_t>::max();
-    if (!spec.is_object()) return "a task is a " + JsonTypeName(spec) + ", not an object";
-    if (!id(spec, "job", std::numeric_limits<uint64_t>::max()) || !id(spec, "vertex", kU32) || !id(spec, "version", kU32))
-      return "a task needs unsigned \"job\", \"vertex\" and \"version\"";
-    if (auto after = spec.find("after"); after != spec.end()) {
-      if (!after->is_array()) return "\"after\" is not an array";
-      for (const Json& a : *after) {
-        if (!a.is_object() || !id(a, "vertex", kU32) || !id(a, "version", kU32) ||
-            (a.contains("remote") && !a["remote"].is_boolean()))
-          return "an \"after\" entry needs unsigned \"vertex\" and \"version\"";
-      }
-    }
-    if (spec.contains("inputs") && !spec["inputs"].is_array()) return "\"inputs\" is not an array";
-    return "";
-  }
-
-  /// A chained task (its "after": an array of the attempts it runs after, each on this daemon
-  /// or — at most one, "remote" — elsewhere): queued at once when they have all succeeded here already,
-  /// withdrawn when one failed, else held until they have. Requires mu_. Throws Json::exception
-  /// on a malformed "after".
+  /// A chained task (its `after`: the attempts it runs after, each on this daemon or — at most
+  /// one, `remote` — elsewhere): queued at once when they have all succeeded here already,
+  /// withdrawn when one failed, else held until they have. Requires mu_.
   void HoldChained(Task t) {
-    const uint64_t job = t.spec["job"].get<uint64_t>();
+    const uint64_t job = t.spec.job();
     auto withdraw = [&](const std::string& why) {
       reports_.push_back(Withdrawn(t.spec, why));
       // Remembered as failed, so that a task chained after this one (sent with it, or later)
@@ -477,11 +485,10 @@ class Daemon::Impl {
       PostReports();
     };
     std::optional<InputPrefetcher::After> remote;
-    for (const Json& a : t.spec["after"]) {
-      const uint32_t vertex = a.at("vertex").get<uint32_t>(), version = a.at("version").get<uint32_t>();
-      if (a.value("remote", false)) {
-        if (remote) return withdraw("chained after more than one attempt on other daemons");
-        remote = InputPrefetcher::After{vertex, version};
+    for (const protocol::ChainedAfter& a : t.spec.after()) {
+      const uint32_t vertex = a.vertex(), version = a.version();
+      if (a.remote()) {
+        remote = InputPrefetcher::After{vertex, version};  // at most one (checked)
         continue;
       }
       auto done = finished_.find({job, vertex, version});
@@ -494,9 +501,9 @@ class Daemon::Impl {
     if (remote) {
       // Runs once that attempt's outputs have arrived here (OnRemoteAfter); its other remote
       // inputs come meanwhile.
-      const uint32_t vertex = t.spec["vertex"].get<uint32_t>(), version = t.spec["version"].get<uint32_t>();
+      const uint32_t vertex = t.spec.vertex(), version = t.spec.version();
       t.remote_pending = true;
-      t.prefetched = prefetcher_->Start(t.spec["inputs"], remote, t.cancel, [this, job, vertex, version](const Status& st) {
+      t.prefetched = prefetcher_->Start(t.spec.inputs(), remote, t.cancel, [this, job, vertex, version](const Status& st) {
         OnRemoteAfter(job, vertex, version, st);
       });
       if (!t.prefetched) return withdraw("none of its inputs is on another daemon");
@@ -504,16 +511,14 @@ class Daemon::Impl {
       queue_.push_back(std::move(t));
       return;
     } else {
-      t.prefetched = prefetcher_->Start(t.spec["inputs"], std::nullopt, t.cancel, nullptr);
+      t.prefetched = prefetcher_->Start(t.spec.inputs(), std::nullopt, t.cancel, nullptr);
     }
     held_.push_back(std::move(t));
   }
 
   void CancelMatching(uint64_t job, int64_t vertex) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto match = [&](const Task& t) {
-      return t.spec["job"].get<uint64_t>() == job && (vertex < 0 || t.spec["vertex"].get<int64_t>() == vertex);
-    };
+    auto match = [&](const Task& t) { return t.spec.job() == job && (vertex < 0 || int64_t{t.spec.vertex()} == vertex); };
     // Cancelled before they ran: they end here as failed, for what is chained after them.
     std::vector<AttemptKey> ended;
     for (auto& t : held_) {
@@ -556,21 +561,21 @@ class Daemon::Impl {
         task = std::move(queue_.front());
         queue_.pop_front();
         ++busy_workers_;
-        cancel_flags_[{task.spec["job"].get<uint64_t>(), task.spec["vertex"].get<uint32_t>()}] = task.cancel;
+        cancel_flags_[{task.spec.job(), task.spec.vertex()}] = task.cancel;
         task.log = std::make_shared<AttemptLog>();
         live_logs_[KeyOf(task)] = task.log;
       }
-      Json report = executor_->Execute(task);
+      protocol::AttemptReport report = executor_->Execute(task);
       // The rest of its log goes before its report: stored before the job manager acts on it.
       task.log->Finish();
       SendLog(KeyOf(task), *task.log);
       {
         std::lock_guard<std::mutex> lock(mu_);
-        const uint64_t job = task.spec["job"].get<uint64_t>();
-        const uint32_t vertex = task.spec["vertex"].get<uint32_t>(), version = task.spec["version"].get<uint32_t>();
+        const uint64_t job = task.spec.job();
+        const uint32_t vertex = task.spec.vertex(), version = task.spec.version();
         cancel_flags_.erase({job, vertex});
         live_logs_.erase({job, vertex, version});
-        const bool ok = report["ok"].get<bool>();
+        const bool ok = report.ok();
         reports_.push_back(std::move(report));  // before any chained successor's report
         finished_[{job, vertex, version}] = ok;
         --busy_workers_;  // this worker takes the next queued task itself
@@ -581,9 +586,7 @@ class Daemon::Impl {
     }
   }
 
-  static AttemptKey KeyOf(const Task& t) {
-    return {t.spec["job"].get<uint64_t>(), t.spec["vertex"].get<uint32_t>(), t.spec["version"].get<uint32_t>()};
-  }
+  static AttemptKey KeyOf(const Task& t) { return {t.spec.job(), t.spec.vertex(), t.spec.version()}; }
   static bool IsChainedAfter(const Task& t, const AttemptKey& attempt) {
     return std::find(t.waiting_for.begin(), t.waiting_for.end(), attempt) != t.waiting_for.end();
   }
@@ -643,8 +646,7 @@ class Daemon::Impl {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
     auto it = std::find_if(held_.begin(), held_.end(), [&](const Task& t) {
-      return t.spec["job"].get<uint64_t>() == job && t.spec["vertex"].get<uint32_t>() == vertex &&
-             t.spec["version"].get<uint32_t>() == version;
+      return t.spec.job() == job && t.spec.vertex() == vertex && t.spec.version() == version;
     });
     if (it == held_.end()) return;  // cancelled meanwhile
     if (st.ok()) {
@@ -666,9 +668,14 @@ class Daemon::Impl {
 
   /// The report of a chained task that never ran: the attempt it waited for did not deliver.
   /// Uncharged (class cancelled); the job manager places it again.
-  static Json Withdrawn(const Json& spec, const std::string& why) {
-    return {{"job", spec["job"]},   {"vertex", spec["vertex"]},     {"version", spec["version"]}, {"ok", false},
-            {"class", "cancelled"}, {"error", "withdrawn: " + why}, {"duration_ms", 0.0}};
+  static protocol::AttemptReport Withdrawn(const protocol::Task& spec, const std::string& why) {
+    protocol::AttemptReport report;
+    report.set_job(spec.job());
+    report.set_vertex(spec.vertex());
+    report.set_version(spec.version());
+    report.set_failure(protocol::FAILURE_CANCELLED);
+    report.set_error("withdrawn: " + why);
+    return report;
   }
 
   /// Has the io thread send what reports_ holds (once per batch), for callers holding mu_.
@@ -682,29 +689,36 @@ class Daemon::Impl {
   /// they were taken, so a chained task's report never overtakes its predecessor's.
   void SendReports() {
     std::lock_guard<std::mutex> in_order(report_send_mu_);
-    Json attempts = Json::array();
+    protocol::DaemonToJm msg;
+    auto& attempts = *msg.mutable_report()->mutable_attempts();
     std::shared_ptr<net::FramedConnection> conn;
     {
       std::lock_guard<std::mutex> lock(mu_);
       report_posted_ = false;
-      for (auto& r : reports_) attempts.push_back(std::move(r));
+      attempts.Reserve(static_cast<int>(reports_.size()));
+      for (auto& r : reports_) *attempts.Add() = std::move(r);
       reports_.clear();
       conn = conn_;
     }
-    if (!attempts.empty() && conn && conn->open()) conn->Send({{"op", "report"}, {"attempts", std::move(attempts)}});
+    if (!attempts.empty() && conn && conn->open()) conn->SendRaw(protocol::EncodeFrame(msg));
   }
 
   /// Joins this attempt's NCCL group: rank 0 creates the unique id and hands it to the job
   /// manager, which relays it to the other members' daemons.
-  Status JoinNcclGroup(const Json& nccl, int device, AttemptTask& task) {
+  Status JoinNcclGroup(const protocol::NcclMember& nccl, int device, AttemptTask& task) {
 #ifdef COPSE_HAVE_NCCL
     if (device < 0) return Status::FailedPrecondition("an nccl vertex needs resources.gpus >= 1");
-    std::string group = nccl.at("group");
-    int rank = nccl.at("rank"), nranks = nccl.at("nranks");
+    const std::string group = nccl.group();
+    const int rank = nccl.rank(), nranks = nccl.nranks();
     std::string id;
     if (rank == 0) {
       COPSE_ASSIGN_OR_RETURN(id, chan::nccl::NcclUniqueId());
-      asio::post(io_, [this, group, id] { conn_->Send({{"op", "nccl_id"}, {"group", group}, {"id", id}}); });
+      asio::post(io_, [this, group, id] {
+        protocol::DaemonToJm msg;
+        msg.mutable_nccl_id()->set_group(group);
+        msg.mutable_nccl_id()->set_id(id);
+        conn_->SendRaw(protocol::EncodeFrame(msg));
+      });
     } else {
       std::unique_lock<std::mutex> lock(mu_);
       bool got = nccl_cv_.wait_for(lock, std::chrono::seconds(60), [&] { return nccl_ids_.count(group) || task.cancel->load(); });
@@ -754,7 +768,7 @@ class Daemon::Impl {
   std::map<AttemptKey, bool> finished_;  // guarded by mu_
   std::map<std::pair<uint64_t, uint32_t>, std::shared_ptr<std::atomic<bool>>> cancel_flags_;
   std::map<AttemptKey, std::shared_ptr<AttemptLog>> live_logs_;  // of the attempts running; guarded by mu_
-  std::vector<Json> reports_;
+  std::vector<protocol::AttemptReport> reports_;
   bool report_posted_ = false;
   bool stopping_ = false;
   Status exit_status_;

@@ -1,5 +1,7 @@
 #include "vertex/input_prefetcher.h"
 
+#include "vertex/protocol_types.h"
+
 #include <algorithm>
 #include <utility>
 
@@ -72,21 +74,18 @@ struct PlannedFetch {
 
 }  // namespace
 
-std::shared_ptr<PrefetchedInputs> InputPrefetcher::Start(const Json& inputs, std::optional<After> after,
-                                                         std::shared_ptr<std::atomic<bool>> cancel,
+std::shared_ptr<PrefetchedInputs> InputPrefetcher::Start(const google::protobuf::RepeatedPtrField<protocol::Input>& inputs,
+                                                         std::optional<After> after, std::shared_ptr<std::atomic<bool>> cancel,
                                                          std::function<void(const Status&)> on_after) {
   // What to fetch: every stored input of another daemon; those that exist already first.
   std::vector<PlannedFetch> plan;
-  for (size_t port = 0; port < inputs.size(); ++port) {
-    const Json& in = inputs[port];
-    if (!in.is_object() || in.contains("live") || in.value("empty", false) || in.value("local", true)) continue;
-    auto key = chan::OutputKey::FromJson(in.value("key", Json()));
-    if (!key.ok() || !in.contains("host") || !in["host"].is_string() || !in.contains("port") ||
-        !in["port"].is_number_unsigned()) {
-      continue;  // the task itself reports what is wrong with it
-    }
-    const bool from_after = after && key->vertex == after->vertex && key->version == after->version;
-    plan.push_back({port, *key, in["host"].get<std::string>(), in["port"].get<uint16_t>(), from_after});
+  for (size_t port = 0; port < static_cast<size_t>(inputs.size()); ++port) {
+    const protocol::Input& in = inputs[static_cast<int>(port)];
+    // Stored on another daemon whose store serves it (checked by the codec: host and port set).
+    if (!in.has_stored() || !in.stored().has_store() || in.stored().store().local()) continue;
+    const chan::OutputKey key = FromProtocol(in.stored().key());
+    const bool from_after = after && key.vertex == after->vertex && key.version == after->version;
+    plan.push_back({port, key, in.stored().store().host(), static_cast<uint16_t>(in.stored().store().port()), from_after});
   }
   if (plan.empty()) return nullptr;
   std::stable_partition(plan.begin(), plan.end(), [](const PlannedFetch& f) { return !f.from_after; });

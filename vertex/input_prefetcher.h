@@ -34,6 +34,7 @@
 #include "channels/output_store.h"
 #include "common/json_util.h"
 #include "common/status.h"
+#include "protocol/daemon.pb.h"
 
 namespace copse::vertex {
 
@@ -76,14 +77,14 @@ class InputPrefetcher {
     uint32_t vertex = 0, version = 0;
   };
 
-  /// Starts fetching the remote inputs of a task (`inputs`: its "inputs" array, see
-  /// Scheduler::Dispatch) on a thread of the pool. `after`: the remote attempt the task is
-  /// chained after; its outputs are waited for, and `on_after` is called (from that thread)
-  /// once they have all arrived, or with why one cannot be had. `cancel`: the task's flag, which
-  /// stops the fetches. Returns nullptr, and calls nothing, when the task has no remote input.
-  /// The prefetcher must be destroyed by a thread that holds no lock `on_after` takes.
-  std::shared_ptr<PrefetchedInputs> Start(const Json& inputs, std::optional<After> after,
-                                          std::shared_ptr<std::atomic<bool>> cancel, std::function<void(const Status&)> on_after);
+  /// Starts fetching the remote inputs of a task (its Task.inputs, protocol/daemon.proto) on a thread of the pool. `after`: the
+  /// remote attempt the task is chained after; its outputs are waited for, and `on_after` is called (from that thread) once they
+  /// have all arrived, or with why one cannot be had. `cancel`: the task's flag, which stops the fetches. Returns nullptr, and
+  /// calls nothing, when the task has no remote input. The prefetcher must be destroyed by a thread that holds no lock `on_after`
+  /// takes.
+  std::shared_ptr<PrefetchedInputs> Start(const google::protobuf::RepeatedPtrField<protocol::Input>& inputs,
+                                          std::optional<After> after, std::shared_ptr<std::atomic<bool>> cancel,
+                                          std::function<void(const Status&)> on_after);
 
  private:
   void WorkerLoop();

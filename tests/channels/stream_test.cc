@@ -42,8 +42,8 @@ std::unique_ptr<StreamHub> StartHub(const std::filesystem::path& ipc_dir, const 
   return std::move(h).value();
 }
 
-Json TcpOnly(Json ep) {
-  ep.erase("ipc");
+StreamPeer TcpOnly(StreamPeer ep) {
+  ep.ipc.clear();
   return ep;
 }
 
@@ -52,7 +52,7 @@ struct Pair {
   TempDir dir;
   std::unique_ptr<StreamHub> prod = StartHub(dir.path() / "p");
   std::unique_ptr<StreamHub> cons = StartHub(dir.path() / "c");
-  Json peer(bool ipc) const { return ipc ? cons->endpoints() : TcpOnly(cons->endpoints()); }
+  StreamPeer peer(bool ipc) const { return ipc ? cons->endpoints() : TcpOnly(cons->endpoints()); }
 };
 
 StreamOptions Quick() {
@@ -65,9 +65,13 @@ StreamOptions Quick() {
 TEST_CASE("Stream.EndpointsAndKeys" * doctest::timeout(10)) {
   Pair p;
   auto ep = p.cons->endpoints();
-  CHECK(ep["tcp"].get<std::string>().rfind("tcp://127.0.0.1:", 0) == 0);
-  CHECK(ep["ipc"].get<std::string>().rfind("ipc://", 0) == 0);
-  CHECK(ep.contains("host"));
+  CHECK(ep.tcp.rfind("tcp://127.0.0.1:", 0) == 0);
+  CHECK(ep.ipc.rfind("ipc://", 0) == 0);
+  CHECK(!ep.host.empty());
+  auto again = StreamPeer::FromJson(ep.ToJson());
+  REQUIRE(again.ok());
+  CHECK(again->tcp == ep.tcp);
+  CHECK(again->ipc == ep.ipc);
   StreamKey k{3, 7, 2};
   CHECK(k.ToString() == "job3/c7.v2");
   auto back = StreamKey::FromJson(k.ToJson());
@@ -75,7 +79,8 @@ TEST_CASE("Stream.EndpointsAndKeys" * doctest::timeout(10)) {
   CHECK(*back == k);
   CHECK(StreamKey::FromJson(Json{{"job", 1}, {"channel", -1}, {"version", 0}}).status().message().find("/channel") !=
         std::string::npos);
-  CHECK(p.prod->OpenWriter(Json{{"tcp", 5}}, k, {}).status().code() == StatusCode::kInvalidArgument);
+  CHECK(StreamPeer::FromJson(Json{{"tcp", 5}}).status().message().find("/tcp") != std::string::npos);
+  CHECK(p.prod->OpenWriter(StreamPeer{"http://x", "", ""}, k, {}).status().code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("Stream.WhatAWriterClosedJustBeforeItsHubStopsIsDelivered" * doctest::timeout(60)) {
@@ -336,7 +341,7 @@ TEST_CASE("Stream.UnauthenticatedFramesAreIgnored" * doctest::timeout(15)) {
   zmq::context_t ctx(1);
   zmq::socket_t raw(ctx, zmq::socket_type::dealer);
   raw.set(zmq::sockopt::linger, 0);
-  raw.connect(p.peer(false)["tcp"].get<std::string>());
+  raw.connect(p.peer(false).tcp);
   raw.send(zmq::str_buffer("garbage"), zmq::send_flags::none);
   std::string header(40, '\0');
   raw.send(zmq::buffer(header), zmq::send_flags::none);  // wrong magic
@@ -410,7 +415,7 @@ TEST_CASE("Stream.AProducerBeyondItsWindowFailsTheChannel" * doctest::timeout(15
   StreamKey key{5, 2, 1};
   auto r = p.cons->OpenReader(key, Quick());
   REQUIRE(r.ok());
-  RawProducer producer(p.peer(false)["tcp"].get<std::string>(), key);
+  RawProducer producer(p.peer(false).tcp, key);
   producer.Open(1 << 20, 2);
   for (uint64_t seq = 0; seq < 5; ++seq) {  // the window holds 2
     producer.raw.send(zmq::buffer(producer.Header(2, seq, 0)), zmq::send_flags::sndmore);
@@ -444,7 +449,7 @@ TEST_CASE("Stream.AnOpenAboveTheConsumersCapsIsAbortedWithTheReason" * doctest::
   StreamKey key{5, 3, 1};
   auto r = p.cons->OpenReader(key, Quick());
   REQUIRE(r.ok());
-  RawProducer producer(p.peer(false)["tcp"].get<std::string>(), key);
+  RawProducer producer(p.peer(false).tcp, key);
   producer.Open(uint64_t{2} << 30, 4);
   zmq::pollitem_t item{producer.raw.handle(), 0, ZMQ_POLLIN, 0};
   std::string reply;
@@ -463,7 +468,7 @@ TEST_CASE("Stream.ConsumerHubNeverAnswers" * doctest::timeout(10)) {
   TempDir dir;
   auto hub = StartHub(dir.path());
   // A port nobody listens on (bound and closed by a throwaway hub).
-  Json dead;
+  StreamPeer dead;
   {
     auto tmp = StartHub({});
     dead = tmp->endpoints();
@@ -484,12 +489,14 @@ TEST_CASE("Stream.ConsumerHubNeverAnswers" * doctest::timeout(10)) {
 
 // A producer "daemon" in a child process (tests/child_process.h): it receives the consumer
 // hub's endpoints, starts its own hub and runs `body`, then exits 0 when body returned true.
-int RunProducer(const std::function<bool(StreamHub&, const Json&)>& body) {
+int RunProducer(const std::function<bool(StreamHub&, const StreamPeer&)>& body) {
   std::string peer = copse::testing::ReceiveFromParent();
   if (peer.empty()) return 2;
   auto hub = StreamHub::Start(kHost, 0, {}, kSecret);
   if (!hub.ok()) return 3;
-  bool ok = body(**hub, Json::parse(peer));
+  auto parsed = StreamPeer::FromJson(Json::parse(peer));
+  if (!parsed.ok()) return 4;
+  bool ok = body(**hub, *parsed);
   hub->reset();  // flushes what is queued (linger)
   return ok ? 0 : 1;
 }
@@ -498,7 +505,7 @@ constexpr StreamKey kBlockedKey{6, 1, 0};
 
 // Writes 5 messages through a 4-message window (the 5th blocks) and then idles until killed.
 COPSE_TEST_CHILD(stream_blocked_producer) {
-  return RunProducer([](StreamHub& hub, const Json& peer) {
+  return RunProducer([](StreamHub& hub, const StreamPeer& peer) {
     StreamOptions o;
     o.window_messages = 4;
     auto w = hub.OpenWriter(peer, kBlockedKey, o);
@@ -521,7 +528,7 @@ StreamOptions Patient() {
 
 // Writes 1 GiB as 1 MiB messages, each stamped with its index.
 COPSE_TEST_CHILD(stream_gib_producer) {
-  return RunProducer([](StreamHub& hub, const Json& peer) {
+  return RunProducer([](StreamHub& hub, const StreamPeer& peer) {
     auto w = hub.OpenWriter(peer, kGiBKey, Patient());
     if (!w.ok()) return false;
     std::string base = Pattern(kGiBMessageSize, 7, 0);
@@ -546,7 +553,7 @@ TEST_CASE("Stream.KilledProducerIsUnavailableWithinPeerTimeout" * doctest::timeo
   copse::testing::ChildProcess child("stream_blocked_producer");
   TempDir dir;
   auto hub = StartHub(dir.path());
-  child.Send(TcpOnly(hub->endpoints()).dump());
+  child.Send(TcpOnly(hub->endpoints()).ToJson().dump());
   StreamOptions o = Quick();  // peer_timeout 500 ms
   auto r = hub->OpenReader(kBlockedKey, o);
   REQUIRE(r.ok());
@@ -583,7 +590,7 @@ TEST_CASE("Stream.OneGiBBetweenProcessesInBoundedMemory" * doctest::timeout(60))
     clear << "5";  // resets VmHWM to the current RSS (Linux >= 4.0)
   }
   size_t rss_before = PeakRssKiB();
-  child.Send(TcpOnly(hub->endpoints()).dump());
+  child.Send(TcpOnly(hub->endpoints()).ToJson().dump());
   auto r = hub->OpenReader(kGiBKey, Patient());
   REQUIRE(r.ok());
   auto start = Clock::now();

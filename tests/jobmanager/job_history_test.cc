@@ -94,18 +94,25 @@ TEST_CASE("JobHistory.ATornLastRecordDoesNotSwallowTheNext") {
   CHECK(events->lines[1].second == "after the restart");
 }
 
+/// A daemon's VertexLog chunks: (stream, text) pairs.
+google::protobuf::RepeatedPtrField<protocol::LogChunk> Chunks(std::vector<std::pair<std::string, std::string>> pairs) {
+  google::protobuf::RepeatedPtrField<protocol::LogChunk> chunks;
+  for (auto& [stream, text] : pairs) {
+    protocol::LogChunk& c = *chunks.Add();
+    c.set_stream(stream);
+    c.set_text(text);
+  }
+  return chunks;
+}
+
 TEST_CASE("JobHistory.VertexLogsAreReadFromAnOffsetInWholeRecords") {
   TempDir dir;
   auto history = JobHistory::Open(dir.path);
   REQUIRE(history.ok());
-  CHECK_FALSE((*history)->AppendVertexLog(JobId(1), VertexId(4), 2, Json{{{"stream", 5}}}).ok());
-  REQUIRE((*history)->AppendVertexLog(JobId(1), VertexId(4), 2, Json{{{"stream", "stderr"}, {"text", "one\n"}}}).ok());
+  REQUIRE((*history)->AppendVertexLog(JobId(1), VertexId(4), 2, Chunks({{"stderr", "one\n"}})).ok());
   auto first = (*history)->ReadVertexLog(JobId(1), VertexId(4), 2, 0, 1 << 20);
   REQUIRE(first.records.size() == 1);
-  REQUIRE((*history)
-              ->AppendVertexLog(JobId(1), VertexId(4), 2,
-                                Json{{{"stream", "stdout"}, {"text", "two"}}, {{"stream", "log"}, {"text", "\xff"}}})
-              .ok());
+  REQUIRE((*history)->AppendVertexLog(JobId(1), VertexId(4), 2, Chunks({{"stdout", "two"}, {"log", "\xff"}})).ok());
   auto rest = (*history)->ReadVertexLog(JobId(1), VertexId(4), 2, first.next, 1 << 20);
   REQUIRE(rest.records.size() == 2);
   CHECK(rest.records[0]["text"] == "two");

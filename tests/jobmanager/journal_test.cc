@@ -116,10 +116,10 @@ class RecordingJournal final : public JournalSink {
 
 class NullSink final : public DaemonSink {
  public:
-  void SendToDaemon(DaemonId, const Json& m) override {
-    if (m["op"] == "run") runs.push_back(m);
+  void SendToDaemon(DaemonId, const protocol::JmToDaemon& m) override {
+    if (m.has_run()) runs.push_back(m.run());
   }
-  std::vector<Json> runs;
+  std::vector<protocol::Run> runs;
 };
 
 const char* const kChain = R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
@@ -133,11 +133,11 @@ DaemonSpec D0() {
 }
 
 /// Reports `task`, from a run message, as succeeded with one 10-byte message.
-void Succeed(Scheduler& s, JobId job, const Json& task) {
+void Succeed(Scheduler& s, JobId job, const protocol::Task& task) {
   AttemptReport r;
   r.job = job;
-  r.vertex = VertexId(task["vertex"].get<uint32_t>());
-  r.version = task["version"];
+  r.vertex = VertexId(task.vertex());
+  r.version = task.version();
   r.ok = true;
   r.output_bytes = {10};
   r.output_messages = {1};
@@ -154,7 +154,7 @@ std::vector<Json> JournalOfAChainWhoseFirstVertexIsDone(ManualClock& clock) {
   REQUIRE(s.AddDaemon(D0()).ok());
   JobId job = s.Submit(testing::MustLoad(kChain), "/tmp");
   s.Flush();
-  Succeed(s, job, sink.runs.back()["tasks"][0]);
+  Succeed(s, job, sink.runs.back().tasks(0));
   return journal.records;
 }
 
@@ -169,12 +169,12 @@ TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
   REQUIRE(restored.AddDaemon(D0(), inventory).ok());
   restored.Flush();
   REQUIRE(sink.runs.size() == 1);
-  const Json& tasks = sink.runs[0]["tasks"];
-  REQUIRE(tasks.size() == 2);         // b, and c chained after it
-  CHECK(tasks[0]["name"] == "b[0]");  // a is not re-run
-  CHECK(tasks[0]["version"].get<uint32_t>() > 1);
-  CHECK(tasks[1]["name"] == "c[0]");
-  CHECK(tasks[1]["after"][0]["vertex"] == tasks[0]["vertex"]);
+  const auto& tasks = sink.runs[0].tasks();
+  REQUIRE(tasks.size() == 2);        // b, and c chained after it
+  CHECK(tasks[0].name() == "b[0]");  // a is not re-run
+  CHECK(tasks[0].version() > 1);
+  CHECK(tasks[1].name() == "c[0]");
+  CHECK(tasks[1].after(0).vertex() == tasks[0].vertex());
 }
 
 TEST_CASE("Journal.ARestoredJobsElapsedTimeCountsFromItsSubmissionOnTheWallClock") {
@@ -209,7 +209,7 @@ TEST_CASE("Journal.ADoneRecordDamagedHalfWayLeavesItsVertexToRunAgain") {
     REQUIRE(restored.AddDaemon(D0()).ok());
     restored.Flush();
     REQUIRE(sink.runs.size() == 1);
-    CHECK_MESSAGE(sink.runs[0]["tasks"][0]["name"] == "a[0]", key);  // runs again
+    CHECK_MESSAGE(sink.runs[0].tasks(0).name() == "a[0]", key);  // runs again
   }
   std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
   records[1]["ver"] = -1;  // not an attempt version
@@ -222,8 +222,8 @@ TEST_CASE("Journal.ADoneRecordDamagedHalfWayLeavesItsVertexToRunAgain") {
 /// Reports every task sent so far, and every one sent meanwhile, as succeeded.
 void CompleteRuns(Scheduler& s, NullSink& sink, JobId job) {
   for (size_t seen = 0; seen < sink.runs.size();) {
-    const Json tasks = sink.runs[seen++]["tasks"];
-    for (const Json& t : tasks) Succeed(s, job, t);
+    const protocol::Run run = sink.runs[seen++];
+    for (const protocol::Task& t : run.tasks()) Succeed(s, job, t);
     s.Flush();
   }
 }
@@ -270,14 +270,14 @@ TEST_CASE("Journal.ADaemonBackAfterTheRecoveryGraceStillServesACompletedJobsOutp
   CompleteRuns(old.s, old.sink, job);
   REQUIRE(old.s.StateOf(job) == JobState::kCompleted);
   ManualClock clock;
-  std::vector<Json> released;
+  std::vector<protocol::Release> released;
   class ReleaseSink final : public DaemonSink {
    public:
-    explicit ReleaseSink(std::vector<Json>& out) : out_(out) {}
-    void SendToDaemon(DaemonId, const Json& m) override {
-      if (m["op"] == "release") out_.push_back(m);
+    explicit ReleaseSink(std::vector<protocol::Release>& out) : out_(out) {}
+    void SendToDaemon(DaemonId, const protocol::JmToDaemon& m) override {
+      if (m.has_release()) out_.push_back(m.release());
     }
-    std::vector<Json>& out_;
+    std::vector<protocol::Release>& out_;
   } releases(released);
   Scheduler restored(releases, clock);
   REQUIRE(restored.Restore(old.journal.records, testing::TestCatalog()) == 1);
@@ -389,7 +389,7 @@ TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs"
     sink.runs.clear();
     running = s.Submit(testing::MustLoad(kChain), "/tmp/run");
     s.Flush();
-    Succeed(s, running, sink.runs.back()["tasks"][0]);  // a done; b starts, then the job manager "dies"
+    Succeed(s, running, sink.runs.back().tasks(0));  // a done; b starts, then the job manager "dies"
     snapshot = s.Snapshot();
     CHECK(s.SnapshotRecords() == snapshot.size());  // counted without building, the same
   }
@@ -409,8 +409,8 @@ TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs"
   REQUIRE(restored.AddDaemon(D0(), inventory).ok());
   restored.Flush();
   REQUIRE(sink.runs.size() == 1);
-  CHECK(sink.runs[0]["tasks"][0]["name"] == "b[0]");  // a is not re-run
-  CHECK(sink.runs[0]["tasks"][0]["job_dir"] == "/tmp/run");
+  CHECK(sink.runs[0].tasks(0).name() == "b[0]");  // a is not re-run
+  CHECK(sink.runs[0].tasks(0).job_dir() == "/tmp/run");
 }
 
 TEST_CASE("Journal.JobIdsGoOnAfterASnapshotOfAManagerThatForgotEveryJob") {

@@ -13,33 +13,57 @@
 namespace copse::jm {
 namespace {
 
+using protocol::JmToDaemon;
+using protocol::Task;
+/// A message sent, or a task it carried, with the daemon it went to.
+using Sent = std::pair<DaemonId, JmToDaemon>;
+using Placed = std::pair<DaemonId, Task>;
+
 class FakeSink final : public DaemonSink {
  public:
-  void SendToDaemon(DaemonId daemon, const Json& message) override { sent.emplace_back(daemon, message); }
+  void SendToDaemon(DaemonId daemon, const JmToDaemon& message) override { sent.emplace_back(daemon, message); }
   /// Tasks sent since the last call, as (daemon, task).
-  std::vector<std::pair<DaemonId, Json>> TakeTasks() {
-    std::vector<std::pair<DaemonId, Json>> tasks;
+  std::vector<Placed> TakeTasks() {
+    std::vector<Placed> tasks;
     for (auto& [d, m] : sent) {
-      if (m["op"] == "run") {
-        for (auto& t : m["tasks"]) tasks.emplace_back(d, t);
-      }
+      for (const Task& t : m.run().tasks()) tasks.emplace_back(d, t);
     }
-    Keep("run", false);
+    Keep(JmToDaemon::kRun, false);
     return tasks;
   }
-  /// Messages with this op since the start (or the last Keep that dropped them).
-  std::vector<std::pair<DaemonId, Json>> WithOp(const std::string& op) const {
-    std::vector<std::pair<DaemonId, Json>> out;
+  /// Messages of this kind since the start (or the last Keep that dropped them).
+  std::vector<Sent> With(JmToDaemon::BodyCase body) const {
+    std::vector<Sent> out;
     for (auto& [d, m] : sent) {
-      if (m["op"] == op) out.emplace_back(d, m);
+      if (m.body_case() == body) out.emplace_back(d, m);
     }
     return out;
   }
-  void Keep(const std::string& op, bool keep) {
-    std::erase_if(sent, [&](const auto& p) { return (p.second["op"] == op) != keep; });
+  void Keep(JmToDaemon::BodyCase body, bool keep) {
+    std::erase_if(sent, [&](const auto& p) { return (p.second.body_case() == body) != keep; });
   }
-  std::vector<std::pair<DaemonId, Json>> sent;
+  std::vector<Sent> sent;
 };
+
+/// Input `port` of `task`, a stored output's: its key, where it is served from, its durable copy.
+const protocol::StoredInput& StoredIn(const Task& task, int port) {
+  REQUIRE_MESSAGE(port < task.inputs_size(), task.name() << " has " << task.inputs_size() << " inputs");
+  REQUIRE_MESSAGE(task.inputs(port).has_stored(), task.name() << " input " << port << " is not a stored output");
+  return task.inputs(port).stored();
+}
+
+/// The `i`th attempt `task` is chained after.
+const protocol::ChainedAfter& After(const Task& task, int i) {
+  REQUIRE_MESSAGE(i < task.after_size(), task.name() << " is chained after " << task.after_size() << " attempts");
+  return task.after(i);
+}
+
+/// Whether input `port` of `task` is read from its producer's store, on `task`'s own daemon
+/// (`local`) or another's; false when no store serves it (only a durable copy).
+bool ServedFrom(const Task& task, int port, bool local) {
+  const protocol::StoredInput& in = StoredIn(task, port);
+  return in.has_store() && in.store().local() == local;
+}
 
 struct Harness {
   Harness() { sched.set_storage(&storage); }
@@ -60,10 +84,10 @@ struct Harness {
     return *id;
   }
   /// Release messages sent so far, once the releases held for the next tick have gone out.
-  std::vector<std::pair<DaemonId, Json>> Releases() {
+  std::vector<Sent> Releases() {
     sched.Tick();
     sched.Flush();
-    return sink.WithOp("release");
+    return sink.With(JmToDaemon::kRelease);
   }
   JobId Submit(const std::string& text, const std::string& job_dir = "/tmp") {
     JobId id = sched.Submit(testing::MustLoad(text), job_dir);
@@ -72,36 +96,36 @@ struct Harness {
   }
   /// The task sent for vertex `name`, whenever it was sent (a chained task arrives before its
   /// predecessor ends), as (daemon, task); taken from what was sent and not taken yet.
-  std::pair<DaemonId, Json> Next(const std::string& name) {
+  Placed Next(const std::string& name) {
     for (auto& t : sink.TakeTasks()) unclaimed.push_back(std::move(t));
-    auto it = std::find_if(unclaimed.begin(), unclaimed.end(), [&](const auto& t) { return t.second["name"] == name; });
+    auto it = std::find_if(unclaimed.begin(), unclaimed.end(), [&](const auto& t) { return t.second.name() == name; });
     REQUIRE_MESSAGE(it != unclaimed.end(), "no task for " << name);
     auto t = *it;
     unclaimed.erase(it);
     return t;
   }
   /// The first task sent and not taken yet (chained tasks are sent after their predecessor).
-  std::pair<DaemonId, Json> Next() {
+  Placed Next() {
     for (auto& t : sink.TakeTasks()) unclaimed.push_back(std::move(t));
     REQUIRE_MESSAGE(!unclaimed.empty(), "no task was sent");
     auto t = unclaimed.front();
     unclaimed.erase(unclaimed.begin());
     return t;
   }
-  std::vector<std::pair<DaemonId, Json>> unclaimed;
+  std::vector<Placed> unclaimed;
   /// Reports a task's attempt as finished and flushes what the scheduler sends in answer.
-  void Finish(const Json& task, bool ok, std::vector<uint64_t> bytes = {}, FailureClass cls = FailureClass::kProgramError,
+  void Finish(const Task& task, bool ok, std::vector<uint64_t> bytes = {}, FailureClass cls = protocol::FAILURE_PROGRAM_ERROR,
               int lost_input = -1, bool unreachable = false) {
     AttemptReport r;
-    r.job = JobId(task["job"].get<uint64_t>());
-    r.vertex = VertexId(task["vertex"].get<uint32_t>());
-    r.version = task["version"];
+    r.job = JobId(task.job());
+    r.vertex = VertexId(task.vertex());
+    r.version = task.version();
     r.ok = ok;
     r.failure = cls;
     r.error = ok ? "" : "boom";
     r.lost_input_port = lost_input;
     r.lost_input_unreachable = unreachable;
-    if (bytes.empty()) bytes.assign(task["outputs"].size(), 1);
+    if (bytes.empty()) bytes.assign(task.outputs_size(), 1);
     r.output_bytes = bytes;
     r.output_messages.assign(bytes.size(), 1);
     sched.OnAttemptFinished(r);
@@ -138,8 +162,8 @@ TEST_CASE("Scheduler.RunsAChainToCompletion") {
   h.AddDaemon("d0");
   JobId job = h.Submit(kChain);
   for (const char* name : {"a[0]", "b[0]", "c[0]"}) {
-    Json t = h.Next(name).second;
-    CHECK(t["version"] == 1);
+    Task t = h.Next(name).second;
+    CHECK(t.version() == 1);
     h.Finish(t, true);
   }
   CHECK(h.sink.TakeTasks().empty());
@@ -148,9 +172,9 @@ TEST_CASE("Scheduler.RunsAChainToCompletion") {
   REQUIRE(outputs.ok());
   CHECK((*outputs)[0]["path"] == "out");
   // The job's intermediate outputs are collected; the declared one is kept.
-  auto gc = h.sink.WithOp("gc");
+  auto gc = h.sink.With(JmToDaemon::kGc);
   REQUIRE(gc.size() == 1);
-  CHECK(gc[0].second["keep"].size() == 1);
+  CHECK(gc[0].second.gc().keep_size() == 1);
 }
 
 TEST_CASE("Scheduler.ATaskCarriesItsStagesMemoryForItsDaemonToEnforce") {
@@ -158,8 +182,8 @@ TEST_CASE("Scheduler.ATaskCarriesItsStagesMemoryForItsDaemonToEnforce") {
   h.AddDaemon("d0", 2);
   h.Submit(
       R"({"stages": [{"name": "a", "program": "noop", "resources": {"memory_mb": 300}}, {"name": "b", "program": "noop"}]})");
-  CHECK(h.Next("a[0]").second["memory_mb"] == 300);
-  CHECK(h.Next("b[0]").second["memory_mb"] == 0);  // none declared: its daemon's offer bounds it
+  CHECK(h.Next("a[0]").second.memory_mb() == 300);
+  CHECK(h.Next("b[0]").second.memory_mb() == 0);  // none declared: its daemon's offer bounds it
 }
 
 TEST_CASE("Scheduler.TheJobsTableSaysWhyAJobWithNothingRunningWaits") {
@@ -183,9 +207,9 @@ TEST_CASE("Scheduler.InputBytesCountAChainedReadersInputs") {
   Harness h;
   h.AddDaemon("d0", 2);
   JobId job = h.Submit(kChain);
-  Json a = h.Next("a[0]").second;
-  Json b = h.Next("b[0]").second;  // chained after a, sent before a's report
-  REQUIRE(b.contains("after"));
+  Task a = h.Next("a[0]").second;
+  Task b = h.Next("b[0]").second;  // chained after a, sent before a's report
+  REQUIRE(b.after_size() > 0);
   h.Finish(a, true, {1'000'000});
   h.Finish(b, true, {2'000});
   h.Finish(h.Next("c[0]").second, true);
@@ -201,14 +225,14 @@ TEST_CASE("Scheduler.AJobsFinalResultsJoinItsProgressFigures") {
   h.AddDaemon("d0");
   JobId job = h.Submit(R"({"stages": [{"name": "update", "program": "noop"}, {"name": "eval", "program": "noop"}],
                            "edges": [{"from": "update", "to": "eval"}]})");
-  auto report = [&](const Json& task, Json progress) {
+  auto report = [&](const Task& task, Json progress) {
     AttemptReport r;
     r.job = job;
-    r.vertex = VertexId(task["vertex"].get<uint32_t>());
-    r.version = task["version"];
+    r.vertex = VertexId(task.vertex());
+    r.version = task.version();
     r.ok = true;
-    r.output_bytes.assign(task["outputs"].size(), 1);
-    r.output_messages.assign(task["outputs"].size(), 1);
+    r.output_bytes.assign(task.outputs_size(), 1);
+    r.output_messages.assign(task.outputs_size(), 1);
     r.progress = std::move(progress);
     h.sched.OnAttemptFinished(r);
     h.sched.Flush();
@@ -232,13 +256,13 @@ TEST_CASE("Scheduler.PlacesAVertexWhereMostOfItsInputBytesAre") {
   REQUIRE(tasks.size() == 2);
   // Least-loaded placement spreads the two sources over both daemons.
   CHECK(tasks[0].first != tasks[1].first);
-  DaemonId big_daemon = tasks[0].second["name"] == "big[0]" ? tasks[0].first : tasks[1].first;
-  for (auto& [d, t] : tasks) h.Finish(t, true, {t["name"] == "big[0]" ? 1'000'000u : 10u});
+  DaemonId big_daemon = tasks[0].second.name() == "big[0]" ? tasks[0].first : tasks[1].first;
+  for (auto& [d, t] : tasks) h.Finish(t, true, {t.name() == "big[0]" ? 1'000'000u : 10u});
   auto join = h.sink.TakeTasks();
   REQUIRE(join.size() == 1);
   CHECK(join[0].first == big_daemon);
-  CHECK(join[0].second["inputs"][1]["local"] == true);
-  CHECK(join[0].second["inputs"][0]["local"] == false);
+  CHECK(ServedFrom(join[0].second, 1, /*local=*/true));
+  CHECK(ServedFrom(join[0].second, 0, /*local=*/false));
   (void)d0, (void)d1, (void)job;
 }
 
@@ -300,7 +324,7 @@ TEST_CASE("Scheduler.RetriesWithNewVersionsThenFailsTheJobWithTheReason") {
   for (int attempt = 1; attempt <= 3; ++attempt) {
     auto tasks = h.sink.TakeTasks();
     REQUIRE(tasks.size() == 1);
-    CHECK(tasks[0].second["version"] == attempt);
+    CHECK(tasks[0].second.version() == attempt);
     h.Finish(tasks[0].second, false);
   }
   CHECK(h.State(job) == "failed");
@@ -386,9 +410,9 @@ TEST_CASE("Scheduler.StaleReportsOfOldVersionsAreIgnored") {
   Harness h;
   h.AddDaemon("d0");
   JobId job = h.Submit(R"({"stages": [{"name": "x", "program": "noop"}]})");
-  Json first = h.Next().second;
+  Task first = h.Next().second;
   h.Finish(first, false);
-  Json second = h.Next().second;
+  Task second = h.Next().second;
   h.Finish(first, true);  // a late success of version 1 must not complete version 2
   CHECK(h.State(job) == "running");
   h.Finish(second, true);
@@ -401,7 +425,7 @@ TEST_CASE("Scheduler.ADaemonLossRegeneratesLostOutputsUpstream") {
   JobId job = h.Submit(kChain);
   h.Finish(h.Next("a[0]").second, true);  // a on d0
   h.Finish(h.Next("b[0]").second, true);  // b on d0
-  Json c = h.Next("c[0]").second;         // c running on d0 (chained after b)
+  Task c = h.Next("c[0]").second;         // c running on d0 (chained after b)
   DaemonId d1 = h.AddDaemon("d1");
   h.sched.DaemonLost(d0, "test");
   h.sched.Flush();
@@ -419,12 +443,12 @@ TEST_CASE("Scheduler.ADaemonLossRegeneratesLostOutputsUpstream") {
   h.sched.Flush();
   auto [where, a2] = h.Next("a[0]");
   CHECK(where == d1);
-  CHECK(a2["version"] == 2);
+  CHECK(a2.version() == 2);
   CHECK(h.unclaimed.size() == 2);
   h.Finish(a2, true);
   h.Finish(h.Next("b[0]").second, true);  // b again
-  Json c2 = h.Next("c[0]").second;
-  CHECK(c2["version"] == 2);
+  Task c2 = h.Next("c[0]").second;
+  CHECK(c2.version() == 2);
   h.Finish(c2, true);
   CHECK(h.State(job) == "completed");
   Json st = h.sched.JobStatus(job);
@@ -448,30 +472,30 @@ TEST_CASE("Scheduler.AnInputLostInASupersededVersionDoesNotReRunItsProducerAgain
   JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
                                       {"name": "c", "program": "noop"}],
                            "edges": [{"from": "a", "to": "b"}, {"from": "a", "to": "c"}]})");
-  Json a1 = h.Next("a[0]").second;
+  Task a1 = h.Next("a[0]").second;
   h.Finish(a1, true);
-  Json b1 = h.Next("b[0]").second, c1 = h.Next("c[0]").second;
-  auto lost = [&](const Json& task) {
+  Task b1 = h.Next("b[0]").second, c1 = h.Next("c[0]").second;
+  auto lost = [&](const Task& task) {
     AttemptReport r;
     r.job = job;
-    r.vertex = VertexId(task["vertex"].get<uint32_t>());
-    r.version = task["version"];
-    r.failure = FailureClass::kInputLost;
+    r.vertex = VertexId(task.vertex());
+    r.version = task.version();
+    r.failure = protocol::FAILURE_INPUT_LOST;
     r.error = "checksum mismatch";
     r.lost_input_port = 0;
-    r.lost_input_version = task["inputs"][0]["key"]["version"];
+    r.lost_input_version = StoredIn(task, 0).key().version();
     h.sched.OnAttemptFinished(r);
     h.sched.Flush();
   };
   lost(b1);
-  Json a2 = h.Next("a[0]").second;
-  CHECK(a2["version"] == 2);
+  Task a2 = h.Next("a[0]").second;
+  CHECK(a2.version() == 2);
   h.Finish(a2, true);
   lost(c1);
   for (auto& [d, t] : h.sink.TakeTasks()) h.unclaimed.push_back({d, t});
-  for (const auto& [d, t] : h.unclaimed) CHECK(t["name"] != "a[0]");  // a is not run again
-  Json c2 = h.Next("c[0]").second;
-  CHECK(c2["inputs"][0]["key"]["version"] == 2);
+  for (const auto& [d, t] : h.unclaimed) CHECK(t.name() != "a[0]");  // a is not run again
+  Task c2 = h.Next("c[0]").second;
+  CHECK(StoredIn(c2, 0).key().version() == 2);
   h.Finish(c2, true);
   h.Finish(h.Next("b[0]").second, true);
   CHECK(h.State(job) == "completed");
@@ -483,14 +507,14 @@ TEST_CASE("Scheduler.EveryLiveDaemonIsToldToEndItsFetchesFromALostOne") {
   DaemonId d0 = h.AddDaemon("d0"), d1 = h.AddDaemon("d1"), d2 = h.AddDaemon("d2");
   h.sched.DaemonLost(d1, "missed heartbeats");
   h.sched.DaemonLost(d2, "missed heartbeats");
-  auto told = h.sink.WithOp("peer_lost");
+  auto told = h.sink.With(JmToDaemon::kPeerLost);
   REQUIRE(told.size() == 3);  // d0 and d2 of d1's loss, then d0 of d2's
   CHECK(told[0].first == d0);
-  CHECK(told[0].second["host"] == "127.0.0.1");
-  CHECK(told[0].second["port"] == 9000 + '1');
+  CHECK(told[0].second.peer_lost().host() == "127.0.0.1");
+  CHECK(told[0].second.peer_lost().port() == 9000 + '1');
   CHECK(told[1].first == d2);
   CHECK(told[2].first == d0);
-  CHECK(told[2].second["port"] == 9000 + '2');
+  CHECK(told[2].second.peer_lost().port() == 9000 + '2');
 }
 
 TEST_CASE("Scheduler.ADaemonBackAfterItsGraceKeepsACompletedJobsDeclaredOutputs") {
@@ -500,22 +524,22 @@ TEST_CASE("Scheduler.ADaemonBackAfterItsGraceKeepsACompletedJobsDeclaredOutputs"
   Harness h;
   DaemonId d0 = h.AddDaemon("d0");
   JobId job = h.Submit(kChain);
-  Json c;
+  Task c;
   for (const char* name : {"a[0]", "b[0]", "c[0]"}) {
-    Json t = h.Next(name).second;
+    Task t = h.Next(name).second;
     h.Finish(t, true);
     c = t;
   }
   REQUIRE(h.State(job) == "completed");
   h.LoseForGood(d0);
   h.sink.sent.clear();
-  const OutputInventory::value_type declared{job.value(), c["vertex"].get<uint32_t>(), c["version"].get<uint32_t>(), 0};
-  const DaemonId back = h.ComeBack("d0", {declared, {job.value(), c["vertex"].get<uint32_t>(), 99, 0}});
+  const OutputInventory::value_type declared{job.value(), c.vertex(), c.version(), 0};
+  const DaemonId back = h.ComeBack("d0", {declared, {job.value(), c.vertex(), 99, 0}});
   CHECK(back != d0);  // a new registration
   auto releases = h.Releases();
   REQUIRE(releases.size() == 1);  // only the version no one reads
-  REQUIRE(releases[0].second["keys"].size() == 1);
-  CHECK(releases[0].second["keys"][0]["version"] == 99);
+  REQUIRE(releases[0].second.release().keys_size() == 1);
+  CHECK(releases[0].second.release().keys(0).version() == 99);
   auto outputs = h.sched.OutputLocations(job);
   REQUIRE(outputs.ok());
   CHECK((*outputs)[0]["port"] == 9100);  // served from where it is now
@@ -529,14 +553,14 @@ TEST_CASE("Scheduler.ADaemonBackAfterItsGraceKeepsADeclaredPortOfAVertexWithOthe
   JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
                            "edges": [{"from": "a", "to": "b", "from_port": 1}],
                            "outputs": [{"from": "a", "port": 0, "path": "out"}]})");
-  Json a = h.Next("a[0]").second;
-  REQUIRE(a["outputs"].size() == 2);
+  Task a = h.Next("a[0]").second;
+  REQUIRE(a.outputs_size() == 2);
   h.Finish(a, true);
   h.Finish(h.Next("b[0]").second, true);
   REQUIRE(h.State(job) == "completed");
   h.LoseForGood(d0);
   h.sink.sent.clear();
-  h.ComeBack("d0", {{job.value(), a["vertex"].get<uint32_t>(), 1, 0}});
+  h.ComeBack("d0", {{job.value(), a.vertex(), 1, 0}});
   CHECK(h.Releases().empty());
   auto outputs = h.sched.OutputLocations(job);
   REQUIRE(outputs.ok());
@@ -550,21 +574,21 @@ TEST_CASE("Scheduler.ADaemonBackAfterItsGraceServesARunningJobsOutputsNotRerunMe
                                       {"name": "c", "program": "noop"}],
                            "edges": [{"from": "a", "to": "c"}, {"from": "b", "to": "c"}],
                            "outputs": [{"from": "c", "path": "out"}]})");
-  Json a = h.Next("a[0]").second;
+  Task a = h.Next("a[0]").second;
   h.Finish(a, true);
   h.Next("b[0]"), h.Next("c[0]");  // lost with d0, with a's output
   h.LoseForGood(d0);
   CHECK(h.sched.JobStatus(job)["recoveries"].size() == 3);
   // d0 back under its name before a ran again: a's output is served from there again, not
   // dropped and regenerated.
-  const DaemonId back = h.ComeBack("d0", {{job.value(), a["vertex"].get<uint32_t>(), 1, 0}});
+  const DaemonId back = h.ComeBack("d0", {{job.value(), a.vertex(), 1, 0}});
   h.sched.Flush();
   h.Finish(h.Next("b[0]").second, true);
   auto [where, c] = h.Next("c[0]");
   CHECK(where == back);
-  CHECK(c["version"] == 2);
-  CHECK(c["inputs"][0]["port"] == 9100);
-  CHECK(c["inputs"][0]["key"]["version"] == 1);
+  CHECK(c.version() == 2);
+  CHECK(StoredIn(c, 0).store().port() == 9100);
+  CHECK(StoredIn(c, 0).key().version() == 1);
   CHECK(h.Releases().empty());  // a's output was not dropped as stale
   h.Finish(c, true);
   CHECK(h.State(job) == "completed");
@@ -574,9 +598,9 @@ TEST_CASE("Scheduler.ADaemonBackWithinItsGraceKeepsTheFileOutputsItStillHolds") 
   Harness h;
   DaemonId d0 = h.AddDaemon("d0");
   JobId job = h.Submit(kChain);
-  Json a = h.Next("a[0]").second;
+  Task a = h.Next("a[0]").second;
   h.Finish(a, true);
-  Json b = h.Next("b[0]").second;
+  Task b = h.Next("b[0]").second;
   h.Finish(b, true);
   h.Next("c[0]");  // running on d0 when it dies
   h.AddDaemon("d1");
@@ -586,24 +610,21 @@ TEST_CASE("Scheduler.ADaemonBackWithinItsGraceKeepsTheFileOutputsItStillHolds") 
 
   // d0 restarts on its work dir: its store lists b's output, a's (released meanwhile, not
   // dropped yet) and one of a job this job manager does not know.
-  auto key = [](const Json& task) {
-    return OutputInventory::value_type{task["job"].get<uint64_t>(), task["vertex"].get<uint32_t>(),
-                                       task["version"].get<uint32_t>(), 0};
-  };
+  auto key = [](const Task& task) { return OutputInventory::value_type{task.job(), task.vertex(), task.version(), 0}; };
   h.sink.sent.clear();
   CHECK(h.ComeBack("d0", {key(a), key(b), {77, 0, 1, 0}}) == d0);
   h.sched.Flush();
   // First what no job reads from there, then c again, reading b from d0's new address.
   REQUIRE(!h.sink.sent.empty());
   CHECK(h.sink.sent.front().first == d0);
-  CHECK(h.sink.sent.front().second["op"] == "release");
-  const Json stale = h.sink.sent.front().second["keys"];
-  REQUIRE(stale.size() == 2);
-  CHECK(stale[0]["vertex"] == a["vertex"]);
-  CHECK(stale[1]["job"] == 77);
-  Json c2 = h.Next("c[0]").second;
-  CHECK(c2["version"] == 2);
-  CHECK(c2["inputs"][0]["port"] == 9100);
+  REQUIRE(h.sink.sent.front().second.has_release());
+  const protocol::Release stale = h.sink.sent.front().second.release();
+  REQUIRE(stale.keys_size() == 2);
+  CHECK(stale.keys(0).vertex() == a.vertex());
+  CHECK(stale.keys(1).job() == 77);
+  Task c2 = h.Next("c[0]").second;
+  CHECK(c2.version() == 2);
+  CHECK(StoredIn(c2, 0).store().port() == 9100);
   h.Finish(c2, true);
   CHECK(h.State(job) == "completed");
   const Json st = h.sched.JobStatus(job);
@@ -641,10 +662,10 @@ struct RemoteGather {
   /// The holder registers again at a new address, still holding the output: c runs again
   /// reading it there, and completes the job; c's were the only recoveries.
   void HolderIsBackAndCCompletes() {
-    h.ComeBack(holder == DaemonId(0) ? "d0" : "d1", {{job.value(), held["vertex"].get<uint32_t>(), 1, 0}});
+    h.ComeBack(holder == DaemonId(0) ? "d0" : "d1", {{job.value(), held.vertex(), 1, 0}});
     h.sched.Flush();
-    Json c2 = h.Next("c[0]").second;
-    CHECK(c2["inputs"][port]["port"] == 9100);
+    Task c2 = h.Next("c[0]").second;
+    CHECK(StoredIn(c2, port).store().port() == 9100);
     h.Finish(c2, true);
     CHECK(h.State(job) == "completed");
     for (const auto& r : h.sched.JobStatus(job)["recoveries"]) {
@@ -655,7 +676,7 @@ struct RemoteGather {
   Harness h;
   JobId job;
   DaemonId c_daemon, holder;
-  Json c, held;
+  Task c, held;
   int port = 0;
 };
 
@@ -665,15 +686,15 @@ TEST_CASE("Scheduler.AConsumerThatCouldNotReachAHeldOutputRunsAgainOnceItsDaemon
   h.sched.DaemonLost(holder, "test");
   h.sched.Flush();
   SUBCASE("a damaged output is regenerated at once") {
-    h.Finish(c, false, {}, FailureClass::kInputLost, port, /*unreachable=*/false);
-    auto [where, again] = h.Next(held["name"].get<std::string>());
+    h.Finish(c, false, {}, protocol::FAILURE_INPUT_LOST, port, /*unreachable=*/false);
+    auto [where, again] = h.Next(held.name());
     CHECK(where == c_daemon);
-    CHECK(again["version"] == 2);
+    CHECK(again.version() == 2);
     return;
   }
   // c, on the other daemon, could not connect to the gone process: it runs again, but its
   // producer's file output is held, not regenerated.
-  h.Finish(c, false, {}, FailureClass::kInputLost, port, /*unreachable=*/true);
+  h.Finish(c, false, {}, protocol::FAILURE_INPUT_LOST, port, /*unreachable=*/true);
   CHECK(h.sink.TakeTasks().empty());
   g.HolderIsBackAndCCompletes();
 }
@@ -682,7 +703,7 @@ TEST_CASE("Scheduler.AnOutputUnreachableOnADaemonThatStillLooksAliveIsHeldOnceFo
   // The consumer's report can beat the dead daemon's connection close to the job manager.
   RemoteGather g;
   auto& [h, job, c_daemon, holder, c, held, port] = g;
-  h.Finish(c, false, {}, FailureClass::kInputLost, port, /*unreachable=*/true);
+  h.Finish(c, false, {}, protocol::FAILURE_INPUT_LOST, port, /*unreachable=*/true);
   CHECK(h.sink.TakeTasks().empty());  // neither c again nor its producer
   CHECK(h.sched.JobStatus(job)["waiting"][0]["reason"] == "ready; reads an output held for its daemon's return");
   SUBCASE("its loss is seen, and it comes back") {
@@ -699,18 +720,18 @@ TEST_CASE("Scheduler.AnOutputUnreachableOnADaemonThatStillLooksAliveIsHeldOnceFo
     h.clock.Advance(SchedulerOptions().daemon_return_grace / 2 + std::chrono::milliseconds(1));
     h.sched.Tick();
     h.sched.Flush();
-    Json c2 = h.Next("c[0]").second;  // tried once more, at the same address
-    h.Finish(c2, false, {}, FailureClass::kInputLost, port, /*unreachable=*/true);
-    auto [where, again] = h.Next(held["name"].get<std::string>());  // now lost: regenerated
-    CHECK(again["version"] == 2);
+    Task c2 = h.Next("c[0]").second;  // tried once more, at the same address
+    h.Finish(c2, false, {}, protocol::FAILURE_INPUT_LOST, port, /*unreachable=*/true);
+    auto [where, again] = h.Next(held.name());  // now lost: regenerated
+    CHECK(again.version() == 2);
   }
 }
 
 TEST_CASE("Scheduler.AnOutputUnreachableOnADaemonThatStillLooksAliveIsRegeneratedAtOnceWhenNotHeld") {
   auto regenerated_at_once = [](RemoteGather& g) {
-    g.h.Finish(g.c, false, {}, FailureClass::kInputLost, g.port, /*unreachable=*/true);
-    auto [where, again] = g.h.Next(g.held["name"].get<std::string>());
-    CHECK(again["version"] == 2);
+    g.h.Finish(g.c, false, {}, protocol::FAILURE_INPUT_LOST, g.port, /*unreachable=*/true);
+    auto [where, again] = g.h.Next(g.held.name());
+    CHECK(again.version() == 2);
   };
   SUBCASE("a memory output (it dies with its process: nothing to wait for)") {
     RemoteGather g("memory");
@@ -734,11 +755,11 @@ TEST_CASE("Scheduler.AConsumerThatTriedWhileItsInputsDaemonRestartedRunsAgainAtO
   spec.cpus = 1;
   spec.data_host = "127.0.0.1";
   spec.data_port = static_cast<uint16_t>(9000 + spec.name.back());  // where it was
-  REQUIRE(h.sched.AddDaemon(spec, {{job.value(), held["vertex"].get<uint32_t>(), 1, 0}}).ok());
+  REQUIRE(h.sched.AddDaemon(spec, {{job.value(), held.vertex(), 1, 0}}).ok());
   h.sched.Flush();
-  h.Finish(c, false, {}, FailureClass::kInputLost, port, /*unreachable=*/true);
-  Json c2 = h.Next("c[0]").second;
-  CHECK(c2["version"] == 2);
+  h.Finish(c, false, {}, protocol::FAILURE_INPUT_LOST, port, /*unreachable=*/true);
+  Task c2 = h.Next("c[0]").second;
+  CHECK(c2.version() == 2);
   h.Finish(c2, true);
   CHECK(h.State(job) == "completed");
   for (const auto& r : h.sched.JobStatus(job)["recoveries"]) CHECK(r["vertex"] == "c[0]");
@@ -764,7 +785,7 @@ TEST_CASE("Scheduler.APinnedConsumerOfAHeldOutputWaitsForItsDaemon") {
   h.sched.DaemonLost(p_daemon, "test");
   h.Finish(q0, true);  // q1 is ready, pinned to q0's daemon
   CHECK(h.sink.TakeTasks().empty());
-  h.ComeBack(p_daemon == DaemonId(0) ? "d0" : "d1", {{job.value(), p["vertex"].get<uint32_t>(), 1, 0}});
+  h.ComeBack(p_daemon == DaemonId(0) ? "d0" : "d1", {{job.value(), p.vertex(), 1, 0}});
   h.sched.Flush();
   auto [where, q1] = h.Next("q1[0]");
   CHECK(where == q_daemon);
@@ -792,9 +813,9 @@ TEST_CASE("Scheduler.ADaemonBackWithoutAHeldOutputRegeneratesIt") {
   h.sched.DaemonLost(d0, "test");
   h.ComeBack("d0", {});  // its work dir was wiped
   h.sched.Flush();
-  Json a = h.Next().second;  // b needs a's output again: a runs first
-  CHECK(a["name"] == "a[0]");
-  CHECK(a["version"] == 2);
+  Task a = h.Next().second;  // b needs a's output again: a runs first
+  CHECK(a.name() == "a[0]");
+  CHECK(a.version() == 2);
   h.Finish(a, true);
   h.Finish(h.Next("b[0]").second, true);
   h.Finish(h.Next("c[0]").second, true);
@@ -826,24 +847,24 @@ TEST_CASE("Scheduler.ConsumedOutputsAreReleasedAndRegeneratedWhenNeededAgain") {
   Harness h;
   h.AddDaemon("d0");
   JobId job = h.Submit(kChain);
-  Json a = h.Next("a[0]").second;
+  Task a = h.Next("a[0]").second;
   h.Finish(a, true);
-  Json b = h.Next("b[0]").second;
+  Task b = h.Next("b[0]").second;
   h.Finish(b, true);
   // b consumed a's output: a's output is released; b's is still needed by c.
   auto releases = h.Releases();
   REQUIRE(releases.size() == 1);
-  REQUIRE(releases[0].second["keys"].size() == 1);
-  CHECK(releases[0].second["keys"][0]["vertex"] == a["vertex"]);
+  REQUIRE(releases[0].second.release().keys_size() == 1);
+  CHECK(releases[0].second.release().keys(0).vertex() == a.vertex());
   // c cannot read b's output (corrupted, say): b re-runs, and so must a, whose output is gone.
-  Json c = h.Next("c[0]").second;
-  h.Finish(c, false, {}, FailureClass::kInputLost, 0);
-  Json a2 = h.Next("a[0]").second;
+  Task c = h.Next("c[0]").second;
+  h.Finish(c, false, {}, protocol::FAILURE_INPUT_LOST, 0);
+  Task a2 = h.Next("a[0]").second;
   CHECK(h.unclaimed.size() == 2);  // b, chained after a, and c after b
   h.Finish(a2, true);
   h.Finish(h.Next("b[0]").second, true);
-  Json c2 = h.Next("c[0]").second;
-  CHECK(c2["version"] == 2);
+  Task c2 = h.Next("c[0]").second;
+  CHECK(c2.version() == 2);
   h.Finish(c2, true);
   CHECK(h.State(job) == "completed");
   // The input-lost consumer was not charged an attempt.
@@ -859,12 +880,12 @@ TEST_CASE("Scheduler.AnInputLostTimeAfterTimeFailsTheJobInsteadOfLoopingForever"
   // c never reads b's output, whatever b's re-runs write (an unreadable disk, say): each
   // loss re-runs b (and a, whose output was released), up to the bound.
   for (int i = 1; i < 8; ++i) {
-    h.Finish(h.Next("c[0]").second, false, {}, FailureClass::kInputLost, 0);
+    h.Finish(h.Next("c[0]").second, false, {}, protocol::FAILURE_INPUT_LOST, 0);
     REQUIRE(h.State(job) == "running");
     h.Finish(h.Next("a[0]").second, true);
     h.Finish(h.Next("b[0]").second, true);
   }
-  h.Finish(h.Next("c[0]").second, false, {}, FailureClass::kInputLost, 0);
+  h.Finish(h.Next("c[0]").second, false, {}, protocol::FAILURE_INPUT_LOST, 0);
   CHECK(h.State(job) == "failed");
   std::string failure = h.sched.JobStatus(job)["failure"];
   CHECK_MESSAGE(failure.find("c[0] could not read input 0 (from b[0]) 8 times,") != std::string::npos, failure);
@@ -877,7 +898,7 @@ TEST_CASE("Scheduler.InputLossesAreCountedUntilTheConsumerCompletesNotOverTheJob
   h.Finish(h.Next("a[0]").second, true);
   // Each failure of b also ends c's task, chained after b, unstarted (as its daemon reports).
   auto lose_b_input = [&] {
-    h.Finish(h.Next("b[0]").second, false, {}, FailureClass::kInputLost, 0);
+    h.Finish(h.Next("b[0]").second, false, {}, protocol::FAILURE_INPUT_LOST, 0);
     h.Finish(h.Next("c[0]").second, false);
     h.Finish(h.Next("a[0]").second, true);
   };
@@ -885,7 +906,7 @@ TEST_CASE("Scheduler.InputLossesAreCountedUntilTheConsumerCompletesNotOverTheJob
   // after c lost b's output): the count starts again.
   for (int i = 0; i < 7; ++i) lose_b_input();
   h.Finish(h.Next("b[0]").second, true);
-  h.Finish(h.Next("c[0]").second, false, {}, FailureClass::kInputLost, 0);
+  h.Finish(h.Next("c[0]").second, false, {}, protocol::FAILURE_INPUT_LOST, 0);
   h.Finish(h.Next("a[0]").second, true);
   lose_b_input();
   CHECK(h.State(job) == "running");
@@ -904,9 +925,9 @@ TEST_CASE("Scheduler.AReportOfALostInputAVertexDoesNotHaveIsAChargedProgramError
   JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop", "max_attempts": 2},
                                       {"name": "b", "program": "noop", "max_attempts": 2}],
                            "edges": [{"from": "a", "to": "b"}]})");
-  h.Finish(h.Next("a[0]").second, false, {}, FailureClass::kInputLost, 0);  // a has no inputs
+  h.Finish(h.Next("a[0]").second, false, {}, protocol::FAILURE_INPUT_LOST, 0);  // a has no inputs
   h.Finish(h.Next("a[0]").second, true);
-  h.Finish(h.Next("b[0]").second, false, {}, FailureClass::kInputLost, 7);
+  h.Finish(h.Next("b[0]").second, false, {}, protocol::FAILURE_INPUT_LOST, 7);
   const Json st = h.sched.JobStatus(job);
   CHECK(st["state"] == "running");
   REQUIRE(st["recoveries"].size() == 2);
@@ -926,7 +947,7 @@ TEST_CASE("Scheduler.DifferentInputsLostOnceEachDoNotFailTheJob") {
                            "edges": [{"from": "a", "to": "c", "pattern": "gather"}]})");
   for (int i = 0; i < 10; ++i) h.Finish(h.Next("a[" + std::to_string(i) + "]").second, true);
   for (int i = 0; i < 10; ++i) {
-    h.Finish(h.Next("c[0]").second, false, {}, FailureClass::kInputLost, i);
+    h.Finish(h.Next("c[0]").second, false, {}, protocol::FAILURE_INPUT_LOST, i);
     REQUIRE(h.State(job) == "running");
     h.Finish(h.Next("a[" + std::to_string(i) + "]").second, true);
   }
@@ -941,12 +962,12 @@ TEST_CASE("Scheduler.ReleasesWaitForATickAndGoOutAsOneMessagePerDaemon") {
                           {"name": "c", "program": "noop"}, {"name": "d", "program": "noop"}],
                "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"}, {"from": "c", "to": "d"}]})");
   for (const char* v : {"a[0]", "b[0]", "c[0]"}) h.Finish(h.Next(v).second, true);
-  CHECK(h.sink.WithOp("release").empty());  // a's and b's outputs are consumed; held until a tick
+  CHECK(h.sink.With(JmToDaemon::kRelease).empty());  // a's and b's outputs are consumed; held until a tick
   auto releases = h.Releases();
   REQUIRE(releases.size() == 1);
-  CHECK(releases[0].second["keys"].size() == 2);
+  CHECK(releases[0].second.release().keys_size() == 2);
   h.sched.Flush();
-  CHECK(h.sink.WithOp("release").size() == 1);  // sent once
+  CHECK(h.sink.With(JmToDaemon::kRelease).size() == 1);  // sent once
 }
 
 TEST_CASE("Scheduler.AReleaseThatFreesAMebibyteGoesAtOnce") {
@@ -955,9 +976,9 @@ TEST_CASE("Scheduler.AReleaseThatFreesAMebibyteGoesAtOnce") {
   h.Submit(kChain);
   h.Finish(h.Next("a[0]").second, true, {2 << 20});  // a 2 MiB output
   h.Finish(h.Next("b[0]").second, true);
-  auto releases = h.sink.WithOp("release");  // no tick: a's output is freed now
+  auto releases = h.sink.With(JmToDaemon::kRelease);  // no tick: a's output is freed now
   REQUIRE(releases.size() == 1);
-  CHECK(releases[0].second["keys"].size() == 1);
+  CHECK(releases[0].second.release().keys_size() == 1);
 }
 
 TEST_CASE("Scheduler.RetainedStagesAreNotReleased") {
@@ -980,20 +1001,20 @@ TEST_CASE("Scheduler.RetainedPortsOutliveTheirProducersOtherOutputs") {
                           {"name": "c", "program": "noop"}, {"name": "d", "program": "noop"}],
                "edges": [{"from": "a", "from_port": 0, "to": "b"}, {"from": "a", "from_port": 1, "to": "c"},
                          {"from": "c", "to": "d", "to_port": 0}, {"from": "b", "to": "d", "to_port": 1}]})");
-  Json a = h.Next().second;
+  Task a = h.Next().second;
   h.Finish(a, true);
   for (int i = 0; i < 2; ++i) h.Finish(h.Next().second, true);  // b (chained after a), then c
   // Both of a's consumers completed: port 0 is released, the retained port 1 is not.
   auto releases = h.Releases();
   REQUIRE(releases.size() == 1);
-  REQUIRE(releases[0].second["keys"].size() == 1);
-  CHECK(releases[0].second["keys"][0]["vertex"] == a["vertex"]);
-  CHECK(releases[0].second["keys"][0]["port"] == 0);
+  REQUIRE(releases[0].second.release().keys_size() == 1);
+  CHECK(releases[0].second.release().keys(0).vertex() == a.vertex());
+  CHECK(releases[0].second.release().keys(0).port() == 0);
   // d loses c's output: c re-runs from a's retained port, without regenerating a.
-  h.Finish(h.Next("d[0]").second, false, {}, FailureClass::kInputLost, 0);
+  h.Finish(h.Next("d[0]").second, false, {}, protocol::FAILURE_INPUT_LOST, 0);
   h.Next("c[0]");
   CHECK(h.unclaimed.size() == 1);  // d, chained after c
-  CHECK(h.unclaimed[0].second["name"] == "d[0]");
+  CHECK(h.unclaimed[0].second.name() == "d[0]");
 }
 
 const char* kDurableChain = R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"},
@@ -1014,18 +1035,18 @@ TEST_CASE("Scheduler.ARetainedOutputIsDroppedOnceADurableCopySettlesItsConsumers
                "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c", "channel": "durable"},
                          {"from": "c", "to": "d"}]})",
            "/jobs/x");
-  Json a = h.Next("a[0]").second;
+  Task a = h.Next("a[0]").second;
   h.Finish(a, true);
   CHECK(h.Releases().empty());  // retained, and b has not run
   h.Finish(h.Next("b[0]").second, true);
   auto releases = h.Releases();
   REQUIRE(releases.size() == 1);
-  REQUIRE(releases[0].second["keys"].size() == 1);
-  CHECK(releases[0].second["keys"][0]["vertex"] == a["vertex"]);
+  REQUIRE(releases[0].second.release().keys_size() == 1);
+  CHECK(releases[0].second.release().keys(0).vertex() == a.vertex());
   h.Finish(h.Next("c[0]").second, true);
   releases = h.Releases();
   REQUIRE(releases.size() == 2);
-  for (const auto& key : releases[1].second["keys"]) CHECK(key["vertex"] == 1);  // b's, consumed; not c's
+  for (const auto& key : releases[1].second.release().keys()) CHECK(key.vertex() == 1);  // b's, consumed; not c's
 }
 
 TEST_CASE("Scheduler.WithoutADurableCopyRetainedOutputsAreKept") {
@@ -1037,7 +1058,7 @@ TEST_CASE("Scheduler.WithoutADurableCopyRetainedOutputsAreKept") {
   for (const char* v : {"a[0]", "b[0]", "c[0]"}) h.Finish(h.Next(v).second, true);
   // b was released once c completed; a is retained: every key released so far is b's.
   for (const auto& [daemon, msg] : h.Releases()) {
-    for (const auto& key : msg["keys"]) CHECK(key["vertex"] == 1);
+    for (const auto& key : msg.release().keys()) CHECK(key.vertex() == 1);
   }
   CHECK(h.State(job) == "running");
 }
@@ -1046,22 +1067,27 @@ TEST_CASE("Scheduler.ADurableOutputOutlivesItsDaemonAndStopsLineage") {
   Harness h;
   DaemonId d0 = h.AddDaemon("d0");
   JobId job = h.Submit(kDurableChain, "/jobs/x");
-  Json a = h.Next("a[0]").second;
+  Task a = h.Next("a[0]").second;
   // A memory output with its copy under <job dir>/<durable_dir>/job<J>.
   const std::string copy = "/jobs/x/ckpt/job" + std::to_string(job.value()) + "/v0.1.p0.out";
-  CHECK(a["outputs"][0] == Json{{"durable", copy}});
+  REQUIRE(a.outputs_size() == 1);
+  CHECK(a.outputs(0).durable() == copy);
   h.Finish(a, true);
-  Json b = h.Next("b[0]").second;  // on d0, where a's memory output is: read there, copy as fallback
-  CHECK(b["inputs"][0]["local"] == true);
-  CHECK(b["inputs"][0]["durable"] == copy);
+  Task b = h.Next("b[0]").second;  // on d0, where a's memory output is: read there, copy as fallback
+  CHECK(ServedFrom(b, 0, /*local=*/true));
+  CHECK(StoredIn(b, 0).durable() == copy);
   DaemonId d1 = h.AddDaemon("d1");
   h.LoseForGood(d0);
   // b (and c, chained after it) died with d0; a's output is lost with d0's store but its copy
   // is not: a does not re-run.
   auto [where, b2] = h.Next("b[0]");
   CHECK(where == d1);
-  for (const auto& [d, t] : h.unclaimed) CHECK(t["name"] == "c[0]");  // chained after b, then b2
-  CHECK(b2["inputs"][0] == Json{{"key", {{"job", job.value()}, {"vertex", 0}, {"version", 1}, {"port", 0}}}, {"durable", copy}});
+  for (const auto& [d, t] : h.unclaimed) CHECK(t.name() == "c[0]");  // chained after b, then b2
+  // Read from a's copy alone: no store serves it.
+  const protocol::StoredInput& from_a = StoredIn(b2, 0);
+  CHECK(protocol::ToString(from_a.key()) == protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0)));
+  CHECK_FALSE(from_a.has_store());
+  CHECK(from_a.durable() == copy);
   h.Finish(b2, true);
   h.Finish(h.unclaimed.back().second, true);
   CHECK(h.State(job) == "completed");
@@ -1083,11 +1109,11 @@ TEST_CASE("Scheduler.AReleasedDurableOutputIsReadFromItsCopyWithoutRerunningItsP
   // a's memory output is released once b completed; its copy stays.
   REQUIRE(h.Releases().size() == 1);
   // c cannot read b's output: b re-runs, reading a's copy; a does not re-run.
-  h.Finish(h.Next("c[0]").second, false, {}, FailureClass::kInputLost, 0);
-  Json b2 = h.Next("b[0]").second;
+  h.Finish(h.Next("c[0]").second, false, {}, protocol::FAILURE_INPUT_LOST, 0);
+  Task b2 = h.Next("b[0]").second;
   CHECK(h.unclaimed.size() == 1);  // c, chained after b
-  CHECK(b2["inputs"][0].contains("durable"));
-  CHECK(!b2["inputs"][0].contains("local"));
+  CHECK(!StoredIn(b2, 0).durable().empty());
+  CHECK(!StoredIn(b2, 0).has_store());
   h.Finish(b2, true);
   h.Finish(h.Next("c[0]").second, true);
   CHECK(h.State(job) == "completed");
@@ -1110,14 +1136,14 @@ TEST_CASE("Scheduler.ChainedDispatchSendsTheNextVertexOfAPinnedChainAhead") {
   // start there when a succeeds, and c, chained after b, to start when b succeeds.
   auto tasks = h.sink.TakeTasks();
   REQUIRE(tasks.size() == 3);
-  CHECK(tasks[0].second["name"] == "a[0]");
-  CHECK(tasks[1].second["name"] == "b[0]");
-  CHECK(tasks[1].second["after"][0]["vertex"] == tasks[0].second["vertex"]);
-  CHECK(tasks[1].second["after"][0]["version"] == tasks[0].second["version"]);
+  CHECK(tasks[0].second.name() == "a[0]");
+  CHECK(tasks[1].second.name() == "b[0]");
+  CHECK(After(tasks[1].second, 0).vertex() == tasks[0].second.vertex());
+  CHECK(After(tasks[1].second, 0).version() == tasks[0].second.version());
   // a's input key in b's task names a's attempt, to be read locally.
-  CHECK(tasks[1].second["inputs"][0]["local"] == true);
-  CHECK(tasks[2].second["name"] == "c[0]");
-  CHECK(tasks[2].second["after"][0]["vertex"] == tasks[1].second["vertex"]);
+  CHECK(ServedFrom(tasks[1].second, 0, /*local=*/true));
+  CHECK(tasks[2].second.name() == "c[0]");
+  CHECK(After(tasks[2].second, 0).vertex() == tasks[1].second.vertex());
   for (auto& [d, t] : tasks) h.Finish(t, true);
   CHECK(h.sink.TakeTasks().empty());
   CHECK(h.State(job) == "completed");
@@ -1135,13 +1161,13 @@ TEST_CASE("Scheduler.AChainIsSentAtMostTwoTasksAheadOfOneThatStarted") {
   // a runs, b waits behind it and c behind b: d would wait three deep, so it is not sent.
   auto tasks = h.sink.TakeTasks();
   REQUIRE(tasks.size() == 3);
-  CHECK(tasks[2].second["name"] == "c[0]");
+  CHECK(tasks[2].second.name() == "c[0]");
   // a ends and b starts: c waits one deep, d two.
   h.Finish(tasks[0].second, true);
   auto next = h.sink.TakeTasks();
   REQUIRE(next.size() == 1);
-  CHECK(next[0].second["name"] == "d[0]");
-  CHECK(next[0].second["after"][0]["vertex"] == tasks[2].second["vertex"]);
+  CHECK(next[0].second.name() == "d[0]");
+  CHECK(After(next[0].second, 0).vertex() == tasks[2].second.vertex());
   // The chain took its slots ahead of time: the daemon shows none free.
   CHECK(h.sched.DaemonsTable()[0]["free_cpus"] == 0);
   h.Finish(tasks[1].second, true);
@@ -1157,18 +1183,18 @@ TEST_CASE("Scheduler.AChainedVertexWhosePredecessorFailedIsWithdrawnUncharged") 
   auto tasks = h.sink.TakeTasks();
   REQUIRE(tasks.size() == 3);
   h.Finish(tasks[0].second, false);  // a fails; its daemon withdraws b, and c behind b
-  h.Finish(tasks[1].second, false, {}, FailureClass::kCancelled);
-  h.Finish(tasks[2].second, false, {}, FailureClass::kCancelled);
+  h.Finish(tasks[1].second, false, {}, protocol::FAILURE_CANCELLED);
+  h.Finish(tasks[2].second, false, {}, protocol::FAILURE_CANCELLED);
   // a runs again with b and c chained again; their withdrawals are neither charged nor
   // recoveries.
   auto again = h.sink.TakeTasks();
   REQUIRE(again.size() == 3);
-  CHECK(again[0].second["name"] == "a[0]");
-  CHECK(again[0].second["version"] == 2);
-  CHECK(again[1].second["name"] == "b[0]");
-  CHECK(again[1].second["after"][0]["version"] == 2);
-  CHECK(again[2].second["name"] == "c[0]");
-  CHECK(again[2].second["version"] == 2);
+  CHECK(again[0].second.name() == "a[0]");
+  CHECK(again[0].second.version() == 2);
+  CHECK(again[1].second.name() == "b[0]");
+  CHECK(After(again[1].second, 0).version() == 2);
+  CHECK(again[2].second.name() == "c[0]");
+  CHECK(again[2].second.version() == 2);
   Json st = h.sched.JobStatus(job);
   REQUIRE(st["recoveries"].size() == 1);
   CHECK(st["recoveries"][0]["vertex"] == "a[0]");
@@ -1184,25 +1210,26 @@ TEST_CASE("Scheduler.ChaosFailArmedOnAChainedVertexFiresWhenItRuns") {
   JobId job = h.Submit(kPinnedChain);
   auto tasks = h.sink.TakeTasks();
   REQUIRE(tasks.size() == 3);
-  REQUIRE(tasks[1].second["name"] == "b[0]");
+  REQUIRE(tasks[1].second.name() == "b[0]");
   h.sink.sent.clear();
   auto armed = h.sched.Chaos({{"action", "fail"}, {"job", job.value()}, {"vertex", "b[0]"}});
   REQUIRE(armed.ok());
   h.sched.Flush();
   // The chained attempt is cancelled on its daemon (and c behind it), then b is sent again,
   // chained after a as before, as attempt 2 with the fault in it.
-  auto cancels = h.sink.WithOp("cancel");
+  auto cancels = h.sink.With(JmToDaemon::kCancel);
   REQUIRE_FALSE(cancels.empty());
-  CHECK(cancels[0].second["vertex"] == tasks[1].second["vertex"]);
-  CHECK(cancels[0].second["version"] == 1);
+  REQUIRE(cancels[0].second.cancel().has_vertex());
+  CHECK(cancels[0].second.cancel().vertex() == tasks[1].second.vertex());
+  CHECK(cancels[0].second.cancel().version() == 1);
   auto [d, b] = h.Next("b[0]");
-  CHECK(b["version"] == 2);
-  CHECK(b.contains("inject_failure"));
-  CHECK(b["after"][0]["vertex"] == tasks[0].second["vertex"]);
+  CHECK(b.version() == 2);
+  CHECK_FALSE(b.inject_failure().empty());
+  CHECK(After(b, 0).vertex() == tasks[0].second.vertex());
   // The withdrawn attempts report their cancels (stale); a succeeds; b fails as injected, is
   // retried, and the job completes with the fault counted as fired.
-  h.Finish(tasks[1].second, false, {}, FailureClass::kCancelled);
-  h.Finish(tasks[2].second, false, {}, FailureClass::kCancelled);
+  h.Finish(tasks[1].second, false, {}, protocol::FAILURE_CANCELLED);
+  h.Finish(tasks[2].second, false, {}, protocol::FAILURE_CANCELLED);
   h.Finish(tasks[0].second, true);
   h.Finish(b, false);
   for (int i = 0; i < 10 && h.State(job) == "running"; ++i) {
@@ -1224,8 +1251,8 @@ TEST_CASE("Scheduler.ADeterministicProgramErrorIsNotRetried") {
   auto [d, a] = h.Next("a[0]");
   AttemptReport r;
   r.job = job;
-  r.vertex = VertexId(a["vertex"].get<uint32_t>());
-  r.version = a["version"];
+  r.vertex = VertexId(a.vertex());
+  r.version = a.version();
   r.error = "a[0]: cannot open missing.txt";
   r.deterministic = true;
   h.sched.OnAttemptFinished(r);
@@ -1240,7 +1267,7 @@ TEST_CASE("Scheduler.ADeterministicProgramErrorIsNotRetried") {
   auto [d2, first] = h.Next("a[0]");
   h.Finish(first, false);  // not deterministic: retried
   auto [d3, second] = h.Next("a[0]");
-  CHECK(second["version"] == 2);
+  CHECK(second.version() == 2);
   h.Finish(second, false);
   CHECK(h.State(other) == "failed");
 }
@@ -1254,7 +1281,7 @@ const char* kTwoPinnedChains = R"({"stages": [{"name": "p0", "program": "noop", 
             {"from": "p1", "to": "q1", "to_port": 1}]})";
 
 /// Runs p0 and q0 of kTwoPinnedChains on different daemons; returns p1's task then q1's.
-std::pair<Json, Json> StartTwoPinnedChains(Harness& h) {
+std::pair<Task, Task> StartTwoPinnedChains(Harness& h) {
   h.AddDaemon("d0");
   h.AddDaemon("d1");
   h.Submit(kTwoPinnedChains);
@@ -1265,13 +1292,13 @@ std::pair<Json, Json> StartTwoPinnedChains(Harness& h) {
   // the other daemon, running chained).
   auto [p1_daemon, p1] = h.Next("p1[0]");
   CHECK(p1_daemon == p0_daemon);
-  CHECK(p1["after"].size() == 1);
-  CHECK(p1["after"][0]["vertex"] == p0["vertex"]);
+  CHECK(p1.after_size() == 1);
+  CHECK(After(p1, 0).vertex() == p0.vertex());
   auto [q1_daemon, q1] = h.Next("q1[0]");
   CHECK(q1_daemon == q0_daemon);
-  REQUIRE(q1["after"].size() == 2);
-  CHECK(q1["after"][0]["vertex"] == q0["vertex"]);
-  CHECK_FALSE(q1["after"][0].contains("remote"));
+  REQUIRE(q1.after_size() == 2);
+  CHECK(After(q1, 0).vertex() == q0.vertex());
+  CHECK_FALSE(After(q1, 0).remote());
   CHECK(h.unclaimed.empty());
   h.Finish(q0, true);
   h.Finish(p0, true);
@@ -1284,19 +1311,19 @@ TEST_CASE("Scheduler.ChainedDispatchReachesAcrossDaemonsThroughData") {
   auto [p1, q1] = StartTwoPinnedChains(h);
   // q1 goes to g1's daemon while p1 still runs on the other: it starts there when p1's output
   // arrives, fetched from p1's daemon as it is written.
-  CHECK(p1["name"] == "p1[0]");
-  CHECK(q1["name"] == "q1[0]");
-  CHECK(q1["after"][1]["vertex"] == p1["vertex"]);
-  CHECK(q1["after"][1]["version"] == p1["version"]);
-  CHECK(q1["after"][1]["remote"] == true);
-  const Json& from_p1 = q1["inputs"][1];
-  CHECK(from_p1["local"] == false);
-  CHECK(from_p1["key"]["version"] == p1["version"]);
-  CHECK_FALSE(from_p1.contains("empty"));
+  CHECK(p1.name() == "p1[0]");
+  CHECK(q1.name() == "q1[0]");
+  CHECK(After(q1, 1).vertex() == p1.vertex());
+  CHECK(After(q1, 1).version() == p1.version());
+  CHECK(After(q1, 1).remote());
+  REQUIRE(q1.inputs_size() == 2);
+  CHECK_FALSE(q1.inputs(1).has_empty());
+  CHECK(ServedFrom(q1, 1, /*local=*/false));
+  CHECK(StoredIn(q1, 1).key().version() == p1.version());
   h.Finish(p1, true);
   CHECK(h.sink.TakeTasks().empty());  // q1 is already there
   h.Finish(q1, true);
-  JobId job(q1["job"].get<uint64_t>());
+  JobId job(q1.job());
   CHECK(h.State(job) == "completed");
   CHECK(h.sched.JobStatus(job)["recoveries"].empty());
 }
@@ -1308,23 +1335,24 @@ TEST_CASE("Scheduler.ARemoteChainIsCancelledWhenItsPredecessorFails") {
   // p1 fails: q1's daemon would wait for its output forever, so it is told to drop q1, which
   // is chained again after p1's next attempt.
   h.Finish(p1, false);
-  auto cancels = h.sink.WithOp("cancel");
+  auto cancels = h.sink.With(JmToDaemon::kCancel);
   REQUIRE(cancels.size() == 1);
-  CHECK(cancels[0].second["vertex"] == q1["vertex"]);
+  REQUIRE(cancels[0].second.cancel().has_vertex());
+  CHECK(cancels[0].second.cancel().vertex() == q1.vertex());
   auto again = h.sink.TakeTasks();
   REQUIRE(again.size() == 2);
-  if (again[0].second["name"] == "q1[0]") std::swap(again[0], again[1]);
-  CHECK(again[0].second["name"] == "p1[0]");
-  CHECK(again[1].second["name"] == "q1[0]");
+  if (again[0].second.name() == "q1[0]") std::swap(again[0], again[1]);
+  CHECK(again[0].second.name() == "p1[0]");
+  CHECK(again[1].second.name() == "q1[0]");
   CHECK(cancels[0].first == again[1].first);  // q1's pinned daemon, not p1's
   CHECK(cancels[0].first != again[0].first);
-  CHECK(again[1].second["after"][0]["version"] == again[0].second["version"]);
+  CHECK(After(again[1].second, 0).version() == again[0].second.version());
   // The cancelled attempt's own report comes late and changes nothing.
-  h.Finish(q1, false, {}, FailureClass::kCancelled);
+  h.Finish(q1, false, {}, protocol::FAILURE_CANCELLED);
   CHECK(h.sink.TakeTasks().empty());
   h.Finish(again[0].second, true);
   h.Finish(again[1].second, true);
-  JobId job(q1["job"].get<uint64_t>());
+  JobId job(q1.job());
   CHECK(h.State(job) == "completed");
   Json st = h.sched.JobStatus(job);
   REQUIRE(st["recoveries"].size() == 1);
@@ -1336,15 +1364,15 @@ TEST_CASE("Scheduler.ARemoteChainWithdrawnByItsDaemonWaitsForThePredecessor") {
   auto [p1, q1] = StartTwoPinnedChains(h);
   // q1's daemon could not reach p1's (gone before the job manager noticed): q1 is not chained
   // again after the same attempt, but placed when p1 completes.
-  h.Finish(q1, false, {}, FailureClass::kCancelled);
+  h.Finish(q1, false, {}, protocol::FAILURE_CANCELLED);
   CHECK(h.sink.TakeTasks().empty());
   h.Finish(p1, true);
   auto tasks = h.sink.TakeTasks();
   REQUIRE(tasks.size() == 1);
-  CHECK(tasks[0].second["name"] == "q1[0]");
-  CHECK_FALSE(tasks[0].second.contains("after"));
+  CHECK(tasks[0].second.name() == "q1[0]");
+  CHECK(tasks[0].second.after().empty());
   h.Finish(tasks[0].second, true);
-  JobId job(q1["job"].get<uint64_t>());
+  JobId job(q1.job());
   CHECK(h.State(job) == "completed");
   CHECK(h.sched.JobStatus(job)["recoveries"].empty());
 }
@@ -1355,14 +1383,14 @@ TEST_CASE("Scheduler.ARemoteChainThatCompletedStaysCompletedWhenItsPredecessorsD
   // counted its completion twice once it ran again, and the job "completed" one vertex short.
   Harness h;
   auto [p1, q1] = StartTwoPinnedChains(h);
-  const JobId job(q1["job"].get<uint64_t>());
-  const DaemonId p1_daemon(q1["inputs"][1]["port"] == 9000 + '0' ? 0 : 1);  // where q1 fetched from
+  const JobId job(q1.job());
+  const DaemonId p1_daemon(StoredIn(q1, 1).store().port() == 9000 + '0' ? 0 : 1);  // where q1 fetched from
   h.Finish(q1, true);
   h.LoseForGood(p1_daemon);
   for (int i = 0; i < 10 && h.State(job) == "running"; ++i) {
     auto [where, t] = h.Next();
     CHECK(where != p1_daemon);
-    CHECK(t["name"] != "q1[0]");  // it completed with p1's output: nothing to run again
+    CHECK(t.name() != "q1[0]");  // it completed with p1's output: nothing to run again
     h.Finish(t, true);
   }
   const Json st = h.sched.JobStatus(job);
@@ -1382,14 +1410,14 @@ TEST_CASE("Scheduler.TasksChainedOnAPredecessorsDaemonTakeItsSlotsAheadOfTime") 
                                       {"name": "grad", "program": "noop", "replicas": 3}],
                            "edges": [{"from": "upd", "to": "grad", "pattern": "broadcast"}]})");
   auto [where, upd] = h.Next("upd[0]");
-  std::vector<std::pair<DaemonId, Json>> chained = h.unclaimed;
+  std::vector<Placed> chained = h.unclaimed;
   for (auto& t : h.sink.TakeTasks()) chained.push_back(t);
   h.unclaimed.clear();
   REQUIRE(chained.size() == 2);
   for (auto& [d, t] : chained) {
     CHECK(d == where);
-    CHECK(t["after"][0]["vertex"] == upd["vertex"]);
-    CHECK(t["inputs"][0]["local"] == true);
+    CHECK(After(t, 0).vertex() == upd.vertex());
+    CHECK(ServedFrom(t, 0, /*local=*/true));
   }
   CHECK(h.sched.DaemonsTable()[where.value()]["free_cpus"] == 0);  // shown as full, not as -2
   h.Finish(upd, true);
@@ -1397,7 +1425,7 @@ TEST_CASE("Scheduler.TasksChainedOnAPredecessorsDaemonTakeItsSlotsAheadOfTime") 
   for (auto& [d, t] : chained) h.Finish(t, true);
   auto third = h.Next();
   CHECK(third.first == where);
-  CHECK_FALSE(third.second.contains("after"));
+  CHECK(third.second.after().empty());
   h.Finish(third.second, true);
   CHECK(h.State(job) == "completed");
   CHECK(h.sched.JobStatus(job)["recoveries"].empty());
@@ -1412,24 +1440,24 @@ TEST_CASE("Scheduler.AVertexIsChainedAfterAllItsRunningPredecessorsOnTheirDaemon
   JobId job = h.Submit(R"({"stages": [{"name": "grad", "program": "noop", "replicas": 2},
                                       {"name": "upd", "program": "noop", "resources": {"cpus": 2}}],
                            "edges": [{"from": "grad", "to": "upd", "pattern": "gather"}]})");
-  Json g0 = h.Next("grad[0]").second, g1 = h.Next("grad[1]").second;
+  Task g0 = h.Next("grad[0]").second, g1 = h.Next("grad[1]").second;
   auto [where, upd] = h.Next("upd[0]");
   CHECK(where == d0);
-  REQUIRE(upd["after"].size() == 2);
-  std::set<Json> after{upd["after"][0]["vertex"], upd["after"][1]["vertex"]};
-  CHECK(after == std::set<Json>{g0["vertex"], g1["vertex"]});
-  CHECK(upd["inputs"][0]["local"] == true);
+  REQUIRE(upd.after_size() == 2);
+  std::set<uint32_t> after{After(upd, 0).vertex(), After(upd, 1).vertex()};
+  CHECK(after == std::set<uint32_t>{g0.vertex(), g1.vertex()});
+  CHECK(ServedFrom(upd, 0, /*local=*/true));
   CHECK(h.sched.DaemonsTable()[0]["free_cpus"] == 0);
   // grad[1] fails: its daemon withdraws the update (reported as cancelled), which gives back
   // the slots; grad[1] runs again and the update is chained after grad[0] and that attempt.
   h.Finish(g1, false);
   CHECK(h.sink.TakeTasks().empty());  // the update holds the slots until it is withdrawn
-  h.Finish(upd, false, {}, FailureClass::kCancelled);
-  Json g1b = h.Next("grad[1]").second;
-  Json upd2 = h.Next("upd[0]").second;
-  REQUIRE(upd2["after"].size() == 2);
-  for (const Json& a : upd2["after"]) {
-    if (a["vertex"] == g1b["vertex"]) CHECK(a["version"] == g1b["version"]);
+  h.Finish(upd, false, {}, protocol::FAILURE_CANCELLED);
+  Task g1b = h.Next("grad[1]").second;
+  Task upd2 = h.Next("upd[0]").second;
+  REQUIRE(upd2.after_size() == 2);
+  for (const protocol::ChainedAfter& a : upd2.after()) {
+    if (a.vertex() == g1b.vertex()) CHECK(a.version() == g1b.version());
   }
   h.Finish(g0, true);
   h.Finish(g1b, true);
@@ -1453,7 +1481,7 @@ TEST_CASE("Scheduler.AWideGatherIsNotChained") {
     for (int i = 0; i < width; ++i) (void)h.Next("g[" + std::to_string(i) + "]");
     const bool chained = !h.unclaimed.empty();
     CHECK(chained == (width <= 8));
-    if (chained) CHECK(h.unclaimed[0].second["after"].size() == static_cast<size_t>(width));
+    if (chained) CHECK(h.unclaimed[0].second.after_size() == width);
   }
 }
 
@@ -1471,16 +1499,16 @@ TEST_CASE("Scheduler.AVertexIsNotChainedAfterTwoPredecessorsOnOtherDaemons") {
                            "edges": [{"from": "z", "to": "u", "to_port": 0}, {"from": "p", "to": "u", "to_port": 1},
                                      {"from": "q", "to": "u", "to_port": 2}]})");
   auto [z_daemon, z] = h.Next("z[0]");
-  Json p = h.Next("p[0]").second, q = h.Next("q[0]").second;
+  Task p = h.Next("p[0]").second, q = h.Next("q[0]").second;
   CHECK(h.unclaimed.empty());
   h.Finish(z, true);
   CHECK(h.sink.TakeTasks().empty());
   h.Finish(p, true);
   auto [u_daemon, u] = h.Next("u[0]");
   CHECK(u_daemon == z_daemon);
-  REQUIRE(u["after"].size() == 1);
-  CHECK(u["after"][0]["vertex"] == q["vertex"]);
-  CHECK(u["after"][0]["remote"] == true);
+  REQUIRE(u.after_size() == 1);
+  CHECK(After(u, 0).vertex() == q.vertex());
+  CHECK(After(u, 0).remote());
   h.Finish(q, true);
   h.Finish(u, true);
   CHECK(h.State(job) == "completed");
@@ -1501,8 +1529,8 @@ TEST_CASE("Scheduler.AnUnpinnedVertexIsChainedOnlyWhereAllItsInputsAre") {
   // which weighs both inputs' bytes, decides when p completes.
   CHECK(h.sink.TakeTasks().empty());
   h.Finish(p, true);
-  Json u = h.Next("u[0]").second;
-  CHECK_FALSE(u.contains("after"));
+  Task u = h.Next("u[0]").second;
+  CHECK(u.after().empty());
   h.Finish(u, true);
   CHECK(h.State(job) == "completed");
 }
@@ -1524,7 +1552,7 @@ TEST_CASE("Scheduler.AnUnpinnedVertexIsNotChainedWherePlacementMightNotPutIt") {
     h.Submit(job_text);
     auto tasks = h.sink.TakeTasks();
     REQUIRE(tasks.size() == 1);
-    CHECK(tasks[0].second["name"] == "a[0]");
+    CHECK(tasks[0].second.name() == "a[0]");
   }
 }
 
@@ -1549,7 +1577,7 @@ TEST_CASE("Scheduler.TimeoutsFailTheAttemptAndCancelIt") {
   h.sched.Tick();
   CHECK(h.State(job) == "failed");
   CHECK(std::string(h.sched.JobStatus(job)["failure"]).find("timeout") != std::string::npos);
-  CHECK_FALSE(h.sink.WithOp("cancel").empty());
+  CHECK_FALSE(h.sink.With(JmToDaemon::kCancel).empty());
 }
 
 TEST_CASE("Scheduler.InjectedFaultsFromTheJobFile") {
@@ -1558,14 +1586,14 @@ TEST_CASE("Scheduler.InjectedFaultsFromTheJobFile") {
   JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
                            "edges": [{"from": "a", "to": "b"}],
                            "faults": [{"fail": "a", "attempts": [1]}, {"kill_daemon_of": "b", "when": {"completed": 1}}]})");
-  Json a1 = h.Next().second;
-  CHECK(a1.contains("inject_failure"));
+  Task a1 = h.Next().second;
+  CHECK_FALSE(a1.inject_failure().empty());
   h.Finish(a1, false);
-  Json a2 = h.Next().second;
-  CHECK_FALSE(a2.contains("inject_failure"));
+  Task a2 = h.Next().second;
+  CHECK(a2.inject_failure().empty());
   h.Finish(a2, true);
   REQUIRE(h.sink.TakeTasks().size() == 1);  // b placed: now its daemon is killed
-  CHECK(h.sink.WithOp("kill").size() == 1);
+  CHECK(h.sink.With(JmToDaemon::kKill).size() == 1);
   const Json faults = h.sched.JobStatus(job)["faults"];
   REQUIRE(faults.size() == 2);
   CHECK(faults[0]["source"] == "/faults/0");  // which entry of the job file fired
@@ -1592,7 +1620,7 @@ TEST_CASE("Scheduler.AFinishedJobListsTheChaosFaultsThatNeverFired") {
   h.AddDaemon("d0");
   JobId job = h.Submit(kChain);
   const uint64_t id = job.value();
-  Json a = h.Next().second;
+  Task a = h.Next().second;
   h.Finish(a, true);  // a[0] completed
   auto late = h.sched.Chaos({{"action", "fail"}, {"job", id}, {"vertex", "a[0]"}});
   REQUIRE(late.ok());
@@ -1601,8 +1629,8 @@ TEST_CASE("Scheduler.AFinishedJobListsTheChaosFaultsThatNeverFired") {
   REQUIRE(h.sched.Chaos({{"action", "fail"}, {"job", id}, {"vertex", "c[0]"}, {"attempts", {2}}}).ok());
   h.Finish(h.Next().second, true);   // b[0]
   h.Finish(h.Next().second, false);  // c[0] attempt 1 fails on its own
-  Json c2 = h.Next().second;
-  CHECK(c2.contains("inject_failure"));  // attempt 2 fails as armed
+  Task c2 = h.Next().second;
+  CHECK_FALSE(c2.inject_failure().empty());  // attempt 2 fails as armed
   h.Finish(c2, false);
   h.Finish(h.Next().second, true);  // attempt 3
   REQUIRE(h.State(job) == "completed");
@@ -1622,14 +1650,16 @@ TEST_CASE("Scheduler.AJobOutputDamagedByAFaultIsRegenerated") {
                            "edges": [{"from": "a", "to": "s"}, {"from": "a", "to": "c"}],
                            "outputs": [{"from": "s", "path": "out"}]})");
   h.Finish(h.Next("a[0]").second, true);
-  Json s1 = h.Next("s[0]").second, c1 = h.Next("c[0]").second;
+  Task s1 = h.Next("s[0]").second, c1 = h.Next("c[0]").second;
   h.Finish(s1, true);  // the job output is stored; c still runs
   REQUIRE(h.sched.Chaos({{"action", "corrupt"}, {"job", job.value()}, {"vertex", "s[0]"}}).ok());
-  CHECK(h.sink.WithOp("corrupt").size() == 1);
+  const auto damage = h.sink.With(JmToDaemon::kDamage);
+  REQUIRE(damage.size() == 1);
+  CHECK(damage[0].second.damage().damage() == protocol::DamageOutputs::CORRUPT);
   h.Finish(c1, true);
   CHECK(h.State(job) == "running");  // not completed with a damaged output
-  Json s2 = h.Next("s[0]").second;
-  CHECK(s2["version"].get<uint32_t>() > s1["version"].get<uint32_t>());
+  Task s2 = h.Next("s[0]").second;
+  CHECK(s2.version() > s1.version());
   h.Finish(s2, true);
   CHECK(h.State(job) == "completed");
 
@@ -1640,16 +1670,16 @@ TEST_CASE("Scheduler.AJobOutputDamagedByAFaultIsRegenerated") {
                              "edges": [{"from": "a", "to": "s"}, {"from": "s", "to": "t"}],
                              "outputs": [{"from": "s", "path": "out"}]})");
   h.Finish(h.Next("a[0]").second, true);
-  Json first = h.Next("s[0]").second;
+  Task first = h.Next("s[0]").second;
   h.Finish(first, true);
-  Json t = h.Next("t[0]").second;  // running
+  Task t = h.Next("t[0]").second;  // running
   REQUIRE(h.sched.Chaos({{"action", "drop"}, {"job", chain.value()}, {"vertex", "s[0]"}}).ok());
   h.sched.Flush();  // as the job manager does after each request
   // Placed by the chaos request itself, not at a later tick: a first (s's input was released
   // once s had read it), then s.
   h.Finish(h.Next("a[0]").second, true);
-  Json again = h.Next("s[0]").second;
-  CHECK(again["version"].get<uint32_t>() > first["version"].get<uint32_t>());
+  Task again = h.Next("s[0]").second;
+  CHECK(again.version() > first.version());
   h.Finish(t, true);
   CHECK(h.State(chain) == "running");
   h.Finish(again, true);
@@ -1690,17 +1720,17 @@ TEST_CASE("Scheduler.AStragglerGetsADuplicateAndTheFirstToFinishWins") {
   h.sched.Flush();
   auto dup = h.sink.TakeTasks();
   REQUIRE(dup.size() == 1);
-  CHECK(dup[0].second["name"] == tasks[3].second["name"]);
-  CHECK(dup[0].second["version"] == 2);
+  CHECK(dup[0].second.name() == tasks[3].second.name());
+  CHECK(dup[0].second.version() == 2);
   CHECK(dup[0].first != tasks[3].first);  // on another daemon
   h.sched.Tick();
   CHECK(h.sink.TakeTasks().empty());  // one duplicate at a time
   h.Finish(dup[0].second, true);      // the duplicate wins
   CHECK(h.State(job) == "completed");
-  auto cancels = h.sink.WithOp("cancel");
+  auto cancels = h.sink.With(JmToDaemon::kCancel);
   REQUIRE(cancels.size() == 1);
   CHECK(cancels[0].first == tasks[3].first);
-  CHECK(cancels[0].second["version"] == 1);
+  CHECK(cancels[0].second.cancel().version() == 1);
   h.Finish(tasks[3].second, true);  // the loser's late report changes nothing
   CHECK(h.State(job) == "completed");
   CHECK(h.sched.JobStatus(job)["recoveries"][0]["reason"] == "straggler");
@@ -1726,7 +1756,7 @@ struct StragglerWithDuplicate {
   }
   Harness h;
   JobId job;
-  std::vector<std::pair<DaemonId, Json>> tasks, dup;
+  std::vector<Placed> tasks, dup;
 };
 
 TEST_CASE("Scheduler.AStragglerWhoseDaemonDiesUnderItCountsTheLossThoughItsDuplicateCarriesOn") {
@@ -1788,16 +1818,18 @@ TEST_CASE("Scheduler.GangsArePlacedWholeShareAVersionAndRestartTogether") {
   h.Finish(h.Next().second, true);  // src
   auto gang = h.sink.TakeTasks();
   REQUIRE(gang.size() == 2);  // p and q together, once p's file input is there
-  CHECK(gang[0].second["version"] == gang[1].second["version"]);
-  Json p = gang[0].second["name"] == "p[0]" ? gang[0].second : gang[1].second;
-  Json q = gang[0].second["name"] == "q[0]" ? gang[0].second : gang[1].second;
-  CHECK(p["outputs"][0]["live"] == "stream");
-  CHECK(q["inputs"][0]["live"] == "stream");
+  CHECK(gang[0].second.version() == gang[1].second.version());
+  Task p = gang[0].second.name() == "p[0]" ? gang[0].second : gang[1].second;
+  Task q = gang[0].second.name() == "q[0]" ? gang[0].second : gang[1].second;
+  REQUIRE(p.outputs_size() == 1);
+  CHECK(p.outputs(0).live().kind() == protocol::CHANNEL_STREAM);
+  REQUIRE(q.inputs_size() == 1);
+  CHECK(q.inputs(0).live().kind() == protocol::CHANNEL_STREAM);
   h.Finish(q, false);  // q's own error: charged to q, and p is cancelled with it
-  CHECK_FALSE(h.sink.WithOp("cancel").empty());
+  CHECK_FALSE(h.sink.With(JmToDaemon::kCancel).empty());
   auto again = h.sink.TakeTasks();
   REQUIRE(again.size() == 2);
-  CHECK(again[0].second["version"] == 2);
+  CHECK(again[0].second.version() == 2);
   Json st = h.sched.JobStatus(job);
   CHECK(st["stages"][1]["failed_attempts"] == 0);
   CHECK(st["stages"][2]["failed_attempts"] == 1);
@@ -1823,28 +1855,33 @@ TEST_CASE("Scheduler.NcclGangsGetRanksAndTheUniqueIdIsRelayed") {
   std::set<int> ranks;
   std::set<DaemonId> daemons;
   for (auto& [d, t] : tasks) {
-    REQUIRE(t.contains("nccl"));
-    CHECK(t["nccl"]["nranks"] == 3);
-    ranks.insert(t["nccl"]["rank"].get<int>());
+    REQUIRE(t.has_nccl());
+    CHECK(t.nccl().nranks() == 3);
+    ranks.insert(t.nccl().rank());
     daemons.insert(d);
-    if (t["name"] == "w[1]") {
-      CHECK(t["inputs"][0]["peer_rank"] == 0);
-      CHECK(t["outputs"][0]["channels"][0]["peer_rank"] == 2);
+    if (t.name() == "w[1]") {
+      REQUIRE(t.inputs_size() == 1);
+      CHECK(t.inputs(0).live().kind() == protocol::CHANNEL_NCCL);
+      CHECK(t.inputs(0).live().peer_rank() == 0);
+      REQUIRE(t.outputs_size() == 1);
+      CHECK(t.outputs(0).live().kind() == protocol::CHANNEL_NCCL);
+      REQUIRE(t.outputs(0).live().channels_size() == 1);
+      CHECK(t.outputs(0).live().channels(0).peer_rank() == 2);
     }
   }
   CHECK(ranks == std::set<int>{0, 1, 2});
   CHECK(daemons.size() == 3);  // one GPU each
-  std::string group = tasks[0].second["nccl"]["group"];
+  std::string group = tasks[0].second.nccl().group();
   DaemonId rank0 = tasks[0].first;
   for (auto& [d, t] : tasks) {
-    if (t["nccl"]["rank"] == 0) rank0 = d;
+    if (t.nccl().rank() == 0) rank0 = d;
   }
   h.sched.RelayNcclId(group, "abcd", rank0);
-  auto relayed = h.sink.WithOp("nccl_id");
+  auto relayed = h.sink.With(JmToDaemon::kNcclId);
   CHECK(relayed.size() == 2);
   for (auto& [d, m] : relayed) {
     CHECK(d != rank0);
-    CHECK(m["id"] == "abcd");
+    CHECK(m.nccl_id().id() == "abcd");
   }
 }
 
@@ -1883,7 +1920,7 @@ TEST_CASE("Scheduler.MemoryIsPlacedLikeCpus") {
                             {"name": "huge", "program": "noop", "resources": {"memory_mb": 8000}}]})");
     auto tasks = h.sink.TakeTasks();
     REQUIRE(tasks.size() == 1);
-    CHECK(tasks[0].second["name"] == "big[0]");
+    CHECK(tasks[0].second.name() == "big[0]");
     CHECK(tasks[0].first == large);
   }
   SUBCASE("a gang's members are spread where memory, not cpus, runs out") {

@@ -7,6 +7,8 @@
 
 #include <filesystem>
 
+#include "tests/vertex/task_util.h"
+
 namespace copse::vertex {
 namespace {
 
@@ -27,13 +29,26 @@ struct Fixture {
     executor = std::make_unique<AttemptExecutor>(std::move(env));
   }
   ~Fixture() { fs::remove_all(dir); }
-  /// A task as the job manager sends it: `inputs` and `outputs` as in its "run" message.
-  Json Execute(const std::string& program, Json params, Json inputs, Json outputs, uint32_t version = 1) {
+  /// A task of job 5, vertex 2 as the job manager sends it.
+  protocol::AttemptReport Execute(const std::string& program, const Json& params, std::vector<protocol::Input> inputs,
+                                  std::vector<protocol::Output> outputs, uint32_t version = 1) {
     AttemptTask task;
-    task.spec = {{"job", 5},           {"vertex", 2},      {"version", version}, {"name", "v[0]"},
-                 {"program", program}, {"params", params}, {"inputs", inputs},   {"outputs", outputs}};
+    task.spec = Spec(program, params, version);
+    for (auto& in : inputs) *task.spec.add_inputs() = std::move(in);
+    for (auto& out : outputs) *task.spec.add_outputs() = std::move(out);
     task.log = std::make_shared<AttemptLog>();
     return executor->Execute(task);
+  }
+  static protocol::Task Spec(const std::string& program, const Json& params, uint32_t version = 1) {
+    protocol::Task t;
+    t.set_job(5);
+    t.set_vertex(2);
+    t.set_version(version);
+    t.set_name("v[0]");
+    t.set_program(program);
+    t.set_params_json(params.dump());
+    t.set_threads(1);
+    return t;
   }
   fs::path dir;
   std::unique_ptr<chan::OutputStore> store;
@@ -42,59 +57,65 @@ struct Fixture {
   std::unique_ptr<AttemptExecutor> executor;
 };
 
+using testing::EmptyInput;
+using testing::LocalInput;
+using testing::StoredOutput;
+
 TEST_CASE("AttemptExecutor.ASuccessfulAttemptReportsItsOutputs") {
   Fixture f;
-  Json report = f.Execute("checksum", {{"bytes", 10}}, Json::array(), {"file", "memory"});
-  REQUIRE_MESSAGE(report["ok"] == true, report.dump());
-  CHECK(report["output_bytes"] == Json({27, 27}));  // 16 hex digits and a newline, then 10 bytes
-  CHECK(report["output_messages"][0].get<uint64_t>() >= 1);
+  protocol::AttemptReport report =
+      f.Execute("checksum", {{"bytes", 10}}, {}, {StoredOutput(protocol::CHANNEL_FILE), StoredOutput(protocol::CHANNEL_MEMORY)});
+  REQUIRE_MESSAGE(report.ok(), report.DebugString());
+  REQUIRE(report.output_bytes_size() == 2);
+  CHECK(report.output_bytes(0) == 27);  // 16 hex digits and a newline, then 10 bytes
+  CHECK(report.output_bytes(1) == 27);
+  CHECK(report.output_messages(0) >= 1);
   CHECK(f.store->List(5).size() == 2);
   // A consumer reads it locally by its key.
-  Json in = {{"key", {{"job", 5}, {"vertex", 2}, {"version", 1}, {"port", 0}}}, {"local", true}};
-  Json consumer = f.Execute("noop", Json::object(), Json::array({in}), Json::array(), 1);
-  CHECK_MESSAGE(consumer["ok"] == true, consumer.dump());
+  protocol::AttemptReport consumer = f.Execute("noop", Json::object(), {LocalInput({5, 2, 1, 0})}, {}, 1);
+  CHECK_MESSAGE(consumer.ok(), consumer.DebugString());
 }
 
 TEST_CASE("AttemptExecutor.ProgramErrorsAreClassifiedAndDeterministicOnesSaySo") {
   Fixture f;
-  Json missing_file = f.Execute("text.read_lines", {{"path", "no-such-file.txt"}}, Json::array(), {"file"});
-  CHECK(missing_file["ok"] == false);
-  CHECK(missing_file["class"] == "program_error");
-  CHECK(missing_file["deterministic"] == true);
-  Json unknown = f.Execute("no.such.program", Json::object(), Json::array(), Json::array());
-  CHECK(unknown["class"] == "program_error");
-  CHECK_FALSE(unknown.contains("deterministic"));  // another daemon may have it
-  Json injected = f.Execute("noop", Json::object(), Json::array(), Json::array());
-  CHECK(injected["ok"] == true);
+  protocol::AttemptReport missing_file =
+      f.Execute("text.read_lines", {{"path", "no-such-file.txt"}}, {}, {StoredOutput(protocol::CHANNEL_FILE)});
+  CHECK_FALSE(missing_file.ok());
+  CHECK(missing_file.failure() == protocol::FAILURE_PROGRAM_ERROR);
+  CHECK(missing_file.deterministic());
+  protocol::AttemptReport unknown = f.Execute("no.such.program", Json::object(), {}, {});
+  CHECK(unknown.failure() == protocol::FAILURE_PROGRAM_ERROR);
+  CHECK_FALSE(unknown.deterministic());  // another daemon may have it
+  protocol::AttemptReport fine = f.Execute("noop", Json::object(), {}, {});
+  CHECK(fine.ok());
 }
 
 TEST_CASE("AttemptExecutor.AnInputThatCannotBeReadIsReportedWithItsPortAndVersion") {
   Fixture f;
-  // As parsed from the wire: whole numbers are unsigned.
-  Json in = Json::parse(R"({"key": {"job": 5, "vertex": 9, "version": 3, "port": 0}, "local": true})");
-  Json report = f.Execute("noop", Json::object(), Json::array({Json{{"empty", true}}, in}), Json::array());
-  CHECK(report["ok"] == false);
-  CHECK(report["class"] == "input_lost");
-  CHECK(report["lost_input"] == 1);
-  CHECK(report["lost_input_version"] == 3);
+  protocol::AttemptReport report = f.Execute("noop", Json::object(), {EmptyInput(), LocalInput({5, 9, 3, 0})}, {});
+  CHECK_FALSE(report.ok());
+  CHECK(report.failure() == protocol::FAILURE_INPUT_LOST);
+  REQUIRE(report.has_lost_input());
+  CHECK(report.lost_input() == 1);
+  CHECK(report.lost_input_version() == 3);
 }
 
 TEST_CASE("AttemptExecutor.ACancelledAttemptReportsCancelled") {
   Fixture f;
   AttemptTask task;
-  task.spec = {{"job", 5},
-               {"vertex", 2},
-               {"version", 1},
-               {"name", "v[0]"},
-               {"program", "checksum"},
-               {"params", {{"sleep_ms", 5000}}},
-               {"inputs", Json::array()},
-               {"outputs", {"file"}}};
+  task.spec = Fixture::Spec("checksum", {{"sleep_ms", 5000}});
+  *task.spec.add_outputs() = StoredOutput(protocol::CHANNEL_FILE);
   task.cancel->store(true);
-  Json report = f.executor->Execute(task);
-  CHECK(report["class"] == "cancelled");
-  Json malformed = f.Execute("noop", Json::object(), Json::array({Json{{"key", "not a key"}}}), Json::array());
-  CHECK(malformed["class"] == "program_error");
+  protocol::AttemptReport report = f.executor->Execute(task);
+  CHECK(report.failure() == protocol::FAILURE_CANCELLED);
+  // Params that are not JSON (the codec cannot know): the program's error, not a crash.
+  task = AttemptTask();
+  task.spec = Fixture::Spec("noop", Json::object());
+  task.spec.set_params_json("{not json");
+  task.log = std::make_shared<AttemptLog>();
+  protocol::AttemptReport malformed = f.executor->Execute(task);
+  CHECK(malformed.failure() == protocol::FAILURE_PROGRAM_ERROR);
+  CHECK_MESSAGE(malformed.error().find("params of v[0]") != std::string::npos, malformed.error());
 }
 
 }  // namespace

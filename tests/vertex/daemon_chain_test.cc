@@ -1,5 +1,6 @@
-// A real Daemon (in-process) driven by a scripted job manager on 127.0.0.1: the chained-task
-// protocol as the daemon sees it, with message orders a live job manager only hits by chance.
+// A real Daemon (in-process) driven by a fake job manager on 127.0.0.1 that speaks the typed
+// protocol (protocol/daemon.proto) frame by frame: the chained-task protocol as the daemon sees
+// it, with message orders a live job manager only hits by chance, and malformed messages.
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -10,6 +11,7 @@
 #include <limits>
 #include <optional>
 #include <thread>
+#include <variant>
 
 #include <doctest/doctest.h>
 
@@ -17,6 +19,7 @@
 #include "common/auth.h"
 #include "common/framed_connection.h"
 #include "common/json_util.h"
+#include "protocol/codec.h"
 #include "vertex/daemon.h"
 
 namespace copse::vertex {
@@ -38,19 +41,26 @@ class ScriptedJobManager {
     conn_.emplace(Socket(::accept(listener_.fd(), nullptr, nullptr)));
     REQUIRE(conn_->socket().valid());
     const std::string nonce = auth::NewNonce();
-    Send({{"op", "hello"}, {"nonce", nonce}, {"version", 1}});
-    Json answer = Read();
+    SendJson({{"op", "hello"}, {"nonce", nonce}, {"version", wire::kProtocolVersion}});
+    Json answer = ReadJson();
     CHECK(answer["op"] == "auth");
-    Send(auth::Welcome(answer, kSecret, nonce));
-    CHECK(Read()["op"] == "register");
-    Send({{"op", "registered"}});
+    SendJson(auth::Welcome(answer, kSecret, nonce));
+    const protocol::DaemonToJm hello = Read();
+    CHECK(hello.has_register_());
+    CHECK(hello.register_().name() == "d0");
+    protocol::JmToDaemon registered;
+    registered.mutable_registered()->set_daemon(0);
+    registered.mutable_registered()->set_heartbeat_ms(200);
+    Send(registered);
   }
   /// Accepts the daemon, greets it, reads its answer and then says nothing more: a job manager
   /// that hangs mid-handshake (stopped, or overloaded).
   /// Runs on a thread of its own, so it never REQUIREs (an exception there would end the run).
   void AcceptAndFallSilent() {
     conn_.emplace(Socket(::accept(listener_.fd(), nullptr, nullptr)));
-    if (!chan::internal::WriteJson(conn_->socket(), {{"op", "hello"}, {"nonce", auth::NewNonce()}, {"version", 1}}).ok()) {
+    if (!chan::internal::WriteJson(conn_->socket(),
+                                   {{"op", "hello"}, {"nonce", auth::NewNonce()}, {"version", wire::kProtocolVersion}})
+             .ok()) {
       return;
     }
     (void)chan::internal::ReadJson(*conn_, wire::kMaxControlBytes, 10000, 10000);  // the daemon's answer
@@ -71,31 +81,64 @@ class ScriptedJobManager {
     conn_.emplace(Socket(::accept(listener_.fd(), nullptr, nullptr)));
     REQUIRE(conn_->socket().valid());
     const std::string nonce = auth::NewNonce();
-    Send({{"op", "hello"}, {"nonce", nonce}, {"version", 1}});
-    Json answer = Read();
-    Send(forged ? auth::Welcome(answer, "not-the-secret-0123456789abcdef0123", nonce) : Json{{"op", "welcome"}});
+    SendJson({{"op", "hello"}, {"nonce", nonce}, {"version", wire::kProtocolVersion}});
+    Json answer = ReadJson();
+    SendJson(forged ? auth::Welcome(answer, "not-the-secret-0123456789abcdef0123", nonce) : Json{{"op", "welcome"}});
     conn_.reset();  // a daemon that took the welcome would wait for "registered" for ever: fail it now
   }
-  void Send(const Json& msg) { REQUIRE(chan::internal::WriteJson(conn_->socket(), msg).ok()); }
-  /// The next frame, waiting at most 10 s for it.
-  Json Read() {
+  void SendJson(const Json& msg) { REQUIRE(chan::internal::WriteJson(conn_->socket(), msg).ok()); }
+  void Send(const protocol::JmToDaemon& msg) {
+    std::string body;
+    REQUIRE(msg.SerializeToString(&body));
+    SendBody(body);
+  }
+  /// A kProto frame with this body, well formed or not.
+  void SendBody(const std::string& body) {
+    REQUIRE(chan::internal::WriteFrame(conn_->socket(), wire::FrameType::kProto, body).ok());
+  }
+  Json ReadJson() {
     auto msg = chan::internal::ReadJson(*conn_, wire::kMaxControlBytes, 10000, 10000);
     REQUIRE_MESSAGE(msg.ok(), msg.status().ToString());
     return *msg;
   }
+  /// The next frame, waiting at most 10 s for it: a daemon's message, or (JSON) why it hangs up.
+  std::variant<protocol::DaemonToJm, Json> ReadAny() {
+    auto header = chan::internal::ReadHeader(*conn_, wire::kMaxControlBytes, 10000, 10000);
+    REQUIRE_MESSAGE(header.ok(), header.status().ToString());
+    auto body = chan::internal::ReadBody(*conn_, *header, 10000);
+    REQUIRE_MESSAGE(body.ok(), body.status().ToString());
+    if (header->type == wire::FrameType::kJson) return Json::parse(*body);
+    auto msg = protocol::DecodeDaemonToJm(*body);
+    REQUIRE_MESSAGE(msg.ok(), msg.status().ToString());
+    return *msg;
+  }
+  protocol::DaemonToJm Read() {
+    auto any = ReadAny();
+    REQUIRE_MESSAGE(std::holds_alternative<protocol::DaemonToJm>(any), std::get<Json>(any).dump());
+    return std::get<protocol::DaemonToJm>(any);
+  }
   /// The next attempt report, skipping heartbeats; fails the test after 10 s without one.
-  Json NextReport() {
+  protocol::AttemptReport NextReport() {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (pending_.empty()) {
       REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "no report within 10 s");
-      Json msg = Read();
-      if (msg["op"] == "report") {
-        for (auto& a : msg["attempts"]) pending_.push_back(a);
+      protocol::DaemonToJm msg = Read();
+      if (msg.has_report()) {
+        for (auto& a : msg.report().attempts()) pending_.push_back(a);
       }
     }
-    Json next = pending_.front();
+    protocol::AttemptReport next = pending_.front();
     pending_.erase(pending_.begin());
     return next;
+  }
+  /// Skips the daemon's messages until it hangs up with an error (a JSON frame); its message.
+  std::string NextError() {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (true) {
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "no error within 10 s");
+      auto any = ReadAny();
+      if (auto* json = std::get_if<Json>(&any)) return StringMember(*json, "message");
+    }
   }
 
  private:
@@ -106,20 +149,30 @@ class ScriptedJobManager {
   }
   Socket listener_;
   std::optional<BufferedSocket> conn_;
-  std::vector<Json> pending_;
+  std::vector<protocol::AttemptReport> pending_;
 };
 
-Json Task(uint32_t vertex, Json after = nullptr) {
-  Json t = {{"job", 1},
-            {"vertex", vertex},
-            {"version", 1},
-            {"name", "v" + std::to_string(vertex)},
-            {"program", "noop"},
-            {"params", Json::object()},
-            {"inputs", Json::array()},
-            {"outputs", Json::array()}};
-  if (!after.is_null()) t["after"] = std::move(after);
+/// A noop task of job 1, version 1, chained after version 1 of `after` (when given).
+protocol::Task Task(uint32_t vertex, std::optional<uint32_t> after = std::nullopt) {
+  protocol::Task t;
+  t.set_job(1);
+  t.set_vertex(vertex);
+  t.set_version(1);
+  t.set_name("v" + std::to_string(vertex));
+  t.set_program("noop");
+  t.set_threads(1);
+  if (after) {
+    t.add_after()->set_vertex(*after);
+    t.mutable_after(0)->set_version(1);
+  }
   return t;
+}
+
+/// A Run message of these tasks.
+protocol::JmToDaemon Run(std::initializer_list<protocol::Task> tasks) {
+  protocol::JmToDaemon m;
+  for (const auto& t : tasks) *m.mutable_run()->add_tasks() = t;
+  return m;
 }
 
 DaemonOptions OptionsFor(const ScriptedJobManager& jm, const std::filesystem::path& dir, int gpus = 0) {
@@ -230,44 +283,55 @@ TEST_CASE("Daemon.ATaskChainedAfterOneWithdrawnOnArrivalIsWithdrawnToo" * doctes
   // for ever behind a task that will never run.
   ScriptedJobManager jm;
   DaemonUnderTest d(jm);
-  Json failing = Task(1);
-  failing["inject_failure"] = "boom";
-  jm.Send({{"op", "run"}, {"tasks", {failing}}});
-  Json r1 = jm.NextReport();
-  CHECK(r1["vertex"] == 1);
-  CHECK(r1["ok"] == false);
+  protocol::Task failing = Task(1);
+  failing.set_inject_failure("boom");
+  jm.Send(Run({failing}));
+  protocol::AttemptReport r1 = jm.NextReport();
+  CHECK(r1.vertex() == 1);
+  CHECK_FALSE(r1.ok());
 
-  jm.Send({{"op", "run"}, {"tasks", {Task(2, {{{"vertex", 1}, {"version", 1}}}), Task(3, {{{"vertex", 2}, {"version", 1}}})}}});
-  Json r2 = jm.NextReport(), r3 = jm.NextReport();
-  CHECK(r2["vertex"] == 2);
-  CHECK(r2["class"] == "cancelled");
-  CHECK(r3["vertex"] == 3);
-  CHECK(r3["class"] == "cancelled");
+  jm.Send(Run({Task(2, 1), Task(3, 2)}));
+  protocol::AttemptReport r2 = jm.NextReport(), r3 = jm.NextReport();
+  CHECK(r2.vertex() == 2);
+  CHECK(r2.failure() == protocol::FAILURE_CANCELLED);
+  CHECK(r3.vertex() == 3);
+  CHECK(r3.failure() == protocol::FAILURE_CANCELLED);
 
-  jm.Send({{"op", "run"}, {"tasks", {Task(4, {{{"vertex", 3}, {"version", 1}}})}}});  // later still
-  Json r4 = jm.NextReport();
-  CHECK(r4["vertex"] == 4);
-  CHECK(r4["class"] == "cancelled");
+  jm.Send(Run({Task(4, 3)}));  // later still
+  protocol::AttemptReport r4 = jm.NextReport();
+  CHECK(r4.vertex() == 4);
+  CHECK(r4.failure() == protocol::FAILURE_CANCELLED);
 }
 
-TEST_CASE("Daemon.MalformedTasksFromTheJobManagerAreIgnoredAndItServesOn" * doctest::timeout(30)) {
-  // A job manager that holds the secret may still be of another build, or broken: a task the
-  // daemon cannot identify is dropped in the io thread, never handed to a worker (which would
-  // throw with no one to catch it).
-  ScriptedJobManager jm;
-  DaemonUnderTest d(jm);
-  Json bad_vertex = Task(2);
-  bad_vertex["vertex"] = "two";
-  Json bad_after = Task(3, "v1");
-  Json bad_after_entry = Task(4, {{{"vertex", -1}, {"version", 1}}});
-  Json huge_version = Task(5);
-  huge_version["version"] = uint64_t{1} << 40;
-  jm.Send({{"op", "run"}, {"tasks", {Json::object(), 5, bad_vertex, bad_after, bad_after_entry, huge_version}}});
-  jm.Send({{"op", "gc"}, {"job", std::numeric_limits<uint64_t>::max()}, {"keep", Json::array()}});
-  jm.Send({{"op", "run"}, {"tasks", {Task(6)}}});
-  Json r = jm.NextReport();
-  CHECK(r["vertex"] == 6);
-  CHECK(r["ok"] == true);
+TEST_CASE("Daemon.AMalformedMessageFromTheJobManagerDropsItNamingTheField" * doctest::timeout(30)) {
+  // A job manager that holds the secret may still be of another build, or broken: the codec
+  // checks every message before anything reads it, and the daemon hangs up saying which
+  // message and field were wrong (then reconnects: here there is nothing to reconnect to).
+  auto malformed_run = [] {
+    protocol::JmToDaemon bad = Run({Task(7), Task(8)});
+    bad.mutable_run()->mutable_tasks(1)->set_version(0);
+    std::string body;
+    REQUIRE(bad.SerializeToString(&body));
+    return body;
+  };
+  struct Case {
+    std::string body;
+    std::string error;
+  };
+  for (const Case& c : {Case{"\xff\xff\xff", "JmToDaemon: the body does not parse"},
+                        Case{malformed_run(), "JmToDaemon.run.tasks[1].version: required (>= 1)"}}) {
+    CAPTURE(c.error);
+    ScriptedJobManager jm;
+    DaemonUnderTest d(jm);
+    jm.Send(Run({Task(6)}));  // served before the bad message
+    protocol::AttemptReport r = jm.NextReport();
+    CHECK(r.vertex() == 6);
+    CHECK(r.ok());
+    jm.SendBody(c.body);
+    const std::string error = jm.NextError();
+    CHECK_MESSAGE(error.find(c.error) != std::string::npos, error);
+    jm.Close();  // its reconnect finds nobody
+  }
 }
 
 TEST_CASE("Daemon.AnAttemptWaitsForTheGpuAnEndingAttemptStillHolds" * doctest::timeout(30)) {
@@ -276,32 +340,31 @@ TEST_CASE("Daemon.AnAttemptWaitsForTheGpuAnEndingAttemptStillHolds" * doctest::t
   // without one (an NCCL member then failed, and its gang restarted).
   ScriptedJobManager jm;
   DaemonUnderTest d(jm, /*gpus=*/1);
-  Json holder = Task(1);
-  holder["program"] = "checksum";
-  holder["params"] = {{"sleep_ms", 600}};
-  holder["gpus"] = 1;
-  jm.Send({{"op", "run"}, {"tasks", {holder}}});
+  protocol::Task holder = Task(1);
+  holder.set_program("checksum");
+  holder.set_params_json(R"({"sleep_ms": 600})");
+  holder.set_gpus(1);
+  jm.Send(Run({holder}));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  Json next = Task(2);
-  next["gpus"] = 1;
-  jm.Send({{"op", "run"}, {"tasks", {next}}});
-  Json a = jm.NextReport(), b = jm.NextReport();
-  Json r2 = a["vertex"] == 2 ? a : b;
-  CHECK_MESSAGE(r2["ok"] == true, r2.dump());
-  CHECK_MESSAGE(r2["duration_ms"].get<double>() > 250, r2.dump());  // it waited out most of v1's 600 ms
+  protocol::Task next = Task(2);
+  next.set_gpus(1);
+  jm.Send(Run({next}));
+  protocol::AttemptReport a = jm.NextReport(), b = jm.NextReport();
+  protocol::AttemptReport r2 = a.vertex() == 2 ? a : b;
+  CHECK_MESSAGE(r2.ok(), r2.DebugString());
+  CHECK_MESSAGE(r2.duration_ms() > 250, r2.DebugString());  // it waited out most of v1's 600 ms
 }
 
 TEST_CASE("Daemon.AChainTwoDeepRunsInOrderOnceItsHeadSucceeds" * doctest::timeout(30)) {
   ScriptedJobManager jm;
   DaemonUnderTest d(jm);
-  Json head = Task(1);
-  head["delay_ms"] = 50;  // still running when the chain arrives
-  jm.Send(
-      {{"op", "run"}, {"tasks", {head, Task(2, {{{"vertex", 1}, {"version", 1}}}), Task(3, {{{"vertex", 2}, {"version", 1}}})}}});
+  protocol::Task head = Task(1);
+  head.set_delay_ms(50);  // still running when the chain arrives
+  jm.Send(Run({head, Task(2, 1), Task(3, 2)}));
   for (uint32_t v : {1u, 2u, 3u}) {
-    Json r = jm.NextReport();
-    CHECK(r["vertex"] == v);
-    CHECK(r["ok"] == true);
+    protocol::AttemptReport r = jm.NextReport();
+    CHECK(r.vertex() == v);
+    CHECK(r.ok());
   }
 }
 

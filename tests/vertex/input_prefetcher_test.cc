@@ -12,6 +12,7 @@
 #include "channels/data_server.h"
 #include "channels/output_store.h"
 #include "tests/channels/channel_test_util.h"
+#include "tests/vertex/task_util.h"
 
 namespace copse::vertex {
 namespace {
@@ -32,19 +33,23 @@ struct Producer {
     for (const auto& m : messages) REQUIRE((*w)->Write(chan::Buffer(m)).ok());
     REQUIRE((*w)->Close().ok());
   }
-  Json Input(const chan::OutputKey& key) const {
-    return {{"key", key.ToJson()}, {"local", false}, {"host", "127.0.0.1"}, {"port", server->port()}};
-  }
+  protocol::Input Input(const chan::OutputKey& key) const { return testing::RemoteInput(key, "127.0.0.1", server->port()); }
 };
 
 std::vector<std::string> ReadAll(chan::ChannelReader& r) { return chan::testing::Drain(r); }
+
+using Inputs = google::protobuf::RepeatedPtrField<protocol::Input>;
+Inputs Of(std::initializer_list<protocol::Input> inputs) {
+  Inputs out;
+  for (const auto& in : inputs) *out.Add() = in;
+  return out;
+}
 
 TEST_CASE("InputPrefetcher.FetchesExistingRemoteInputsAndLeavesTheRest" * doctest::timeout(20)) {
   Producer p;
   p.Put({1, 4, 1, 0}, {"alpha", "beta"});
   InputPrefetcher prefetcher(kSecret);
-  Json inputs = Json::array(
-      {Json{{"key", chan::OutputKey{1, 2, 1, 0}.ToJson()}, {"local", true}}, p.Input({1, 4, 1, 0}), Json{{"empty", true}}});
+  Inputs inputs = Of({testing::LocalInput({1, 2, 1, 0}), p.Input({1, 4, 1, 0}), testing::EmptyInput()});
   auto cancel = std::make_shared<std::atomic<bool>>(false);
   auto got = prefetcher.Start(inputs, std::nullopt, cancel, nullptr);
   REQUIRE(got);
@@ -55,7 +60,7 @@ TEST_CASE("InputPrefetcher.FetchesExistingRemoteInputsAndLeavesTheRest" * doctes
   CHECK(got->Take(1) == nullptr);  // taken once
   CHECK(got->Take(2) == nullptr);
   // Only local inputs: nothing to do.
-  CHECK(prefetcher.Start(Json::array({inputs[0]}), std::nullopt, cancel, nullptr) == nullptr);
+  CHECK(prefetcher.Start(Of({inputs[0]}), std::nullopt, cancel, nullptr) == nullptr);
 }
 
 TEST_CASE("InputPrefetcher.WaitsForTheOutputOfTheAttemptItIsChainedAfter" * doctest::timeout(20)) {
@@ -64,7 +69,7 @@ TEST_CASE("InputPrefetcher.WaitsForTheOutputOfTheAttemptItIsChainedAfter" * doct
   const chan::OutputKey key{1, 7, 3, 1};
   std::promise<Status> arrived;
   auto cancel = std::make_shared<std::atomic<bool>>(false);
-  auto got = prefetcher.Start(Json::array({p.Input(key)}), InputPrefetcher::After{7, 3}, cancel,
+  auto got = prefetcher.Start(Of({p.Input(key)}), InputPrefetcher::After{7, 3}, cancel,
                               [&](const Status& st) { arrived.set_value(st); });
   REQUIRE(got);
   auto when = arrived.get_future();
@@ -81,7 +86,7 @@ TEST_CASE("InputPrefetcher.WaitsForTheOutputOfTheAttemptItIsChainedAfter" * doct
 TEST_CASE("InputPrefetcher.AGoneProducerDaemonIsReported" * doctest::timeout(20)) {
   auto p = std::make_unique<Producer>();
   const chan::OutputKey key{1, 7, 3, 0};
-  Json inputs = Json::array({p->Input(key)});
+  Inputs inputs = Of({p->Input(key)});
   p.reset();  // its daemon is gone before (or while) the task waits
   InputPrefetcher prefetcher(kSecret);
   std::promise<Status> arrived;
@@ -100,7 +105,7 @@ TEST_CASE("InputPrefetcher.CancellingStopsAWaitingFetch" * doctest::timeout(20))
   const auto started = std::chrono::steady_clock::now();
   {
     InputPrefetcher prefetcher(kSecret);
-    prefetcher.Start(Json::array({p.Input({1, 7, 3, 0})}), InputPrefetcher::After{7, 3}, cancel,
+    prefetcher.Start(Of({p.Input({1, 7, 3, 0})}), InputPrefetcher::After{7, 3}, cancel,
                      [&](const Status& st) { arrived.set_value(st); });
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     cancel->store(true);

@@ -1,0 +1,14 @@
+#pragma once
+// The rules of protocol/daemon.proto that protobuf itself does not keep (required fields,
+// ranges, which oneof members a field allows), checked once per received message by the codec
+// (protocol/codec.h). InvalidArgument names the message and the field path:
+// "Run.tasks[2].inputs[0].stored.key: required".
+#include "common/status.h"
+#include "protocol/daemon.pb.h"
+
+namespace copse::protocol {
+
+Status Check(const DaemonToJm& message);
+Status Check(const JmToDaemon& message);
+
+}  // namespace copse::protocol
