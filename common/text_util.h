@@ -27,4 +27,8 @@ std::string ReplaceAll(std::string s, std::string_view from, std::string_view to
 /// Joins `parts` with `sep`.
 std::string Join(const std::vector<std::string>& parts, std::string_view sep);
 
+/// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF):
+/// what protocol buffers' text fields must hold.
+bool IsValidUtf8(std::string_view s);
+
 }  // namespace copse

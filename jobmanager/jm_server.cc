@@ -282,7 +282,12 @@ class JmServer::Impl : public DaemonSink {
       return;
     }
     try {
-      if (peer.role == "daemon") return conn->SendErrorAndClose("a daemon speaks in protocol frames, not JSON");
+      if (peer.role == "daemon") {
+        // A daemon speaks JSON only to say why it hangs up (a message of ours it refused).
+        if (op == "error")
+          return conn->Close(Status::InvalidArgument("the daemon refused a message: " + StringMember(msg, "message")));
+        return conn->SendErrorAndClose("a daemon speaks in protocol frames, not JSON");
+      }
       HandleClient(conn, op, msg);
     } catch (const Json::exception& e) {
       // A well-framed message with members of the wrong type: the peer is broken, not us.
@@ -310,6 +315,11 @@ class JmServer::Impl : public DaemonSink {
     } catch (const std::bad_alloc&) {
       JmLog()->error("out of memory handling \"{}\" from {}", protocol::BodyName(*msg), conn->peer());
       conn->SendErrorAndClose("the job manager ran out of memory handling \"" + std::string(protocol::BodyName(*msg)) + "\"");
+    } catch (const std::exception& e) {
+      // What a daemon relays from a program (its progress figures) must never take the job
+      // manager down: that daemon is dropped, the jobs go on.
+      JmLog()->error("handling \"{}\" from {}: {}", protocol::BodyName(*msg), conn->peer(), e.what());
+      conn->SendErrorAndClose("the job manager could not handle \"" + std::string(protocol::BodyName(*msg)) + "\": " + e.what());
     }
     RequestFlush();
   }
@@ -322,7 +332,7 @@ class JmServer::Impl : public DaemonSink {
       protocol::Register& reg = *msg.mutable_register_();
       DaemonSpec spec;
       spec.name = reg.name();
-      spec.cpus = reg.cpus();
+      spec.cpus = reg.has_cpus() ? reg.cpus() : 1.0;
       spec.gpus = static_cast<int>(reg.gpus());  // checked: 0 to 1,000,000
       spec.memory_mb = reg.memory_mb();
       spec.data_host = reg.data_host();
@@ -354,6 +364,9 @@ class JmServer::Impl : public DaemonSink {
       case M::kReport:
         for (const protocol::AttemptReport& a : msg.report().attempts()) scheduler_.OnAttemptFinished(ReportFrom(a));
         return;
+      case M::BODY_NOT_SET:  // a kind of message a newer daemon has (checked: it has fields we do not know)
+        JmLog()->warn("ignoring a message of a kind this job manager does not know from {}", conn->peer());
+        return;
       default: conn->SendErrorAndClose("unexpected daemon message \"" + std::string(protocol::BodyName(msg)) + "\"");
     }
   }
@@ -367,8 +380,8 @@ class JmServer::Impl : public DaemonSink {
     r.ok = a.ok();
     r.error = a.error();
     r.failure = a.ok() ? protocol::FAILURE_PROGRAM_ERROR : a.failure();
-    r.lost_input_port =
-        a.has_lost_input() && a.lost_input() <= static_cast<uint32_t>(INT32_MAX) ? static_cast<int>(a.lost_input()) : -1;
+    // A port beyond any input stays beyond them (the scheduler says so), never "no port".
+    r.lost_input_port = a.has_lost_input() ? static_cast<int>(std::min<uint32_t>(a.lost_input(), INT32_MAX)) : -1;
     r.lost_input_unreachable = a.lost_input_unreachable();
     r.lost_input_version = a.lost_input_version();
     r.output_bytes.assign(a.output_bytes().begin(), a.output_bytes().end());

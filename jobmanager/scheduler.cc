@@ -619,7 +619,7 @@ void Scheduler::Unchain(Job& job, VertexId u, bool rechain, std::string_view why
 void Scheduler::NoteProgress(Job& job, const Json& figures) {
   // A job's results ({"final": true, "test_accuracy": …}, from its evaluation) join the newest
   // figures whenever they come, so every status shows them beside the last step's.
-  if (figures.value("final", false) == true) {
+  if (auto final = figures.find("final"); final != figures.end() && *final == true) {
     for (const auto& [key, value] : figures.items()) {
       if (key != "final") job.results[key] = value;
     }
@@ -847,6 +847,7 @@ void Scheduler::FinishJob(Job& job, JobState state, const std::string& reason) {
     ReleaseSlots(job, VertexId(v));
     job.runs[v].state = VertexState::kWaiting;
   }
+  Flush();  // a task of this job still in the outbox must not arrive after its cancel
   for (DaemonId d : busy) {
     if (d.valid() && daemons_[d.value()]->alive) sink_.SendToDaemon(d, daemon_msg::Cancel(job.id));
   }

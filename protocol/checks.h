@@ -2,7 +2,8 @@
 // The rules of protocol/daemon.proto that protobuf itself does not keep (required fields,
 // ranges, which oneof members a field allows), checked once per received message by the codec
 // (protocol/codec.h). InvalidArgument names the message and the field path:
-// "Run.tasks[2].inputs[0].stored.key: required".
+// "JmToDaemon.run.tasks[2].inputs[0].stored.key: required". A body that does not parse at all
+// (not the message, or a text field that is not UTF-8) is refused by the codec before these.
 #include "common/status.h"
 #include "protocol/daemon.pb.h"
 

@@ -40,6 +40,7 @@
 #include "common/json_util.h"
 #include "common/logging.h"
 #include "common/machine_memory.h"
+#include "common/text_util.h"
 #include "common/thread_name.h"
 #include "protocol/codec.h"
 #include "vertex/attempt_executor.h"
@@ -179,6 +180,19 @@ class Daemon::Impl {
     return RegisterOn(*client, deadline, jm);
   }
 
+  /// Which text of a registration is not UTF-8 (protocol buffers' text fields must be: the job
+  /// manager could not parse it), or "".
+  static std::string NotUtf8(const protocol::Register& reg) {
+    if (!IsValidUtf8(reg.name())) return "its name";
+    if (!IsValidUtf8(reg.data_host())) return "its data host";
+    for (const auto& [key, value] : reg.labels()) {
+      if (!IsValidUtf8(key) || !IsValidUtf8(value)) return "its label \"" + key + "\"";
+    }
+    if (!IsValidUtf8(reg.stream().ipc())) return "its work dir (its live channels' ipc endpoint)";
+    if (!IsValidUtf8(reg.stream().host())) return "its host name";
+    return "";
+  }
+
   /// Why registering with `jm` failed: a Timeout as a miss of registration's one deadline.
   Status RegistrationFailure(const Status& st, const std::string& jm) const {
     if (st.code() != StatusCode::kTimeout) return st.WithContext(jm);
@@ -203,6 +217,10 @@ class Daemon::Impl {
     reg.set_data_port(data_server_->port());
     *reg.mutable_stream() = ToProtocol(hub_->endpoints());
     for (const auto& key : store_->List()) *reg.add_outputs() = ToProtocol(key);
+    if (std::string bad = NotUtf8(reg); !bad.empty()) {
+      return Status::InvalidArgument("daemon " + options_.name + ": " + bad +
+                                     " is not UTF-8 text, which the job manager cannot take");
+    }
     Status sent = client.SendFrame(protocol::EncodeFrame(hello), deadline);
     if (!sent.ok()) return RegistrationFailure(sent, jm);
     auto reply = client.ReceiveFrame(deadline);

@@ -38,6 +38,15 @@ TEST_CASE("TextUtil.DidYouMeanFindsCloseWordsOnly") {
   CHECK(EditDistance("kitten", "sitting") == 3);
 }
 
+TEST_CASE("TextUtil.Utf8IsCheckedAsProtocolBuffersDo") {
+  for (std::string_view good : {"", "plain", "caf\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80"}) CHECK(IsValidUtf8(good));
+  for (std::string_view bad : {"\xff", "\xc3", "a\xe2\x82", "\xc0\xaf" /* overlong */, "\xed\xa0\x80" /* surrogate */,
+                               "\xf4\x90\x80\x80" /* past U+10FFFF */, "\x80"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(IsValidUtf8(bad));
+  }
+}
+
 TEST_CASE("Json.ParseErrorNamesLineAndColumn") {
   auto r = ParseJson("{\n  \"a\": 1,\n  \"b\": ]\n}", "job.json");
   REQUIRE_FALSE(r.ok());

@@ -279,6 +279,7 @@ TEST_CASE("Cluster.ARegistrationWithImpossibleValuesIsRefusedAndTheRestGoesOn") 
       {[](auto& r) { r.set_name("a b/c"); }, "register: "},
       {[](auto& r) { r.set_data_host("a b\n"); }, "register: data_host"},
       {[](auto& r) { r.set_data_host(""); }, "DaemonToJm.register.data_host: required"},
+      {[](auto& r) { r.clear_stream(); }, "DaemonToJm.register.stream.tcp: required"},
       {[](auto& r) { (*r.mutable_labels())["host"] = "\xff"; }, "DaemonToJm: the body does not parse"},
   };
   for (const auto& [change, error] : cases) {
@@ -291,6 +292,7 @@ TEST_CASE("Cluster.ARegistrationWithImpossibleValuesIsRefusedAndTheRestGoesOn") 
     r.set_cpus(1);
     r.set_data_host("127.0.0.1");
     r.set_data_port(9);
+    r.mutable_stream()->set_tcp("tcp://127.0.0.1:9");
     change(r);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     REQUIRE((*daemon)->SendFrame(protocol::EncodeFrame(bad), deadline).ok());
