@@ -57,13 +57,21 @@ int RunTrain(const TrainFlags& flags) {
                         {"images_per_s", e.images_per_s},
                         {"seconds", e.seconds}});
     nlohmann::json out = {
-        {"model", flags.options.model},     {"model_description", r.model_description},
-        {"parameters", r.parameters},       {"device", flags.options.device},
-        {"threads", flags.options.threads}, {"allocator", AllocatorName()},
-        {"seed", flags.options.seed},       {"epochs", epochs},
-        {"train_images", r.train_images},   {"test_accuracy", r.test_accuracy},
-        {"final_loss", r.final_loss},       {"images_per_s", r.images_per_s},
-        {"train_seconds", r.train_seconds}, {"parameter_digest", r.parameter_digest},
+        {"model", flags.options.model},
+        {"model_description", r.model_description},
+        {"parameters", r.parameters},
+        {"device", flags.options.device},
+        {"precision", r.precision},
+        {"threads", flags.options.threads},
+        {"allocator", AllocatorName()},
+        {"seed", flags.options.seed},
+        {"epochs", epochs},
+        {"train_images", r.train_images},
+        {"test_accuracy", r.test_accuracy},
+        {"final_loss", r.final_loss},
+        {"images_per_s", r.images_per_s},
+        {"train_seconds", r.train_seconds},
+        {"parameter_digest", r.parameter_digest},
     };
     if (r.language_model) {
       out["steps"] = r.steps;
@@ -124,6 +132,7 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--threads", o.threads, "CPU threads")->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed of initialization, shuffling and dropout")->check(Unsigned64())->capture_default_str();
   cmd->add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
+  AddPrecisionFlag(cmd, o.precision);
   cmd->add_option("--data-dir", o.data_dir, "Directory with the Fashion-MNIST IDX .gz files")->capture_default_str();
   cmd->add_option("--limit", o.limit, "Use only the first N training images (text windows)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));

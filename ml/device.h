@@ -58,6 +58,16 @@ class Device {
   /// C[m,n] = alpha * op(A) * op(B) + beta * C, row-major; op(X) = X^T when trans_x.
   virtual void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
                     int ldb, float beta, float* c, int ldc) = 0;
+  /// Gemm on bfloat16 operands (ml/dtype.h): the products accumulate in float32 and C is
+  /// float32. The default widens A and B to float32 and calls Gemm (the same values, slowly);
+  /// the CPU runs oneDNN's bfloat16 kernels (AMX or AVX512-BF16 where the CPU has them), CUDA
+  /// cuBLAS's.
+  virtual void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const uint16_t* a, int lda,
+                        const uint16_t* b, int ldb, float beta, float* c, int ldc);
+  /// y[i] = bfloat16(x[i]), rounded to nearest even (FloatToBFloat16 of ml/dtype.h).
+  virtual void FloatToBFloat16(const float* x, size_t n, uint16_t* y) = 0;
+  /// y[i] = float32(x[i]) (exact).
+  virtual void BFloat16ToFloat(const uint16_t* x, size_t n, float* y) = 0;
   /// y[r,c] = act(x[r,c] + bias[c]) (x may alias y; bias may be null).
   virtual void BiasActivation(const float* x, const float* bias, int rows, int cols, Activation act, float* y) = 0;
   /// dx = dy * act'(.) where `saved` is the activation's output for ReLU and its input for

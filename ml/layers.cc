@@ -80,6 +80,23 @@ void Layer::NormalInit(const Tensor& t, uint64_t seed, uint64_t stream, float st
   t.device()->CopyFromHost(t.data(), v.data(), v.size() * sizeof(float));
 }
 
+Tensor Layer::ProductWeight(const Tensor& w, const ForwardContext& ctx) {
+  if (ctx.precision == Precision::kFloat32) return w;
+  return ctx.weight_casts ? ctx.weight_casts->BFloat16(w) : w.Cast(DType::kBFloat16);
+}
+
+Tensor WeightCasts::BFloat16(const Tensor& weight) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = casts_.try_emplace(weight.raw_data());
+  if (inserted) it->second = {weight, weight.Cast(DType::kBFloat16)};
+  return it->second.second;
+}
+
+void WeightCasts::Clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  casts_.clear();
+}
+
 // ---- Linear ----------------------------------------------------------------------------------
 
 Linear::Linear(int in_features, int out_features, Activation act, bool bias)
@@ -98,14 +115,15 @@ void Linear::InitParameters(uint64_t seed) {
   if (bias_) UniformInit(params_[1].value, seed, 1, bound);
 }
 
-Result<Tensor> Linear::Forward(const Tensor& input, const ForwardContext&, LayerStash* stash) {
+Result<Tensor> Linear::Forward(const Tensor& input, const ForwardContext& ctx, LayerStash* stash) {
   if (input.ndim() < 2 || input.dim(-1) != in_) return BadInput(Describe(), "[..., " + std::to_string(in_) + "]", input);
   // [B, T, in] is [B * T, in]; the output keeps the leading dimensions.
-  const Tensor x = input.ndim() == 2 ? input : input.Reshape({input.numel() / in_, in_});
+  const Tensor x = ProductOperand(input.ndim() == 2 ? input : input.Reshape({input.numel() / in_, in_}), ctx.precision);
+  const Tensor w = ProductWeight(params_[0].value, ctx);
   Device* dev = device_;
   const int n = I(x.dim(0));
   Tensor z = Tensor::Empty({n, out_}, dev);
-  dev->Gemm(false, true, n, out_, in_, 1.0f, x.data(), in_, params_[0].value.data(), in_, 0.0f, z.data(), out_);
+  MatmulInto(x, w, false, true, 0.0f, z);
   const float* b = bias_ ? params_[1].value.data() : nullptr;
   Tensor y = z;
   if (act_ == Activation::kGelu) {  // GELU's backward needs its input: keep z, write y apart
@@ -117,12 +135,20 @@ Result<Tensor> Linear::Forward(const Tensor& input, const ForwardContext&, Layer
   }
   if (stash) {
     stash->tensors = {x, act_ == Activation::kNone ? Tensor() : z};
+    if (x.dtype() != DType::kFloat32) stash->tensors.push_back(w);
     stash->shape = input.ndim() == 2 ? Shape{} : input.shape();
   }
   if (input.ndim() == 2) return y;
   Shape out = input.shape();
   out.back() = out_;
   return y.Reshape(out);
+}
+
+bool Linear::StashFits(const LayerStash& stash) const {
+  const auto& t = stash.tensors;
+  if (t.size() < 2 || !t[0].defined() || t[0].ndim() != 2 || t[0].dim(1) != in_) return false;
+  if (t[0].dtype() == DType::kFloat32) return t.size() == 2;
+  return t.size() == 3 && t[2].dtype() == t[0].dtype() && t[2].shape() == Shape{out_, in_};
 }
 
 Result<Tensor> Linear::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
@@ -133,13 +159,13 @@ Result<Tensor> Linear::Backward(const Tensor& dy, const LayerStash& stash, bool 
   const Tensor& x = stash.tensors[0];
   const int n = I(x.dim(0));
   const float beta = accumulate ? 1.0f : 0.0f;
-  device_->Gemm(true, false, out_, in_, n, 1.0f, dz.data(), out_, x.data(), in_, beta, params_[0].grad.data(), in_);
+  MatmulInto(dz.Cast(x.dtype()), x, true, false, beta, params_[0].grad);
   if (bias_) device_->ColumnSum(dz.data(), n, out_, beta, params_[1].grad.data());
   return dx;
 }
 
 Result<Tensor> Linear::BackwardInput(const Tensor& dy_in, const LayerStash& stash, bool need_dx, Tensor* wgrad) {
-  if (stash.tensors.size() != 2) return Status::FailedPrecondition(Describe() + ": empty stash");
+  if (!StashFits(stash)) return Status::FailedPrecondition(Describe() + ": empty stash");
   const int n = I(stash.tensors[0].dim(0));
   if (dy_in.ndim() < 2 || dy_in.dim(-1) != out_ || dy_in.numel() != int64_t{n} * out_)
     return BadInput(Describe() + " backward", ShapeToString({n, out_}), dy_in);
@@ -150,19 +176,23 @@ Result<Tensor> Linear::BackwardInput(const Tensor& dy_in, const LayerStash& stas
     device_->ActivationBackward(act_, stash.tensors[1].data(), dy.data(), static_cast<size_t>(dy.numel()), wgrad->data());
   }
   if (!need_dx) return Tensor();
-  Tensor dx = Tensor::Empty({n, in_}, device_);
-  device_->Gemm(false, false, n, in_, out_, 1.0f, wgrad->data(), out_, params_[0].value.data(), in_, 0.0f, dx.data(), in_);
+  // The product in the forward's precision: by the weight copy it stashed in bfloat16.
+  const bool low = stash.tensors[0].dtype() != DType::kFloat32;
+  const Tensor dx = Matmul(wgrad->Cast(stash.tensors[0].dtype()), low ? stash.tensors[2] : params_[0].value);
   return stash.shape.empty() ? dx : dx.Reshape(stash.shape);
 }
 
 Status Linear::WeightGradients(const std::vector<std::pair<const LayerStash*, const Tensor*>>& parts) {
   int64_t rows = 0;
   for (const auto& [stash, dz] : parts) {
-    if (stash == nullptr || dz == nullptr || stash->tensors.size() != 2)
+    if (stash == nullptr || dz == nullptr || !StashFits(*stash))
       return Status::FailedPrecondition(Describe() + ": a part without stash or dL/dz");
     const Tensor& x = stash->tensors[0];
-    if (x.ndim() != 2 || x.dim(1) != in_ || dz->ndim() != 2 || dz->dim(0) != x.dim(0) || dz->dim(1) != out_)
+    if (x.ndim() != 2 || x.dim(1) != in_ || dz->ndim() != 2 || dz->dim(0) != x.dim(0) || dz->dim(1) != out_ ||
+        dz->dtype() != DType::kFloat32)
       return BadInput(Describe() + " weight gradients", ShapeToString({x.dim(0), out_}), *dz);
+    if (x.dtype() != parts[0].first->tensors[0].dtype())
+      return Status::FailedPrecondition(Describe() + ": weight gradients of micro-batches in two precisions");
     rows += x.dim(0);
   }
   if (rows == 0) {
@@ -170,16 +200,17 @@ Status Linear::WeightGradients(const std::vector<std::pair<const LayerStash*, co
     return Status::OK();
   }
   // The parts' rows one after another: one product with a reduction over every row.
-  Tensor x_all = Tensor::Empty({rows, in_}, device_), dz_all = Tensor::Empty({rows, out_}, device_);
+  const DType type = parts[0].first->tensors[0].dtype();
+  Tensor x_all = Tensor::Empty({rows, in_}, device_, type), dz_all = Tensor::Empty({rows, out_}, device_);
   int64_t row = 0;
   for (const auto& [stash, dz] : parts) {
-    const int64_t n = dz->dim(0);
-    device_->CopyOnDevice(x_all.data() + row * in_, stash->tensors[0].data(), static_cast<size_t>(n * in_) * sizeof(float));
-    device_->CopyOnDevice(dz_all.data() + row * out_, dz->data(), static_cast<size_t>(n * out_) * sizeof(float));
-    row += n;
+    const Tensor& x = stash->tensors[0];
+    x_all.Rows(row, row + x.dim(0)).CopyFrom(x);
+    dz_all.Rows(row, row + x.dim(0)).CopyFrom(*dz);
+    row += x.dim(0);
   }
   const int n = I(rows);
-  device_->Gemm(true, false, out_, in_, n, 1.0f, dz_all.data(), out_, x_all.data(), in_, 0.0f, params_[0].grad.data(), in_);
+  MatmulInto(dz_all.Cast(type), x_all, true, false, 0.0f, params_[0].grad);
   if (bias_) device_->ColumnSum(dz_all.data(), n, out_, 0.0f, params_[1].grad.data());
   return Status::OK();
 }

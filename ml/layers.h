@@ -14,7 +14,9 @@
 // parameter updates need exclusive access.
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -38,12 +40,33 @@ struct LayerStash {
   uint64_t seed = 0;  // dropout: the mask is regenerated, not stored
 };
 
+/// bfloat16 copies of parameters, for the forward passes of one set of parameter values (a
+/// pipeline stage's micro-batches): each parameter converted once, not once per pass.
+/// Contract: only for parameters nobody writes in place while the copy is held — the ML
+/// programs' message tensors (ml/programs/support.h); the owner clears it when its parameters
+/// are replaced. An entry keeps its source alive, so a freed and reused address is never
+/// mistaken for it. Thread-safe.
+class WeightCasts {
+ public:
+  Tensor BFloat16(const Tensor& weight);
+  void Clear();
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<const void*, std::pair<Tensor, Tensor>> casts_;  // source address -> (source, copy)
+};
+
 /// Per-call settings of a forward pass.
 struct ForwardContext {
   bool training = true;
   /// Randomness of this (step, micro-batch), e.g. MixSeed(seed, step, micro_batch); each
   /// layer mixes in its global index.
   uint64_t seed = 0;
+  /// The precision of matrix products (ml/dtype.h). In bfloat16, layers stash the bfloat16
+  /// operands their backward multiplies again, and their backward computes in bfloat16 too.
+  Precision precision = Precision::kFloat32;
+  /// Where the bfloat16 copies of weights come from (converted per pass when null).
+  WeightCasts* weight_casts = nullptr;
 };
 
 class Layer {
@@ -58,6 +81,8 @@ class Layer {
   virtual Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) = 0;
   /// Re-initializes the parameters from the stream of (seed, index()).
   virtual void InitParameters(uint64_t seed) {}
+  /// Whether Forward takes a bfloat16 x as it is (else it gets float32).
+  virtual bool TakesBFloat16() const { return false; }
 
   // Deferred weight gradients (the B/W split of zero-bubble pipelines): a pipeline stage's
   // backward of each micro-batch computes only dL/dx, which the previous stage waits for, and
@@ -97,6 +122,8 @@ class Layer {
   /// Fills `t` with N(0, std^2) from stream `stream` of this layer's seed (Box-Muller over
   /// pairs of Philox uniforms).
   void NormalInit(const Tensor& t, uint64_t seed, uint64_t stream, float std) const;
+  /// What a product of this pass multiplies by weight `w`: `w` itself, or in bfloat16 its copy.
+  static Tensor ProductWeight(const Tensor& w, const ForwardContext& ctx);
 
   std::vector<Parameter> params_;
   int index_ = 0;
@@ -104,7 +131,10 @@ class Layer {
 };
 
 /// y = act(x W^T + b), W [out, in] as in torch.nn.Linear; act fused into the same pass. x is
-/// [N, in] or [..., in] (the leading dimensions are rows, and y keeps them: [..., out]).
+/// [N, in] or [..., in] (the leading dimensions are rows, and y keeps them: [..., out]), float32
+/// or bfloat16 (an activation that crossed a stage boundary in bfloat16); y is float32.
+/// Stash: x as multiplied, the pre-activation z (when there is an activation), and in bfloat16
+/// the weight's copy.
 class Linear final : public Layer {
  public:
   Linear(int in_features, int out_features, Activation act = Activation::kNone, bool bias = true);
@@ -112,6 +142,7 @@ class Linear final : public Layer {
   Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, LayerStash* stash) override;
   Result<Tensor> Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate = true) override;
   void InitParameters(uint64_t seed) override;
+  bool TakesBFloat16() const override { return true; }
   bool DefersWeightGradients() const override { return true; }
   /// `*wgrad` is dL/dz, the gradient before the fused activation.
   Result<Tensor> BackwardInput(const Tensor& dy, const LayerStash& stash, bool need_dx, Tensor* wgrad) override;
@@ -119,6 +150,9 @@ class Linear final : public Layer {
   Status WeightGradients(const std::vector<std::pair<const LayerStash*, const Tensor*>>& parts) override;
 
  private:
+  /// Whether `stash` is what Forward leaves: a float32 x, or a bfloat16 x and weight copy.
+  bool StashFits(const LayerStash& stash) const;
+
   int in_, out_;
   Activation act_;
   bool bias_;

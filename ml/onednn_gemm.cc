@@ -19,9 +19,9 @@ namespace {
 
 using dnnl::memory;
 
-// What makes two products need different primitives: shape, transposes, leading dimensions
-// (the strides of the memory descriptors) and whether C is accumulated into.
-using Shape = std::tuple<bool, bool, int, int, int, int, int, int, bool>;
+// What makes two products need different primitives: operand type, shape, transposes, leading
+// dimensions (the strides of the memory descriptors) and whether C is accumulated into.
+using Shape = std::tuple<DType, bool, bool, int, int, int, int, int, int, bool>;
 
 struct Product {
   dnnl::matmul primitive;
@@ -36,7 +36,7 @@ class ThreadProducts {
   ThreadProducts() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) { omp_set_num_threads(1); }
 
   /// False when oneDNN has no matmul for this shape and these strides.
-  bool Run(const Shape& shape, const float* a, const float* b, float* c) {
+  bool Run(const Shape& shape, const void* a, const void* b, float* c) {
     auto it = products_.find(shape);
     if (it == products_.end()) {
       if (products_.size() >= kMaxProducts) products_.clear();  // a bound, not an LRU: shapes are few
@@ -44,8 +44,8 @@ class ThreadProducts {
     }
     if (!it->second) return false;
     Product& p = *it->second;
-    p.a.set_data_handle(const_cast<float*>(a));
-    p.b.set_data_handle(const_cast<float*>(b));
+    p.a.set_data_handle(const_cast<void*>(a));
+    p.b.set_data_handle(const_cast<void*>(b));
     p.c.set_data_handle(c);
     p.primitive.execute(stream_,
                         {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}, {DNNL_ARG_SCRATCHPAD, p.scratchpad}});
@@ -57,10 +57,11 @@ class ThreadProducts {
   static constexpr size_t kMaxProducts = 256;
 
   std::optional<Product> Build(const Shape& shape) const try {
-    const auto [ta, tb, m, n, k, lda, ldb, ldc, accumulate] = shape;
+    const auto [operands, ta, tb, m, n, k, lda, ldb, ldc, accumulate] = shape;
+    const auto in = operands == DType::kBFloat16 ? memory::data_type::bf16 : memory::data_type::f32;
     // Row-major op(A) is m x k: element (i, l) at i*lda + l, or l*lda + i when transposed.
-    const memory::desc a({m, k}, memory::data_type::f32, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
-    const memory::desc b({k, n}, memory::data_type::f32, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
+    const memory::desc a({m, k}, in, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
+    const memory::desc b({k, n}, in, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
     const memory::desc c({m, n}, memory::data_type::f32, memory::dims{ldc, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -83,18 +84,18 @@ class ThreadProducts {
 
 }  // namespace
 
-bool OneDnnGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
-                float beta, float* c, int ldc) {
+bool OneDnnGemm(DType operands, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
+                const void* b, int ldb, float beta, float* c, int ldc) {
   if (alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) return false;
   thread_local ThreadProducts products;
-  return products.Run(Shape{trans_a, trans_b, m, n, k, lda, ldb, ldc, beta == 1.0f}, a, b, c);
+  return products.Run(Shape{operands, trans_a, trans_b, m, n, k, lda, ldb, ldc, beta == 1.0f}, a, b, c);
 }
 
 #else  // !COPSE_HAVE_ONEDNN
 
 bool OneDnnGemmBuilt() { return false; }
 
-bool OneDnnGemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) { return false; }
+bool OneDnnGemm(DType, bool, bool, int, int, int, float, const void*, int, const void*, int, float, float*, int) { return false; }
 
 #endif
 

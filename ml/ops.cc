@@ -32,13 +32,33 @@ ConvGeom Geom(const Tensor& x, int kh, int kw, int stride, int pad) {
 
 Tensor Matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   Require(a.ndim() == 2 && b.ndim() == 2, "Matmul", "expects 2-D tensors");
+  const int64_t m = trans_a ? a.dim(1) : a.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
+  Tensor c = Tensor::Empty({m, n}, a.device());
+  MatmulInto(a, b, trans_a, trans_b, 0.0f, c);
+  return c;
+}
+
+void MatmulInto(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, float beta, const Tensor& c) {
+  Require(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "Matmul", "expects 2-D tensors");
   SameDevice("Matmul", a, b);
+  SameDevice("Matmul", a, c);
+  Require(a.dtype() == b.dtype(), "Matmul",
+          std::string("operands of two types: ") + DTypeName(a.dtype()) + " x " + DTypeName(b.dtype()));
   const int64_t m = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
   const int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
   Require(k == kb, "Matmul", "inner dimensions differ: " + ShapeToString(a.shape()) + " x " + ShapeToString(b.shape()));
-  Tensor c = Tensor::Empty({m, n}, a.device());
-  a.device()->Gemm(trans_a, trans_b, I(m), I(n), I(k), 1.0f, a.data(), I(a.dim(1)), b.data(), I(b.dim(1)), 0.0f, c.data(), I(n));
-  return c;
+  Require(c.dim(0) == m && c.dim(1) == n, "Matmul",
+          "result " + ShapeToString(c.shape()) + " for a product of [" + std::to_string(m) + ", " + std::to_string(n) + "]");
+  Device* d = a.device();
+  if (a.dtype() == DType::kBFloat16)
+    d->GemmBf16(trans_a, trans_b, I(m), I(n), I(k), 1.0f, a.bf16_data(), I(a.dim(1)), b.bf16_data(), I(b.dim(1)), beta, c.data(),
+                I(n));
+  else
+    d->Gemm(trans_a, trans_b, I(m), I(n), I(k), 1.0f, a.data(), I(a.dim(1)), b.data(), I(b.dim(1)), beta, c.data(), I(n));
+}
+
+Tensor ProductOperand(const Tensor& t, Precision precision) {
+  return t.Cast(precision == Precision::kBFloat16 ? DType::kBFloat16 : DType::kFloat32);
 }
 
 Tensor LinearForward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {

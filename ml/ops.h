@@ -12,8 +12,13 @@
 
 namespace copse::ml {
 
-/// op(a) * op(b) for 2-D tensors; op transposes when requested.
+/// op(a) * op(b) for 2-D tensors; op transposes when requested. a and b are both float32 or
+/// both bfloat16 (mixed precision: float32 accumulation); the result is float32.
 Tensor Matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+/// c = op(a) * op(b) + beta * c into an existing float32 c, with Matmul's types.
+void MatmulInto(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, float beta, const Tensor& c);
+/// What a product of `precision` multiplies: `t` in float32, or converted to bfloat16.
+Tensor ProductOperand(const Tensor& t, Precision precision);
 /// act(x * w^T + bias): x [N, in], w [out, in] (PyTorch's Linear layout), bias [out] or undefined.
 Tensor LinearForward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act = Activation::kNone);
 /// x + bias over the last dimension.

@@ -36,7 +36,9 @@ void Sequential::To(Device* device) {
 
 Result<Tensor> Sequential::Forward(const Tensor& x, const ForwardContext& ctx, Stash* stash) const {
   if (stash) stash->layers.assign(layers_.size(), LayerStash{});
-  Tensor h = x;
+  // A bfloat16 input (an activation that crossed a stage boundary so) goes as it is only to a
+  // layer that multiplies it in bfloat16 anyway.
+  Tensor h = !layers_.empty() && layers_[0]->TakesBFloat16() ? x : x.Cast(DType::kFloat32);
   for (size_t i = 0; i < layers_.size(); ++i) {
     auto r = layers_[i]->Forward(h, ctx, stash ? &stash->layers[i] : nullptr);
     if (!r.ok()) return r.status().WithContext("layer " + std::to_string(layers_[i]->index()));
@@ -68,7 +70,7 @@ Result<Tensor> WalkBackward(const std::vector<std::shared_ptr<Layer>>& layers, c
       first_trainable = i;
       break;
     }
-  Tensor g = dy;
+  Tensor g = dy.Cast(DType::kFloat32);  // a gradient that crossed a stage boundary in bfloat16
   for (size_t i = layers.size(); i-- > 0;) {
     const bool need_dx = need_input_grad || i > first_trainable;
     if (!need_dx && layers[i]->parameters().empty()) break;

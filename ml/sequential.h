@@ -45,6 +45,8 @@ class Sequential {
   void To(Device* device);
   Device* device() const { return device_; }
 
+  /// x and the dy of the backward passes are float32, or bfloat16 where a pipeline stage
+  /// boundary carries them so (widened where the layer at hand needs float32).
   Result<Tensor> Forward(const Tensor& x, const ForwardContext& ctx, Stash* stash) const;
   /// Inference forward (no stash, training = false).
   Result<Tensor> Predict(const Tensor& x) const;

@@ -11,7 +11,6 @@ namespace {
 
 constexpr char kMagic[8] = {'C', 'O', 'P', 'S', 'E', 'T', 'N', 'S'};
 constexpr uint32_t kVersion = 1;
-constexpr uint8_t kFloat32 = 0;
 constexpr int kMaxDims = 8;
 
 template <typename T>
@@ -62,7 +61,7 @@ const Tensor& Wire(const Tensor& t) {
 void AppendTensorHeader(std::string& out, const std::string& name, const Tensor& t) {
   Put<uint32_t>(out, static_cast<uint32_t>(name.size()));
   out.append(name);
-  Put<uint8_t>(out, kFloat32);
+  Put<uint8_t>(out, static_cast<uint8_t>(t.dtype()));
   Put<uint8_t>(out, static_cast<uint8_t>(t.ndim()));
   Put<uint16_t>(out, 0);
   for (int64_t d : t.shape()) Put<int64_t>(out, d);
@@ -90,11 +89,11 @@ std::string SerializeTensors(const NamedTensors& tensors) {
     AppendTensorHeader(out, name, t);
     if (t.bytes() == 0) continue;
     if (t.is_cpu()) {
-      out.append(reinterpret_cast<const char*>(t.data()), t.bytes());
+      out.append(static_cast<const char*>(t.raw_data()), t.bytes());
     } else {
       const size_t at = out.size();
       out.resize(at + t.bytes());
-      t.device()->CopyToHost(out.data() + at, t.data(), t.bytes());
+      t.device()->CopyToHost(out.data() + at, t.raw_data(), t.bytes());
     }
   }
   Put<uint64_t>(out, Checksum(out));
@@ -117,7 +116,7 @@ std::vector<std::string_view> SerializedSpans(const NamedTensors& tensors, std::
   size_t begin = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     XXH64_update(hash.get(), headers.data() + begin, header_ends[i] - begin);
-    XXH64_update(hash.get(), Wire(tensors[i].second).data(), Wire(tensors[i].second).bytes());
+    XXH64_update(hash.get(), Wire(tensors[i].second).raw_data(), Wire(tensors[i].second).bytes());
     begin = header_ends[i];
   }
   XXH64_update(hash.get(), headers.data() + begin, headers.size() - begin);  // the prefix, when no tensors
@@ -130,7 +129,7 @@ std::vector<std::string_view> SerializedSpans(const NamedTensors& tensors, std::
   for (size_t i = 0; i < tensors.size(); ++i) {
     spans.push_back(all.substr(begin, header_ends[i] - begin));
     if (const Tensor& t = Wire(tensors[i].second); t.bytes() > 0)
-      spans.emplace_back(reinterpret_cast<const char*>(t.data()), t.bytes());
+      spans.emplace_back(static_cast<const char*>(t.raw_data()), t.bytes());
     begin = header_ends[i];
   }
   spans.push_back(all.substr(begin));  // the prefix (when no tensors) and the trailer
@@ -159,7 +158,10 @@ Result<NamedTensors> DeserializeTensors(std::string_view bytes, Device* device) 
     uint16_t reserved;
     if (!r.Get(&name_len) || !r.Bytes(name_len, &name) || !r.Get(&dtype) || !r.Get(&ndim) || !r.Get(&reserved))
       return Loss(where + "truncated header");
-    if (dtype != kFloat32) return Loss(where + "unknown dtype " + std::to_string(dtype));
+    if (dtype != static_cast<uint8_t>(DType::kFloat32) && dtype != static_cast<uint8_t>(DType::kBFloat16))
+      return Loss(where + "unknown dtype " + std::to_string(dtype));
+    const DType type = static_cast<DType>(dtype);
+    const size_t element = DTypeSize(type);
     if (ndim > kMaxDims) return Loss(where + "too many dimensions (" + std::to_string(ndim) + ")");
     Shape shape(ndim);
     uint64_t numel = 1;
@@ -167,12 +169,12 @@ Result<NamedTensors> DeserializeTensors(std::string_view bytes, Device* device) 
       if (!r.Get(&d)) return Loss(where + "truncated shape");
       if (d < 0) return Loss(where + "negative dimension");
       numel *= static_cast<uint64_t>(d);
-      if (numel > r.remaining() / sizeof(float)) return Loss(where + "shape larger than the data");
+      if (numel > r.remaining() / element) return Loss(where + "shape larger than the data");
     }
     std::string_view data;
-    if (!r.Bytes(numel * sizeof(float), &data)) return Loss(where + "truncated data");
-    Tensor t = Tensor::Empty(shape, device);
-    if (numel > 0) device->CopyFromHost(t.data(), data.data(), data.size());
+    if (!r.Bytes(numel * element, &data)) return Loss(where + "truncated data");
+    Tensor t = Tensor::Empty(shape, device, type);
+    if (numel > 0) device->CopyFromHost(t.raw_data(), data.data(), data.size());
     out.emplace_back(std::string(name), std::move(t));
   }
   if (r.remaining() != 0) return Loss(std::to_string(r.remaining()) + " trailing bytes");

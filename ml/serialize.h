@@ -2,8 +2,8 @@
 // Byte encoding of tensors and named tensor sets (parameters, gradients, optimizer state,
 // activation stashes) for channels and checkpoints. Format, little-endian:
 //   "COPSETNS" | u32 version=1 | u32 count |
-//   count x ( u32 name_len | name | u8 dtype (0 = float32) | u8 ndim | u16 0 | i64 dims[ndim]
-//             | float32 data[prod(dims)] ) |
+//   count x ( u32 name_len | name | u8 dtype (0 = float32, 1 = bfloat16) | u8 ndim | u16 0
+//             | i64 dims[ndim] | data[prod(dims)] of that type ) |
 //   u64 XXH64(seed 0) of every byte before it.
 // Decoding verifies the checksum first; any damage (truncation, flipped bits, bad header)
 // yields Status::DataLoss naming what is wrong, never a crash or a partial result.

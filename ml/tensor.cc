@@ -25,11 +25,16 @@ Storage::Storage(Device* device, size_t bytes) : device_(device), bytes_(bytes),
 
 Storage::~Storage() { device_->Free(data_, bytes_); }
 
-Tensor Tensor::Empty(const Shape& shape, Device* device) {
+Tensor Tensor::Empty(const Shape& shape, Device* device, DType dtype) {
   Tensor t;
   t.shape_ = shape;
-  t.storage_ = std::make_shared<Storage>(device, static_cast<size_t>(NumElements(shape)) * 4);
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(device, static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype));
   return t;
+}
+
+void Tensor::ThrowWrongType(const char* accessor) const {
+  throw std::logic_error(std::string("Tensor::") + accessor + " of a " + DTypeName(dtype_) + " tensor " + ShapeToString(shape_));
 }
 
 Tensor Tensor::Zeros(const Shape& shape, Device* device) { return Full(shape, 0.0f, device); }
@@ -51,31 +56,52 @@ Tensor Tensor::FromVector(const Shape& shape, const std::vector<float>& values, 
 
 std::vector<float> Tensor::ToVector() const {
   std::vector<float> out(static_cast<size_t>(numel()));
-  if (defined() && !out.empty()) device()->CopyToHost(out.data(), data(), bytes());
+  if (!defined() || out.empty()) return out;
+  if (dtype_ == DType::kFloat32) {
+    device()->CopyToHost(out.data(), data(), bytes());
+  } else {
+    std::vector<uint16_t> bits(out.size());
+    device()->CopyToHost(bits.data(), raw_data(), bytes());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = BFloat16ToFloat(bits[i]);
+  }
   return out;
 }
 
+Tensor Tensor::Cast(DType dtype) const {
+  if (dtype == dtype_ || !defined()) return *this;
+  Tensor t = Empty(shape_, device(), dtype);
+  const size_t n = static_cast<size_t>(numel());
+  if (n == 0) return t;
+  if (dtype == DType::kBFloat16)
+    device()->FloatToBFloat16(data(), n, t.bf16_data());
+  else
+    device()->BFloat16ToFloat(bf16_data(), n, t.data());
+  return t;
+}
+
 Tensor Tensor::To(Device* target) const {
-  Tensor t = Empty(shape_, target);
+  Tensor t = Empty(shape_, target, dtype_);
   t.CopyFrom(*this);
   return t;
 }
 
 void Tensor::CopyFrom(const Tensor& src) const {
-  if (src.numel() != numel())
-    throw std::invalid_argument("Tensor::CopyFrom: " + ShapeToString(src.shape()) + " into " + ShapeToString(shape_));
+  if (src.numel() != numel() || src.dtype() != dtype_)
+    throw std::invalid_argument("Tensor::CopyFrom: " + std::string(DTypeName(src.dtype())) + ShapeToString(src.shape()) +
+                                " into " + DTypeName(dtype_) + ShapeToString(shape_));
   if (numel() == 0) return;
   Device* from = src.device();
   Device* to = device();
   if (from == to) {
-    to->CopyOnDevice(data(), src.data(), bytes());
+    to->CopyOnDevice(raw_data(), src.raw_data(), bytes());
   } else if (from->type() == DeviceType::kCpu) {
-    to->CopyFromHost(data(), src.data(), bytes());
+    to->CopyFromHost(raw_data(), src.raw_data(), bytes());
   } else if (to->type() == DeviceType::kCpu) {
-    from->CopyToHost(data(), src.data(), bytes());
+    from->CopyToHost(raw_data(), src.raw_data(), bytes());
   } else {  // GPU to another GPU: through the host (peer copies are the channels' business).
-    std::vector<float> host = src.ToVector();
-    to->CopyFromHost(data(), host.data(), bytes());
+    std::vector<char> host(bytes());
+    from->CopyToHost(host.data(), src.raw_data(), bytes());
+    to->CopyFromHost(raw_data(), host.data(), bytes());
   }
 }
 
@@ -103,9 +129,12 @@ Tensor Tensor::Rows(int64_t begin, int64_t end) const {
 }
 
 bool Tensor::BitwiseEquals(const Tensor& other) const {
-  if (shape_ != other.shape_) return false;
-  const std::vector<float> a = ToVector(), b = other.ToVector();
-  return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  if (shape_ != other.shape_ || dtype_ != other.dtype_) return false;
+  if (bytes() == 0) return true;
+  std::vector<char> a(bytes()), b(bytes());
+  device()->CopyToHost(a.data(), raw_data(), bytes());
+  other.device()->CopyToHost(b.data(), other.raw_data(), bytes());
+  return a == b;
 }
 
 }  // namespace copse::ml

@@ -35,6 +35,7 @@ Status Validate(const TrainOptions& o) {
   if (o.lr_schedule != "constant" && o.lr_schedule != "cosine")
     return Status::InvalidArgument("--lr-schedule must be constant or cosine");
   if (o.warmup_steps < 0) return Status::InvalidArgument("--warmup-steps must be >= 0");
+  if (auto p = ParsePrecision(o.precision); !p.ok()) return p.status().WithContext("--precision");
   if (o.min_lr < 0 || o.min_lr > o.lr) return Status::InvalidArgument("--min-lr must be in [0, --lr]");
   if (o.clip_norm < 0) return Status::InvalidArgument("--clip-norm must be >= 0");
   if (IsLanguageModel(o.model) && o.sample_bytes > 0 && o.sample_prompt.empty())
@@ -83,6 +84,7 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
   auto log = Logger("ml");
   SetCpuThreads(o.threads);
   COPSE_ASSIGN_OR_RETURN(Device * device, DeviceByName(o.device));
+  const Precision precision = *ParsePrecision(o.precision);
 
   const bool lm = IsLanguageModel(o.model);
   COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModel(o.model, o.seed));  // checks the spec first
@@ -103,13 +105,14 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
     s.weight_decay = o.weight_decay;
     opt = std::make_unique<Sgd>(model.Parameters(), s);
   }
-  log->info("train model={} ({} parameters) device={} threads={} images={} batch={}", o.model, model.NumParameters(),
-            device->name(), o.threads, train.size(), o.batch);
+  log->info("train model={} ({} parameters) device={} precision={} threads={} images={} batch={}", o.model, model.NumParameters(),
+            device->name(), PrecisionName(precision), o.threads, train.size(), o.batch);
 
   TrainReport report;
   report.train_images = train.size();
   report.parameters = model.NumParameters();
   report.model_description = model.Describe();
+  report.precision = PrecisionName(precision);
   report.language_model = lm;
   const int64_t steps_per_epoch = (train.size() + o.batch - 1) / o.batch;
   const int64_t total_steps =
@@ -132,6 +135,7 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
       ForwardContext ctx;
       ctx.training = true;
       ctx.seed = MixSeed(o.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(step));
+      ctx.precision = precision;
       COPSE_ASSIGN_OR_RETURN(Tensor logits, model.Forward(b.images, ctx, &stash));
       COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels));
       COPSE_RETURN_NOT_OK(model.Backward(loss.grad, stash, /*need_input_grad=*/false, /*accumulate=*/false).status());

@@ -4,8 +4,8 @@
 // Adam or AdamW — an image model on Fashion-MNIST, evaluated for test accuracy after every
 // epoch; a language model ("gpt:...") on the fortunes text (ml/text_corpus.h), evaluated for
 // validation loss, with a sample of generated text at the end — and reports loss and
-// throughput (images/s, or tokens/s for text). Deterministic: the same options give bit-identical parameters
-// (shuffles from (seed, epoch), initialization from (seed, layer), no data races).
+// throughput (images/s, or tokens/s for text), in float32 or mixed bfloat16. Deterministic: the same options give bit-identical
+// parameters (shuffles from (seed, epoch), initialization from (seed, layer), no data races).
 //
 //   TrainOptions o;  o.model = "mlp";  o.epochs = 1;
 //   Result<TrainReport> r = Train(o, [](const TrainProgress& p) { ... });
@@ -32,6 +32,9 @@ struct TrainOptions {
   int threads = 2;
   uint64_t seed = 1;
   std::string device = "cpu";  // cpu | cuda | cuda:N
+  // Matrix products in fp32, or bf16 (mixed precision, ml/dtype.h: float32 parameters, optimizer
+  // and elementwise work; evaluation in float32).
+  std::string precision = "fp32";
   std::string data_dir = kFashionMnistDir;
   std::string text_dir = "/usr/share/games/fortunes";  // the corpus of language models
   int64_t limit = -1;                                  // training examples (images, text windows) used (all when < 0)
@@ -85,6 +88,7 @@ struct TrainReport {
   std::string sample;          // text the model wrote at the end, after options.sample_prompt
   int64_t parameters = 0;
   std::string model_description;
+  std::string precision;          // as trained
   std::string parameter_digest;   // Digest() of the final parameters
   NamedTensors final_parameters;  // host copies
 };

@@ -21,11 +21,21 @@ Status BadInput(const std::string& layer, const std::string& expected, const Ten
                                  (x.defined() ? ShapeToString(x.shape()) : "undefined"));
 }
 
-/// Adds dW += dz^T x and db += column sums of dz; writes dx = dz W when dx is not null.
-void DenseBackward(Device* d, const float* x, const float* dz, int n, int in, int out, Parameter& w, Parameter& b, float* dx) {
-  d->Gemm(true, false, out, in, n, 1.0f, dz, out, x, in, 1.0f, w.grad.data(), in);
-  d->ColumnSum(dz, n, out, 1.0f, b.grad.data());
-  if (dx) d->Gemm(false, false, n, in, out, 1.0f, dz, out, w.value.data(), in, 0.0f, dx, in);
+/// Adds dW += dz^T x and db += column sums of dz over x [N, in] and dz [N, out]; writes dx =
+/// dz W when dx is defined. x and `w` (the weight as the forward multiplied it) are both float32
+/// or both bfloat16, and dz is multiplied in their type.
+void DenseBackward(const Tensor& x, const Tensor& dz, const Tensor& w, Parameter& weight, Parameter& bias, const Tensor& dx) {
+  const Tensor dz_op = dz.Cast(x.dtype());
+  MatmulInto(dz_op, x, true, false, 1.0f, weight.grad);
+  dz.device()->ColumnSum(dz.data(), I(dz.dim(0)), I(dz.dim(1)), 1.0f, bias.grad.data());
+  if (dx.defined()) MatmulInto(dz_op, w, false, false, 0.0f, dx);
+}
+
+/// The weights a block's backward multiplies by: the bfloat16 copies its forward stashed after
+/// `count` tensors, or the parameters themselves.
+std::pair<Tensor, Tensor> ProductWeights(const LayerStash& stash, size_t count, const Tensor& in, const Tensor& proj) {
+  if (stash.tensors.size() == count + 2) return {stash.tensors[count], stash.tensors[count + 1]};
+  return {in, proj};
 }
 
 /// The dropout seed of a layer for this forward pass (as DropoutLayer's).
@@ -309,8 +319,10 @@ Result<Tensor> ResidualBlock::InputGrad(const Tensor& dh_partial, const Tensor& 
 }
 
 // ---- AttentionBlock --------------------------------------------------------------------------
-// Stash: x, LayerNorm mean and rstd, h = LayerNorm(x), qkv [N, 3Dl], the probabilities P
-// [B, Hl, T, T], and o [N, Dl] (the local heads' outputs side by side, before the projection),
+// Stash: x, LayerNorm mean and rstd, h = LayerNorm(x) [N, D], qkv [N, 3Dl], the probabilities P
+// [B, Hl, T, T], and o [N, Dl] (the local heads' outputs side by side, before the projection);
+// in bfloat16, h and o as multiplied (bfloat16) and then the copies of qkv.weight and
+// proj.weight. The attention's own products (scores, mixing) stay float32. Here Dl = D / ranks,
 // where Hl = H / ranks heads of this shard span Dl = D / ranks columns. Head j of row block b is
 // the column block j * D/H of q, k and v within qkv; the per-head products are one BatchedGemm
 // each, over (b, j).
@@ -328,7 +340,9 @@ Result<Tensor> AttentionBlock::Forward(const Tensor& x, const ForwardContext& ct
   const int b = I(x.dim(0)), t = I(x.dim(1)), n = b * t, dh = dim_ / heads_;
   const int hl = heads_ / shard_.ranks, dl = dim_ / shard_.ranks, d3 = 3 * dl;
   LayerNormResult ln = LayerNorm(x, params_[0].value, params_[1].value, kLayerNormEps);
-  const Tensor qkv = LinearForward(ln.y.Reshape({n, dim_}), params_[2].value, params_[3].value);
+  const Tensor h = ProductOperand(ln.y.Reshape({n, dim_}), ctx.precision);
+  const Tensor w_qkv = ProductWeight(params_[2].value, ctx), w_proj = ProductWeight(params_[4].value, ctx);
+  const Tensor qkv = LinearForward(h, w_qkv, params_[3].value);
 
   Tensor p = Tensor::Empty({b, hl, t, t}, d);
   Device::GemmBatch scores{b, hl, int64_t{t} * d3, dh, int64_t{t} * d3, dh, int64_t{hl} * t * t, int64_t{t} * t};
@@ -339,15 +353,20 @@ Result<Tensor> AttentionBlock::Forward(const Tensor& x, const ForwardContext& ct
   Device::GemmBatch mix{b, hl, int64_t{hl} * t * t, int64_t{t} * t, int64_t{t} * d3, dh, int64_t{t} * dl, dh};
   d->BatchedGemm(false, false, t, dh, t, 1.0f, p.data(), t, qkv.data() + 2 * dl, d3, 0.0f, o.data(), dl, mix);
 
-  COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(Matmul(o, params_[4].value, false, true), x, ctx, stash));
-  if (stash) stash->tensors = {x, ln.mean, ln.rstd, ln.y, qkv, p, o};
+  const Tensor o_op = ProductOperand(o, ctx.precision);
+  COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(Matmul(o_op, w_proj, false, true), x, ctx, stash));
+  if (stash) {
+    stash->tensors = {x, ln.mean, ln.rstd, h, qkv, p, o_op};
+    if (ctx.precision != Precision::kFloat32) stash->tensors.insert(stash->tensors.end(), {w_qkv, w_proj});
+  }
   return y;
 }
 
 Result<Tensor> AttentionBlock::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
-  if (stash.tensors.size() != 7) return Status::FailedPrecondition(Describe() + ": empty stash");
+  if (stash.tensors.size() != 7 && stash.tensors.size() != 9) return Status::FailedPrecondition(Describe() + ": empty stash");
   const Tensor &x = stash.tensors[0], &mean = stash.tensors[1], &rstd = stash.tensors[2], &h = stash.tensors[3],
                &qkv = stash.tensors[4], &p = stash.tensors[5], &o = stash.tensors[6];
+  const auto [w_qkv, w_proj] = ProductWeights(stash, 7, params_[2].value, params_[4].value);
   if (dy.numel() != x.numel()) return BadInput(Describe() + " backward", ShapeToString(x.shape()), dy);
   Device* d = device_;
   const int b = I(x.dim(0)), t = I(x.dim(1)), n = b * t, dh = dim_ / heads_;
@@ -356,7 +375,7 @@ Result<Tensor> AttentionBlock::Backward(const Tensor& dy, const LayerStash& stas
 
   const Tensor dz = BranchGrad(dy, stash);
   Tensor dout = Tensor::Empty({n, dl}, d);
-  DenseBackward(d, o.data(), dz.data(), n, dl, dim_, params_[4], params_[5], dout.data());
+  DenseBackward(o, dz.Reshape({n, dim_}), w_proj, params_[4], params_[5], dout);
 
   // dP = dO V^T, dV = P^T dO, dS = softmax'(dP), dQ = s dS K, dK = s dS^T Q.
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
@@ -374,12 +393,14 @@ Result<Tensor> AttentionBlock::Backward(const Tensor& dy, const LayerStash& stas
                  {b, hl, per_p, blk, row3, dh, row3, dh});
 
   Tensor dh_part = Tensor::Empty({n, dim_}, d);
-  DenseBackward(d, h.data(), dqkv.data(), n, dim_, d3, params_[2], params_[3], dh_part.data());
+  DenseBackward(h, dqkv, w_qkv, params_[2], params_[3], dh_part);
   return InputGrad(dh_part, x, mean, rstd, dy, need_dx);
 }
 
 // ---- MlpBlock --------------------------------------------------------------------------------
-// Stash: x, LayerNorm mean and rstd, h = LayerNorm(x), z = Fc(h) [N, 4D/R] and a = GELU(z).
+// Stash: x, LayerNorm mean and rstd, h = LayerNorm(x) [N, D], z = Fc(h) [N, 4D/R] and
+// a = GELU(z); in bfloat16, h and a as multiplied (bfloat16) and then the copies of fc.weight
+// and proj.weight.
 
 MlpBlock::MlpBlock(int dim, float dropout, float proj_std, TensorShard shard)
     : ResidualBlock(dim, 4 * dim, 4 * dim, "fc", dropout, proj_std, shard) {}
@@ -392,27 +413,33 @@ Result<Tensor> MlpBlock::Forward(const Tensor& x, const ForwardContext& ctx, Lay
   if (x.ndim() != 3 || x.dim(2) != dim_) return BadInput(Describe(), "[B, T, " + std::to_string(dim_) + "]", x);
   const int n = I(x.dim(0) * x.dim(1));
   LayerNormResult ln = LayerNorm(x, params_[0].value, params_[1].value, kLayerNormEps);
-  const Tensor z = LinearForward(ln.y.Reshape({n, dim_}), params_[2].value, params_[3].value);
-  const Tensor a = Gelu(z);
-  COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(Matmul(a, params_[4].value, false, true), x, ctx, stash));
-  if (stash) stash->tensors = {x, ln.mean, ln.rstd, ln.y, z, a};
+  const Tensor h = ProductOperand(ln.y.Reshape({n, dim_}), ctx.precision);
+  const Tensor w_fc = ProductWeight(params_[2].value, ctx), w_proj = ProductWeight(params_[4].value, ctx);
+  const Tensor z = LinearForward(h, w_fc, params_[3].value);
+  const Tensor a = ProductOperand(Gelu(z), ctx.precision);
+  COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(Matmul(a, w_proj, false, true), x, ctx, stash));
+  if (stash) {
+    stash->tensors = {x, ln.mean, ln.rstd, h, z, a};
+    if (ctx.precision != Precision::kFloat32) stash->tensors.insert(stash->tensors.end(), {w_fc, w_proj});
+  }
   return y;
 }
 
 Result<Tensor> MlpBlock::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
-  if (stash.tensors.size() != 6) return Status::FailedPrecondition(Describe() + ": empty stash");
+  if (stash.tensors.size() != 6 && stash.tensors.size() != 8) return Status::FailedPrecondition(Describe() + ": empty stash");
   const Tensor &x = stash.tensors[0], &mean = stash.tensors[1], &rstd = stash.tensors[2], &h = stash.tensors[3],
                &z = stash.tensors[4], &a = stash.tensors[5];
+  const auto [w_fc, w_proj] = ProductWeights(stash, 6, params_[2].value, params_[4].value);
   if (dy.numel() != x.numel()) return BadInput(Describe() + " backward", ShapeToString(x.shape()), dy);
   Device* d = device_;
   const int n = I(x.dim(0) * x.dim(1)), wide = proj_in_ / shard_.ranks;
   if (!accumulate) ZeroGrad();
   const Tensor dz2 = BranchGrad(dy, stash);
   Tensor da = Tensor::Empty({n, wide}, d);
-  DenseBackward(d, a.data(), dz2.data(), n, wide, dim_, params_[4], params_[5], da.data());
+  DenseBackward(a, dz2.Reshape({n, dim_}), w_proj, params_[4], params_[5], da);
   d->ActivationBackward(Activation::kGelu, z.data(), da.data(), static_cast<size_t>(da.numel()), da.data());
   Tensor dh_part = Tensor::Empty({n, dim_}, d);
-  DenseBackward(d, h.data(), da.data(), n, dim_, wide, params_[2], params_[3], dh_part.data());
+  DenseBackward(h, da, w_fc, params_[2], params_[3], dh_part);
   return InputGrad(dh_part, x, mean, rstd, dy, need_dx);
 }
 

@@ -369,6 +369,18 @@ __global__ void SumSquaresKernel(const float* x, size_t n, size_t chunk, double*
 
 __global__ void ScaleKernel(float* x, size_t n, float a) { COPSE_FOR_N(i, n) x[i] *= a; }
 
+// Round to nearest even, NaN kept quiet: the bits FloatToBFloat16 of ml/dtype.h gives on the host.
+__global__ void ToBFloat16Kernel(const float* x, size_t n, uint16_t* y) {
+  COPSE_FOR_N(i, n) {
+    const uint32_t u = __float_as_uint(x[i]);
+    y[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+
+__global__ void FromBFloat16Kernel(const uint16_t* x, size_t n, float* y) {
+  COPSE_FOR_N(i, n) y[i] = __uint_as_float(uint32_t{x[i]} << 16);
+}
+
 class CudaDeviceImpl final : public Device {
  public:
   explicit CudaDeviceImpl(int ordinal)
@@ -430,6 +442,22 @@ class CudaDeviceImpl final : public Device {
     CheckBlas(cublasSgemm(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
                           ldb, a, lda, &beta, c, ldc),
               "sgemm");
+  }
+
+  void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const uint16_t* a, int lda, const uint16_t* b,
+                int ldb, float beta, float* c, int ldc) override {
+    if (m == 0 || n == 0) return;
+    Use();
+    CheckBlas(
+        cublasGemmEx(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                     CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "bf16 gemm");
+  }
+  void FloatToBFloat16(const float* x, size_t n, uint16_t* y) override {
+    if (n) Launch(ToBFloat16Kernel, n, x, n, y);
+  }
+  void BFloat16ToFloat(const uint16_t* x, size_t n, float* y) override {
+    if (n) Launch(FromBFloat16Kernel, n, x, n, y);
   }
 
   void BiasActivation(const float* x, const float* bias, int rows, int cols, Activation act, float* y) override {

@@ -128,15 +128,17 @@ TEST_CASE("CpuGemm.OneDnnServesWhatItCanAndRefusesTheRest") {
   for (const Product& p : Products()) {
     const Operands in(p);
     std::vector<float> c = in.c;
-    REQUIRE(internal::OneDnnGemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, in.a.data(), p.lda(), in.b.data(), p.ldb(), p.beta, c.data(),
-                                 p.ldc()));
+    REQUIRE(internal::OneDnnGemm(DType::kFloat32, p.ta, p.tb, p.m, p.n, p.k, 1.0f, in.a.data(), p.lda(), in.b.data(), p.ldb(),
+                                 p.beta, c.data(), p.ldc()));
     CheckAgainstReference(p, in, c);
   }
   // What the matmul primitive cannot express is refused, with C untouched.
   const Product p{false, false, 4, 4, 4, 0, 0.0f};
   const Operands in(p);
   std::vector<float> c = in.c;
-  CHECK_FALSE(internal::OneDnnGemm(false, false, 4, 4, 4, 2.0f, in.a.data(), 4, in.b.data(), 4, 0.0f, c.data(), 4));
-  CHECK_FALSE(internal::OneDnnGemm(false, false, 4, 4, 4, 1.0f, in.a.data(), 4, in.b.data(), 4, 0.5f, c.data(), 4));
+  CHECK_FALSE(
+      internal::OneDnnGemm(DType::kFloat32, false, false, 4, 4, 4, 2.0f, in.a.data(), 4, in.b.data(), 4, 0.0f, c.data(), 4));
+  CHECK_FALSE(
+      internal::OneDnnGemm(DType::kFloat32, false, false, 4, 4, 4, 1.0f, in.a.data(), 4, in.b.data(), 4, 0.5f, c.data(), 4));
   CHECK(c == in.c);
 }
