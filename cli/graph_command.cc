@@ -91,6 +91,7 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
   AddScheduleFlags(cmd, o.lr_schedule, o.warmup_steps, o.min_lr, o.clip_norm,
                    "Clip the gradients' global L2 norm to this before each step (0: never; data-parallel and "
                    "tensor-parallel jobs)");
+  AddPrecisionFlag(cmd, o.precision);
   cmd->add_option("--optimizer", o.optimizer, "sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();

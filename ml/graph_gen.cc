@@ -138,6 +138,7 @@ Status Check(const GraphOptions& o) {
                "0 for pipeline and hybrid jobs (the norm would span their stages; data-parallel and "
                "tensor-parallel jobs clip)");
   if (!(o.momentum >= 0 && o.momentum < 1)) return bad("--momentum", "[0, 1)");
+  if (auto p = ParsePrecision(o.precision); !p.ok()) return p.status().WithContext("--precision");
   if (o.limit == 0) return bad("--limit", "> 0 (or absent)");
   if (o.steps == 0) return bad("--steps", "> 0 (or absent)");
   if (o.threads < 1) return bad("--threads", ">= 1");
@@ -151,6 +152,7 @@ Json CommonParams(const GraphOptions& o) {
   if (o.limit > 0) p["limit"] = o.limit;
   if (o.test_limit > 0) p["test_limit"] = o.test_limit;
   if (o.clip_norm > 0) p["clip_norm"] = o.clip_norm;
+  if (o.precision != "fp32") p["precision"] = o.precision;
   if (o.lr_schedule != "constant") {
     p["lr_schedule"] = o.lr_schedule;
     p["warmup_steps"] = o.warmup_steps;

@@ -54,6 +54,9 @@ struct GraphOptions {
   // Clip the gradients' global L2 norm to this before each step (0: never). Data-parallel and
   // tensor-parallel jobs only: a pipeline's norm would span its stages.
   double clip_norm = 0.0;
+  // fp32, or bf16: mixed precision (ml/dtype.h), and activations and their gradients cross
+  // pipeline stage boundaries in bfloat16.
+  std::string precision = "fp32";
   uint64_t seed = 1;
   std::string data_dir = kFashionMnistDir;
   int64_t limit = -1, test_limit = -1;

@@ -80,21 +80,17 @@ void Layer::NormalInit(const Tensor& t, uint64_t seed, uint64_t stream, float st
   t.device()->CopyFromHost(t.data(), v.data(), v.size() * sizeof(float));
 }
 
-Tensor Layer::ProductWeight(const Tensor& w, const ForwardContext& ctx) {
-  if (ctx.precision == Precision::kFloat32) return w;
-  return ctx.weight_casts ? ctx.weight_casts->BFloat16(w) : w.Cast(DType::kBFloat16);
+Tensor Layer::ProductWeight(const Parameter& w, const ForwardContext& ctx) {
+  if (ctx.precision == Precision::kFloat32) return w.value;
+  return ctx.weight_casts ? ctx.weight_casts->BFloat16(w) : w.value.Cast(DType::kBFloat16);
 }
 
-Tensor WeightCasts::BFloat16(const Tensor& weight) {
+Tensor WeightCasts::BFloat16(const Parameter& p) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto [it, inserted] = casts_.try_emplace(weight.raw_data());
-  if (inserted) it->second = {weight, weight.Cast(DType::kBFloat16)};
-  return it->second.second;
-}
-
-void WeightCasts::Clear() {
-  std::lock_guard<std::mutex> lock(mu_);
-  casts_.clear();
+  auto& [source, copy] = casts_[&p];
+  if (!source.defined() || source.raw_data() != p.value.raw_data() || source.shape() != p.value.shape())
+    source = p.value, copy = p.value.Cast(DType::kBFloat16);
+  return copy;
 }
 
 // ---- Linear ----------------------------------------------------------------------------------
@@ -119,7 +115,7 @@ Result<Tensor> Linear::Forward(const Tensor& input, const ForwardContext& ctx, L
   if (input.ndim() < 2 || input.dim(-1) != in_) return BadInput(Describe(), "[..., " + std::to_string(in_) + "]", input);
   // [B, T, in] is [B * T, in]; the output keeps the leading dimensions.
   const Tensor x = ProductOperand(input.ndim() == 2 ? input : input.Reshape({input.numel() / in_, in_}), ctx.precision);
-  const Tensor w = ProductWeight(params_[0].value, ctx);
+  const Tensor w = ProductWeight(params_[0], ctx);
   Device* dev = device_;
   const int n = I(x.dim(0));
   Tensor z = Tensor::Empty({n, out_}, dev);

@@ -40,20 +40,21 @@ struct LayerStash {
   uint64_t seed = 0;  // dropout: the mask is regenerated, not stored
 };
 
+struct Parameter;
+
 /// bfloat16 copies of parameters, for the forward passes of one set of parameter values (a
-/// pipeline stage's micro-batches): each parameter converted once, not once per pass.
-/// Contract: only for parameters nobody writes in place while the copy is held — the ML
-/// programs' message tensors (ml/programs/support.h); the owner clears it when its parameters
-/// are replaced. An entry keeps its source alive, so a freed and reused address is never
-/// mistaken for it. Thread-safe.
+/// pipeline stage's micro-batches): each parameter converted once, not once per pass. One entry
+/// per parameter, converted again when the parameter's value is another tensor than last time.
+/// Contract: only for parameters nobody writes in place — the ML programs', which are message
+/// tensors (ml/programs/support.h) and replaced, never overwritten. An entry keeps its source
+/// alive, so a freed and reused address is never mistaken for it. Thread-safe.
 class WeightCasts {
  public:
-  Tensor BFloat16(const Tensor& weight);
-  void Clear();
+  Tensor BFloat16(const Parameter& p);
 
  private:
   std::mutex mu_;
-  std::unordered_map<const void*, std::pair<Tensor, Tensor>> casts_;  // source address -> (source, copy)
+  std::unordered_map<const Parameter*, std::pair<Tensor, Tensor>> casts_;  // -> (source, copy)
 };
 
 /// Per-call settings of a forward pass.
@@ -122,8 +123,8 @@ class Layer {
   /// Fills `t` with N(0, std^2) from stream `stream` of this layer's seed (Box-Muller over
   /// pairs of Philox uniforms).
   void NormalInit(const Tensor& t, uint64_t seed, uint64_t stream, float std) const;
-  /// What a product of this pass multiplies by weight `w`: `w` itself, or in bfloat16 its copy.
-  static Tensor ProductWeight(const Tensor& w, const ForwardContext& ctx);
+  /// What a product of this pass multiplies by weight `w`: its value, or in bfloat16 its copy.
+  static Tensor ProductWeight(const Parameter& w, const ForwardContext& ctx);
 
   std::vector<Parameter> params_;
   int index_ = 0;

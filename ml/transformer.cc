@@ -341,7 +341,7 @@ Result<Tensor> AttentionBlock::Forward(const Tensor& x, const ForwardContext& ct
   const int hl = heads_ / shard_.ranks, dl = dim_ / shard_.ranks, d3 = 3 * dl;
   LayerNormResult ln = LayerNorm(x, params_[0].value, params_[1].value, kLayerNormEps);
   const Tensor h = ProductOperand(ln.y.Reshape({n, dim_}), ctx.precision);
-  const Tensor w_qkv = ProductWeight(params_[2].value, ctx), w_proj = ProductWeight(params_[4].value, ctx);
+  const Tensor w_qkv = ProductWeight(params_[2], ctx), w_proj = ProductWeight(params_[4], ctx);
   const Tensor qkv = LinearForward(h, w_qkv, params_[3].value);
 
   Tensor p = Tensor::Empty({b, hl, t, t}, d);
@@ -414,7 +414,7 @@ Result<Tensor> MlpBlock::Forward(const Tensor& x, const ForwardContext& ctx, Lay
   const int n = I(x.dim(0) * x.dim(1));
   LayerNormResult ln = LayerNorm(x, params_[0].value, params_[1].value, kLayerNormEps);
   const Tensor h = ProductOperand(ln.y.Reshape({n, dim_}), ctx.precision);
-  const Tensor w_fc = ProductWeight(params_[2].value, ctx), w_proj = ProductWeight(params_[4].value, ctx);
+  const Tensor w_fc = ProductWeight(params_[2], ctx), w_proj = ProductWeight(params_[4], ctx);
   const Tensor z = LinearForward(h, w_fc, params_[3].value);
   const Tensor a = ProductOperand(Gelu(z), ctx.precision);
   COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(Matmul(a, w_proj, false, true), x, ctx, stash));

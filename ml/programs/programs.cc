@@ -109,11 +109,6 @@ Result<Batch> LoadPart(VertexContext& ctx, const TrainSettings& s, int64_t step,
   return train->Gather(idx);
 }
 
-uint64_t StepSeed(const TrainSettings& s, int64_t step, int part) {
-  const auto [epoch, k] = EpochAndStep(s, step);
-  return MixSeed(MixSeed(s.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(k)), static_cast<uint64_t>(part));
-}
-
 // ---- stash encoding -----------------------------------------------------------------------
 
 void AddStash(NamedTensors& out, const Stash& stash) {
@@ -234,7 +229,7 @@ class GradProgram final : public VertexProgram {
     double loss_sum = 0;
     if (b.size() > 0) {
       Stash stash;
-      ForwardContext fc{true, StepSeed(s, step, w)};
+      const ForwardContext fc = StepContext(s, step, w, &lease->weight_casts);
       COPSE_ASSIGN_OR_RETURN(Tensor logits, m.Forward(b.images, fc, &stash));
       COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels, batch_size));
       COPSE_RETURN_NOT_OK(m.Backward(loss.grad, stash, false, /*accumulate=*/false).status());
@@ -630,7 +625,7 @@ class ForwardProgram final : public VertexProgram {
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
     COPSE_ASSIGN_OR_RETURN(auto tp, TensorParallelScope::Open(ctx, s.tp_rank, s.tp_ranks, lease->model));
     Stash stash;
-    const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
+    const ForwardContext fc = StepContext(s, pos.step, pos.part(), &lease->weight_casts);
     NamedTensors out;
     Tensor y = Tensor::Zeros({0});  // an empty micro-batch (a short last step) sends an empty activation
     if (x.dim(0) > 0) {
@@ -659,7 +654,7 @@ class ForwardProgram final : public VertexProgram {
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(std::move(out))));
     if (stage < stages - 1) {
       if (ctx.num_outputs() < 2) return Status::InvalidArgument(ctx.name + ": needs an activation output");
-      COPSE_RETURN_NOT_OK(ctx.output(1).Write(SingleTensorMessage(y)));
+      COPSE_RETURN_NOT_OK(ctx.output(1).Write(SingleTensorMessage(BoundaryTensor(s, y))));
     }
     COPSE_RETURN_NOT_OK(ctx.CloseOutputs());
     return tp ? tp->group().Finish() : Status::OK();
@@ -757,13 +752,13 @@ class BackwardProgram final : public VertexProgram {
       for (size_t i = 0; i < static_cast<size_t>(pos.m); ++i) {
         if (ctx.cancelled()) return Status::Cancelled(ctx.name + " cancelled");  // a long replay
         const NamedTensors entry = GradientLogEntry(log, i);
-        const ForwardContext fc{true, StepSeed(s, pos.step, pos.w * pos.M + static_cast<int>(i))};
+        const ForwardContext fc = StepContext(s, pos.step, pos.w * pos.M + static_cast<int>(i), &lease->weight_casts);
         const Status st = MicroBatchBackward(m, entry, *FindTensor(entry, "dy"), recompute, fc, false, i > 0).status();
         if (!st.ok()) return st.WithContext(ctx.name + ": replaying gradient log entry " + std::to_string(i));
       }
     }  // else the entry holds exactly the log's sum (it made it) and accumulates on in place
     lease->grads_key = 0;
-    const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
+    const ForwardContext fc = StepContext(s, pos.step, pos.part(), &lease->weight_casts);
     auto backward = MicroBatchBackward(m, stash_set, dy, recompute, fc, /*need_dx=*/stage > 0,
                                        /*accumulate=*/acc_msg.has_value());
     if (!backward.ok()) return backward.status().WithContext(ctx.name);
@@ -779,7 +774,7 @@ class BackwardProgram final : public VertexProgram {
     lease->grads_key = TensorMessageKey(out);
     lease->grads_loss = loss;
     lease.Commit();
-    return WriteOutputs(ctx, stage, out, dx);
+    return WriteOutputs(ctx, s, stage, out, dx);
   }
 
  private:
@@ -794,14 +789,14 @@ class BackwardProgram final : public VertexProgram {
     COPSE_ASSIGN_OR_RETURN(auto tp, TensorParallelScope::Open(ctx, s.tp_rank, s.tp_ranks, m));
     m.FreshGradients();  // the entry's may be a message's
     if (sum_so_far) COPSE_RETURN_NOT_OK(m.ImportGradients(*sum_so_far).WithContext(ctx.name));
-    const ForwardContext fc{true, StepSeed(s, pos.step, pos.part())};
+    const ForwardContext fc = StepContext(s, pos.step, pos.part(), &lease->weight_casts);
     auto backward = MicroBatchBackward(m, stash_set, dy, recompute, fc, /*need_dx=*/stage > 0, sum_so_far != nullptr);
     if (!backward.ok()) return backward.status().WithContext(ctx.name);
     NamedTensors out_set = GradientHandles(m);  // the next micro-batch renews them before writing
     out_set.emplace_back("__loss", Scalars(loss));
     lease->grads_key = 0;
     lease.Commit();
-    COPSE_RETURN_NOT_OK(WriteOutputs(ctx, stage, TensorMessage(std::move(out_set)), *backward));
+    COPSE_RETURN_NOT_OK(WriteOutputs(ctx, s, stage, TensorMessage(std::move(out_set)), *backward));
     return tp->group().Finish();
   }
 
@@ -836,15 +831,15 @@ class BackwardProgram final : public VertexProgram {
     NamedTensors out_set;
     COPSE_RETURN_NOT_OK(AppendGradientLog(log, entry, &dy, out_set));
     out_set.emplace_back("__loss", Scalars(loss));
-    return WriteOutputs(ctx, stage, TensorMessage(std::move(out_set)), dx);
+    return WriteOutputs(ctx, s, stage, TensorMessage(std::move(out_set)), dx);
   }
 
   /// Output 0 the log or gradients, output 1 dL/dx (not on stage 0).
-  static Status WriteOutputs(VertexContext& ctx, int stage, const chan::Buffer& out, const Tensor& dx) {
+  static Status WriteOutputs(VertexContext& ctx, const TrainSettings& s, int stage, const chan::Buffer& out, const Tensor& dx) {
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(out));
     if (stage > 0) {
       if (ctx.num_outputs() < 2) return Status::InvalidArgument(ctx.name + ": needs a gradient output");
-      COPSE_RETURN_NOT_OK(ctx.output(1).Write(SingleTensorMessage(dx)));
+      COPSE_RETURN_NOT_OK(ctx.output(1).Write(SingleTensorMessage(BoundaryTensor(s, dx))));
     }
     return ctx.CloseOutputs();
   }

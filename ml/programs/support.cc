@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "ml/models.h"
+#include "ml/philox.h"
 #include "ml/text_corpus.h"
 #include "ml/transformer.h"
 #include "ml/tensor_message.h"
@@ -59,6 +60,9 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
     s.warmup_steps = ctx.param<int64_t>("warmup_steps", s.warmup_steps);
     s.min_lr = ctx.param<float>("min_lr", s.min_lr);
     s.clip_norm = ctx.param<float>("clip_norm", s.clip_norm);
+    auto precision = ParsePrecision(ctx.param<std::string>("precision", "fp32"));
+    if (!precision.ok()) return precision.status().WithContext(ctx.name + ": params.precision");
+    s.precision = *precision;
     s.tp_ranks = ctx.param<int>("tensor_parallel", 1);
     s.tp_rank = ctx.param<int>("tp_rank", 0);
   } catch (const std::exception& e) {
@@ -252,6 +256,19 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const 
     lease->params_key = params_key;
   }
   return lease;
+}
+
+ForwardContext StepContext(const TrainSettings& s, int64_t step, int part, WeightCasts* casts) {
+  const auto [epoch, k] = EpochAndStep(s, step);
+  ForwardContext fc;
+  fc.seed = MixSeed(MixSeed(s.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(k)), static_cast<uint64_t>(part));
+  fc.precision = s.precision;
+  fc.weight_casts = casts;
+  return fc;
+}
+
+Tensor BoundaryTensor(const TrainSettings& s, const Tensor& t) {
+  return s.precision == Precision::kBFloat16 ? t.Cast(DType::kBFloat16) : t;
 }
 
 Tensor Scalars(const std::vector<float>& v) { return Tensor::FromVector({static_cast<int64_t>(v.size())}, v); }

@@ -39,10 +39,11 @@ struct TrainSettings {
   std::string lr_schedule = "constant";  // or cosine: StepLr
   int64_t warmup_steps = 0;
   float min_lr = 0.0f;
-  float clip_norm = 0.0f;          // the gradients' global L2 norm clipped to this before each step (0: never)
-  int64_t train_size = 0;          // examples (images, text windows) in the (limited) training set
-  int64_t steps_per_epoch = 0;     // ceil(train_size / batch)
-  int64_t labels_per_example = 1;  // 1 for an image; a text window's context for a gpt model
+  float clip_norm = 0.0f;                     // the gradients' global L2 norm clipped to this before each step (0: never)
+  Precision precision = Precision::kFloat32;  // params.precision: of matrix products and stage boundaries
+  int64_t train_size = 0;                     // examples (images, text windows) in the (limited) training set
+  int64_t steps_per_epoch = 0;                // ceil(train_size / batch)
+  int64_t labels_per_example = 1;             // 1 for an image; a text window's context for a gpt model
   // Tensor parallelism (params.tensor_parallel, tp_rank): the vertex holds shard tp_rank of
   // tp_ranks of the model's blocks (ml/transformer.h); 1 member: the whole model.
   int tp_rank = 0, tp_ranks = 1;
@@ -99,6 +100,7 @@ struct CachedModel {
   std::unique_ptr<Optimizer> optimizer;
   uint64_t params_key = 0, grads_key = 0, state_key = 0;
   std::vector<float> grads_loss{0, 0};  // "__loss" of the message grads_key names
+  WeightCasts weight_casts;             // the parameters' bfloat16 copies, for mixed precision
 };
 
 /// A model taken from the cache for one vertex; returned on destruction. Keys are reset unless
@@ -137,6 +139,13 @@ NamedTensors Clones(const NamedTensors& tensors);
 /// Parameter gradients of `m` (no copies: the handles of the gradients), plus `extra`.
 NamedTensors GradientHandles(const Sequential& m);
 NamedTensors ParameterHandles(const Sequential& m);
+
+/// The settings of a forward pass of global step `step`, micro-batch or worker part `part`:
+/// training, its dropout seed and s.precision (bfloat16 weight copies from `casts` when given).
+ForwardContext StepContext(const TrainSettings& s, int64_t step, int part, WeightCasts* casts = nullptr);
+/// An activation or gradient as it crosses a pipeline stage boundary: in bfloat16 under mixed
+/// precision (half the bytes), else as it is.
+Tensor BoundaryTensor(const TrainSettings& s, const Tensor& t);
 
 /// Reads every message of input `port`.
 Result<std::vector<chan::Buffer>> ReadAll(vertex::VertexContext& ctx, size_t port);

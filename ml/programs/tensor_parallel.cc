@@ -121,7 +121,8 @@ class TensorParallelStepProgram final : public vertex::VertexProgram {
     LiveChannelGroup group(ctx, rank, ranks, 1, 1);
     model.SetTensorParallelGroup(&group);
     const auto [epoch, k] = EpochAndStep(s, step);
-    const ForwardContext fc{true, MixSeed(s.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(k))};
+    ForwardContext fc{true, MixSeed(s.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(k))};
+    fc.precision = s.precision;
     Stash stash;
     COPSE_ASSIGN_OR_RETURN(Tensor logits, model.Forward(b.images, fc, &stash));
     COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels, batch_rows));

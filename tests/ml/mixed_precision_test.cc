@@ -263,7 +263,6 @@ TEST_CASE("WeightCasts.ConvertEachWeightOnceAndGiveTheSameBits") {
   LayerStash d;
   REQUIRE(layer.Forward(x, cached, &d).ok());
   CHECK(d.tensors[2].BitwiseEquals(layer.parameters()[0].value.Cast(DType::kBFloat16)));
-  casts.Clear();
 }
 
 TEST_CASE("Transformer.InBFloat16StaysCloseToFloat32") {
