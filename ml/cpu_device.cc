@@ -209,7 +209,7 @@ class CpuDeviceImpl final : public Device {
                 int ldb, float beta, float* c, int ldc) override {
     static const bool onednn = std::strcmp(GemmBackend(), "onednn") == 0;
     if (m == 0 || n == 0) return;
-    if (!onednn || k == 0 || alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) {
+    if (!onednn || k == 0 || (beta != 0.0f && beta != 1.0f)) {
       Device::GemmBf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }

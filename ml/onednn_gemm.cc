@@ -20,8 +20,9 @@ namespace {
 using dnnl::memory;
 
 // What makes two products need different primitives: operand type, shape, transposes, leading
-// dimensions (the strides of the memory descriptors) and whether C is accumulated into.
-using Shape = std::tuple<DType, bool, bool, int, int, int, int, int, int, bool>;
+// dimensions (the strides of the memory descriptors), the scale alpha and whether C is
+// accumulated into.
+using Shape = std::tuple<DType, bool, bool, int, int, int, int, int, int, float, bool>;
 
 struct Product {
   dnnl::matmul primitive;
@@ -57,7 +58,7 @@ class ThreadProducts {
   static constexpr size_t kMaxProducts = 256;
 
   std::optional<Product> Build(const Shape& shape) const try {
-    const auto [operands, ta, tb, m, n, k, lda, ldb, ldc, accumulate] = shape;
+    const auto [operands, ta, tb, m, n, k, lda, ldb, ldc, alpha, accumulate] = shape;
     const auto in = operands == DType::kBFloat16 ? memory::data_type::bf16 : memory::data_type::f32;
     // Row-major op(A) is m x k: element (i, l) at i*lda + l, or l*lda + i when transposed.
     const memory::desc a({m, k}, in, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
@@ -65,6 +66,7 @@ class ThreadProducts {
     const memory::desc c({m, n}, memory::data_type::f32, memory::dims{ldc, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});  // alpha * (A B), then the sum below
     if (accumulate) {
       dnnl::post_ops ops;
       ops.append_sum(1.0f);
@@ -86,9 +88,9 @@ class ThreadProducts {
 
 bool OneDnnGemm(DType operands, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
                 const void* b, int ldb, float beta, float* c, int ldc) {
-  if (alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) return false;
+  if (beta != 0.0f && beta != 1.0f) return false;
   thread_local ThreadProducts products;
-  return products.Run(Shape{operands, trans_a, trans_b, m, n, k, lda, ldb, ldc, beta == 1.0f}, a, b, c);
+  return products.Run(Shape{operands, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta == 1.0f}, a, b, c);
 }
 
 #else  // !COPSE_HAVE_ONEDNN

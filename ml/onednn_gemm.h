@@ -18,8 +18,8 @@ bool OneDnnGemmBuilt();
 
 /// C = alpha * op(A) op(B) + beta * C, row-major, on the calling thread; A and B of type
 /// `operands` (float32 or bfloat16), C float32. Returns false (and touches nothing) for what the
-/// matmul primitive cannot express here (alpha != 1, beta other than 0 or 1, strides oneDNN
-/// rejects); the caller then uses OpenBLAS.
+/// matmul primitive cannot express here (beta other than 0 or 1, strides oneDNN rejects); the
+/// caller then uses OpenBLAS. alpha is the primitive's output scale.
 bool OneDnnGemm(DType operands, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
                 const void* b, int ldb, float beta, float* c, int ldc);
 

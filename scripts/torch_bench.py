@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch training throughput for the models of bench/ml_train_bench.cc (same layers,
 SGD lr 0.05 momentum 0.9, batch 128), on the CPU or with --device cuda on a GPU (images stay in
-host memory and each batch is copied to the GPU, as copse's trainer does). Prints one JSON line
+host memory and each batch is copied to the GPU, as copse's trainer does); --precision bf16 runs
+the forward pass and loss under torch.autocast(dtype=bfloat16), PyTorch's mixed precision. Prints one JSON line
 per model:
   {"model": "mlp", "threads": 2, "images_per_s": [run1, run2, ...], "median": M, "torch": "1.13"}
 Exits 3 when torch is not importable, so callers can skip the comparison.
@@ -50,15 +51,18 @@ def load(data_dir, limit):
     return torch.rand(limit, 1, 28, 28, generator=g), torch.randint(0, 10, (limit,), generator=g)
 
 
-def run_once(model_name, x, y, batch, device):
+def run_once(model_name, x, y, batch, device, precision="fp32"):
     torch.manual_seed(1)
     model = build(model_name).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     perm = torch.randperm(x.shape[0])
+    autocast = torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
+                              enabled=precision == "bf16")
     def step(idx):
         opt.zero_grad()
-        loss = loss_fn(model(x[idx].to(device)), y[idx].to(device))
+        with autocast:
+            loss = loss_fn(model(x[idx].to(device)), y[idx].to(device))
         loss.backward()
         opt.step()
     for b in range(0, min(4 * batch, x.shape[0]), batch):  # warm-up: allocations, thread pool
@@ -112,6 +116,7 @@ def main():
                     help="instead of timing, train this many full epochs and print test accuracy")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (timing only)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="timing only")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.accuracy_epochs:
@@ -120,8 +125,9 @@ def main():
                           "torch": torch.__version__}))
         return
     x, y = load(args.data_dir, args.images)
-    rates = [run_once(args.model, x, y, args.batch, args.device) for _ in range(args.runs)]
-    print(json.dumps({"model": args.model, "device": args.device, "threads": args.threads,
+    rates = [run_once(args.model, x, y, args.batch, args.device, args.precision) for _ in range(args.runs)]
+    print(json.dumps({"model": args.model, "device": args.device, "precision": args.precision,
+                      "threads": args.threads,
                       "images_per_s": rates,
                       "median": statistics.median(rates), "torch": torch.__version__,
                       "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}))

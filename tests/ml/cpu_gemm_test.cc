@@ -132,12 +132,20 @@ TEST_CASE("CpuGemm.OneDnnServesWhatItCanAndRefusesTheRest") {
                                  p.beta, c.data(), p.ldc()));
     CheckAgainstReference(p, in, c);
   }
-  // What the matmul primitive cannot express is refused, with C untouched.
+  // alpha scales the product (by a power of two here: exactly) before C is added.
   const Product p{false, false, 4, 4, 4, 0, 0.0f};
   const Operands in(p);
+  std::vector<float> product = in.c;
+  REQUIRE(internal::OneDnnGemm(DType::kFloat32, false, false, 4, 4, 4, 1.0f, in.a.data(), 4, in.b.data(), 4, 0.0f, product.data(),
+                               4));
+  for (const float beta : {0.0f, 1.0f}) {
+    std::vector<float> scaled = in.c;
+    REQUIRE(internal::OneDnnGemm(DType::kFloat32, false, false, 4, 4, 4, 0.125f, in.a.data(), 4, in.b.data(), 4, beta,
+                                 scaled.data(), 4));
+    for (size_t i = 0; i < scaled.size(); ++i) CHECK(scaled[i] == doctest::Approx(0.125f * product[i] + beta * in.c[i]));
+  }
+  // What the matmul primitive cannot express is refused, with C untouched.
   std::vector<float> c = in.c;
-  CHECK_FALSE(
-      internal::OneDnnGemm(DType::kFloat32, false, false, 4, 4, 4, 2.0f, in.a.data(), 4, in.b.data(), 4, 0.0f, c.data(), 4));
   CHECK_FALSE(
       internal::OneDnnGemm(DType::kFloat32, false, false, 4, 4, 4, 1.0f, in.a.data(), 4, in.b.data(), 4, 0.5f, c.data(), 4));
   CHECK(c == in.c);
