@@ -5,9 +5,10 @@
 // and bf16 autocast on the same cores for the MLP (scripts/torch_bench.py --precision, when
 // python3-torch is installed). Quality (--quality): the MLP's test accuracy after --epochs full
 // epochs and the GPT's validation loss after --gpt-steps steps, in both precisions, same seeds.
-// A benchmark: it prints figures and never fails on them.
+// With --device cuda both precisions train on the GPU (cuBLAS's bfloat16 products), and PyTorch
+// too. A benchmark: it prints figures and never fails on them.
 //
-//   mixed_precision_bench [--runs 5] [--threads 2] [--gpt gpt:4-256-4-128] [--gpt-steps 40] [--no-torch]
+//   mixed_precision_bench [--runs 5] [--threads 2] [--device cpu|cuda] [--gpt gpt:4-256-4-128] [--gpt-steps 40] [--no-torch]
 //   mixed_precision_bench --quality [--epochs 3] [--gpt-steps 600]
 #include <cstdio>
 #include <cstdlib>
@@ -25,8 +26,11 @@ using copse::bench::Median;
 using copse::ml::TrainOptions;
 using copse::ml::TrainReport;
 
+std::string g_device = "cpu";
+
 TrainOptions Mlp(int threads) {
   TrainOptions o;
+  o.device = g_device;
   o.model = "mlp";
   o.threads = threads;
   o.limit = 12800;
@@ -36,6 +40,7 @@ TrainOptions Mlp(int threads) {
 
 TrainOptions Gpt(const std::string& model, int steps, int threads) {
   TrainOptions o;
+  o.device = g_device;
   o.model = model;
   o.optimizer = "adamw";
   o.lr = 3e-3f;
@@ -64,10 +69,10 @@ TrainReport MustTrain(TrainOptions o, const std::string& precision) {
 
 /// PyTorch's median images/s for the MLP in `precision`, or a negative value without torch.
 double TorchMlp(const std::string& precision, int threads, int runs) {
-  const auto out =
-      copse::bench::CommandOutput("OMP_WAIT_POLICY=passive " + copse::bench::Python() + " " + COPSE_SOURCE_DIR +
-                                  "/scripts/torch_bench.py --model mlp --images 12800 --precision " + precision + " --threads " +
-                                  std::to_string(threads) + " --runs " + std::to_string(runs) + " 2>/dev/null");
+  const auto out = copse::bench::CommandOutput("OMP_WAIT_POLICY=passive " + copse::bench::Python() + " " + COPSE_SOURCE_DIR +
+                                               "/scripts/torch_bench.py --model mlp --images 12800 --device " + g_device +
+                                               " --precision " + precision + " --threads " + std::to_string(threads) +
+                                               " --runs " + std::to_string(runs) + " 2>/dev/null");
   if (!out) return -1;
   try {
     return nlohmann::json::parse(*out).at("median").get<double>();
@@ -97,6 +102,8 @@ int main(int argc, char** argv) {
       threads = std::stoi(next());
     else if (a == "--epochs")
       epochs = std::stoi(next());
+    else if (a == "--device")
+      g_device = next();
     else if (a == "--gpt")
       gpt = next();
     else if (a == "--gpt-steps")
@@ -107,7 +114,8 @@ int main(int argc, char** argv) {
       quality = true;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--runs N] [--threads N] [--gpt MODEL] [--gpt-steps N] [--no-torch] | --quality [--epochs N] "
+                   "usage: %s [--runs N] [--threads N] [--device cpu|cuda] [--gpt MODEL] [--gpt-steps N] [--no-torch] | "
+                   "--quality [--epochs N] "
                    "[--gpt-steps N]\n",
                    argv[0]);
       return 2;
@@ -133,7 +141,8 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  std::printf("mixed_precision_bench: %d threads, medians of %d interleaved runs per precision\n", threads, runs);
+  std::printf("mixed_precision_bench: %s, %d threads, medians of %d interleaved runs per precision\n", g_device.c_str(), threads,
+              runs);
   std::printf("%-18s %12s %12s %8s %14s %14s\n", "model", "fp32", "bf16", "bf16/fp32", "torch fp32", "torch bf16");
   struct Row {
     std::string name, unit;
