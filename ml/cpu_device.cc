@@ -213,15 +213,26 @@ class CpuDeviceImpl final : public Device {
       Device::GemmBf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }
-    std::atomic<bool> refused{false};
+    // A block oneDNN refuses (a refusal touches nothing) is widened to float32 on its thread.
     SplitProduct(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
                  [&](int mm, int nn, const uint16_t* ap, const uint16_t* bp, float* cp) {
                    if (!OneDnnGemm(DType::kBFloat16, trans_a, trans_b, mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp, ldc))
-                     refused = true;
+                     WidenedGemm(trans_a, trans_b, mm, nn, k, alpha, ap, lda, bp, ldb, beta, cp, ldc);
                  });
-    // oneDNN refuses a shape for every block or none (the blocks differ only in extent), and a
-    // refusal touches nothing: the whole product goes the slow way.
-    if (refused) Device::GemmBf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+  /// A bfloat16 product on the calling thread through float32 copies of its operands.
+  static void WidenedGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const uint16_t* a, int lda,
+                          const uint16_t* b, int ldb, float beta, float* c, int ldc) {
+    auto widen = [](const uint16_t* x, int rows, int cols, int ld) {
+      std::vector<float> out(static_cast<size_t>(rows) * ld);
+      for (int r = 0; r < rows; ++r)
+        FromBFloat16(x + static_cast<size_t>(r) * ld, static_cast<size_t>(cols), out.data() + static_cast<size_t>(r) * ld);
+      return out;
+    };
+    const std::vector<float> wa = trans_a ? widen(a, k, m, lda) : widen(a, m, k, lda);
+    const std::vector<float> wb = trans_b ? widen(b, n, k, ldb) : widen(b, k, n, ldb);
+    OneThreadGemm(trans_a, trans_b, m, n, k, alpha, wa.data(), lda, wb.data(), ldb, beta, c, ldc);
   }
 
   /// Runs `product(rows, cols, A, B, C)` over C whole, or over blocks of its rows or columns,

@@ -80,9 +80,16 @@ void Layer::NormalInit(const Tensor& t, uint64_t seed, uint64_t stream, float st
   t.device()->CopyFromHost(t.data(), v.data(), v.size() * sizeof(float));
 }
 
-Tensor Layer::ProductWeight(const Parameter& w, const ForwardContext& ctx) {
+Tensor Layer::ProductWeight(const Parameter& w, const ForwardContext& ctx) const {
   if (ctx.precision == Precision::kFloat32) return w.value;
-  return ctx.weight_casts ? ctx.weight_casts->BFloat16(w) : w.value.Cast(DType::kBFloat16);
+  return weight_casts_ ? weight_casts_->BFloat16(w) : w.value.Cast(DType::kBFloat16);
+}
+
+Tensor Layer::BackwardWeight(const LayerStash& stash, size_t i, const Parameter& w, bool low) const {
+  if (!low) return w.value;
+  if (i < stash.weights.size() && stash.weights[i].shape() == w.value.shape() && stash.weights[i].dtype() == DType::kBFloat16)
+    return stash.weights[i];
+  return weight_casts_ ? weight_casts_->BFloat16(w) : w.value.Cast(DType::kBFloat16);
 }
 
 Tensor WeightCasts::BFloat16(const Parameter& p) {
@@ -131,7 +138,8 @@ Result<Tensor> Linear::Forward(const Tensor& input, const ForwardContext& ctx, L
   }
   if (stash) {
     stash->tensors = {x, act_ == Activation::kNone ? Tensor() : z};
-    if (x.dtype() != DType::kFloat32) stash->tensors.push_back(w);
+    stash->weights.clear();
+    if (x.dtype() != DType::kFloat32) stash->weights.push_back(w);
     stash->shape = input.ndim() == 2 ? Shape{} : input.shape();
   }
   if (input.ndim() == 2) return y;
@@ -142,9 +150,9 @@ Result<Tensor> Linear::Forward(const Tensor& input, const ForwardContext& ctx, L
 
 bool Linear::StashFits(const LayerStash& stash) const {
   const auto& t = stash.tensors;
-  if (t.size() < 2 || !t[0].defined() || t[0].ndim() != 2 || t[0].dim(1) != in_) return false;
-  if (t[0].dtype() == DType::kFloat32) return t.size() == 2;
-  return t.size() == 3 && t[2].dtype() == t[0].dtype() && t[2].shape() == Shape{out_, in_};
+  if (t.size() != 2 || !t[0].defined() || t[0].ndim() != 2 || t[0].dim(1) != in_) return false;
+  if (act_ == Activation::kNone) return !t[1].defined();
+  return t[1].defined() && t[1].dtype() == DType::kFloat32 && t[1].numel() == t[0].dim(0) * out_;
 }
 
 Result<Tensor> Linear::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
@@ -172,9 +180,9 @@ Result<Tensor> Linear::BackwardInput(const Tensor& dy_in, const LayerStash& stas
     device_->ActivationBackward(act_, stash.tensors[1].data(), dy.data(), static_cast<size_t>(dy.numel()), wgrad->data());
   }
   if (!need_dx) return Tensor();
-  // The product in the forward's precision: by the weight copy it stashed in bfloat16.
-  const bool low = stash.tensors[0].dtype() != DType::kFloat32;
-  const Tensor dx = Matmul(wgrad->Cast(stash.tensors[0].dtype()), low ? stash.tensors[2] : params_[0].value);
+  // The product in the forward's precision.
+  const DType type = stash.tensors[0].dtype();
+  const Tensor dx = Matmul(wgrad->Cast(type), BackwardWeight(stash, 0, params_[0], type != DType::kFloat32));
   return stash.shape.empty() ? dx : dx.Reshape(stash.shape);
 }
 

@@ -36,15 +36,20 @@ struct Parameter {
 /// What one layer's Forward keeps for its Backward, for one micro-batch.
 struct LayerStash {
   std::vector<Tensor> tensors;
+  /// In bfloat16: the weight copies the forward multiplied, for its backward to multiply again.
+  /// Kept in this process only — a stash that travels as a message (ml/programs) goes without
+  /// them, and the backward takes its layer's WeightCasts or converts again (the same bits).
+  std::vector<Tensor> weights;
   Shape shape;        // input shape, for layers that only reshape
   uint64_t seed = 0;  // dropout: the mask is regenerated, not stored
 };
 
 struct Parameter;
 
-/// bfloat16 copies of parameters, for the forward passes of one set of parameter values (a
-/// pipeline stage's micro-batches): each parameter converted once, not once per pass. One entry
-/// per parameter, converted again when the parameter's value is another tensor than last time.
+/// bfloat16 copies of parameters, for the passes of one set of parameter values (a pipeline
+/// stage's micro-batches, forward and backward): each parameter converted once, not once per
+/// pass. One entry per parameter, converted again when the parameter's value is another tensor
+/// than last time. A model gets one with Sequential::SetWeightCasts.
 /// Contract: only for parameters nobody writes in place — the ML programs', which are message
 /// tensors (ml/programs/support.h) and replaced, never overwritten. An entry keeps its source
 /// alive, so a freed and reused address is never mistaken for it. Thread-safe.
@@ -66,8 +71,6 @@ struct ForwardContext {
   /// The precision of matrix products (ml/dtype.h). In bfloat16, layers stash the bfloat16
   /// operands their backward multiplies again, and their backward computes in bfloat16 too.
   Precision precision = Precision::kFloat32;
-  /// Where the bfloat16 copies of weights come from (converted per pass when null).
-  WeightCasts* weight_casts = nullptr;
 };
 
 class Layer {
@@ -105,6 +108,9 @@ class Layer {
   /// Tensor-parallel layers (ml/transformer.h) sum their partial products over `group`, which
   /// must outlive their calls; other layers ignore it.
   virtual void SetTensorParallelGroup(TensorParallelGroup* group) {}
+  /// Where this layer's bfloat16 weight copies come from (see WeightCasts' contract; it must
+  /// outlive the layer's calls); null: converted on every pass.
+  void SetWeightCasts(WeightCasts* casts) { weight_casts_ = casts; }
 
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
@@ -124,18 +130,23 @@ class Layer {
   /// pairs of Philox uniforms).
   void NormalInit(const Tensor& t, uint64_t seed, uint64_t stream, float std) const;
   /// What a product of this pass multiplies by weight `w`: its value, or in bfloat16 its copy.
-  static Tensor ProductWeight(const Parameter& w, const ForwardContext& ctx);
+  Tensor ProductWeight(const Parameter& w, const ForwardContext& ctx) const;
+  /// What a backward multiplies by weight `w`, the i-th its forward multiplied: its value when
+  /// the stash is float32 (`low` false), else the stashed copy or, for a stash that came
+  /// without it, the weight's copy again.
+  Tensor BackwardWeight(const LayerStash& stash, size_t i, const Parameter& w, bool low) const;
 
   std::vector<Parameter> params_;
   int index_ = 0;
   Device* device_ = CpuDevice();
+  WeightCasts* weight_casts_ = nullptr;
 };
 
 /// y = act(x W^T + b), W [out, in] as in torch.nn.Linear; act fused into the same pass. x is
 /// [N, in] or [..., in] (the leading dimensions are rows, and y keeps them: [..., out]), float32
 /// or bfloat16 (an activation that crossed a stage boundary in bfloat16); y is float32.
-/// Stash: x as multiplied, the pre-activation z (when there is an activation), and in bfloat16
-/// the weight's copy.
+/// Stash: x as multiplied and the pre-activation z (when there is an activation); in bfloat16
+/// the weight's copy in LayerStash::weights.
 class Linear final : public Layer {
  public:
   Linear(int in_features, int out_features, Activation act = Activation::kNone, bool bias = true);

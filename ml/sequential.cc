@@ -25,6 +25,10 @@ void Sequential::SetTensorParallelGroup(TensorParallelGroup* group) const {
   for (auto& l : layers_) l->SetTensorParallelGroup(group);
 }
 
+void Sequential::SetWeightCasts(WeightCasts* casts) const {
+  for (auto& l : layers_) l->SetWeightCasts(casts);
+}
+
 void Sequential::InitParameters(uint64_t seed) {
   for (auto& l : layers_) l->InitParameters(seed);
 }
@@ -172,9 +176,10 @@ static Result<std::vector<const Tensor*>> Match(const Sequential& m, const Named
     auto it = by_name.find(names[i]);
     if (it == by_name.end()) return Status::InvalidArgument("parameter set lacks '" + names[i] + "'");
     const Tensor& dst = params[i]->*field;
-    if (it->second->shape() != dst.shape())
-      return Status::InvalidArgument("parameter '" + names[i] + "' has shape " + ShapeToString(it->second->shape()) +
-                                     ", expected " + ShapeToString(dst.shape()));
+    if (it->second->shape() != dst.shape() || it->second->dtype() != dst.dtype())
+      return Status::InvalidArgument("parameter '" + names[i] + "' is " + DTypeName(it->second->dtype()) + " of shape " +
+                                     ShapeToString(it->second->shape()) + ", expected " + DTypeName(dst.dtype()) + " of shape " +
+                                     ShapeToString(dst.shape()));
     out.push_back(it->second);
   }
   return out;

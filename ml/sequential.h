@@ -39,6 +39,8 @@ class Sequential {
 
   /// Gives every tensor-parallel layer its group (Layer::SetTensorParallelGroup).
   void SetTensorParallelGroup(TensorParallelGroup* group) const;
+  /// Gives every layer `casts` for its bfloat16 weight copies (Layer::SetWeightCasts).
+  void SetWeightCasts(WeightCasts* casts) const;
   /// Initializes every layer from (seed, its global index).
   void InitParameters(uint64_t seed);
   /// Moves parameters and gradients to `device`; inputs must then live there too.

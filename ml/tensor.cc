@@ -129,8 +129,8 @@ Tensor Tensor::Rows(int64_t begin, int64_t end) const {
 }
 
 bool Tensor::BitwiseEquals(const Tensor& other) const {
-  if (shape_ != other.shape_ || dtype_ != other.dtype_) return false;
-  if (bytes() == 0) return true;
+  if (shape_ != other.shape_ || dtype_ != other.dtype_ || defined() != other.defined()) return false;
+  if (!defined() || bytes() == 0) return true;
   std::vector<char> a(bytes()), b(bytes());
   device()->CopyToHost(a.data(), raw_data(), bytes());
   other.device()->CopyToHost(b.data(), other.raw_data(), bytes());

@@ -31,11 +31,15 @@ void DenseBackward(const Tensor& x, const Tensor& dz, const Tensor& w, Parameter
   if (dx.defined()) MatmulInto(dz_op, w, false, false, 0.0f, dx);
 }
 
-/// The weights a block's backward multiplies by: the bfloat16 copies its forward stashed after
-/// `count` tensors, or the parameters themselves.
-std::pair<Tensor, Tensor> ProductWeights(const LayerStash& stash, size_t count, const Tensor& in, const Tensor& proj) {
-  if (stash.tensors.size() == count + 2) return {stash.tensors[count], stash.tensors[count + 1]};
-  return {in, proj};
+/// Whether a stashed tensor is what the forward left: defined, of `type`, with `numel` elements
+/// (a stash read back from a message is checked so before any kernel reads it).
+bool Holds(const Tensor& t, int64_t numel, DType type = DType::kFloat32) {
+  return t.defined() && t.dtype() == type && t.numel() == numel;
+}
+
+/// Whether `x` is a block's float32 input [B, T, dim].
+bool IsBlockInput(const Tensor& x, int dim) {
+  return x.defined() && x.dtype() == DType::kFloat32 && x.ndim() == 3 && x.dim(2) == dim;
 }
 
 /// The dropout seed of a layer for this forward pass (as DropoutLayer's).
@@ -321,9 +325,9 @@ Result<Tensor> ResidualBlock::InputGrad(const Tensor& dh_partial, const Tensor& 
 // ---- AttentionBlock --------------------------------------------------------------------------
 // Stash: x, LayerNorm mean and rstd, h = LayerNorm(x) [N, D], qkv [N, 3Dl], the probabilities P
 // [B, Hl, T, T], and o [N, Dl] (the local heads' outputs side by side, before the projection);
-// in bfloat16, h and o as multiplied (bfloat16) and then the copies of qkv.weight and
-// proj.weight. The attention's own products (scores, mixing) stay float32. Here Dl = D / ranks,
-// where Hl = H / ranks heads of this shard span Dl = D / ranks columns. Head j of row block b is
+// in bfloat16, h and o as multiplied (bfloat16), and the copies of qkv.weight and proj.weight in
+// LayerStash::weights. The attention's own products (scores, mixing) stay float32. Here
+// Hl = H / ranks heads of this shard span Dl = D / ranks columns. Head j of row block b is
 // the column block j * D/H of q, k and v within qkv; the per-head products are one BatchedGemm
 // each, over (b, j).
 
@@ -357,16 +361,25 @@ Result<Tensor> AttentionBlock::Forward(const Tensor& x, const ForwardContext& ct
   COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(Matmul(o_op, w_proj, false, true), x, ctx, stash));
   if (stash) {
     stash->tensors = {x, ln.mean, ln.rstd, h, qkv, p, o_op};
-    if (ctx.precision != Precision::kFloat32) stash->tensors.insert(stash->tensors.end(), {w_qkv, w_proj});
+    stash->weights.clear();
+    if (ctx.precision != Precision::kFloat32) stash->weights = {w_qkv, w_proj};
   }
   return y;
 }
 
 Result<Tensor> AttentionBlock::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
-  if (stash.tensors.size() != 7 && stash.tensors.size() != 9) return Status::FailedPrecondition(Describe() + ": empty stash");
+  if (stash.tensors.size() != 7) return Status::FailedPrecondition(Describe() + ": empty stash");
   const Tensor &x = stash.tensors[0], &mean = stash.tensors[1], &rstd = stash.tensors[2], &h = stash.tensors[3],
                &qkv = stash.tensors[4], &p = stash.tensors[5], &o = stash.tensors[6];
-  const auto [w_qkv, w_proj] = ProductWeights(stash, 7, params_[2].value, params_[4].value);
+  if (!IsBlockInput(x, dim_)) return Status::FailedPrecondition(Describe() + ": a stash that does not fit this block");
+  {
+    const int64_t rows = x.dim(0) * x.dim(1), seq = x.dim(1), heads = heads_ / shard_.ranks, local = dim_ / shard_.ranks;
+    if (!Holds(mean, rows) || !Holds(rstd, rows) || !Holds(h, rows * dim_, h.dtype()) || !Holds(qkv, rows * 3 * local) ||
+        !Holds(p, x.dim(0) * heads * seq * seq) || !Holds(o, rows * local, h.dtype()))
+      return Status::FailedPrecondition(Describe() + ": a stash that does not fit this block");
+  }
+  const bool low = h.dtype() != DType::kFloat32;
+  const Tensor w_qkv = BackwardWeight(stash, 0, params_[2], low), w_proj = BackwardWeight(stash, 1, params_[4], low);
   if (dy.numel() != x.numel()) return BadInput(Describe() + " backward", ShapeToString(x.shape()), dy);
   Device* d = device_;
   const int b = I(x.dim(0)), t = I(x.dim(1)), n = b * t, dh = dim_ / heads_;
@@ -399,8 +412,8 @@ Result<Tensor> AttentionBlock::Backward(const Tensor& dy, const LayerStash& stas
 
 // ---- MlpBlock --------------------------------------------------------------------------------
 // Stash: x, LayerNorm mean and rstd, h = LayerNorm(x) [N, D], z = Fc(h) [N, 4D/R] and
-// a = GELU(z); in bfloat16, h and a as multiplied (bfloat16) and then the copies of fc.weight
-// and proj.weight.
+// a = GELU(z); in bfloat16, h and a as multiplied (bfloat16), and the copies of fc.weight and
+// proj.weight in LayerStash::weights.
 
 MlpBlock::MlpBlock(int dim, float dropout, float proj_std, TensorShard shard)
     : ResidualBlock(dim, 4 * dim, 4 * dim, "fc", dropout, proj_std, shard) {}
@@ -420,16 +433,25 @@ Result<Tensor> MlpBlock::Forward(const Tensor& x, const ForwardContext& ctx, Lay
   COPSE_ASSIGN_OR_RETURN(Tensor y, CloseBranch(Matmul(a, w_proj, false, true), x, ctx, stash));
   if (stash) {
     stash->tensors = {x, ln.mean, ln.rstd, h, z, a};
-    if (ctx.precision != Precision::kFloat32) stash->tensors.insert(stash->tensors.end(), {w_fc, w_proj});
+    stash->weights.clear();
+    if (ctx.precision != Precision::kFloat32) stash->weights = {w_fc, w_proj};
   }
   return y;
 }
 
 Result<Tensor> MlpBlock::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
-  if (stash.tensors.size() != 6 && stash.tensors.size() != 8) return Status::FailedPrecondition(Describe() + ": empty stash");
+  if (stash.tensors.size() != 6) return Status::FailedPrecondition(Describe() + ": empty stash");
   const Tensor &x = stash.tensors[0], &mean = stash.tensors[1], &rstd = stash.tensors[2], &h = stash.tensors[3],
                &z = stash.tensors[4], &a = stash.tensors[5];
-  const auto [w_fc, w_proj] = ProductWeights(stash, 6, params_[2].value, params_[4].value);
+  if (!IsBlockInput(x, dim_)) return Status::FailedPrecondition(Describe() + ": a stash that does not fit this block");
+  {
+    const int64_t rows = x.dim(0) * x.dim(1), wide = proj_in_ / shard_.ranks;
+    if (!Holds(mean, rows) || !Holds(rstd, rows) || !Holds(h, rows * dim_, h.dtype()) || !Holds(z, rows * wide) ||
+        !Holds(a, rows * wide, h.dtype()))
+      return Status::FailedPrecondition(Describe() + ": a stash that does not fit this block");
+  }
+  const bool low = h.dtype() != DType::kFloat32;
+  const Tensor w_fc = BackwardWeight(stash, 0, params_[2], low), w_proj = BackwardWeight(stash, 1, params_[4], low);
   if (dy.numel() != x.numel()) return BadInput(Describe() + " backward", ShapeToString(x.shape()), dy);
   Device* d = device_;
   const int n = I(x.dim(0) * x.dim(1)), wide = proj_in_ / shard_.ranks;

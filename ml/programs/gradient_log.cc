@@ -18,8 +18,7 @@ bool IsGradientLog(const NamedTensors& set) { return FindTensor(set, kEntries) !
 Result<size_t> GradientLogEntries(const NamedTensors& log) {
   const Tensor* count = FindTensor(log, kEntries);
   if (!count || count->numel() != 1) return Status::DataLoss("gradient log lacks its entry count");
-  const Tensor host = count->To(CpuDevice());
-  const float n = host.data()[0];
+  const float n = count->ToVector()[0];
   if (!(n >= 1 && n < 1e6f) || std::floor(n) != n) {
     return Status::DataLoss("gradient log has a malformed entry count (" + std::to_string(n) + ")");
   }

@@ -97,11 +97,11 @@ Result<Batch> LoadPart(VertexContext& ctx, const TrainSettings& s, int64_t step,
     const Tensor* x = FindTensor(set, "images");
     const Tensor* y = FindTensor(set, "labels");
     const Tensor* n = FindTensor(set, "batch");
-    if (!x || !y || !n) return Status::DataLoss(ctx.name + ": loader message lacks images/labels/batch");
+    if (!x || !y || !n || n->numel() < 1) return Status::DataLoss(ctx.name + ": loader message lacks images/labels/batch");
     Batch b;
     b.images = *x;
-    for (int64_t i = 0; i < y->numel(); ++i) b.labels.push_back(static_cast<int32_t>(y->data()[i]));
-    *batch_size = static_cast<int64_t>(n->data()[0]);
+    for (const float label : y->ToVector()) b.labels.push_back(static_cast<int32_t>(label));
+    *batch_size = static_cast<int64_t>(n->ToVector()[0]);
     return b;
   }
   COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
@@ -148,10 +148,12 @@ Result<Stash> ReadStash(const NamedTensors& set, size_t layers) {
     }
     const Tensor* shape = FindTensor(set, p + "shape");
     const Tensor* seed = FindTensor(set, p + "seed");
-    if (!shape || !seed) return Status::DataLoss("stash lacks layer " + std::to_string(i));
-    if (!(shape->numel() == 1 && shape->data()[0] < 0))
-      for (int64_t k = 0; k < shape->numel(); ++k) ls.shape.push_back(static_cast<int64_t>(shape->data()[k]));
-    for (int k = 0; k < 4; ++k) ls.seed |= static_cast<uint64_t>(seed->data()[k]) << (16 * k);
+    if (!shape || !seed || seed->numel() != 4 || shape->numel() < 1)
+      return Status::DataLoss("stash lacks layer " + std::to_string(i) + "'s shape or seed");
+    const std::vector<float> dims = shape->ToVector(), seed_parts = seed->ToVector();
+    if (!(dims.size() == 1 && dims[0] < 0))
+      for (const float d : dims) ls.shape.push_back(static_cast<int64_t>(d));
+    for (int k = 0; k < 4; ++k) ls.seed |= static_cast<uint64_t>(seed_parts[static_cast<size_t>(k)]) << (16 * k);
   }
   return stash;
 }
@@ -229,7 +231,7 @@ class GradProgram final : public VertexProgram {
     double loss_sum = 0;
     if (b.size() > 0) {
       Stash stash;
-      const ForwardContext fc = StepContext(s, step, w, &lease->weight_casts);
+      const ForwardContext fc = StepContext(s, step, w);
       COPSE_ASSIGN_OR_RETURN(Tensor logits, m.Forward(b.images, fc, &stash));
       COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels, batch_size));
       COPSE_RETURN_NOT_OK(m.Backward(loss.grad, stash, false, /*accumulate=*/false).status());
@@ -625,7 +627,7 @@ class ForwardProgram final : public VertexProgram {
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
     COPSE_ASSIGN_OR_RETURN(auto tp, TensorParallelScope::Open(ctx, s.tp_rank, s.tp_ranks, lease->model));
     Stash stash;
-    const ForwardContext fc = StepContext(s, pos.step, pos.part(), &lease->weight_casts);
+    const ForwardContext fc = StepContext(s, pos.step, pos.part());
     NamedTensors out;
     Tensor y = Tensor::Zeros({0});  // an empty micro-batch (a short last step) sends an empty activation
     if (x.dim(0) > 0) {
@@ -654,7 +656,7 @@ class ForwardProgram final : public VertexProgram {
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(std::move(out))));
     if (stage < stages - 1) {
       if (ctx.num_outputs() < 2) return Status::InvalidArgument(ctx.name + ": needs an activation output");
-      COPSE_RETURN_NOT_OK(ctx.output(1).Write(SingleTensorMessage(BoundaryTensor(s, y))));
+      COPSE_RETURN_NOT_OK(ctx.output(1).Write(SingleTensorMessage(BoundaryTensor(s, range.second, y))));
     }
     COPSE_RETURN_NOT_OK(ctx.CloseOutputs());
     return tp ? tp->group().Finish() : Status::OK();
@@ -752,13 +754,13 @@ class BackwardProgram final : public VertexProgram {
       for (size_t i = 0; i < static_cast<size_t>(pos.m); ++i) {
         if (ctx.cancelled()) return Status::Cancelled(ctx.name + " cancelled");  // a long replay
         const NamedTensors entry = GradientLogEntry(log, i);
-        const ForwardContext fc = StepContext(s, pos.step, pos.w * pos.M + static_cast<int>(i), &lease->weight_casts);
+        const ForwardContext fc = StepContext(s, pos.step, pos.w * pos.M + static_cast<int>(i));
         const Status st = MicroBatchBackward(m, entry, *FindTensor(entry, "dy"), recompute, fc, false, i > 0).status();
         if (!st.ok()) return st.WithContext(ctx.name + ": replaying gradient log entry " + std::to_string(i));
       }
     }  // else the entry holds exactly the log's sum (it made it) and accumulates on in place
     lease->grads_key = 0;
-    const ForwardContext fc = StepContext(s, pos.step, pos.part(), &lease->weight_casts);
+    const ForwardContext fc = StepContext(s, pos.step, pos.part());
     auto backward = MicroBatchBackward(m, stash_set, dy, recompute, fc, /*need_dx=*/stage > 0,
                                        /*accumulate=*/acc_msg.has_value());
     if (!backward.ok()) return backward.status().WithContext(ctx.name);
@@ -774,7 +776,7 @@ class BackwardProgram final : public VertexProgram {
     lease->grads_key = TensorMessageKey(out);
     lease->grads_loss = loss;
     lease.Commit();
-    return WriteOutputs(ctx, s, stage, out, dx);
+    return WriteOutputs(ctx, s, range.first, stage, out, dx);
   }
 
  private:
@@ -789,14 +791,14 @@ class BackwardProgram final : public VertexProgram {
     COPSE_ASSIGN_OR_RETURN(auto tp, TensorParallelScope::Open(ctx, s.tp_rank, s.tp_ranks, m));
     m.FreshGradients();  // the entry's may be a message's
     if (sum_so_far) COPSE_RETURN_NOT_OK(m.ImportGradients(*sum_so_far).WithContext(ctx.name));
-    const ForwardContext fc = StepContext(s, pos.step, pos.part(), &lease->weight_casts);
+    const ForwardContext fc = StepContext(s, pos.step, pos.part());
     auto backward = MicroBatchBackward(m, stash_set, dy, recompute, fc, /*need_dx=*/stage > 0, sum_so_far != nullptr);
     if (!backward.ok()) return backward.status().WithContext(ctx.name);
     NamedTensors out_set = GradientHandles(m);  // the next micro-batch renews them before writing
     out_set.emplace_back("__loss", Scalars(loss));
     lease->grads_key = 0;
     lease.Commit();
-    COPSE_RETURN_NOT_OK(WriteOutputs(ctx, s, stage, TensorMessage(std::move(out_set)), *backward));
+    COPSE_RETURN_NOT_OK(WriteOutputs(ctx, s, range.first, stage, TensorMessage(std::move(out_set)), *backward));
     return tp->group().Finish();
   }
 
@@ -831,15 +833,16 @@ class BackwardProgram final : public VertexProgram {
     NamedTensors out_set;
     COPSE_RETURN_NOT_OK(AppendGradientLog(log, entry, &dy, out_set));
     out_set.emplace_back("__loss", Scalars(loss));
-    return WriteOutputs(ctx, s, stage, TensorMessage(std::move(out_set)), dx);
+    return WriteOutputs(ctx, s, range.first, stage, TensorMessage(std::move(out_set)), dx);
   }
 
-  /// Output 0 the log or gradients, output 1 dL/dx (not on stage 0).
-  static Status WriteOutputs(VertexContext& ctx, const TrainSettings& s, int stage, const chan::Buffer& out, const Tensor& dx) {
+  /// Output 0 the log or gradients, output 1 dL/dx (not on stage 0, whose first layer is `first`).
+  static Status WriteOutputs(VertexContext& ctx, const TrainSettings& s, int first, int stage, const chan::Buffer& out,
+                             const Tensor& dx) {
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(out));
     if (stage > 0) {
       if (ctx.num_outputs() < 2) return Status::InvalidArgument(ctx.name + ": needs a gradient output");
-      COPSE_RETURN_NOT_OK(ctx.output(1).Write(SingleTensorMessage(BoundaryTensor(s, dx))));
+      COPSE_RETURN_NOT_OK(ctx.output(1).Write(SingleTensorMessage(BoundaryTensor(s, first, dx))));
     }
     return ctx.CloseOutputs();
   }

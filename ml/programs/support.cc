@@ -247,6 +247,7 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const 
                                      ") out of range for model " + s.model + " (" + std::to_string(full.size()) + " layers)");
     entry = std::make_unique<CachedModel>();
     entry->model = full.Slice(static_cast<size_t>(begin), static_cast<size_t>(end));
+    entry->model.SetWeightCasts(&entry->weight_casts);  // its parameters are never written in place
   }
   ModelLease lease(cache_key, std::move(entry));
   if (lease->params_key != params_key) {
@@ -258,17 +259,36 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const 
   return lease;
 }
 
-ForwardContext StepContext(const TrainSettings& s, int64_t step, int part, WeightCasts* casts) {
+ForwardContext StepContext(const TrainSettings& s, int64_t step, int part) {
   const auto [epoch, k] = EpochAndStep(s, step);
   ForwardContext fc;
   fc.seed = MixSeed(MixSeed(s.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(k)), static_cast<uint64_t>(part));
   fc.precision = s.precision;
-  fc.weight_casts = casts;
   return fc;
 }
 
-Tensor BoundaryTensor(const TrainSettings& s, const Tensor& t) {
-  return s.precision == Precision::kBFloat16 ? t.Cast(DType::kBFloat16) : t;
+namespace {
+
+/// Whether layer `index` of `model` takes a bfloat16 input as it is; the layers' kinds are
+/// read once per model and process.
+bool TakesBFloat16At(const std::string& model, int index) {
+  static std::mutex mu;
+  static std::map<std::string, std::vector<bool>> kinds;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = kinds.find(model);
+  if (it == kinds.end()) {
+    std::vector<bool> takes;
+    if (auto layers = BuildModelLayers(model); layers.ok())
+      for (size_t i = 0; i < layers->size(); ++i) takes.push_back(layers->layer(i).TakesBFloat16());
+    it = kinds.emplace(model, std::move(takes)).first;
+  }
+  return index >= 0 && static_cast<size_t>(index) < it->second.size() && it->second[static_cast<size_t>(index)];
+}
+
+}  // namespace
+
+Tensor BoundaryTensor(const TrainSettings& s, int next, const Tensor& t) {
+  return s.precision == Precision::kBFloat16 && TakesBFloat16At(s.model, next) ? t.Cast(DType::kBFloat16) : t;
 }
 
 Tensor Scalars(const std::vector<float>& v) { return Tensor::FromVector({static_cast<int64_t>(v.size())}, v); }
@@ -276,8 +296,8 @@ Tensor Scalars(const std::vector<float>& v) { return Tensor::FromVector({static_
 std::vector<float> ReadScalars(const Tensor* t, size_t n) {
   std::vector<float> out(n, 0.0f);
   if (t) {
-    const Tensor h = t->To(CpuDevice());
-    for (size_t i = 0; i < n && i < static_cast<size_t>(h.numel()); ++i) out[i] = h.data()[i];
+    const std::vector<float> v = t->ToVector();  // any type a message may carry
+    for (size_t i = 0; i < n && i < v.size(); ++i) out[i] = v[i];
   }
   return out;
 }

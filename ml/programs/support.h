@@ -100,7 +100,7 @@ struct CachedModel {
   std::unique_ptr<Optimizer> optimizer;
   uint64_t params_key = 0, grads_key = 0, state_key = 0;
   std::vector<float> grads_loss{0, 0};  // "__loss" of the message grads_key names
-  WeightCasts weight_casts;             // the parameters' bfloat16 copies, for mixed precision
+  WeightCasts weight_casts;             // the parameters' bfloat16 copies (the model's layers use them)
 };
 
 /// A model taken from the cache for one vertex; returned on destruction. Keys are reset unless
@@ -141,11 +141,13 @@ NamedTensors GradientHandles(const Sequential& m);
 NamedTensors ParameterHandles(const Sequential& m);
 
 /// The settings of a forward pass of global step `step`, micro-batch or worker part `part`:
-/// training, its dropout seed and s.precision (bfloat16 weight copies from `casts` when given).
-ForwardContext StepContext(const TrainSettings& s, int64_t step, int part, WeightCasts* casts = nullptr);
-/// An activation or gradient as it crosses a pipeline stage boundary: in bfloat16 under mixed
-/// precision (half the bytes), else as it is.
-Tensor BoundaryTensor(const TrainSettings& s, const Tensor& t);
+/// training, its dropout seed and s.precision.
+ForwardContext StepContext(const TrainSettings& s, int64_t step, int part);
+/// An activation or gradient as it crosses the pipeline stage boundary before layer `next` of
+/// the model: in bfloat16 (half the bytes) under mixed precision where that layer multiplies
+/// its input in bfloat16 anyway (Layer::TakesBFloat16: an MLP's Linear), else as it is — a
+/// GPT's residual stream and a CNN's feature maps stay float32, as in one process.
+Tensor BoundaryTensor(const TrainSettings& s, int next, const Tensor& t);
 
 /// Reads every message of input `port`.
 Result<std::vector<chan::Buffer>> ReadAll(vertex::VertexContext& ctx, size_t port);

@@ -35,9 +35,10 @@ Result<Tensor> LiveChannelGroup::AllReduceSum(const Tensor& partial) {
     COPSE_ASSIGN_OR_RETURN(auto msg, ctx_.input(first_input_ + static_cast<size_t>(k)).Next());
     if (!msg) return Status::DataLoss(ctx_.name + ": tensor-parallel member " + std::to_string(peer) + " ended early");
     COPSE_ASSIGN_OR_RETURN(Tensor t, ReadSingleTensor(*msg));
-    if (t.shape() != partial.shape())
-      return Status::DataLoss(ctx_.name + ": member " + std::to_string(peer) + " sent a partial of shape " +
-                              ShapeToString(t.shape()) + ", expected " + ShapeToString(partial.shape()));
+    if (t.shape() != partial.shape() || t.dtype() != partial.dtype())
+      return Status::DataLoss(ctx_.name + ": member " + std::to_string(peer) + " sent a " + DTypeName(t.dtype()) +
+                              " partial of shape " + ShapeToString(t.shape()) + ", expected " + DTypeName(partial.dtype()) +
+                              ShapeToString(partial.shape()));
     parts[static_cast<size_t>(peer)] = t;
   }
   Tensor sum = parts[0].Clone();

@@ -119,6 +119,8 @@ TEST_CASE("Tensor.CarriesItsTypeThroughCastsCopiesAndComparisons") {
   CHECK(b.Clone().BitwiseEquals(b));
   CHECK_FALSE(Rounded(x).BitwiseEquals(b));  // the same values, another type
   CHECK_THROWS_AS(Tensor::Empty({4, 5}).CopyFrom(b), std::invalid_argument);
+  CHECK(Tensor().BitwiseEquals(Tensor()));
+  CHECK_FALSE(Tensor().BitwiseEquals(Tensor::Zeros({})));
 }
 
 TEST_CASE("Serialize.BFloat16TensorsTravelAtTwoBytesAnElement") {
@@ -204,10 +206,12 @@ TEST_CASE("Linear.InBFloat16StaysWithinRoundingOfFloat32AndStashesHalfTheBytes")
   const Tensor rounded =
       LinearForward(Rounded(x), Rounded(layer.parameters()[0].value), layer.parameters()[1].value, Activation::kGelu);
   CHECK(RelativeError(*y16, rounded) < 1e-5);
-  REQUIRE(s16.tensors.size() == 3);
+  REQUIRE(s16.tensors.size() == 2);
   CHECK(s16.tensors[0].dtype() == DType::kBFloat16);
   CHECK(s16.tensors[0].bytes() == s32.tensors[0].bytes() / 2);
-  CHECK(s16.tensors[2].dtype() == DType::kBFloat16);  // the weight as multiplied
+  REQUIRE(s16.weights.size() == 1);  // the weight as multiplied, kept in this process only
+  CHECK(s16.weights[0].dtype() == DType::kBFloat16);
+  CHECK(s32.weights.empty());
 
   layer.ZeroGrad();
   auto dx32 = layer.Backward(dy, s32, true);
@@ -229,6 +233,21 @@ TEST_CASE("Linear.InBFloat16StaysWithinRoundingOfFloat32AndStashesHalfTheBytes")
   CHECK(dx_only->BitwiseEquals(*dx16));
   REQUIRE(layer.WeightGradients({{&s16, &wgrad}}).ok());
   CHECK(layer.parameters()[0].grad.BitwiseEquals(dw16));
+  // A stash that travelled as a message comes without the weight copy: converted again, the
+  // same bits.
+  LayerStash travelled = s16;
+  travelled.weights.clear();
+  layer.ZeroGrad();
+  auto dx_travelled = layer.Backward(dy, travelled, true);
+  REQUIRE(dx_travelled.ok());
+  CHECK(dx_travelled->BitwiseEquals(*dx16));
+  CHECK(layer.parameters()[0].grad.BitwiseEquals(dw16));
+  // A stash that does not fit the layer is refused, never read out of bounds.
+  LayerStash broken = s16;
+  broken.tensors[1] = Tensor();  // the activation's z
+  CHECK_FALSE(layer.Backward(dy, broken, true).ok());
+  broken.tensors[1] = RandomTensor({3, 64}, 1);
+  CHECK_FALSE(layer.Backward(dy, broken, true).ok());
   // ... and refuse micro-batches stashed in two precisions.
   Tensor wgrad32;
   REQUIRE(layer.BackwardInput(dy, s32, false, &wgrad32).ok());
@@ -243,26 +262,33 @@ TEST_CASE("Linear.InBFloat16StaysWithinRoundingOfFloat32AndStashesHalfTheBytes")
 TEST_CASE("WeightCasts.ConvertEachWeightOnceAndGiveTheSameBits") {
   Linear layer(40, 24);
   layer.InitParameters(3);
-  WeightCasts casts;
-  ForwardContext plain, cached;
-  plain.precision = cached.precision = Precision::kBFloat16;
-  cached.weight_casts = &casts;
+  ForwardContext ctx;
+  ctx.precision = Precision::kBFloat16;
   const Tensor x = RandomTensor({8, 40}, 4);
   LayerStash a, b, c;
-  auto ya = layer.Forward(x, plain, &a);
-  auto yb = layer.Forward(x, cached, &b);
-  auto yc = layer.Forward(x.Rows(0, 4), cached, &c);
+  auto ya = layer.Forward(x, ctx, &a);  // no casts: converted in the pass
+  WeightCasts casts;
+  layer.SetWeightCasts(&casts);
+  auto yb = layer.Forward(x, ctx, &b);
+  auto yc = layer.Forward(x.Rows(0, 4), ctx, &c);
   REQUIRE(ya.ok());
   REQUIRE(yb.ok());
   REQUIRE(yc.ok());
   CHECK(yb->BitwiseEquals(*ya));
-  CHECK(b.tensors[2].raw_data() == c.tensors[2].raw_data());  // one copy for both passes
-  CHECK(b.tensors[2].BitwiseEquals(a.tensors[2]));
+  CHECK(b.weights[0].raw_data() == c.weights[0].raw_data());  // one copy for both passes
+  CHECK(b.weights[0].BitwiseEquals(a.weights[0]));
+  // A backward whose stash travelled without the copy takes the same one.
+  const Tensor dy = RandomTensor({8, 24}, 5);
+  b.weights.clear();
+  auto dx = layer.Backward(dy, b, true);
+  REQUIRE(dx.ok());
+  CHECK(dx->BitwiseEquals(*layer.Backward(dy, a, true)));
   // Parameters replaced (the ML programs never write them in place): a new copy.
   layer.parameters()[0].value = RandomTensor({24, 40}, 9);
   LayerStash d;
-  REQUIRE(layer.Forward(x, cached, &d).ok());
-  CHECK(d.tensors[2].BitwiseEquals(layer.parameters()[0].value.Cast(DType::kBFloat16)));
+  REQUIRE(layer.Forward(x, ctx, &d).ok());
+  CHECK(d.weights[0].BitwiseEquals(layer.parameters()[0].value.Cast(DType::kBFloat16)));
+  layer.SetWeightCasts(nullptr);
 }
 
 TEST_CASE("Transformer.InBFloat16StaysCloseToFloat32") {
@@ -288,6 +314,26 @@ TEST_CASE("Transformer.InBFloat16StaysCloseToFloat32") {
   };
   NamedTensors g32, g16;
   const Tensor l32 = run(Precision::kFloat32, &g32), l16 = run(Precision::kBFloat16, &g16);
+
+  // A block's stash that does not fit (as a damaged message could carry) is refused before any
+  // kernel reads it; parameters in bfloat16 are refused by name.
+  ForwardContext ctx;
+  ctx.precision = Precision::kBFloat16;
+  Stash stash;
+  REQUIRE(model->Forward(x, ctx, &stash).ok());
+  for (size_t layer : {2, 3}) {  // an AttentionBlock, an MlpBlock
+    CAPTURE(layer);
+    for (size_t i = 1; i < stash.layers[layer].tensors.size(); ++i) {
+      LayerStash bad = stash.layers[layer];
+      bad.tensors[i] = bad.tensors[i].Rows(0, 1);
+      auto r = model->layer(layer).Backward(RandomTensor({2, 16, 64}, 1), bad, true);
+      CHECK_FALSE(r.ok());
+    }
+  }
+  NamedTensors params = model->ExportParameters();
+  params[0].second = params[0].second.Cast(DType::kBFloat16);
+  const copse::Status refused = model->ShareParameters(params);
+  CHECK(refused.message().find("bfloat16") != std::string::npos);
   CHECK(RelativeError(l16, l32) < 3e-2);
   CHECK_FALSE(l16.BitwiseEquals(l32));
   for (size_t i = 0; i < g32.size(); ++i) {

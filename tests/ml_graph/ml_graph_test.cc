@@ -27,6 +27,7 @@
 #include "ml/graph_gen.h"
 #include "ml/models.h"
 #include "ml/programs/register.h"
+#include "ml/programs/support.h"
 #include "ml/serialize.h"
 #include "ml/trainer.h"
 #include "vertex/program_registry.h"
@@ -289,6 +290,20 @@ TEST_CASE("MlGraph.Bf16GraphsMatchSingleProcessBf16AndCrossStagesInHalfTheBytes"
   // Activations and gradients are most of what crosses the two stages' daemons (the rest: the
   // parameters the evaluation reads), and they take half the bytes: ~0.55 of fp32's in all.
   CHECK(remote["bf16"] < 0.65 * static_cast<double>(remote["fp32"]));
+}
+
+TEST_CASE("MlGraph.Bf16BoundariesAreBFloat16OnlyBeforeALayerThatMultipliesInBf16") {
+  programs::TrainSettings s;
+  s.precision = Precision::kBFloat16;
+  s.model = "mlp:784-64-32-10";  // Flatten, Linear, Linear, Linear
+  const Tensor t = Tensor::Zeros({4, 64});
+  CHECK(programs::BoundaryTensor(s, 2, t).dtype() == DType::kBFloat16);
+  CHECK(programs::BoundaryTensor(s, 0, t).dtype() == DType::kFloat32);  // before Flatten
+  s.model = "gpt:2-32-4-16";                                            // a block's residual stream
+  CHECK(programs::BoundaryTensor(s, 3, t).dtype() == DType::kFloat32);
+  s.model = "mlp:784-64-32-10";
+  s.precision = Precision::kFloat32;
+  CHECK(programs::BoundaryTensor(s, 2, t).dtype() == DType::kFloat32);
 }
 
 /// A two-block GPT on 256 windows of 16 tokens, 8 steps of 32 windows under a cosine schedule
