@@ -9,8 +9,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include "ml/dtype.h"
-
 namespace copse::cli {
 
 void AddValidateCommand(CLI::App& app);
@@ -64,20 +62,6 @@ inline CLI::Validator Unsigned64() {
 /// The exit code a command's callback sets: 0 success, 1 the job or the input failed,
 /// 2 usage error (main() maps CLI11's parse errors to 2).
 int& ExitCode();
-
-/// --precision of `copse train` and `copse graph` (ml/dtype.h says what each means).
-inline void AddPrecisionFlag(CLI::App* cmd, std::string& precision) {
-  cmd->add_option("--precision", precision,
-                  "Matrix products in fp32, or bf16: mixed precision with float32 parameters, optimizer and "
-                  "elementwise work")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            const auto p = ml::ParsePrecision(text);
-            return p.ok() ? "" : p.status().message();
-          },
-          "fp32|bf16"))
-      ->capture_default_str();
-}
 
 /// The learning-rate schedule and clipping flags `copse train` and `copse graph` share:
 /// --lr-schedule, --warmup-steps, --min-lr and --clip-norm (`clip_help` says where it applies).

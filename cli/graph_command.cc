@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/ml_flags.h"
 #include "ml/graph_gen.h"
 
 namespace copse::cli {

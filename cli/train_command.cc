@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/ml_flags.h"
 #include "common/allocator_name.h"
 #include "ml/trainer.h"
 #include "ml/transformer.h"
