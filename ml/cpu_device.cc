@@ -20,6 +20,7 @@
 #include "ml/caching_allocator.h"
 #include "ml/onednn_gemm.h"
 #include "ml/philox.h"
+#include "ml/vector_math.h"
 
 namespace copse::ml::internal {
 namespace {
@@ -317,12 +318,7 @@ class CpuDeviceImpl final : public Device {
             for (int c = 0; c < cols; ++c) yr[c] = std::max(xr[c], 0.0f);
           }
           break;
-        case Activation::kGelu:
-          for (int c = 0; c < cols; ++c) {
-            const float v = bias ? xr[c] + bias[c] : xr[c];
-            yr[c] = 0.5f * v * (1.0f + std::erf(v * kInvSqrt2));
-          }
-          break;
+        case Activation::kGelu: GeluRange(xr, bias, static_cast<size_t>(cols), yr); break;
       }
     }
   }
@@ -347,15 +343,55 @@ class CpuDeviceImpl final : public Device {
           dx[i] = saved[i] > 0.0f ? g : 0.0f;
         }
         break;
-      case Activation::kGelu:
-        for (size_t i = 0; i < n; ++i) {
-          const float v = saved[i];
-          const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
-          const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
-          dx[i] = dy[i] * (cdf + v * pdf);
-        }
-        break;
+      case Activation::kGelu: GeluGradRange(saved, dy, n, dx); break;
     }
+  }
+
+  // GELU in blocks that stay in L1: the arguments of erf (and exp) gathered, mapped by the
+  // vector functions (vector_math.h), then combined. x may alias y, dy may alias dx.
+  static constexpr size_t kMathBlock = 256;
+
+  /// y = x' * Phi(x') with x' = x + bias (bias may be null).
+  static void GeluRange(const float* x, const float* bias, size_t n, float* y) {
+    float t[kMathBlock];
+    for (size_t b = 0; b < n; b += kMathBlock) {
+      const size_t m = std::min(kMathBlock, n - b);
+      for (size_t i = 0; i < m; ++i) {
+        const float v = bias ? x[b + i] + bias[b + i] : x[b + i];
+        y[b + i] = v;
+        t[i] = v * kInvSqrt2;
+      }
+      VectorErf(t, m, t);
+      for (size_t i = 0; i < m; ++i) y[b + i] = 0.5f * y[b + i] * (1.0f + t[i]);
+    }
+  }
+
+  /// dx = dy * (Phi(v) + v * phi(v)) with v the GELU's input.
+  static void GeluGradRange(const float* saved, const float* dy, size_t n, float* dx) {
+    float cdf[kMathBlock], pdf[kMathBlock];
+    for (size_t b = 0; b < n; b += kMathBlock) {
+      const size_t m = std::min(kMathBlock, n - b);
+      for (size_t i = 0; i < m; ++i) {
+        const float v = saved[b + i];
+        cdf[i] = v * kInvSqrt2;
+        pdf[i] = -0.5f * v * v;
+      }
+      VectorErf(cdf, m, cdf);
+      VectorExp(pdf, m, pdf);
+      for (size_t i = 0; i < m; ++i) {
+        const float v = saved[b + i];
+        dx[b + i] = dy[b + i] * (0.5f * (1.0f + cdf[i]) + v * (kInvSqrt2Pi * pdf[i]));
+      }
+    }
+  }
+
+  /// y[c] = exp(x[c] - mx) for c < n (y may alias x); returns their sum, added in order.
+  static float ExpShifted(const float* x, size_t n, float mx, float* y) {
+    for (size_t c = 0; c < n; ++c) y[c] = x[c] - mx;
+    VectorExp(y, n, y);
+    float sum = 0.0f;
+    for (size_t c = 0; c < n; ++c) sum += y[c];
+    return sum;
   }
 
   void ColumnSum(const float* x, int rows, int cols, float beta, float* out) override {
@@ -394,9 +430,7 @@ class CpuDeviceImpl final : public Device {
       const float* xr = x + static_cast<size_t>(r) * cols;
       float* yr = y + static_cast<size_t>(r) * cols;
       const float mx = *std::max_element(xr, xr + cols);
-      float sum = 0.0f;
-      for (int c = 0; c < cols; ++c) sum += (yr[c] = std::exp(xr[c] - mx));
-      const float inv = 1.0f / sum;
+      const float inv = 1.0f / ExpShifted(xr, static_cast<size_t>(cols), mx, yr);
       for (int c = 0; c < cols; ++c) yr[c] *= inv;
     }
   }
@@ -404,18 +438,18 @@ class CpuDeviceImpl final : public Device {
   double SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols, float grad_scale,
                              float* dlogits) override {
     double total = 0.0;
+    std::vector<float> scratch(dlogits ? 0 : static_cast<size_t>(cols));
     for (int r = 0; r < rows; ++r) {
       const float* xr = logits + static_cast<size_t>(r) * cols;
-      const float mx = *std::max_element(xr, xr + cols);
-      float sum = 0.0f;
-      for (int c = 0; c < cols; ++c) sum += std::exp(xr[c] - mx);
+      float* er = dlogits ? dlogits + static_cast<size_t>(r) * cols : scratch.data();  // exp(x - max)
+      const float mx = *std::max_element(xr, xr + cols), picked = xr[labels[r]];
+      const float sum = ExpShifted(xr, static_cast<size_t>(cols), mx, er);
       const float lse = mx + std::log(sum);
-      total += static_cast<double>(lse - xr[labels[r]]);
+      total += static_cast<double>(lse - picked);
       if (dlogits) {
-        float* dr = dlogits + static_cast<size_t>(r) * cols;
         const float inv = 1.0f / sum;
-        for (int c = 0; c < cols; ++c) dr[c] = std::exp(xr[c] - mx) * inv * grad_scale;
-        dr[labels[r]] -= grad_scale;
+        for (int c = 0; c < cols; ++c) er[c] = er[c] * inv * grad_scale;
+        er[labels[r]] -= grad_scale;
       }
     }
     return total;
@@ -650,9 +684,7 @@ class CpuDeviceImpl final : public Device {
         const float* xr = x + r * t;
         float* yr = y + r * t;
         const float mx = *std::max_element(xr, xr + keep);
-        float sum = 0.0f;
-        for (int c = 0; c < keep; ++c) sum += (yr[c] = std::exp(xr[c] - mx));
-        const float inv = 1.0f / sum;
+        const float inv = 1.0f / ExpShifted(xr, static_cast<size_t>(keep), mx, yr);
         for (int c = 0; c < keep; ++c) yr[c] *= inv;
         std::fill(yr + keep, yr + t, 0.0f);
       }
