@@ -141,7 +141,20 @@ namespace {  // elements per part below which splitting does not pay
 // pipeline stage's weight gradient: 1024 x 1024 accumulated over a 16-row micro-batch), which
 // OpenBLAS's kernel reads and writes in one pass; oneDNN's matmul made a 1F1B stage's backward
 // ~0.4 ms slower there (docs/ml-graphs.md), while it wins at every reduction of 64 and more.
+// Unless OpenBLAS did not recognise this CPU and runs its generic pre-AVX kernels (0.3.21 on a
+// Sapphire Rapids: "Prescott"): those take 1.16 ms for that weight gradient against oneDNN's
+// 0.37, so every reduction goes to oneDNN.
 constexpr int kMinOneDnnDepth = 32;
+
+int MinOneDnnDepth() {
+  static const int depth = [] {
+    const std::string core = openblas_get_corename();
+    const bool generic =
+        core == "Prescott" || core == "Core2" || core == "Penryn" || core == "Dunnington" || core == "Nehalem" || core == "Atom";
+    return generic && __builtin_cpu_supports("avx2") ? 1 : kMinOneDnnDepth;
+  }();
+  return depth;
+}
 
 // The conversions of ml/dtype.h written so GCC vectorizes them (a select, no branch), and built
 // for AVX-512 beside the baseline: the widest the CPU has is picked when the program loads.
@@ -271,11 +284,11 @@ class CpuDeviceImpl final : public Device {
   }
 
   /// One thread's product: oneDNN where it is the backend in force and the reduction is at
-  /// least kMinOneDnnDepth long, else OpenBLAS (single-threaded: SetCpuThreads keeps it so).
+  /// least MinOneDnnDepth() long, else OpenBLAS (single-threaded: SetCpuThreads keeps it so).
   static void OneThreadGemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
                             int ldb, float beta, float* c, int ldc) {
     static const bool onednn = std::strcmp(GemmBackend(), "onednn") == 0;
-    if (onednn && k >= kMinOneDnnDepth &&
+    if (onednn && k >= MinOneDnnDepth() &&
         OneDnnGemm(DType::kFloat32, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
       return;
     BlasGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
