@@ -26,6 +26,7 @@
 
 #include <zmq.hpp>
 
+#include "bench/flags.h"
 #include "channels/data_server.h"
 #include "channels/output_store.h"
 #include "channels/remote_reader.h"
@@ -139,13 +140,7 @@ int main(int argc, char** argv) {
   Config c;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return copse::bench::FlagValue(argc, argv, &i); };
     if (a == "--mib")
       c.mib = std::stoul(next());
     else if (a == "--msg-kib")

@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/flags.h"
 #include "ml/graph_gen.h"
 #include "bench/torch_compare.h"
 #include "ml/trainer.h"
@@ -77,13 +78,7 @@ int main(int argc, char** argv) {
   bool torch = true, graphs = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return copse::bench::FlagValue(argc, argv, &i); };
     if (a == "--model")
       model = next();
     else if (a == "--steps")
@@ -145,20 +140,7 @@ int main(int argc, char** argv) {
   }
   const auto scratch = std::filesystem::temp_directory_path() / ("copse-gpt-bench-" + std::to_string(getpid()));
   for (int r = 1; r <= runs; ++r) {
-    copse::ml::TrainOptions o;
-    o.model = model;
-    o.optimizer = "adamw";
-    o.lr = 3e-3f;
-    o.min_lr = 3e-4f;
-    o.weight_decay = 0.1f;
-    o.lr_schedule = "cosine";
-    o.warmup_steps = 20;
-    o.clip_norm = 1.0f;
-    o.batch = 16;
-    o.max_steps = steps;
-    o.threads = threads;
-    o.test_limit = 500;
-    o.sample_bytes = 0;
+    copse::ml::TrainOptions o = copse::bench::GptRecipe(model, steps, threads);
     o.seed = static_cast<uint64_t>(r);
     auto report = copse::ml::Train(o);
     if (!report.ok()) {

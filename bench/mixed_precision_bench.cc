@@ -1,6 +1,6 @@
 // mixed_precision_bench: float32 against bf16 mixed precision (ml/dtype.h) in one run. Speed:
 // training throughput of the MLP (images/s: batch 128, SGD lr 0.05 momentum 0.9, 12800 images)
-// and of a GPT (tokens/s: batch 16, AdamW), runs interleaved fp32, bf16, fp32, ... so that the
+// and of a GPT (tokens/s: gpt_bench's recipe, copse::bench::GptRecipe), runs interleaved fp32, bf16, fp32, ... so that the
 // machine's noise falls on both alike; medians and the bf16/fp32 ratio, next to PyTorch's fp32
 // and bf16 autocast on the same cores for the MLP (scripts/torch_bench.py --precision, when
 // python3-torch is installed). Quality (--quality): the MLP's test accuracy after --epochs full
@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/flags.h"
 #include "bench/torch_compare.h"
 #include "ml/trainer.h"
 
@@ -39,21 +40,8 @@ TrainOptions Mlp(int threads) {
 }
 
 TrainOptions Gpt(const std::string& model, int steps, int threads) {
-  TrainOptions o;
+  TrainOptions o = copse::bench::GptRecipe(model, steps, threads);
   o.device = g_device;
-  o.model = model;
-  o.optimizer = "adamw";
-  o.lr = 3e-3f;
-  o.min_lr = 3e-4f;
-  o.weight_decay = 0.1f;
-  o.lr_schedule = "cosine";
-  o.warmup_steps = 20;
-  o.clip_norm = 1.0f;
-  o.batch = 16;
-  o.max_steps = steps;
-  o.threads = threads;
-  o.test_limit = 500;
-  o.sample_bytes = 0;
   return o;
 }
 
@@ -89,13 +77,7 @@ int main(int argc, char** argv) {
   bool torch = true, quality = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return copse::bench::FlagValue(argc, argv, &i); };
     if (a == "--runs")
       runs = std::stoi(next());
     else if (a == "--threads")

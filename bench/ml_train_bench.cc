@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/flags.h"
 #include "bench/torch_compare.h"
 #include "ml/trainer.h"
 
@@ -57,13 +58,7 @@ int main(int argc, char** argv) {
   int accuracy_epochs = 0, seeds = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return copse::bench::FlagValue(argc, argv, &i); };
     if (a == "--threads")
       threads = std::stoi(next());
     else if (a == "--runs")

@@ -1,6 +1,7 @@
 #pragma once
-// What the benchmarks that run PyTorch beside copse share (ml_train_bench, gpt_bench): the
-// interpreter that has Debian's python3-torch, a command's standard output, and medians.
+// What the benchmarks that run PyTorch beside copse share (ml_train_bench, gpt_bench,
+// mixed_precision_bench): the interpreter that has Debian's python3-torch, a command's standard
+// output, medians, and the GPT training recipe both sides follow.
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "ml/trainer.h"
 
 namespace copse::bench {
 
@@ -38,6 +41,27 @@ inline std::optional<std::string> CommandOutput(const std::string& cmd) {
   while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
   if (pclose(p) != 0) return std::nullopt;
   return out;
+}
+
+/// The GPT recipe of gpt_bench (and scripts/torch_gpt.py): batch 16, AdamW lr 3e-3 with weight
+/// decay 0.1, a 20-step warmup and cosine decay to 3e-4, gradients clipped to norm 1, `steps`
+/// steps, validation loss on the first 500 windows, no sample.
+inline ml::TrainOptions GptRecipe(const std::string& model, int steps, int threads) {
+  ml::TrainOptions o;
+  o.model = model;
+  o.optimizer = "adamw";
+  o.lr = 3e-3f;
+  o.min_lr = 3e-4f;
+  o.weight_decay = 0.1f;
+  o.lr_schedule = "cosine";
+  o.warmup_steps = 20;
+  o.clip_norm = 1.0f;
+  o.batch = 16;
+  o.max_steps = steps;
+  o.threads = threads;
+  o.test_limit = 500;
+  o.sample_bytes = 0;
+  return o;
 }
 
 }  // namespace copse::bench
