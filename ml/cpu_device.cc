@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <condition_variable>
 #include <functional>
@@ -141,17 +142,20 @@ namespace {  // elements per part below which splitting does not pay
 // pipeline stage's weight gradient: 1024 x 1024 accumulated over a 16-row micro-batch), which
 // OpenBLAS's kernel reads and writes in one pass; oneDNN's matmul made a 1F1B stage's backward
 // ~0.4 ms slower there (docs/ml-graphs.md), while it wins at every reduction of 64 and more.
-// Unless OpenBLAS did not recognise this CPU and runs its generic pre-AVX kernels (0.3.21 on a
-// Sapphire Rapids: "Prescott"): those take 1.16 ms for that weight gradient against oneDNN's
-// 0.37, so every reduction goes to oneDNN.
+// Unless OpenBLAS runs kernels older than an AVX2 CPU's: it did not recognise the CPU (0.3.21
+// on this Emerald Rapids, model 0xCF: "Prescott"), or was built for an older or generic
+// target. Those took 2.0 ms for that weight gradient against oneDNN's 0.34 (gemm_bench), so
+// every reduction goes to oneDNN. Only OpenBLAS's AVX2 and AVX-512 kernel sets keep the short
+// ones.
 constexpr int kMinOneDnnDepth = 32;
 
 int MinOneDnnDepth() {
   static const int depth = [] {
-    const std::string core = openblas_get_corename();
-    const bool generic =
-        core == "Prescott" || core == "Core2" || core == "Penryn" || core == "Dunnington" || core == "Nehalem" || core == "Atom";
-    return generic && __builtin_cpu_supports("avx2") ? 1 : kMinOneDnnDepth;
+    std::string core = openblas_get_corename();
+    for (char& ch : core) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const bool modern =
+        core == "haswell" || core == "zen" || core == "skylakex" || core == "cooperlake" || core == "sapphirerapids";
+    return !modern && __builtin_cpu_supports("avx2") ? 1 : kMinOneDnnDepth;
   }();
   return depth;
 }

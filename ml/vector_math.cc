@@ -43,6 +43,13 @@ __attribute__((target("avx512f"))) void Avx512Map(const float* x, size_t n, floa
 
 }  // namespace
 
+const char* VectorMathPath() {
+#if defined(COPSE_HAVE_LIBMVEC) && defined(__x86_64__)
+  if (HaveAvx512()) return "libmvec avx512";
+#endif
+  return "scalar";
+}
+
 void VectorErf(const float* x, size_t n, float* y) {
 #if defined(COPSE_HAVE_LIBMVEC) && defined(__x86_64__)
   if (HaveAvx512()) return Avx512Map<_ZGVeN16v_erff>(x, n, y);

@@ -15,5 +15,7 @@ namespace copse::ml::internal {
 void VectorErf(const float* x, size_t n, float* y);
 /// y[i] = exp(x[i]) for i < n (y may alias x).
 void VectorExp(const float* x, size_t n, float* y);
+/// Which path runs here: "libmvec avx512" or "scalar".
+const char* VectorMathPath();
 
 }  // namespace copse::ml::internal

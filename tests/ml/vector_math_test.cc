@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "ml/vector_math.h"
@@ -39,7 +40,8 @@ void CheckMap(Map map, Scalar scalar, float lo, float hi) {
     }
     worst = std::max(worst, Ulps(y[i], want));
   }
-  MESSAGE("largest difference from the scalar function: " << worst << " ulp");
+  MESSAGE(std::string(copse::ml::internal::VectorMathPath())
+          << ": largest difference from the scalar function: " << worst << " ulp");
   CHECK(worst <= 8);  // glibc states up to 4 for its vector erff and expf; a margin for other versions
   // Any offset and length, in place or not: the same bits for every element.
   for (size_t offset : {size_t{0}, size_t{1}, size_t{7}, size_t{15}, size_t{16}, size_t{33}}) {
