@@ -254,7 +254,7 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
 // stage's bias gradients (summed in float32 in one process), a difference of bfloat16's
 // precision (2^-9) in those terms only. Both stay far below what bf16 itself changes against
 // float32 training, which the test measures too.
-TEST_CASE("MlGraph.Bf16GraphsMatchSingleProcessBf16AndCrossStagesInHalfTheBytes" * doctest::timeout(240)) {
+TEST_CASE("MlGraph.Bf16GraphsMatchSingleProcessBf16" * doctest::timeout(240)) {
   GraphOptions fp32 = Small();
   fp32.model = "mlp:784-64-32-10";
   GraphOptions bf16 = fp32;
@@ -287,9 +287,9 @@ TEST_CASE("MlGraph.Bf16GraphsMatchSingleProcessBf16AndCrossStagesInHalfTheBytes"
   MESSAGE("pipeline bf16: relative difference " << pipeline_rel << "; bytes read across daemons fp32 " << remote["fp32"]
                                                 << ", bf16 " << remote["bf16"]);
   CHECK(pipeline_rel < 0.1 * bf16_vs_fp32);
-  // Activations and gradients are most of what crosses the two stages' daemons (the rest: the
-  // parameters the evaluation reads), and they take half the bytes: ~0.55 of fp32's in all.
-  CHECK(remote["bf16"] < 0.65 * static_cast<double>(remote["fp32"]));
+  // What crosses daemons depends on where the updates and the evaluation ran, so the bytes are
+  // reported, not checked; Bf16BoundariesAreBFloat16OnlyBeforeALayerThatMultipliesInBf16 checks
+  // the boundary's type and size.
 }
 
 TEST_CASE("MlGraph.Bf16BoundariesAreBFloat16OnlyBeforeALayerThatMultipliesInBf16") {
@@ -298,6 +298,8 @@ TEST_CASE("MlGraph.Bf16BoundariesAreBFloat16OnlyBeforeALayerThatMultipliesInBf16
   s.model = "mlp:784-64-32-10";  // Flatten, Linear, Linear, Linear
   const Tensor t = Tensor::Zeros({4, 64});
   CHECK(programs::BoundaryTensor(s, 2, t).dtype() == DType::kBFloat16);
+  // Half the bytes on the wire, but for the header and checksum.
+  CHECK(SerializeTensor(programs::BoundaryTensor(s, 2, t)).size() + 4 * 64 * 2 == SerializeTensor(t).size());
   CHECK(programs::BoundaryTensor(s, 0, t).dtype() == DType::kFloat32);  // before Flatten
   s.model = "gpt:2-32-4-16";                                            // a block's residual stream
   CHECK(programs::BoundaryTensor(s, 3, t).dtype() == DType::kFloat32);
