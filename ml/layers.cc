@@ -158,17 +158,22 @@ bool Linear::StashFits(const LayerStash& stash) const {
 Result<Tensor> Linear::Backward(const Tensor& dy, const LayerStash& stash, bool need_dx, bool accumulate) {
   // dL/dx and dL/dz as a deferred backward computes them, then this micro-batch's weight
   // gradients from dL/dz (the products are independent: their order changes no bits).
-  Tensor dz;
-  COPSE_ASSIGN_OR_RETURN(Tensor dx, BackwardInput(dy, stash, need_dx, &dz));
+  Tensor dz, dz_operand;
+  COPSE_ASSIGN_OR_RETURN(Tensor dx, InputGradient(dy, stash, need_dx, &dz, &dz_operand));
   const Tensor& x = stash.tensors[0];
   const int n = I(x.dim(0));
   const float beta = accumulate ? 1.0f : 0.0f;
-  MatmulInto(dz.Cast(x.dtype()), x, true, false, beta, params_[0].grad);
+  MatmulInto(dz_operand, x, true, false, beta, params_[0].grad);
   if (bias_) device_->ColumnSum(dz.data(), n, out_, beta, params_[1].grad.data());
   return dx;
 }
 
-Result<Tensor> Linear::BackwardInput(const Tensor& dy_in, const LayerStash& stash, bool need_dx, Tensor* wgrad) {
+Result<Tensor> Linear::BackwardInput(const Tensor& dy, const LayerStash& stash, bool need_dx, Tensor* wgrad) {
+  return InputGradient(dy, stash, need_dx, wgrad, nullptr);
+}
+
+Result<Tensor> Linear::InputGradient(const Tensor& dy_in, const LayerStash& stash, bool need_dx, Tensor* wgrad,
+                                     Tensor* dz_operand) {
   if (!StashFits(stash)) return Status::FailedPrecondition(Describe() + ": empty stash");
   const int n = I(stash.tensors[0].dim(0));
   if (dy_in.ndim() < 2 || dy_in.dim(-1) != out_ || dy_in.numel() != int64_t{n} * out_)
@@ -179,10 +184,12 @@ Result<Tensor> Linear::BackwardInput(const Tensor& dy_in, const LayerStash& stas
     *wgrad = Tensor::Empty(dy.shape(), device_);
     device_->ActivationBackward(act_, stash.tensors[1].data(), dy.data(), static_cast<size_t>(dy.numel()), wgrad->data());
   }
-  if (!need_dx) return Tensor();
-  // The product in the forward's precision.
+  // The products in the forward's precision.
   const DType type = stash.tensors[0].dtype();
-  const Tensor dx = Matmul(wgrad->Cast(type), BackwardWeight(stash, 0, params_[0], type != DType::kFloat32));
+  if (dz_operand) *dz_operand = wgrad->Cast(type);
+  if (!need_dx) return Tensor();
+  const Tensor dx =
+      Matmul(dz_operand ? *dz_operand : wgrad->Cast(type), BackwardWeight(stash, 0, params_[0], type != DType::kFloat32));
   return stash.shape.empty() ? dx : dx.Reshape(stash.shape);
 }
 

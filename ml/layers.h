@@ -162,8 +162,13 @@ class Linear final : public Layer {
   Status WeightGradients(const std::vector<std::pair<const LayerStash*, const Tensor*>>& parts) override;
 
  private:
-  /// Whether `stash` is what Forward leaves: a float32 x, or a bfloat16 x and weight copy.
+  /// Whether `stash` is what Forward leaves: x (float32 or bfloat16) and, with an activation,
+  /// its float32 pre-activation z.
   bool StashFits(const LayerStash& stash) const;
+  /// BackwardInput's work: dL/dx (undefined when !need_dx), dL/dz in float32 (`*dz`) and, when
+  /// `dz_operand` is not null, dL/dz as the products multiply it, in x's type (converted once
+  /// for Backward's two products).
+  Result<Tensor> InputGradient(const Tensor& dy, const LayerStash& stash, bool need_dx, Tensor* dz, Tensor* dz_operand);
 
   int in_, out_;
   Activation act_;
