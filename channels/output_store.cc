@@ -282,6 +282,8 @@ class OutputStore::MemoryWriter final : public ChannelWriter {
   Status Spill() {
     Logger("chan")->debug("memory output {} spills to disk after {} bytes (budget {} bytes, {} held)", key_.ToString(),
                           stored_->bytes, store_->memory_budget_bytes(), store_->memory_bytes());
+    store_->spills_.fetch_add(1, std::memory_order_relaxed);
+    store_->spilled_bytes_.fetch_add(stored_->bytes, std::memory_order_relaxed);
     sink_ = std::make_unique<FileSink>(store_, key_);
     for (size_t i = 0; i < stored_->messages.size(); ++i) {
       COPSE_RETURN_NOT_OK(sink_->Append(stored_->messages[i], stored_->ChecksumOf(i)));

@@ -152,6 +152,9 @@ class OutputStore {
   /// Bytes memory outputs hold now (stored ones and in-flight writers' reservations).
   uint64_t memory_bytes() const { return memory_bytes_.load(std::memory_order_relaxed); }
   uint64_t memory_budget_bytes() const { return memory_budget_; }
+  /// Memory outputs that spilled to disk over the budget, and the bytes they held then.
+  uint64_t spills() const { return spills_.load(std::memory_order_relaxed); }
+  uint64_t spilled_bytes() const { return spilled_bytes_.load(std::memory_order_relaxed); }
   const std::filesystem::path& dir() const { return dir_; }
 
   /// Whether local reads of memory outputs verify checksums (default true). Turning it off
@@ -193,6 +196,7 @@ class OutputStore {
   const std::filesystem::path dir_;
   const uint64_t memory_budget_;
   std::atomic<uint64_t> memory_bytes_{0};
+  std::atomic<uint64_t> spills_{0}, spilled_bytes_{0};
   std::atomic<uint64_t> next_file_id_{0};
   std::atomic<bool> verify_memory_reads_{true};
   mutable std::mutex mu_;

@@ -1,6 +1,7 @@
 // Client verbs of a running job manager: submit, status, cancel, daemons, chaos, trace, logs, jobs.
 #include <unistd.h>
 
+#include <fstream>
 #include <sstream>
 #include <iostream>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "cli/job_watch.h"
 #include "cli/status_view.h"
 #include "cli/trace_client.h"
+#include "common/http_server.h"
 
 namespace copse::cli {
 namespace {
@@ -449,6 +451,34 @@ void AddClientCommands(CLI::App& app) {
       if (!reply) return;
       std::cout << (o->format == "json" ? (*reply)["jobs"].dump(2) + "\n"
                                         : RenderJobsTable((*reply)["jobs"], /*submitted=*/true));
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand("dashboard", "Print a link that opens the job manager's dashboard, logged in");
+    struct Opts {
+      JmAddressOptions jm;
+      std::string http;
+      bool admin = false;
+    };
+    auto o = std::make_shared<Opts>();
+    AddJmAddressFlags(cmd, o->jm);
+    cmd->add_option("--http", o->http, "the dashboard's HOST:PORT (default: the state directory's http.addr)");
+    cmd->add_flag("--admin", o->admin,
+                  "log in with the cluster's secret (cancel and chaos allowed) instead of its read-only viewer token");
+    cmd->callback([o] {
+      std::string address = o->http;
+      if (address.empty()) {
+        const auto dir = o->jm.state_dir.empty() ? DefaultStateDir() : std::filesystem::path(o->jm.state_dir);
+        std::ifstream(dir / "http.addr") >> address;
+        if (address.empty()) {
+          std::cerr << "copse dashboard: no " << (dir / "http.addr").string()
+                    << ": start the job manager with --http HOST:PORT, or give --http\n";
+          return void(ExitCode() = 1);
+        }
+      }
+      auto secret = LoadClientSecret(o->jm);
+      if (!secret.ok()) return void(ExitCode() = Report(secret.status()));
+      std::cout << "http://" << address << "/login?token=" << (o->admin ? *secret : http::ViewerToken(*secret)) << "\n";
     });
   }
 }

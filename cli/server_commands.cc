@@ -29,6 +29,7 @@ void AddJmCommand(CLI::App& app) {
     int64_t finished_job_ttl_s = 3600;
     int64_t history_retention_s = 7 * 86400;
     int daemon_return_grace_ms = 1000;
+    std::string http;
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any; the address goes to STATE_DIR/jm.addr)");
@@ -69,6 +70,9 @@ void AddJmCommand(CLI::App& app) {
                   "before their vertices run again (0: at once)")
       ->check(CLI::Range(0, 600000))
       ->capture_default_str();
+  cmd->add_option("--http", opts->http,
+                  "serve the HTTP API, the dashboard and /metrics on HOST:PORT (port 0: any; the address goes to "
+                  "STATE_DIR/http.addr); loopback unless you say otherwise");
   cmd->callback([opts] {
     auto hp = net::ParseHostPort(opts->listen, "--listen");
     if (!hp.ok()) {
@@ -91,6 +95,17 @@ void AddJmCommand(CLI::App& app) {
     o.scheduler.finished_job_ttl = std::chrono::seconds(opts->finished_job_ttl_s);
     o.history_retention = std::chrono::seconds(opts->history_retention_s);
     o.scheduler.daemon_return_grace = std::chrono::milliseconds(opts->daemon_return_grace_ms);
+    if (!opts->http.empty()) {
+      auto http = net::ParseHostPort(opts->http, "--http");
+      if (!http.ok()) {
+        std::cerr << http.status().message() << "\n";
+        ExitCode() = 2;
+        return;
+      }
+      o.http_host = http->first;
+      o.http_port = http->second;
+    }
+    const std::string http_host = o.http_host;
     auto server = jm::JmServer::Start(std::move(o));
     if (!server.ok()) {
       std::cerr << "copse jm: " << server.status().message() << "\n";
@@ -101,6 +116,10 @@ void AddJmCommand(CLI::App& app) {
     // Said once it listens, on stdout, for a person or a service manager's journal.
     std::cout << "copse jm: listening on " << hp->first << ":" << s->port() << ", state in "
               << (opts->state_dir.empty() ? DefaultStateDir().string() : opts->state_dir) << std::endl;
+    if (s->http_port()) {
+      std::cout << "copse jm: dashboard on http://" << http_host << ":" << s->http_port()
+                << "/ (`copse dashboard` prints a link that logs you in)" << std::endl;
+    }
     StopOnSignals([s] { s->Stop(); });
     s->Run();
   });
@@ -120,6 +139,7 @@ void AddDaemonCommand(CLI::App& app) {
     int64_t memory_budget_mb = 2048;  // signed: CLI11 wraps "-5" into an unsigned one
     bool local_socket = true;
     int64_t reconnect_timeout_s = 0;
+    std::string metrics;
   };
   auto opts = std::make_shared<Opts>();
   AddJmAddressFlags(cmd, opts->jm);
@@ -142,6 +162,8 @@ void AddDaemonCommand(CLI::App& app) {
                   "exit once the job manager has been unreachable this long (0: keep trying)")
       ->check(CLI::Range(int64_t{0}, int64_t{86400 * 365}))
       ->capture_default_str();
+  cmd->add_option("--metrics", opts->metrics,
+                  "serve Prometheus metrics on HOST:PORT/metrics (port 0: any; the address goes to WORK_DIR/metrics.addr)");
   cmd->callback([opts] {
     vertex::DaemonOptions o;
     o.name = opts->name;
@@ -154,6 +176,16 @@ void AddDaemonCommand(CLI::App& app) {
     o.local_socket = opts->local_socket;
     o.reconnect_timeout = std::chrono::seconds(opts->reconnect_timeout_s);
     o.programs = &Programs();
+    if (!opts->metrics.empty()) {
+      auto metrics = net::ParseHostPort(opts->metrics, "--metrics");
+      if (!metrics.ok()) {
+        std::cerr << metrics.status().message() << "\n";
+        ExitCode() = 2;
+        return;
+      }
+      o.metrics_host = metrics->first;
+      o.metrics_port = metrics->second;
+    }
     for (const auto& l : opts->labels) {
       auto eq = l.find('=');
       if (eq == std::string::npos || eq == 0) {

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <map>
 #include <optional>
 #include <set>
@@ -14,7 +15,9 @@
 #include "common/dir_lock.h"
 #include "common/framed_connection.h"
 #include "common/logging.h"
+#include "jobmanager/client_api.h"
 #include "jobmanager/durable_copies.h"
+#include "jobmanager/http_api.h"
 #include "jobmanager/job_history.h"
 #include "jobmanager/job_loader.h"
 #include "jobmanager/journal.h"
@@ -28,12 +31,6 @@ namespace {
 std::shared_ptr<spdlog::logger> JmLog() {
   static auto log = Logger("jm");
   return log;
-}
-
-JobId JobIdFrom(const Json& msg) {
-  auto it = msg.find("job");
-  if (it == msg.end() || !it->is_number_unsigned()) return JobId::Invalid();
-  return JobId(it->get<uint64_t>());
 }
 
 /// Why `host` cannot be a host name or IP address ("" when it can): shown in tables and logs,
@@ -69,6 +66,7 @@ class JmServer::Impl : public DaemonSink {
     for (const auto& w : warnings) JmLog()->warn("{}", w);
     std::vector<std::string> skipped;
     COPSE_ASSIGN_OR_RETURN(history_, JobHistory::Open(options_.state_dir / "history"));
+    client_api_.emplace(scheduler_, *history_);
     // What the restore logs goes to the history too, after what is there: nothing is written
     // until the first flush, so the files read back below hold only what came before.
     scheduler_.set_history(history_.get());
@@ -122,6 +120,7 @@ class JmServer::Impl : public DaemonSink {
     std::filesystem::rename(tmp, addr_file, ec);
     if (ec) return Status::IOError("cannot write " + addr_file.string());
     JmLog()->info("listening on {}:{}", options_.host, port());
+    if (options_.http_port) COPSE_RETURN_NOT_OK(ServeHttp());
     scheduler_.StartRecoveryGrace();
     ListenLocal();
     Accept(acceptor_);
@@ -131,8 +130,12 @@ class JmServer::Impl : public DaemonSink {
   }
 
   uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  uint16_t http_port() const { return http_ ? http_->port() : 0; }
   void Run() { io_.run(); }
   void Stop() {
+    // The HTTP API's requests waiting for the loop give up, and its streams end, first.
+    closing_ = true;
+    if (http_) http_->Stop();
     asio::post(io_, [this] {
       std::error_code ec;
       acceptor_.close(ec);
@@ -415,80 +418,28 @@ class JmServer::Impl : public DaemonSink {
       FlushJournal();  // the job is durable before the client hears its id
       return conn->Send({{"op", "submitted"}, {"job", id.value()}});
     }
-    if (op == "status") {
-      if (!msg.contains("job")) return conn->Send({{"op", "jobs"}, {"jobs", scheduler_.JobsTable()}});
-      JobId job = JobIdFrom(msg);
-      Json status = WithLogHint(scheduler_.JobStatus(job));
-      if (status.is_null()) status = ForgottenSummary(job);
-      if (status.is_null()) return conn->Send({{"op", "error"}, {"message", "no job " + job.ToString()}});
-      return conn->Send({{"op", "job"}, {"job", status}});
-    }
-    if (op == "jobs") return conn->Send({{"op", "jobs"}, {"jobs", JobsSince(msg.value("since_unix_ms", int64_t{0}))}});
-    if (op == "vertex_log") return AnswerVertexLog(conn, msg);
     if (op == "wait") {
       // Answered with the job's final status once it is no longer running (see AnswerWaiters).
       JobId job = JobIdFrom(msg);
       if (!scheduler_.HasJob(job)) {
-        if (Json summary = ForgottenSummary(job); !summary.is_null()) return conn->Send({{"op", "job"}, {"job", summary}});
+        if (Json summary = client_api_->ForgottenSummary(job); !summary.is_null()) {
+          return conn->Send({{"op", "job"}, {"job", summary}});
+        }
         return conn->Send({{"op", "error"}, {"message", "no job " + job.ToString()}});
       }
       waiters_.emplace_back(job, conn);
       return;
-    }
-    if (op == "cancel") {
-      Status st = scheduler_.Cancel(JobIdFrom(msg));
-      if (!st.ok()) return conn->Send({{"op", "error"}, {"message", st.message()}});
-      return conn->Send({{"op", "cancelled"}});
-    }
-    if (op == "daemons") return conn->Send({{"op", "daemons"}, {"daemons", scheduler_.DaemonsTable()}});
-    if (op == "logs") {
-      const JobId job = JobIdFrom(msg);
-      const std::string vertex = msg.value("vertex", std::string());
-      Json lines = scheduler_.Logs(job, vertex);
-      if (lines.is_null() && !scheduler_.HasJob(job) && history_->Summary(job)) {
-        lines = JobHistory::EventLog(*history_->Load(job), vertex);
-        if (lines.is_null()) {
-          return conn->Send({{"op", "error"},
-                             {"message", "job " + job.ToString() + "'s history has no attempt of a vertex \"" + vertex + "\""}});
-        }
-      }
-      if (lines.is_null()) {
-        return conn->Send({{"op", "error"},
-                           {"message", scheduler_.HasJob(job) ? "job " + job.ToString() + " has no vertex \"" + vertex + "\""
-                                                              : "no job " + job.ToString()}});
-      }
-      return conn->Send({{"op", "logs"}, {"lines", lines}});
-    }
-    if (op == "chaos") {
-      auto done = scheduler_.Chaos(msg);
-      if (!done.ok()) return conn->Send({{"op", "error"}, {"message", done.status().message()}});
-      return conn->Send({{"op", "chaos"}, {"done", *done}});
     }
     if (op == "trace") {
       // Copied here, formatted and sent in parts by the streamer's thread (trace_streamer.h).
       if (!trace_streamer_.Accepts(conn)) {
         return conn->Send({{"op", "error"}, {"message", "too many traces are being sent; ask again later"}});
       }
-      auto snapshot = scheduler_.Trace(JobIdFrom(msg));
-      if (!snapshot.ok() && !scheduler_.HasJob(JobIdFrom(msg))) {
-        if (auto summary = history_->Summary(JobIdFrom(msg))) {
-          snapshot = JobHistory::Trace(JobIdFrom(msg), *history_->Load(JobIdFrom(msg)), *summary);
-        }
-      }
+      auto snapshot = client_api_->Trace(JobIdFrom(msg));
       if (!snapshot.ok()) return conn->Send({{"op", "error"}, {"message", snapshot.status().message()}});
       return trace_streamer_.Send(conn, std::move(*snapshot));
     }
-    if (op == "outputs") {
-      if (!scheduler_.HasJob(JobIdFrom(msg)) && history_->Summary(JobIdFrom(msg))) {
-        return conn->Send({{"op", "error"},
-                           {"message", "job " + JobIdFrom(msg).ToString() +
-                                           " finished more than --finished-job-ttl-s ago: "
-                                           "its outputs were released (its summary, logs and trace are kept)"}});
-      }
-      auto locations = scheduler_.OutputLocations(JobIdFrom(msg));
-      if (!locations.ok()) return conn->Send({{"op", "error"}, {"message", locations.status().message()}});
-      return conn->Send({{"op", "outputs"}, {"outputs", *locations}});
-    }
+    if (auto reply = client_api_->Answer(op, msg)) return conn->Send(*reply);
     conn->SendErrorAndClose("unknown client message \"" + op + "\"");
   }
 
@@ -506,133 +457,67 @@ class JmServer::Impl : public DaemonSink {
     }
   }
 
-  /// {"op": "vertex_log", "job", "vertex": name, "attempt": N (0: newest), "from": offset}:
-  /// that attempt's log from `from`, whether it still runs, and which attempts printed.
-  void AnswerVertexLog(const std::shared_ptr<net::FramedConnection>& conn, const Json& msg) {
-    constexpr size_t kMaxReplyBytes = 1 << 20;
-    const JobId job = JobIdFrom(msg);
-    const std::string name = msg.value("vertex", std::string());
-    const Json attempt_json = msg.value("attempt", Json(uint64_t{0}));
-    const Json from_json = msg.value("from", Json(uint64_t{0}));
-    if (!attempt_json.is_number_unsigned() || !from_json.is_number_unsigned() || attempt_json.get<uint64_t>() > UINT32_MAX) {
-      return conn->Send({{"op", "error"}, {"message", "\"attempt\" and \"from\" must be whole numbers"}});
-    }
-    uint32_t attempt = attempt_json.get<uint32_t>();
-    Json reply = {{"op", "vertex_log"}, {"vertex", name}};
-    VertexId v;
-    if (scheduler_.HasJob(job)) {
-      auto found = scheduler_.Attempt(job, name, attempt);
-      if (!found.ok() && attempt != 0) {
-        // Not in the trace, but it may have printed: an attempt running when the job manager
-        // restarted, whose span was lost with it.
-        if (auto newest = scheduler_.Attempt(job, name, 0); newest.ok()) {
-          const auto logged = history_->LoggedVersions(job, VertexId((*newest)["vertex"].get<uint32_t>()));
-          if (std::find(logged.begin(), logged.end(), attempt) != logged.end()) {
-            found = Json{{"vertex", (*newest)["vertex"]},
-                         {"attempt", attempt},
-                         {"newest", (*newest)["newest"]},
-                         {"running", false},
-                         {"outcome", "running when the job manager restarted"}};
-          }
-        }
-      }
-      if (!found.ok()) return conn->Send({{"op", "error"}, {"message", found.status().message()}});
-      v = VertexId((*found)["vertex"].get<uint32_t>());
-      attempt = (*found)["attempt"].get<uint32_t>();
-      reply["running"] = (*found)["running"];
-      reply["newest"] = (*found)["newest"];
-      if (found->contains("waiting")) reply["waiting"] = true;
-      if (found->contains("daemon")) reply["daemon"] = (*found)["daemon"];
-      if (found->contains("outcome")) reply["outcome"] = (*found)["outcome"];
-    } else if (history_->Summary(job)) {
-      const auto loaded = history_->Load(job);
-      const JobHistory::Events& events = *loaded;
-      for (const auto& [id, names] : events.names) {
-        if (names.first == name) v = VertexId(id);
-      }
-      if (!v.valid())
-        return conn->Send(
-            {{"op", "error"}, {"message", "job " + job.ToString() + "'s history has no attempt of a vertex \"" + name + "\""}});
-      uint32_t newest = 0;
-      for (const auto& s : events.spans) {
-        if (s.vertex == v.value()) newest = std::max(newest, s.version);
-      }
-      reply["newest"] = newest;
-      for (const auto& s : events.spans) {
-        if (s.vertex != v.value() || (attempt != 0 && s.version != attempt)) continue;
-        if (attempt == 0 && s.version < reply.value("attempt", 0u)) continue;
-        reply["attempt"] = s.version;
-        reply["daemon"] = s.daemon;
-        reply["outcome"] = s.outcome;
-      }
-      if (!reply.contains("attempt")) {
-        return conn->Send(
-            {{"op", "error"}, {"message", fmt::format("job {}'s history has no attempt {} of {}", job.value(), attempt, name)}});
-      }
-      attempt = reply["attempt"].get<uint32_t>();
-      reply["running"] = false;
-    } else {
-      return conn->Send({{"op", "error"}, {"message", "no job " + job.ToString()}});
-    }
-    JobHistory::LogRead read = history_->ReadVertexLog(job, v, attempt, from_json.get<uint64_t>(), kMaxReplyBytes);
-    reply["attempt"] = attempt;
-    reply["records"] = std::move(read.records);
-    reply["next"] = read.next;
-    reply["attempts"] = history_->LoggedVersions(job, v);
-    conn->Send(reply);
+  /// `copse jm --http`: the HTTP API and dashboard; its address goes to state_dir/http.addr.
+  Status ServeHttp() {
+    HttpApi::Options o;
+    o.host = options_.http_host;
+    o.port = *options_.http_port;
+    o.secret = secret_;
+    o.event_interval = options_.http_event_interval;
+    auto run = [this](const std::function<void()>& fn) { return RunOnLoop(fn); };
+    auto server_metrics = [this](metrics::MetricsWriter& out) { WriteServerMetrics(out); };
+    COPSE_ASSIGN_OR_RETURN(http_, HttpApi::Start(std::move(o), *client_api_, scheduler_, run, server_metrics));
+    std::error_code ec;
+    const auto file = options_.state_dir / "http.addr", tmp = options_.state_dir / "http.addr.tmp";
+    std::ofstream(tmp) << options_.http_host << ":" << http_->port() << "\n";
+    std::filesystem::rename(tmp, file, ec);
+    if (ec) return Status::IOError("cannot write " + file.string());
+    JmLog()->info("HTTP API and dashboard on http://{}:{}/", options_.http_host, http_->port());
+    return Status::OK();
   }
 
-  /// `status`, with whether the attempt that failed its job printed anything (what `copse
-  /// status` points at with `copse logs`).
-  Json WithLogHint(Json status) {
-    if (!status.is_object() || !status.contains("failed_attempt") || !status.contains("id")) return status;
-    Json& failed = status["failed_attempt"];
-    auto found = scheduler_.Attempt(JobId(status["id"].get<uint64_t>()), failed.value("vertex", ""), failed.value("attempt", 0u));
-    if (!found.ok()) return status;
-    const auto versions =
-        history_->LoggedVersions(JobId(status["id"].get<uint64_t>()), VertexId((*found)["vertex"].get<uint32_t>()));
-    failed["printed"] = std::find(versions.begin(), versions.end(), failed.value("attempt", 0u)) != versions.end();
-    return status;
+  /// Runs `fn` on the io thread and waits for it. Gives up (false) once the job manager is
+  /// closing, or after 10 s of a loop too busy to start it; `fn` then never runs.
+  bool RunOnLoop(const std::function<void()>& fn) {
+    struct Turn {
+      std::mutex mu;
+      bool started = false, abandoned = false;
+      std::promise<void> done;
+    };
+    auto turn = std::make_shared<Turn>();
+    auto done = turn->done.get_future();
+    asio::post(io_, [turn, &fn] {
+      {
+        std::lock_guard lock(turn->mu);
+        if (turn->abandoned) return;  // the caller and `fn` are gone
+        turn->started = true;
+      }
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        JmLog()->error("HTTP API: {}", e.what());
+      }
+      turn->done.set_value();
+    });
+    const auto give_up_at = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (done.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+      if (!closing_ && std::chrono::steady_clock::now() < give_up_at) continue;
+      std::lock_guard lock(turn->mu);
+      if (turn->started) continue;  // running now: it ends soon
+      turn->abandoned = true;
+      return false;
+    }
+    return true;
   }
 
-  /// A job the scheduler has forgotten (--finished-job-ttl-s), as its history keeps it, or null.
-  Json ForgottenSummary(JobId job) const {
-    if (scheduler_.HasJob(job)) return nullptr;
-    auto summary = history_->Summary(job);
-    if (!summary) return nullptr;
-    (*summary)["forgotten"] = true;  // its outputs released
-    return std::move(*summary);
-  }
-
-  /// `copse jobs`: the jobs the scheduler holds and those its history keeps, submitted at or
-  /// after `since_unix_ms`, by id.
-  Json JobsSince(int64_t since_unix_ms) const {
-    std::map<uint64_t, Json> rows;
-    for (Json& row : scheduler_.JobsTable()) {
-      const uint64_t id = row["id"].get<uint64_t>();  // read before the row is moved from
-      if (row.value("submitted_unix_ms", int64_t{0}) >= since_unix_ms) rows[id] = std::move(row);
-    }
-    for (Json& summary : history_->Summaries(since_unix_ms)) {
-      const uint64_t id = summary.value("id", uint64_t{0});
-      if (rows.count(id)) continue;
-      const Json& vertices = summary.value("vertices", Json::object());
-      rows[id] = {{"id", id},
-                  {"name", summary.value("name", "")},
-                  {"state", summary.value("state", "")},
-                  {"completed", vertices.value("completed", 0)},
-                  {"total", vertices.value("total", 0)},
-                  {"elapsed_s", summary.value("elapsed_s", 0.0)},
-                  {"submitted_unix_ms", summary.value("submitted_unix_ms", int64_t{0})},
-                  {"finished_unix_ms", summary.value("finished_unix_ms", int64_t{0})},
-                  {"forgotten", true}};
-      if (summary.contains("failure")) rows[id]["failure"] = summary["failure"];
-    }
-    // The newest kMaxJobRows: a reply must stay well within one control message.
-    constexpr size_t kMaxJobRows = 10000;
-    while (rows.size() > kMaxJobRows) rows.erase(rows.begin());
-    Json out = Json::array();
-    for (auto& [id, row] : rows) out.push_back(std::move(row));
-    return out;
+  /// /metrics: what the job manager itself adds to the scheduler's figures.
+  void WriteServerMetrics(metrics::MetricsWriter& out) const {
+    out.Family("copse_journal_commit_seconds", "histogram", "Group commits of the job manager's journal.");
+    out.HistogramSamples("copse_journal_commit_seconds", journal_commit_s_);
+    out.Gauge("copse_journal_bytes", "Size of the job manager's journal.", static_cast<double>(journal_->bytes()));
+    size_t clients = 0;
+    for (const auto& [conn, peer] : peers_) clients += peer.authenticated && peer.role == "client";
+    out.Gauge("copse_client_connections", "Clients connected to the control port.", static_cast<double>(clients));
   }
 
   /// Coalesces the scheduler's outgoing batches: one flush after every message that is
@@ -650,7 +535,12 @@ class JmServer::Impl : public DaemonSink {
 
   /// Group commit, then compaction when due.
   void FlushJournal() {
+    const auto started = std::chrono::steady_clock::now();
+    const uint64_t unflushed = journal_->bytes();
     if (Status st = journal_->Flush(); !st.ok()) JmLog()->error("{}", st.message());
+    if (journal_->bytes() != unflushed) {  // a commit (an empty flush is not one)
+      journal_commit_s_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    }
     if (journal_->bytes() >= std::max(options_.journal_compact_bytes, retry_compaction_at_) && CompactionDue()) {
       CompactJournal();
     }
@@ -684,7 +574,7 @@ class JmServer::Impl : public DaemonSink {
         ++it;
         continue;
       }
-      if (conn) conn->Send({{"op", "job"}, {"job", WithLogHint(scheduler_.JobStatus(it->first))}});
+      if (conn) conn->Send({{"op", "job"}, {"job", client_api_->WithLogHint(scheduler_.JobStatus(it->first))}});
       it = waiters_.erase(it);
     }
   }
@@ -766,7 +656,11 @@ class JmServer::Impl : public DaemonSink {
   std::chrono::steady_clock::time_point refusal_logged_at_{};
   uint64_t refusals_unlogged_ = 0;
   std::vector<std::pair<JobId, std::weak_ptr<net::FramedConnection>>> waiters_;
-  TraceStreamer trace_streamer_;  // before the connections it sends on are gone: destroyed first
+  TraceStreamer trace_streamer_;         // before the connections it sends on are gone: destroyed first
+  std::optional<ClientApi> client_api_;  // once the history is open
+  metrics::Histogram journal_commit_s_{metrics::Histogram::Exponential(1e-5, 4, 10)};
+  std::atomic<bool> closing_{false};
+  std::unique_ptr<HttpApi> http_;  // last: its requests end before what they read goes
   bool flush_pending_ = false;
   std::chrono::steady_clock::time_point last_tick_at_;  // when the last tick began (or Listen)
   uint64_t retry_compaction_at_ = 0;                    // journal size at which to try again after a failed rewrite
@@ -782,6 +676,7 @@ Result<std::unique_ptr<JmServer>> JmServer::Start(JmServerOptions options) {
 }
 
 uint16_t JmServer::port() const { return impl_->port(); }
+uint16_t JmServer::http_port() const { return impl_->http_port(); }
 void JmServer::Run() { impl_->Run(); }
 void JmServer::Stop() { impl_->Stop(); }
 

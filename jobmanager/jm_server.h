@@ -7,6 +7,7 @@
 #include <atomic>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/clock.h"
@@ -33,6 +34,11 @@ struct JmServerOptions {
   /// How long a finished job's history (summary, event log, trace, vertex logs) is kept; zero:
   /// for ever.
   std::chrono::seconds history_retention = std::chrono::hours(24 * 7);
+  /// The HTTP API and dashboard (http_api.h), when set: on http_host:http_port (0: any free
+  /// port; the address goes to state_dir/http.addr).
+  std::optional<uint16_t> http_port;
+  std::string http_host = "127.0.0.1";
+  std::chrono::milliseconds http_event_interval{500};
 };
 
 class JmServer {
@@ -40,6 +46,8 @@ class JmServer {
   static Result<std::unique_ptr<JmServer>> Start(JmServerOptions options);
   ~JmServer();
   uint16_t port() const;
+  /// The HTTP API's port (0: not serving).
+  uint16_t http_port() const;
   /// Runs the event loop until Stop() (from any thread or a signal handler's flag).
   void Run();
   void Stop();

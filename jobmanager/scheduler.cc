@@ -152,6 +152,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
 
 JobId Scheduler::Submit(std::shared_ptr<const JobGraph> graph, std::string job_dir) {
   Job& j = NewJob(JobId(next_job_++), std::move(graph), std::move(job_dir));
+  ++counters_.jobs_submitted;
   Journal(JobRecord(j));
   RemoveDurableCopies(j);  // an earlier job manager's job of the same id left them
   Log(j, VertexId::Invalid(),
@@ -239,7 +240,7 @@ void Scheduler::CloseSpan(Job& job, VertexId v, uint32_t version, const std::str
   }
 }
 
-Result<TraceSnapshot> Scheduler::Trace(JobId id) const {
+Result<TraceSnapshot> Scheduler::Trace(JobId id, size_t max_spans) const {
   const Job* job = FindJob(id);
   if (!job) return Status::NotFound("no job " + id.ToString());
   TraceSnapshot snap;
@@ -256,8 +257,13 @@ Result<TraceSnapshot> Scheduler::Trace(JobId id) const {
     const size_t n = ++seen[d->spec.name];
     snap.daemons.emplace_back(d->spec.name, registrations[d->spec.name] > 1 ? n : 0);
   }
-  snap.spans.reserve(job->spans.size());
-  for (const auto& s : job->spans) snap.spans.push_back({s.vertex, s.version, s.daemon.value(), s.start_ms, s.end_ms, s.outcome});
+  const size_t first = job->spans.size() > max_spans ? job->spans.size() - max_spans : 0;
+  snap.total_spans = job->spans.size();
+  snap.spans.reserve(job->spans.size() - first);
+  for (size_t i = first; i < job->spans.size(); ++i) {
+    const auto& s = job->spans[i];
+    snap.spans.push_back({s.vertex, s.version, s.daemon.value(), s.start_ms, s.end_ms, s.outcome});
+  }
   return snap;
 }
 
@@ -441,7 +447,9 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
     const Run& p = job.runs[c.from.value()];
     const uint64_t bytes = static_cast<size_t>(c.from_port) < p.output_bytes.size() ? p.output_bytes[c.from_port] : 0;
     (p.daemon == r.daemon ? job.local_input_bytes : job.remote_input_bytes) += bytes;
+    (p.daemon == r.daemon ? counters_.input_bytes_local : counters_.input_bytes_remote) += bytes;
   }
+  ++counters_.attempts_completed;
   r.duration_ms = rep.duration_ms;
   if (rep.progress.is_object()) NoteProgress(job, rep.progress);
   ++job.completed;
@@ -629,6 +637,18 @@ void Scheduler::NoteProgress(Job& job, const Json& figures) {
   auto step = [](const Json& j) { return j.contains("step") && j["step"].is_number() ? j["step"].get<double>() : -1.0; };
   if (job.progress.is_object() && step(figures) < step(job.progress)) return;
   job.progress = figures;
+  if (job.progress_reports++ % job.progress_stride == 0) {
+    Json point = {{"elapsed_s", ElapsedMs(job) / 1000.0}};
+    for (const auto& [key, value] : figures.items()) {
+      if (value.is_number()) point[key] = value;
+    }
+    job.progress_points.push_back(std::move(point));
+    if (job.progress_points.size() >= kMaxProgressPoints) {  // keep every other one, and record half as often
+      for (size_t i = 0; 2 * i < job.progress_points.size(); ++i) job.progress_points[i] = std::move(job.progress_points[2 * i]);
+      job.progress_points.resize((job.progress_points.size() + 1) / 2);
+      job.progress_stride *= 2;
+    }
+  }
   for (const char* unit : {"images", "tokens"}) {  // trained so far: the rate shown is per second of these
     if (!figures.contains(unit) || !figures[unit].is_number()) continue;
     const double count = figures[unit].get<double>(), now = ElapsedMs(job);
@@ -763,6 +783,7 @@ void Scheduler::ResetGang(Job& job, GangId gang, VertexId cause, const std::stri
 
 void Scheduler::RecordRecovery(Job& job, VertexId v, uint32_t version, std::string_view reason, const std::string& detail,
                                bool charged) {
+  ++counters_.recoveries[std::string(reason)];
   job.recoveries.push_back({{"vertex", job.g().vertex(v).name},
                             {"failed_version", version},
                             {"reason", reason},
@@ -772,6 +793,7 @@ void Scheduler::RecordRecovery(Job& job, VertexId v, uint32_t version, std::stri
 }
 
 void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge, bool deterministic) {
+  ++counters_.attempts_failed[std::string(FailureClassName(cls))];
   Run& r = job.runs[v.value()];
   const std::string& name = job.g().vertex(v).name;
   const GangId gang = job.g().vertex(v).gang;
@@ -835,6 +857,7 @@ void Scheduler::Regenerate(Job& job, VertexId v, const std::string& why) {
 }
 
 void Scheduler::FinishJob(Job& job, JobState state, const std::string& reason) {
+  ++counters_.jobs_finished[std::string(JobStateName(state))];
   job.state = state;
   job.failure = reason;
   job.finished = clock_.Now();

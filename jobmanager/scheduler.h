@@ -29,6 +29,7 @@
 #include "common/clock.h"
 #include "common/ids.h"
 #include "common/json_util.h"
+#include "common/metrics.h"
 #include "jobmanager/gang_needs.h"
 #include "jobmanager/gang_placement.h"
 #include "jobmanager/job_graph.h"
@@ -259,9 +260,27 @@ class Scheduler {
   void RelayNcclId(const std::string& group, const std::string& id, DaemonId from);
   /// What the job's trace shows (trace_export.h formats it): a copy of its attempts' spans,
   /// taken in tens of milliseconds for a million, so that formatting happens off this thread.
-  Result<TraceSnapshot> Trace(JobId job) const;
+  /// `max_spans`: only the newest that many (the dashboard's timeline of a big job).
+  Result<TraceSnapshot> Trace(JobId job, size_t max_spans = SIZE_MAX) const;
   /// Where each declared output of a completed job is: [{path, host, port, key}].
   Result<Json> OutputLocations(JobId job) const;
+  /// Which vertices VertexPage lists: those of `stage` (every stage when empty), in `state`
+  /// (any when empty; a VertexStateName), from the `offset`-th match, at most `limit`.
+  struct VertexFilter {
+    std::string stage, state;
+    size_t offset = 0, limit = 100;
+  };
+  /// A page of a job's vertices, for the dashboard (never every vertex of a big job at once):
+  /// {"total": matches, "offset", "vertices": [{name, stage, replica, state, version, daemon,
+  /// failed_attempts, reason (why a ready or waiting one has not started)}]}; null: no such job.
+  Json VertexPage(JobId job, const VertexFilter& filter) const;
+  /// The progress figures the job's programs reported over time (a training job's loss curve):
+  /// [{"elapsed_s", and each numeric figure}], at most kMaxProgressPoints of them spread over
+  /// the whole run; null: no such job.
+  Json ProgressSeries(JobId job) const;
+  static constexpr size_t kMaxProgressPoints = 2048;
+  /// The scheduler's counters and gauges in the Prometheus text format (common/metrics.h).
+  void WriteMetrics(metrics::MetricsWriter& out) const;
 
  private:
   struct Job;
@@ -419,6 +438,18 @@ class Scheduler {
     int64_t cut_ms = 1000;
   };
   std::optional<RandomChaos> chaos_;
+  /// What /metrics counts since this scheduler started (WriteMetrics adds the gauges).
+  struct Counters {
+    uint64_t jobs_submitted = 0;
+    std::map<std::string, uint64_t> jobs_finished;  // by final state
+    uint64_t attempts_dispatched = 0, duplicates_dispatched = 0, attempts_completed = 0;
+    std::map<std::string, uint64_t> attempts_failed;  // by failure class
+    std::map<std::string, uint64_t> recoveries;       // by reason
+    uint64_t input_bytes_local = 0, input_bytes_remote = 0;
+    /// Seconds from ready to dispatched, of the vertices that were ready (not those sent ahead).
+    metrics::Histogram scheduling_latency_s{metrics::Histogram::Exponential(1e-5, 4, 10)};
+  };
+  Counters counters_;
   std::map<std::string, std::set<DaemonId>> nccl_groups_;  // group -> daemons awaiting its id
   std::map<DaemonId, protocol::JmToDaemon> outbox_;        // per daemon: a Run of the tasks placed since the last flush
   /// Per (re-)registered daemon: {"op":"release"} of the outputs it listed that no job needs,

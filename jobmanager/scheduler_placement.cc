@@ -254,6 +254,10 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
   Run& r = job.runs[v.value()];
   uint32_t version = std::max(r.version, r.dup_version) + 1;
   if (node.gang.valid()) version = job.gang_version[node.gang.value()];  // one version per gang attempt
+  ++(duplicate ? counters_.duplicates_dispatched : counters_.attempts_dispatched);
+  if (!duplicate && r.state == VertexState::kReady) {
+    counters_.scheduling_latency_s.Observe(std::chrono::duration<double>(clock_.Now() - r.ready_since).count());
+  }
   if (duplicate) {
     r.dup_version = version;
     r.dup_daemon = d.id;

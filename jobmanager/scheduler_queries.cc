@@ -115,6 +115,22 @@ std::string Scheduler::WhyNotPlaced(const Job& job, VertexId v, std::map<uint32_
   return "no daemon has " + DescribeResources(need) + " free";
 }
 
+namespace {
+
+/// The job's graph by stage (the dashboard draws it): [[from stage, to stage, channel kind]],
+/// each pair once, data edges before ordering edges of the same pair.
+Json StageEdges(const JobSpec& spec) {
+  Json edges = Json::array();
+  std::set<std::pair<std::string, std::string>> seen;
+  for (const EdgeSpec& e : spec.edges) {
+    if (!seen.insert({e.from.stage, e.to.stage}).second) continue;
+    edges.push_back({e.from.stage, e.to.stage, ChannelKindName(e.channel)});
+  }
+  return edges;
+}
+
+}  // namespace
+
 Json Scheduler::JobStatus(JobId id) const {
   const Job* job_ptr = FindJob(id);
   if (!job_ptr) return nullptr;
@@ -178,6 +194,7 @@ Json Scheduler::JobStatus(JobId id) const {
                 {"ready", counts[1]},
                 {"waiting", counts[0]}}},
               {"stages", stages},
+              {"edges", StageEdges(g.spec())},
               {"input_bytes", {{"local", job.local_input_bytes}, {"remote", job.remote_input_bytes}}},
               {"waiting", waiting},
               {"faults", job.faults_log},
@@ -217,6 +234,7 @@ Json Scheduler::Summary(const Job& job) const {
   Json summary = JobStatus(job.id);
   summary["submitted_unix_ms"] = job.submitted_unix_ms;
   summary["finished_unix_ms"] = clock_.UnixMs();
+  summary["progress_series"] = job.progress_points;
   if (auto outputs = OutputLocations(job.id); outputs.ok()) {
     for (Json& o : *outputs) {  // where they were: the bytes go when the job is forgotten
       const Run& r = job.runs[o["key"]["vertex"].get<uint32_t>()];
@@ -336,6 +354,107 @@ Result<Json> Scheduler::OutputLocations(JobId id) const {
                    {"key", {{"job", id.value()}, {"vertex", v.value()}, {"version", r.version}, {"port", o.port}}}});
   }
   return out;
+}
+
+Json Scheduler::VertexPage(JobId id, const VertexFilter& filter) const {
+  const Job* job = FindJob(id);
+  if (!job) return nullptr;
+  const JobGraph& g = job->g();
+  const int only_stage = filter.stage.empty() ? -1 : g.spec().FindStage(filter.stage);
+  if (!filter.stage.empty() && only_stage < 0) return {{"total", 0}, {"offset", filter.offset}, {"vertices", Json::array()}};
+  size_t first = 0, last = g.vertices().size();  // a stage's vertices are consecutive
+  if (only_stage >= 0) {
+    first = g.stage_base(only_stage).value();
+    last = first + g.spec().stages[only_stage].replicas;
+  }
+  Json rows = Json::array();
+  size_t matched = 0;
+  std::map<uint32_t, std::string> gang_reasons;
+  for (size_t i = first; i < last; ++i) {
+    const Run& r = job->runs[i];
+    const std::string_view state = VertexStateName(r.state);
+    if (!filter.state.empty() && state != filter.state) continue;
+    if (matched++ < filter.offset || rows.size() >= filter.limit) continue;
+    const VertexNode& v = g.vertex(VertexId(static_cast<uint32_t>(i)));
+    Json row = {{"name", v.name},       {"stage", g.spec().stages[v.stage].name},
+                {"replica", v.replica}, {"state", state},
+                {"version", r.version}, {"failed_attempts", r.charged}};
+    if (r.daemon.valid() && r.daemon.value() < daemons_.size()) row["daemon"] = daemons_[r.daemon.value()]->spec.name;
+    if (job->state == JobState::kRunning && r.state == VertexState::kReady) {
+      row["reason"] =
+          ReadsAHeldOutput(*job, v.id) ? "reads an output held for its daemon's return" : WhyNotPlaced(*job, v.id, gang_reasons);
+    } else if (job->state == JobState::kRunning && r.state == VertexState::kWaiting) {
+      row["reason"] = fmt::format("waits for {} predecessor{}", r.pending, r.pending == 1 ? "" : "s");
+    }
+    rows.push_back(std::move(row));
+  }
+  return {{"total", matched}, {"offset", filter.offset}, {"vertices", std::move(rows)}};
+}
+
+Json Scheduler::ProgressSeries(JobId id) const {
+  const Job* job = FindJob(id);
+  if (!job) return nullptr;
+  return job->progress_points;
+}
+
+void Scheduler::WriteMetrics(metrics::MetricsWriter& out) const {
+  using metrics::Labels;
+  const Counters& c = counters_;
+  out.Counter("copse_jobs_submitted_total", "Jobs submitted to this job manager since it started.", c.jobs_submitted);
+  out.Family("copse_jobs_finished_total", "counter", "Jobs that finished since this job manager started, by final state.");
+  for (JobState st : {JobState::kCompleted, JobState::kFailed, JobState::kCancelled}) {
+    const std::string name(JobStateName(st));
+    auto it = c.jobs_finished.find(name);
+    out.Sample("copse_jobs_finished_total", it == c.jobs_finished.end() ? 0 : it->second, {{"state", name}});
+  }
+  out.Family("copse_jobs", "gauge", "Jobs this job manager holds, by state.");
+  std::map<std::string, size_t> jobs_by_state;
+  size_t by_state[4] = {0, 0, 0, 0};
+  for (const auto& [id, job] : jobs_) {
+    ++jobs_by_state[std::string(JobStateName(job->state))];
+    if (job->state != JobState::kRunning) continue;
+    for (const Run& r : job->runs) ++by_state[static_cast<int>(r.state)];
+  }
+  for (JobState st : {JobState::kRunning, JobState::kCompleted, JobState::kFailed, JobState::kCancelled}) {
+    out.Sample("copse_jobs", jobs_by_state[std::string(JobStateName(st))], {{"state", std::string(JobStateName(st))}});
+  }
+  out.Family("copse_vertices", "gauge", "Vertices of the running jobs, by state.");
+  for (VertexState st : {VertexState::kWaiting, VertexState::kReady, VertexState::kRunning, VertexState::kCompleted}) {
+    out.Sample("copse_vertices", by_state[static_cast<int>(st)], {{"state", std::string(VertexStateName(st))}});
+  }
+  out.Counter("copse_attempts_dispatched_total", "Vertex attempts sent to daemons.", c.attempts_dispatched);
+  out.Counter("copse_duplicates_dispatched_total", "Duplicate attempts of stragglers sent to daemons.", c.duplicates_dispatched);
+  out.Counter("copse_attempts_completed_total", "Vertex attempts that completed and were accepted.", c.attempts_completed);
+  out.Family("copse_attempts_failed_total", "counter", "Vertex attempts that failed, by failure class.");
+  for (const auto& [cls, n] : c.attempts_failed) out.Sample("copse_attempts_failed_total", n, {{"class", cls}});
+  out.Family("copse_recoveries_total", "counter", "Vertices run again after a fault, by reason.");
+  for (const auto& [reason, n] : c.recoveries) out.Sample("copse_recoveries_total", n, {{"reason", reason}});
+  out.Family("copse_input_bytes_total", "counter", "Bytes completed attempts read, by where the producer's output was.");
+  out.Sample("copse_input_bytes_total", c.input_bytes_local, {{"locality", "local"}});
+  out.Sample("copse_input_bytes_total", c.input_bytes_remote, {{"locality", "remote"}});
+  out.Family("copse_scheduling_latency_seconds", "histogram", "From a vertex being ready to its dispatch to a daemon.");
+  out.HistogramSamples("copse_scheduling_latency_seconds", c.scheduling_latency_s);
+  size_t alive = 0, awaited = 0, lost = 0, running = 0;
+  double cpus = 0, free_cpus = 0, gpus = 0, memory_mb = 0;
+  for (const auto& d : daemons_) {
+    if (d->alive) {
+      ++alive, cpus += d->spec.cpus, free_cpus += std::max(0.0, d->free_cpus), gpus += d->spec.gpus;
+      memory_mb += static_cast<double>(d->spec.memory_mb), running += d->running;
+    } else {
+      ++(d->awaiting ? awaited : lost);
+    }
+  }
+  out.Family("copse_daemons", "gauge", "Daemon registrations, by state.");
+  out.Sample("copse_daemons", alive, {{"state", "alive"}});
+  out.Sample("copse_daemons", awaited, {{"state", "awaited"}});
+  out.Sample("copse_daemons", lost, {{"state", "lost"}});
+  out.Gauge("copse_capacity_cpus", "Vertex slots (cpus) the live daemons offer.", cpus);
+  out.Gauge("copse_free_cpus", "Vertex slots (cpus) free on the live daemons.", free_cpus);
+  out.Gauge("copse_capacity_gpus", "GPUs the live daemons offer.", gpus);
+  out.Gauge("copse_capacity_memory_bytes", "Memory the live daemons offer vertices.", memory_mb * 1024 * 1024);
+  out.Gauge("copse_attempts_running", "Attempts running (or sent ahead) on the live daemons.", running);
+  out.Gauge("copse_slot_utilisation", "Share of the live daemons' slots in use (0 to 1).",
+            cpus > 0 ? std::clamp(1.0 - free_cpus / cpus, 0.0, 1.0) : 0.0);
 }
 
 }  // namespace copse::jm

@@ -178,6 +178,10 @@ struct Scheduler::Job {
   /// its progress whatever step comes after.
   Json results = Json::object();
   double first_images = -1, first_images_ms = 0, last_images = 0, last_images_ms = 0;
+  /// The figures reported over time (ProgressSeries): every `progress_stride`-th report,
+  /// the stride doubling (and every other point going) whenever kMaxProgressPoints are kept.
+  std::vector<Json> progress_points;
+  uint64_t progress_reports = 0, progress_stride = 1;
   std::string rate_unit = "images";  // what first_/last_images count: "images", or "tokens" (text)
 
   const JobGraph& g() const { return *graph; }

@@ -38,6 +38,7 @@ struct TraceSnapshot {
   /// Per daemon id: its name, and which registration of that name it is (0: the only one).
   std::vector<std::pair<std::string, size_t>> daemons;
   std::vector<Span> spans;
+  size_t total_spans = 0;  // the job's, of which `spans` may hold only the newest
 };
 
 /// The trace's events, `batch` at a time, as the comma-separated JSON text of each batch's

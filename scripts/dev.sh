@@ -19,13 +19,20 @@ packages=(
   build-essential cmake ninja-build pkg-config git rsync
   libasio-dev nlohmann-json3-dev libspdlog-dev libzmq3-dev cppzmq-dev doctest-dev
   libopenblas-dev libdnnl-dev libcli11-dev libxxhash-dev zlib1g-dev libssl-dev libgoogle-perftools-dev
-  libprotobuf-dev protobuf-compiler
+  libprotobuf-dev protobuf-compiler libcpp-httplib-dev
   dataset-fashion-mnist fortunes python3 python3-jsonschema graphviz clang-format
+)
+# Only the test suite needs these: the dashboard's browser test, the metrics parser, and the
+# systemd and Slurm deployment tests, which start their own munge and Slurm daemons (on a host
+# that runs systemd, installing slurm-wlm and munge also enables Debian's default services).
+test_packages=(
+  chromium chromium-driver python3-selenium python3-prometheus-client
+  systemd slurm-wlm munge
 )
 
 install_missing() {
   local missing=()
-  for p in "${packages[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -48,11 +55,11 @@ configure_and_build() {
 cmd="${1:-build}"
 case "$cmd" in
   build)
-    install_missing
+    install_missing "${packages[@]}"
     configure_and_build
     ;;
   example)
-    install_missing
+    install_missing "${packages[@]}"
     configure_and_build
     out="${COPSE_OUTPUT_DIR:-$build/example-output}"
     # The main example: pipeline-parallel training of an MLP on Fashion-MNIST (2 stages x 8
@@ -61,7 +68,7 @@ case "$cmd" in
     echo "copse: outputs in $out"
     ;;
   test)
-    install_missing
+    install_missing "${packages[@]}" "${test_packages[@]}"
     configure_and_build
     cd "$build"
     ctest --output-on-failure -j "$jobs" --timeout 900

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -35,6 +36,7 @@
 #include "channels/nccl/nccl_group.h"
 #endif
 #include "common/dir_lock.h"
+#include "common/http_server.h"
 #include "common/framed_connection.h"
 #include "common/local_peer.h"
 #include "common/json_util.h"
@@ -45,6 +47,7 @@
 #include "protocol/codec.h"
 #include "vertex/attempt_executor.h"
 #include "vertex/attempt_log.h"
+#include "vertex/daemon_metrics.h"
 #include "vertex/gpu_pool.h"
 #include "vertex/input_prefetcher.h"
 #include "vertex/protocol_types.h"
@@ -95,6 +98,7 @@ class Daemon::Impl {
         gpus_(options_.gpus) {}
 
   ~Impl() {
+    if (metrics_http_) metrics_http_->Stop();
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
@@ -137,6 +141,39 @@ class Daemon::Impl {
     executor_ = std::make_unique<AttemptExecutor>(std::move(env));
     COPSE_RETURN_NOT_OK(Register());
     for (int i = 0; i < std::max(1, options_.cpus); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+    if (options_.metrics_port) COPSE_RETURN_NOT_OK(ServeMetrics());
+    return Status::OK();
+  }
+
+  /// `--metrics`: /metrics over HTTP; the address goes to work_dir/metrics.addr.
+  Status ServeMetrics() {
+    metrics_http_ = std::make_unique<http::HttpServer>(options_.secret);
+    metrics_http_->Get("/metrics", http::Access::kViewer, [this](const http::Request&) {
+      DaemonMetrics::Gauges g;
+      g.slots = options_.cpus;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        g.running = busy_workers_, g.queued = queue_.size(), g.held = held_.size();
+      }
+      g.store_memory_bytes = store_->memory_bytes(), g.store_budget_bytes = store_->memory_budget_bytes();
+      g.outputs = store_->List().size(), g.spills = store_->spills(), g.spilled_bytes = store_->spilled_bytes();
+      g.fetches_served = data_server_->fetches(), g.data_connections = data_server_->connections_accepted();
+      const chan::RemotePoolStats pool = chan::GetRemotePoolStats();
+      g.remote_connections_opened = pool.connections_opened, g.remote_connections_reused = pool.connections_reused;
+      metrics::MetricsWriter out;
+      metrics_.Write(out, g);
+      http::Response r;
+      r.content_type = metrics::MetricsWriter::kContentType;
+      r.body = out.Take();
+      return r;
+    });
+    COPSE_RETURN_NOT_OK(metrics_http_->Listen(options_.metrics_host, *options_.metrics_port, "--metrics"));
+    std::error_code ec;
+    const auto file = options_.work_dir / "metrics.addr", tmp = options_.work_dir / "metrics.addr.tmp";
+    std::ofstream(tmp) << options_.metrics_host << ":" << metrics_http_->port() << "\n";
+    std::filesystem::rename(tmp, file, ec);
+    if (ec) return Status::IOError("cannot write " + file.string());
+    DaemonLog()->info("daemon {}: metrics on http://{}:{}/metrics", options_.name, options_.metrics_host, metrics_http_->port());
     return Status::OK();
   }
 
@@ -583,7 +620,9 @@ class Daemon::Impl {
         task.log = std::make_shared<AttemptLog>();
         live_logs_[KeyOf(task)] = task.log;
       }
+      const auto began = std::chrono::steady_clock::now();
       protocol::AttemptReport report = executor_->Execute(task);
+      metrics_.AttemptEnded(report, std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
       // The rest of its log goes before its report: stored before the job manager acts on it.
       task.log->Finish();
       SendLog(KeyOf(task), *task.log);
@@ -790,6 +829,8 @@ class Daemon::Impl {
   bool report_posted_ = false;
   bool stopping_ = false;
   Status exit_status_;
+  DaemonMetrics metrics_;
+  std::unique_ptr<http::HttpServer> metrics_http_;  // last: stopped before what it reads goes
 };
 
 Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

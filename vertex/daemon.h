@@ -46,6 +46,11 @@ struct DaemonOptions {
   /// accepts and then says nothing, or an address that drops packets, fails the attempt then.
   std::chrono::milliseconds handshake_timeout{10000};
   const ProgramRegistry* programs = &ProgramRegistry::Default();
+  /// Serve Prometheus metrics at http://metrics_host:metrics_port/metrics when set (0: any free
+  /// port; the address goes to work_dir/metrics.addr), to holders of the cluster's secret or
+  /// its viewer token (common/http_server.h).
+  std::optional<uint16_t> metrics_port;
+  std::string metrics_host = "127.0.0.1";
 };
 
 class Daemon {
