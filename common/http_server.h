@@ -49,7 +49,7 @@ using StreamWrite = std::function<bool(std::string_view chunk)>;
 
 struct Response {
   int status = 200;
-  std::string content_type = "application/json";
+  std::string content_type = "application/json; charset=utf-8";
   std::string body;
   std::vector<std::pair<std::string, std::string>> headers;
   /// Set for a stream (Server-Sent Events): called once on a worker thread with a writer, and

@@ -649,6 +649,11 @@ std::shared_ptr<const JobGraph> JobGraph::Build(std::shared_ptr<const JobSpec> s
   size_t before = diags.size();
   Builder(*g, diags).Run();
   if (diags.size() != before) return nullptr;
+  std::set<std::pair<int, int>> joined;
+  for (const EdgeSpec& e : g->spec_->edges) {
+    const int from = g->FindStage(e.from.stage), to = g->FindStage(e.to.stage);
+    if (joined.insert({from, to}).second) g->stage_edges_.push_back({from, to, e.channel});
+  }
   return g;
 }
 

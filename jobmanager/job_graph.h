@@ -74,6 +74,13 @@ class JobGraph {
   size_t longest_path() const { return longest_path_; }
   /// Number of channels of each kind.
   std::vector<size_t> ChannelCounts() const;
+  /// The graph by stage (what the dashboard draws): each (from stage, to stage) pair the edges
+  /// join once, with the kind of its first edge, in the job file's order. Made once, at Build.
+  struct StageEdge {
+    int from, to;
+    ChannelKind kind;
+  };
+  const std::vector<StageEdge>& stage_edges() const { return stage_edges_; }
 
   /// The vertex called "stage[i]", or "stage" for a one-replica stage; Invalid when none.
   VertexId FindVertex(std::string_view name) const;
@@ -96,6 +103,7 @@ class JobGraph {
   std::unordered_map<std::string, int> stage_index_;
   std::vector<VertexId> topo_;
   size_t longest_path_ = 0;
+  std::vector<StageEdge> stage_edges_;
 };
 
 }  // namespace copse::jm

@@ -117,14 +117,11 @@ std::string Scheduler::WhyNotPlaced(const Job& job, VertexId v, std::map<uint32_
 
 namespace {
 
-/// The job's graph by stage (the dashboard draws it): [[from stage, to stage, channel kind]],
-/// each pair once, data edges before ordering edges of the same pair.
-Json StageEdges(const JobSpec& spec) {
+/// The job's graph by stage (the dashboard draws it): [[from stage, to stage, channel kind]].
+Json StageEdges(const JobGraph& g) {
   Json edges = Json::array();
-  std::set<std::pair<std::string, std::string>> seen;
-  for (const EdgeSpec& e : spec.edges) {
-    if (!seen.insert({e.from.stage, e.to.stage}).second) continue;
-    edges.push_back({e.from.stage, e.to.stage, ChannelKindName(e.channel)});
+  for (const auto& e : g.stage_edges()) {
+    edges.push_back({g.spec().stages[e.from].name, g.spec().stages[e.to].name, ChannelKindName(e.kind)});
   }
   return edges;
 }
@@ -194,7 +191,7 @@ Json Scheduler::JobStatus(JobId id) const {
                 {"ready", counts[1]},
                 {"waiting", counts[0]}}},
               {"stages", stages},
-              {"edges", StageEdges(g.spec())},
+              {"edges", StageEdges(g)},
               {"input_bytes", {{"local", job.local_input_bytes}, {"remote", job.remote_input_bytes}}},
               {"waiting", waiting},
               {"faults", job.faults_log},
