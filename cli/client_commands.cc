@@ -478,7 +478,9 @@ void AddClientCommands(CLI::App& app) {
       }
       auto secret = LoadClientSecret(o->jm);
       if (!secret.ok()) return void(ExitCode() = Report(secret.status()));
-      std::cout << "http://" << address << "/login?token=" << (o->admin ? *secret : http::ViewerToken(*secret)) << "\n";
+      // In the fragment, which browsers never send: the token stays out of servers' and proxies' logs.
+      std::cout << "http://" << address << "/#token=" << (o->admin ? http::AdminToken(*secret) : http::ViewerToken(*secret))
+                << "\n";
     });
   }
 }

@@ -106,6 +106,14 @@ void AddJmCommand(CLI::App& app) {
       o.http_port = http->second;
     }
     const std::string http_host = o.http_host;
+    // Blocked before any thread starts (the HTTP server's workers, the trace streamer): a
+    // SIGTERM delivered to one that had it unblocked would end the process at once, with no
+    // orderly stop; the signal thread (StopOnSignals) takes it instead.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
     auto server = jm::JmServer::Start(std::move(o));
     if (!server.ok()) {
       std::cerr << "copse jm: " << server.status().message() << "\n";

@@ -1,6 +1,10 @@
 #include "common/http_server.h"
 
+#include <strings.h>
+
+#include <chrono>
 #include <thread>
+#include <vector>
 
 #include <httplib.h>
 
@@ -22,7 +26,8 @@ std::string SessionValue(Access access, std::string_view secret) {
   return role + "." + auth::Mac(secret, "copse-http-session/" + role);
 }
 
-std::string CookieCredential(const httplib::Request& req) {
+std::vector<std::string> CookieValues(const httplib::Request& req) {
+  std::vector<std::string> values;
   const std::string cookies = req.get_header_value("Cookie");
   size_t at = 0;
   while (at < cookies.size()) {
@@ -30,39 +35,55 @@ std::string CookieCredential(const httplib::Request& req) {
     if (end == std::string::npos) end = cookies.size();
     std::string_view part(cookies.data() + at, end - at);
     while (!part.empty() && part.front() == ' ') part.remove_prefix(1);
-    if (part.substr(0, kCookieName.size()) == kCookieName && part.size() > kCookieName.size() &&
+    if (part.size() > kCookieName.size() && part.substr(0, kCookieName.size()) == kCookieName &&
         part[kCookieName.size()] == '=') {
-      return std::string(part.substr(kCookieName.size() + 1));
+      values.emplace_back(part.substr(kCookieName.size() + 1));
     }
     at = end + 1;
   }
-  return "";
+  return values;
 }
 
-Access RequestAccess(const httplib::Request& req, std::string_view secret) {
-  const std::string authorization = req.get_header_value("Authorization");
-  constexpr std::string_view kBearer = "Bearer ";
-  if (authorization.compare(0, kBearer.size(), kBearer) == 0) return AccessOf(authorization.substr(kBearer.size()), secret);
-  const std::string cookie = CookieCredential(req);
-  if (cookie.empty()) return Access::kNone;
-  for (Access a : {Access::kAdmin, Access::kViewer}) {
-    if (auth::ConstantTimeEquals(cookie, SessionValue(a, secret))) return a;
+/// The access the request's session cookies give: the best of them (another service of the same
+/// host can set a cookie of this name too: one bad cookie must not hide a good one).
+Access CookieAccess(const httplib::Request& req, std::string_view secret) {
+  Access best = Access::kNone;
+  for (const std::string& value : CookieValues(req)) {
+    for (Access a : {Access::kAdmin, Access::kViewer}) {
+      if (a > best && auth::ConstantTimeEquals(value, SessionValue(a, secret))) best = a;
+    }
   }
-  return Access::kNone;
+  return best;
 }
 
-std::string SessionCookie(Access access, std::string_view secret) {
-  return std::string(kCookieName) + "=" + SessionValue(access, secret) + "; Path=/; HttpOnly; SameSite=Strict";
+/// Who sends `req`, and whether by a bearer credential (not a cookie a browser adds by itself).
+std::pair<Access, bool> RequestAccess(const httplib::Request& req, std::string_view secret) {
+  const std::string authorization = req.get_header_value("Authorization");
+  constexpr size_t kBearer = 7;  // "Bearer ", in any case (RFC 7235: the scheme is case-insensitive)
+  if (authorization.size() > kBearer && strncasecmp(authorization.c_str(), "bearer ", kBearer) == 0) {
+    return {AccessOf(std::string_view(authorization).substr(kBearer), secret), true};
+  }
+  return {CookieAccess(req, secret), false};
+}
+
+/// Secure when the browser reached us through a TLS proxy that says so.
+std::string SessionCookie(Access access, std::string_view secret, const httplib::Request& req) {
+  const bool tls = req.get_header_value("X-Forwarded-Proto") == "https";
+  return std::string(kCookieName) + "=" + SessionValue(access, secret) + "; Path=/; HttpOnly; SameSite=Strict" +
+         (tls ? "; Secure" : "");
 }
 
 }  // namespace
 
 std::string ViewerToken(std::string_view secret) { return auth::Mac(secret, "copse-http-viewer"); }
+std::string AdminToken(std::string_view secret) { return auth::Mac(secret, "copse-http-admin"); }
 
 Access AccessOf(std::string_view credential, std::string_view secret) {
-  if (!secret.empty() && auth::ConstantTimeEquals(credential, secret)) return Access::kAdmin;
-  if (!secret.empty() && auth::ConstantTimeEquals(credential, ViewerToken(secret))) return Access::kViewer;
-  return Access::kNone;
+  if (secret.empty()) return Access::kNone;
+  // Each compared in full, whatever the first said.
+  const bool admin = auth::ConstantTimeEquals(credential, secret) | auth::ConstantTimeEquals(credential, AdminToken(secret));
+  if (admin) return Access::kAdmin;
+  return auth::ConstantTimeEquals(credential, ViewerToken(secret)) ? Access::kViewer : Access::kNone;
 }
 
 std::string Request::Param(const std::string& key, const std::string& fallback) const {
@@ -95,10 +116,7 @@ class HttpServer::Impl {
       if (token.empty()) {
         if (auto body = ParseJson(req.body, "login"); body.ok() && body->is_object()) token = body->value("token", "");
       }
-      Login(token, res, /*redirect=*/false);
-    });
-    server_.Get("/login", [this](const httplib::Request& req, httplib::Response& res) {
-      Login(req.has_param("token") ? req.get_param_value("token") : "", res, /*redirect=*/true);
+      Login(token, req, res);
     });
     server_.Post("/api/v1/logout", [](const httplib::Request&, httplib::Response& res) {
       res.set_header("Set-Cookie", std::string(kCookieName) + "=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict");
@@ -118,15 +136,20 @@ class HttpServer::Impl {
   }
 
   void Route(bool post, const std::string& pattern, Access needed, Handler handler) {
-    auto serve = [this, needed, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+    auto serve = [this, post, needed, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
       Request r;
       r.method = req.method;
       r.path = req.path;
       for (const auto& m : req.matches) r.matches.push_back(m.str());
       r.params.insert(req.params.begin(), req.params.end());
       r.body = req.body;
-      r.access = RequestAccess(req, secret_);
+      const auto [access, bearer] = RequestAccess(req, secret_);
+      r.access = access;
       res.set_header("Cache-Control", "no-store");
+      if (post && !bearer && r.access != Access::kNone && req.get_header_value("X-Copse-Request") != "1") {
+        Write(Response::Error(403, "a request that acts, sent with a session cookie, must carry X-Copse-Request: 1"), res);
+        return;
+      }
       if (r.access < needed) {
         const bool anyone = r.access == Access::kNone;
         Write(Response::Error(anyone ? 401 : 403, anyone ? "log in: present the cluster's secret or its viewer token "
@@ -135,7 +158,13 @@ class HttpServer::Impl {
               res);
         return;
       }
-      Write(handler(r), res);
+      Response answer;
+      try {
+        answer = handler(r);
+      } catch (const std::exception& e) {
+        answer = Response::Error(500, e.what());
+      }
+      Write(std::move(answer), res);
     };
     if (post) {
       server_.Post(pattern, std::move(serve));
@@ -161,28 +190,30 @@ class HttpServer::Impl {
     res.set_chunked_content_provider(
         r.content_type,
         [this, stream = std::move(r.stream)](size_t, httplib::DataSink& sink) {
-          stream([&](std::string_view chunk) {
-            return !owner_.stopping() && sink.is_writable() && sink.write(chunk.data(), chunk.size());
-          });
+          try {  // outside httplib's exception handler: an escape would end the process
+            stream([&](std::string_view chunk) {
+              return !owner_.stopping() && sink.is_writable() && sink.write(chunk.data(), chunk.size());
+            });
+          } catch (const std::exception&) {
+            return false;  // the connection is closed
+          }
           sink.done();
           return true;
         },
         [this](bool) { streams_.fetch_sub(1); });
   }
 
-  void Login(const std::string& token, httplib::Response& res, bool redirect) {
+  void Login(const std::string& token, const httplib::Request& req, httplib::Response& res) {
     const Access access = AccessOf(token, secret_);
     if (access == Access::kNone) {
       res.status = 401;
-      res.set_content(DumpJson(copse::Json{{"error", "wrong token: give the cluster's secret or its viewer token"}}), kJsonType);
+      res.set_content(
+          DumpJson(copse::Json{{"error", "wrong token: give the cluster's secret, or a token `copse dashboard` printed"}}),
+          kJsonType);
       return;
     }
-    res.set_header("Set-Cookie", SessionCookie(access, secret_));
-    if (redirect) {
-      res.set_redirect("/");
-    } else {
-      res.set_content(DumpJson(copse::Json{{"access", access == Access::kAdmin ? "admin" : "viewer"}}), kJsonType);
-    }
+    res.set_header("Set-Cookie", SessionCookie(access, secret_, req));
+    res.set_content(DumpJson(copse::Json{{"access", access == Access::kAdmin ? "admin" : "viewer"}}), kJsonType);
   }
 
   Status Listen(const std::string& host, uint16_t port, const std::string& what, uint16_t* bound) {
@@ -190,6 +221,11 @@ class HttpServer::Impl {
     if (p <= 0) return Status::Unavailable(what + ": cannot listen on " + host + ":" + std::to_string(port));
     *bound = static_cast<uint16_t>(p);
     thread_ = std::thread([this] { server_.listen_after_bind(); });
+    // Until it runs, httplib's stop() does nothing: a Stop() before then would wait for ever.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!server_.is_running() && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     return Status::OK();
   }
 

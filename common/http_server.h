@@ -4,11 +4,15 @@
 // cpp-httplib's (Debian libcpp-httplib-dev); this class adds what every copse endpoint shares:
 //
 //  * Authentication with the cluster secret. Two levels of access: a *viewer* reads (every GET),
-//    an *admin* also acts (cancel, chaos). The admin credential is the secret itself; the viewer
-//    credential is a token derived from it (ViewerToken), which can be handed out without giving
-//    away the power to act. Either is presented as `Authorization: Bearer <credential>`, or once
-//    to POST /api/v1/login (or GET /login?token=… from a link), which sets an HttpOnly,
-//    SameSite=Strict session cookie for browsers.
+//    an *admin* also acts (cancel, chaos). The admin credentials are the secret itself and a
+//    token derived from it (AdminToken: what links carry, so that the secret, which also lets
+//    its holder submit jobs on the control port, never appears in a URL); the viewer credential
+//    is another derived token (ViewerToken), which can be handed out without the power to act.
+//    Each is presented as `Authorization: Bearer <credential>`, or once to POST /api/v1/login,
+//    which sets an HttpOnly, SameSite=Strict session cookie for browsers. A POST that relies on
+//    the cookie must also carry the header `X-Copse-Request: 1`, which a page of another origin
+//    cannot send without the preflight this server never grants (cross-site request forgery
+//    from another port of the same host included).
 //  * Bounded cost: at most kMaxStreams long-lived streams (Server-Sent Events) at once, each on
 //    its own worker thread, ended when the server stops; other requests keep the rest.
 //
@@ -28,8 +32,9 @@ namespace copse::http {
 
 enum class Access { kNone = 0, kViewer = 1, kAdmin = 2 };
 
-/// The viewer credential of a cluster whose secret is `secret`.
+/// The viewer and admin credentials (for links and programs) of a cluster whose secret is `secret`.
 std::string ViewerToken(std::string_view secret);
+std::string AdminToken(std::string_view secret);
 /// Who presents `credential` (a bearer token or a session cookie's value).
 Access AccessOf(std::string_view credential, std::string_view secret);
 

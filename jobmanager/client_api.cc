@@ -98,10 +98,12 @@ Json ClientApi::Vertices(JobId job, const Scheduler::VertexFilter& filter) const
   for (const auto& [id, names] : events->names) {
     if (!filter.stage.empty() && names.second != filter.stage) continue;
     const auto it = newest.find(id);
-    const std::string state = it == newest.end() ? "not run" : it->second->outcome;
+    // A finished job's vertex is completed or, when its job failed or was cancelled, not.
+    const std::string outcome = it == newest.end() ? "" : it->second->outcome;
+    const std::string state = outcome == "completed" ? "completed" : "waiting";
     if (!filter.state.empty() && state != filter.state) continue;
     if (matched++ < filter.offset || rows.size() >= filter.limit) continue;
-    Json row = {{"name", names.first}, {"stage", names.second}, {"state", state}};
+    Json row = {{"name", names.first}, {"stage", names.second}, {"state", state}, {"outcome", outcome}};
     if (it != newest.end()) row["version"] = it->second->version, row["daemon"] = it->second->daemon;
     rows.push_back(std::move(row));
   }
@@ -110,7 +112,7 @@ Json ClientApi::Vertices(JobId job, const Scheduler::VertexFilter& filter) const
 
 Json ClientApi::ProgressSeries(JobId job) const {
   if (scheduler_.HasJob(job)) return scheduler_.ProgressSeries(job);
-  if (auto summary = history_.Summary(job)) return summary->value("progress_series", Json::array());
+  if (history_.Summary(job)) return history_.ProgressSeries(job);
   return nullptr;
 }
 
@@ -197,11 +199,11 @@ Json ClientApi::WithLogHint(Json status) {
 
 Json ClientApi::ForgottenSummary(JobId job) const {
   if (scheduler_.HasJob(job)) return nullptr;
-  auto summary = history_.Summary(job);
+  const Json* summary = history_.Summary(job);
   if (!summary) return nullptr;
-  (*summary)["forgotten"] = true;     // its outputs released
-  summary->erase("progress_series");  // the HTTP API's loss curve; not part of a status
-  return std::move(*summary);
+  Json status = *summary;
+  status["forgotten"] = true;  // its outputs released
+  return status;
 }
 
 Json ClientApi::JobsSince(int64_t since_unix_ms) const {
@@ -210,7 +212,8 @@ Json ClientApi::JobsSince(int64_t since_unix_ms) const {
     const uint64_t id = row["id"].get<uint64_t>();  // read before the row is moved from
     if (row.value("submitted_unix_ms", int64_t{0}) >= since_unix_ms) rows[id] = std::move(row);
   }
-  for (Json& summary : history_.Summaries(since_unix_ms)) {
+  for (const Json* kept : history_.Summaries(since_unix_ms)) {
+    const Json& summary = *kept;
     const uint64_t id = summary.value("id", uint64_t{0});
     if (rows.count(id)) continue;
     const Json& vertices = summary.value("vertices", Json::object());

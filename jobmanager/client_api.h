@@ -35,7 +35,8 @@ class ClientApi {
   /// A job's trace, live or from its history, with at most the newest `max_spans` spans.
   Result<TraceSnapshot> Trace(JobId job, size_t max_spans = SIZE_MAX) const;
   /// Vertices of a job, a page at a time (see Scheduler::VertexPage); a forgotten job's from its
-  /// history (names, newest attempt and outcome).
+  /// history: the vertices that ran, each "completed" or (its job failed or was cancelled)
+  /// "waiting", with its newest attempt's outcome.
   Json Vertices(JobId job, const Scheduler::VertexFilter& filter) const;
   /// The progress figures a job's programs reported, over time (see Scheduler::ProgressSeries).
   Json ProgressSeries(JobId job) const;

@@ -102,10 +102,19 @@ class HttpApi::Impl {
   void Stop() { server_.Stop(); }
 
  private:
-  /// `make` run on the loop; 503 when the loop would not take it.
+  /// `make` run on the loop; 503 when the loop would not take it. A request whose members have
+  /// the wrong types (a chaos body's "ms": "x") is the client's error, anything else the server's.
   Response OnLoop(const std::function<Response()>& make) {
     Response out = Response::Error(503, "the job manager is stopping");
-    run_([&] { out = make(); });
+    run_([&] {
+      try {
+        out = make();
+      } catch (const Json::exception& e) {
+        out = Response::Error(400, std::string("malformed request: ") + e.what());
+      } catch (const std::exception& e) {
+        out = Response::Error(500, e.what());
+      }
+    });
     return out;
   }
 
@@ -221,8 +230,18 @@ class HttpApi::Impl {
     });
   }
 
-  /// The whole trace (as `copse trace` writes it), formatted and sent in parts off the loop.
+  /// The whole trace (as `copse trace` writes it), formatted and sent in parts off the loop. One
+  /// at a time: each costs the loop a copy of the job's spans (100 MB for a million).
   Response Trace(JobId job) {
+    if (traces_.fetch_add(1) > 0) {
+      traces_.fetch_sub(1);
+      return Response::Error(503, "a trace is being sent; ask again when it is done");
+    }
+    struct Release {
+      std::atomic<int>& n;
+      ~Release() { n.fetch_sub(1); }
+    };
+    auto held = std::make_shared<Release>(Release{traces_});  // until the stream ends
     std::optional<TraceSnapshot> snapshot;
     Status missing;
     if (!run_([&] {
@@ -237,7 +256,7 @@ class HttpApi::Impl {
     if (!snapshot) return Response::Error(404, missing.message());
     Response r;
     r.headers.emplace_back("Content-Disposition", fmt::format("attachment; filename=\"copse-job-{}-trace.json\"", job.value()));
-    r.stream = [snap = std::make_shared<TraceSnapshot>(std::move(*snapshot))](const http::StreamWrite& write) {
+    r.stream = [held, snap = std::make_shared<TraceSnapshot>(std::move(*snapshot))](const http::StreamWrite& write) {
       if (!write("{\"traceEvents\":[")) return;
       bool first = true, ok = true;
       FormatTraceEvents(*snap, 10000, [&](std::string_view events) {
@@ -341,6 +360,7 @@ class HttpApi::Impl {
   Scheduler& scheduler_;
   RunOnLoop run_;
   ServerMetrics server_metrics_;
+  std::atomic<int> traces_{0};  // being copied or sent
   std::mutex shared_mu_;
   std::map<uint64_t, Cached> shared_;  // 0: the jobs table and daemons; else a job's status
   http::HttpServer server_;            // last: stopped (its handlers ended) before the rest goes

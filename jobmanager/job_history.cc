@@ -79,7 +79,9 @@ Result<std::unique_ptr<JobHistory>> JobHistory::Open(fs::path dir) {
     if (!in) continue;
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     Json summary = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (summary.is_object()) history->summaries_[job.value()] = std::move(summary);
+    if (!summary.is_object()) continue;
+    summary.erase("progress_series");  // kept in progress.json
+    history->summaries_[job.value()] = std::move(summary);
   }
   return history;
 }
@@ -146,7 +148,11 @@ void JobHistory::JobSpan(JobId job, const HistorySpan& s) {
 
 void JobHistory::JobFinished(JobId job, const Json& summary) {
   // Written at the next Flush, off the path of the reply that the job ended.
-  summaries_[job.value()] = summary;
+  Json& kept = summaries_[job.value()] = summary;
+  if (auto series = kept.find("progress_series"); series != kept.end()) {
+    unwritten_progress_[job.value()] = std::move(*series);
+    kept.erase(series);
+  }
   unwritten_summaries_.insert(job.value());
 }
 
@@ -166,6 +172,20 @@ void JobHistory::WriteSummary(JobId job) {
   }
   fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write, ec);
   fs::rename(tmp, JobDir(job) / "summary.json", ec);
+  if (auto series = unwritten_progress_.find(job.value()); series != unwritten_progress_.end()) {
+    std::ofstream(JobDir(job) / "progress.json", std::ios::trunc) << DumpJson(series->second) << "\n";
+    fs::permissions(JobDir(job) / "progress.json", fs::perms::owner_read | fs::perms::owner_write, ec);
+    unwritten_progress_.erase(series);
+  }
+}
+
+Json JobHistory::ProgressSeries(JobId job) const {
+  if (auto series = unwritten_progress_.find(job.value()); series != unwritten_progress_.end()) return series->second;
+  std::ifstream in(JobDir(job) / "progress.json");
+  if (!in) return Json::array();
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Json series = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return series.is_array() ? series : Json::array();
 }
 
 void JobHistory::Flush() {
@@ -174,7 +194,7 @@ void JobHistory::Flush() {
     const fs::path dir = JobDir(JobId(id));
     std::error_code ec;
     fs::create_directories(dir, ec);
-    if (loaded_.first == id) loaded_ = {0, nullptr};  // no longer what the file holds
+    std::erase_if(loaded_, [id = id](const auto& l) { return l.first == id; });  // no longer what the file holds
     if (!DiskHasRoom()) {
       // Dropped, not held: the history gives way to the journal.
     } else if (AppendFile(dir / "events.jsonl", p.text)) {
@@ -276,7 +296,9 @@ std::vector<uint32_t> JobHistory::LoggedVersions(JobId job, VertexId vertex) {
 }
 
 std::shared_ptr<const JobHistory::Events> JobHistory::Load(JobId job) const {
-  if (loaded_.second && loaded_.first == job.value()) return loaded_.second;
+  for (const auto& [id, events] : loaded_) {
+    if (id == job.value()) return events;
+  }
   auto events = std::make_shared<Events>();
   std::ifstream in(JobDir(job) / "events.jsonl");
   std::string line;
@@ -311,7 +333,8 @@ std::shared_ptr<const JobHistory::Events> JobHistory::Load(JobId job) const {
       events->truncated = true;
     }
   }
-  loaded_ = {job.value(), events};
+  if (loaded_.size() >= kLoadedJobs) loaded_.erase(loaded_.begin());
+  loaded_.emplace_back(job.value(), events);
   return events;
 }
 
@@ -353,10 +376,9 @@ TraceSnapshot JobHistory::Trace(JobId job, const Events& events, const Json& sum
   return snap;
 }
 
-std::optional<Json> JobHistory::Summary(JobId job) const {
+const Json* JobHistory::Summary(JobId job) const {
   auto it = summaries_.find(job.value());
-  if (it == summaries_.end()) return std::nullopt;
-  return it->second;
+  return it == summaries_.end() ? nullptr : &it->second;
 }
 
 std::vector<JobId> JobHistory::Jobs() const {
@@ -370,10 +392,10 @@ std::vector<JobId> JobHistory::Jobs() const {
   return jobs;
 }
 
-std::vector<Json> JobHistory::Summaries(int64_t since_unix_ms) const {
-  std::vector<Json> out;
+std::vector<const Json*> JobHistory::Summaries(int64_t since_unix_ms) const {
+  std::vector<const Json*> out;
   for (const auto& [id, summary] : summaries_) {
-    if (Int64Of(summary, "submitted_unix_ms") >= since_unix_ms) out.push_back(summary);
+    if (Int64Of(summary, "submitted_unix_ms") >= since_unix_ms) out.push_back(&summary);
   }
   return out;
 }
@@ -398,7 +420,8 @@ size_t JobHistory::Prune(int64_t before_unix_ms, const std::set<uint64_t>& keep)
     events_.erase(job.value());
     vertex_logs_.erase(job.value());
     summaries_.erase(job.value());
-    if (loaded_.first == job.value()) loaded_ = {0, nullptr};
+    unwritten_progress_.erase(job.value());
+    std::erase_if(loaded_, [&](const auto& l) { return l.first == job.value(); });
     if (!ec) ++removed;
   }
   return removed;

@@ -86,10 +86,15 @@ class JobHistory final : public HistorySink {
   static Json EventLog(const Events& events, const std::string& vertex);
   /// `copse trace JOB` of a job read back, whose final status is `summary`.
   static TraceSnapshot Trace(JobId job, const Events& events, const Json& summary);
-  /// The final status of a finished job, when there is one.
-  std::optional<Json> Summary(JobId job) const;
-  /// The summaries of finished jobs submitted at or after `since_unix_ms`.
-  std::vector<Json> Summaries(int64_t since_unix_ms) const;
+  /// The final status of a finished job (null when there is none), without its progress series.
+  /// Valid until the next JobFinished or Prune.
+  const Json* Summary(JobId job) const;
+  /// The summaries of finished jobs submitted at or after `since_unix_ms` (as Summary's).
+  std::vector<const Json*> Summaries(int64_t since_unix_ms) const;
+  /// The progress figures a finished job's programs reported over time (its summary's
+  /// "progress_series", kept apart from it on disk: the summaries stay small in memory); an
+  /// empty array when none.
+  Json ProgressSeries(JobId job) const;
   /// The jobs that have a directory here.
   std::vector<JobId> Jobs() const;
   /// Removes finished jobs that finished before `before_unix_ms`, except those in `keep`.
@@ -126,9 +131,12 @@ class JobHistory final : public HistorySink {
   };
   std::map<uint64_t, Pending> events_;  // of jobs that have not finished (or wrote since)
   std::map<uint64_t, VertexLogs> vertex_logs_;
-  std::map<uint64_t, Json> summaries_;                                             // every finished job's, read at Open
-  std::set<uint64_t> unwritten_summaries_;                                         // finished since the last Flush
-  mutable std::pair<uint64_t, std::shared_ptr<const Events>> loaded_{0, nullptr};  // the last Load
+  std::map<uint64_t, Json> summaries_;           // every finished job's, read at Open
+  std::map<uint64_t, Json> unwritten_progress_;  // progress series until WriteSummary
+  std::set<uint64_t> unwritten_summaries_;       // finished since the last Flush
+  /// The jobs loaded last (a few: dashboards looking at forgotten jobs ask again and again).
+  mutable std::vector<std::pair<uint64_t, std::shared_ptr<const Events>>> loaded_;
+  static constexpr size_t kLoadedJobs = 4;
   std::chrono::steady_clock::time_point disk_checked_{};
   bool disk_has_room_ = true;
 };

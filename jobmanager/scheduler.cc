@@ -793,7 +793,6 @@ void Scheduler::RecordRecovery(Job& job, VertexId v, uint32_t version, std::stri
 }
 
 void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& error, bool charge, bool deterministic) {
-  ++counters_.attempts_failed[std::string(FailureClassName(cls))];
   Run& r = job.runs[v.value()];
   const std::string& name = job.g().vertex(v).name;
   const GangId gang = job.g().vertex(v).gang;
@@ -801,11 +800,13 @@ void Scheduler::Fail(Job& job, VertexId v, FailureClass cls, const std::string& 
   if (gang.valid()) {
     // Live channels cannot be replayed: the whole gang runs again with a new version. Only a
     // member's own error or timeout is charged, not the peers it took down.
-    if (r.state != VertexState::kRunning) return;  // already reset with its gang
+    if (r.state != VertexState::kRunning) return;  // already reset with its gang (and counted)
+    ++counters_.attempts_failed[std::string(FailureClassName(cls))];
     charge = charge && (cls == protocol::FAILURE_PROGRAM_ERROR || cls == protocol::FAILURE_TIMEOUT);
     ResetGang(job, gang, v, name + " failed (" + std::string(FailureClassName(cls)) + "): " + error);
     detail += " (its gang of " + std::to_string(job.g().gangs()[gang.value()].members.size()) + " restarts)";
   } else {
+    ++counters_.attempts_failed[std::string(FailureClassName(cls))];
     ReleaseSlots(job, v, FailureClassName(cls));  // its span's outcome, where no report closed it (a lost daemon)
     r.state = VertexState::kWaiting;
     r.chained_after.clear();

@@ -1,6 +1,7 @@
 #include "vertex/daemon_metrics.h"
 
 #include <algorithm>
+#include <cctype>
 
 namespace copse::vertex {
 
@@ -9,7 +10,12 @@ void DaemonMetrics::AttemptEnded(const protocol::AttemptReport& report, double s
   if (report.ok()) succeeded_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard lock(mu_);
   busy_seconds_ += seconds;
-  if (!report.ok()) ++failed_[protocol::FailureClass_Name(report.failure())];
+  if (report.ok()) return;
+  // As the job manager names it: FAILURE_PROGRAM_ERROR -> program_error.
+  std::string name = protocol::FailureClass_Name(report.failure());
+  if (name.rfind("FAILURE_", 0) == 0) name.erase(0, 8);
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  ++failed_[name];
 }
 
 void DaemonMetrics::Write(metrics::MetricsWriter& out, const Gauges& g) const {

@@ -24,7 +24,8 @@ const state = {
 // ---- API ----------------------------------------------------------------------------------
 
 async function api(path, options = {}) {
-  const res = await fetch(path, { credentials: "same-origin", ...options });
+  // The header tells this server the request comes from its own page (docs/http-api.md).
+  const res = await fetch(path, { credentials: "same-origin", ...options, headers: { "X-Copse-Request": "1", ...(options.headers || {}) } });
   if (res.status === 401) { showLogin(); throw new Error("not logged in"); }
   const body = await res.json().catch(() => ({}));
   if (!res.ok) throw new Error(body.error || res.statusText);
@@ -96,9 +97,11 @@ function connect() {
   es.onopen = () => setConnection("live", "live");
   es.onerror = () => {
     setConnection("down", "reconnecting…");
-    // A stream refused (logged out, job manager gone) is retried by the browser; ask whether
-    // we are still logged in so that a 401 shows the login form.
-    api("/api/v1/whoami").catch(() => {});
+    // A dropped stream the browser retries by itself; one refused (503: too many streams; 401)
+    // it gives up on: connect again in a while, if we are still logged in (a 401 shows the form).
+    if (es.readyState === EventSource.CLOSED) {
+      setTimeout(() => { if (state.events === es) api("/api/v1/whoami").then(connect).catch(() => {}); }, 2000);
+    }
   };
   es.addEventListener("jobs", (ev) => { state.jobs = JSON.parse(ev.data).jobs; renderJobs(); });
   es.addEventListener("daemons", (ev) => { state.daemons = JSON.parse(ev.data).daemons; renderDaemons(); });
@@ -202,9 +205,37 @@ $("#job-cancel").addEventListener("click", async () => {
 
 // ---- the graph, by stage ------------------------------------------------------------------
 
+// The graph is laid out and built once per job; each status then only moves its bars and
+// numbers (a job of 100 stages would otherwise rebuild hundreds of SVG nodes twice a second).
+const dag = { key: null, stages: {} };
+
 function renderDag(job) {
   const stages = job.stages || [];
   const edges = job.edges || [];
+  const key = `${job.id}|${stages.map((s) => s.name).join(",")}|${JSON.stringify(edges)}`;
+  if (key !== dag.key) buildDag(stages, edges, key);
+  for (const s of stages) updateStage(dag.stages[s.name], s);
+}
+
+function updateStage(parts, s) {
+  if (!parts) return;
+  parts.group.setAttribute("class", "stage" + (s.failed_attempts ? " failing" : ""));
+  parts.sub.textContent = `${s.program} · ${s.completed}/${s.total}` + (s.failed_attempts ? ` · ${s.failed_attempts} failed` : "");
+  parts.title.textContent = `${s.name}: ${s.completed} completed, ${s.running} running, ${s.ready} ready, ${s.waiting} waiting`;
+  // The bar: completed, running, ready, waiting, in proportion.
+  let x = 8;
+  for (const k of ["completed", "running", "ready", "waiting"]) {
+    const n = (k === "running" ? (s.running || 0) + (s.sent_ahead || 0) : s[k]) || 0;
+    const w = s.total ? (parts.width * n) / s.total : 0;
+    parts.segments[k].setAttribute("x", x);
+    parts.segments[k].setAttribute("width", w);
+    x += w;
+  }
+}
+
+function buildDag(stages, edges, key) {
+  dag.key = key;
+  dag.stages = {};
   // By stage, a training graph has cycles (step t's update feeds step t+1's forward): the data
   // edges a depth-first walk in the job file's order meets going back are drawn as arcs and
   // left out of the layout. Columns by longest path from a source over the rest.
@@ -256,21 +287,17 @@ function renderDag(job) {
   }
   for (const s of stages) {
     const p = pos[s.name];
-    const g = svg("g", { class: "stage" + (s.failed_attempts ? " failing" : ""), "data-stage": s.name, transform: `translate(${p.x},${p.y})` });
+    const g = svg("g", { class: "stage", "data-stage": s.name, transform: `translate(${p.x},${p.y})` });
     g.append(svg("rect", { class: "box", width: W, height: H }));
     g.append(svg("text", { x: 8, y: 17 }, s.name));
-    g.append(svg("text", { class: "sub", x: 8, y: 32 }, `${s.program} · ${s.completed}/${s.total}` + (s.failed_attempts ? ` · ${s.failed_attempts} failed` : "")));
-    // The bar: completed, running, ready, waiting, in proportion.
-    let x = 8;
-    const bw = W - 16;
+    const parts = { group: g, sub: svg("text", { class: "sub", x: 8, y: 32 }), title: svg("title"), width: W - 16, segments: {} };
+    g.append(parts.sub);
     for (const k of ["completed", "running", "ready", "waiting"]) {
-      const n = (k === "running" ? (s.running || 0) + (s.sent_ahead || 0) : s[k]) || 0;
-      if (!n || !s.total) continue;
-      const w = (bw * n) / s.total;
-      g.append(svg("rect", { class: "seg-" + k, x, y: 40, width: w, height: 9 }));
-      x += w;
+      parts.segments[k] = svg("rect", { class: "seg-" + k, x: 8, y: 40, width: 0, height: 9 });
+      g.append(parts.segments[k]);
     }
-    g.append(svg("title", {}, `${s.name}: ${s.completed} completed, ${s.running} running, ${s.ready} ready, ${s.waiting} waiting`));
+    g.append(parts.title);
+    dag.stages[s.name] = parts;
     g.addEventListener("click", () => { state.vertexPage.stage = s.name; state.vertexPage.offset = 0; $("#vertex-stage").value = s.name; fetchVertices(); });
     root.append(g);
   }
@@ -391,28 +418,27 @@ $("#timeline canvas").addEventListener("mousemove", (ev) => {
   const x = ev.clientX - r.left, y = ev.clientY - r.top;
   const hit = timeline.boxes.find((b) => x >= b.x && x <= b.x + b.w && y >= b.y && y <= b.y + b.h);
   const tip = $("#timeline-tip");
+  timeline.hover = hit;
   if (!hit) { tip.hidden = true; return; }
   tip.hidden = false;
   tip.textContent = `${hit.s[4]} attempt ${hit.s[5]}\n${hit.outcome}, ${fmtMs(hit.end - hit.s[1])}\n${timeline.data.daemons[hit.s[0]]}`;
   tip.style.left = Math.min(x + 12, r.width - 160) + "px";
   tip.style.top = y + 12 + "px";
 });
-$("#timeline canvas").addEventListener("click", () => {
-  const tipText = $("#timeline-tip").hidden ? null : $("#timeline-tip").textContent.split(" attempt")[0];
-  if (tipText) openLog(tipText);
-});
+$("#timeline canvas").addEventListener("click", () => { if (timeline.hover) openLog(timeline.hover.s[4]); });
 window.addEventListener("resize", drawTimeline);
 
 // ---- vertices, a page at a time -----------------------------------------------------------
 
 async function fetchVertices() {
   if (!state.jobId) return;
+  const id = state.jobId;
   const p = state.vertexPage;
   const q = new URLSearchParams({ offset: p.offset, limit: p.limit });
   if (p.stage) q.set("stage", p.stage);
   if (p.state) q.set("state", p.state);
-  const page = await api(`/api/v1/jobs/${state.jobId}/vertices?${q}`).catch(() => null);
-  if (!page) return;
+  const page = await api(`/api/v1/jobs/${id}/vertices?${q}`).catch(() => null);
+  if (!page || id !== state.jobId) return;
   p.total = page.total;
   $("#vertex-page").textContent = page.total ? `${p.offset + 1}–${Math.min(p.offset + p.limit, page.total)} of ${page.total}` : "none";
   $("#vertices tbody").replaceChildren(...page.vertices.map((v) => el("tr", { onclick: () => openLog(v.name) },
@@ -428,8 +454,13 @@ $("#vertex-next").addEventListener("click", () => { const p = state.vertexPage; 
 
 // ---- a vertex's log -------------------------------------------------------------------------
 
+// A vertex's log: its event lines, then what its newest attempt printed, read on from where the
+// last read ended (`next`), so a long log is fetched once, not again every two seconds.
+const printedLog = { vertex: null, attempt: 0, next: 0, records: [] };
+
 function openLog(vertex) {
   state.logVertex = vertex;
+  Object.assign(printedLog, { vertex, attempt: 0, next: 0, records: [] });
   $("#log-panel").hidden = false;
   $("#log-vertex").textContent = vertex;
   fetchLog();
@@ -438,11 +469,18 @@ function openLog(vertex) {
 async function fetchLog() {
   const vertex = state.logVertex;
   const q = new URLSearchParams({ vertex });
+  const read = new URLSearchParams({ vertex, from: printedLog.next });
+  if (printedLog.attempt) read.set("attempt", printedLog.attempt);
   const [printed, events] = await Promise.all([
-    api(`/api/v1/jobs/${state.jobId}/vertex_log?${q}`).catch((e) => ({ error: e.message })),
+    api(`/api/v1/jobs/${state.jobId}/vertex_log?${read}`).catch((e) => ({ error: e.message })),
     api(`/api/v1/jobs/${state.jobId}/logs?${q}`).catch(() => ({ lines: [] })),
   ]);
   if (vertex !== state.logVertex) return;
+  if (!printed.error) {
+    if (printed.attempt !== printedLog.attempt) Object.assign(printedLog, { attempt: printed.attempt, records: [] });
+    printedLog.records.push(...(printed.records || []));
+    printedLog.next = printed.next;
+  }
   const pre = $("#log");
   pre.replaceChildren();
   for (const line of events.lines || []) pre.append(el("div", {}, line));
@@ -451,7 +489,9 @@ async function fetchLog() {
   } else {
     $("#log-note").textContent = `attempt ${printed.attempt} of ${printed.newest}${printed.running ? ", running" : ""}` +
       (printed.daemon ? ` on ${printed.daemon}` : "");
-    for (const r of printed.records || []) pre.append(el("div", { class: r.stream }, r.text));
+    for (const r of printedLog.records) pre.append(el("div", { class: r.stream }, r.text));
+    // A newer attempt started since: read that one from its start next time.
+    if (printed.newest > printed.attempt) Object.assign(printedLog, { attempt: 0, next: 0, records: [] });
   }
 }
 
@@ -483,7 +523,21 @@ async function fetchProgress() {
 
 // ---- start --------------------------------------------------------------------------------
 
+// A link from `copse dashboard` carries its token in the fragment: log in with it, then drop it
+// from the address bar and the history. True when the fragment was such a link.
+async function loginFromLink() {
+  const link = location.hash.match(/^#token=([0-9a-f]+)$/);
+  if (!link) return false;
+  history.replaceState(null, "", location.pathname + "#/");
+  await fetch("/api/v1/login", {
+    method: "POST", credentials: "same-origin", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ token: link[1] }),
+  });
+  return true;
+}
+
 async function start() {
+  await loginFromLink();
   try {
     state.access = (await api("/api/v1/whoami")).access;
   } catch (e) {
@@ -497,5 +551,6 @@ async function start() {
   if (!state.events) connect();
 }
 
-window.addEventListener("hashchange", route);
+// The link opened in a tab that shows the page already only changes its fragment.
+window.addEventListener("hashchange", async () => { if (await loginFromLink()) start(); else route(); });
 start();

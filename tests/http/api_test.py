@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -46,6 +47,10 @@ with Cluster(copse, daemons=2, cpus=2) as cluster:
     link = subprocess.run([copse, "dashboard", "--state-dir", cluster.state], capture_output=True, text=True, check=True).stdout
     viewer = link.strip().split("token=", 1)[1]
     check(viewer != cluster.secret and len(viewer) == 64, "the viewer token is derived, not the secret")
+    admin_link = subprocess.run([copse, "dashboard", "--admin", "--state-dir", cluster.state], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    admin = admin_link.split("#token=", 1)[1]
+    check(admin not in (cluster.secret, viewer), "the admin link carries a derived token, never the secret")
 
     # ---- who may read, who may act ---------------------------------------------------------
     status, body = cluster.request("/api/v1/jobs", token="")
@@ -54,7 +59,11 @@ with Cluster(copse, daemons=2, cpus=2) as cluster:
     check(status == 401, f"a wrong token: {status}")
     check(cluster.request("/api/v1/jobs", token=viewer)[0] == 200, "the viewer token reads")
     check(cluster.get("/api/v1/whoami", token=viewer)["access"] == "viewer", "whoami: viewer")
-    check(cluster.get("/api/v1/whoami")["access"] == "admin", "whoami: admin")
+    check(cluster.get("/api/v1/whoami")["access"] == "admin", "whoami: admin (the secret)")
+    check(cluster.get("/api/v1/whoami", token=admin)["access"] == "admin", "whoami: admin (the admin token)")
+    req = urllib.request.Request(f"http://{cluster.http}/api/v1/whoami", headers={"Authorization": "bearer " + viewer})
+    with urllib.request.urlopen(req) as res:
+        check(json.loads(res.read())["access"] == "viewer", "the scheme's case does not matter")
     status, page = cluster.request("/", token="", raw=True)
     check(status == 200 and "<title>copse</title>" in page, "the dashboard page is served to anyone (it holds no data)")
     check(cluster.request("/dashboard.js", token="", raw=True)[0] == 200, "the dashboard's script")
@@ -94,6 +103,19 @@ with Cluster(copse, daemons=2, cpus=2) as cluster:
     check([v["name"] for v in page["vertices"]] == ["left[2]"], page)
     page = cluster.get(f"/api/v1/jobs/{job}/vertices?state=running", token=viewer)
     check([v["name"] for v in page["vertices"]] == ["sink[0]"] or page["total"] == 0, page)
+
+    # Acting with a session cookie needs the header a page of another origin cannot send.
+    req = urllib.request.Request(f"http://{cluster.http}/api/v1/login", data=json.dumps({"token": admin}).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as res:
+        admin_cookie = res.headers["Set-Cookie"].split(";")[0]
+    req = urllib.request.Request(f"http://{cluster.http}/api/v1/chaos", data=b'{"action": "stop"}', method="POST",
+                                 headers={"Cookie": admin_cookie, "Content-Type": "text/plain"})
+    try:
+        urllib.request.urlopen(req)
+        check(False, "a cookie POST without X-Copse-Request was accepted")
+    except urllib.error.HTTPError as e:
+        check(e.code == 403 and "X-Copse-Request" in json.loads(e.read())["error"], f"CSRF: {e.code}")
 
     # Acting needs the secret.
     status, body = cluster.request(f"/api/v1/jobs/{job}/cancel", method="POST", body={}, token=viewer)
@@ -140,6 +162,14 @@ with Cluster(copse, daemons=2, cpus=2) as cluster:
     status, body = cluster.request("/api/v1/events?job=abc", token=viewer)
     check(status == 400 and "job" in body["error"], f"{status} {body}")
 
+    # ---- history outlives the job manager: the views of finished jobs after a restart --------
+    cluster.restart_jm()
+    jobs = cluster.get("/api/v1/jobs", token=viewer)["jobs"]
+    check([(j["id"], j["state"]) for j in jobs] == [(job, "cancelled"), (job2, "completed")], f"after a restart: {jobs}")
+    tl = cluster.get(f"/api/v1/jobs/{job2}/timeline", token=viewer)
+    check(len(tl["spans"]) == 7 and tl["state"] == "completed", f"a timeline after a restart: {tl}")
+    check(cluster.get(f"/api/v1/jobs/{job2}", token=viewer)["stages"][3]["completed"] == 1, "a status after a restart")
+
     # ---- at most 8 streams at once; the job manager answers the rest -------------------------
     time.sleep(3)  # the stream closed above is noticed at its next write (a comment each second)
     streams = [open_stream(cluster, "/api/v1/events", viewer) for _ in range(8)]
@@ -151,3 +181,21 @@ with Cluster(copse, daemons=2, cpus=2) as cluster:
     for c, _ in streams:
         c.close()
     print("HTTP API test passed")
+
+# ---- a job the scheduler has forgotten (--finished-job-ttl-s 0) is served from its history ----
+with Cluster(copse, daemons=1, extra_jm_flags=("--finished-job-ttl-s", "0")) as cluster:
+    job = cluster.submit(json.load(open(os.path.join(repo, "examples/diamond.json"))))
+    deadline = time.time() + 30
+    while not any(j.get("forgotten") for j in cluster.get("/api/v1/jobs")["jobs"]):
+        check(time.time() < deadline, "the job is never forgotten")
+        time.sleep(0.1)
+    status = cluster.get(f"/api/v1/jobs/{job}")
+    check(status["forgotten"] and status["state"] == "completed" and len(status["edges"]) == 4, status)
+    page = cluster.get(f"/api/v1/jobs/{job}/vertices?stage=left")
+    check([(v["name"], v["state"]) for v in page["vertices"]] == [(f"left[{i}]", "completed") for i in range(3)], page)
+    tl = cluster.get(f"/api/v1/jobs/{job}/timeline?limit=3")
+    check(len(tl["spans"]) == 3 and tl["total_spans"] == 7, tl)
+    check(cluster.get(f"/api/v1/jobs/{job}/progress")["points"] == [], "no progress figures")
+    status, body = cluster.request(f"/api/v1/jobs/{job}/outputs")
+    check(status == 400 and "released" in body["error"], f"{status} {body}")
+    print("forgotten jobs: served from the history")

@@ -4,6 +4,7 @@ directory. Only loopback addresses. Python's standard library only."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -20,18 +21,24 @@ class Cluster:
         self.procs = {}
         self.logs = []
         self.daemon_metrics = daemon_metrics
-        self._start("jm", [copse, "jm", "--listen", "127.0.0.1:0", "--state-dir", self.state, "--http", "127.0.0.1:0",
-                           "--heartbeat-timeout-ms", str(heartbeat_ms), *extra_jm_flags])
-        self.http = self._wait_file(os.path.join(self.state, "http.addr"))
-        self.secret = open(os.path.join(self.state, "secret")).read().strip()
-        for i in range(daemons):
-            self.add_daemon(f"d{i}", cpus)
-        self.wait_daemons(daemons)
+        try:
+            self._start("jm", [copse, "jm", "--listen", "127.0.0.1:0", "--state-dir", self.state, "--http", "127.0.0.1:0",
+                               "--heartbeat-timeout-ms", str(heartbeat_ms), *extra_jm_flags])
+            self.http = self._wait_file(os.path.join(self.state, "http.addr"))
+            self.secret = open(os.path.join(self.state, "secret")).read().strip()
+            for i in range(daemons):
+                self.add_daemon(f"d{i}", cpus)
+            self.wait_daemons(daemons)
+        except BaseException:
+            self.stop()
+            raise
 
     def _start(self, name, argv):
         log = open(os.path.join(self.dir, name + ".log"), "w")
         self.logs.append(log)
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # Ended with this test even when it is killed (a CTest timeout): they die with their parent.
+        env = dict(os.environ, COPSE_DIE_WITH_PARENT="1")
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
     def _wait_file(self, path, timeout=20):
         deadline = time.time() + timeout
@@ -42,6 +49,16 @@ class Cluster:
                     return text
             time.sleep(0.05)
         raise TimeoutError(f"{path} did not appear; job manager log:\n{self.log('jm')}")
+
+    def restart_jm(self):
+        """Stops the job manager (SIGTERM, waited for) and starts it again on its state directory;
+        its HTTP API comes back on a new port."""
+        jm = self.procs["jm"]
+        os.killpg(jm.pid, signal.SIGTERM)
+        jm.wait(timeout=10)
+        os.remove(os.path.join(self.state, "http.addr"))
+        self._start("jm", jm.args)
+        self.http = self._wait_file(os.path.join(self.state, "http.addr"))
 
     def add_daemon(self, name, cpus=2):
         metrics = ["--metrics", "127.0.0.1:0"] if self.daemon_metrics else []
@@ -124,6 +141,8 @@ class Cluster:
                 p.wait()
         for log in self.logs:
             log.close()
+        if not os.environ.get("COPSE_KEEP_TEST_DIRS"):
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self):
         return self

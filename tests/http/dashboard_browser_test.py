@@ -69,7 +69,7 @@ with Cluster(copse, daemons=3, cpus=2) as cluster:
         import subprocess
         link = subprocess.run([copse, "dashboard", "--state-dir", cluster.state], capture_output=True, text=True,
                               check=True, timeout=30).stdout.strip()
-        assert link.startswith(f"http://{cluster.http}/login?token="), link
+        assert link.startswith(f"http://{cluster.http}/#token="), link
         driver.get(link)
         wait_for("read-only access", lambda: driver.find_element(By.ID, "access").text == "read only")
 

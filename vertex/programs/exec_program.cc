@@ -192,6 +192,9 @@ void UseStandardFiles(const ChildSetup& c) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
+  // An ignored SIGPIPE survives exec too, and the daemon ignores it (its HTTP server does):
+  // a program writing into a closed pipe ends as it would from a shell.
+  signal(SIGPIPE, SIG_DFL);
   if (c.memory_limit > 0) {
     const rlimit limit{c.memory_limit, c.memory_limit};
     if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(126);
