@@ -1,5 +1,6 @@
 // `copse jm` and `copse daemon`: the long-running processes.
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
@@ -13,6 +14,30 @@
 #include "vertex/daemon.h"
 
 namespace copse::cli {
+namespace {
+
+/// A HOST:PORT flag a server listens on (--http, --metrics): checked as the flags are read, so
+/// a malformed one is a usage error naming it (exit 2).
+CLI::Validator ListenAddress(const std::string& flag) {
+  return CLI::Validator(
+      [flag](std::string& text) {
+        auto parsed = net::ParseHostPort(text, flag);
+        if (parsed.ok()) return std::string();
+        std::string why = parsed.status().message();  // CLI11 names the flag itself
+        return why.rfind(flag + ": ", 0) == 0 ? why.substr(flag.size() + 2) : why;
+      },
+      "HOST:PORT");
+}
+
+/// Splits a flag ListenAddress checked (when given) into `host` and `port`.
+void SetListenAddress(const std::string& text, std::string& host, std::optional<uint16_t>& port) {
+  if (text.empty()) return;
+  auto parsed = net::ParseHostPort(text, "");
+  host = parsed->first;
+  port = parsed->second;
+}
+
+}  // namespace
 
 void AddJmCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("jm", "Run a job manager");
@@ -72,7 +97,8 @@ void AddJmCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--http", opts->http,
                   "serve the HTTP API, the dashboard and /metrics on HOST:PORT (port 0: any; the address goes to "
-                  "STATE_DIR/http.addr); loopback unless you say otherwise");
+                  "STATE_DIR/http.addr); loopback unless you say otherwise")
+      ->check(ListenAddress("--http"));
   cmd->callback([opts] {
     auto hp = net::ParseHostPort(opts->listen, "--listen");
     if (!hp.ok()) {
@@ -95,16 +121,7 @@ void AddJmCommand(CLI::App& app) {
     o.scheduler.finished_job_ttl = std::chrono::seconds(opts->finished_job_ttl_s);
     o.history_retention = std::chrono::seconds(opts->history_retention_s);
     o.scheduler.daemon_return_grace = std::chrono::milliseconds(opts->daemon_return_grace_ms);
-    if (!opts->http.empty()) {
-      auto http = net::ParseHostPort(opts->http, "--http");
-      if (!http.ok()) {
-        std::cerr << http.status().message() << "\n";
-        ExitCode() = 2;
-        return;
-      }
-      o.http_host = http->first;
-      o.http_port = http->second;
-    }
+    SetListenAddress(opts->http, o.http_host, o.http_port);
     const std::string http_host = o.http_host;
     // Blocked before any thread starts (the HTTP server's workers, the trace streamer): a
     // SIGTERM delivered to one that had it unblocked would end the process at once, with no
@@ -171,7 +188,8 @@ void AddDaemonCommand(CLI::App& app) {
       ->check(CLI::Range(int64_t{0}, int64_t{86400 * 365}))
       ->capture_default_str();
   cmd->add_option("--metrics", opts->metrics,
-                  "serve Prometheus metrics on HOST:PORT/metrics (port 0: any; the address goes to WORK_DIR/metrics.addr)");
+                  "serve Prometheus metrics on HOST:PORT/metrics (port 0: any; the address goes to WORK_DIR/metrics.addr)")
+      ->check(ListenAddress("--metrics"));
   cmd->callback([opts] {
     vertex::DaemonOptions o;
     o.name = opts->name;
@@ -184,16 +202,7 @@ void AddDaemonCommand(CLI::App& app) {
     o.local_socket = opts->local_socket;
     o.reconnect_timeout = std::chrono::seconds(opts->reconnect_timeout_s);
     o.programs = &Programs();
-    if (!opts->metrics.empty()) {
-      auto metrics = net::ParseHostPort(opts->metrics, "--metrics");
-      if (!metrics.ok()) {
-        std::cerr << metrics.status().message() << "\n";
-        ExitCode() = 2;
-        return;
-      }
-      o.metrics_host = metrics->first;
-      o.metrics_port = metrics->second;
-    }
+    SetListenAddress(opts->metrics, o.metrics_host, o.metrics_port);
     for (const auto& l : opts->labels) {
       auto eq = l.find('=');
       if (eq == std::string::npos || eq == 0) {
