@@ -97,6 +97,7 @@ class JmServer::Impl : public DaemonSink {
     }
     COPSE_ASSIGN_OR_RETURN(journal_, Journal::Open(options_.state_dir, options_.journal_fsync));
     scheduler_.set_journal(journal_.get());
+    if (!records.empty()) journal_->Record(scheduler_.RestartRecord());  // before any new attempt's record
     // Rewritten at every start, superseded or not (the job manager does not listen yet): what
     // the replay dropped (a torn tail, jobs that no longer load) goes with the rest. A journal
     // the replay stopped short in is rewritten whatever the compaction settings say: records

@@ -7,6 +7,8 @@
 //   {"t":"regen","job":N,"v":V}                                  a completed vertex must run again
 //   {"t":"end","job":N,"state":"completed","failure":"…"}       a job finished
 //   {"t":"ids","job":N}                                          job ids up to N were handed out
+//   {"t":"restart","job":0,"n":R}                                the R-th restart resumed the jobs
+//                                                                 (attempt versions from R x 10^6 on)
 //
 // Compaction: at start, and once the file outgrows a threshold with half of it superseded, the
 // job manager replaces it with a snapshot of what it knows now (Rewrite): the jobs it still

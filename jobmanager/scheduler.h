@@ -209,6 +209,9 @@ class Scheduler {
   std::vector<Json> Snapshot() const;
   /// How many records Snapshot() would return, without building them.
   size_t SnapshotRecords() const;
+  /// The journal record saying how many restarts this journal has seen (Restore counts one
+  /// more): journaled by Restore, or by whoever sets the journal after it.
+  Json RestartRecord() const;
 
   // ---- jobs ----------------------------------------------------------------------------------
   /// Accepts a validated graph. `job_dir` is where relative paths in params resolve.
@@ -423,6 +426,11 @@ class Scheduler {
   std::vector<std::unique_ptr<Daemon>> daemons_;
   std::map<JobId, std::unique_ptr<Job>> jobs_;
   uint64_t next_job_ = 1;
+  /// How many times jobs were restored from this journal; restart R hands out attempt versions
+  /// from R x kVersionsPerRestart on (uint32 versions: at most kMaxRestarts restarts apart).
+  uint32_t restarts_ = 0;
+  static constexpr uint32_t kVersionsPerRestart = 1'000'000;
+  static constexpr uint32_t kMaxRestarts = 4000;
   /// Counts every event that can let a gang fit where it did not: a slot freed, a daemon
   /// joined or back, a daemon lost (its affinity pins go with it).
   uint64_t capacity_epoch_ = 0;

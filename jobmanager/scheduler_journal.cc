@@ -88,6 +88,10 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
     ++index;
     try {
       const std::string t = rec.at("t");
+      if (t == "restart") {
+        restarts_ = std::max(restarts_, rec.at("n").get<uint32_t>());
+        continue;
+      }
       JobId id(rec.at("job").get<uint64_t>());
       if (id.value() == 0 || id.value() >= kMaxJobId) {
         skip(fmt::format("job {} is not a job id (they run from 1 to 2^53)", id.value()));
@@ -200,20 +204,28 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
     }
   }
   StartRecoveryGrace();
+  // Attempts the old job managers started are unknown, and may still be known to daemons (their
+  // outputs stored, their ends remembered for tasks chained after them): new versions start
+  // above every version any earlier life of this journal could have handed out, so no new
+  // attempt reuses an old one's key. (Bumping by a constant instead gave a second restart in a
+  // row the versions the first had used: a daemon then withdrew tasks chained after an attempt
+  // "that did not succeed" — the old one — over and over.)
+  restarts_ = std::min(restarts_ + 1, kMaxRestarts);
+  if (restarts_ == kMaxRestarts) SchedLog()->warn("the journal has seen {} restarts: attempt versions may repeat", restarts_);
+  const uint32_t version_base = restarts_ * kVersionsPerRestart;
   for (auto& [id, job] : jobs_) {
     if (job->state != JobState::kRunning) continue;  // a finished job's history says all there is
     Log(*job, VertexId::Invalid(),
         "restored from the journal after a job manager restart (attempts running then run again, as new versions)");
-    // Attempts the old job manager started are unknown: new versions start above them so no
-    // new attempt reuses an old output key.
     for (auto& r : job->runs) {
-      if (r.state != VertexState::kCompleted) r.version += 1000;
+      if (r.state != VertexState::kCompleted) r.version = std::max(r.version, version_base);
     }
     std::fill(job->fault_fired.begin(), job->fault_fired.end(), 1);  // injected faults fired already
     job->faults_before_restart_unknown = true;                       // which did is not journaled for a running job
     RecomputePending(*job);
   }
   journal_ = journal;
+  Journal(RestartRecord());
   Schedule();
   return restored;
 }
@@ -224,6 +236,8 @@ void Scheduler::StartRecoveryGrace() {
     if (d->awaiting) d->awaiting_until = until;
   }
 }
+
+Json Scheduler::RestartRecord() const { return {{"t", "restart"}, {"job", 0}, {"n", restarts_}}; }
 
 Json Scheduler::JobRecord(const Job& job) {
   return {{"t", "job"},
@@ -280,11 +294,12 @@ std::vector<Json> Scheduler::Snapshot() const {
     if (job->state != JobState::kRunning) records.push_back(EndRecord(*job));
   }
   if (next_job_ > 1) records.push_back({{"t", "ids"}, {"job", next_job_ - 1}});
+  if (restarts_ > 0) records.push_back(RestartRecord());
   return records;
 }
 
 size_t Scheduler::SnapshotRecords() const {
-  size_t n = next_job_ > 1 ? 1 : 0;
+  size_t n = (next_job_ > 1 ? 1 : 0) + (restarts_ > 0 ? 1 : 0);
   for (const auto& [id, job] : jobs_) n += 1 + job->completed + (job->state != JobState::kRunning ? 1 : 0);
   return n;
 }

@@ -274,7 +274,8 @@ void CheckAJobManagerKilledMidJobResumesIt(
     placed += l.find(" placed on ") != std::string::npos;
   }
   CHECK(restored);
-  CHECK_MESSAGE(placed <= 25 - done_before, "placed " << placed << " after " << done_before << " were done");
+  CHECK_MESSAGE(placed <= 25 - done_before, "placed " << placed << " after " << done_before << " were done; the log:\n"
+                                                      << (*logs)["lines"].dump(1).substr(0, 20000));
   CHECK(placed > 0);
 }
 

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <limits>
 
+#include <algorithm>
+
 #include "jobmanager/journal.h"
 #include "jobmanager/scheduler.h"
 #include "tests/jobmanager/job_test_util.h"
@@ -177,6 +179,41 @@ TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
   CHECK(tasks[1].after(0).vertex() == tasks[0].vertex());
 }
 
+TEST_CASE("Journal.EachRestartHandsOutVersionsNoEarlierLifeCouldHave") {
+  // Two restarts in a row, the first dying before it journaled anything of what it ran: the
+  // second must not hand out the versions the first did (a daemon still knows those attempts:
+  // their outputs, and their ends, after which it withdraws tasks chained behind a failed one).
+  ManualClock clock;
+  std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
+  std::vector<uint32_t> first_versions;
+  for (int life = 0; life < 2; ++life) {
+    RecordingJournal journal;
+    NullSink sink;
+    Scheduler restored(sink, clock);
+    restored.set_journal(&journal);
+    REQUIRE(restored.Restore(records, testing::TestCatalog()) == 1);
+    // What the job manager journals once it has a journal again (jm_server.cc).
+    journal.Record(restored.RestartRecord());
+    REQUIRE(restored.AddDaemon(D0(), {{1, 0, 1, 0}}).ok());
+    restored.Flush();
+    REQUIRE(sink.runs.size() == 1);
+    std::vector<uint32_t> versions;
+    for (const auto& t : sink.runs[0].tasks()) versions.push_back(t.version());
+    if (life == 0) {
+      first_versions = versions;
+      CHECK(versions[0] > 1'000'000);
+    } else {
+      for (size_t i = 0; i < versions.size(); ++i) CHECK(versions[i] > first_versions[i] + 500'000);
+    }
+    // The next life reads what this one journaled (the restart record among it), and compacts
+    // to a snapshot that keeps it.
+    records.insert(records.end(), journal.records.begin(), journal.records.end());
+    const auto snapshot = restored.Snapshot();
+    CHECK(std::count_if(snapshot.begin(), snapshot.end(), [](const Json& r) { return r["t"] == "restart"; }) == 1);
+    CHECK(restored.SnapshotRecords() == snapshot.size());
+  }
+}
+
 TEST_CASE("Journal.ARestoredJobsElapsedTimeCountsFromItsSubmissionOnTheWallClock") {
   // The injected clock's wall time, not the host's: a job restored 5 s after its submission
   // shows 5 s elapsed, whatever the monotonic clock of the new job manager reads.
@@ -205,7 +242,7 @@ TEST_CASE("Journal.ADoneRecordDamagedHalfWayLeavesItsVertexToRunAgain") {
     NullSink sink;
     Scheduler restored(sink, clock);
     CHECK(restored.Restore(records, testing::TestCatalog()) == 1);
-    CHECK(restored.Snapshot().size() == 2);  // the job and the ids, no completion
+    CHECK(restored.Snapshot().size() == 3);  // the job, the ids and the restart, no completion
     REQUIRE(restored.AddDaemon(D0()).ok());
     restored.Flush();
     REQUIRE(sink.runs.size() == 1);
@@ -216,7 +253,7 @@ TEST_CASE("Journal.ADoneRecordDamagedHalfWayLeavesItsVertexToRunAgain") {
   NullSink sink;
   Scheduler restored(sink, clock);
   restored.Restore(records, testing::TestCatalog());
-  CHECK(restored.Snapshot().size() == 2);
+  CHECK(restored.Snapshot().size() == 3);
 }
 
 /// Reports every task sent so far, and every one sent meanwhile, as succeeded.
@@ -509,7 +546,10 @@ TEST_CASE("Journal.RecordsThatContradictTheOthersAreSkippedAndNamed") {
   CHECK_MESSAGE(skipped[2].find("job 1 has no vertex 4294967295") != std::string::npos, skipped[2]);
   CHECK_MESSAGE(skipped[3].find("job 1 has no vertex 99") != std::string::npos, skipped[3]);
   CHECK_MESSAGE(skipped[4].find("unknown record type \"dome\"") != std::string::npos, skipped[4]);
-  CHECK(restored.Snapshot() == old.s.Snapshot());  // what the rewrite keeps: as before the damage
+  // What the rewrite keeps: as before the damage, and that it was restored once.
+  std::vector<Json> expected = old.s.Snapshot();
+  expected.push_back({{"t", "restart"}, {"job", 0}, {"n", 1}});
+  CHECK(restored.Snapshot() == expected);
 }
 
 }  // namespace
