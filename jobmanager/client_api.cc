@@ -206,13 +206,15 @@ Json ClientApi::ForgottenSummary(JobId job) const {
   return status;
 }
 
-Json ClientApi::JobsSince(int64_t since_unix_ms) const {
+Json ClientApi::JobsSince(int64_t since_unix_ms, size_t max_jobs) const {
+  max_jobs = std::min(max_jobs, kMaxJobRows);
   std::map<uint64_t, Json> rows;
   for (Json& row : scheduler_.JobsTable()) {
     const uint64_t id = row["id"].get<uint64_t>();  // read before the row is moved from
     if (row.value("submitted_unix_ms", int64_t{0}) >= since_unix_ms) rows[id] = std::move(row);
   }
-  for (const Json* kept : history_.Summaries(since_unix_ms)) {
+  // Only the newest are read: a history of many thousand jobs costs a watcher nothing per look.
+  for (const Json* kept : history_.Summaries(since_unix_ms, max_jobs)) {
     const Json& summary = *kept;
     const uint64_t id = summary.value("id", uint64_t{0});
     if (rows.count(id)) continue;
@@ -228,9 +230,8 @@ Json ClientApi::JobsSince(int64_t since_unix_ms) const {
                 {"forgotten", true}};
     if (summary.contains("failure")) rows[id]["failure"] = summary["failure"];
   }
-  // The newest kMaxJobRows: a reply must stay well within one control message.
-  constexpr size_t kMaxJobRows = 10000;
-  while (rows.size() > kMaxJobRows) rows.erase(rows.begin());
+  // The newest: a reply must stay well within one control message.
+  while (rows.size() > max_jobs) rows.erase(rows.begin());
   Json out = Json::array();
   for (auto& [id, row] : rows) out.push_back(std::move(row));
   return out;

@@ -30,8 +30,9 @@ class ClientApi {
   /// A job's status, live or as its history keeps it (with "forgotten": true), or null.
   Json Status(JobId job);
   /// `copse jobs`: the jobs held and those the history keeps, submitted at or after
-  /// `since_unix_ms`, by id (the newest 10,000).
-  Json JobsSince(int64_t since_unix_ms) const;
+  /// `since_unix_ms`, by id: the newest `max_jobs` (at most 10,000, what one reply holds).
+  Json JobsSince(int64_t since_unix_ms, size_t max_jobs = kMaxJobRows) const;
+  static constexpr size_t kMaxJobRows = 10000;
   /// A job's trace, live or from its history, with at most the newest `max_spans` spans.
   Result<TraceSnapshot> Trace(JobId job, size_t max_spans = SIZE_MAX) const;
   /// Vertices of a job, a page at a time (see Scheduler::VertexPage); a forgotten job's from its

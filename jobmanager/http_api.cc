@@ -329,8 +329,8 @@ class HttpApi::Impl {
     Cached* one = job.valid() ? &shared_[job.value()] : nullptr;
     if (!fresh(table) || (one && !fresh(*one))) {
       const bool ran = run_([&] {
-        Json jobs = *api_.Answer("jobs", Json::object()), daemons = *api_.Answer("daemons", Json::object());
-        jobs.erase("op"), daemons.erase("op");
+        Json jobs = {{"jobs", api_.JobsSince(0, kStreamedJobs)}}, daemons = *api_.Answer("daemons", Json::object());
+        daemons.erase("op");
         table.text = DumpJson(jobs);
         table.daemons = DumpJson(daemons);
         table.at = now;
@@ -361,6 +361,8 @@ class HttpApi::Impl {
   RunOnLoop run_;
   ServerMetrics server_metrics_;
   std::atomic<int> traces_{0};  // being copied or sent
+  /// The event streams' jobs table: the newest this many (GET /api/v1/jobs has them all).
+  static constexpr size_t kStreamedJobs = 500;
   std::mutex shared_mu_;
   std::map<uint64_t, Cached> shared_;  // 0: the jobs table and daemons; else a job's status
   http::HttpServer server_;            // last: stopped (its handlers ended) before the rest goes

@@ -392,11 +392,12 @@ std::vector<JobId> JobHistory::Jobs() const {
   return jobs;
 }
 
-std::vector<const Json*> JobHistory::Summaries(int64_t since_unix_ms) const {
+std::vector<const Json*> JobHistory::Summaries(int64_t since_unix_ms, size_t max_jobs) const {
   std::vector<const Json*> out;
-  for (const auto& [id, summary] : summaries_) {
-    if (Int64Of(summary, "submitted_unix_ms") >= since_unix_ms) out.push_back(&summary);
+  for (auto it = summaries_.rbegin(); it != summaries_.rend() && out.size() < max_jobs; ++it) {
+    if (Int64Of(it->second, "submitted_unix_ms") >= since_unix_ms) out.push_back(&it->second);
   }
+  std::reverse(out.begin(), out.end());
   return out;
 }
 

@@ -89,8 +89,9 @@ class JobHistory final : public HistorySink {
   /// The final status of a finished job (null when there is none), without its progress series.
   /// Valid until the next JobFinished or Prune.
   const Json* Summary(JobId job) const;
-  /// The summaries of finished jobs submitted at or after `since_unix_ms` (as Summary's).
-  std::vector<const Json*> Summaries(int64_t since_unix_ms) const;
+  /// The summaries of finished jobs submitted at or after `since_unix_ms` (as Summary's), the
+  /// newest `max_jobs` of them (by id), oldest first.
+  std::vector<const Json*> Summaries(int64_t since_unix_ms, size_t max_jobs = SIZE_MAX) const;
   /// The progress figures a finished job's programs reported over time (its summary's
   /// "progress_series", kept apart from it on disk: the summaries stay small in memory); an
   /// empty array when none.

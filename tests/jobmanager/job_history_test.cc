@@ -57,6 +57,32 @@ TEST_CASE("JobHistory.LinesSpansAndSummariesReadBack") {
   CHECK(TraceJson(trace)["traceEvents"][0]["name"] == "a[1]");
   CHECK((*history)->Summaries(0).size() == 1);
   CHECK((*history)->Summaries((int64_t{1} << 41) + 1).empty());
+  CHECK((*history)->Summaries(0, 0).empty());  // the newest none
+}
+
+TEST_CASE("JobHistory.SummariesAreTheNewestAndTheProgressSeriesIsKeptApart") {
+  TempDir dir;
+  {
+    auto history = JobHistory::Open(dir.path);
+    REQUIRE(history.ok());
+    for (uint64_t id = 1; id <= 3; ++id) {
+      (*history)->JobFinished(
+          JobId(id),
+          {{"id", id}, {"submitted_unix_ms", 1000 * id}, {"progress_series", Json::array({{{"step", 1}, {"loss", 2.5}}})}});
+    }
+    const auto newest = (*history)->Summaries(0, 2);
+    REQUIRE(newest.size() == 2);
+    CHECK((*newest[0])["id"] == 2);  // oldest first
+    CHECK((*newest[1])["id"] == 3);
+    CHECK_FALSE((*history)->Summary(JobId(3))->contains("progress_series"));  // not held with the summary
+    CHECK((*history)->ProgressSeries(JobId(3))[0]["loss"] == 2.5);            // before it is written
+    (*history)->Flush();
+  }
+  auto reopened = JobHistory::Open(dir.path);
+  REQUIRE(reopened.ok());
+  CHECK((*reopened)->Summaries(2000).size() == 2);
+  CHECK((*reopened)->ProgressSeries(JobId(1))[0]["step"] == 1);  // from progress.json
+  CHECK((*reopened)->ProgressSeries(JobId(9)).empty());
 }
 
 TEST_CASE("JobHistory.DamagedFilesAreSkippedNotThrown") {
