@@ -450,6 +450,7 @@ Result<std::unique_ptr<OutputStore>> OutputStore::Make(fs::path dir, uint64_t me
   if (ec) return Status::IOError("cannot make output directory " + dir.string() + " private: " + ec.message());
   std::unique_ptr<OutputStore> store(new OutputStore(std::move(dir), memory_budget_bytes));
   store->AdoptEarlierOutputs();
+  store->PruneDamaged();
   return store;
 }
 
@@ -574,6 +575,9 @@ void OutputStore::AdoptEarlierOutputs() {
         fs::create_directories(aside.parent_path(), mv_ec);
         if (!mv_ec) fs::rename(f.path(), aside, mv_ec);
         if (mv_ec) fs::remove(f.path(), mv_ec);
+        // Kept kDamagedKeepDays from now (PruneDamaged), however old the file was.
+        std::error_code touch_ec;
+        if (!mv_ec) fs::last_write_time(aside, fs::file_time_type::clock::now(), touch_ec);
         Logger("chan")->warn("output store {}: {} is damaged ({}); {}", dir_.string(), f.path().string(),
                              counted.status().message(), mv_ec ? "removed" : "moved to " + aside.string());
         ++damaged;
@@ -593,6 +597,44 @@ void OutputStore::AdoptEarlierOutputs() {
         "output store {}: kept {} file outputs of an earlier process, set {} damaged ones aside, "
         "removed {} other entries{}",
         dir_.string(), adopted, damaged, removed, same_boot ? "" : " (written before the last boot)");
+  }
+}
+
+void OutputStore::PruneDamaged() {
+  struct Aside {
+    fs::file_time_type written;
+    uint64_t bytes;
+    fs::path path;
+  };
+  std::vector<Aside> files;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir_ / kDamagedDir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code f_ec;
+    if (!it->is_regular_file(f_ec)) continue;
+    const auto written = it->last_write_time(f_ec);
+    const uint64_t bytes = it->file_size(f_ec);
+    if (!f_ec) files.push_back({written, bytes, it->path()});
+  }
+  std::sort(files.begin(), files.end(), [](const Aside& a, const Aside& b) { return a.written > b.written; });  // newest first
+  const auto cutoff = fs::file_time_type::clock::now() - std::chrono::hours(24 * kDamagedKeepDays);
+  uint64_t kept = 0;
+  size_t removed = 0;
+  for (const Aside& f : files) {
+    if (f.written >= cutoff && kept + f.bytes <= kDamagedMaxBytes) {
+      kept += f.bytes;
+      continue;
+    }
+    std::error_code rm_ec;
+    removed += fs::remove(f.path, rm_ec);
+  }
+  if (removed > 0) {
+    Logger("chan")->info("output store {}: removed {} damaged files set aside more than {} days ago or beyond {} MiB",
+                         dir_.string(), removed, kDamagedKeepDays, kDamagedMaxBytes >> 20);
+  }
+  // Job folders left empty go too.
+  for (fs::directory_iterator it(dir_ / kDamagedDir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code e_ec;
+    if (it->is_directory(e_ec) && fs::is_empty(it->path(), e_ec)) fs::remove(it->path(), e_ec);
   }
 }
 

@@ -27,7 +27,9 @@
 // re-run their vertices. It removes temporary and foreign files, and every output when the
 // machine has rebooted since they were written (they were never synced); an output file that
 // does not parse (damaged while the daemon was down) is not served but moved to
-// `dir/damaged/job<J>/` with a warning naming the file and what is wrong, for a person.
+// `dir/damaged/job<J>/` with a warning naming the file and what is wrong, for a person. What
+// is set aside is kept kDamagedKeepDays days, and at most kDamagedMaxBytes of it (the newest):
+// a disk that keeps damaging files must not fill up with them.
 // Whoever no longer needs an adopted output drops it like any other.
 //
 // Thread-safety: every method may be called from any thread. Readers and writers are each used
@@ -95,6 +97,8 @@ class OutputStore {
  public:
   /// Where damaged output files found at Make are set aside, under `dir`.
   static constexpr const char* kDamagedDir = "damaged";
+  static constexpr int kDamagedKeepDays = 7;
+  static constexpr uint64_t kDamagedMaxBytes = 1ull << 30;
 
   /// `dir`: where file outputs (and spilled memory outputs) live; created if absent.
   /// `memory_budget_bytes`: the most bytes memory outputs (stored and being written) may hold;
@@ -182,6 +186,9 @@ class OutputStore {
   /// At Make: stores the complete output files found in `dir_`, sets damaged ones aside and
   /// removes the rest (see above).
   void AdoptEarlierOutputs();
+  /// At Make, after AdoptEarlierOutputs: removes what was set aside longer than
+  /// kDamagedKeepDays ago, then the oldest until at most kDamagedMaxBytes are left.
+  void PruneDamaged();
   bool TryReserve(uint64_t bytes);
   void Release(uint64_t bytes);
   std::filesystem::path JobDir(uint64_t job) const;

@@ -506,6 +506,30 @@ TEST_CASE("OutputStore.MakeKeepsTheCompleteFileOutputsOfAnEarlierProcess" * doct
   store->DropJob(1);
   CHECK(CountFiles(dir.path() / "outputs" / "job7", ".out") == 1);
   CHECK(MakeStore(dir)->List() == std::vector<OutputKey>{other_job});  // what was set aside is not adopted later
+
+  // What is set aside goes after kDamagedKeepDays.
+  std::filesystem::last_write_time(damaged / "v9.1.p0.10.out", std::filesystem::file_time_type::clock::now() -
+                                                                   std::chrono::hours(24 * OutputStore::kDamagedKeepDays + 1));
+  MakeStore(dir);
+  CHECK(CountFiles(damaged, ".out") == 1);
+  CHECK(!std::filesystem::exists(damaged / "v9.1.p0.10.out"));
+}
+
+TEST_CASE("OutputStore.DamagedFilesSetAsideAreBoundedInBytesTheNewestKept") {
+  TempDir dir;
+  const auto aside = dir.path() / "outputs" / OutputStore::kDamagedDir / "job3";
+  std::filesystem::create_directories(aside);
+  const uint64_t part = OutputStore::kDamagedMaxBytes / 2 + 1;  // two of them do not fit
+  const auto now = std::filesystem::file_time_type::clock::now();
+  for (int i = 0; i < 3; ++i) {
+    const auto file = aside / ("v" + std::to_string(i) + ".out");
+    std::ofstream(file).close();
+    std::filesystem::resize_file(file, part);  // sparse: no disk used
+    std::filesystem::last_write_time(file, now - std::chrono::minutes(10 - i));
+  }
+  MakeStore(dir);
+  CHECK(CountFiles(aside, ".out") == 1);
+  CHECK(std::filesystem::exists(aside / "v2.out"));  // the newest
 }
 
 TEST_CASE("OutputStore.AnOutputFileWithTrailingBytesIsSetAside" * doctest::timeout(10)) {
