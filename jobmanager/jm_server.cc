@@ -80,7 +80,7 @@ class JmServer::Impl : public DaemonSink {
     // Their event lines and attempts from before the restart: traces and logs of their whole life.
     for (uint64_t id : scheduler_.JobIds()) {
       const auto events = history_->Load(JobId(id));
-      scheduler_.RestoreHistory(JobId(id), events->lines, events->spans);
+      scheduler_.RestoreHistory(JobId(id), events->lines, events->spans, events->progress);
       // Finished, but the job manager stopped before its summary was written.
       if (!history_->Summary(JobId(id))) {
         if (auto summary = scheduler_.FinalSummary(JobId(id))) history_->JobFinished(JobId(id), *summary);

@@ -146,6 +146,13 @@ void JobHistory::JobSpan(JobId job, const HistorySpan& s) {
   fmt::format_to(std::back_inserter(*out), ",\"b\":{}}}\n", s.log_lines_before_end);
 }
 
+void JobHistory::JobProgress(JobId job, const Json& point) {
+  const std::string text = DumpJson(point);
+  std::string* out = Room(job, text.size() + 8);
+  if (!out) return;
+  *out += "{\"p\":" + text + "}\n";
+}
+
 void JobHistory::JobFinished(JobId job, const Json& summary) {
   // Written at the next Flush, off the path of the reply that the job ended.
   Json& kept = summaries_[job.value()] = summary;
@@ -329,6 +336,8 @@ std::shared_ptr<const JobHistory::Events> JobHistory::Load(JobId job) const {
       span.log_lines_before_end = b != r.end() && b->is_number_unsigned() ? b->get<size_t>() : 0;
       events->names.try_emplace(span.vertex, span.vertex_name, span.stage);
       events->spans.push_back(std::move(span));
+    } else if (auto p = r.find("p"); p != r.end() && p->is_object()) {
+      events->progress.push_back(std::move(*p));
     } else if (auto t = r.find("truncated"); t != r.end() && t->is_boolean() && t->get<bool>()) {
       events->truncated = true;
     }

@@ -51,6 +51,7 @@ class JobHistory final : public HistorySink {
   // ---- HistorySink: as the job runs ----------------------------------------------------------
   void JobLine(JobId job, VertexId vertex, const std::string& line) override;
   void JobSpan(JobId job, const HistorySpan& span) override;
+  void JobProgress(JobId job, const Json& point) override;
   void JobFinished(JobId job, const Json& summary) override;
   /// Writes the buffered events, and the summaries of the jobs that finished since, to their
   /// files. The job manager calls it every tick (50 ms), not on the path of each reply: a crash
@@ -76,6 +77,7 @@ class JobHistory final : public HistorySink {
     std::vector<std::pair<VertexId, std::string>> lines;
     std::vector<HistorySpan> spans;
     std::map<uint32_t, std::pair<std::string, std::string>> names;  // vertex -> (name, stage)
+    std::vector<Json> progress;                                     // the progress series' points
     bool truncated = false;                                         // it reached kMaxEventBytes
   };
   /// What events.jsonl holds of `job` (empty when nothing); lines that do not parse are

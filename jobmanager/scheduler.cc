@@ -642,6 +642,7 @@ void Scheduler::NoteProgress(Job& job, const Json& figures) {
     for (const auto& [key, value] : figures.items()) {
       if (value.is_number()) point[key] = value;
     }
+    if (history_) history_->JobProgress(job.id, point);
     job.progress_points.push_back(std::move(point));
     if (job.progress_points.size() >= kMaxProgressPoints) {  // keep every other one, and record half as often
       for (size_t i = 0; 2 * i < job.progress_points.size(); ++i) job.progress_points[i] = std::move(job.progress_points[2 * i]);

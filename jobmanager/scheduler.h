@@ -80,12 +80,14 @@ struct HistorySpan {
 };
 
 /// Where a job's history goes as it runs (job_history.h): its event lines, its ended
-/// attempts, and its final status when it finishes.
+/// attempts, the points of its progress series (ProgressSeries), and its final status when it
+/// finishes.
 class HistorySink {
  public:
   virtual ~HistorySink() = default;
   virtual void JobLine(JobId job, VertexId vertex, const std::string& line) = 0;
   virtual void JobSpan(JobId job, const HistorySpan& span) = 0;
+  virtual void JobProgress(JobId /*job*/, const Json& /*point*/) {}
   virtual void JobFinished(JobId job, const Json& summary) = 0;
 };
 
@@ -191,7 +193,9 @@ class Scheduler {
   void set_history(HistorySink* history) { history_ = history; }
   /// Puts back a restored job's event lines and ended attempts from before the restart (its
   /// history), ahead of what the restore logged; attempts still running then are lost.
-  void RestoreHistory(JobId job, std::vector<std::pair<VertexId, std::string>> lines, std::vector<HistorySpan> spans);
+  /// `progress`: the points of its progress series from before the restart (its loss curve).
+  void RestoreHistory(JobId job, std::vector<std::pair<VertexId, std::string>> lines, std::vector<HistorySpan> spans,
+                      std::vector<Json> progress = {});
   /// A finished job's final status as its history keeps it (nothing for a running job).
   std::optional<Json> FinalSummary(JobId job) const;
   /// The running and remembered jobs' ids.

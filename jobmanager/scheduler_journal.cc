@@ -25,9 +25,18 @@ DaemonId Scheduler::PlaceholderDaemon(const std::string& name) {
   return id;
 }
 
-void Scheduler::RestoreHistory(JobId id, std::vector<std::pair<VertexId, std::string>> lines, std::vector<HistorySpan> spans) {
+void Scheduler::RestoreHistory(JobId id, std::vector<std::pair<VertexId, std::string>> lines, std::vector<HistorySpan> spans,
+                               std::vector<Json> progress) {
   Job* job = FindJob(id);
   if (!job) return;
+  // Its loss curve from before, ahead of what came since; thinned as NoteProgress thins it.
+  progress.insert(progress.end(), job->progress_points.begin(), job->progress_points.end());
+  while (progress.size() >= kMaxProgressPoints) {
+    for (size_t i = 0; 2 * i < progress.size(); ++i) progress[i] = std::move(progress[2 * i]);
+    progress.resize((progress.size() + 1) / 2);
+    job->progress_stride *= 2;
+  }
+  job->progress_points = std::move(progress);
   // A name the restore knows (a daemon holding outputs, awaited) keeps its id; any other is
   // one that ran attempts and holds nothing: a lost entry of its own, for the trace's names.
   std::map<std::string, DaemonId> by_name;

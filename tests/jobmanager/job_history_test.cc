@@ -78,6 +78,16 @@ TEST_CASE("JobHistory.SummariesAreTheNewestAndTheProgressSeriesIsKeptApart") {
     CHECK((*history)->ProgressSeries(JobId(3))[0]["loss"] == 2.5);            // before it is written
     (*history)->Flush();
   }
+  {
+    // A running job's points go with its events, for a restarted job manager to put back.
+    auto history = JobHistory::Open(dir.path);
+    REQUIRE(history.ok());
+    (*history)->JobProgress(JobId(5), {{"step", 7}, {"loss", 1.25}});
+    (*history)->Flush();
+    const auto events = (*history)->Load(JobId(5));
+    REQUIRE(events->progress.size() == 1);
+    CHECK(events->progress[0]["loss"] == 1.25);
+  }
   auto reopened = JobHistory::Open(dir.path);
   REQUIRE(reopened.ok());
   CHECK((*reopened)->Summaries(2000).size() == 2);

@@ -214,6 +214,17 @@ TEST_CASE("Journal.EachRestartHandsOutVersionsNoEarlierLifeCouldHave") {
   }
 }
 
+TEST_CASE("Journal.ARestoredJobKeepsItsProgressSeries") {
+  ManualClock clock;
+  NullSink sink;
+  Scheduler restored(sink, clock);
+  REQUIRE(restored.Restore(JournalOfAChainWhoseFirstVertexIsDone(clock), testing::TestCatalog()) == 1);
+  restored.RestoreHistory(JobId(1), {}, {}, {{{"elapsed_s", 0.5}, {"step", 1}, {"loss", 2.0}}});
+  const Json series = restored.ProgressSeries(JobId(1));
+  REQUIRE(series.size() == 1);
+  CHECK(series[0]["loss"] == 2.0);
+}
+
 TEST_CASE("Journal.ARestoredJobsElapsedTimeCountsFromItsSubmissionOnTheWallClock") {
   // The injected clock's wall time, not the host's: a job restored 5 s after its submission
   // shows 5 s elapsed, whatever the monotonic clock of the new job manager reads.
