@@ -159,7 +159,7 @@ function renderDaemons() {
   for (const d of state.daemons) {
     if (d.superseded) continue;
     const labels = Object.entries(d.labels || {}).map(([k, v]) => `${k}=${v}`).join(" ");
-    const used = d.cpus ? `${Math.round((100 * (d.cpus - d.free_cpus)) / d.cpus)} %` : "";
+    const used = d.alive && d.cpus ? `${Math.round((100 * (d.cpus - d.free_cpus)) / d.cpus)} %` : "";  // a lost one: none
     body.append(el("tr", { "data-daemon": d.name },
       el("td", {}, d.name), el("td", {}, el("span", { class: "state " + (d.alive ? "completed" : "failed") }, d.state)),
       el("td", {}, String(d.cpus)), el("td", {}, used), el("td", {}, String(d.gpus)),
