@@ -144,7 +144,11 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   job->gang_waits.assign(job->g().gangs().size(), {});
   job->gang_needs.emplace(job->g());
   job->priority = Priorities(job->g());
-  for (const auto& o : job->g().spec().outputs) job->declared[job->g().FindVertex(o.from.ToString()).value()] = 1;
+  for (const auto& o : job->g().spec().outputs) {
+    const uint32_t v = job->g().FindVertex(o.from.ToString()).value();
+    if (!job->declared[v]) job->declared_vertices.push_back(v);
+    job->declared[v] = 1;
+  }
   Job& j = *job;
   jobs_[j.id] = std::move(job);
   return j;

@@ -171,6 +171,12 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
           continue;
         }
         job->state = state == "completed" ? JobState::kCompleted : state == "failed" ? JobState::kFailed : JobState::kCancelled;
+        if (job->state == JobState::kCompleted) {
+          // Every vertex completed; a snapshot names only those whose outputs the job declared
+          // (the others' outputs were released when it ended, and they run no more).
+          for (Run& r : job->runs) r.state = VertexState::kCompleted;
+          job->completed = job->runs.size();
+        }
         job->failure = rec.value("failure", std::string());
         job->finished = clock_.Now();
         // At most 2^40 ms (35 years): beyond int64 nanoseconds lies undefined behaviour.
@@ -297,8 +303,16 @@ std::vector<Json> Scheduler::Snapshot() const {
   std::vector<Json> records;
   for (const auto& [id, job] : jobs_) {
     records.push_back(JobRecord(*job));
-    for (uint32_t v = 0; v < job->runs.size(); ++v) {
-      if (job->runs[v].state == VertexState::kCompleted) records.push_back(DoneRecord(*job, VertexId(v)));
+    if (job->state == JobState::kCompleted) {
+      // What a completed job still needs of its vertices: where its declared outputs are (the
+      // rest were released at its end). A million-vertex job snapshots in a few records.
+      for (uint32_t v : job->declared_vertices) {
+        if (job->runs[v].daemon.valid()) records.push_back(DoneRecord(*job, VertexId(v)));
+      }
+    } else {
+      for (uint32_t v = 0; v < job->runs.size(); ++v) {
+        if (job->runs[v].state == VertexState::kCompleted) records.push_back(DoneRecord(*job, VertexId(v)));
+      }
     }
     if (job->state != JobState::kRunning) records.push_back(EndRecord(*job));
   }
@@ -309,7 +323,10 @@ std::vector<Json> Scheduler::Snapshot() const {
 
 size_t Scheduler::SnapshotRecords() const {
   size_t n = (next_job_ > 1 ? 1 : 0) + (restarts_ > 0 ? 1 : 0);
-  for (const auto& [id, job] : jobs_) n += 1 + job->completed + (job->state != JobState::kRunning ? 1 : 0);
+  for (const auto& [id, job] : jobs_) {
+    const size_t done = job->state == JobState::kCompleted ? job->declared_vertices.size() : job->completed;
+    n += 1 + done + (job->state != JobState::kRunning ? 1 : 0);
+  }
   return n;
 }
 

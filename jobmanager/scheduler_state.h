@@ -168,6 +168,7 @@ struct Scheduler::Job {
   std::map<std::pair<uint32_t, uint32_t>, size_t> open_spans;  // (vertex, version) -> index
   std::vector<std::vector<double>> stage_seconds;              // per stage: wall time of completed attempts
   std::vector<char> declared;                                  // per vertex: a job output reads it, so it is never released
+  std::vector<uint32_t> declared_vertices;                     // those vertices, once each
   std::vector<char> settled;                                   // per vertex: no fault can make it run again (Settle)
   bool retains = false;                                        // a stage retains outputs: only then is settling worth its walk
   uint64_t local_input_bytes = 0, remote_input_bytes = 0;      // what placement achieved
