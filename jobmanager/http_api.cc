@@ -275,11 +275,9 @@ class HttpApi::Impl {
   /// Server-Sent Events: `jobs` (the jobs table), `daemons` and, with ?job=N, `job` (its
   /// status), each when it changed, looked at every interval.
   Response Events(const Request& req) {
-    const JobId job = req.Param("job").empty() ? JobId::Invalid() : [&] {
-      auto id = NumberParam(req, "job", 0, 1, UINT64_MAX);
-      return id.ok() ? JobId(*id) : JobId::Invalid();
-    }();
-    if (!req.Param("job").empty() && !job.valid()) return Response::Error(400, "query parameter job: expected a job id");
+    auto id = NumberParam(req, "job", 0, 1, UINT64_MAX);  // 0: no job asked for
+    if (!id.ok()) return Response::Error(400, id.status().message());
+    const JobId job = *id ? JobId(*id) : JobId::Invalid();
     Response r;
     r.content_type = "text/event-stream";
     r.stream = [this, job](const http::StreamWrite& write) {

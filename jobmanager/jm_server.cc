@@ -537,9 +537,9 @@ class JmServer::Impl : public DaemonSink {
   /// Group commit, then compaction when due.
   void FlushJournal() {
     const auto started = std::chrono::steady_clock::now();
-    const uint64_t unflushed = journal_->bytes();
+    const uint64_t bytes_before = journal_->bytes();
     if (Status st = journal_->Flush(); !st.ok()) JmLog()->error("{}", st.message());
-    if (journal_->bytes() != unflushed) {  // a commit (an empty flush is not one)
+    if (journal_->bytes() != bytes_before) {  // a commit (an empty flush is not one)
       journal_commit_s_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     }
     if (journal_->bytes() >= std::max(options_.journal_compact_bytes, retry_compaction_at_) && CompactionDue()) {

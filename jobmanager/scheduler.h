@@ -214,7 +214,8 @@ class Scheduler {
   /// How many records Snapshot() would return, without building them.
   size_t SnapshotRecords() const;
   /// The journal record saying how many restarts this journal has seen (Restore counts one
-  /// more): journaled by Restore, or by whoever sets the journal after it.
+  /// more): whoever owns the journal appends it after Restore, before any new attempt's record,
+  /// and Snapshot carries it.
   Json RestartRecord() const;
 
   // ---- jobs ----------------------------------------------------------------------------------

@@ -240,7 +240,6 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
     RecomputePending(*job);
   }
   journal_ = journal;
-  Journal(RestartRecord());
   Schedule();
   return restored;
 }
