@@ -93,6 +93,11 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
                    "Clip the gradients' global L2 norm to this before each step (0: never; data-parallel and "
                    "tensor-parallel jobs)");
   AddPrecisionFlag(cmd, o.precision);
+  cmd->add_option("--device", o.device,
+                  "cpu, or cuda: every compute vertex takes a GPU (resources.gpus 1; daemons started with --gpus) "
+                  "and keeps its model, activations and gradients on it")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_option("--optimizer", o.optimizer, "sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();

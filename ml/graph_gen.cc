@@ -40,6 +40,13 @@ class JobBuilder {
   }
   /// Gives the last stage added `gpus` GPUs per vertex.
   void Gpus(int gpus) { stages_.back()["resources"]["gpus"] = gpus; }
+  /// With --device cuda, the last stage added (a compute stage: its vertices hold a model, a
+  /// batch or gradients) takes a GPU per vertex and computes on it (params.device).
+  void ComputeOn(const std::string& device) {
+    if (device == "cpu") return;
+    Gpus(1);
+    stages_.back()["params"]["device"] = device;
+  }
   /// An `nccl` edge: joins `from` and `to` into one gang's NCCL group.
   void NcclEdge(const std::string& from, int from_port, const std::string& to, int to_port) {
     edges_.push_back({{"from", from}, {"to", to}, {"from_port", from_port}, {"to_port", to_port}, {"channel", "nccl"}});
@@ -116,6 +123,9 @@ Status Check(const GraphOptions& o) {
   if ((o.reducer == "ring" || o.reducer == "nccl") && o.workers < 2) return bad("--reducer " + o.reducer, "--workers >= 2");
   if (o.reducer == "nccl" && o.kind != "data-parallel") return bad("--reducer nccl", "data-parallel");
   if (o.fanin < 2) return bad("--fanin", ">= 2");
+  if (o.device != "cpu" && o.device != "cuda") return bad("--device", "cpu or cuda");
+  if (o.device == "cuda" && o.tensor_parallel > 1)
+    return bad("--device cuda", "--tensor-parallel 1 (tensor-parallel gangs compute on the CPU for now)");
   if (o.epochs < 1) return bad("--epochs", ">= 1");
   if (o.batch < 1 || o.batch > programs::kMaxBatch) return bad("--batch", "1.." + std::to_string(programs::kMaxBatch));
   if (o.kind != "tensor-parallel") {
@@ -202,6 +212,7 @@ Json Config(const GraphOptions& o, int64_t steps) {
   if (o.kind == "tensor-parallel") return c;
   if (o.kind != "pipeline") c["workers"] = o.workers;
   if (o.kind == "data-parallel") c["reducer"] = o.reducer;
+  if (o.device != "cpu") c["device"] = o.device;
   if (o.kind != "data-parallel") {
     c["stages"] = o.stages;
     c["microbatches"] = o.microbatches;
@@ -256,13 +267,16 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
     if (o.loader_vertices)
       b.Stage("load" + std::to_string(w), "ml.load", steps, With(common, {{"workers", W}, {"worker", w}}), 0.1);
     b.Stage("grad" + std::to_string(w), "ml.grad", steps, gp, o.threads, replicated ? "w" + std::to_string(w) : "");
+    b.ComputeOn(o.device);
   }
   // Updates: one per step ("params" affinity), or with a ring or NCCL one per worker and step.
   const int U = replicated ? W : 1;
   auto upd = [&](int w) { return replicated ? upd_prefix + std::to_string(w) : upd_prefix; };
-  for (int w = 0; w < U; ++w)
+  for (int w = 0; w < U; ++w) {
     b.Stage(upd(w), o.reducer == "ps" ? "ml.ps" : "ml.update", steps, UpdateParams(common, 0, -1, steps),
             DataParallelUpdateCpus(o), replicated ? "w" + std::to_string(w) : "params");
+    b.ComputeOn(o.device);
+  }
   // Reducers.
   const int rounds = 2 * (W - 1);
   std::vector<std::vector<int>> levels;  // tree: nodes per level, as counts of children
@@ -276,6 +290,7 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
       n = nodes;
     } while (n > 1);
     b.Stage("reduce", "ml.reduce", steps * tree_nodes, Json::object(), 0.5);
+    b.ComputeOn(o.device);  // sums the workers' gradients where they are
   } else if (ring) {
     for (int w = 0; w < W; ++w)
       b.Stage("ring" + std::to_string(w), "ml.ring_reduce", steps * rounds, {{"workers", W}, {"worker", w}}, 0.5,
@@ -446,14 +461,17 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
                           {"workers", W}, {"worker", w}, {"recompute", o.recompute}};
         b.Stage(F(s, w, r), "ml.forward", steps * M, With(With(With(common, layers), tp), pos), o.threads,
                 group + (W > 1 ? "w" + std::to_string(w) : ""), s + 1 < P ? crossing : std::vector<int>{});
+        b.ComputeOn(o.device);
         b.Stage(B(s, w, r), "ml.backward", steps * M,
                 With(With(With(With(common, layers), tp), pos), {{"weight_grads", batched ? "batched" : "per-microbatch"}}),
                 o.threads, group + (W > 1 ? "w" + std::to_string(w) : ""), s > 0 ? crossing : std::vector<int>{});
+        b.ComputeOn(o.device);
       }
       b.Stage(Uname(s, r), "ml.update", steps,
               With(With(UpdateParams(common, split[s], split[s + 1], steps), tp),
                    {{"weight_grads", batched ? "batched" : "per-microbatch"}}),
               PipelineUpdateCpus(o), group + (W > 1 ? "w0" : ""));
+      b.ComputeOn(o.device);
     }
   }
   for (int64_t t = 0; t < steps; ++t) {

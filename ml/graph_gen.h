@@ -57,6 +57,9 @@ struct GraphOptions {
   // fp32, or bf16: mixed precision (ml/dtype.h), and activations and their gradients cross
   // pipeline stage boundaries in bfloat16.
   std::string precision = "fp32";
+  // cpu, or cuda: every compute vertex (gradients, forwards, backwards, reducers, updates)
+  // takes a GPU (resources.gpus 1) and keeps its model, activations and gradients on it.
+  std::string device = "cpu";
   uint64_t seed = 1;
   std::string data_dir = kFashionMnistDir;
   int64_t limit = -1, test_limit = -1;

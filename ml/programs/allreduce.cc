@@ -2,6 +2,8 @@
 // its worker's gradients with every other worker's through VertexContext::collective (the
 // gang's NCCL group: ncclAllReduce, staged through the vertex's GPU) and hands the sum to its
 // worker's update, so every replica steps its own copy of the parameters with the same sum.
+// Gradients of GPU workers go through host memory to the collective (which takes host floats)
+// and come back to their device: correct, not yet the zero-copy path NCCL allows.
 //
 // Ports: input 0, the worker's gradient set; output 0, the summed set. The gang's `nccl`
 // channels only join the members into one group: rank 0 has one output port of channels to
@@ -37,8 +39,8 @@ class AllReduceProgram final : public vertex::VertexProgram {
     for (const auto& [name, t] : grads) total += static_cast<size_t>(t.numel());
     std::vector<float> flat(total);
     size_t at = 0;
-    for (const auto& [name, t] : grads) {
-      std::memcpy(flat.data() + at, t.data(), sizeof(float) * static_cast<size_t>(t.numel()));
+    for (const auto& [name, t] : grads) {  // GPU workers' gradients (copse graph --device cuda) too
+      t.device()->CopyToHost(flat.data() + at, t.data(), sizeof(float) * static_cast<size_t>(t.numel()));
       at += static_cast<size_t>(t.numel());
     }
     COPSE_RETURN_NOT_OK(ctx.collective->AllReduceSum(flat.data(), flat.size()));
@@ -46,8 +48,8 @@ class AllReduceProgram final : public vertex::VertexProgram {
     summed.reserve(grads.size());
     at = 0;
     for (const auto& [name, t] : grads) {
-      Tensor s = Tensor::Empty(t.shape());
-      std::memcpy(s.data(), flat.data() + at, sizeof(float) * static_cast<size_t>(t.numel()));
+      Tensor s = Tensor::Empty(t.shape(), t.device());
+      t.device()->CopyFromHost(s.data(), flat.data() + at, sizeof(float) * static_cast<size_t>(t.numel()));
       at += static_cast<size_t>(t.numel());
       summed.emplace_back(name, std::move(s));
     }

@@ -99,14 +99,14 @@ Result<Batch> LoadPart(VertexContext& ctx, const TrainSettings& s, int64_t step,
     const Tensor* n = FindTensor(set, "batch");
     if (!x || !y || !n || n->numel() < 1) return Status::DataLoss(ctx.name + ": loader message lacks images/labels/batch");
     Batch b;
-    b.images = *x;
+    b.images = OnDevice(*x, s.device);
     for (const float label : y->ToVector()) b.labels.push_back(static_cast<int32_t>(label));
     *batch_size = static_cast<int64_t>(n->ToVector()[0]);
     return b;
   }
   COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
   COPSE_ASSIGN_OR_RETURN(auto idx, StepIndices(s, step, part, parts, batch_size));
-  return train->Gather(idx);
+  return train->Gather(idx, s.device);
 }
 
 // ---- stash encoding -----------------------------------------------------------------------
@@ -130,7 +130,9 @@ void AddStash(NamedTensors& out, const Stash& stash) {
   }
 }
 
-Result<Stash> ReadStash(const NamedTensors& set, size_t layers) {
+/// The stash of `layers` layers in `set`, its tensors on `device` (a stash that crossed daemons,
+/// or a re-run's, comes as host copies).
+Result<Stash> ReadStash(const NamedTensors& set, size_t layers, Device* device) {
   Stash stash;
   stash.layers.resize(layers);
   for (size_t i = 0; i < layers; ++i) {
@@ -139,7 +141,7 @@ Result<Stash> ReadStash(const NamedTensors& set, size_t layers) {
     for (size_t j = 0;; ++j) {
       const Tensor* t = FindTensor(set, p + std::to_string(j));
       if (t) {
-        ls.tensors.push_back(*t);
+        ls.tensors.push_back(OnDevice(*t, device));
       } else if (FindTensor(set, p + std::to_string(j) + ".undefined")) {
         ls.tensors.emplace_back();
       } else {
@@ -250,27 +252,32 @@ class GradProgram final : public VertexProgram {
   }
 };
 
-/// Adds gradient sets in order: the result of input 0, + input 1, + ... (fixed order, so the
-/// sum is the same bits on every run).
-Result<NamedTensors> SumGradients(const std::vector<chan::Buffer>& msgs) {
+/// Adds gradient sets on `device` in order: the result of input 0, + input 1, + ... (fixed
+/// order, so the sum is the same bits on every run).
+Result<NamedTensors> SumGradients(const std::vector<chan::Buffer>& msgs, Device* device) {
   if (msgs.empty()) return Status::InvalidArgument("no gradients to sum");
   COPSE_ASSIGN_OR_RETURN(NamedTensors acc, ReadTensorMessage(msgs[0]));
+  acc = OnDevice(acc, device);
   for (size_t i = 1; i < msgs.size(); ++i) {
     COPSE_ASSIGN_OR_RETURN(NamedTensors g, ReadTensorMessage(msgs[i]));
+    g = OnDevice(g, device);
     if (g.size() != acc.size()) return Status::DataLoss("gradient sets of different sizes");
     for (size_t k = 0; k < acc.size(); ++k) {
       if (g[k].first != acc[k].first || g[k].second.shape() != acc[k].second.shape())
         return Status::DataLoss("gradient sets disagree at '" + acc[k].first + "'");
-      const float* __restrict a = acc[k].second.data();
-      const float* __restrict b = g[k].second.data();
-      if (i == 1) {  // the inputs' tensors are read-only: the first sum goes to a fresh one
-        Tensor sum = Tensor::Empty(acc[k].second.shape());
-        float* __restrict out = sum.data();
-        const int64_t n = sum.numel();
-        for (int64_t j = 0; j < n; ++j) out[j] = a[j] + b[j];  // Axpy(1, b, a)'s bits
-        acc[k].second = std::move(sum);
+      Tensor& sum = acc[k].second;
+      const Tensor& b = g[k].second;
+      const size_t n = static_cast<size_t>(b.numel());
+      if (i == 1 && sum.is_cpu()) {  // the inputs' tensors are read-only: the first sum goes to a fresh one
+        Tensor fresh = Tensor::Empty(sum.shape());
+        const float* __restrict x = sum.data();
+        const float* __restrict y = b.data();
+        float* __restrict out = fresh.data();
+        for (size_t j = 0; j < n; ++j) out[j] = x[j] + y[j];  // Axpy(1, b, a)'s bits
+        sum = std::move(fresh);
       } else {
-        CpuDevice()->Axpy(1.0f, b, static_cast<size_t>(g[k].second.numel()), acc[k].second.data());
+        if (i == 1) sum = sum.Clone();  // a fresh sum on the device, likewise
+        sum.device()->Axpy(1.0f, b.data(), n, sum.data());
       }
     }
   }
@@ -291,7 +298,8 @@ Result<std::vector<float>> SumGradientsInto(Sequential& m, const std::vector<cha
     for (const auto& [name, dst] : mine) {
       const Tensor* src = FindTensor(g, name);
       if (!src || src->shape() != dst.shape()) return Status::DataLoss("gradient sets disagree at '" + name + "'");
-      CpuDevice()->Axpy(1.0f, src->data(), static_cast<size_t>(src->numel()), dst.data());
+      const Tensor there = OnDevice(*src, dst.device());
+      dst.device()->Axpy(1.0f, there.data(), static_cast<size_t>(there.numel()), dst.data());
     }
     const auto l = ReadScalars(FindTensor(g, "__loss"), 2);
     loss[0] += l[0], loss[1] += l[1];
@@ -310,6 +318,7 @@ Result<std::vector<float>> SgdStepOnGradients(const Sequential& m, Sgd& sgd, con
   std::vector<float> loss;
   for (size_t k = 0; k < msgs.size(); ++k) {
     COPSE_ASSIGN_OR_RETURN(NamedTensors g, ReadTensorMessage(msgs[k]));
+    g = OnDevice(g, m.device());
     for (size_t i = 0; i < params.size(); ++i) {
       const Tensor* t = FindTensor(g, names[i]);
       if (!t || t->shape() != params[i]->value.shape() || t->device() != params[i]->value.device())
@@ -351,14 +360,14 @@ Result<std::vector<float>> WeightGradientsFromLogs(const Sequential& m, const st
       const NamedTensors entry = GradientLogEntry(logs[k], i);
       if (FindTensor(entry, "dy")->dim(0) == 0) continue;  // an empty micro-batch adds nothing
       const std::string where = "input " + std::to_string(k + 1) + ", entry " + std::to_string(i);
-      auto stash = ReadStash(entry, m.size());
+      auto stash = ReadStash(entry, m.size(), m.device());
       if (!stash.ok()) return stash.status().WithContext(where);
       std::vector<Tensor> parts(m.size());
       for (size_t l = 0; l < m.size(); ++l) {
         if (m.layer(l).parameters().empty()) continue;
         const Tensor* w = FindTensor(entry, "w" + std::to_string(l));
         if (!w) return Status::DataLoss(where + " lacks layer " + std::to_string(l) + "'s weight-gradient part");
-        parts[l] = *w;
+        parts[l] = OnDevice(*w, m.device());
       }
       stashes.push_back(std::move(stash).value());
       wgrads.push_back(std::move(parts));
@@ -395,11 +404,12 @@ class ReduceProgram final : public VertexProgram {
  public:
   Status Run(VertexContext& ctx) override {
     TraceSpan span(ctx);
+    COPSE_ASSIGN_OR_RETURN(Device* const device, ProgramDevice(ctx));
     COPSE_ASSIGN_OR_RETURN(auto msgs, ReadEveryInput(ctx, 0));
     if (msgs.size() == 1) {
       COPSE_RETURN_NOT_OK(ctx.WriteAll(msgs[0]));
     } else {
-      COPSE_ASSIGN_OR_RETURN(NamedTensors sum, SumGradients(msgs));
+      COPSE_ASSIGN_OR_RETURN(NamedTensors sum, SumGradients(msgs, device));
       COPSE_RETURN_NOT_OK(ctx.WriteAll(TensorMessage(std::move(sum))));
     }
     return ctx.CloseOutputs();
@@ -425,10 +435,12 @@ class RingReduceProgram final : public VertexProgram {
     const int w = ctx.param<int>("worker", 0);
     COPSE_ASSIGN_OR_RETURN(chan::Buffer own_msg, ReadOne(ctx, 0));
     COPSE_ASSIGN_OR_RETURN(chan::Buffer recv_msg, ReadOne(ctx, 1));
+    // The rounds add and copy on the host: GPU workers' gradients come over first.
     bool shared = false;
     COPSE_ASSIGN_OR_RETURN(NamedTensors own, ReadTensorMessage(own_msg, &shared));
-    if (shared) own = Clones(own);  // written below; the producer's tensors are read-only
+    if (shared) own = HostCopies(own);  // written below; the producer's tensors are read-only (decoded ones are on the host)
     COPSE_ASSIGN_OR_RETURN(NamedTensors recv, ReadTensorMessage(recv_msg));
+    recv = OnDevice(recv, CpuDevice());
     std::vector<std::pair<float*, int64_t>> flat;
     int64_t total = 0;
     for (auto& [n, t] : own) flat.emplace_back(t.data(), t.numel()), total += t.numel();
@@ -618,6 +630,7 @@ class ForwardProgram final : public VertexProgram {
     } else {
       COPSE_ASSIGN_OR_RETURN(chan::Buffer act, ReadOne(ctx, 1));
       COPSE_ASSIGN_OR_RETURN(x, ReadSingleTensor(act));
+      x = OnDevice(x, s.device);
     }
     if (stage == stages - 1 && stage != 0) {  // labels of this micro-batch
       COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
@@ -678,11 +691,11 @@ Result<Tensor> MicroBatchBackward(Sequential& m, const NamedTensors& stash_set, 
   if (recompute) {
     const Tensor* x = FindTensor(stash_set, "x");
     if (!x) return Status::DataLoss("the stash lacks x");
-    COPSE_RETURN_NOT_OK(m.Forward(*x, fc, &stash).status());
+    COPSE_RETURN_NOT_OK(m.Forward(OnDevice(*x, m.device()), fc, &stash).status());
   } else {
-    COPSE_ASSIGN_OR_RETURN(stash, ReadStash(stash_set, m.size()));
+    COPSE_ASSIGN_OR_RETURN(stash, ReadStash(stash_set, m.size(), m.device()));
   }
-  return m.Backward(dy, stash, need_dx, accumulate);
+  return m.Backward(OnDevice(dy, m.device()), stash, need_dx, accumulate);
 }
 
 /// Backward of pipeline stage params.stage on one micro-batch. Inputs: 0 params, 1 the stash
@@ -710,10 +723,11 @@ class BackwardProgram final : public VertexProgram {
     if (stage < stages - 1) {
       COPSE_ASSIGN_OR_RETURN(chan::Buffer dy_msg, ReadOne(ctx, port++));
       COPSE_ASSIGN_OR_RETURN(dy, ReadSingleTensor(dy_msg));
+      dy = OnDevice(dy, s.device);
     } else {
       const Tensor* t = FindTensor(stash_set, "dy");
       if (!t) return Status::DataLoss(ctx.name + ": the last stage's stash lacks dy");
-      dy = *t;
+      dy = OnDevice(*t, s.device);
     }
     std::optional<chan::Buffer> acc_msg;
     NamedTensors log;  // the previous micro-batches' gradient log
@@ -819,7 +833,7 @@ class BackwardProgram final : public VertexProgram {
     std::vector<Tensor> wgrads;
     Tensor dx;
     if (dy.dim(0) > 0) {  // else an empty micro-batch, whose forward stashed nothing
-      COPSE_ASSIGN_OR_RETURN(Stash stash, ReadStash(stash_set, m.size()));
+      COPSE_ASSIGN_OR_RETURN(Stash stash, ReadStash(stash_set, m.size(), m.device()));
       auto r = m.BackwardInputs(dy, stash, /*need_input_grad=*/stage > 0, &wgrads);
       if (!r.ok()) return r.status().WithContext(ctx.name);
       dx = std::move(r).value();

@@ -43,8 +43,35 @@ Status CheckPartition(const vertex::VertexContext& ctx) {
   return Status::OK();
 }
 
+Result<Device*> ProgramDevice(const vertex::VertexContext& ctx) {
+  std::string name;
+  try {
+    name = ctx.param<std::string>("device", "cpu");
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(ctx.name + ": bad ML params: " + e.what());
+  }
+  if (name == "cpu") return CpuDevice();
+  if (name != "cuda") return Status::InvalidArgument(ctx.name + ": params.device is \"" + name + "\"; expected cpu or cuda");
+  if (ctx.gpu < 0)
+    return Status::InvalidArgument(ctx.name +
+                                   ": params.device is cuda but the vertex holds no GPU (give its stage resources.gpus 1)");
+  auto device = CudaDevice(ctx.gpu);
+  if (!device.ok()) return device.status().WithContext(ctx.name + ": params.device cuda (GPU " + std::to_string(ctx.gpu) + ")");
+  return *device;
+}
+
+Tensor OnDevice(const Tensor& t, Device* device) { return !t.defined() || t.device() == device ? t : t.To(device); }
+
+NamedTensors OnDevice(const NamedTensors& set, Device* device) {
+  NamedTensors out;
+  out.reserve(set.size());
+  for (const auto& [name, t] : set) out.emplace_back(name, name.starts_with("__") ? t : OnDevice(t, device));
+  return out;
+}
+
 Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
   TrainSettings s;
+  COPSE_ASSIGN_OR_RETURN(s.device, ProgramDevice(ctx));
   try {
     s.model = ctx.param<std::string>("model", s.model);
     s.seed = ctx.param<uint64_t>("seed", s.seed);
@@ -79,6 +106,10 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
   if (s.tp_ranks < 1 || s.tp_ranks > 64 || s.tp_rank < 0 || s.tp_rank >= s.tp_ranks)
     return Status::InvalidArgument(ctx.name + ": params.tp_rank " + std::to_string(s.tp_rank) + " is not one of its " +
                                    std::to_string(s.tp_ranks) + " tensor-parallel ranks (params.tensor_parallel, 1 to 64)");
+  if (s.tp_ranks > 1 && s.device != CpuDevice())
+    return Status::InvalidArgument(ctx.name +
+                                   ": params.device cuda with tensor parallelism is not supported yet (its gangs "
+                                   "compute on the CPU)");
   if (s.lr_schedule != "constant" && s.lr_schedule != "cosine")
     return Status::InvalidArgument(ctx.name + ": params.lr_schedule must be constant or cosine");
   if (s.warmup_steps < 0 || !(s.min_lr >= 0) || !(s.clip_norm >= 0) || !std::isfinite(s.clip_norm))
@@ -221,8 +252,8 @@ ModelLease::~ModelLease() {
 }
 
 Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const chan::Buffer& params_msg, uint64_t grads_key) {
-  const std::string cache_key = s.model + "/" + std::to_string(begin) + "-" + std::to_string(end) + "/" + s.optimizer + "/tp" +
-                                std::to_string(s.tp_rank) + "of" + std::to_string(s.tp_ranks);
+  const std::string cache_key = s.device->name() + "/" + s.model + "/" + std::to_string(begin) + "-" + std::to_string(end) + "/" +
+                                s.optimizer + "/tp" + std::to_string(s.tp_rank) + "of" + std::to_string(s.tp_ranks);
   const uint64_t params_key = TensorMessageKey(params_msg);
   std::unique_ptr<CachedModel> entry;
   {
@@ -247,6 +278,7 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const 
                                      ") out of range for model " + s.model + " (" + std::to_string(full.size()) + " layers)");
     entry = std::make_unique<CachedModel>();
     entry->model = full.Slice(static_cast<size_t>(begin), static_cast<size_t>(end));
+    entry->model.To(s.device);                          // ShareParameters below copies CPU parameters onto it
     entry->model.SetWeightCasts(&entry->weight_casts);  // its parameters are never written in place
   }
   ModelLease lease(cache_key, std::move(entry));
@@ -302,10 +334,10 @@ std::vector<float> ReadScalars(const Tensor* t, size_t n) {
   return out;
 }
 
-NamedTensors Clones(const NamedTensors& tensors) {
+NamedTensors HostCopies(const NamedTensors& tensors) {
   NamedTensors out;
   out.reserve(tensors.size());
-  for (const auto& [name, t] : tensors) out.emplace_back(name, t.Clone());
+  for (const auto& [name, t] : tensors) out.emplace_back(name, t.To(CpuDevice()));
   return out;
 }
 

@@ -41,13 +41,28 @@ struct TrainSettings {
   float min_lr = 0.0f;
   float clip_norm = 0.0f;                     // the gradients' global L2 norm clipped to this before each step (0: never)
   Precision precision = Precision::kFloat32;  // params.precision: of matrix products and stage boundaries
-  int64_t train_size = 0;                     // examples (images, text windows) in the (limited) training set
-  int64_t steps_per_epoch = 0;                // ceil(train_size / batch)
-  int64_t labels_per_example = 1;             // 1 for an image; a text window's context for a gpt model
+  // params.device: where the vertex computes and keeps its model — the CPU, or ("cuda") the GPU
+  // the daemon leased it (resources.gpus). Messages may carry tensors of either device; the
+  // programs move what they read onto this one (OnDevice).
+  Device* device = CpuDevice();
+  int64_t train_size = 0;          // examples (images, text windows) in the (limited) training set
+  int64_t steps_per_epoch = 0;     // ceil(train_size / batch)
+  int64_t labels_per_example = 1;  // 1 for an image; a text window's context for a gpt model
   // Tensor parallelism (params.tensor_parallel, tp_rank): the vertex holds shard tp_rank of
   // tp_ranks of the model's blocks (ml/transformer.h); 1 member: the whole model.
   int tp_rank = 0, tp_ranks = 1;
 };
+
+/// The device params.device names for this vertex: the CPU ("cpu", the default), or for "cuda"
+/// the GPU its daemon leased it. InvalidArgument names the vertex when it holds no GPU (no
+/// resources.gpus) or this build or host has no such GPU.
+Result<Device*> ProgramDevice(const vertex::VertexContext& ctx);
+
+/// `t` on `device`: itself when it is there already, else a copy.
+Tensor OnDevice(const Tensor& t, Device* device);
+/// Every tensor of `set` on `device` (those already there shared, the others copied), except
+/// scalars named "__…" (loss sums, statistics), which the programs read on the host.
+NamedTensors OnDevice(const NamedTensors& set, Device* device);
 
 /// The largest global batch, and the most workers, micro-batches or stages, params may name.
 inline constexpr int64_t kMaxBatch = int64_t{1} << 24;
@@ -133,8 +148,8 @@ const Tensor* FindTensor(const NamedTensors& set, std::string_view name);
 Tensor Scalars(const std::vector<float>& v);
 std::vector<float> ReadScalars(const Tensor* t, size_t n);
 
-/// Deep copies of `tensors` (to write to tensors a TensorMessage shares read-only).
-NamedTensors Clones(const NamedTensors& tensors);
+/// Deep copies of `tensors` on the host (to write to tensors a TensorMessage shares read-only).
+NamedTensors HostCopies(const NamedTensors& tensors);
 
 /// Parameter gradients of `m` (no copies: the handles of the gradients), plus `extra`.
 NamedTensors GradientHandles(const Sequential& m);

@@ -18,6 +18,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -27,6 +28,7 @@
 #include "ml/graph_gen.h"
 #include "ml/models.h"
 #include "ml/programs/register.h"
+#include "tests/ml_graph/graph_run.h"
 #include "ml/programs/support.h"
 #include "ml/serialize.h"
 #include "ml/trainer.h"
@@ -35,134 +37,7 @@
 namespace copse::ml {
 namespace {
 
-namespace fs = std::filesystem;
-
-std::string Copse() { return std::string(COPSE_BINARY_DIR) + "/cli/copse"; }
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/copse-mlgraph-XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path path;
-};
-
-struct RunResult {
-  Json summary;
-  Json metrics;
-  NamedTensors params;
-  std::string digest;
-};
-
-GraphOptions Small() {
-  GraphOptions o;
-  o.model = "mlp:784-64-10";
-  o.limit = 512;
-  o.test_limit = 1000;
-  o.batch = 64;
-  o.epochs = 1;  // 8 steps
-  o.lr = 0.05;
-  o.momentum = 0.9;
-  o.seed = 7;
-  return o;
-}
-
-/// Small() as a one-step pipeline of 2 stages: for tests of the generated graph's shape.
-GraphOptions SmallPipeline() {
-  GraphOptions o = Small();
-  o.kind = "pipeline";
-  o.stages = 2;
-  o.steps = 1;
-  return o;
-}
-
-/// `base` as a pipeline (or hybrid) of that shape.
-GraphOptions PipelineOf(GraphOptions base, const std::string& kind, int stages, int micro, const std::string& schedule,
-                        bool recompute, const std::string& weight_grads) {
-  base.kind = kind;
-  base.stages = stages;
-  base.microbatches = micro;
-  base.schedule = schedule;
-  base.recompute = recompute;
-  base.weight_grads = weight_grads;
-  return base;
-}
-
-/// Writes `job` into `dir`, runs it with `copse run` (`env`: "NAME=value " settings for the
-/// cluster's processes), returns the summary and eval's outputs.
-RunResult RunJob(const Json& job, const fs::path& dir, int daemons, int cpus = 2, const std::string& env = "") {
-  const fs::path file = dir / "job.json", out = dir / "out";
-  { std::ofstream(file) << job.dump(1); }
-  const std::string cmd = env + Copse() + " run " + file.string() + " --daemons " + std::to_string(daemons) + " --cpus " +
-                          std::to_string(cpus) + " --output " + out.string() + " -o json 2>" + (dir / "stderr.txt").string();
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string text;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
-  const int rc = pclose(p);
-  INFO("copse run output: " << text);
-  REQUIRE(rc == 0);
-  RunResult r;
-  r.summary = Json::parse(text);
-  REQUIRE(r.summary["state"] == "completed");
-  std::ifstream mf(out / "metrics.json");
-  r.metrics = Json::parse(mf);
-  std::ifstream pf(out / "params.bin", std::ios::binary);
-  std::stringstream ss;
-  ss << pf.rdbuf();
-  auto params = DeserializeTensors(ss.str());
-  REQUIRE(params.ok());
-  r.params = *params;
-  r.digest = Digest(r.params);
-  CHECK(r.digest == r.metrics["parameter_digest"].get<std::string>());
-  return r;
-}
-
-NamedTensors SingleProcess(const GraphOptions& g) {
-  TrainOptions o;
-  o.model = g.model;
-  o.limit = g.limit;
-  o.batch = g.batch;
-  o.epochs = g.epochs;
-  o.lr = static_cast<float>(g.lr);
-  o.momentum = static_cast<float>(g.momentum);
-  o.seed = g.seed;
-  o.lr_schedule = g.lr_schedule;
-  o.warmup_steps = g.warmup_steps;
-  o.min_lr = static_cast<float>(g.min_lr);
-  o.clip_norm = static_cast<float>(g.clip_norm);
-  o.optimizer = g.optimizer;
-  o.weight_decay = static_cast<float>(g.weight_decay);
-  o.precision = g.precision;
-  o.threads = 1;
-  o.evaluate = false;
-  auto r = Train(o);
-  REQUIRE(r.ok());
-  return r->final_parameters;
-}
-
-/// max |a - b| over every parameter, divided by max |b|.
-double RelativeDifference(const NamedTensors& a, const NamedTensors& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    REQUIRE(a[i].first == b[i].first);
-    REQUIRE(a[i].second.numel() == b[i].second.numel());
-    for (int64_t k = 0; k < a[i].second.numel(); ++k) {
-      diff = std::max(diff, static_cast<double>(std::fabs(a[i].second.data()[k] - b[i].second.data()[k])));
-      scale = std::max(scale, static_cast<double>(std::fabs(b[i].second.data()[k])));
-    }
-  }
-  return diff / scale;
-}
+using namespace graph_test;
 
 constexpr double kTolerance = 2e-5;
 
@@ -788,6 +663,82 @@ TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::t
   // The checkpoint files are the chains' copies; the job's durable copies are gone at its end.
   CHECK(std::filesystem::exists(fault_dir.path / "checkpoints" / "ckpt1-0.bin"));
   CHECK(!std::filesystem::exists(fault_dir.path / "checkpoints" / "durable"));
+}
+
+TEST_CASE("MlGraph.DeviceCudaPutsEveryComputeVertexOnAGpu") {
+  for (GraphOptions o : {Small(), SmallPipeline()}) {
+    o.device = "cuda";
+    CAPTURE(o.kind);
+    auto job = GenerateTrainingGraph(o);
+    REQUIRE(job.ok());
+    const std::set<std::string> compute = {"ml.grad", "ml.reduce", "ml.update", "ml.forward", "ml.backward"};
+    int on_gpu = 0;
+    for (const Json& st : (*job)["stages"]) {
+      CAPTURE(st["name"]);
+      const bool gpu = compute.count(st["program"].get<std::string>()) > 0;
+      CHECK(st["resources"].value("gpus", 0) == (gpu ? 1 : 0));
+      CHECK(st["params"].value("device", "cpu") == (gpu ? "cuda" : "cpu"));  // init and eval stay on the CPU
+      on_gpu += gpu;
+    }
+    CHECK(on_gpu == (o.kind == "pipeline" ? 6 : 4));
+    CHECK((*job)["stages"].back()["params"]["config"]["device"] == "cuda");
+  }
+  GraphOptions cpu = Small();
+  auto job = GenerateTrainingGraph(cpu);
+  REQUIRE(job.ok());
+  for (const Json& st : (*job)["stages"]) CHECK_FALSE(st["resources"].contains("gpus"));
+
+  GraphOptions bad = Small();
+  bad.device = "tpu";
+  CHECK(GenerateTrainingGraph(bad).status().message() == "--device: expected cpu or cuda");
+  GraphOptions tp;
+  tp.kind = "tensor-parallel";
+  tp.model = "gpt:1-16-2-8";
+  tp.tensor_parallel = 2;
+  tp.device = "cuda";
+  CHECK(GenerateTrainingGraph(tp).status().message() ==
+        "--device cuda: expected --tensor-parallel 1 (tensor-parallel gangs compute on the CPU for now)");
+}
+
+TEST_CASE("MlGraph.AVertexOnCudaWithoutAGpuIsAnErrorNamingIt") {
+  vertex::ProgramRegistry registry;
+  RegisterMlPrograms(registry);
+  struct Case {
+    Json params;
+    int gpu;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{{"device", "cuda"}}, -1, "v[3]: params.device is cuda but the vertex holds no GPU (give its stage resources.gpus 1)"},
+      {{{"device", "tpu"}}, -1, "v[3]: params.device is \"tpu\"; expected cpu or cuda"},
+      {{{"device", 3}}, -1, "v[3]: bad ML params: "},
+  };
+  for (const char* program : {"ml.grad", "ml.forward", "ml.backward", "ml.update", "ml.reduce"}) {
+    for (const auto& c : cases) {
+      CAPTURE(program);
+      CAPTURE(c.params.dump());
+      auto prog = registry.Create(program);
+      REQUIRE(prog.ok());
+      Json params = c.params;
+      vertex::VertexContext ctx;
+      ctx.name = "v[3]";
+      ctx.params = &params;
+      ctx.gpu = c.gpu;
+      const Status st = (*prog)->Run(ctx);
+      CHECK(st.code() == StatusCode::kInvalidArgument);
+      CHECK_MESSAGE(st.message().rfind(c.message, 0) == 0, st.message());
+    }
+  }
+  if (CudaDeviceCount() == 0) {  // a GPU granted on a host without one
+    auto prog = registry.Create("ml.grad");
+    Json params = {{"device", "cuda"}};
+    vertex::VertexContext ctx;
+    ctx.name = "v[3]";
+    ctx.params = &params;
+    ctx.gpu = 0;
+    const Status st = (*prog)->Run(ctx);
+    CHECK_MESSAGE(st.message().rfind("v[3]: params.device cuda (GPU 0): ", 0) == 0, st.message());
+  }
 }
 
 }  // namespace
