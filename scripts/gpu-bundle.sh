@@ -21,6 +21,7 @@ bash "$src/scripts/dev.sh" build >/dev/null
 
 binaries=(
   cli/copse
+  cli/copse-node
   tests/ml/cuda/ml_cuda_tests
   tests/ml_graph_cuda/ml_graph_cuda_tests
   tests/channels/nccl/channels_nccl_tests

@@ -96,7 +96,13 @@ inline RunResult RunJob(const Json& job, const fs::path& dir, int daemons, int c
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
   const int rc = pclose(p);
   INFO("copse run output: " << text);
-  REQUIRE(rc == 0);
+  if (rc != 0) {
+    std::ifstream err(dir / "stderr.txt");
+    std::stringstream e;
+    e << err.rdbuf();
+    INFO("copse run errors: " << e.str());
+    REQUIRE(rc == 0);
+  }
   RunResult r;
   r.summary = Json::parse(text);
   REQUIRE(r.summary["state"] == "completed");

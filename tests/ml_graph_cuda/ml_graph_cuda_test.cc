@@ -42,7 +42,6 @@ TEST_CASE("MlGraphCuda.DataParallelAndPipelineGraphsOnTheGpuMatchTheCpu" * docte
   const double dp_rel = RelativeDifference(dp_run.params, cpu);
   MESSAGE("data-parallel 2 on the GPU against the CPU single process: relative difference " << dp_rel);
   CHECK(dp_rel < kGpuTolerance);
-  CHECK(dp_run.metrics["test_accuracy"].get<double>() > 0.3);
 
   for (const std::string schedule : {"1f1b", "gpipe"}) {
     const RunResult p = RunOnTheGpu(PipelineOf(base, "pipeline", 2, 4, schedule, false, "batched"));
