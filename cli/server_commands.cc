@@ -11,6 +11,7 @@
 #include "common/machine_memory.h"
 #include "common/framed_connection.h"
 #include "jobmanager/jm_server.h"
+#include "ml/device.h"
 #include "vertex/daemon.h"
 
 namespace copse::cli {
@@ -158,6 +159,7 @@ void AddDaemonCommand(CLI::App& app) {
     int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     int gpus = 0;
     int64_t memory_mb = 0;
+    int64_t gpu_memory_mb = 0;
     std::vector<std::string> labels;
     std::string work_dir;
     std::string data_host = "127.0.0.1";
@@ -176,6 +178,10 @@ void AddDaemonCommand(CLI::App& app) {
   cmd->add_option("--memory-mb", opts->memory_mb,
                   "memory in MB this daemon offers vertices (resources.memory_mb); default or 0: the machine's")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--gpu-memory-mb", opts->gpu_memory_mb,
+                  "memory in MB of each GPU, for placing vertices by resources.gpu_memory_mb; default or 0: measured "
+                  "(the smallest of its GPUs), or not reported where it cannot be")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 32));
   cmd->add_option("--label", opts->labels, "KEY=VALUE, e.g. host=a1 or rack=r3 (repeatable)");
   cmd->add_option("--work-dir", opts->work_dir, "where outputs and scratch space live")->required();
   cmd->add_option("--data-host", opts->data_host, "address other daemons reach this one's outputs at");
@@ -196,6 +202,7 @@ void AddDaemonCommand(CLI::App& app) {
     o.cpus = opts->cpus;
     o.gpus = opts->gpus;
     o.memory_mb = opts->memory_mb > 0 ? opts->memory_mb : MachineMemoryMb();
+    o.gpu_memory_mb = opts->gpu_memory_mb > 0 ? opts->gpu_memory_mb : ml::SmallestCudaMemoryMb(o.gpus);
     o.work_dir = opts->work_dir;
     o.data_host = opts->data_host;
     o.memory_budget_bytes = static_cast<uint64_t>(opts->memory_budget_mb) << 20;

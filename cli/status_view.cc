@@ -144,11 +144,19 @@ std::string MemoryColumn(const Json& d) {
   return fmt::format("{:.1f}/{:.1f}G", d.value("free_memory_mb", int64_t{0}) / 1024.0, total / 1024.0);
 }
 
+/// GPUs and, where the daemon reported it, each one's memory: "2x80G".
+std::string GpusColumn(const Json& d) {
+  const int gpus = d.value("gpus", 0);
+  const int64_t memory = d.value("gpu_memory_mb", int64_t{0});
+  if (gpus == 0 || memory <= 0) return std::to_string(gpus);
+  return fmt::format("{}x{:.0f}G", gpus, memory / 1024.0);
+}
+
 }  // namespace
 
 std::string RenderDaemonsTable(const Json& daemons, bool all) {
   std::string out =
-      "NAME          STATE    CPUS  FREE  GPUS  MEMORY FREE/ALL  RUNNING  DATA                  CONTROL       LABELS\n";
+      "NAME          STATE    CPUS  FREE     GPUS  MEMORY FREE/ALL  RUNNING  DATA                  CONTROL       LABELS\n";
   size_t hidden = 0;
   for (const auto& d : daemons) {
     if (!all && d.value("superseded", false)) {
@@ -158,9 +166,9 @@ std::string RenderDaemonsTable(const Json& daemons, bool all) {
     std::string labels;
     for (auto& [k, v] : d["labels"].items()) labels += (labels.empty() ? "" : ",") + k + "=" + v.get<std::string>();
     char line[512];
-    std::snprintf(line, sizeof(line), "%-12s  %-7s  %4.0f  %4.0f  %4d  %15s  %7zu  %-20s  %-12s  %s\n",
+    std::snprintf(line, sizeof(line), "%-12s  %-7s  %4.0f  %4.0f  %7s  %15s  %7zu  %-20s  %-12s  %s\n",
                   d["name"].get<std::string>().c_str(), d.value("state", d["alive"].get<bool>() ? "alive" : "lost").c_str(),
-                  d["cpus"].get<double>(), d["free_cpus"].get<double>(), d["gpus"].get<int>(), MemoryColumn(d).c_str(),
+                  d["cpus"].get<double>(), d["free_cpus"].get<double>(), GpusColumn(d).c_str(), MemoryColumn(d).c_str(),
                   d["running"].get<size_t>(), OrDash(d["data"].get<std::string>()).c_str(),
                   OrDash(d.value("control", "tcp")).c_str(), labels.c_str());
     out += line;

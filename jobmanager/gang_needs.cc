@@ -22,6 +22,10 @@ std::string GangName(const JobGraph& g, GangId gang) {
 std::string DescribeResources(const Resources& amount, const Resources& asked) {
   std::string text = fmt::format("{:g} cpus", amount.cpus);
   if (asked.gpus > 0) text += fmt::format(" and {} gpus", amount.gpus);
+  if (asked.gpus > 0 && asked.gpu_memory_mb > 0) {
+    text += amount.gpu_memory_mb >= kUnaccountedMemoryMb ? " of memory not accounted"
+                                                         : fmt::format(" of {} MB each", amount.gpu_memory_mb);
+  }
   if (asked.memory_mb > 0) {
     text += amount.memory_mb >= kUnaccountedMemoryMb ? " and memory not accounted"
                                                      : fmt::format(" and {} MB of memory", amount.memory_mb);
@@ -36,6 +40,7 @@ GangNeeds::GangNeeds(const JobGraph& g) : g_(g), needs_(g.gangs().size()) {
     it->second.cpus = std::max(it->second.cpus, stage.resources.cpus);
     it->second.gpus = std::max(it->second.gpus, stage.resources.gpus);
     it->second.memory_mb = std::max(it->second.memory_mb, stage.resources.memory_mb);
+    it->second.gpu_memory_mb = std::max(it->second.gpu_memory_mb, stage.resources.gpu_memory_mb);
   }
   for (const Gang& gang : g.gangs()) {
     auto& by_group = needs_[gang.id.value()];
@@ -52,7 +57,8 @@ GangNeeds::GangNeeds(const JobGraph& g) : g_(g), needs_(g.gangs().size()) {
 bool GangNeeds::PinFits(const std::string& group, const DaemonCapacity& daemon,
                         const std::map<std::string, DaemonId>& pins) const {
   if (auto largest = largest_vertex_.find(group);
-      largest != largest_vertex_.end() && !Within(largest->second, daemon.cpus, daemon.gpus, daemon.memory_mb)) {
+      largest != largest_vertex_.end() &&
+      !Within(largest->second, daemon.cpus, daemon.gpus, daemon.memory_mb, daemon.gpu_memory_mb)) {
     return false;
   }
   auto gangs = gangs_of_.find(group);
@@ -64,7 +70,7 @@ bool GangNeeds::PinFits(const std::string& group, const DaemonCapacity& daemon,
       if (other != group && (pin == pins.end() || pin->second != daemon.id)) continue;
       together += need;
     }
-    if (!Within(together, daemon.cpus, daemon.gpus, daemon.memory_mb)) return false;
+    if (!Within(together, daemon.cpus, daemon.gpus, daemon.memory_mb, daemon.gpu_memory_mb)) return false;
   }
   return true;
 }
@@ -90,22 +96,24 @@ std::vector<std::string> GangNeeds::GroupsSharingAGangWith(const std::string& gr
 std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapacity>& daemons) const {
   double most_cpus = 0;
   int most_gpus = 0;
-  int64_t most_memory = 0;
+  int64_t most_memory = 0, most_gpu_memory = 0;
   for (const auto& d : daemons) {
     most_cpus = std::max(most_cpus, d.cpus);
     most_gpus = std::max(most_gpus, d.gpus);
     most_memory = std::max(most_memory, d.memory_mb);
+    most_gpu_memory = std::max(most_gpu_memory, d.gpu_memory_mb);
   }
+  const Resources largest{most_cpus, most_gpus, most_memory, most_gpu_memory};
   auto fits_somewhere = [&](const Resources& need) {
     return std::any_of(daemons.begin(), daemons.end(),
-                       [&](const DaemonCapacity& d) { return Within(need, d.cpus, d.gpus, d.memory_mb); });
+                       [&](const DaemonCapacity& d) { return Within(need, d.cpus, d.gpus, d.memory_mb, d.gpu_memory_mb); });
   };
   for (const auto& [group, need] : needs_[gang.value()]) {
     if (!fits_somewhere(need)) {
       return fmt::format(
           "{} cannot be placed: its members in affinity group {} need {} on one daemon at once, "
           "and the largest daemon has {}",
-          GangName(g_, gang), group, DescribeResources(need), DescribeResources({most_cpus, most_gpus, most_memory}, need));
+          GangName(g_, gang), group, DescribeResources(need), DescribeResources(largest, need));
     }
   }
   // Members joined by a shared-memory channel share a daemon too, and with them the rest of
@@ -145,7 +153,7 @@ std::string GangNeeds::WhyUnplaceable(GangId gang, const std::vector<DaemonCapac
       return fmt::format(
           "{} cannot be placed: its members joined by shared-memory channels ({}) need {} on one daemon "
           "at once, and the largest daemon has {}",
-          GangName(g_, gang), names, DescribeResources(need), DescribeResources({most_cpus, most_gpus, most_memory}, need));
+          GangName(g_, gang), names, DescribeResources(need), DescribeResources(largest, need));
     }
   }
   return "";

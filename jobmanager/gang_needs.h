@@ -22,10 +22,13 @@ namespace copse::jm {
 /// The memory a daemon that declares none is taken to have: it is not accounted there.
 inline constexpr int64_t kUnaccountedMemoryMb = int64_t{1} << 50;
 
-/// Whether `need` fits within `cpus`, `gpus` and `memory_mb` (cpus are fractional: a sum of
-/// 0.1s must not miss by a rounding; kUnaccountedMemoryMb or more is no bound at all).
-inline bool Within(const Resources& need, double cpus, int gpus, int64_t memory_mb = kUnaccountedMemoryMb) {
-  return need.cpus <= cpus + 1e-9 && need.gpus <= gpus && (need.memory_mb <= memory_mb || memory_mb >= kUnaccountedMemoryMb);
+/// Whether `need` fits within `cpus`, `gpus` and `memory_mb`, on GPUs of `gpu_memory_mb` each
+/// (cpus are fractional: a sum of 0.1s must not miss by a rounding; kUnaccountedMemoryMb or
+/// more is no bound at all, for either memory).
+inline bool Within(const Resources& need, double cpus, int gpus, int64_t memory_mb = kUnaccountedMemoryMb,
+                   int64_t gpu_memory_mb = kUnaccountedMemoryMb) {
+  return need.cpus <= cpus + 1e-9 && need.gpus <= gpus && (need.memory_mb <= memory_mb || memory_mb >= kUnaccountedMemoryMb) &&
+         (need.gpus == 0 || need.gpu_memory_mb <= gpu_memory_mb || gpu_memory_mb >= kUnaccountedMemoryMb);
 }
 
 /// A live daemon's whole capacity (not what is free now).
@@ -34,6 +37,7 @@ struct DaemonCapacity {
   double cpus = 0;
   int gpus = 0;
   int64_t memory_mb = kUnaccountedMemoryMb;
+  int64_t gpu_memory_mb = kUnaccountedMemoryMb;  // of each of its GPUs
 };
 
 /// `amount` in the terms `asked` uses: its cpus always, its gpus and its memory where `asked`

@@ -123,9 +123,10 @@ class Search {
       return fmt::format("its members need {} together, and the live daemons have {} free", DescribeResources(all),
                          DescribeResources({free_cpus, free_gpus, free_memory}, all));
     }
-    std::set<std::tuple<double, int, int64_t>> fit_somewhere;  // needs of unpinned units seen to fit (units are often alike)
+    // Needs of unpinned units seen to fit (units are often alike).
+    std::set<std::tuple<double, int, int64_t, int64_t>> fit_somewhere;
     for (const Unit& u : units_) {
-      const auto need = std::make_tuple(u.need.cpus, u.need.gpus, u.need.memory_mb);
+      const auto need = std::make_tuple(u.need.cpus, u.need.gpus, u.need.memory_mb, u.need.gpu_memory_mb);
       bool somewhere = !u.pinned && fit_somewhere.count(need);
       for (size_t i = 0; i < daemons_.size() && !somewhere; ++i) somewhere = FreeFits(u, i);
       if (!u.pinned && somewhere) fit_somewhere.insert(need);
@@ -144,7 +145,7 @@ class Search {
 
   bool FreeFits(const Unit& u, size_t i) const {
     if (u.pinned && daemons_[i].id != *u.pinned) return false;
-    return Within(u.need, free_cpus_[i], free_gpus_[i], free_memory_[i]);
+    return Within(u.need, free_cpus_[i], free_gpus_[i], free_memory_[i], daemons_[i].gpu_memory_mb);
   }
 
   /// Whether pinning the unit's unplaced groups to daemon i leaves room for the gangs they join.
@@ -153,7 +154,8 @@ class Search {
     const GangDaemon& d = daemons_[i];
     for (const auto& g : u.unpinned) pins_[g] = d.id;
     bool fits = true;
-    for (const auto& g : u.unpinned) fits = fits && needs_.PinFits(g, {d.id, d.cpus, d.gpus, d.memory_mb}, pins_);
+    for (const auto& g : u.unpinned)
+      fits = fits && needs_.PinFits(g, {d.id, d.cpus, d.gpus, d.memory_mb, d.gpu_memory_mb}, pins_);
     for (const auto& g : u.unpinned) pins_.erase(g);
     return fits;
   }
@@ -200,10 +202,10 @@ class Search {
   bool Place(size_t k) {
     if (k == units_.size()) return true;
     const Unit& u = units_[k];
-    std::set<std::tuple<double, int, int64_t, double, int, int64_t>> failed_alike;
+    std::set<std::tuple<double, int, int64_t, double, int, int64_t, int64_t>> failed_alike;
     for (size_t i : Candidates(u)) {
       const GangDaemon& d = daemons_[i];
-      auto alike = std::make_tuple(free_cpus_[i], free_gpus_[i], free_memory_[i], d.cpus, d.gpus, d.memory_mb);
+      auto alike = std::make_tuple(free_cpus_[i], free_gpus_[i], free_memory_[i], d.cpus, d.gpus, d.memory_mb, d.gpu_memory_mb);
       const bool unmarked = marks_[i] == 0;
       if (unmarked && failed_alike.count(alike)) continue;
       if (++steps_ > budget_) return false;

@@ -42,6 +42,7 @@ struct GangDaemon {
   int gpus = 0;
   int64_t free_memory_mb = kUnaccountedMemoryMb;
   int64_t memory_mb = kUnaccountedMemoryMb;
+  int64_t gpu_memory_mb = kUnaccountedMemoryMb;  // of each of its GPUs
 };
 
 /// A member of the gang being placed.

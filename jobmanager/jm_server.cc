@@ -339,6 +339,7 @@ class JmServer::Impl : public DaemonSink {
       spec.cpus = reg.has_cpus() ? reg.cpus() : 1.0;
       spec.gpus = static_cast<int>(reg.gpus());  // checked: 0 to 1,000,000
       spec.memory_mb = reg.memory_mb();
+      spec.gpu_memory_mb = reg.gpu_memory_mb();
       spec.data_host = reg.data_host();
       spec.data_port = static_cast<uint16_t>(reg.data_port());  // checked: 1 to 65535
       if (std::string why = DaemonNameProblem(spec.name); !why.empty()) return conn->SendErrorAndClose("register: " + why);
@@ -411,6 +412,9 @@ class JmServer::Impl : public DaemonSink {
       JobLoad load = LoadJobJson(doc, source, options_.catalog);
       if (!load.ok()) {
         return conn->Send({{"op", "error"}, {"message", load.status().message()}, {"errors", load.diags.ToJson()}});
+      }
+      if (std::string why = scheduler_.WhyItCannotFit(*load.graph); !why.empty()) {
+        return conn->Send({{"op", "error"}, {"message", source + ": " + why}});
       }
       if (!scheduler_.JobIdsLeft()) {
         return conn->Send({{"op", "error"}, {"message", "job ids are used up (the journal names ids up to 2^53)"}});

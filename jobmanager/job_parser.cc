@@ -152,13 +152,18 @@ std::optional<ChannelKind> ReadChannel(ObjectReader& r, Diagnostics& diags) {
 }
 
 void ParseResources(const Json& j, const std::string& ptr, Resources& res, Diagnostics& diags) {
-  ObjectReader r(j, ptr, diags, {"cpus", "gpus", "memory_mb"});
+  ObjectReader r(j, ptr, diags, {"cpus", "gpus", "memory_mb", "gpu_memory_mb"});
   if (!r.IsObject("resources")) return;
   r.RejectUnknownKeys();
   if (auto v = r.Number("cpus", 0, 4096)) res.cpus = *v;
   if (auto v = r.Integer("gpus", 0, 1024)) res.gpus = static_cast<int>(*v);
   // 2^32 MB (4 PiB) a vertex: sums over the largest gangs stay far inside int64.
   if (auto v = r.Integer("memory_mb", 0, int64_t{1} << 32)) res.memory_mb = *v;
+  if (auto v = r.Integer("gpu_memory_mb", 0, int64_t{1} << 32)) {
+    res.gpu_memory_mb = *v;
+    if (*v > 0 && res.gpus == 0)
+      diags.Error(r.PointerOf("gpu_memory_mb"), "gpu_memory_mb needs gpus >= 1 (it bounds each GPU's memory)");
+  }
 }
 
 void ParseDefaults(const Json& j, JobDefaults& d, Diagnostics& diags) {

@@ -42,12 +42,17 @@ struct Resources {
   double cpus = 1;
   int gpus = 0;
   int64_t memory_mb = 0;
+  /// The device memory each of the vertex's GPUs must have (0: any). A GPU is leased whole, so
+  /// this is a bound on where the vertex may go, not an amount it takes from a daemon.
+  int64_t gpu_memory_mb = 0;
 
-  /// What several vertices need at once: the sum, start from `Resources{0, 0, 0}`.
+  /// What several vertices need at once: the sum (start from `Resources{0, 0, 0}`), and GPUs
+  /// of the largest memory any of them asks.
   Resources& operator+=(const Resources& other) {
     cpus += other.cpus;
     gpus += other.gpus;
     memory_mb += other.memory_mb;
+    gpu_memory_mb = std::max(gpu_memory_mb, other.gpu_memory_mb);
     return *this;
   }
 };

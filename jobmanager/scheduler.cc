@@ -597,7 +597,7 @@ void Scheduler::TryChain(Job& job, VertexId u) {
   }
   Resources room{d.free_cpus, d.free_gpus, d.free_memory_mb};
   for (VertexId a : ahead) room += g.stage_of(a).resources;
-  if (!d.alive || d.awaiting || !Within(stage.resources, room.cpus, room.gpus, room.memory_mb)) return;
+  if (!d.alive || d.awaiting || !Within(stage.resources, room.cpus, room.gpus, room.memory_mb, GpuMemoryOf(d.spec))) return;
   Dispatch(job, u, d, /*duplicate=*/false, after);
 }
 

@@ -56,6 +56,7 @@ struct DaemonSpec {
   double cpus = 1;
   int gpus = 0;
   int64_t memory_mb = 0;
+  int64_t gpu_memory_mb = 0;                  // of each GPU (the smallest); 0: not reported
   std::map<std::string, std::string> labels;  // host=…, rack=…
   std::string data_host;                      // where its outputs are served
   uint16_t data_port = 0;
@@ -221,6 +222,11 @@ class Scheduler {
   // ---- jobs ----------------------------------------------------------------------------------
   /// Accepts a validated graph. `job_dir` is where relative paths in params resolve.
   JobId Submit(std::shared_ptr<const JobGraph> graph, std::string job_dir);
+  /// Why `graph` cannot run on this cluster, for refusing it before any vertex runs ("" when it
+  /// may): a stage whose vertices need GPUs of more memory (resources.gpu_memory_mb) than every
+  /// live daemon with that many GPUs reports. A cluster with no such daemon, or one that does not
+  /// know its GPUs' memory, may still hold it: the job waits, saying why.
+  std::string WhyItCannotFit(const JobGraph& graph) const;
   /// Ids up to `id` are taken (a job's history names it, though the journal may not): Submit
   /// hands out ids above it.
   void ReserveJobIds(uint64_t id) {

@@ -71,7 +71,7 @@ void Scheduler::LaunchDuplicates(Job& job) {
     const Resources& need = g.stage_of(VertexId(v)).resources;
     Daemon* target = nullptr;
     for (auto& d : daemons_) {
-      if (d->alive && d->id != r.daemon && Within(need, d->free_cpus, d->free_gpus, d->free_memory_mb) &&
+      if (d->alive && d->id != r.daemon && Within(need, d->free_cpus, d->free_gpus, d->free_memory_mb, GpuMemoryOf(d->spec)) &&
           (!target || d->free_cpus > target->free_cpus)) {
         target = d.get();
       }

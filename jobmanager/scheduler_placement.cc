@@ -68,7 +68,8 @@ bool Scheduler::TryPlace(Job& job, VertexId v) {
     if (it != job.affinity.end()) pinned = daemons_[it->second.value()].get();
   }
   auto fits = [&](const Daemon& d) {
-    return d.alive && Within(need, d.free_cpus, d.free_gpus, d.free_memory_mb) && d.spec.cpus + 1e-9 >= need.cpus;
+    return d.alive && Within(need, d.free_cpus, d.free_gpus, d.free_memory_mb, GpuMemoryOf(d.spec)) &&
+           d.spec.cpus + 1e-9 >= need.cpus;
   };
   if (pinned) {
     if (!fits(*pinned) || ReadsAHeldOutput(job, v)) return false;
@@ -236,7 +237,7 @@ GangPlacement Scheduler::PlaceGangOn(const Job& job, GangId gang, bool idle) con
     if (!d->alive || d->awaiting) continue;
     daemons.push_back({d->id, LabelOf(*d, kHostLabel), LabelOf(*d, kRackLabel), idle ? d->spec.cpus : d->free_cpus,
                        idle ? d->spec.gpus : d->free_gpus, d->spec.cpus, d->spec.gpus,
-                       idle ? MemoryOf(d->spec) : d->free_memory_mb, MemoryOf(d->spec)});
+                       idle ? MemoryOf(d->spec) : d->free_memory_mb, MemoryOf(d->spec), GpuMemoryOf(d->spec)});
   }
   return PlaceGang(request, daemons, *job.gang_needs, *policy_);
 }
@@ -244,7 +245,7 @@ GangPlacement Scheduler::PlaceGangOn(const Job& job, GangId gang, bool idle) con
 bool Scheduler::PinFits(const Job& job, const StageSpec& stage, const Daemon& d,
                         const std::map<std::string, DaemonId>& pins) const {
   return stage.affinity.empty() ||
-         job.gang_needs->PinFits(stage.affinity, {d.id, d.spec.cpus, d.spec.gpus, MemoryOf(d.spec)}, pins);
+         job.gang_needs->PinFits(stage.affinity, {d.id, d.spec.cpus, d.spec.gpus, MemoryOf(d.spec), GpuMemoryOf(d.spec)}, pins);
 }
 
 void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const std::vector<VertexId>& after) {

@@ -94,7 +94,9 @@ std::string Scheduler::WhyNotPlaced(const Job& job, VertexId v, std::map<uint32_
     return why;
   }
   const Resources& need = stage.resources;
-  auto holds = [&](const Daemon& d) { return d.alive && Within(need, d.spec.cpus, d.spec.gpus, MemoryOf(d.spec)); };
+  auto holds = [&](const Daemon& d) {
+    return d.alive && Within(need, d.spec.cpus, d.spec.gpus, MemoryOf(d.spec), GpuMemoryOf(d.spec));
+  };
   if (std::none_of(daemons_.begin(), daemons_.end(), [&](const auto& d) { return holds(*d); })) {
     // Daemons awaited after a restart (or lost within their return grace) offer nothing yet:
     // that is what it waits for, not a daemon larger than any.
@@ -113,6 +115,26 @@ std::string Scheduler::WhyNotPlaced(const Job& job, VertexId v, std::map<uint32_
     return "no live daemon can hold affinity group " + stage.affinity + "'s vertices and the gangs they join";
   }
   return "no daemon has " + DescribeResources(need) + " free";
+}
+
+std::string Scheduler::WhyItCannotFit(const JobGraph& graph) const {
+  for (const StageSpec& stage : graph.spec().stages) {
+    const Resources& need = stage.resources;
+    if (need.gpus == 0 || need.gpu_memory_mb == 0) continue;
+    const Daemon* largest = nullptr;
+    bool unknown = false;
+    for (const auto& d : daemons_) {
+      if (!d->alive || d->spec.gpus < need.gpus) continue;
+      unknown = unknown || d->spec.gpu_memory_mb <= 0;
+      if (!largest || d->spec.gpu_memory_mb > largest->spec.gpu_memory_mb) largest = d.get();
+    }
+    if (!largest || unknown || largest->spec.gpu_memory_mb >= need.gpu_memory_mb) continue;
+    return fmt::format(
+        "stage {} needs {} MB of memory on each of its {} GPU(s) (resources.gpu_memory_mb), and the largest GPUs of the "
+        "live daemons with {} GPU(s) have {} MB (daemon {})",
+        stage.name, need.gpu_memory_mb, need.gpus, need.gpus, largest->spec.gpu_memory_mb, largest->spec.name);
+  }
+  return "";
 }
 
 namespace {
@@ -292,6 +314,7 @@ Json Scheduler::DaemonsTable() const {
                     {"free_cpus", std::max(0.0, d.free_cpus)},
                     {"gpus", d.spec.gpus},
                     {"memory_mb", d.spec.memory_mb},
+                    {"gpu_memory_mb", d.spec.gpu_memory_mb},
                     {"free_memory_mb", d.spec.memory_mb > 0 ? std::max<int64_t>(0, d.free_memory_mb) : 0},
                     {"running", d.running},
                     {"labels", d.spec.labels},

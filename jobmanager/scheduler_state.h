@@ -38,6 +38,12 @@ inline int64_t MemoryOf(const DaemonSpec& spec) {
   return spec.memory_mb > 0 ? std::min(spec.memory_mb, kUnaccountedMemoryMb) : kUnaccountedMemoryMb;
 }
 
+/// The memory of each of daemon `spec`'s GPUs: what it reported, or unaccounted when it
+/// reported none (a daemon that could not tell, or has no GPUs).
+inline int64_t GpuMemoryOf(const DaemonSpec& spec) {
+  return spec.gpu_memory_mb > 0 ? std::min(spec.gpu_memory_mb, kUnaccountedMemoryMb) : kUnaccountedMemoryMb;
+}
+
 /// How an output port is stored: as its first channel's kind; a port no channel reads (a
 /// declared job output) is a file.
 inline ChannelKind PortKind(const JobGraph& g, const std::vector<ChannelId>& port) {

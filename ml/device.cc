@@ -71,6 +71,19 @@ int CudaDeviceCount() {
 #endif
 }
 
+int64_t SmallestCudaMemoryMb(int gpus) {
+  if (gpus < 1 || gpus > CudaDeviceCount()) return 0;
+  int64_t smallest = 0;
+#if COPSE_HAVE_CUDA
+  for (int i = 0; i < gpus; ++i) {
+    const int64_t mb = cuda::CudaMemoryMb(i);
+    if (mb == 0) return 0;
+    smallest = i == 0 ? mb : std::min(smallest, mb);
+  }
+#endif
+  return smallest;
+}
+
 Result<Device*> DeviceByName(const std::string& name) {
   if (name == "cpu") return CpuDevice();
   if (name == "cuda" || name == "gpu") return CudaDevice(0);

@@ -167,6 +167,11 @@ Result<Device*> CudaDevice(int ordinal = 0);
 /// Number of usable GPUs (0 without CUDA support or hardware).
 int CudaDeviceCount();
 
+/// The smallest total memory, in MB, of GPUs 0 … gpus-1 (those this process sees): what a daemon
+/// offering them reports for placement (resources.gpu_memory_mb). 0 when it sees fewer, or has
+/// no CUDA support.
+int64_t SmallestCudaMemoryMb(int gpus);
+
 /// Parses "cpu", "cuda" or "cuda:N".
 Result<Device*> DeviceByName(const std::string& name);
 

@@ -41,10 +41,12 @@ class JobBuilder {
   /// Gives the last stage added `gpus` GPUs per vertex.
   void Gpus(int gpus) { stages_.back()["resources"]["gpus"] = gpus; }
   /// With --device cuda, the last stage added (a compute stage: its vertices hold a model, a
-  /// batch or gradients) takes a GPU per vertex and computes on it (params.device).
-  void ComputeOn(const std::string& device) {
+  /// batch or gradients) takes a GPU per vertex of at least `gpu_memory_mb` and computes on it
+  /// (params.device).
+  void ComputeOn(const std::string& device, int64_t gpu_memory_mb) {
     if (device == "cpu") return;
     Gpus(1);
+    stages_.back()["resources"]["gpu_memory_mb"] = gpu_memory_mb;
     stages_.back()["params"]["device"] = device;
   }
   /// An `nccl` edge: joins `from` and `to` into one gang's NCCL group.
@@ -94,6 +96,64 @@ class JobBuilder {
   std::map<std::string, int> next_out_;
   std::set<std::pair<std::string, std::string>> data_pairs_;
 };
+
+/// With --device cuda, what a stage's compute vertices need of their GPU's memory
+/// (resources.gpu_memory_mb), estimated from the model itself: per layer its parameters and what
+/// one example's forward stashes (measured by running one, on the CPU, in the job's precision).
+/// For layers [begin, end) holding `rows` examples' activations at once:
+///   512 MB (CUDA's context, cuBLAS's workspace, the allocator's slack)
+///   + parameters x 4 bytes x (value, gradient, optimizer slots) x 2 (a step's new tensors are
+///     made while the old ones are still read) + their bfloat16 copies in bf16
+///   + stash bytes per example x rows x 2 (the gradients beside them).
+/// The scheduler places by it and refuses a stage no daemon's GPU can hold (docs/ml-graphs.md).
+class GpuMemoryModel {
+ public:
+  static Result<GpuMemoryModel> Of(const GraphOptions& o) {
+    GpuMemoryModel m;
+    COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModel(o.model, o.seed));
+    COPSE_ASSIGN_OR_RETURN(Precision precision, ParsePrecision(o.precision));
+    Shape example = {1, 1, 28, 28};
+    if (IsLanguageModel(o.model)) {
+      COPSE_ASSIGN_OR_RETURN(GptSpec spec, ParseGptSpec(o.model));
+      example = {1, spec.context};
+    }
+    Stash stash;
+    ForwardContext fc;
+    fc.precision = precision;
+    COPSE_RETURN_NOT_OK(model.Forward(Tensor::Zeros(example), fc, &stash).status());
+    for (size_t i = 0; i < model.size(); ++i) {
+      int64_t params = 0, stashed = 0;
+      for (const Parameter& p : model.layer(i).parameters()) params += p.value.numel();
+      for (const Tensor& t : stash.layers[i].tensors) stashed += t.defined() ? static_cast<int64_t>(t.bytes()) : 0;
+      m.params_.push_back(params);
+      m.stash_bytes_.push_back(stashed);
+    }
+    m.slots_ = o.optimizer == "sgd" ? (o.momentum > 0 ? 1 : 0) : 2;
+    m.bf16_ = precision == Precision::kBFloat16;
+    return m;
+  }
+
+  int layers() const { return static_cast<int>(params_.size()); }
+
+  int64_t Mb(int begin, int end, int64_t rows) const {
+    int64_t params = 0, stash = 0;
+    for (int i = std::max(begin, 0); i < std::min(end, layers()); ++i)  // none for a CPU job's empty model
+      params += params_[static_cast<size_t>(i)], stash += stash_bytes_[static_cast<size_t>(i)];
+    const int64_t bytes = (int64_t{512} << 20) + params * 4 * (2 + slots_) * 2 + (bf16_ ? params * 2 : 0) + stash * rows * 2;
+    return (bytes + (int64_t{1} << 20) - 1) >> 20;
+  }
+
+ private:
+  std::vector<int64_t> params_, stash_bytes_;
+  int slots_ = 0;
+  bool bf16_ = false;
+};
+
+/// The model's GPU memory estimate when the job computes on GPUs (else unused).
+Result<GpuMemoryModel> GpuMemoryOf(const GraphOptions& o) {
+  if (o.device == "cpu") return GpuMemoryModel();
+  return GpuMemoryModel::Of(o);
+}
 
 /// What a generated job may expand to: a fifth of the job manager's 50,000,000-vertex limit,
 /// since each vertex also carries its params and channels.
@@ -261,13 +321,16 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
   const bool ring = o.reducer == "ring", nccl = o.reducer == "nccl";
   const bool replicated = ring || nccl;  // every worker steps its own copy of the parameters
   const std::string upd_prefix = o.reducer == "ps" ? "ps" : "update";
+  COPSE_ASSIGN_OR_RETURN(const GpuMemoryModel gpu, GpuMemoryOf(o));
+  // Workers sharing a GPU hold their activations at once: the whole batch's, at most.
+  const int64_t gpu_mb = gpu.Mb(0, gpu.layers(), o.batch);
   b.Stage("init", "ml.init", 1, With(common, {{"clock", true}, {"chain_ports", replicated ? W : 1}}), o.daemon_cpus);
   for (int w = 0; w < W; ++w) {
     Json gp = With(common, {{"workers", W}, {"worker", w}, {"loader", o.loader_vertices}});
     if (o.loader_vertices)
       b.Stage("load" + std::to_string(w), "ml.load", steps, With(common, {{"workers", W}, {"worker", w}}), 0.1);
     b.Stage("grad" + std::to_string(w), "ml.grad", steps, gp, o.threads, replicated ? "w" + std::to_string(w) : "");
-    b.ComputeOn(o.device);
+    b.ComputeOn(o.device, gpu_mb);
   }
   // Updates: one per step ("params" affinity), or with a ring or NCCL one per worker and step.
   const int U = replicated ? W : 1;
@@ -275,7 +338,7 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
   for (int w = 0; w < U; ++w) {
     b.Stage(upd(w), o.reducer == "ps" ? "ml.ps" : "ml.update", steps, UpdateParams(common, 0, -1, steps),
             DataParallelUpdateCpus(o), replicated ? "w" + std::to_string(w) : "params");
-    b.ComputeOn(o.device);
+    b.ComputeOn(o.device, gpu_mb);
   }
   // Reducers.
   const int rounds = 2 * (W - 1);
@@ -290,7 +353,7 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
       n = nodes;
     } while (n > 1);
     b.Stage("reduce", "ml.reduce", steps * tree_nodes, Json::object(), 0.5);
-    b.ComputeOn(o.device);  // sums the workers' gradients where they are
+    b.ComputeOn(o.device, gpu_mb);  // sums the workers' gradients where they are
   } else if (ring) {
     for (int w = 0; w < W; ++w)
       b.Stage("ring" + std::to_string(w), "ml.ring_reduce", steps * rounds, {{"workers", W}, {"worker", w}}, 0.5,
@@ -428,6 +491,7 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
     COPSE_ASSIGN_OR_RETURN(split, BalancedSplit(o.model, P));
   }
   COPSE_ASSIGN_OR_RETURN(Sequential full, BuildModelLayers(o.model));
+  COPSE_ASSIGN_OR_RETURN(const GpuMemoryModel gpu, GpuMemoryOf(o));
   if (static_cast<int>(split.size()) != P + 1 || split.front() != 0 || split.back() != static_cast<int>(full.size()) ||
       !std::is_sorted(split.begin(), split.end()) || std::adjacent_find(split.begin(), split.end()) != split.end())
     return Status::InvalidArgument("--split: expected " + std::to_string(P - 1) + " increasing inner boundaries between 0 and " +
@@ -449,6 +513,8 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
     // (a tensor-parallel block cannot).
     const bool batched =
         o.weight_grads == "batched" && !o.recompute && R == 1 && full.Slice(split[s], split[s + 1]).DefersWeightGradients();
+    // A pipeline keeps its M micro-batches' stashes until the step's last backward.
+    const int64_t gpu_mb = gpu.Mb(split[s], split[s + 1], (o.batch + W - 1) / W);
     for (int r = 0; r < R; ++r) {
       // shm gangs share a daemon: a stage's members share its affinity group; stream gangs may
       // spread, one group per rank.
@@ -461,17 +527,17 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
                           {"workers", W}, {"worker", w}, {"recompute", o.recompute}};
         b.Stage(F(s, w, r), "ml.forward", steps * M, With(With(With(common, layers), tp), pos), o.threads,
                 group + (W > 1 ? "w" + std::to_string(w) : ""), s + 1 < P ? crossing : std::vector<int>{});
-        b.ComputeOn(o.device);
+        b.ComputeOn(o.device, gpu_mb);
         b.Stage(B(s, w, r), "ml.backward", steps * M,
                 With(With(With(With(common, layers), tp), pos), {{"weight_grads", batched ? "batched" : "per-microbatch"}}),
                 o.threads, group + (W > 1 ? "w" + std::to_string(w) : ""), s > 0 ? crossing : std::vector<int>{});
-        b.ComputeOn(o.device);
+        b.ComputeOn(o.device, gpu_mb);
       }
       b.Stage(Uname(s, r), "ml.update", steps,
               With(With(UpdateParams(common, split[s], split[s + 1], steps), tp),
                    {{"weight_grads", batched ? "batched" : "per-microbatch"}}),
               PipelineUpdateCpus(o), group + (W > 1 ? "w0" : ""));
-      b.ComputeOn(o.device);
+      b.ComputeOn(o.device, gpu_mb);
     }
   }
   for (int64_t t = 0; t < steps; ++t) {

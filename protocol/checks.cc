@@ -49,6 +49,7 @@ void CheckRegister(Checker& c, const Register& m) {
   c.Require(m.cpus() >= 0 && m.cpus() <= 1e6, "cpus", "must be 0 to 1,000,000, got " + std::to_string(m.cpus()));
   c.Range<int64_t>(m.gpus(), 0, 1'000'000, "gpus");
   c.Require(m.memory_mb() >= 0, "memory_mb", "must not be negative");
+  c.Require(m.gpu_memory_mb() >= 0, "gpu_memory_mb", "must not be negative");
   c.Require(!m.data_host().empty(), "data_host", "required");
   c.Range<uint32_t>(m.data_port(), 1, 65535, "data_port");
   // Producers address live channels to it there: an empty one would fail their tasks.

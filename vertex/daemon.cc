@@ -249,6 +249,7 @@ class Daemon::Impl {
     reg.set_cpus(options_.cpus);
     reg.set_gpus(options_.gpus);
     reg.set_memory_mb(options_.memory_mb);
+    reg.set_gpu_memory_mb(options_.gpu_memory_mb);
     reg.mutable_labels()->insert(options_.labels.begin(), options_.labels.end());
     reg.set_data_host(options_.data_host);
     reg.set_data_port(data_server_->port());

@@ -29,6 +29,7 @@ struct DaemonOptions {
   int cpus = 1;
   int gpus = 0;
   int64_t memory_mb = 0;
+  int64_t gpu_memory_mb = 0;  // each of its GPUs' memory (the smallest), for placement; 0: not known
   std::map<std::string, std::string> labels;
   std::filesystem::path work_dir;
   std::string secret;

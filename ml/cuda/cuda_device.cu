@@ -636,6 +636,15 @@ int CudaDeviceCount() {
   return count;
 }
 
+int64_t CudaMemoryMb(int ordinal) {
+  cudaDeviceProp prop{};
+  if (ordinal < 0 || ordinal >= CudaDeviceCount() || cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return static_cast<int64_t>(prop.totalGlobalMem >> 20);
+}
+
 Result<Device*> GetCudaDevice(int ordinal) {
   const int count = CudaDeviceCount();
   if (ordinal < 0 || ordinal >= count || ordinal >= static_cast<int>(devices.size()))

@@ -10,6 +10,9 @@ namespace copse::ml::cuda {
 /// Number of visible GPUs; 0 when the driver or hardware is missing.
 int CudaDeviceCount();
 
+/// GPU `ordinal`'s total memory in MB; 0 when there is no such GPU.
+int64_t CudaMemoryMb(int ordinal);
+
 /// The Device for GPU `ordinal`, or Unavailable naming why not.
 Result<Device*> GetCudaDevice(int ordinal);
 

@@ -29,8 +29,17 @@ size_t Count(const std::string& text, const std::string& what) {
 TEST_CASE("StatusView.ADaemonNotRegisteredSinceARestartShowsNoAddresses") {
   const std::string table = RenderDaemonsTable(Json::array({DaemonRow("d7", "awaited", false, 0)}));
   INFO(table);
-  CHECK(table.find("d7            awaited     2     2     0                -        0  -                     -") !=
+  CHECK(table.find("d7            awaited     2     2        0                -        0  -                     -") !=
         std::string::npos);
+}
+
+TEST_CASE("StatusView.TheDaemonsTableShowsEachGpusMemoryWhereReported") {
+  Json row = DaemonRow("g0", "alive", false, 9001);
+  row["gpus"] = 2;
+  row["gpu_memory_mb"] = 81559;
+  CHECK(RenderDaemonsTable(Json::array({row})).find(" 2x80G ") != std::string::npos);
+  row["gpu_memory_mb"] = 0;  // not measured: the count alone
+  CHECK(RenderDaemonsTable(Json::array({row})).find("        2  ") != std::string::npos);
 }
 
 TEST_CASE("StatusView.TheDaemonsTableShowsFreeAndDeclaredMemory") {

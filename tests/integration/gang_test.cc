@@ -107,6 +107,47 @@ TEST_CASE("Gangs.AnNcclGangThatCannotJoinEndsItsJobWithTheReason") {
   }
 }
 
+TEST_CASE("Gangs.AStageNoDaemonsGpuCanHoldIsRefusedAtSubmitAndTheRestArePlacedByGpuMemory") {
+  // Daemons report each GPU's memory (here told, --gpu-memory-mb; measured where CUDA can):
+  // a stage that asks more of every live GPU daemon is refused before anything runs, with the
+  // stage and both sizes; one that fits runs only where it fits.
+  TestCluster cluster(0);
+  cluster.AddDaemon("small", 1, {"--gpus", "1", "--gpu-memory-mb", "16000"});
+  cluster.AddDaemon("large", 1, {"--gpus", "1", "--gpu-memory-mb", "80000"});
+  cluster.WaitForDaemons(2);
+  auto daemons = cluster.client().Call({{"op", "daemons"}});
+  REQUIRE(daemons.ok());
+  std::map<std::string, int64_t> reported;
+  for (const Json& d : (*daemons)["daemons"]) reported[d["name"]] = d.value("gpu_memory_mb", int64_t{-1});
+  CHECK(reported["small"] == 16000);
+  CHECK(reported["large"] == 80000);
+
+  const Json too_big = {
+      {"stages", {{{"name", "train"}, {"program", "noop"}, {"resources", {{"gpus", 1}, {"gpu_memory_mb", 90000}}}}}}};
+  auto refused = cluster.client().Call({{"op", "submit"}, {"job", too_big}, {"source", "big.json"}});
+  REQUIRE_FALSE(refused.ok());
+  CHECK_MESSAGE(refused.status().message().find("big.json: stage train needs 90000 MB of memory on each of its 1 GPU(s) "
+                                                "(resources.gpu_memory_mb), and the largest GPUs of the live daemons with 1 "
+                                                "GPU(s) have 80000 MB (daemon large)") != std::string::npos,
+                refused.status().ToString());
+
+  uint64_t job = cluster.Submit(
+      {{"stages",
+        {{{"name", "train"}, {"program", "noop"}, {"replicas", 3}, {"resources", {{"gpus", 1}, {"gpu_memory_mb", 40000}}}}}}});
+  Json st = cluster.Wait(job, std::chrono::seconds(60));
+  REQUIRE_MESSAGE(st["state"] == "completed", st.dump(2));
+  auto log = cluster.client().Call({{"op", "logs"}, {"job", job}});
+  REQUIRE(log.ok());
+  int placed = 0;
+  for (const Json& line : (*log)["lines"]) {
+    const std::string text = line.dump();
+    if (text.find("placed on") == std::string::npos) continue;
+    ++placed;
+    CHECK_MESSAGE(text.find("placed on large") != std::string::npos, text);
+  }
+  CHECK(placed == 3);
+}
+
 TEST_CASE("Gangs.KillingAGangMembersDaemonRestartsTheGangWithIdenticalOutput") {
   TestCluster cluster(3, 2);
   Json job = Pipeline("stream", 512 << 20);

@@ -34,6 +34,14 @@ TEST_CASE("Validation.WrongTypesNameTheExpectedType") {
   CHECK_ERROR(no_stages, "", "missing required key \"stages\"");
 }
 
+TEST_CASE("Validation.GpuMemoryNeedsGpus") {
+  auto cpu_only = Load(R"({"stages": [{"name": "a", "program": "noop", "resources": {"gpu_memory_mb": 1000}}]})");
+  CHECK_ERROR(cpu_only, "/stages/0/resources/gpu_memory_mb", "gpu_memory_mb needs gpus >= 1");
+  auto negative = Load(R"({"stages": [{"name": "a", "program": "noop", "resources": {"gpus": 1, "gpu_memory_mb": -1}}]})");
+  CHECK_ERROR(negative, "/stages/0/resources/gpu_memory_mb", "expected an integer from 0");
+  CHECK(Load(R"({"stages": [{"name": "a", "program": "noop", "resources": {"gpus": 1, "gpu_memory_mb": 1000}}]})").ok());
+}
+
 TEST_CASE("Validation.PerReplicaParamsMayNotExpandBeyondTheirBound") {
   // 10 KB of params with "{replica}" over 400,000 replicas would be 4 GB of copies in the job
   // manager; the same params without it are shared, whatever the replicas.

@@ -1952,6 +1952,64 @@ TEST_CASE("Scheduler.MemoryIsPlacedLikeCpus") {
   }
 }
 
+/// A daemon of `gpus` GPUs of `gpu_memory_mb` each (0: not reported).
+DaemonId AddGpuDaemon(Harness& h, const std::string& name, int gpus, int64_t gpu_memory_mb) {
+  DaemonSpec spec;
+  spec.name = name;
+  spec.cpus = 4;
+  spec.gpus = gpus;
+  spec.gpu_memory_mb = gpu_memory_mb;
+  auto id = h.sched.AddDaemon(spec);
+  REQUIRE(id.ok());
+  return *id;
+}
+
+TEST_CASE("Scheduler.GpuMemoryBoundsWhereAVertexMayRun") {
+  const char* job = R"({"stages": [{"name": "train", "program": "noop", "replicas": 2,
+                                    "resources": {"gpus": 1, "gpu_memory_mb": 40000}}]})";
+  SUBCASE("vertices go only to daemons whose GPUs have the memory") {
+    Harness h;
+    AddGpuDaemon(h, "small", 2, 24000);
+    const DaemonId large = AddGpuDaemon(h, "large", 1, 81559);
+    JobId id = h.Submit(job);
+    auto tasks = h.sink.TakeTasks();
+    REQUIRE(tasks.size() == 1);  // one GPU large enough: the second replica waits for it
+    CHECK(tasks[0].first == large);
+    const Json waiting = h.sched.JobStatus(id)["waiting"];
+    REQUIRE(waiting.size() == 1);
+    CHECK_MESSAGE(std::string(waiting[0]["reason"]).find("1 gpus of 40000 MB each") != std::string::npos, waiting.dump());
+    h.Finish(tasks[0].second, true);
+    tasks = h.sink.TakeTasks();
+    REQUIRE(tasks.size() == 1);
+    CHECK(tasks[0].first == large);
+  }
+  SUBCASE("a stage no live daemon's GPUs can hold is refused before it runs, naming it and the sizes") {
+    Harness h;
+    AddGpuDaemon(h, "h100", 1, 81559);
+    AddGpuDaemon(h, "a10", 4, 24000);
+    const auto graph = testing::MustLoad(R"({"stages": [{"name": "ok", "program": "noop"},
+                                                        {"name": "huge", "program": "noop",
+                                                         "resources": {"gpus": 1, "gpu_memory_mb": 100000}}]})");
+    CHECK(h.sched.WhyItCannotFit(*graph) ==
+          "stage huge needs 100000 MB of memory on each of its 1 GPU(s) (resources.gpu_memory_mb), and the largest GPUs of "
+          "the live daemons with 1 GPU(s) have 81559 MB (daemon h100)");
+    CHECK(h.sched.WhyItCannotFit(*testing::MustLoad(job)).empty());
+  }
+  SUBCASE("a daemon that does not know its GPUs' memory, or no GPU daemon at all, refuses nothing") {
+    Harness none;
+    none.AddDaemon("cpu-only", 4);
+    CHECK(none.sched.WhyItCannotFit(*testing::MustLoad(job)).empty());  // waits for GPU daemons
+    Harness unknown;
+    AddGpuDaemon(unknown, "old", 1, 24000);
+    AddGpuDaemon(unknown, "unmeasured", 1, 0);
+    CHECK(unknown.sched.WhyItCannotFit(*testing::MustLoad(job)).empty());
+    unknown.Submit(job);
+    auto tasks = unknown.sink.TakeTasks();
+    REQUIRE(tasks.size() == 1);
+    CHECK(tasks[0].second.name() == "train[0]");
+  }
+}
+
 TEST_CASE("Scheduler.AGangThatDoesNotFitHoldsNoSlot") {
   Harness h;
   h.AddDaemon("d0", 1);

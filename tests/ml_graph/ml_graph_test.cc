@@ -678,6 +678,11 @@ TEST_CASE("MlGraph.DeviceCudaPutsEveryComputeVertexOnAGpu") {
       const bool gpu = compute.count(st["program"].get<std::string>()) > 0;
       CHECK(st["resources"].value("gpus", 0) == (gpu ? 1 : 0));
       CHECK(st["params"].value("device", "cpu") == (gpu ? "cuda" : "cpu"));  // init and eval stay on the CPU
+      // An estimate from the model (GpuMemoryModel in graph_gen.cc): above the CUDA context's
+      // 512 MB, far below a GPU's memory for this small MLP.
+      if (gpu) CHECK(st["resources"]["gpu_memory_mb"].get<int64_t>() > 512);
+      if (gpu) CHECK(st["resources"]["gpu_memory_mb"].get<int64_t>() < 1024);
+      if (!gpu) CHECK_FALSE(st["resources"].contains("gpu_memory_mb"));
       on_gpu += gpu;
     }
     CHECK(on_gpu == (o.kind == "pipeline" ? 6 : 4));

@@ -10,6 +10,8 @@
 // graph is held to a tenth of what bf16 itself changes against float32.
 #include <doctest/doctest.h>
 
+#include <fstream>
+
 #include "tests/ml_graph/graph_run.h"
 
 namespace copse::ml {
@@ -52,6 +54,32 @@ TEST_CASE("MlGraphCuda.DataParallelAndPipelineGraphsOnTheGpuMatchTheCpu" * docte
   // Per-micro-batch weight gradients accumulate in the cached model on the device.
   const RunResult per_micro = RunOnTheGpu(PipelineOf(base, "pipeline", 2, 4, "1f1b", false, "per-microbatch"));
   CHECK(RelativeDifference(per_micro.params, cpu) < kGpuTolerance);
+}
+
+TEST_CASE("MlGraphCuda.AStageLargerThanTheGpuIsRefusedBeforeItRuns" * doctest::timeout(120)) {
+  // The daemon measures its GPU's memory; a stage asking more is refused at submission.
+  GraphOptions o = Small();
+  o.device = "cuda";
+  auto job = GenerateTrainingGraph(o);
+  REQUIRE(job.ok());
+  for (Json& st : (*job)["stages"])
+    if (st["resources"].contains("gpu_memory_mb")) st["resources"]["gpu_memory_mb"] = 10'000'000;
+  TempDir dir;
+  const fs::path file = dir.path / "job.json";
+  { std::ofstream(file) << job->dump(1); }
+  const std::string cmd = "timeout 90 " + Copse() + " run " + file.string() + " --daemons 1 --gpus 1 --cpus 4 --output " +
+                          (dir.path / "out").string() + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
+  const int rc = pclose(p);
+  MESSAGE(text);
+  CHECK(rc != 0);
+  CHECK(text.find("stage grad0 needs 10000000 MB of memory on each of its 1 GPU(s)") != std::string::npos);
+  CHECK(text.find("MB (daemon d0)") != std::string::npos);
 }
 
 TEST_CASE("MlGraphCuda.Bf16GraphsOnTheGpuMatchTheCpuBf16" * doctest::timeout(300)) {
