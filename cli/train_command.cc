@@ -24,6 +24,13 @@ struct TrainFlags {
   long long progress_every = 100;
 };
 
+/// fp16's dynamic loss scaling, in a line of its own before "done:".
+void PrintLossScaling(const ml::TrainReport& r) {
+  if (r.precision != "fp16") return;
+  std::printf("fp16: %lld steps skipped for overflowed gradients, loss scale %g at the end\n",
+              static_cast<long long>(r.skipped_steps), r.loss_scale);
+}
+
 int RunTrain(const TrainFlags& flags) {
   const bool json = flags.output == "json";
   const bool lm = ml::IsLanguageModel(flags.options.model);
@@ -74,6 +81,10 @@ int RunTrain(const TrainFlags& flags) {
         {"train_seconds", r.train_seconds},
         {"parameter_digest", r.parameter_digest},
     };
+    if (r.precision == "fp16") {
+      out["skipped_steps"] = r.skipped_steps;
+      out["loss_scale"] = r.loss_scale;
+    }
     if (r.language_model) {
       out["steps"] = r.steps;
       out["train_tokens"] = r.train_tokens;
@@ -84,11 +95,13 @@ int RunTrain(const TrainFlags& flags) {
     }
     std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else if (r.language_model) {
+    PrintLossScaling(r);
     std::printf("done: %s, %lld parameters; %lld steps, final loss %.4f, validation loss %.4f (perplexity %.2f), %.0f tokens/s\n",
                 r.model_description.c_str(), static_cast<long long>(r.parameters), static_cast<long long>(r.steps), r.final_loss,
                 r.validation_loss, r.perplexity, r.images_per_s);
     if (!r.sample.empty()) std::printf("sample:\n%s%s\n", flags.options.sample_prompt.c_str(), r.sample.c_str());
   } else {
+    PrintLossScaling(r);
     std::printf("done: %s, %lld parameters; test accuracy %.2f %%, final loss %.4f, %.0f images/s\n", r.model_description.c_str(),
                 static_cast<long long>(r.parameters), 100.0 * r.test_accuracy, r.final_loss, r.images_per_s);
   }

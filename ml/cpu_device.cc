@@ -179,6 +179,14 @@ __attribute__((target_clones("avx512f", "default"))) void FromBFloat16(const uin
   }
 }
 
+__attribute__((target_clones("avx512f", "default"))) void ToFloat16(const float* x, size_t n, uint16_t* y) {
+  for (size_t i = 0; i < n; ++i) y[i] = FloatToFloat16(x[i]);
+}
+
+__attribute__((target_clones("avx512f", "default"))) void FromFloat16(const uint16_t* x, size_t n, float* y) {
+  for (size_t i = 0; i < n; ++i) y[i] = Float16ToFloat(x[i]);
+}
+
 class CpuDeviceImpl final : public Device {
  public:
   CpuDeviceImpl()
@@ -285,6 +293,16 @@ class CpuDeviceImpl final : public Device {
   void BFloat16ToFloat(const uint16_t* x, size_t n, float* y) override {
     Pool().For(static_cast<int64_t>(n), kGrain,
                [&](int64_t b, int64_t e) { FromBFloat16(x + b, static_cast<size_t>(e - b), y + b); });
+  }
+
+  void FloatToFloat16(const float* x, size_t n, uint16_t* y) override {
+    Pool().For(static_cast<int64_t>(n), kGrain,
+               [&](int64_t b, int64_t e) { ToFloat16(x + b, static_cast<size_t>(e - b), y + b); });
+  }
+
+  void Float16ToFloat(const uint16_t* x, size_t n, float* y) override {
+    Pool().For(static_cast<int64_t>(n), kGrain,
+               [&](int64_t b, int64_t e) { FromFloat16(x + b, static_cast<size_t>(e - b), y + b); });
   }
 
   /// One thread's product: oneDNN where it is the backend in force and the reduction is at

@@ -27,19 +27,34 @@ void Device::BatchedGemm(bool trans_a, bool trans_b, int m, int n, int k, float 
            b + o * batch.b_outer + j * batch.b_inner, ldb, beta, c + o * batch.c_outer + j * batch.c_inner, ldc);
 }
 
-void Device::GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const uint16_t* a, int lda, const uint16_t* b,
-                      int ldb, float beta, float* c, int ldc) {
+namespace {
+
+/// A product of 16-bit operands through float32 copies of them (`widen` converts), in `d`'s memory.
+void WidenedGemm(Device& d, void (Device::*widen)(const uint16_t*, size_t, float*), bool trans_a, bool trans_b, int m, int n,
+                 int k, float alpha, const uint16_t* a, int lda, const uint16_t* b, int ldb, float beta, float* c, int ldc) {
   // The elements a row-major operand of `rows` rows of `cols` at stride `ld` spans.
   auto extent = [](int rows, int cols, int ld) { return rows == 0 ? size_t{0} : size_t(rows - 1) * ld + cols; };
   const size_t na = trans_a ? extent(k, m, lda) : extent(m, k, lda);
   const size_t nb = trans_b ? extent(n, k, ldb) : extent(k, n, ldb);
-  float* wa = static_cast<float*>(Allocate(std::max<size_t>(na, 1) * sizeof(float)));
-  float* wb = static_cast<float*>(Allocate(std::max<size_t>(nb, 1) * sizeof(float)));
-  BFloat16ToFloat(a, na, wa);
-  BFloat16ToFloat(b, nb, wb);
-  Gemm(trans_a, trans_b, m, n, k, alpha, wa, lda, wb, ldb, beta, c, ldc);
-  Free(wa, std::max<size_t>(na, 1) * sizeof(float));
-  Free(wb, std::max<size_t>(nb, 1) * sizeof(float));
+  float* wa = static_cast<float*>(d.Allocate(std::max<size_t>(na, 1) * sizeof(float)));
+  float* wb = static_cast<float*>(d.Allocate(std::max<size_t>(nb, 1) * sizeof(float)));
+  (d.*widen)(a, na, wa);
+  (d.*widen)(b, nb, wb);
+  d.Gemm(trans_a, trans_b, m, n, k, alpha, wa, lda, wb, ldb, beta, c, ldc);
+  d.Free(wa, std::max<size_t>(na, 1) * sizeof(float));
+  d.Free(wb, std::max<size_t>(nb, 1) * sizeof(float));
+}
+
+}  // namespace
+
+void Device::GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const uint16_t* a, int lda, const uint16_t* b,
+                      int ldb, float beta, float* c, int ldc) {
+  WidenedGemm(*this, &Device::BFloat16ToFloat, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void Device::GemmF16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const uint16_t* a, int lda, const uint16_t* b,
+                     int ldb, float beta, float* c, int ldc) {
+  WidenedGemm(*this, &Device::Float16ToFloat, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void Device::SgdStepOutOfPlace(const float* p, const float* const* grads, int ngrads, const float* buf, size_t n, float lr,

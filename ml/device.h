@@ -68,6 +68,15 @@ class Device {
   virtual void FloatToBFloat16(const float* x, size_t n, uint16_t* y) = 0;
   /// y[i] = float32(x[i]) (exact).
   virtual void BFloat16ToFloat(const uint16_t* x, size_t n, float* y) = 0;
+  /// Gemm on float16 operands, accumulated in float32 (C float32). The default widens A and B to
+  /// float32 and calls Gemm (the same values: the CPU, which has no float16 products here); CUDA
+  /// runs cuBLAS's on the tensor cores.
+  virtual void GemmF16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const uint16_t* a, int lda,
+                       const uint16_t* b, int ldb, float beta, float* c, int ldc);
+  /// y[i] = float16(x[i]) (FloatToFloat16 of ml/dtype.h: nearest even, overflow to infinity).
+  virtual void FloatToFloat16(const float* x, size_t n, uint16_t* y) = 0;
+  /// y[i] = float32(x[i]) (exact).
+  virtual void Float16ToFloat(const uint16_t* x, size_t n, float* y) = 0;
   /// y[r,c] = act(x[r,c] + bias[c]) (x may alias y; bias may be null).
   virtual void BiasActivation(const float* x, const float* bias, int rows, int cols, Activation act, float* y) = 0;
   /// dx = dy * act'(.) where `saved` is the activation's output for ReLU and its input for

@@ -209,6 +209,10 @@ Status Check(const GraphOptions& o) {
                "tensor-parallel jobs clip)");
   if (!(o.momentum >= 0 && o.momentum < 1)) return bad("--momentum", "[0, 1)");
   if (auto p = ParsePrecision(o.precision); !p.ok()) return p.status().WithContext("--precision");
+  if (o.precision == "fp16" && o.kind != "data-parallel")
+    return bad("--precision fp16",
+               "a data-parallel job (a pipeline's or tensor-parallel gang's loss scale would have to agree "
+               "across its stages and shards, which is not built yet)");
   if (o.limit == 0) return bad("--limit", "> 0 (or absent)");
   if (o.steps == 0) return bad("--steps", "> 0 (or absent)");
   if (o.threads < 1) return bad("--threads", ">= 1");

@@ -81,22 +81,23 @@ void Layer::NormalInit(const Tensor& t, uint64_t seed, uint64_t stream, float st
 }
 
 Tensor Layer::ProductWeight(const Parameter& w, const ForwardContext& ctx) const {
-  if (ctx.precision == Precision::kFloat32) return w.value;
-  return weight_casts_ ? weight_casts_->BFloat16(w) : w.value.Cast(DType::kBFloat16);
+  const DType type = ProductType(ctx.precision);
+  if (type == DType::kFloat32) return w.value;
+  return weight_casts_ ? weight_casts_->Cast(w, type) : w.value.Cast(type);
 }
 
-Tensor Layer::BackwardWeight(const LayerStash& stash, size_t i, const Parameter& w, bool low) const {
-  if (!low) return w.value;
-  if (i < stash.weights.size() && stash.weights[i].shape() == w.value.shape() && stash.weights[i].dtype() == DType::kBFloat16)
+Tensor Layer::BackwardWeight(const LayerStash& stash, size_t i, const Parameter& w, DType type) const {
+  if (type == DType::kFloat32) return w.value;
+  if (i < stash.weights.size() && stash.weights[i].shape() == w.value.shape() && stash.weights[i].dtype() == type)
     return stash.weights[i];
-  return weight_casts_ ? weight_casts_->BFloat16(w) : w.value.Cast(DType::kBFloat16);
+  return weight_casts_ ? weight_casts_->Cast(w, type) : w.value.Cast(type);
 }
 
-Tensor WeightCasts::BFloat16(const Parameter& p) {
+Tensor WeightCasts::Cast(const Parameter& p, DType type) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& [source, copy] = casts_[&p];
-  if (!source.defined() || source.raw_data() != p.value.raw_data() || source.shape() != p.value.shape())
-    source = p.value, copy = p.value.Cast(DType::kBFloat16);
+  if (!source.defined() || source.raw_data() != p.value.raw_data() || source.shape() != p.value.shape() || copy.dtype() != type)
+    source = p.value, copy = p.value.Cast(type);
   return copy;
 }
 
@@ -188,8 +189,7 @@ Result<Tensor> Linear::InputGradient(const Tensor& dy_in, const LayerStash& stas
   const DType type = stash.tensors[0].dtype();
   if (dz_operand) *dz_operand = wgrad->Cast(type);
   if (!need_dx) return Tensor();
-  const Tensor dx =
-      Matmul(dz_operand ? *dz_operand : wgrad->Cast(type), BackwardWeight(stash, 0, params_[0], type != DType::kFloat32));
+  const Tensor dx = Matmul(dz_operand ? *dz_operand : wgrad->Cast(type), BackwardWeight(stash, 0, params_[0], type));
   return stash.shape.empty() ? dx : dx.Reshape(stash.shape);
 }
 

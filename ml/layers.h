@@ -55,7 +55,8 @@ struct Parameter;
 /// alive, so a freed and reused address is never mistaken for it. Thread-safe.
 class WeightCasts {
  public:
-  Tensor BFloat16(const Parameter& p);
+  /// `p`'s value converted to `type` (bfloat16 or float16).
+  Tensor Cast(const Parameter& p, DType type);
 
  private:
   std::mutex mu_;
@@ -129,12 +130,13 @@ class Layer {
   /// Fills `t` with N(0, std^2) from stream `stream` of this layer's seed (Box-Muller over
   /// pairs of Philox uniforms).
   void NormalInit(const Tensor& t, uint64_t seed, uint64_t stream, float std) const;
-  /// What a product of this pass multiplies by weight `w`: its value, or in bfloat16 its copy.
+  /// What a product of this pass multiplies by weight `w`: its value, or in bf16 (fp16) its
+  /// bfloat16 (float16) copy.
   Tensor ProductWeight(const Parameter& w, const ForwardContext& ctx) const;
   /// What a backward multiplies by weight `w`, the i-th its forward multiplied: its value when
-  /// the stash is float32 (`low` false), else the stashed copy or, for a stash that came
-  /// without it, the weight's copy again.
-  Tensor BackwardWeight(const LayerStash& stash, size_t i, const Parameter& w, bool low) const;
+  /// the forward multiplied in float32 (`type`, its operands' type), else the stashed copy or,
+  /// for a stash that came without it, the weight's copy in that type again.
+  Tensor BackwardWeight(const LayerStash& stash, size_t i, const Parameter& w, DType type) const;
 
   std::vector<Parameter> params_;
   int index_ = 0;

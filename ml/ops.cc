@@ -53,13 +53,14 @@ void MatmulInto(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, fl
   if (a.dtype() == DType::kBFloat16)
     d->GemmBf16(trans_a, trans_b, I(m), I(n), I(k), 1.0f, a.bf16_data(), I(a.dim(1)), b.bf16_data(), I(b.dim(1)), beta, c.data(),
                 I(n));
+  else if (a.dtype() == DType::kFloat16)
+    d->GemmF16(trans_a, trans_b, I(m), I(n), I(k), 1.0f, a.f16_data(), I(a.dim(1)), b.f16_data(), I(b.dim(1)), beta, c.data(),
+               I(n));
   else
     d->Gemm(trans_a, trans_b, I(m), I(n), I(k), 1.0f, a.data(), I(a.dim(1)), b.data(), I(b.dim(1)), beta, c.data(), I(n));
 }
 
-Tensor ProductOperand(const Tensor& t, Precision precision) {
-  return t.Cast(precision == Precision::kBFloat16 ? DType::kBFloat16 : DType::kFloat32);
-}
+Tensor ProductOperand(const Tensor& t, Precision precision) { return t.Cast(ProductType(precision)); }
 
 Tensor LinearForward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
   Require(x.ndim() == 2 && w.ndim() == 2 && x.dim(1) == w.dim(1), "Linear",

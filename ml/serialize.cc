@@ -158,8 +158,7 @@ Result<NamedTensors> DeserializeTensors(std::string_view bytes, Device* device) 
     uint16_t reserved;
     if (!r.Get(&name_len) || !r.Bytes(name_len, &name) || !r.Get(&dtype) || !r.Get(&ndim) || !r.Get(&reserved))
       return Loss(where + "truncated header");
-    if (dtype != static_cast<uint8_t>(DType::kFloat32) && dtype != static_cast<uint8_t>(DType::kBFloat16))
-      return Loss(where + "unknown dtype " + std::to_string(dtype));
+    if (dtype > static_cast<uint8_t>(DType::kFloat16)) return Loss(where + "unknown dtype " + std::to_string(dtype));
     const DType type = static_cast<DType>(dtype);
     const size_t element = DTypeSize(type);
     if (ndim > kMaxDims) return Loss(where + "too many dimensions (" + std::to_string(ndim) + ")");

@@ -62,7 +62,8 @@ std::vector<float> Tensor::ToVector() const {
   } else {
     std::vector<uint16_t> bits(out.size());
     device()->CopyToHost(bits.data(), raw_data(), bytes());
-    for (size_t i = 0; i < out.size(); ++i) out[i] = BFloat16ToFloat(bits[i]);
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i] = dtype_ == DType::kFloat16 ? Float16ToFloat(bits[i]) : BFloat16ToFloat(bits[i]);
   }
   return out;
 }
@@ -72,8 +73,13 @@ Tensor Tensor::Cast(DType dtype) const {
   Tensor t = Empty(shape_, device(), dtype);
   const size_t n = static_cast<size_t>(numel());
   if (n == 0) return t;
+  if (dtype_ != DType::kFloat32 && dtype != DType::kFloat32) return Cast(DType::kFloat32).Cast(dtype);  // between 16-bit types
   if (dtype == DType::kBFloat16)
     device()->FloatToBFloat16(data(), n, t.bf16_data());
+  else if (dtype == DType::kFloat16)
+    device()->FloatToFloat16(data(), n, t.f16_data());
+  else if (dtype_ == DType::kFloat16)
+    device()->Float16ToFloat(f16_data(), n, t.data());
   else
     device()->BFloat16ToFloat(bf16_data(), n, t.data());
   return t;

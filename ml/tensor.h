@@ -78,6 +78,11 @@ class Tensor {
     if (dtype_ != DType::kBFloat16) ThrowWrongType("bf16_data()");
     return storage_ ? static_cast<uint16_t*>(storage_->data()) + offset_ : nullptr;
   }
+  /// The same for a float16 tensor.
+  uint16_t* f16_data() const {
+    if (dtype_ != DType::kFloat16) ThrowWrongType("f16_data()");
+    return storage_ ? static_cast<uint16_t*>(storage_->data()) + offset_ : nullptr;
+  }
   /// The first element's address, whatever the type.
   void* raw_data() const {
     return storage_ ? static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(DTypeSize(dtype_)) : nullptr;

@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "ml/language_model.h"
 #include "ml/loss.h"
+#include "ml/loss_scaler.h"
 #include "ml/models.h"
 #include "ml/optimizer.h"
 #include "ml/philox.h"
@@ -118,6 +119,8 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
   const int64_t total_steps =
       o.max_steps > 0 ? std::min<int64_t>(o.max_steps, steps_per_epoch * o.epochs) : steps_per_epoch * o.epochs;
   const auto params = model.Parameters();
+  const bool fp16 = precision == Precision::kFloat16;
+  LossScale loss_scale;                       // fp16's dynamic loss scaling
   int64_t global_step = 0, rows_trained = 0;  // rows: images, or tokens
   Stash stash;
   for (int epoch = 1; epoch <= o.epochs && global_step < total_steps; ++epoch) {
@@ -138,9 +141,18 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
       ctx.precision = precision;
       COPSE_ASSIGN_OR_RETURN(Tensor logits, model.Forward(b.images, ctx, &stash));
       COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels));
+      if (fp16) ScaleLossGradient(loss.grad, loss_scale);
       COPSE_RETURN_NOT_OK(model.Backward(loss.grad, stash, /*need_input_grad=*/false, /*accumulate=*/false).status());
-      if (o.clip_norm > 0) ClipGradNorm(params, o.clip_norm);
-      opt->Step();
+      bool finite = true;
+      if (fp16) {
+        finite = UnscaleGradients(params, loss_scale);
+        loss_scale = loss_scale.Next(finite);
+        report.skipped_steps += finite ? 0 : 1;
+      }
+      if (finite) {  // else fp16 overflowed: the step is skipped, at half the scale next time
+        if (o.clip_norm > 0) ClipGradNorm(params, o.clip_norm);
+        opt->Step();
+      }
       loss_sum += loss.loss * static_cast<double>(b.size());
       seen += b.size();
       if (progress && progress_every > 0 && step % progress_every == 0 && step != static_cast<int64_t>(batches.size())) {
@@ -154,6 +166,7 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
         progress(p);
       }
     }
+    report.loss_scale = fp16 ? loss_scale.scale : 0.0f;
     report.steps = global_step;
     report.train_tokens += lm ? seen : 0;
     rows_trained += seen;

@@ -88,7 +88,11 @@ struct TrainReport {
   std::string sample;          // text the model wrote at the end, after options.sample_prompt
   int64_t parameters = 0;
   std::string model_description;
-  std::string precision;          // as trained
+  std::string precision;  // as trained
+  // fp16 only (dynamic loss scaling, ml/loss_scaler.h): steps skipped for gradients that
+  // overflowed, and the loss scale at the end.
+  int64_t skipped_steps = 0;
+  float loss_scale = 0;
   std::string parameter_digest;   // Digest() of the final parameters
   NamedTensors final_parameters;  // host copies
 };

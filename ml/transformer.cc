@@ -378,8 +378,8 @@ Result<Tensor> AttentionBlock::Backward(const Tensor& dy, const LayerStash& stas
         !Holds(p, x.dim(0) * heads * seq * seq) || !Holds(o, rows * local, h.dtype()))
       return Status::FailedPrecondition(Describe() + ": a stash that does not fit this block");
   }
-  const bool low = h.dtype() != DType::kFloat32;
-  const Tensor w_qkv = BackwardWeight(stash, 0, params_[2], low), w_proj = BackwardWeight(stash, 1, params_[4], low);
+  const DType type = h.dtype();
+  const Tensor w_qkv = BackwardWeight(stash, 0, params_[2], type), w_proj = BackwardWeight(stash, 1, params_[4], type);
   if (dy.numel() != x.numel()) return BadInput(Describe() + " backward", ShapeToString(x.shape()), dy);
   Device* d = device_;
   const int b = I(x.dim(0)), t = I(x.dim(1)), n = b * t, dh = dim_ / heads_;
@@ -450,8 +450,8 @@ Result<Tensor> MlpBlock::Backward(const Tensor& dy, const LayerStash& stash, boo
         !Holds(a, rows * wide, h.dtype()))
       return Status::FailedPrecondition(Describe() + ": a stash that does not fit this block");
   }
-  const bool low = h.dtype() != DType::kFloat32;
-  const Tensor w_fc = BackwardWeight(stash, 0, params_[2], low), w_proj = BackwardWeight(stash, 1, params_[4], low);
+  const DType type = h.dtype();
+  const Tensor w_fc = BackwardWeight(stash, 0, params_[2], type), w_proj = BackwardWeight(stash, 1, params_[4], type);
   if (dy.numel() != x.numel()) return BadInput(Describe() + " backward", ShapeToString(x.shape()), dy);
   Device* d = device_;
   const int n = I(x.dim(0) * x.dim(1)), wide = proj_in_ / shard_.ranks;

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch training throughput for the models of bench/ml_train_bench.cc (same layers,
 SGD lr 0.05 momentum 0.9, batch 128), on the CPU or with --device cuda on a GPU (images stay in
-host memory and each batch is copied to the GPU, as copse's trainer does); --precision bf16 runs
-the forward pass and loss under torch.autocast(dtype=bfloat16), PyTorch's mixed precision. Prints one JSON line
+host memory and each batch is copied to the GPU, as copse's trainer does); --precision bf16 (fp16) runs
+the forward pass and loss under torch.autocast(dtype=bfloat16 (float16)), PyTorch's mixed precision, fp16 with its
+GradScaler. Prints one JSON line
 per model:
   {"model": "mlp", "threads": 2, "images_per_s": [run1, run2, ...], "median": M, "torch": "1.13"}
 Exits 3 when torch is not importable, so callers can skip the comparison.
@@ -57,14 +58,22 @@ def run_once(model_name, x, y, batch, device, precision="fp32"):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     perm = torch.randperm(x.shape[0])
-    autocast = torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
-                              enabled=precision == "bf16")
+    autocast = torch.autocast(device_type=device.split(":")[0],
+                              dtype=torch.float16 if precision == "fp16" else torch.bfloat16,
+                              enabled=precision != "fp32")
+    # fp16: dynamic loss scaling, as copse's (initial scale 65536, halved on overflow).
+    scaler = torch.amp.GradScaler(device.split(":")[0]) if precision == "fp16" else None  # not in torch 1.13
     def step(idx):
         opt.zero_grad()
         with autocast:
             loss = loss_fn(model(x[idx].to(device)), y[idx].to(device))
-        loss.backward()
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
     for b in range(0, min(4 * batch, x.shape[0]), batch):  # warm-up: allocations, thread pool
         step(perm[b:b + batch])
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -116,7 +125,7 @@ def main():
                     help="instead of timing, train this many full epochs and print test accuracy")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (timing only)")
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="timing only")
+    ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="timing only")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.accuracy_epochs:

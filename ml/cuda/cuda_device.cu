@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ml/caching_allocator.h"
+#include "ml/dtype.h"
 #include "ml/cuda/cuda_device.h"
 #include "ml/philox.h"
 
@@ -377,6 +378,11 @@ __global__ void ToBFloat16Kernel(const float* x, size_t n, uint16_t* y) {
   }
 }
 
+// The host's FloatToFloat16 and Float16ToFloat of ml/dtype.h, compiled for the device: the same bits.
+__global__ void ToFloat16Kernel(const float* x, size_t n, uint16_t* y) { COPSE_FOR_N(i, n) y[i] = FloatToFloat16(x[i]); }
+
+__global__ void FromFloat16Kernel(const uint16_t* x, size_t n, float* y) { COPSE_FOR_N(i, n) y[i] = Float16ToFloat(x[i]); }
+
 __global__ void FromBFloat16Kernel(const uint16_t* x, size_t n, float* y) {
   COPSE_FOR_N(i, n) y[i] = __uint_as_float(uint32_t{x[i]} << 16);
 }
@@ -452,6 +458,21 @@ class CudaDeviceImpl final : public Device {
         cublasGemmEx(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
                      CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "bf16 gemm");
+  }
+  void GemmF16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const uint16_t* a, int lda, const uint16_t* b,
+               int ldb, float beta, float* c, int ldc) override {
+    if (m == 0 || n == 0) return;
+    Use();
+    CheckBlas(
+        cublasGemmEx(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                     CUDA_R_16F, ldb, a, CUDA_R_16F, lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "fp16 gemm");
+  }
+  void FloatToFloat16(const float* x, size_t n, uint16_t* y) override {
+    if (n) Launch(ToFloat16Kernel, n, x, n, y);
+  }
+  void Float16ToFloat(const uint16_t* x, size_t n, float* y) override {
+    if (n) Launch(FromFloat16Kernel, n, x, n, y);
   }
   void FloatToBFloat16(const float* x, size_t n, uint16_t* y) override {
     if (n) Launch(ToBFloat16Kernel, n, x, n, y);

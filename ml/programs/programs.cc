@@ -236,6 +236,7 @@ class GradProgram final : public VertexProgram {
       const ForwardContext fc = StepContext(s, step, w);
       COPSE_ASSIGN_OR_RETURN(Tensor logits, m.Forward(b.images, fc, &stash));
       COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels, batch_size));
+      if (s.precision == Precision::kFloat16) ScaleLossGradient(loss.grad, LossScale{lease->loss_scale, 0});
       COPSE_RETURN_NOT_OK(m.Backward(loss.grad, stash, false, /*accumulate=*/false).status());
       loss_sum = loss.loss * static_cast<double>(b.size());
     } else {
@@ -534,7 +535,21 @@ class UpdateProgram final : public VertexProgram {
       own_loss = std::move(l).value();
       lease->grads_key = 0;
     }
-    if (s.clip_norm > 0) {
+    // fp16 (ml/loss_scaler.h): the workers' gradients are S times too large; divided by S in the
+    // model's own tensors (summed there first: message tensors are never written), or, when one
+    // overflowed, the step is skipped. The scale's state travels in the chain's stats.
+    const bool fp16 = s.precision == Precision::kFloat16;
+    LossScale scale = LossScaleIn(stats_set);
+    bool finite = true;
+    if (fp16) {
+      if (!own_loss) {
+        COPSE_ASSIGN_OR_RETURN(own_loss, SumGradientsInto(m, grads));
+      }
+      lease->grads_key = 0;
+      finite = UnscaleGradients(m.Parameters(), scale);
+      scale = scale.Next(finite);
+    }
+    if (s.clip_norm > 0 && finite) {
       // The global norm needs every gradient of the model: only an update of the whole model
       // (data-parallel) has them. Its gradients are summed into the model's own tensors first.
       COPSE_ASSIGN_OR_RETURN(const int layers, LayerCount(s.model));
@@ -548,7 +563,9 @@ class UpdateProgram final : public VertexProgram {
       ClipGradNorm(m.Parameters(), s.clip_norm);
     }
     std::vector<float> loss;
-    if (sgd && own_loss) {
+    if (!finite) {
+      loss = *own_loss;  // skipped: parameters and optimizer state stay as they were
+    } else if (sgd && own_loss) {
       loss = *own_loss;
       std::vector<std::vector<const float*>> own;
       for (const Parameter* p : m.Parameters()) own.push_back({p->grad.data()});
@@ -571,13 +588,20 @@ class UpdateProgram final : public VertexProgram {
     AddToStats(s, step, loss, stats);
     // No copies: the next update replaces the values and SGD's momentum instead of writing them
     // (the sharing contract in support.h); Adam's state is stepped in place, so it is copied.
-    const chan::Buffer params_out = TensorMessage(ParameterHandles(m));
+    NamedTensors params_set = ParameterHandles(m), stats_set_out = {{"__stats", Scalars(stats)}};
+    if (fp16) {  // the next step's gradients are computed at the new scale
+      params_set.emplace_back("__loss_scale", Scalars({scale.scale}));
+      stats_set_out.emplace_back("__loss_scale", Scalars({scale.scale, static_cast<float>(scale.good_steps)}));
+    }
+    const chan::Buffer params_out = TensorMessage(std::move(params_set));
     const chan::Buffer state_out = TensorMessage(sgd ? sgd->StateHandles() : lease->optimizer->ExportState());
-    const chan::Buffer stats_out = TensorMessage({{"__stats", Scalars(stats)}});
+    const chan::Buffer stats_out = TensorMessage(std::move(stats_set_out));
     lease->params_key = TensorMessageKey(params_out);
     lease->state_key = TensorMessageKey(state_out);
+    lease->loss_scale = scale.scale;
     if (stats[1] > 0) {  // the stage that computes the loss reports the run's progress
       ctx.progress = StepProgress(s, step, ctx.param<int64_t>("steps", 0), stats);
+      if (fp16) ctx.progress["loss_scale"] = scale.scale, ctx.progress["step_skipped"] = !finite;
     }
     lease.Commit();
     COPSE_RETURN_NOT_OK(WriteChainAndParams(ctx, params_out, state_out, stats_out));

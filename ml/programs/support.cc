@@ -106,6 +106,10 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
   if (s.tp_ranks < 1 || s.tp_ranks > 64 || s.tp_rank < 0 || s.tp_rank >= s.tp_ranks)
     return Status::InvalidArgument(ctx.name + ": params.tp_rank " + std::to_string(s.tp_rank) + " is not one of its " +
                                    std::to_string(s.tp_ranks) + " tensor-parallel ranks (params.tensor_parallel, 1 to 64)");
+  if (s.precision == Precision::kFloat16 && (ctx.params && ctx.params->contains("stages") || s.tp_ranks > 1))
+    return Status::InvalidArgument(ctx.name +
+                                   ": params.precision fp16 is for data-parallel jobs (its loss scale would have to "
+                                   "agree across pipeline stages and tensor-parallel shards, which is not built yet)");
   if (s.tp_ranks > 1 && s.device != CpuDevice())
     return Status::InvalidArgument(ctx.name +
                                    ": params.device cuda with tensor parallelism is not supported yet (its gangs "
@@ -286,6 +290,7 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const 
     lease->params_key = 0;
     COPSE_ASSIGN_OR_RETURN(NamedTensors params, ReadTensorMessage(params_msg));
     COPSE_RETURN_NOT_OK(lease->model.ShareParameters(params));
+    lease->loss_scale = LossScaleIn(params).scale;
     lease->params_key = params_key;
   }
   return lease;
@@ -321,6 +326,16 @@ bool TakesBFloat16At(const std::string& model, int index) {
 
 Tensor BoundaryTensor(const TrainSettings& s, int next, const Tensor& t) {
   return s.precision == Precision::kBFloat16 && TakesBFloat16At(s.model, next) ? t.Cast(DType::kBFloat16) : t;
+}
+
+LossScale LossScaleIn(const NamedTensors& set) {
+  LossScale s;
+  if (const Tensor* t = FindTensor(set, "__loss_scale"); t && t->numel() >= 1) {
+    const std::vector<float> v = t->ToVector();
+    if (std::isfinite(v[0]) && v[0] > 0) s.scale = v[0];
+    if (v.size() > 1 && v[1] >= 0) s.good_steps = static_cast<int64_t>(v[1]);
+  }
+  return s;
 }
 
 Tensor Scalars(const std::vector<float>& v) { return Tensor::FromVector({static_cast<int64_t>(v.size())}, v); }

@@ -20,6 +20,7 @@
 
 #include "common/status.h"
 #include "ml/dataset.h"
+#include "ml/loss_scaler.h"
 #include "ml/optimizer.h"
 #include "ml/sequential.h"
 #include "vertex/program.h"
@@ -114,8 +115,9 @@ struct CachedModel {
   Sequential model;
   std::unique_ptr<Optimizer> optimizer;
   uint64_t params_key = 0, grads_key = 0, state_key = 0;
-  std::vector<float> grads_loss{0, 0};  // "__loss" of the message grads_key names
-  WeightCasts weight_casts;             // the parameters' bfloat16 copies (the model's layers use them)
+  std::vector<float> grads_loss{0, 0};     // "__loss" of the message grads_key names
+  WeightCasts weight_casts;                // the parameters' bfloat16 copies (the model's layers use them)
+  float loss_scale = LossScale::kInitial;  // fp16: the "__loss_scale" of the message params_key names
 };
 
 /// A model taken from the cache for one vertex; returned on destruction. Keys are reset unless
@@ -142,6 +144,11 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const 
 
 /// The tensor named `name` in `set` (the first such), or null.
 const Tensor* FindTensor(const NamedTensors& set, std::string_view name);
+
+/// fp16's loss scale in a message's tensors: a params message's "__loss_scale" [S] (what its
+/// gradients are computed at), or a chain's stats message's [S, good steps]; the initial
+/// scale where there is none (init's messages).
+LossScale LossScaleIn(const NamedTensors& set);
 
 /// A 1-D tensor of `v` ("__loss", "__stats"), and the first `n` values of one (zeros where it
 /// is null or shorter).

@@ -167,6 +167,32 @@ TEST_CASE("MlGraph.Bf16GraphsMatchSingleProcessBf16" * doctest::timeout(240)) {
   // the boundary's type and size.
 }
 
+// fp16 as a data-parallel graph: each worker's gradient of the loss scaled by S (a power of two,
+// exact), the update sums, divides by S and checks for overflow, and the scale's state rides in
+// the chain: the single process's fp16 results up to float32 reassociation. Pipelines refuse it.
+TEST_CASE("MlGraph.Fp16DataParallelMatchesSingleProcessFp16" * doctest::timeout(240)) {
+  GraphOptions fp16 = Small();
+  fp16.precision = "fp16";
+  const NamedTensors reference = SingleProcess(fp16);
+  GraphOptions dp = fp16;
+  dp.kind = "data-parallel";
+  dp.workers = 2;
+  for (const std::string reducer : {"tree", "ring"}) {
+    dp.reducer = reducer;
+    auto job = GenerateTrainingGraph(dp);
+    REQUIRE(job.ok());
+    TempDir dir;
+    const RunResult r = RunJob(*job, dir.path, 2);
+    const double rel = RelativeDifference(r.params, reference);
+    MESSAGE("data-parallel fp16 (" << reducer << "): relative difference " << rel);
+    CHECK(rel < kTolerance);
+    CHECK(r.summary["progress"]["loss_scale"].get<double>() == 65536.0);
+  }
+  auto pipeline = GenerateTrainingGraph(PipelineOf(fp16, "pipeline", 2, 4, "1f1b", false, "batched"));
+  REQUIRE_FALSE(pipeline.ok());
+  CHECK(pipeline.status().message().find("--precision fp16: expected a data-parallel job") == 0);
+}
+
 TEST_CASE("MlGraph.Bf16BoundariesAreBFloat16OnlyBeforeALayerThatMultipliesInBf16") {
   programs::TrainSettings s;
   s.precision = Precision::kBFloat16;

@@ -103,5 +103,22 @@ TEST_CASE("MlGraphCuda.Bf16GraphsOnTheGpuMatchTheCpuBf16" * doctest::timeout(300
   CHECK(pipe_rel < 0.1 * bf16_vs_fp32);
 }
 
+TEST_CASE("MlGraphCuda.Fp16DataParallelOnTheGpuMatchesTheCpuFp16" * doctest::timeout(300)) {
+  // cuBLAS's float16 products on the tensor cores, with dynamic loss scaling.
+  GraphOptions fp16 = Small();
+  fp16.model = "mlp:784-64-32-10";
+  fp16.precision = "fp16";
+  const NamedTensors reference = SingleProcess(fp16);
+  const double gpu_process = RelativeDifference(SingleProcess(fp16, "cuda"), reference);
+  fp16.device = "cuda";
+  fp16.kind = "data-parallel";
+  const RunResult dp = RunOnTheGpu(fp16);
+  const double dp_rel = RelativeDifference(dp.params, reference);
+  MESSAGE("fp16 against the CPU's fp16 single process: GPU single process " << gpu_process << ", data-parallel 2 on the GPU "
+                                                                            << dp_rel);
+  CHECK(gpu_process < kGpuTolerance);
+  CHECK(dp_rel < kGpuTolerance);
+}
+
 }  // namespace
 }  // namespace copse::ml

@@ -3,6 +3,7 @@
 // the parameter initialization are bit-identical.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <limits>
 
 #include "ml/loss.h"
@@ -10,6 +11,7 @@
 #include "ml/ops.h"
 #include "ml/optimizer.h"
 #include "ml/serialize.h"
+#include "ml/trainer.h"
 #include "tests/ml/test_util.h"
 
 using namespace copse::ml;
@@ -232,4 +234,50 @@ TEST_CASE("Cuda.BFloat16MatchesCpu") {
   Close(*gpu_layer.Forward(G(in), ctx, &sg), *cpu_layer.Forward(in, ctx, &sc), 1e-5);
   Close(*gpu_layer.Backward(G(dy), sg, true), *cpu_layer.Backward(dy, sc, true), 1e-4);
   Close(gpu_layer.parameters()[0].grad, cpu_layer.parameters()[0].grad, 1e-4);
+}
+
+TEST_CASE("Cuda.Float16MatchesCpu") {
+  // The same conversion function compiled for both (round to nearest even, overflow to
+  // infinity, subnormals), cuBLAS's float16 product against the CPU's widened one, a Linear in
+  // fp16, and a whole fp16 training run with its loss scaling.
+  std::vector<float> v = RandomTensor({4097}, 8, -70000.0f, 70000.0f).ToVector();
+  for (size_t i = 0; i < v.size(); i += 3) v[i] *= 1e-9f;  // subnormals and zeros
+  v[0] = std::numeric_limits<float>::quiet_NaN();
+  v[1] = std::numeric_limits<float>::infinity();
+  v[2] = 65520.0f;
+  const Tensor x = Tensor::FromVector({4097}, v);
+  const Tensor cpu = x.Cast(DType::kFloat16), gpu = G(x).Cast(DType::kFloat16);
+  CHECK(gpu.To(CpuDevice()).BitwiseEquals(cpu));
+  CHECK(G(cpu).Cast(DType::kFloat32).To(CpuDevice()).BitwiseEquals(cpu.Cast(DType::kFloat32)));
+
+  const Tensor a = RandomTensor({37, 53}, 2).Cast(DType::kFloat16), b = RandomTensor({29, 53}, 3).Cast(DType::kFloat16);
+  Close(Matmul(G(a), G(b), false, true), Matmul(a, b, false, true), 1e-5);
+
+  Linear cpu_layer(53, 29, Activation::kGelu), gpu_layer(53, 29, Activation::kGelu);
+  cpu_layer.InitParameters(4);
+  gpu_layer.InitParameters(4);
+  gpu_layer.To(Gpu());
+  ForwardContext ctx;
+  ctx.precision = Precision::kFloat16;
+  const Tensor in = RandomTensor({37, 53}, 5), dy = RandomTensor({37, 29}, 6);
+  LayerStash sc, sg;
+  Close(*gpu_layer.Forward(G(in), ctx, &sg), *cpu_layer.Forward(in, ctx, &sc), 1e-5);
+  Close(*gpu_layer.Backward(G(dy), sg, true), *cpu_layer.Backward(dy, sc, true), 1e-4);
+
+  if (std::filesystem::exists(std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz")) {
+    TrainOptions o;
+    o.model = "mlp:784-128-10";
+    o.limit = 3000;
+    o.test_limit = 1000;
+    o.precision = "fp16";
+    auto on_cpu = Train(o);
+    o.device = "cuda";
+    auto on_gpu = Train(o);
+    REQUIRE(on_cpu.ok());
+    REQUIRE(on_gpu.ok());
+    MESSAGE("fp16 training: test accuracy GPU " << on_gpu->test_accuracy << ", CPU " << on_cpu->test_accuracy << "; loss scale "
+                                                << on_gpu->loss_scale);
+    CHECK(std::abs(on_gpu->test_accuracy - on_cpu->test_accuracy) < 0.01);
+    CHECK(on_gpu->skipped_steps == on_cpu->skipped_steps);
+  }
 }
