@@ -452,21 +452,20 @@ class CudaDeviceImpl final : public Device {
 
   void GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const uint16_t* a, int lda, const uint16_t* b,
                 int ldb, float beta, float* c, int ldc) override {
-    if (m == 0 || n == 0) return;
-    Use();
-    CheckBlas(
-        cublasGemmEx(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-                     CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        "bf16 gemm");
+    GemmOf16Bits(CUDA_R_16BF, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
   void GemmF16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const uint16_t* a, int lda, const uint16_t* b,
                int ldb, float beta, float* c, int ldc) override {
+    GemmOf16Bits(CUDA_R_16F, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  /// A product of 16-bit operands of `type` (bfloat16 or float16), accumulated and written in float32.
+  void GemmOf16Bits(cudaDataType type, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const uint16_t* a, int lda,
+                    const uint16_t* b, int ldb, float beta, float* c, int ldc) {
     if (m == 0 || n == 0) return;
     Use();
-    CheckBlas(
-        cublasGemmEx(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-                     CUDA_R_16F, ldb, a, CUDA_R_16F, lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        "fp16 gemm");
+    CheckBlas(cublasGemmEx(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                           type, ldb, a, type, lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              "16-bit gemm");
   }
   void FloatToFloat16(const float* x, size_t n, uint16_t* y) override {
     if (n) Launch(ToFloat16Kernel, n, x, n, y);

@@ -1887,13 +1887,16 @@ TEST_CASE("Scheduler.NcclGangsGetRanksAndTheUniqueIdIsRelayed") {
   }
 }
 
-/// A daemon with these capacities (Harness::AddDaemon gives cpus only).
-DaemonId AddDaemonOf(Harness& h, const std::string& name, double cpus, int gpus, int64_t memory_mb = 0) {
+/// A daemon with these capacities (Harness::AddDaemon gives cpus only); GPUs of
+/// `gpu_memory_mb` each (0: not reported).
+DaemonId AddDaemonOf(Harness& h, const std::string& name, double cpus, int gpus, int64_t memory_mb = 0,
+                     int64_t gpu_memory_mb = 0) {
   DaemonSpec spec;
   spec.name = name;
   spec.cpus = cpus;
   spec.gpus = gpus;
   spec.memory_mb = memory_mb;
+  spec.gpu_memory_mb = gpu_memory_mb;
   auto id = h.sched.AddDaemon(spec);
   REQUIRE(id.ok());
   return *id;
@@ -1952,16 +1955,9 @@ TEST_CASE("Scheduler.MemoryIsPlacedLikeCpus") {
   }
 }
 
-/// A daemon of `gpus` GPUs of `gpu_memory_mb` each (0: not reported).
+/// A daemon of 4 cpus and `gpus` GPUs of `gpu_memory_mb` each (0: not reported).
 DaemonId AddGpuDaemon(Harness& h, const std::string& name, int gpus, int64_t gpu_memory_mb) {
-  DaemonSpec spec;
-  spec.name = name;
-  spec.cpus = 4;
-  spec.gpus = gpus;
-  spec.gpu_memory_mb = gpu_memory_mb;
-  auto id = h.sched.AddDaemon(spec);
-  REQUIRE(id.ok());
-  return *id;
+  return AddDaemonOf(h, name, 4, gpus, 0, gpu_memory_mb);
 }
 
 TEST_CASE("Scheduler.GpuMemoryBoundsWhereAVertexMayRun") {

@@ -78,6 +78,18 @@ inline GraphOptions PipelineOf(GraphOptions base, const std::string& kind, int s
   return base;
 }
 
+/// What shell command `cmd` printed on its standard output; `*rc` gets its wait status.
+inline std::string Output(const std::string& cmd, int* rc) {
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
+  *rc = pclose(p);
+  return text;
+}
+
 /// Writes `job` into `dir`, runs it with `copse run` (`env`: "NAME=value " settings for the
 /// cluster's processes; `flags`: more of copse run's, " --gpus 1"), returns the summary and
 /// eval's outputs.
@@ -88,13 +100,8 @@ inline RunResult RunJob(const Json& job, const fs::path& dir, int daemons, int c
   const std::string cmd = env + Copse() + " run " + file.string() + " --daemons " + std::to_string(daemons) + " --cpus " +
                           std::to_string(cpus) + flags + " --output " + out.string() + " -o json 2>" +
                           (dir / "stderr.txt").string();
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string text;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
-  const int rc = pclose(p);
+  int rc = 0;
+  const std::string text = Output(cmd, &rc);
   INFO("copse run output: " << text);
   if (rc != 0) {
     std::ifstream err(dir / "stderr.txt");

@@ -69,13 +69,8 @@ TEST_CASE("MlGraphCuda.AStageLargerThanTheGpuIsRefusedBeforeItRuns" * doctest::t
   { std::ofstream(file) << job->dump(1); }
   const std::string cmd = "timeout 90 " + Copse() + " run " + file.string() + " --daemons 1 --gpus 1 --cpus 4 --output " +
                           (dir.path / "out").string() + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string text;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
-  const int rc = pclose(p);
+  int rc = 0;
+  const std::string text = Output(cmd, &rc);
   MESSAGE(text);
   CHECK(rc != 0);
   CHECK(text.find("stage grad0 needs 10000000 MB of memory on each of its 1 GPU(s)") != std::string::npos);
