@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <thread>
 
@@ -46,6 +47,12 @@ void WidenedGemm(Device& d, void (Device::*widen)(const uint16_t*, size_t, float
 }
 
 }  // namespace
+
+bool Device::AllFinite(const std::vector<Span>& spans) {
+  for (const Span& s : spans)
+    if (!std::isfinite(SumSquares(s.x, s.n))) return false;  // no finite float32 square overflows a double
+  return true;
+}
 
 void Device::GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const uint16_t* a, int lda, const uint16_t* b,
                       int ldb, float beta, float* c, int ldc) {

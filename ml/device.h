@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -145,6 +146,13 @@ class Device {
   /// The sum of x[i]^2 in double precision (gradient clipping): chunks of 4096 elements each
   /// summed in order, then the chunk sums in order, on every device.
   virtual double SumSquares(const float* x, size_t n) = 0;
+  /// Whether every element of every span {x, n} is finite (fp16's overflow check, one per step):
+  /// the default asks SumSquares of each; CUDA checks them all and reads one flag back.
+  struct Span {
+    const float* x;
+    size_t n;
+  };
+  virtual bool AllFinite(const std::vector<Span>& spans);
   /// x *= a.
   virtual void Scale(float* x, size_t n, float a) = 0;
 

@@ -1,6 +1,6 @@
 #include "ml/loss_scaler.h"
 
-#include <cmath>
+#include <vector>
 
 namespace copse::ml {
 
@@ -21,11 +21,10 @@ void ScaleLossGradient(const Tensor& grad, const LossScale& s) {
 }
 
 bool UnscaleGradients(const std::vector<Parameter*>& params, const LossScale& s) {
-  // A sum of squares is finite exactly when every element is (in double, no finite float32
-  // square overflows): one pass per gradient, the same reduction clipping uses.
-  for (const Parameter* p : params) {
-    if (!std::isfinite(p->grad.device()->SumSquares(p->grad.data(), static_cast<size_t>(p->grad.numel())))) return false;
-  }
+  if (params.empty()) return true;
+  std::vector<Device::Span> grads;
+  for (const Parameter* p : params) grads.push_back({p->grad.data(), static_cast<size_t>(p->grad.numel())});
+  if (!params[0]->grad.device()->AllFinite(grads)) return false;  // one device: a model's gradients live together
   for (Parameter* p : params) p->grad.device()->Scale(p->grad.data(), static_cast<size_t>(p->grad.numel()), 1.0f / s.scale);
   return true;
 }

@@ -370,6 +370,9 @@ __global__ void SumSquaresKernel(const float* x, size_t n, size_t chunk, double*
 
 __global__ void ScaleKernel(float* x, size_t n, float a) { COPSE_FOR_N(i, n) x[i] *= a; }
 
+// Sets *flag (to 1, from any thread: no ordering matters) when an element is not finite.
+__global__ void NonFiniteKernel(const float* x, size_t n, int* flag) { COPSE_FOR_N(i, n) if (!isfinite(x[i]))* flag = 1; }
+
 // Round to nearest even, NaN kept quiet: the bits FloatToBFloat16 of ml/dtype.h gives on the host.
 __global__ void ToBFloat16Kernel(const float* x, size_t n, uint16_t* y) {
   COPSE_FOR_N(i, n) {
@@ -621,6 +624,17 @@ class CudaDeviceImpl final : public Device {
   }
   void Scale(float* x, size_t n, float a) override {
     if (n) Launch(ScaleKernel, n, x, n, a);
+  }
+  bool AllFinite(const std::vector<Span>& spans) override {
+    int* flag = static_cast<int*>(Allocate(sizeof(int)));
+    Use();
+    Check(cudaMemsetAsync(flag, 0, sizeof(int), stream_), "memset");
+    for (const Span& s : spans)
+      if (s.n) Launch(NonFiniteKernel, s.n, s.x, s.n, flag);
+    int host = 0;
+    CopyToHost(&host, flag, sizeof(int));  // the one synchronization
+    Free(flag, sizeof(int));
+    return host == 0;
   }
 
  private:

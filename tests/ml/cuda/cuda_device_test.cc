@@ -249,6 +249,11 @@ TEST_CASE("Cuda.Float16MatchesCpu") {
   const Tensor cpu = x.Cast(DType::kFloat16), gpu = G(x).Cast(DType::kFloat16);
   CHECK(gpu.To(CpuDevice()).BitwiseEquals(cpu));
   CHECK(G(cpu).Cast(DType::kFloat32).To(CpuDevice()).BitwiseEquals(cpu.Cast(DType::kFloat32)));
+  // The loss scaler's overflow check: one flag for many tensors.
+  const Tensor finite = G(RandomTensor({5000}, 9)), inf = G(x);
+  CHECK(Gpu()->AllFinite({{finite.data(), 5000}, {finite.data(), 17}}));
+  CHECK_FALSE(Gpu()->AllFinite({{finite.data(), 5000}, {inf.data(), 4097}}));
+  CHECK(Gpu()->AllFinite({{inf.data() + 3, 4094}}) == CpuDevice()->AllFinite({{x.data() + 3, 4094}}));
 
   const Tensor a = RandomTensor({37, 53}, 2).Cast(DType::kFloat16), b = RandomTensor({29, 53}, 3).Cast(DType::kFloat16);
   Close(Matmul(G(a), G(b), false, true), Matmul(a, b, false, true), 1e-5);
