@@ -541,6 +541,15 @@ COPSE_TEST_CHILD(stream_gib_producer) {
   });
 }
 
+/// The state letter /proc gives process `pid` (R running, S sleeping, Z exited, unreaped), or "gone".
+std::string ProcessState(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(f, stat);
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? "gone" : stat.substr(paren + 2, 1);
+}
+
 size_t PeakRssKiB() {
   std::ifstream f("/proc/self/status");
   std::string line;
@@ -597,7 +606,10 @@ TEST_CASE("Stream.OneGiBBetweenProcessesInBoundedMemory" * doctest::timeout(60))
   std::string base = Pattern(kSize, 7, 0);
   for (uint64_t i = 0; i < kMessages; ++i) {
     auto m = (*r)->Next();
-    REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+    // A rare failure here (no word from the producer for the whole 10 s) has been seen only while
+    // other test runs loaded the machine; the producer's state tells a stall from an early exit.
+    REQUIRE_MESSAGE(m.ok(), m.status().ToString()
+                                << " after message " << i << "; the producer process is " << ProcessState(child.pid()));
     REQUIRE(m->has_value());
     REQUIRE((*m)->size() == kSize);
     uint64_t idx;
