@@ -18,16 +18,11 @@
 #include <vector>
 
 #include "common/status.h"
+#include "ml/dtype.h"  // COPSE_ML_HOST_DEVICE
 
 namespace copse::ml {
 
 enum class DeviceType { kCpu, kCuda };
-
-#if defined(__CUDACC__)
-#define COPSE_ML_HOST_DEVICE __host__ __device__
-#else
-#define COPSE_ML_HOST_DEVICE
-#endif
 
 /// Geometry of a 2-D convolution or pooling window over an NCHW batch.
 struct ConvGeom {

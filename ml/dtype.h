@@ -26,6 +26,13 @@
 
 #include "common/status.h"
 
+/// Functions compiled for the host and, in CUDA sources, for the device too.
+#if defined(__CUDACC__)
+#define COPSE_ML_HOST_DEVICE __host__ __device__
+#else
+#define COPSE_ML_HOST_DEVICE
+#endif
+
 namespace copse::ml {
 
 enum class DType : uint8_t {
@@ -67,15 +74,9 @@ inline float BFloat16ToFloat(uint16_t b) {
   return x;
 }
 
-#if defined(__CUDACC__)
-#define COPSE_DTYPE_HOST_DEVICE __host__ __device__
-#else
-#define COPSE_DTYPE_HOST_DEVICE
-#endif
-
 /// float16 of `x`, round to nearest even (F. Giesen's float_to_half_fast3_rtne): overflow gives
 /// infinity, NaN a quiet NaN, values below 2^-14 subnormals (rounded by a float addition).
-COPSE_DTYPE_HOST_DEVICE inline uint16_t FloatToFloat16(float x) {
+COPSE_ML_HOST_DEVICE inline uint16_t FloatToFloat16(float x) {
   uint32_t u;
   memcpy(&u, &x, 4);
   const uint32_t sign = u & 0x80000000u;
@@ -98,7 +99,7 @@ COPSE_DTYPE_HOST_DEVICE inline uint16_t FloatToFloat16(float x) {
 }
 
 /// float32 of a float16 (exact).
-COPSE_DTYPE_HOST_DEVICE inline float Float16ToFloat(uint16_t h) {
+COPSE_ML_HOST_DEVICE inline float Float16ToFloat(uint16_t h) {
   const uint32_t sign = uint32_t{h & 0x8000u} << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
   uint32_t u;
   if (exp == 0) {  // zero or subnormal: mant x 2^-24, exact in float32
