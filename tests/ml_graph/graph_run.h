@@ -57,6 +57,13 @@ inline GraphOptions Small() {
   return o;
 }
 
+/// Small() with a 3-layer MLP (784-64-32-10): two Linear layers to split a pipeline between.
+inline GraphOptions SmallDeep() {
+  GraphOptions o = Small();
+  o.model = "mlp:784-64-32-10";
+  return o;
+}
+
 /// Small() as a one-step pipeline of 2 stages: for tests of the generated graph's shape.
 inline GraphOptions SmallPipeline() {
   GraphOptions o = Small();

@@ -68,8 +68,7 @@ TEST_CASE("MlGraph.DataParallelMatchesSingleProcessTraining" * doctest::timeout(
 }
 
 TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)) {
-  GraphOptions base = Small();
-  base.model = "mlp:784-64-32-10";
+  GraphOptions base = SmallDeep();
   const NamedTensors reference = SingleProcess(base);
   struct Case {
     int stages, micro;
@@ -130,8 +129,7 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
 // precision (2^-9) in those terms only. Both stay far below what bf16 itself changes against
 // float32 training, which the test measures too.
 TEST_CASE("MlGraph.Bf16GraphsMatchSingleProcessBf16" * doctest::timeout(240)) {
-  GraphOptions fp32 = Small();
-  fp32.model = "mlp:784-64-32-10";
+  GraphOptions fp32 = SmallDeep();
   GraphOptions bf16 = fp32;
   bf16.precision = "bf16";
   const NamedTensors reference = SingleProcess(bf16);
@@ -435,8 +433,7 @@ TEST_CASE("MlGraph.BalancedSplitIsTheBruteForceOptimum") {
 // parameters of single-process training with its short last batch, whichever way the
 // weight gradients are summed, with the model cache or without it (the replay path).
 TEST_CASE("MlGraph.AShortLastStepWithEmptyMicroBatchesMatchesSingleProcessTraining" * doctest::timeout(240)) {
-  GraphOptions base = Small();
-  base.model = "mlp:784-64-32-10";
+  GraphOptions base = SmallDeep();
   base.limit = 66;
   const NamedTensors reference = SingleProcess(base);
   struct Case {
@@ -471,8 +468,7 @@ TEST_CASE("MlGraph.AShortLastStepWithEmptyMicroBatchesMatchesSingleProcessTraini
 TEST_CASE("MlGraph.APipelineWithoutCachedModelsReplaysItsGradientLogsBitIdentically" * doctest::timeout(240)) {
   for (const bool recompute : {false, true}) {
     CAPTURE(recompute);
-    GraphOptions base = Small();
-    base.model = "mlp:784-64-32-10";
+    GraphOptions base = SmallDeep();
     // Batched weight gradients keep no sum to replay: per micro-batch.
     auto job =
         GenerateTrainingGraph(PipelineOf(base, "pipeline", 2, 4, recompute ? "gpipe" : "1f1b", recompute, "per-microbatch"));
@@ -645,8 +641,7 @@ TEST_CASE("MlGraph.PartitionParamsOutOfRangeAreErrorsNotCrashes") {
 }
 
 TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::timeout(240)) {
-  GraphOptions o = Small();
-  o.model = "mlp:784-64-32-10";
+  GraphOptions o = SmallDeep();
   o.kind = "pipeline";
   o.stages = 2;
   o.microbatches = 4;

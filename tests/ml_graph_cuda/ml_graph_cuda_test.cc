@@ -29,8 +29,7 @@ RunResult RunOnTheGpu(const GraphOptions& o) {
 }
 
 TEST_CASE("MlGraphCuda.DataParallelAndPipelineGraphsOnTheGpuMatchTheCpu" * doctest::timeout(400)) {
-  GraphOptions base = Small();
-  base.model = "mlp:784-64-32-10";
+  GraphOptions base = SmallDeep();
   base.device = "cuda";
   const NamedTensors cpu = SingleProcess(base);
   const double gpu_process = RelativeDifference(SingleProcess(base, "cuda"), cpu);
@@ -78,8 +77,7 @@ TEST_CASE("MlGraphCuda.AStageLargerThanTheGpuIsRefusedBeforeItRuns" * doctest::t
 }
 
 TEST_CASE("MlGraphCuda.Bf16GraphsOnTheGpuMatchTheCpuBf16" * doctest::timeout(300)) {
-  GraphOptions fp32 = Small();
-  fp32.model = "mlp:784-64-32-10";
+  GraphOptions fp32 = SmallDeep();
   GraphOptions bf16 = fp32;
   bf16.precision = "bf16";
   const NamedTensors reference = SingleProcess(bf16);
@@ -100,8 +98,7 @@ TEST_CASE("MlGraphCuda.Bf16GraphsOnTheGpuMatchTheCpuBf16" * doctest::timeout(300
 
 TEST_CASE("MlGraphCuda.Fp16DataParallelOnTheGpuMatchesTheCpuFp16" * doctest::timeout(300)) {
   // cuBLAS's float16 products on the tensor cores, with dynamic loss scaling.
-  GraphOptions fp16 = Small();
-  fp16.model = "mlp:784-64-32-10";
+  GraphOptions fp16 = SmallDeep();
   fp16.precision = "fp16";
   const NamedTensors reference = SingleProcess(fp16);
   const double gpu_process = RelativeDifference(SingleProcess(fp16, "cuda"), reference);

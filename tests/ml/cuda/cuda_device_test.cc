@@ -206,6 +206,26 @@ TEST_CASE("Cuda.GptMatchesCpu") {
   }
 }
 
+/// A product of 16-bit operands of `precision`'s type, and a Linear layer's forward and backward
+/// in that precision, on the GPU against the CPU.
+static void ProductAndLinearMatchCpu(Precision precision) {
+  const DType type = ProductType(precision);
+  const Tensor a = RandomTensor({37, 53}, 2).Cast(type), b = RandomTensor({29, 53}, 3).Cast(type);
+  Close(Matmul(G(a), G(b), false, true), Matmul(a, b, false, true), 1e-5);
+
+  Linear cpu_layer(53, 29, Activation::kGelu), gpu_layer(53, 29, Activation::kGelu);
+  cpu_layer.InitParameters(4);
+  gpu_layer.InitParameters(4);
+  gpu_layer.To(Gpu());
+  ForwardContext ctx;
+  ctx.precision = precision;
+  const Tensor in = RandomTensor({37, 53}, 5), dy = RandomTensor({37, 29}, 6);
+  LayerStash sc, sg;
+  Close(*gpu_layer.Forward(G(in), ctx, &sg), *cpu_layer.Forward(in, ctx, &sc), 1e-5);
+  Close(*gpu_layer.Backward(G(dy), sg, true), *cpu_layer.Backward(dy, sc, true), 1e-4);
+  Close(gpu_layer.parameters()[0].grad, cpu_layer.parameters()[0].grad, 1e-4);
+}
+
 TEST_CASE("Cuda.BFloat16MatchesCpu") {
   // Conversion gives the CPU's bits (round to nearest even, NaN kept); the bfloat16 product
   // accumulates in float32 as the CPU's does (in another order); a Linear layer's mixed
@@ -220,20 +240,7 @@ TEST_CASE("Cuda.BFloat16MatchesCpu") {
   CHECK(gpu.To(CpuDevice()).BitwiseEquals(cpu));
   CHECK(G(cpu).Cast(DType::kFloat32).To(CpuDevice()).BitwiseEquals(cpu.Cast(DType::kFloat32)));
 
-  const Tensor a = RandomTensor({37, 53}, 2).Cast(DType::kBFloat16), b = RandomTensor({29, 53}, 3).Cast(DType::kBFloat16);
-  Close(Matmul(G(a), G(b), false, true), Matmul(a, b, false, true), 1e-5);
-
-  Linear cpu_layer(53, 29, Activation::kGelu), gpu_layer(53, 29, Activation::kGelu);
-  cpu_layer.InitParameters(4);
-  gpu_layer.InitParameters(4);
-  gpu_layer.To(Gpu());
-  ForwardContext ctx;
-  ctx.precision = Precision::kBFloat16;
-  const Tensor in = RandomTensor({37, 53}, 5), dy = RandomTensor({37, 29}, 6);
-  LayerStash sc, sg;
-  Close(*gpu_layer.Forward(G(in), ctx, &sg), *cpu_layer.Forward(in, ctx, &sc), 1e-5);
-  Close(*gpu_layer.Backward(G(dy), sg, true), *cpu_layer.Backward(dy, sc, true), 1e-4);
-  Close(gpu_layer.parameters()[0].grad, cpu_layer.parameters()[0].grad, 1e-4);
+  ProductAndLinearMatchCpu(Precision::kBFloat16);
 }
 
 TEST_CASE("Cuda.Float16MatchesCpu") {
@@ -255,19 +262,7 @@ TEST_CASE("Cuda.Float16MatchesCpu") {
   CHECK_FALSE(Gpu()->AllFinite({{finite.data(), 5000}, {inf.data(), 4097}}));
   CHECK(Gpu()->AllFinite({{inf.data() + 3, 4094}}) == CpuDevice()->AllFinite({{x.data() + 3, 4094}}));
 
-  const Tensor a = RandomTensor({37, 53}, 2).Cast(DType::kFloat16), b = RandomTensor({29, 53}, 3).Cast(DType::kFloat16);
-  Close(Matmul(G(a), G(b), false, true), Matmul(a, b, false, true), 1e-5);
-
-  Linear cpu_layer(53, 29, Activation::kGelu), gpu_layer(53, 29, Activation::kGelu);
-  cpu_layer.InitParameters(4);
-  gpu_layer.InitParameters(4);
-  gpu_layer.To(Gpu());
-  ForwardContext ctx;
-  ctx.precision = Precision::kFloat16;
-  const Tensor in = RandomTensor({37, 53}, 5), dy = RandomTensor({37, 29}, 6);
-  LayerStash sc, sg;
-  Close(*gpu_layer.Forward(G(in), ctx, &sg), *cpu_layer.Forward(in, ctx, &sc), 1e-5);
-  Close(*gpu_layer.Backward(G(dy), sg, true), *cpu_layer.Backward(dy, sc, true), 1e-4);
+  ProductAndLinearMatchCpu(Precision::kFloat16);
 
   if (std::filesystem::exists(std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz")) {
     TrainOptions o;
