@@ -63,9 +63,10 @@ void CheckReport(Checker& c, const Report& m) {
     c.In(Index("attempts", i), [&] {
       c.Require(a.version() >= 1, "version", "required (>= 1)");
       if (!a.ok()) {
-        c.Require(a.failure() == FAILURE_PROGRAM_ERROR || a.failure() == FAILURE_INPUT_LOST || a.failure() == FAILURE_CANCELLED,
-                  "failure", "a failed attempt needs program_error, input_lost or cancelled, got " +
-                                 std::string(FailureClassName(a.failure())));
+        c.Require(
+            a.failure() == FAILURE_PROGRAM_ERROR || a.failure() == FAILURE_INPUT_LOST || a.failure() == FAILURE_CANCELLED,
+            "failure",
+            "a failed attempt needs program_error, input_lost or cancelled, got " + std::string(FailureClassName(a.failure())));
       }
       c.Require(a.duration_ms() >= 0, "duration_ms", "must not be negative");
       c.Require(a.output_bytes_size() == a.output_messages_size(), "output_messages", "one per output port, as output_bytes");
@@ -156,7 +157,9 @@ Status Check(const DaemonToJm& m) {
     case DaemonToJm::kRegister: c.In("register", [&] { CheckRegister(c, m.register_()); }); break;
     case DaemonToJm::kHeartbeat: break;
     case DaemonToJm::kReport: c.In("report", [&] { CheckReport(c, m.report()); }); break;
-    case DaemonToJm::kVertexLog: c.In("vertex_log", [&] { c.Require(m.vertex_log().version() >= 1, "version", "required (>= 1)"); }); break;
+    case DaemonToJm::kVertexLog:
+      c.In("vertex_log", [&] { c.Require(m.vertex_log().version() >= 1, "version", "required (>= 1)"); });
+      break;
     case DaemonToJm::kNcclId:
       c.In("nccl_id", [&] {
         c.Require(!m.nccl_id().group().empty(), "group", "required");

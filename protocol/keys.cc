@@ -20,8 +20,8 @@ StreamKey MakeStreamKey(uint64_t job, uint32_t channel, uint32_t version) {
 }
 
 std::string ToString(const OutputKey& key) {
-  return "job" + std::to_string(key.job()) + "/v" + std::to_string(key.vertex()) + ".v" + std::to_string(key.version()) +
-         "/p" + std::to_string(key.port());
+  return "job" + std::to_string(key.job()) + "/v" + std::to_string(key.vertex()) + ".v" + std::to_string(key.version()) + "/p" +
+         std::to_string(key.port());
 }
 
 std::string ToString(const StreamKey& key) {
@@ -52,8 +52,7 @@ std::string_view FailureClassName(FailureClass failure) {
 }
 
 std::optional<FailureClass> ParseFailureClass(std::string_view name) {
-  for (FailureClass c :
-       {FAILURE_PROGRAM_ERROR, FAILURE_DAEMON_LOST, FAILURE_INPUT_LOST, FAILURE_TIMEOUT, FAILURE_CANCELLED}) {
+  for (FailureClass c : {FAILURE_PROGRAM_ERROR, FAILURE_DAEMON_LOST, FAILURE_INPUT_LOST, FAILURE_TIMEOUT, FAILURE_CANCELLED}) {
     if (FailureClassName(c) == name) return c;
   }
   return std::nullopt;
