@@ -739,7 +739,13 @@ class Cluster:
     def wait_daemons(self, names=None, timeout=30):
         """Waits until the named daemons (all by default) are alive in the job manager's list."""
         names = set(names if names is not None else self.daemons())
-        return wait_until(f"daemons {sorted(names)} to be alive", lambda: names <= self.alive_daemons(), timeout, 0.2)
+
+        def alive():
+            for n in names:
+                if n in self.procs and self.procs[n].popen and self.procs[n].popen.poll() is not None:
+                    raise Failure(f"daemon {n} exited ({self.procs[n].popen.returncode}):\n{self.log(n)[-2000:]}")
+            return names <= self.alive_daemons()
+        return wait_until(f"daemons {sorted(names)} to be alive", alive, timeout, 0.2)
 
     def submit(self, job_file, host=None):
         p = self.client(["submit", job_file, "-o", "json"], host=host, check=True)
