@@ -454,6 +454,15 @@ class Net:
                             self.delays.pop(key, None)
         self._apply_all()
 
+    def set_faults(self, partitions=(), losses=None, delays=None):
+        """Replaces every fault at once: partitions, pairs of hosts; losses, {(dst, src):
+        probability}; delays, {(dst, src): (ms, jitter ms, reorder share)} (directed: packets
+        from src arriving at dst). For callers that overlap faults and compute their union."""
+        self.partitions = {frozenset((self.host(a).index, self.host(b).index)) for a, b in partitions}
+        self.losses = dict(losses or {})
+        self.delays = dict(delays or {})
+        self._apply_all()
+
     def clear(self):
         """No fault anywhere."""
         self.partitions.clear()
@@ -885,6 +894,13 @@ def lineage_job(path, name="lineage", sources=3, mids=3, aggs=2, pad_bytes=65536
 
 EVENT_RE = re.compile(r"^\s*(\d+\.\d+)s (\S+) version (\d+)(?: \([^)]*\))? (placed on|completed on) (\S+)")
 OUTPUT_EVENT_RE = re.compile(r"^\s*(\d+\.\d+)s (\S+) output of version (\d+) (lost|is on daemon)")
+FAILED_EVENT_RE = re.compile(r"^\s*(\d+\.\d+)s (\S+) version (\d+) (failed|withdrawn)")
+
+
+def _mentions(line, vertex):
+    """Whether an event line is about `vertex` (`sink` and `sink[0]` alike)."""
+    parts = line.split()
+    return len(parts) > 1 and _canonical(parts[1]) == vertex
 
 
 def _canonical(vertex):
@@ -892,7 +908,7 @@ def _canonical(vertex):
     return vertex if "[" in vertex else vertex + "[0]"
 
 
-def check_lineage(lineage_text, events):
+def check_lineage(lineage_text, events, notes=None):
     """Checks a lineage job's lineage.txt against the job manager's event log. Returns a list of
     problems (empty: none):
 
@@ -900,18 +916,62 @@ def check_lineage(lineage_text, events):
         manager recorded as completed ("X version N completed on D");
       - no attempt read a superseded output: the version of P that attempt C.vc read is not
         older than a version of P that had completed before C.vc was placed;
-      - the sink attempt that wrote the outputs is the sink's last completed version."""
+      - the sink attempt that wrote the outputs is the sink's last completed version.
+
+    A job manager SIGKILLed just after a completion may have journaled it (and acted on it
+    after its restart) without its event line reaching the job's history, which is written
+    once a tick (reported as a copse bug). Such completions are inferred: an attempt placed
+    before a "restored from the journal" line, not failed before it, whose vertex is not
+    placed again after it (before any "output ... lost" line of the vertex) was restored as
+    completed (a restarted job manager runs the attempts that were running again, as new
+    versions); its completion counts from the restart line."""
     completed = {}  # vertex -> [(event index, version)]
     placed = {}  # (vertex, version) -> event index
+    latest = {}  # vertex -> (version, index) of its newest placement
+    failed = set()  # (vertex, version)
+    restarts = []  # (index, {vertex: version} placed before it and neither completed nor failed)
+    open_attempts = {}  # vertex -> version placed, not yet ended
     for i, line in enumerate(events):
+        if "restored from the journal after a job manager restart" in line:
+            restarts.append((i, dict(open_attempts)))
+            open_attempts.clear()
+            continue
+        f = FAILED_EVENT_RE.match(line)
+        if f:
+            failed.add((_canonical(f.group(2)), int(f.group(3))))
+            if open_attempts.get(_canonical(f.group(2))) == int(f.group(3)):
+                del open_attempts[_canonical(f.group(2))]
+            continue
+        lost = OUTPUT_EVENT_RE.match(line)
+        if lost:
+            open_attempts.pop(_canonical(lost.group(2)), None)
+            continue
         m = EVENT_RE.match(line)
         if not m:
             continue
         vertex, version, what = _canonical(m.group(2)), int(m.group(3)), m.group(4)
         if what == "placed on":
             placed.setdefault((vertex, version), i)
+            latest[vertex] = (version, i)
+            open_attempts[vertex] = version
         else:
             completed.setdefault(vertex, []).append((i, version))
+            if open_attempts.get(vertex) == version:
+                del open_attempts[vertex]
+    for r, attempts in restarts:
+        for vertex, version in attempts.items():
+            # Placed again after the restart, before anything else said of it: it was running.
+            after = [j for j, line in enumerate(events[r + 1:], start=r + 1) if _mentions(line, vertex)]
+            first = events[after[0]] if after else ""
+            m = EVENT_RE.match(first)
+            if m and m.group(4) == "placed on":
+                continue
+            completed.setdefault(vertex, []).append((r, version))
+            if notes is not None:
+                notes.append(f"{vertex} version {version}: completion inferred at a job manager restart "
+                             f"(no event line)")
+    for lst in completed.values():
+        lst.sort()
     problems = []
     writer = None
     edges = []
