@@ -4,7 +4,8 @@
   /usr/bin/python3 bench/netns_soak.py --copse <build>/cli/copse [--runs N] [--seed S]
       [--hosts 5] [--workdir DIR] [--keep] [--window-s 8]
 
-Needs root. Once, every job kind runs fault-free under `copse run` on this host: its digests
+Needs root. The binaries are copied under --workdir first (a rebuild must not swap them mid-soak).
+Once, every job kind runs fault-free under `copse run` on this host: its digests
 are the reference. Then each run r (seeded by S + r) starts a fresh cluster on the same
 namespaces: the job manager on h0, daemons d1 ... on h1 ... (2 cpus each, heartbeat timeout 1 s);
 submits 3-4 jobs of random kinds at once, and 1-2 more at each of 2-3 random moments of the
@@ -41,6 +42,7 @@ import random
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -393,6 +395,23 @@ def check_completed(c, j, rundir, reference, report):
                                f"instead of {j.first}")
 
 
+def private_copy(copse, bindir):
+    """Copies copse and copse-node (which it runs, from beside it) to bindir: a rebuild of the
+    build tree during a long soak must not swap the binaries under it. Retried while a build
+    is writing them (a copy that does not run)."""
+    os.makedirs(bindir, exist_ok=True)
+    for attempt in range(30):
+        for name in ("copse", "copse-node"):
+            src = os.path.join(os.path.dirname(copse), name)
+            if os.path.exists(src):
+                shutil.copy2(src, os.path.join(bindir, name))
+        p = subprocess.run([os.path.join(bindir, "copse"), "programs"], capture_output=True, text=True, timeout=60)
+        if p.returncode == 0 and "checksum" in p.stdout:
+            return os.path.join(bindir, "copse")
+        time.sleep(2)
+    raise SystemExit(f"{copse}: its copy does not run: {p.stderr.strip()}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--copse", default=shutil.which("copse"), help="the copse binary (default: on PATH)")
@@ -412,6 +431,7 @@ def main():
     args.workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="copse-netns-soak-"))
     os.makedirs(args.workdir, exist_ok=True)
     print(f"netns soak: {args.runs} runs from seed {args.seed}, {args.hosts} hosts, logs under {args.workdir}", flush=True)
+    args.copse = private_copy(args.copse, os.path.join(args.workdir, "bin"))
     kinds = make_kinds(args.workdir)
     reference = {}
     for kind, path in kinds.items():
