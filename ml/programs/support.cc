@@ -106,7 +106,7 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
   if (s.tp_ranks < 1 || s.tp_ranks > 64 || s.tp_rank < 0 || s.tp_rank >= s.tp_ranks)
     return Status::InvalidArgument(ctx.name + ": params.tp_rank " + std::to_string(s.tp_rank) + " is not one of its " +
                                    std::to_string(s.tp_ranks) + " tensor-parallel ranks (params.tensor_parallel, 1 to 64)");
-  if (s.precision == Precision::kFloat16 && (ctx.params && ctx.params->contains("stages") || s.tp_ranks > 1))
+  if (s.precision == Precision::kFloat16 && ((ctx.params && ctx.params->contains("stages")) || s.tp_ranks > 1))
     return Status::InvalidArgument(ctx.name +
                                    ": params.precision fp16 is for data-parallel jobs (its loss scale would have to "
                                    "agree across pipeline stages and tensor-parallel shards, which is not built yet)");
