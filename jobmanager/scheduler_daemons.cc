@@ -100,7 +100,9 @@ void Scheduler::AdoptOutputs(const Daemon& d, const OutputInventory& inventory) 
   }
   if (adopted) SchedLog()->info("daemon {}: it serves {} completed vertices' outputs again", d.spec.name, adopted);
   std::set<Job*> touched;
-  for (auto [job, v] : running_jobs) {
+  for (const auto& entry : running_jobs) {
+    Job* job = entry.first;  // not a structured binding: clang before 16 cannot capture one in a lambda
+    const VertexId v = entry.second;
     touched.insert(job);
     // What was not released or settled while its daemon was gone (both need it alive) is now.
     ForEachSuccessor(job->g(), v, [&](VertexId u) {

@@ -323,7 +323,11 @@ std::vector<Json> Scheduler::Snapshot() const {
 size_t Scheduler::SnapshotRecords() const {
   size_t n = (next_job_ > 1 ? 1 : 0) + (restarts_ > 0 ? 1 : 0);
   for (const auto& [id, job] : jobs_) {
-    const size_t done = job->state == JobState::kCompleted ? job->declared_vertices.size() : job->completed;
+    size_t done = job->completed;
+    if (job->state == JobState::kCompleted) {  // as Snapshot: declared outputs with a known place
+      done = 0;
+      for (uint32_t v : job->declared_vertices) done += job->runs[v].daemon.valid() ? 1 : 0;
+    }
     n += 1 + done + (job->state != JobState::kRunning ? 1 : 0);
   }
   return n;

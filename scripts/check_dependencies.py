@@ -2,7 +2,7 @@
 """Fails when a source file includes a module its library may not depend on.
 
 The dependency direction (docs/architecture.md): common <- channels <- vertex <- ml;
-common <- protocol <- vertex, jobmanager; cli, tests and bench on top of everything. The job manager sees
+common <- protocol <- vertex, jobmanager; cli, tests, bench and fuzz on top of everything. The job manager sees
 channels as data and programs as names, so it includes neither; the client binary
 (`copse`, the copse_cli_client sources) stays small, so it includes neither vertex nor ml.
 Every target includes from the repository root, so only this check stops a header-only
@@ -30,7 +30,7 @@ CLIENT_SOURCES = {
     "commands",
 }
 CLIENT_ALLOWED = {"common", "protocol", "channels", "jobmanager", "cli"}
-MODULES = {"common", "protocol", "channels", "vertex", "jobmanager", "ml", "cli", "bench", "tests"}
+MODULES = {"common", "protocol", "channels", "vertex", "jobmanager", "ml", "cli", "bench", "tests", "fuzz"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/[^"]*"', re.M)
 
 

@@ -6,7 +6,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 command -v clang-format > /dev/null || { echo "check_format: clang-format not installed; skipped"; exit 77; }
 version=$(clang-format --version | sed -n 's/.*version \([0-9]*\)\..*/\1/p')
 [ "$version" = 14 ] || { echo "check_format: clang-format $version, not 14; skipped"; exit 77; }
-files=$(cd "$root" && find common channels vertex jobmanager ml cli tests bench \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \) | sort)
+files=$(cd "$root" && find common protocol channels vertex jobmanager ml cli tests bench fuzz \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \) | sort)
 cd "$root" || exit 1
 if [ "$1" = "--fix" ]; then
   echo "$files" | xargs clang-format -i

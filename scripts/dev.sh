@@ -22,12 +22,14 @@ packages=(
   libprotobuf-dev protobuf-compiler libcpp-httplib-dev
   dataset-fashion-mnist fortunes python3 python3-jsonschema graphviz clang-format
 )
-# Only the test suite needs these: the dashboard's browser test, the metrics parser, and the
+# Only the test suite needs these: the dashboard's browser test, the metrics parser, the
 # systemd and Slurm deployment tests, which start their own munge and Slurm daemons (on a host
-# that runs systemd, installing slurm-wlm and munge also enables Debian's default services).
+# that runs systemd, installing slurm-wlm and munge also enables Debian's default services),
+# the multi-host tests' packet filters (iptables in network namespaces) and the libFuzzer
+# harnesses (clang).
 test_packages=(
   chromium chromium-driver python3-selenium python3-prometheus-client
-  systemd slurm-wlm munge
+  systemd slurm-wlm munge iptables clang
 )
 
 install_missing() {
