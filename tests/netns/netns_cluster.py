@@ -49,7 +49,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -67,10 +66,6 @@ class Skip(Exception):
 
 class Failure(AssertionError):
     """A check failed."""
-
-
-def log(*args):
-    print(time.strftime("%H:%M:%S"), *args, flush=True)
 
 
 def sh(argv, timeout=30, check=True, input=None):
