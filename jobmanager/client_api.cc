@@ -48,8 +48,8 @@ Json ClientApi::Status(JobId job) {
 }
 
 Json ClientApi::EventLog(JobId job, const std::string& vertex) {
-  Json lines = scheduler_.Logs(job, vertex);
-  if (lines.is_null() && !scheduler_.HasJob(job) && history_.Summary(job)) {
+  Json lines = scheduler_.HistoryInMemory(job) ? scheduler_.Logs(job, vertex) : Json();
+  if (lines.is_null() && !scheduler_.HistoryInMemory(job) && history_.Summary(job)) {
     lines = JobHistory::EventLog(*history_.Load(job), vertex);
     if (lines.is_null()) return ErrorReply("job " + job.ToString() + "'s history has no attempt of a vertex \"" + vertex + "\"");
   }
@@ -72,15 +72,14 @@ Json ClientApi::Outputs(JobId job) {
 }
 
 Result<TraceSnapshot> ClientApi::Trace(JobId job, size_t max_spans) const {
-  auto snapshot = scheduler_.Trace(job, max_spans);
-  if (!snapshot.ok() && !scheduler_.HasJob(job)) {
-    if (auto summary = history_.Summary(job)) {
-      snapshot = JobHistory::Trace(job, *history_.Load(job), *summary);
-      snapshot->total_spans = snapshot->spans.size();
-      if (snapshot->spans.size() > max_spans) snapshot->spans.erase(snapshot->spans.begin(), snapshot->spans.end() - max_spans);
-    }
+  // A forgotten job's, or a finished one restored without its history: from its history files.
+  if (const Json* summary = scheduler_.HistoryInMemory(job) ? nullptr : history_.Summary(job)) {
+    TraceSnapshot snapshot = JobHistory::Trace(job, *history_.Load(job), *summary);
+    snapshot.total_spans = snapshot.spans.size();
+    if (snapshot.spans.size() > max_spans) snapshot.spans.erase(snapshot.spans.begin(), snapshot.spans.end() - max_spans);
+    return snapshot;
   }
-  return snapshot;
+  return scheduler_.Trace(job, max_spans);
 }
 
 Json ClientApi::Vertices(JobId job, const Scheduler::VertexFilter& filter) const {
@@ -111,7 +110,7 @@ Json ClientApi::Vertices(JobId job, const Scheduler::VertexFilter& filter) const
 }
 
 Json ClientApi::ProgressSeries(JobId job) const {
-  if (scheduler_.HasJob(job)) return scheduler_.ProgressSeries(job);
+  if (scheduler_.HistoryInMemory(job)) return scheduler_.ProgressSeries(job);
   if (history_.Summary(job)) return history_.ProgressSeries(job);
   return nullptr;
 }
@@ -128,7 +127,7 @@ Json ClientApi::VertexLog(const Json& msg) {
   uint32_t attempt = attempt_json.get<uint32_t>();
   Json reply = {{"op", "vertex_log"}, {"vertex", name}};
   VertexId v;
-  if (scheduler_.HasJob(job)) {
+  if (scheduler_.HistoryInMemory(job)) {
     auto found = scheduler_.Attempt(job, name, attempt);
     if (!found.ok() && attempt != 0) {
       // Not in the trace, but it may have printed: an attempt running when the job manager

@@ -77,12 +77,20 @@ class JmServer::Impl : public DaemonSink {
     // A lost or damaged journal must not hand out an id whose history is kept: a new job
     // would add its lines to another's.
     if (const auto kept = history_->Jobs(); !kept.empty()) scheduler_.ReserveJobIds(kept.back().value());
-    // Their event lines and attempts from before the restart: traces and logs of their whole life.
+    // Running jobs' event lines and attempts from before the restart, so that their logs and
+    // traces go on from where they were. A finished job's stay in its history files, read when
+    // asked for (ClientApi), as a forgotten job's are: a restart after a million-vertex job
+    // would otherwise parse every one of its attempts again.
     for (uint64_t id : scheduler_.JobIds()) {
-      const auto events = history_->Load(JobId(id));
-      scheduler_.RestoreHistory(JobId(id), events->lines, events->spans, events->progress);
-      // Finished, but the job manager stopped before its summary was written.
-      if (!history_->Summary(JobId(id))) {
+      const bool running = scheduler_.StateOf(JobId(id)) == JobState::kRunning;
+      // Finished, but the job manager stopped before its summary was written: the summary
+      // takes the loss curve from the history, so that one is read back too.
+      const bool unsummarized = !running && !history_->Summary(JobId(id));
+      if (running || unsummarized) {
+        const auto events = history_->Load(JobId(id));
+        scheduler_.RestoreHistory(JobId(id), events->lines, events->spans, events->progress);
+      }
+      if (unsummarized) {
         if (auto summary = scheduler_.FinalSummary(JobId(id))) history_->JobFinished(JobId(id), *summary);
       }
     }

@@ -255,6 +255,11 @@ class Scheduler {
 
   // ---- queries -------------------------------------------------------------------------------
   bool HasJob(JobId job) const;
+  /// Whether `job` is here with its history: its event lines, attempts and progress series
+  /// (what Logs, Trace, Attempt and ProgressSeries answer from). False for a finished job
+  /// restored without RestoreHistory: the job manager leaves those in the history files, to
+  /// be read when asked for, so that a restart does not read back every finished job's life.
+  bool HistoryInMemory(JobId job) const;
   /// Whether `version` of v was sent to a daemon (it is at most the newest sent).
   bool HasAttempt(JobId job, VertexId v, uint32_t version) const;
   /// Attempt `attempt` of `vertex` (0: its newest), for `copse logs JOB VERTEX`: {"vertex": its

@@ -29,6 +29,7 @@ void Scheduler::RestoreHistory(JobId id, std::vector<std::pair<VertexId, std::st
                                std::vector<Json> progress) {
   Job* job = FindJob(id);
   if (!job) return;
+  job->history_in_memory = true;
   // Its loss curve from before, ahead of what came since; thinned as NoteProgress thins it.
   progress.insert(progress.end(), job->progress_points.begin(), job->progress_points.end());
   while (progress.size() >= kMaxProgressPoints) {
@@ -119,6 +120,7 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
           continue;
         }
         Job& job = NewJob(id, load.graph, rec.value("job_dir", std::string()));
+        job.history_in_memory = false;  // until RestoreHistory
         // Older journals lack the time: such a job's elapsed time counts from the restart.
         if (const Json& at = rec.value("submitted_unix_ms", Json()); at.is_number_integer() && at.get<int64_t>() > 0) {
           job.submitted_unix_ms = at.get<int64_t>();

@@ -13,6 +13,11 @@ namespace copse::jm {
 
 bool Scheduler::HasJob(JobId id) const { return FindJob(id) != nullptr; }
 
+bool Scheduler::HistoryInMemory(JobId id) const {
+  const Job* job = FindJob(id);
+  return job && job->history_in_memory;
+}
+
 std::optional<JobState> Scheduler::StateOf(JobId id) const {
   const Job* job = FindJob(id);
   if (!job) return std::nullopt;

@@ -190,6 +190,10 @@ struct Scheduler::Job {
   std::vector<Json> progress_points;
   uint64_t progress_reports = 0, progress_stride = 1;
   std::string rate_unit = "images";  // what first_/last_images count: "images", or "tokens" (text)
+  /// Its event lines, attempts (trace) and progress series are here: false for a job restored
+  /// from the journal until RestoreHistory puts its history back. A finished job's stays in
+  /// its history files, read when asked for (HistoryInMemory).
+  bool history_in_memory = true;
 
   const JobGraph& g() const { return *graph; }
 

@@ -5,9 +5,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <unistd.h>
 
 #include <algorithm>
 
+#include "jobmanager/client_api.h"
+#include "jobmanager/job_history.h"
 #include "jobmanager/journal.h"
 #include "jobmanager/scheduler.h"
 #include "tests/jobmanager/job_test_util.h"
@@ -597,6 +600,69 @@ TEST_CASE("Journal.RecordsThatContradictTheOthersAreSkippedAndNamed") {
   std::vector<Json> expected = old.s.Snapshot();
   expected.push_back({{"t", "restart"}, {"job", 0}, {"n", 1}});
   CHECK(restored.Snapshot() == expected);
+}
+
+}  // namespace
+}  // namespace copse::jm
+
+namespace copse::jm {
+namespace {
+
+TEST_CASE("Journal.AFinishedJobsHistoryStaysOnDiskAtARestartAndIsAnsweredFromThere") {
+  // A restart reads back only running jobs' histories (the job manager calls RestoreHistory for
+  // those): a finished job's event log, trace and progress come from its history files when
+  // asked for, so that a restart after a million-vertex job does not parse its every attempt.
+  const auto dir = std::filesystem::temp_directory_path() / ("copse-journal-history-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ManualClock clock;
+  RecordingJournal journal;
+  JobId job;
+  {
+    auto history = JobHistory::Open(dir);
+    REQUIRE(history.ok());
+    NullSink sink;
+    Scheduler s(sink, clock);
+    s.set_journal(&journal);
+    s.set_history(history->get());
+    REQUIRE(s.AddDaemon(D0()).ok());
+    job = s.Submit(testing::MustLoad(kChain), "/tmp");
+    size_t reported = 0;  // runs whose tasks succeeded (chained ones come in one run)
+    for (int round = 0; round < 10 && s.StateOf(job) == JobState::kRunning; ++round) {
+      s.Flush();
+      for (; reported < sink.runs.size(); ++reported) {
+        for (const auto& task : sink.runs[reported].tasks()) Succeed(s, job, task);
+      }
+      s.Tick();
+    }
+    REQUIRE(s.StateOf(job) == JobState::kCompleted);
+    (*history)->Flush();
+  }
+  auto history = JobHistory::Open(dir);  // as a restarted job manager
+  REQUIRE(history.ok());
+  NullSink sink;
+  Scheduler restored(sink, clock);
+  restored.set_history(history->get());
+  REQUIRE(restored.Restore(journal.records, testing::TestCatalog()) == 1);
+  CHECK(restored.HasJob(job));
+  CHECK_FALSE(restored.HistoryInMemory(job));
+  ClientApi api(restored, **history);
+  const auto logs = api.Answer("logs", {{"op", "logs"}, {"job", job.value()}, {"vertex", "b[0]"}});
+  REQUIRE(logs.has_value());
+  REQUIRE((*logs)["op"] == "logs");
+  CHECK((*logs)["lines"].dump().find("b[0] version 1 completed on d0") != std::string::npos);
+  auto trace = api.Trace(job);
+  REQUIRE(trace.ok());
+  CHECK(trace->spans.size() == 3);
+  CHECK((*api.Answer("status", {{"op", "status"}, {"job", job.value()}}))["job"]["state"] == "completed");
+
+  // Put back, as for a running job, it is answered from memory.
+  const auto events = (*history)->Load(job);
+  restored.RestoreHistory(job, events->lines, events->spans, events->progress);
+  CHECK(restored.HistoryInMemory(job));
+  auto from_memory = api.Trace(job);
+  REQUIRE(from_memory.ok());
+  CHECK(from_memory->spans.size() == 3);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
