@@ -160,6 +160,10 @@ void AddGraphCommand(CLI::App& app) {
       ->check(CLI::IsMember({"tree", "ring", "ps", "nccl"}))
       ->capture_default_str();
   d->add_option("--fanin", dp->o.fanin, "Fan-in of the reduction tree")->check(CLI::Range(2, 64))->capture_default_str();
+  d->add_option("--staleness", dp->o.staleness,
+                "Step t's gradients are computed on step t-S's parameters (bounded staleness; 0: synchronous)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
   d->add_flag("--loader-vertices", dp->o.loader_vertices, "A shard-loader vertex feeds each gradient vertex");
   AddTrainingFlags(d, *dp);
   d->callback([dp] { ExitCode() = RunGraph(*dp, "data-parallel"); });

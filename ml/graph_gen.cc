@@ -183,6 +183,10 @@ Status Check(const GraphOptions& o) {
   if ((o.reducer == "ring" || o.reducer == "nccl") && o.workers < 2) return bad("--reducer " + o.reducer, "--workers >= 2");
   if (o.reducer == "nccl" && o.kind != "data-parallel") return bad("--reducer nccl", "data-parallel");
   if (o.fanin < 2) return bad("--fanin", ">= 2");
+  if (o.staleness < 0 || o.staleness > 64) return bad("--staleness", "0..64");
+  if (o.staleness > 0 && o.kind != "data-parallel") return bad("--staleness", "0 for " + o.kind + " jobs (data-parallel only)");
+  if (o.staleness > 0 && o.precision == "fp16")
+    return bad("--staleness", "0 with --precision fp16 (a stale gradient's loss scale is not the update's)");
   if (o.device != "cpu" && o.device != "cuda") return bad("--device", "cpu or cuda");
   if (o.device == "cuda" && o.tensor_parallel > 1)
     return bad("--device cuda", "--tensor-parallel 1 (tensor-parallel gangs compute on the CPU for now)");
@@ -276,6 +280,7 @@ Json Config(const GraphOptions& o, int64_t steps) {
   if (o.kind == "tensor-parallel") return c;
   if (o.kind != "pipeline") c["workers"] = o.workers;
   if (o.kind == "data-parallel") c["reducer"] = o.reducer;
+  if (o.staleness > 0) c["staleness"] = o.staleness;
   if (o.device != "cpu") c["device"] = o.device;
   if (o.kind != "data-parallel") {
     c["stages"] = o.stages;
@@ -378,7 +383,8 @@ Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_im
     if (t == 0) b.Reserve("init", U);
     for (int w = 0; w < W; ++w) {
       const std::string g = V("grad" + std::to_string(w), t);
-      const std::string src = t == 0 ? "init" : V(upd(replicated ? w : 0), t - 1);
+      const int64_t from = t - o.staleness;  // the step whose parameters it computes on
+      const std::string src = from <= 0 ? "init" : V(upd(replicated ? w : 0), from - 1);
       b.Edge(src, -1, g, 0);
       if (o.loader_vertices) b.Edge(V("load" + std::to_string(w), t), 0, g, 1);
     }

@@ -34,6 +34,11 @@ struct GraphOptions {
   std::string weight_grads = "batched";
   std::string reducer = "tree";  // tree | ring | ps (data-parallel)
   int fanin = 2;                 // tree reducer fan-in
+  // Data-parallel: step t's gradients are computed on the parameters of step t - staleness (the
+  // output of update t - staleness - 1, or init), and applied to step t's (PipeDream-style
+  // bounded staleness). 0: synchronous. Each step's inputs are fixed by the graph, so a re-run
+  // gives the same bits; a worker's step no longer waits for the update just before it.
+  int staleness = 0;
   bool loader_vertices = false;  // data-parallel: a shard-loader vertex per grad vertex
   std::vector<int> split;        // pipeline stage boundaries (layer indices), or balanced
   // Tensor parallelism: members of each gang (the tensor-parallel kind's step; each forward and
