@@ -7,7 +7,8 @@
 //   - wire: frames of every message that scheduler sent its daemons, of what daemons send (a
 //     registration, heartbeat, report, vertex log) and of the handshake's JSON;
 //   - tensor: encodings of float32, bfloat16, float16, scalar, empty and multi-tensor sets;
-//   - output_store: output files a real store wrote, in the harness's input layout.
+//   - output_store: output files a real store wrote, in the harness's input layout;
+//   - client_request: a request of every kind a client sends (status, logs, chaos, ...).
 // Run by hand after a format changes (docs/fuzzing.md); the output is committed.
 #include <filesystem>
 #include <fstream>
@@ -243,6 +244,28 @@ void OutputStoreSeeds(const fs::path& out, const fs::path& scratch) {
   Write(out / "output_store" / "files", input);
 }
 
+void ClientRequestSeeds(const fs::path& out) {
+  const std::vector<std::pair<std::string, Json>> requests = {
+      {"status", {{"op", "status"}, {"job", 1}}},
+      {"status-all", {{"op", "status"}}},
+      {"jobs", {{"op", "jobs"}, {"since_unix_ms", 0}}},
+      {"logs", {{"op", "logs"}, {"job", 2}, {"vertex", "a[0]"}}},
+      {"logs-job", {{"op", "logs"}, {"job", 1}}},
+      {"vertex-log", {{"op", "vertex_log"}, {"job", 1}, {"vertex", "c[0]"}, {"attempt", 0}, {"from", 0}}},
+      {"outputs", {{"op", "outputs"}, {"job", 1}}},
+      {"cancel", {{"op", "cancel"}, {"job", 2}}},
+      {"daemons", {{"op", "daemons"}}},
+      {"chaos-kill", {{"op", "chaos"}, {"action", "kill"}, {"daemon", "d0"}}},
+      {"chaos-cut", {{"op", "chaos"}, {"action", "cut"}, {"daemon", "d1"}, {"ms", 500}}},
+      {"chaos-fail", {{"op", "chaos"}, {"action", "fail"}, {"job", 2}, {"vertex", "b[1]"}, {"attempts", {2, 3}}}},
+      {"chaos-delay", {{"op", "chaos"}, {"action", "delay"}, {"job", 2}, {"vertex", "c[0]"}, {"ms", 100}}},
+      {"chaos-corrupt", {{"op", "chaos"}, {"action", "corrupt"}, {"job", 2}, {"vertex", "a[1]"}}},
+      {"chaos-drop", {{"op", "chaos"}, {"action", "drop"}, {"job", 2}, {"vertex", "a[2]"}}},
+      {"vertices", {{"op", "status"}, {"job", 2}, {"stage", "b"}, {"state", "waiting"}, {"offset", 1}, {"limit", 5}}},
+  };
+  for (const auto& [name, request] : requests) Write(out / "client_request" / (name + ".json"), copse::DumpJson(request));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -257,6 +280,7 @@ int main(int argc, char** argv) {
   JournalAndWireSeeds(src, out, scratch);
   TensorSeeds(out);
   OutputStoreSeeds(out, scratch);
+  ClientRequestSeeds(out);
   fs::remove_all(scratch);
   std::cout << "seeds written to " << out.string() << "\n";
   return 0;

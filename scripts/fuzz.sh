@@ -7,8 +7,8 @@
 #
 # Configures and builds a fuzzing build with clang in DIR (default: <checkout>-fuzz-build next
 # to the checkout), then fuzzes each HARNESS (default: all of job_file wire journal tensor
-# output_store) for SECONDS (default 60) or N executions, --jobs of them at a time (default 1),
-# starting from its seed corpus fuzz/corpus/<name>/ and what earlier runs found
+# output_store client_request) for SECONDS (default 60) or N executions, --jobs of them at a
+# time (default 1), starting from its seed corpus fuzz/corpus/<name>/ and what earlier runs found
 # (DIR/corpus/<name>/), with its dictionary fuzz/<name>.dict where there is one. Prints a line
 # per harness: executions, rate, coverage, corpus. An input that crashes a harness, trips a
 # sanitizer, runs over 30 s or uses over 2.5 GB is kept in DIR/crashes/ and the script exits 1
@@ -20,7 +20,7 @@ set -uo pipefail
 
 src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${src}-fuzz-build"
-all=(job_file wire journal tensor output_store)
+all=(job_file wire journal tensor output_store client_request)
 limit=(-max_total_time=60)
 jobs=1
 mode=both
