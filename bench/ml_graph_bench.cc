@@ -185,8 +185,10 @@ GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int 
   if (o.kind == "pipeline") {
     std::map<std::string, copse::ml::Span> times;
     for (const auto& [v, sp] : spans) times[v] = {static_cast<double>(sp.start), static_cast<double>(sp.end)};
-    if (auto b = copse::ml::MeasuredBubble(times, o.stages, o.microbatches)) res.bubble = b->mean;
-    if (auto b = copse::ml::MeasuredBubble(copse::ml::WithoutGaps(times, o.stages), o.stages, o.microbatches)) {
+    // Interleaved: o.stages daemons of virtual_stages chunks, stage s on daemon s mod o.stages.
+    const int stages = o.stages * (o.schedule == "interleaved" ? o.virtual_stages : 1);
+    if (auto b = copse::ml::MeasuredBubble(times, stages, o.microbatches, o.stages)) res.bubble = b->mean;
+    if (auto b = copse::ml::MeasuredBubble(copse::ml::WithoutGaps(times, stages, o.stages), stages, o.microbatches, o.stages)) {
       res.bubble_without_gaps = b->mean;
     }
   }
@@ -329,6 +331,21 @@ int main(int argc, char** argv) {
       else
         row(name + " FAILED", 0, -1, -1, -1, 0, -1);
     }
+  }
+  for (int m : {8, 16}) {  // Interleaved 1F1B: 2 model chunks a daemon, the bubble's theory halved.
+    copse::ml::GraphOptions o = base;
+    o.kind = "pipeline";
+    o.stages = 2;
+    o.microbatches = m;
+    o.schedule = "interleaved";
+    o.virtual_stages = 2;
+    const std::string name = "pipeline 2 interleaved v=2 M=" + std::to_string(m);
+    const GraphResult r = RunGraph(o, dir / ("p2-interleaved" + std::to_string(m)), daemons);
+    const double theory = copse::ml::TheoreticalBubble(2, m, 2);
+    if (r.ok)
+      row(name, r.images_per_s, r.accuracy, r.bubble, r.bubble_without_gaps, theory, r.scheduler_share);
+    else
+      row(name + " FAILED", 0, -1, -1, -1, 0, -1);
   }
   {  // Batched weight gradients' part: every backward accumulates its micro-batch's instead.
     copse::ml::GraphOptions o = base;

@@ -136,7 +136,13 @@ void AddPipelineFlags(CLI::App* cmd, GraphFlags& f) {
   AddTensorParallelFlags(cmd, o, 1);
   cmd->add_option("--stages", o.stages, "Pipeline stages")->check(CLI::Range(1, 64))->capture_default_str();
   cmd->add_option("--microbatches", o.microbatches, "Micro-batches per step")->check(CLI::Range(1, 256))->capture_default_str();
-  cmd->add_option("--schedule", o.schedule, "gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"}))->capture_default_str();
+  cmd->add_option("--schedule", o.schedule, "gpipe, 1f1b or interleaved (1F1B over virtual stages)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}))
+      ->capture_default_str();
+  cmd->add_option("--virtual-stages", o.virtual_stages,
+                  "With --schedule interleaved: model chunks per stage (daemon); --microbatches a multiple of --stages")
+      ->check(CLI::Range(2, 16))
+      ->capture_default_str();
   cmd->add_flag("--recompute", o.recompute, "Backward recomputes the forward instead of stashing activations");
   cmd->add_option("--weight-grads", o.weight_grads,
                   "batched (each stage's update computes the weight gradients of all micro-batches in one product, "

@@ -58,8 +58,11 @@ std::string FormatPercent(double share) {
 /// gaps: what the stages' own imbalance leaves) next to the theory; nullopt for other jobs.
 std::optional<Json> PipelineBubble(net::BlockingClient& client, uint64_t job, const Json& config) {
   if (config.value("kind", "") != "pipeline") return std::nullopt;
-  const int stages = config.value("stages", 0), microbatches = config.value("microbatches", 0);
-  if (stages < 1 || microbatches < 1) return std::nullopt;
+  // Interleaved: `stages` daemons of `chunks` model chunks each, stage s on daemon s mod stages.
+  const int devices = config.value("stages", 0), microbatches = config.value("microbatches", 0);
+  const int chunks = config.value("schedule", "") == "interleaved" ? config.value("virtual_stages", 1) : 1;
+  if (devices < 1 || microbatches < 1 || chunks < 1) return std::nullopt;
+  const int stages = devices * chunks;
   std::map<std::string, ml::Span> spans;
   auto trace = ReceiveTrace(client, job, [&](const Json& e) {
     if (e.value("ph", "") != "X" || !e.contains("args") || e["args"].value("outcome", "") != "completed") return;
@@ -67,14 +70,15 @@ std::optional<Json> PipelineBubble(net::BlockingClient& client, uint64_t job, co
     spans[e.value("name", "")] = {ts, ts + dur};  // the last completed attempt
   });
   if (!trace.ok()) return std::nullopt;
-  auto measured = ml::MeasuredBubble(spans, stages, microbatches);
+  auto measured = ml::MeasuredBubble(spans, stages, microbatches, devices);
   if (!measured) return std::nullopt;
   Json out = {{"measured", measured->mean},
               {"stage_idle", measured->stage_idle},
-              {"theory", ml::TheoreticalBubble(stages, microbatches)},
-              {"stages", stages},
+              {"theory", ml::TheoreticalBubble(devices, microbatches, chunks)},
+              {"stages", devices},
               {"microbatches", microbatches}};
-  if (auto ideal = ml::MeasuredBubble(ml::WithoutGaps(spans, stages), stages, microbatches)) {
+  if (chunks > 1) out["virtual_stages"] = chunks;
+  if (auto ideal = ml::MeasuredBubble(ml::WithoutGaps(spans, stages, devices), stages, microbatches, devices)) {
     out["without_gaps"] = ideal->mean;
   }
   return out;
@@ -424,9 +428,10 @@ int RunJob(const RunOpts& o) {
       if (b.contains("without_gaps")) {
         line += ", " + FormatPercent(b["without_gaps"].get<double>()) + " with no gaps between dependent vertices";
       }
-      line += ", " + FormatPercent(b["theory"].get<double>()) +
-              " in theory for equal stages ((p-1)/(m+p-1), p=" + std::to_string(b["stages"].get<int>()) +
-              ", m=" + std::to_string(b["microbatches"].get<int>()) + ")\n";
+      const int chunks = b.value("virtual_stages", 1);
+      line += ", " + FormatPercent(b["theory"].get<double>()) + " in theory for equal stages (" +
+              (chunks > 1 ? "(p-1)/(v*m+p-1), v=" + std::to_string(chunks) + ", " : "(p-1)/(m+p-1), ") +
+              "p=" + std::to_string(b["stages"].get<int>()) + ", m=" + std::to_string(b["microbatches"].get<int>()) + ")\n";
       std::cout << line;
     }
     if (summary.contains("daemon_restarts")) {

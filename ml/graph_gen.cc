@@ -175,7 +175,15 @@ Status Check(const GraphOptions& o) {
   if (o.workers < 1 || o.workers > 64) return bad("--workers", "1..64");
   if (o.stages < 1 || o.stages > 64) return bad("--stages", "1..64");
   if (o.microbatches < 1 || o.microbatches > 256) return bad("--microbatches", "1..256");
-  if (o.schedule != "gpipe" && o.schedule != "1f1b") return bad("--schedule", "gpipe or 1f1b");
+  if (o.schedule != "gpipe" && o.schedule != "1f1b" && o.schedule != "interleaved")
+    return bad("--schedule", "gpipe, 1f1b or interleaved");
+  if (o.schedule == "interleaved" && o.kind != "data-parallel" && o.kind != "tensor-parallel") {
+    if (o.virtual_stages < 2 || o.virtual_stages > 16) return bad("--virtual-stages", "2..16 with --schedule interleaved");
+    if (o.stages < 2) return bad("--schedule interleaved", "--stages >= 2");
+    if (o.microbatches % o.stages != 0)
+      return bad("--microbatches", "a multiple of --stages (" + std::to_string(o.stages) + ") with --schedule interleaved");
+    if (o.tensor_parallel > 1) return bad("--schedule interleaved", "--tensor-parallel 1");
+  }
   if (o.weight_grads != "batched" && o.weight_grads != "per-microbatch")
     return bad("--weight-grads", "batched or per-microbatch");
   if (o.reducer != "tree" && o.reducer != "ring" && o.reducer != "ps" && o.reducer != "nccl")
@@ -286,6 +294,7 @@ Json Config(const GraphOptions& o, int64_t steps) {
     c["stages"] = o.stages;
     c["microbatches"] = o.microbatches;
     c["schedule"] = o.schedule;
+    if (o.schedule == "interleaved") c["virtual_stages"] = o.virtual_stages;
     c["recompute"] = o.recompute;
     c["weight_grads"] = o.weight_grads;
   }
@@ -490,7 +499,11 @@ Result<Json> TensorParallel(const GraphOptions& o, int64_t steps, int64_t train_
 Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images) {
   JobBuilder b(o.checkpoint_dir + "/durable");
   const Json common = CommonParams(o);
-  const int P = o.stages, M = o.microbatches, W = o.kind == "hybrid" ? o.workers : 1;
+  // Interleaved: D daemons hold P = D x virtual_stages stages (model chunks), stage s on daemon
+  // s mod D; every other schedule has one stage per daemon.
+  const bool interleaved = o.schedule == "interleaved";
+  const int D = o.stages, P = o.stages * (interleaved ? o.virtual_stages : 1);
+  const int M = o.microbatches, W = o.kind == "hybrid" ? o.workers : 1;
   // With tensor parallelism (R > 1) every vertex below is R members, one per rank, and each
   // forward and backward's members form a gang joined by live channels (ml.tp_step's layout:
   // the last R - 1 inputs and outputs); each member's params, stash, activations and gradients
@@ -528,7 +541,7 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
     for (int r = 0; r < R; ++r) {
       // shm gangs share a daemon: a stage's members share its affinity group; stream gangs may
       // spread, one group per rank.
-      const std::string group = "stage" + std::to_string(s) + (o.tp_channel == "stream" ? rank(r) : std::string());
+      const std::string group = "stage" + std::to_string(s % D) + (o.tp_channel == "stream" ? rank(r) : std::string());
       const Json tp = R > 1 ? Json{{"tensor_parallel", R}, {"tp_rank", r}} : Json::object();
       b.Stage(Iname(s, r), "ml.init", 1, With(With(With(common, layers), tp), {{"clock", s == 0 && r == 0}}), o.daemon_cpus,
               group + (W > 1 ? "w0" : ""));
@@ -578,13 +591,26 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
             }
           }
           b.Edge(V(B(s, w, r), t * M + M - 1), 0, V(Uname(s, r), t), 1 + w);
-          // The schedule: one stage's vertices of this step in a chain of ordering edges.
+          // The schedule: one stage's vertices of this step in a chain of ordering edges
+          // (interleaved: one daemon's, over its chunks, below).
+          if (interleaved) continue;
           const auto order = ScheduleOrder(o.schedule, s, P, M);
           for (size_t k = 1; k < order.size(); ++k) {
             auto name = [&](std::pair<char, int> x) { return V(x.first == 'F' ? F(s, w, r) : B(s, w, r), t * M + x.second); };
             b.Order(name(order[k - 1]), name(order[k]));
           }
         }
+      }
+    }
+    if (!interleaved) continue;
+    for (int d = 0; d < D; ++d) {
+      const auto order = InterleavedOrder(d, D, o.virtual_stages, M);
+      for (int w = 0; w < W; ++w) {
+        auto name = [&](const ChunkOp& x) {
+          const int s = x.chunk * D + d;
+          return V(x.kind == 'F' ? F(s, w, 0) : B(s, w, 0), t * M + x.microbatch);
+        };
+        for (size_t k = 1; k < order.size(); ++k) b.Order(name(order[k - 1]), name(order[k]));
       }
     }
   }
@@ -597,14 +623,16 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
   for (int s = 0; s < P; ++s)
     for (int r = 0; r < R; ++r) b.Edge(V(Uname(s, r), steps - 1), 0, "eval", 1 + s * R + r);
   const std::string name = o.name.empty() ? (W > 1 ? "dp" + std::to_string(W) + "-" : std::string()) + "pipeline" +
-                                                std::to_string(P) + (R > 1 ? "-tp" + std::to_string(R) : std::string()) + "-" +
-                                                o.schedule + "-m" + std::to_string(M) + (o.recompute ? "-recompute" : "")
+                                                std::to_string(D) + (R > 1 ? "-tp" + std::to_string(R) : std::string()) + "-" +
+                                                o.schedule + (interleaved ? "-v" + std::to_string(o.virtual_stages) : "") + "-m" +
+                                                std::to_string(M) + (o.recompute ? "-recompute" : "")
                                           : o.name;
   Json outputs = Json::array(
       {{{"from", "eval"}, {"port", 0}, {"path", "metrics.json"}}, {{"from", "eval"}, {"port", 1}, {"path", "params.bin"}}});
   return b.Finish(name,
-                  "pipeline-parallel training of " + o.model + ": " + std::to_string(P) + " stages x " + std::to_string(M) +
+                  "pipeline-parallel training of " + o.model + ": " + std::to_string(D) + " stages x " + std::to_string(M) +
                       " micro-batches, " + o.schedule + " schedule" +
+                      (interleaved ? " (" + std::to_string(o.virtual_stages) + " model chunks a stage)" : "") +
                       (W > 1 ? ", " + std::to_string(W) + " data-parallel pipelines" : "") +
                       (R > 1 ? ", each stage split over " + std::to_string(R) + " tensor-parallel members" : "") +
                       ", generated by copse graph",
@@ -629,6 +657,27 @@ std::vector<std::pair<char, int>> ScheduleOrder(const std::string& schedule, int
     out.push_back({'B', bw++});
   }
   while (bw < M) out.push_back({'B', bw++});
+  return out;
+}
+
+std::vector<ChunkOp> InterleavedOrder(int device, int devices, int chunks, int microbatches) {
+  const int total = microbatches * chunks;  // (chunk, micro-batch) pairs, forwards and backwards each
+  // The k-th forward (backward) of the step: micro-batches in groups of `devices`, each group
+  // through every chunk (backwards through them in reverse) before the next group.
+  auto op = [&](int k, char kind) {
+    const int in_group = k % (devices * chunks);
+    const int chunk = in_group / devices;
+    return ChunkOp{kind, kind == 'F' ? chunk : chunks - 1 - chunk, (k / (devices * chunks)) * devices + k % devices};
+  };
+  const int warmup = microbatches == devices ? total : std::min(total, (devices - device - 1) * 2 + (chunks - 1) * devices);
+  std::vector<ChunkOp> out;
+  int f = 0, b = 0;
+  for (; f < warmup; ++f) out.push_back(op(f, 'F'));
+  while (f < total) {
+    out.push_back(op(f++, 'F'));
+    out.push_back(op(b++, 'B'));
+  }
+  while (b < total) out.push_back(op(b++, 'B'));
   return out;
 }
 

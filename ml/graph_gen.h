@@ -26,8 +26,12 @@ struct GraphOptions {
   int workers = 2;                     // data-parallel replicas (pipelines, for hybrid)
   int stages = 2;                      // pipeline stages
   int microbatches = 4;                // per step and pipeline
-  std::string schedule = "1f1b";       // gpipe | 1f1b
-  bool recompute = false;              // backward recomputes the forward from the stage input
+  std::string schedule = "1f1b";       // gpipe | 1f1b | interleaved
+  // interleaved (Megatron-LM's interleaved 1F1B): each of the `stages` daemons holds this many
+  // model chunks (virtual stages): chunk k of daemon d is virtual stage k * stages + d, so the
+  // graph has stages * virtual_stages stages, and the bubble shrinks by that factor.
+  int virtual_stages = 2;
+  bool recompute = false;  // backward recomputes the forward from the stage input
   // batched: a stage's backwards compute only dL/dx and its update computes the weight
   // gradients of every micro-batch in one product (where the stage's layers allow it and
   // activations are stashed); per-microbatch: each backward accumulates them.
@@ -86,5 +90,20 @@ Result<std::vector<int>> BalancedSplit(const std::string& model, int stages);
 /// vertices of one step: GPipe = all F then all B; 1F1B = min(stages-s-1, M) warm-up forwards,
 /// then alternately one forward and one backward, then the remaining backwards.
 std::vector<std::pair<char, int>> ScheduleOrder(const std::string& schedule, int stage, int stages, int microbatches);
+
+/// One forward ('F') or backward ('B') of micro-batch `microbatch` on model chunk `chunk`.
+struct ChunkOp {
+  char kind;
+  int chunk, microbatch;
+  friend bool operator==(const ChunkOp&, const ChunkOp&) = default;
+};
+/// Interleaved 1F1B (Megatron-LM's schedule with virtual stages): the order in which daemon
+/// `device` of `devices` runs one step's forwards and backwards of its `chunks` model chunks
+/// (chunk k is virtual stage k * devices + device). Micro-batches go through the chunks in
+/// groups of `devices`: forwards chunk 0..chunks-1, backwards chunks-1..0. Warm-up:
+/// (devices - device - 1) * 2 + (chunks - 1) * devices forwards (all of them when M equals
+/// `devices`), then one forward and one backward alternately, then the remaining backwards.
+/// `microbatches` must be a multiple of `devices`.
+std::vector<ChunkOp> InterleavedOrder(int device, int devices, int chunks, int microbatches);
 
 }  // namespace copse::ml

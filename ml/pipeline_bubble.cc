@@ -9,15 +9,16 @@ namespace copse::ml {
 
 namespace {
 
-/// The busy time of each stage in its forward and backward vertices of `step`, and the step's
-/// span (first forward start to last backward end); nullopt when one of them is missing.
+/// The busy time of each daemon in its stages' forward and backward vertices of `step`, and the
+/// step's span (first forward start to last backward end); nullopt when one of them is missing.
 struct StepTimes {
   std::vector<double> busy;
   double span = 0;
 };
 
-std::optional<StepTimes> TimesOfStep(const std::map<std::string, Span>& spans, int64_t step, int stages, int microbatches) {
-  StepTimes t{std::vector<double>(static_cast<size_t>(stages), 0.0), 0};
+std::optional<StepTimes> TimesOfStep(const std::map<std::string, Span>& spans, int64_t step, int stages, int microbatches,
+                                     int devices) {
+  StepTimes t{std::vector<double>(static_cast<size_t>(devices), 0.0), 0};
   double lo = std::numeric_limits<double>::max(), hi = std::numeric_limits<double>::lowest();
   for (int s = 0; s < stages; ++s) {
     for (const char* kind : {"fwd", "bwd"}) {
@@ -26,7 +27,7 @@ std::optional<StepTimes> TimesOfStep(const std::map<std::string, Span>& spans, i
         if (it == spans.end()) return std::nullopt;
         lo = std::min(lo, it->second.start);
         hi = std::max(hi, it->second.end);
-        t.busy[static_cast<size_t>(s)] += it->second.end - it->second.start;
+        t.busy[static_cast<size_t>(s % devices)] += it->second.end - it->second.start;
       }
     }
   }
@@ -36,12 +37,13 @@ std::optional<StepTimes> TimesOfStep(const std::map<std::string, Span>& spans, i
 
 }  // namespace
 
-std::optional<Bubble> MeasuredBubble(const std::map<std::string, Span>& spans, int stages, int microbatches) {
+std::optional<Bubble> MeasuredBubble(const std::map<std::string, Span>& spans, int stages, int microbatches, int devices) {
   if (stages < 1) return std::nullopt;
-  std::vector<double> idle(static_cast<size_t>(stages), 0.0);
+  if (devices <= 0 || devices > stages) devices = stages;
+  std::vector<double> idle(static_cast<size_t>(devices), 0.0);
   int steps = 0;
   for (int64_t step = 1;; ++step) {
-    auto t = TimesOfStep(spans, step, stages, microbatches);
+    auto t = TimesOfStep(spans, step, stages, microbatches, devices);
     if (!t) break;
     if (t->span <= 0) continue;
     for (size_t s = 0; s < idle.size(); ++s) idle[s] += 1.0 - t->busy[s] / t->span;
@@ -82,20 +84,21 @@ std::optional<PipelineVertex> ParseName(const std::string& name) {
 
 }  // namespace
 
-std::map<std::string, Span> WithoutGaps(const std::map<std::string, Span>& spans, int stages) {
-  // Each stage's vertices in the order it ran them.
+std::map<std::string, Span> WithoutGaps(const std::map<std::string, Span>& spans, int stages, int devices) {
+  if (devices <= 0 || devices > stages) devices = stages;
+  // Each daemon's vertices in the order it ran them.
   struct Ran {
     double start;
     PipelineVertex v;
     const std::string* name;
   };
-  std::vector<std::vector<Ran>> order(static_cast<size_t>(std::max(stages, 0)));
+  std::vector<std::vector<Ran>> order(static_cast<size_t>(std::max(devices, 0)));
   for (const auto& [name, span] : spans) {
     auto v = ParseName(name);
     if (!v || v->stage < 0 || v->stage >= stages) continue;
-    order[static_cast<size_t>(v->stage)].push_back({span.start, *v, &name});
+    order[static_cast<size_t>(v->stage % devices)].push_back({span.start, *v, &name});
   }
-  // Predecessors: the one before on the stage, and the one on the neighbouring stage.
+  // Predecessors: the one before on the daemon, and the one on the neighbouring stage.
   std::map<std::string, std::vector<std::string>> preds, succs;
   for (auto& stage : order) {
     std::sort(stage.begin(), stage.end(), [](const Ran& a, const Ran& b) { return a.start < b.start; });

@@ -1,7 +1,8 @@
 #pragma once
 // The pipeline bubble of a training run, measured from per-vertex execution spans of a
 // `copse graph pipeline` job (vertices fwd<s>[r], bwd<s>[r]; r = step * M + micro-batch; updates
-// upd<s>[step]), next to the GPipe/1F1B theory (p-1)/(m+p-1). Used by `copse run`'s job summary
+// upd<s>[step]), next to the GPipe/1F1B theory (p-1)/(m+p-1), or (p-1)/(v*m+p-1) for interleaved
+// 1F1B with v model chunks a daemon (stage s on daemon s mod p). Used by `copse run`'s job summary
 // (spans from the job manager's trace) and by bench/ml_graph_bench (spans the programs record
 // themselves).
 //
@@ -25,22 +26,25 @@ struct Bubble {
   std::vector<double> stage_idle;  // each stage's idle share, over steps
 };
 
-/// Per step after the first (warm-up) and per stage: 1 - (the stage's busy time in its forward
-/// and backward vertices of the step) / (the step's span: first forward start to last backward
-/// end over every stage); averaged over steps per stage, and over both for the mean. nullopt
-/// when not even one such step is complete.
-std::optional<Bubble> MeasuredBubble(const std::map<std::string, Span>& spans, int stages, int microbatches);
+/// Per step after the first (warm-up) and per daemon: 1 - (the daemon's busy time in its
+/// stages' forward and backward vertices of the step) / (the step's span: first forward start
+/// to last backward end over every stage); averaged over steps per daemon, and over both for
+/// the mean. Stage s runs on daemon s mod `devices` (0: as many daemons as stages, one stage
+/// each); `stage_idle` has one entry per daemon. nullopt when not even one such step is complete.
+std::optional<Bubble> MeasuredBubble(const std::map<std::string, Span>& spans, int stages, int microbatches, int devices = 0);
 
 /// The run as it would have gone had every vertex started the moment it could: when the vertex
-/// before it on its stage (in the order the stage ran them) and its predecessor on another stage
-/// (fwd<s-1>[r] for fwd<s>[r], bwd<s+1>[r] for bwd<s>[r]) had ended; each lasts as long as it
-/// did, and each stage's first vertex keeps its start. Spans other than fwd/bwd/upd<s>[r] of
-/// stages [0, stages) are left out, and so is any vertex whose predecessors are missing.
-std::map<std::string, Span> WithoutGaps(const std::map<std::string, Span>& spans, int stages);
+/// before it on its daemon (in the order the daemon ran them; stage s on daemon s mod
+/// `devices`, 0: one stage a daemon) and its predecessor on another stage (fwd<s-1>[r] for
+/// fwd<s>[r], bwd<s+1>[r] for bwd<s>[r]) had ended; each lasts as long as it did, and each
+/// daemon's first vertex keeps its start. Spans other than fwd/bwd/upd<s>[r] of stages
+/// [0, stages) are left out, and so is any vertex whose predecessors are missing.
+std::map<std::string, Span> WithoutGaps(const std::map<std::string, Span>& spans, int stages, int devices = 0);
 
-/// (p-1)/(m+p-1).
-inline double TheoreticalBubble(int stages, int microbatches) {
-  return static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1);
+/// (p-1)/(m+p-1) for p daemons and m micro-batches; with v model chunks a daemon (interleaved
+/// 1F1B), (p-1)/(v*m+p-1): each warm-up and cool-down slot is a chunk's work, 1/v of a stage's.
+inline double TheoreticalBubble(int stages, int microbatches, int chunks = 1) {
+  return static_cast<double>(stages - 1) / static_cast<double>(chunks * microbatches + stages - 1);
 }
 
 }  // namespace copse::ml

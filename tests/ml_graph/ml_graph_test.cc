@@ -11,6 +11,7 @@
 // after 8 steps: about 100x what reassociation gives (measured ~1e-7), and far below what a
 // real error (a lost or doubled micro-batch, a wrong normalizer, a stale parameter version:
 // each moves parameters by >= 1e-3 of their magnitude after one step) would produce.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -21,12 +22,14 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include <doctest/doctest.h>
 
 #include "common/json_util.h"
 #include "ml/graph_gen.h"
 #include "ml/models.h"
+#include "ml/pipeline_bubble.h"
 #include "ml/programs/register.h"
 #include "tests/ml_graph/graph_run.h"
 #include "ml/programs/support.h"
@@ -78,7 +81,7 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
   };
   std::map<std::string, std::string> digest_of;  // two-stage runs, by how weight gradients are summed
   for (Case c : {Case{2, 4, "1f1b", false}, Case{2, 4, "gpipe", false}, Case{2, 4, "gpipe", true},
-                 Case{2, 4, "1f1b", false, "per-microbatch"}, Case{3, 4, "1f1b", false}}) {
+                 Case{2, 4, "1f1b", false, "per-microbatch"}, Case{3, 4, "1f1b", false}, Case{2, 4, "interleaved", false}}) {
     CAPTURE(c.stages);
     CAPTURE(c.schedule);
     CAPTURE(c.recompute);
@@ -89,13 +92,14 @@ TEST_CASE("MlGraph.PipelineMatchesSingleProcessTraining" * doctest::timeout(240)
     const RunResult r = RunJob(*job, dir.path, c.stages);
     const double rel = RelativeDifference(r.params, reference);
     MESSAGE("pipeline P=" << c.stages << " M=" << c.micro << " " << c.schedule << std::string(c.recompute ? " recompute" : "")
-                          << (c.weight_grads == "batched" && !c.recompute ? " batched" : " per-micro-batch")
+                          << std::string(c.weight_grads == "batched" && !c.recompute ? " batched" : " per-micro-batch")
                           << " weight gradients: relative difference " << rel);
     CHECK(rel < kTolerance);
     // The summary measures the bubble from the job manager's spans, next to the theory.
     REQUIRE(r.summary.contains("pipeline_bubble"));
     const Json& bubble = r.summary["pipeline_bubble"];
-    CHECK(bubble["theory"].get<double>() == doctest::Approx((c.stages - 1.0) / (c.micro + c.stages - 1.0)));
+    const int chunks = c.schedule == "interleaved" ? 2 : 1;  // interleaved: 2 model chunks a daemon
+    CHECK(bubble["theory"].get<double>() == doctest::Approx((c.stages - 1.0) / (chunks * c.micro + c.stages - 1.0)));
     CHECK(bubble["measured"].get<double>() > 0);
     CHECK(bubble["measured"].get<double>() < 1);
     // Each stage's idle share, and the bubble replayed without gaps, which only removes idle time.
@@ -504,6 +508,90 @@ TEST_CASE("MlGraph.ScheduleIsOrderingEdgesBetweenOneStagesVertices") {
   CHECK(order_edges > 0);
 }
 
+TEST_CASE("MlGraph.InterleavedScheduleRunsEveryChunkOnceWithoutDeadlockAndShrinksTheBubble") {
+  // Megatron-LM's interleaved 1F1B for D daemons of v chunks: replayed with every forward and
+  // backward of a chunk taking one unit, each daemon running its ops in the schedule's order
+  // as soon as their inputs exist (the forward of the virtual stage before, the backward of the
+  // one after), it must finish, and idle (p-1)/(v*m+p-1) of the time: 1F1B's bubble over v.
+  for (int D : {2, 3, 4}) {
+    for (int v : {2, 3}) {
+      for (int M : {D, 2 * D, 4 * D}) {
+        CAPTURE(D);
+        CAPTURE(v);
+        CAPTURE(M);
+        const int P = D * v;
+        std::vector<std::vector<ChunkOp>> order;
+        for (int d = 0; d < D; ++d) {
+          order.push_back(InterleavedOrder(d, D, v, M));
+          std::set<std::tuple<char, int, int>> seen;
+          for (const ChunkOp& op : order.back()) seen.insert({op.kind, op.chunk, op.microbatch});
+          CHECK(order.back().size() == static_cast<size_t>(2 * v * M));
+          CHECK(seen.size() == static_cast<size_t>(2 * v * M));  // each op once
+        }
+        // Replay: done[kind][virtual stage][micro-batch] = the time it ended (-1: not yet).
+        std::map<std::tuple<char, int, int>, int> ended;
+        std::vector<size_t> next(static_cast<size_t>(D), 0);
+        std::vector<int> free_at(static_cast<size_t>(D), 0);
+        auto ready_at = [&](char kind, int s, int m) -> int {  // -1: an input is missing
+          int at = 0;
+          auto need = [&](char k, int vs) {
+            auto it = ended.find({k, vs, m});
+            if (it == ended.end()) return false;
+            at = std::max(at, it->second);
+            return true;
+          };
+          if (kind == 'F' && s > 0 && !need('F', s - 1)) return -1;
+          if (kind == 'B' && !need('F', s)) return -1;
+          if (kind == 'B' && s + 1 < P && !need('B', s + 1)) return -1;
+          return at;
+        };
+        for (bool progress = true; progress;) {
+          progress = false;
+          for (int d = 0; d < D; ++d) {
+            if (next[d] == order[d].size()) continue;
+            const ChunkOp& op = order[d][next[d]];
+            const int s = op.chunk * D + d;
+            const int at = ready_at(op.kind, s, op.microbatch);
+            if (at < 0) continue;
+            free_at[d] = std::max(free_at[d], at) + 1;
+            ended[{op.kind, s, op.microbatch}] = free_at[d];
+            ++next[d];
+            progress = true;
+          }
+        }
+        for (int d = 0; d < D; ++d) REQUIRE_MESSAGE(next[d] == order[d].size(), "daemon " << d << " deadlocked");
+        const int makespan = *std::max_element(free_at.begin(), free_at.end());
+        const double bubble = 1.0 - 2.0 * v * M / makespan;  // every daemon is busy 2vM units
+        CHECK(bubble == doctest::Approx(TheoreticalBubble(D, M, v)));
+      }
+    }
+  }
+  // In a job: 2 daemons of 2 chunks, virtual stage s on daemon s mod 2; the order edges chain
+  // one daemon's vertices across its chunks.
+  GraphOptions o = SmallPipeline();
+  o.model = "mlp:784-64-32-10";
+  o.microbatches = 4;
+  o.schedule = "interleaved";
+  auto job = GenerateTrainingGraph(o);
+  REQUIRE(job.ok());
+  std::map<std::string, std::string> group;
+  for (const auto& st : (*job)["stages"]) group[st["name"]] = st.value("affinity", "");
+  CHECK(group["init0"] == "stage0");
+  CHECK(group["init2"] == "stage0");
+  CHECK(group["init3"] == "stage1");
+  int across_chunks = 0;
+  for (const auto& e : (*job)["edges"]) {
+    if (e["channel"] != "order") continue;
+    const std::string from = e["from"], to = e["to"];
+    const int a = from[3] - '0', b = to[3] - '0';
+    CHECK(a % 2 == b % 2);  // one daemon's
+    across_chunks += a != b;
+  }
+  CHECK(across_chunks > 0);
+  o.microbatches = 3;
+  CHECK(GenerateTrainingGraph(o).status().message().find("--microbatches") != std::string::npos);
+}
+
 /// params.weight_grads of each stage's backward vertices, by stage index; its update must say
 /// the same (it computes the batched weight gradients).
 std::map<int, std::string> WeightGradsByStage(const Json& job) {
@@ -727,6 +815,27 @@ TEST_CASE("MlGraph.StaleDataParallelComputesOnOlderParametersAndRecoversBitIdent
   o.staleness = 1;
   o.precision = "fp16";
   CHECK(GenerateTrainingGraph(o).status().message().find("--staleness") != std::string::npos);
+}
+
+TEST_CASE("MlGraph.InterleavedPipelineWithADaemonKilledIsBitIdentical" * doctest::timeout(240)) {
+  // Two daemons of two chunks each, 3 daemons in the cluster: the daemon holding chunks 1 and
+  // 3 (virtual stages of daemon 1) dies mid-run; both of its chunks' histories re-run on the
+  // spare daemon and the parameters come out the same.
+  GraphOptions o = SmallDeep();
+  o.kind = "pipeline";
+  o.stages = 2;
+  o.microbatches = 4;
+  o.schedule = "interleaved";
+  auto job = GenerateTrainingGraph(o);
+  REQUIRE(job.ok());
+  TempDir clean_dir, fault_dir;
+  const RunResult clean = RunJob(*job, clean_dir.path, 3);
+  Json faulty = *job;
+  faulty["faults"] = Json::array({{{"kill_daemon_of", "fwd3[20]"}, {"when", {{"completed", 100}}}}});
+  const RunResult r = RunJob(faulty, fault_dir.path, 3);
+  REQUIRE(r.summary["faults"].size() == 1);
+  REQUIRE(r.summary["recoveries"].size() > 0);
+  CHECK(r.digest == clean.digest);
 }
 
 TEST_CASE("MlGraph.DeviceCudaPutsEveryComputeVertexOnAGpu") {
