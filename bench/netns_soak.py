@@ -19,20 +19,24 @@ time:
   - delay: 10-60 ms (+- a third, reordering; sometimes 5-20 % of packets sent at once) each way
     between one host and the others, or between every two hosts, for 1-6 s;
   - loss: 1-8 % of packets, the same pairs, for 1-6 s.
-Faults overlap freely. When the window and every fault have ended, everything is healed and
-started, and the run waits (at most --timeout-s, 180 s) for every job to end. Checks, per job:
+Faults overlap freely. Like systemd's Restart=always, a daemon that exits on its own (one
+started while the job manager is down exits: "cannot connect") is started again 0.5 s later;
+an exit by a signal nobody sent, or a job manager exit, is a crash. When the window and every
+fault have ended, everything is healed and started, and the run waits (at most --timeout-s,
+180 s) for every job to end. Checks, per job:
 its declared outputs, copied when it completed (`copse status --output`), have the fault-free
 digests (metrics.json without its timings; a lineage job's data.txt); a lineage job's
 lineage.txt names no attempt the job manager did not record as completed and no output read
-after it was superseded (check_lineage); and, once the faults have ended and every daemon is
-back, every completed job's outputs are copied again and must be the same bytes. A run prints
-its faults and its verdict; the end, one summary line: runs, the fault mix, wrong outputs, lost
-outputs, superseded reads, jobs failed (by reason), jobs that never ended, completions the
-job manager journaled but its event log lacks (after a SIGKILL; check_lineage infers them), the
-median run time.
-Exits 1 when an output was wrong or lost, a superseded output was read or a job never ended
-(a failed job is reported, not counted as an error: enough faults may exhaust its allowed
-daemon losses). Logs of runs with anything to report are kept under --workdir."""
+after it was superseded, and comes from the sink attempt its status records (check_lineage);
+and, once the faults have ended and every daemon is back, every completed job's outputs are
+copied again and must be the same bytes. A run prints its faults and its verdict; the end, one
+summary line: runs, the fault mix, wrong outputs, lost outputs, superseded reads, jobs failed
+(by reason), jobs that never ended, crashes, daemons restarted after exiting on their own,
+completions the job manager journaled but its event log lacks (after a SIGKILL; inferred by
+check_lineage), the median run time.
+Exits 1 when an output was wrong or lost, a superseded output was read, a job never ended or
+a process crashed (a failed job is reported, not counted as an error: enough faults may
+exhaust its allowed daemon losses). Logs of runs with anything to report are kept under --workdir."""
 
 import argparse
 import collections
@@ -196,6 +200,7 @@ class Job:
         self.state = None
         self.failure = ""
         self.first = None  # raw digests of the outputs copied when it completed
+        self.status = None  # its final status
         self.problems = []
 
 
@@ -213,7 +218,8 @@ def run_once(args, run, net, kinds, reference, totals):
     later = [(rng.uniform(0.5, args.window_s), [rng.choice(names) for _ in range(rng.randint(1, 2))])
              for _ in range(rng.randint(2, 3))]
     jobs = []
-    report = {"wrong": [], "lost": [], "superseded": [], "failed": [], "hung": [], "inferred": []}
+    report = {"wrong": [], "lost": [], "superseded": [], "failed": [], "hung": [], "crashed": [], "inferred": [],
+              "restarted": []}
     started = time.monotonic()
     c = nc.Cluster(args.copse, rundir, net=net, heartbeat_timeout_ms=HEARTBEAT_MS)
     try:
@@ -246,6 +252,7 @@ def run_once(args, run, net, kinds, reference, totals):
                 elif what == "end":
                     active.remove(f)
                     apply_network(net, active)
+            supervise(c, daemons, down, now, report)
             for name, when in list(down.items()):
                 if now >= when:
                     c.start(name, wait=False)
@@ -271,12 +278,18 @@ def run_once(args, run, net, kinds, reference, totals):
         net.clear()
         for name in list(down):
             c.start(name, wait=False)
+        down.clear()
+        supervise(c, daemons, down, 0.0, report)
         if not c.running("jm"):
             c.start_jm()
         for name in daemons:
             if not c.running(name):
                 c.start(name, wait=False)
         while any(j.state is None for j in jobs) and time.monotonic() < deadline:
+            supervise(c, daemons, down, 0.0, report)
+            for name in list(down):
+                c.start(name, wait=False)
+                del down[name]
             for j in jobs:
                 if j.state is None:
                     poll(c, j, rundir)
@@ -299,18 +312,18 @@ def run_once(args, run, net, kinds, reference, totals):
     for f in faults:
         if f.fired:
             totals["faults"][f.kind] += 1
-    bad = report["wrong"] or report["lost"] or report["superseded"] or report["hung"]
+    bad = report["wrong"] or report["lost"] or report["superseded"] or report["hung"] or report["crashed"]
     verdict = "BAD" if bad else ("ok, a job failed" if report["failed"] else "ok")
     kinds_run = ",".join(j.kind for j in jobs)
     print(f"run {run} (seed {args.seed + run}): {elapsed:.1f} s, jobs [{kinds_run}], faults: "
           f"{'; '.join(f.describe() for f in faults if f.fired) or 'none fired'} -> {verdict}", flush=True)
-    for key in ("wrong", "lost", "superseded", "failed", "hung", "inferred"):
+    for key in ("wrong", "lost", "superseded", "failed", "hung", "crashed", "restarted", "inferred"):
         for line in report[key]:
             print(f"    {key}: {line}", flush=True)
     totals["runs"] += 1
     totals["jobs"] += len(jobs)
     totals["times"].append(elapsed)
-    for key in ("wrong", "lost", "superseded", "hung", "inferred"):
+    for key in ("wrong", "lost", "superseded", "hung", "crashed", "restarted", "inferred"):
         totals[key] += len(report[key])
     for line in report["failed"]:
         totals["failed"] += 1
@@ -321,10 +334,27 @@ def run_once(args, run, net, kinds, reference, totals):
 
 
 def reason_of(line):
-    for key in ("max_daemon_losses", "daemon losses", "not retried", "attempts", "cancel"):
+    for key in ("malformed message", "max_daemon_losses", "daemon losses", "not retried", "max_attempts", "cancel"):
         if key in line:
             return key
     return line.split(": ", 1)[-1][:60]
+
+
+def supervise(c, daemons, down, now, report):
+    """Plays systemd's Restart=always: a daemon that exited on its own (at start while the job
+    manager was down, "cannot connect", is the usual case) is started again 0.5 s later. An
+    exit by a signal this program did not send, or any exit of the job manager it did not
+    kill, is a crash."""
+    for name in ["jm", *daemons]:
+        p = c.procs[name].popen
+        if name in down or p is None or p.poll() is None:
+            continue
+        last = (c.log(name).strip().splitlines() or [""])[-1][:200]
+        if name == "jm" or p.returncode < 0:
+            report["crashed"].append(f"{name} exited ({p.returncode}) on its own: {last}")
+        else:
+            report["restarted"].append(f"{name} exited ({p.returncode}): {last}")
+        down[name] = now + 0.5
 
 
 def fire(c, f, rng, active, down, now, daemons):
@@ -354,6 +384,7 @@ def poll(c, j, rundir):
     if not s or s.get("state") not in ("completed", "failed", "cancelled"):
         return
     j.state = s["state"]
+    j.status = s
     if j.state != "completed":
         fail = s.get("failure")
         j.failure = json.dumps(fail) if not isinstance(fail, str) else fail
@@ -382,7 +413,7 @@ def check_completed(c, j, rundir, reference, report):
     if "lineage.txt" in j.first:
         with open(os.path.join(first_dir, "lineage.txt")) as f:
             notes = []
-            problems = nc.check_lineage(f.read(), c.events(j.id), notes)
+            problems = nc.check_lineage(f.read(), c.events(j.id), notes, outputs=nc.output_versions(j.status))
         report["inferred"] += [f"job {j.id} ({j.kind}): {n}" for n in notes]
         for p in problems:
             report["superseded"].append(f"job {j.id} ({j.kind}): {p}")
@@ -438,7 +469,7 @@ def main():
         reference[kind] = nc.comparable_digests_of_run(args.copse, path, os.path.join(args.workdir, "ref", kind))
     print("fault-free digests: " + ", ".join(f"{k} {sorted(v.values())[0][:12]}" for k, v in reference.items()), flush=True)
     totals = {"runs": 0, "jobs": 0, "times": [], "faults": collections.Counter(), "wrong": 0, "lost": 0,
-              "superseded": 0, "hung": 0, "inferred": 0, "failed": 0, "failed_reasons": collections.Counter()}
+              "superseded": 0, "hung": 0, "crashed": 0, "restarted": 0, "inferred": 0, "failed": 0, "failed_reasons": collections.Counter()}
     try:
         with nc.Net(args.hosts) as net:
             for run in range(args.runs):
@@ -450,9 +481,10 @@ def main():
         print(f"summary: runs {totals['runs']}, jobs {totals['jobs']}, faults [{mix}], wrong outputs {totals['wrong']}, "
               f"lost outputs {totals['lost']}, superseded reads {totals['superseded']}, jobs failed {totals['failed']}"
               f"{' (' + reasons + ')' if reasons else ''}, jobs never ended {totals['hung']}, "
+              f"crashes {totals['crashed']}, daemons restarted after exiting on their own {totals['restarted']}, "
               f"completions missing from event logs {totals['inferred']}, "
               f"median run {median:.1f} s", flush=True)
-    return 1 if totals["wrong"] or totals["lost"] or totals["superseded"] or totals["hung"] else 0
+    return 1 if totals["wrong"] or totals["lost"] or totals["superseded"] or totals["hung"] or totals["crashed"] else 0
 
 
 if __name__ == "__main__":

@@ -89,7 +89,7 @@ def main():
                       f"{reruns} failed attempts")
                 if name == "lineage":
                     with open(os.path.join(out, "lineage.txt")) as f:
-                        problems = nc.check_lineage(f.read(), events)
+                        problems = nc.check_lineage(f.read(), events, outputs=nc.output_versions(s))
                     if problems:
                         raise nc.Failure("lineage:\n  " + "\n  ".join(problems))
             dropped = dropped_by_loss(c.net)

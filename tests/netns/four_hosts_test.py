@@ -87,7 +87,7 @@ def main():
                     raise nc.Failure(f"{name} read nothing from another daemon: nothing crossed the network")
                 if name == "lineage":
                     with open(os.path.join(out, "lineage.txt")) as f:
-                        problems = nc.check_lineage(f.read(), events)
+                        problems = nc.check_lineage(f.read(), events, outputs=nc.output_versions(s))
                     if problems:
                         raise nc.Failure("lineage:\n  " + "\n  ".join(problems))
         except BaseException:

@@ -1,8 +1,10 @@
 """netns_cluster.check_lineage finds what it is meant to find, on made-up event logs and
 lineage files (no cluster, no namespaces): a read of an attempt that never completed, a read of
 an output superseded before the reader was placed, outputs written by a sink attempt that is
-not the last completed one; and it accepts the legitimate cases (a reader placed before the
-newer attempt completed; chained dispatch; a job manager restart's versions 1000 higher).
+not the last completed one or not the one the status records; and it accepts the legitimate
+cases (a reader placed before the newer attempt completed; chained dispatch; versions moved on
+by a job manager restart; completions a SIGKILLed job manager journaled but whose event lines
+were lost, at a restart or at the end of a completed job's log).
 
 usage: lineage_check_test.py [ignored arguments]"""
 
@@ -71,6 +73,16 @@ def main():
     rerun = killed[:5] + ["     0.950s b[0] version 1000001 placed on d2"] + killed[5:]
     expect(nc.check_lineage(lineage(1000001, 1, 1), rerun), "never completed",
            "b v1 running at the restart (placed again after it) may not be read")
+    # Killed just after the sink completed: neither its completion nor the job's end reached
+    # the event log (the job completed: its status says so, and names the sink's version).
+    truncated = EVENTS[:-2] + ["     1.000s sink version 2 placed on d3 chained after b[0]"]
+    notes = []
+    expect(nc.check_lineage(lineage(2, 2, 2), truncated, notes, outputs={"sink[0]": 2}), None,
+           "a completed job whose log lost its last lines")
+    if not any("end of the completed job's log" in n for n in notes):
+        raise nc.Failure(f"the inferred completion is not noted: {notes}")
+    expect(nc.check_lineage(lineage(2, 2, 2), EVENTS, outputs={"sink[0]": 1}), "records version 1",
+           "outputs that are not the attempt the job manager recorded for them")
     print("PASS")
 
 

@@ -823,11 +823,11 @@ class Cluster:
 
 # ---- reference results --------------------------------------------------------------------------
 
-def reference_outputs(copse, job_file, outdir, daemons=3, timeout=120):
+def reference_outputs(copse, job_file, outdir, daemons=3, timeout=120, cpus=2):
     """`copse run` of the job on this host (the embedded cluster, no fault): {path: sha256}."""
     shutil.rmtree(outdir, ignore_errors=True)
-    p = subprocess.run([copse, "run", job_file, "--daemons", str(daemons), "--output", outdir], capture_output=True,
-                       text=True, timeout=timeout, env=dict(os.environ, COPSE_DIE_WITH_PARENT="1"))
+    p = subprocess.run([copse, "run", job_file, "--daemons", str(daemons), "--cpus", str(cpus), "--output", outdir],
+                       capture_output=True, text=True, timeout=timeout, env=dict(os.environ, COPSE_DIE_WITH_PARENT="1"))
     if p.returncode != 0:
         raise Failure(f"copse run {job_file}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     return digests(outdir)
@@ -837,9 +837,9 @@ def reference_outputs(copse, job_file, outdir, daemons=3, timeout=120):
 TIMING_FIELDS = ("images_per_s", "train_seconds", "tokens_per_s", "elapsed_s", "seconds")
 
 
-def comparable_digests_of_run(copse, job_file, outdir, daemons=3, timeout=120):
+def comparable_digests_of_run(copse, job_file, outdir, daemons=3, timeout=120, cpus=2):
     """comparable_digests of a `copse run` of the job on this host."""
-    reference_outputs(copse, job_file, outdir, daemons, timeout)
+    reference_outputs(copse, job_file, outdir, daemons, timeout, cpus)
     return comparable_digests(outdir)
 
 
@@ -890,6 +890,9 @@ def lineage_job(path, name="lineage", sources=3, mids=3, aggs=2, pad_bytes=65536
 EVENT_RE = re.compile(r"^\s*(\d+\.\d+)s (\S+) version (\d+)(?: \([^)]*\))? (placed on|completed on) (\S+)")
 OUTPUT_EVENT_RE = re.compile(r"^\s*(\d+\.\d+)s (\S+) output of version (\d+) (lost|is on daemon)")
 FAILED_EVENT_RE = re.compile(r"^\s*(\d+\.\d+)s (\S+) version (\d+) (failed|withdrawn)")
+CANCELLED_EVENT_RE = re.compile(r"^\s*(\d+\.\d+)s (\S+) version \d+ \([^)]*\) finished first; version (\d+) cancelled")
+CARRIES_ON_EVENT_RE = re.compile(r"^\s*(\d+\.\d+)s (\S+) one attempt lost with daemon \S+; version (\d+) carries on")
+RESTART_EVENT = "restored from the journal after a job manager restart"
 
 
 def _mentions(line, vertex):
@@ -903,70 +906,95 @@ def _canonical(vertex):
     return vertex if "[" in vertex else vertex + "[0]"
 
 
-def check_lineage(lineage_text, events, notes=None):
-    """Checks a lineage job's lineage.txt against the job manager's event log. Returns a list of
-    problems (empty: none):
+def output_versions(status):
+    """{vertex: version} of a completed job's declared outputs, from its status (`outputs[].key`):
+    the attempts the job manager finally recorded for them."""
+    out = {}
+    for o in (status or {}).get("outputs", []):
+        key = o.get("key") or {}
+        if "version" in key and o.get("vertex"):
+            out[_canonical(o["vertex"])] = int(key["version"])
+    return out
 
-      - every attempt named in the lineage (each reader, each version read) is one the job
-        manager recorded as completed ("X version N completed on D");
-      - no attempt read a superseded output: the version of P that attempt C.vc read is not
-        older than a version of P that had completed before C.vc was placed;
-      - the sink attempt that wrote the outputs is the sink's last completed version.
 
-    A job manager SIGKILLed just after a completion may have journaled it (and acted on it
-    after its restart) without its event line reaching the job's history, which is written
-    once a tick (reported as a copse bug). Such completions are inferred: an attempt placed
-    before a "restored from the journal" line, not failed before it, whose vertex is not
-    placed again after it (before any "output ... lost" line of the vertex) was restored as
-    completed (a restarted job manager runs the attempts that were running again, as new
-    versions); its completion counts from the restart line."""
-    completed = {}  # vertex -> [(event index, version)]
-    placed = {}  # (vertex, version) -> event index
-    latest = {}  # vertex -> (version, index) of its newest placement
-    failed = set()  # (vertex, version)
-    restarts = []  # (index, {vertex: version} placed before it and neither completed nor failed)
-    open_attempts = {}  # vertex -> version placed, not yet ended
+def completions(events, job_completed=False, notes=None):
+    """{vertex: [(event index, version)]}: the completions the event log records, and those it
+    leaves out but implies. A job manager SIGKILLed just after a completion may have journaled
+    it (and acted on it once restarted) without its event line reaching the job's history,
+    which is written once a tick (reported as a copse bug). At a "restored from the journal"
+    line, an attempt still open (placed; not completed, failed, withdrawn or cancelled) whose
+    vertex is not placed again after it (before anything else is said of the vertex) was
+    restored as completed: the attempts running then are run again, as new versions. At the
+    end of a completed job's log, every attempt still open completed (the job could not have
+    completed otherwise). Such completions count from the restart line (or the log's end);
+    each is added to `notes`."""
+    completed = {}
+    open_attempts = {}  # vertex -> set of versions placed, not yet ended
+
+    def close(vertex, version):
+        open_attempts.get(vertex, set()).discard(version)
+
+    def infer(at, snapshot, why):
+        for vertex, versions in snapshot.items():
+            if not versions:
+                continue
+            version = max(versions)
+            if at < len(events):
+                after = [line for line in events[at + 1:] if _mentions(line, vertex)]
+                m = EVENT_RE.match(after[0]) if after else None
+                if m and m.group(4) == "placed on":
+                    continue  # it was running: run again
+            completed.setdefault(vertex, []).append((at, version))
+            if notes is not None:
+                notes.append(f"{vertex} version {version}: completion inferred {why} (no event line)")
+
     for i, line in enumerate(events):
-        if "restored from the journal after a job manager restart" in line:
-            restarts.append((i, dict(open_attempts)))
+        if RESTART_EVENT in line:
+            snapshot = {v: set(vs) for v, vs in open_attempts.items()}
             open_attempts.clear()
-            continue
-        f = FAILED_EVENT_RE.match(line)
-        if f:
-            failed.add((_canonical(f.group(2)), int(f.group(3))))
-            if open_attempts.get(_canonical(f.group(2))) == int(f.group(3)):
-                del open_attempts[_canonical(f.group(2))]
-            continue
-        lost = OUTPUT_EVENT_RE.match(line)
-        if lost:
-            open_attempts.pop(_canonical(lost.group(2)), None)
+            infer(i, snapshot, "at a job manager restart")
             continue
         m = EVENT_RE.match(line)
-        if not m:
+        if m:
+            vertex, version = _canonical(m.group(2)), int(m.group(3))
+            if m.group(4) == "placed on":
+                open_attempts.setdefault(vertex, set()).add(version)
+            else:
+                completed.setdefault(vertex, []).append((i, version))
+                close(vertex, version)
             continue
-        vertex, version, what = _canonical(m.group(2)), int(m.group(3)), m.group(4)
-        if what == "placed on":
-            placed.setdefault((vertex, version), i)
-            latest[vertex] = (version, i)
-            open_attempts[vertex] = version
-        else:
-            completed.setdefault(vertex, []).append((i, version))
-            if open_attempts.get(vertex) == version:
-                del open_attempts[vertex]
-    for r, attempts in restarts:
-        for vertex, version in attempts.items():
-            # Placed again after the restart, before anything else said of it: it was running.
-            after = [j for j, line in enumerate(events[r + 1:], start=r + 1) if _mentions(line, vertex)]
-            first = events[after[0]] if after else ""
-            m = EVENT_RE.match(first)
-            if m and m.group(4) == "placed on":
-                continue
-            completed.setdefault(vertex, []).append((r, version))
-            if notes is not None:
-                notes.append(f"{vertex} version {version}: completion inferred at a job manager restart "
-                             f"(no event line)")
+        for regex in (FAILED_EVENT_RE, CANCELLED_EVENT_RE):
+            m = regex.match(line)
+            if m:
+                close(_canonical(m.group(2)), int(m.group(3)))
+        m = CARRIES_ON_EVENT_RE.match(line)
+        if m:
+            vertex = _canonical(m.group(2))
+            open_attempts[vertex] = open_attempts.get(vertex, set()) & {int(m.group(3))}
+    if job_completed:
+        infer(len(events), open_attempts, "at the end of the completed job's log")
     for lst in completed.values():
         lst.sort()
+    return completed
+
+
+def check_lineage(lineage_text, events, notes=None, job_completed=True, outputs=None):
+    """Checks a lineage job's lineage.txt against the job manager's event log (`copse logs
+    JOB`) and, when given, its final record of the outputs (`outputs`: output_versions(status)).
+    Returns a list of problems (empty: none):
+
+      - every attempt named in the lineage (each reader, each version read) is one the job
+        manager recorded as completed ("X version N completed on D"; see completions());
+      - no attempt read a superseded output: the version of P that attempt C.vc read is not
+        older than a version of P that had completed before C.vc was placed;
+      - the outputs come from the sink attempt the job manager recorded for them (`outputs`),
+        which is also its last completed attempt in the event log."""
+    placed = {}  # (vertex, version) -> event index
+    for i, line in enumerate(events):
+        m = EVENT_RE.match(line)
+        if m and m.group(4) == "placed on":
+            placed.setdefault((_canonical(m.group(2)), int(m.group(3))), i)
+    completed = completions(events, job_completed, notes)
     problems = []
     writer = None
     edges = []
@@ -983,6 +1011,9 @@ def check_lineage(lineage_text, events, notes=None):
     if not edges:
         problems.append("lineage.txt lists no input read")
     done = {v: {ver for _, ver in lst} for v, lst in completed.items()}
+    if outputs and writer[0] in outputs and outputs[writer[0]] != writer[1]:
+        problems.append(f"the outputs come from {writer[0]} version {writer[1]}, but the job manager records version "
+                        f"{outputs[writer[0]]} for them")
     if not completed.get(writer[0]):
         problems.append(f"the event log records no completion of {writer[0]}")
     elif completed[writer[0]][-1][1] != writer[1]:
@@ -997,7 +1028,7 @@ def check_lineage(lineage_text, events, notes=None):
             continue
         at = placed.get((c, vc))
         if at is None:
-            continue  # placed before the log we have (a job manager restart); checked above
+            continue
         newer = [v for i, v in completed.get(p, []) if i < at and v > vp]
         if newer:
             problems.append(f"{c} version {vc} read {p} version {vp} ({port}), superseded by version {max(newer)} "

@@ -118,7 +118,7 @@ def main():
                                  f"  copse run {reference}")
             with open(os.path.join(out, "lineage.txt")) as f:
                 lineage = f.read()
-            problems = nc.check_lineage(lineage, events)
+            problems = nc.check_lineage(lineage, events, outputs=nc.output_versions(s))
             if problems:
                 raise nc.Failure("a superseded attempt's output was read, or an attempt never recorded:\n  " +
                                  "\n  ".join(problems))
