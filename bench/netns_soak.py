@@ -12,7 +12,8 @@ submits 3-4 jobs of random kinds at once, and 1-2 more at each of 2-3 random mom
 fault window (so that faults find jobs running);
 and injects 2-6 faults at random moments of the window (--window-s, 8 s), each for a random
 time:
-  - daemon_kill: SIGKILL a live daemon, start it again (same name, host, work dir) 0.1-2.5 s later;
+  - daemon_kill: SIGKILL a live daemon, start it again (same name, host, work dir) 0.1-2.5 s
+    later, or (half the time) 3-6 s later;
   - jm_kill: SIGKILL the job manager, start it again (same state dir, address) 0.1-2 s later;
   - partition: one daemon host isolated from every other host, or the hosts split in two random
     sides (the job manager's among them), for 0.5-4 s;
@@ -149,7 +150,9 @@ def plan_faults(rng, n_hosts, window):
         kind = rng.choice(FAULT_KINDS)
         at = rng.uniform(0.3, window)
         if kind == "daemon_kill":
-            faults.append(Fault(kind, at, rng.uniform(0.1, 2.5)))
+            # Half come back within the job manager's return grace (1 s) or soon after; half
+            # stay away longer, so their outputs are regenerated elsewhere.
+            faults.append(Fault(kind, at, rng.uniform(0.1, 2.5) if rng.random() < 0.5 else rng.uniform(3.0, 6.0)))
         elif kind == "jm_kill":
             faults.append(Fault(kind, at, rng.uniform(0.1, 2.0)))
         elif kind == "partition":
