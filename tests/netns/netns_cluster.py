@@ -6,8 +6,8 @@ this process's pid) and a veth whose other end is a port of a bridge; the bridge
 namespace of its own (the "switch"), so the root namespace is not touched. Faults:
 
   - partition(a, b): every packet from a host of one side arriving at a host of the other is
-    dropped (iptables DROP in the receiver's INPUT chain, both ways): the senders see silence,
-    as behind a failed switch, not an error;
+    dropped (iptables DROP in the receiver's INPUT chain, both ways): the senders' kernels
+    cannot tell and see silence, as behind a failed switch;
   - loss(a, b, p): the same for a random share p of the packets (iptables `-m statistic`);
   - delay(a, b, ms, jitter_ms, reorder): every packet is held in an NFQUEUE queue by a small
     process of this module in the receiving namespace and accepted ms +- jitter_ms later
