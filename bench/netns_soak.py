@@ -461,6 +461,7 @@ def main():
         ap.error("--copse: the copse binary is needed (none on PATH)")
     if not 3 <= args.hosts <= 8:
         ap.error("--hosts: 3 to 8")
+    nc.preflight()
     args.copse = os.path.abspath(args.copse)
     args.workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="copse-netns-soak-"))
     os.makedirs(args.workdir, exist_ok=True)

@@ -38,6 +38,7 @@ def dropped_by_loss(net):
 
 def main():
     copse, repo, work = sys.argv[1:4]
+    nc.preflight()
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     t0 = time.monotonic()

@@ -28,6 +28,7 @@ import netns_cluster as nc  # noqa: E402
 
 def main():
     copse, repo, work = sys.argv[1:4]
+    nc.preflight()
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     t0 = time.monotonic()

@@ -93,6 +93,7 @@ def run_and_kill(copse, work, sig):
 
 def main():
     copse, _repo, work = sys.argv[1:4]
+    nc.preflight()
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     run_and_kill(copse, os.path.join(work, "term"), signal.SIGTERM)

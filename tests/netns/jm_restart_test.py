@@ -34,6 +34,7 @@ JOB = {"version": 1, "name": "three-daemons",
 
 def main():
     copse, _repo, work = sys.argv[1:4]
+    nc.preflight()
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     t0 = time.monotonic()

@@ -326,15 +326,27 @@ class Host:
         return f"{self.name}({self.addr})"
 
 
+def preflight():
+    """Raises Skip unless this process can make network namespaces (root, ip, iptables): for
+    tests to call before any expensive step. Net checks the rest (veth, bridge, iptables rules
+    inside a namespace) as it builds."""
+    if os.geteuid() != 0:
+        raise Skip("needs root (network namespaces, veths, iptables)")
+    for tool in ("ip", "iptables", "iptables-restore"):
+        if not shutil.which(tool):
+            raise Skip(f"{tool} is not installed")
+    probe = f"{PREFIX}{os.getpid()}-probe"
+    p = sh(["ip", "netns", "add", probe], check=False)
+    if p.returncode != 0:
+        raise Skip(f"cannot create network namespaces: {p.stderr.strip()}")
+    sh(["ip", "netns", "del", probe], check=False)
+
+
 class Net:
     """N hosts (network namespaces) on one bridge, and the faults between them."""
 
     def __init__(self, hosts=4):
-        if os.geteuid() != 0:
-            raise Skip("needs root (network namespaces, veths, iptables)")
-        for tool in ("ip", "iptables", "iptables-restore"):
-            if not shutil.which(tool):
-                raise Skip(f"{tool} is not installed")
+        preflight()
         pid = os.getpid()
         self.prefix = f"{PREFIX}{pid}-"
         self.subnet = f"10.{100 + (pid >> 8) % 150}.{pid % 256}"

@@ -36,6 +36,7 @@ OUTPUT_VERTEX = {"wordcount": "merge[0]", "diamond": "sink", "lineage_small": "s
 
 def main():
     copse, repo, work = sys.argv[1:4]
+    nc.preflight()
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     t0 = time.monotonic()
