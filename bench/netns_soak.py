@@ -47,7 +47,6 @@ import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -429,23 +428,6 @@ def check_completed(c, j, rundir, reference, report):
                                f"instead of {j.first}")
 
 
-def private_copy(copse, bindir):
-    """Copies copse and copse-node (which it runs, from beside it) to bindir: a rebuild of the
-    build tree during a long soak must not swap the binaries under it. Retried while a build
-    is writing them (a copy that does not run)."""
-    os.makedirs(bindir, exist_ok=True)
-    for attempt in range(30):
-        for name in ("copse", "copse-node"):
-            src = os.path.join(os.path.dirname(copse), name)
-            if os.path.exists(src):
-                shutil.copy2(src, os.path.join(bindir, name))
-        p = subprocess.run([os.path.join(bindir, "copse"), "programs"], capture_output=True, text=True, timeout=60)
-        if p.returncode == 0 and "checksum" in p.stdout:
-            return os.path.join(bindir, "copse")
-        time.sleep(2)
-    raise SystemExit(f"{copse}: its copy does not run: {p.stderr.strip()}")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--copse", default=shutil.which("copse"), help="the copse binary (default: on PATH)")
@@ -466,7 +448,7 @@ def main():
     args.workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="copse-netns-soak-"))
     os.makedirs(args.workdir, exist_ok=True)
     print(f"netns soak: {args.runs} runs from seed {args.seed}, {args.hosts} hosts, logs under {args.workdir}", flush=True)
-    args.copse = private_copy(args.copse, os.path.join(args.workdir, "bin"))
+    args.copse = nc.private_copy(args.copse, os.path.join(args.workdir, "bin"))
     kinds = make_kinds(args.workdir)
     reference = {}
     for kind, path in kinds.items():

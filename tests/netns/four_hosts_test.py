@@ -31,6 +31,7 @@ def main():
     nc.preflight()
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    copse = nc.private_copy(copse, os.path.join(work, "bin"))
     t0 = time.monotonic()
     examples = os.path.join(repo, "examples")
     jobs = {

@@ -96,6 +96,7 @@ def main():
     nc.preflight()
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    copse = nc.private_copy(copse, os.path.join(work, "bin"))
     run_and_kill(copse, os.path.join(work, "term"), signal.SIGTERM)
     run_and_kill(copse, os.path.join(work, "kill"), signal.SIGKILL)
     print("PASS")

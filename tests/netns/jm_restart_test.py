@@ -37,6 +37,7 @@ def main():
     nc.preflight()
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    copse = nc.private_copy(copse, os.path.join(work, "bin"))
     t0 = time.monotonic()
     job_file = os.path.join(work, "job.json")
     with open(job_file, "w") as f:

@@ -833,6 +833,24 @@ class Cluster:
         self.close()
 
 
+def private_copy(copse, bindir):
+    """Copies copse and copse-node (which it runs, from beside it) to bindir and returns the
+    copy of copse: a rebuild of the build tree while a test or soak runs must not swap the
+    binaries under it (an exec then fails, or old and new processes mix). Retried while a
+    build is writing them (a copy that does not run)."""
+    os.makedirs(bindir, exist_ok=True)
+    for attempt in range(30):
+        for name in ("copse", "copse-node"):
+            src = os.path.join(os.path.dirname(copse), name)
+            if os.path.exists(src):
+                shutil.copy2(src, os.path.join(bindir, name))
+        p = subprocess.run([os.path.join(bindir, "copse"), "programs"], capture_output=True, text=True, timeout=60)
+        if p.returncode == 0 and "checksum" in p.stdout:
+            return os.path.join(bindir, "copse")
+        time.sleep(2)
+    raise Failure(f"{copse}: its copy does not run: {p.stderr.strip()}")
+
+
 # ---- reference results --------------------------------------------------------------------------
 
 def reference_outputs(copse, job_file, outdir, daemons=3, timeout=120, cpus=2):
