@@ -2,7 +2,10 @@
 // JSON helpers: parsing text into nlohmann::json without exceptions escaping, with the error
 // located by line and column; JSON-pointer building.
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <string_view>
 #include <vector>
 
@@ -42,6 +45,20 @@ void AppendJsonString(std::string& out, std::string_view s);
 /// fields before knowing the message is well formed.
 std::string StringMember(const Json& j, const char* key);
 
+/// `j[key]` as the integer type T; `fallback` when `j` is not an object or has no `key`.
+/// std::invalid_argument naming `key` when it holds anything but an integer in T's range: a
+/// peer's or a file's number is checked here, because nlohmann's get<T>() and value() convert
+/// a float beyond T's range (1e300) with undefined behaviour and wrap a negative into an
+/// unsigned T.
+template <class T>
+T IntegerOr(const Json& j, const char* key, T fallback);
+/// The same for a member that must be there (std::invalid_argument when it is not).
+template <class T>
+T IntegerAt(const Json& j, const char* key);
+/// `j[key]` as an array of integers of type T, each checked as IntegerAt checks one.
+template <class T>
+std::vector<T> IntegersAt(const Json& j, const char* key);
+
 /// Reads and parses the file at `path`.
 Result<Json> ReadJsonFile(const std::string& path);
 
@@ -55,5 +72,50 @@ std::string JsonTypeName(const Json& j);
 /// Reads a whole file into a string; more than `max_bytes` is an error (a device like
 /// /dev/zero, or a file far bigger than its reader could use, is never read to the end).
 Result<std::string> ReadFile(const std::string& path, size_t max_bytes = SIZE_MAX);
+
+namespace json_detail {
+/// `value` as T, or std::invalid_argument naming `what` (see IntegerOr).
+template <class T>
+T CheckedInteger(const Json& value, const std::string& what) {
+  static_assert(std::is_integral_v<T>);
+  bool fits = false;
+  if (value.is_number_unsigned()) {
+    fits = value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  } else if (value.is_number_integer()) {  // stored signed (a negative, or built in C++ from an int)
+    const int64_t x = value.get<int64_t>();
+    fits = std::is_signed_v<T> ? x >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                                     x <= static_cast<int64_t>(std::numeric_limits<T>::max())
+                               : x >= 0 && static_cast<uint64_t>(x) <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  }
+  if (!fits) {
+    throw std::invalid_argument(what + ": expected a whole number from " + std::to_string(std::numeric_limits<T>::min()) +
+                                " to " + std::to_string(std::numeric_limits<T>::max()) + ", got " + DumpJson(value));
+  }
+  return value.is_number_unsigned() ? static_cast<T>(value.get<uint64_t>()) : static_cast<T>(value.get<int64_t>());
+}
+}  // namespace json_detail
+
+template <class T>
+T IntegerOr(const Json& j, const char* key, T fallback) {
+  if (!j.is_object()) return fallback;
+  auto it = j.find(key);
+  return it == j.end() ? fallback : json_detail::CheckedInteger<T>(*it, std::string("\"") + key + "\"");
+}
+
+template <class T>
+T IntegerAt(const Json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) throw std::invalid_argument(std::string("\"") + key + "\": missing");
+  return json_detail::CheckedInteger<T>(j[key], std::string("\"") + key + "\"");
+}
+
+template <class T>
+std::vector<T> IntegersAt(const Json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_array())
+    throw std::invalid_argument(std::string("\"") + key + "\": expected an array of whole numbers");
+  std::vector<T> out;
+  out.reserve(j[key].size());
+  for (const Json& v : j[key]) out.push_back(json_detail::CheckedInteger<T>(v, std::string("an element of \"") + key + "\""));
+  return out;
+}
 
 }  // namespace copse

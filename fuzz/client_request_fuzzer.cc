@@ -6,8 +6,9 @@
 // and the dashboard's vertex pages and progress series are read for the job it names.
 // Properties beyond "no crash, no sanitizer report": the job manager's contract for a request
 // (jm_server.cc's HandleClient) - every answer is an object with a string "op", and the only
-// exceptions are the JSON library's type errors, which the server turns into an error reply;
-// any other would end the job manager.
+// exceptions are the JSON library's type errors and std::invalid_argument (a number out of its
+// member's range, common/json_util.h), which the server turns into an error reply; any other
+// would end the job manager.
 #include <unistd.h>
 
 #include <cstdint>
@@ -67,6 +68,8 @@ void Answer(copse::jm::ClientApi& api, const std::string& op, const copse::Json&
     }
   } catch (const copse::Json::exception&) {
     // Answered by the server as "malformed <op> message": the peer's fault, not a crash.
+  } catch (const std::invalid_argument&) {
+    // A number out of its member's range: answered the same way.
   }
 }
 

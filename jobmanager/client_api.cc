@@ -23,7 +23,7 @@ std::optional<Json> ClientApi::Answer(const std::string& op, const Json& msg) {
     if (status.is_null()) return ErrorReply("no job " + job.ToString());
     return Json{{"op", "job"}, {"job", std::move(status)}};
   }
-  if (op == "jobs") return Json{{"op", "jobs"}, {"jobs", JobsSince(msg.value("since_unix_ms", int64_t{0}))}};
+  if (op == "jobs") return Json{{"op", "jobs"}, {"jobs", JobsSince(IntegerOr<int64_t>(msg, "since_unix_ms", 0))}};
   if (op == "vertex_log") return VertexLog(msg);
   if (op == "cancel") {
     const copse::Status st = scheduler_.Cancel(job);

@@ -304,6 +304,9 @@ class JmServer::Impl : public DaemonSink {
     } catch (const Json::exception& e) {
       // A well-framed message with members of the wrong type: the peer is broken, not us.
       conn->SendErrorAndClose("malformed \"" + op + "\" message: " + e.what());
+    } catch (const std::invalid_argument& e) {
+      // A number out of its member's range (IntegerOr and its kin name the member).
+      conn->SendErrorAndClose("malformed \"" + op + "\" message: " + e.what());
     } catch (const std::bad_alloc&) {
       // One request too large for this machine's memory must not take the running jobs down.
       JmLog()->error("out of memory handling \"{}\" from {}", op, conn->peer());

@@ -29,7 +29,7 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     std::string name = request.value("daemon", "");
     Daemon* d = find_daemon(name);
     if (!d) return Status::NotFound("no live daemon named \"" + name + "\"");
-    int64_t ms = request.value("ms", int64_t{2000});
+    int64_t ms = IntegerOr<int64_t>(request, "ms", 2000);
     if (action == "cut" && (ms < 1 || ms > 3'600'000)) {
       return Status::InvalidArgument("a cut lasts 1 to 3600000 ms, got " + std::to_string(ms));
     }
@@ -42,9 +42,9 @@ Result<Json> Scheduler::Chaos(const Json& request) {
     return record;
   }
   if (action == "fail" || action == "delay" || action == "corrupt" || action == "drop") {
-    Job* job = FindJob(JobId(request.value("job", uint64_t{0})));
+    Job* job = FindJob(JobId(IntegerOr<uint64_t>(request, "job", 0)));
     if (!job || job->state != JobState::kRunning)
-      return Status::NotFound("no running job " + std::to_string(request.value("job", 0)));
+      return Status::NotFound("no running job " + std::to_string(IntegerOr<uint64_t>(request, "job", 0)));
     std::string vertex = request.value("vertex", "");
     VertexId v = job->g().FindVertex(vertex);
     if (!v.valid()) return Status::NotFound("job " + job->id.ToString() + " has no vertex \"" + vertex + "\"");
@@ -57,13 +57,13 @@ Result<Json> Scheduler::Chaos(const Json& request) {
       f.kind = action == "fail" ? FaultKind::kFail : FaultKind::kDelay;
       // The job file's bounds (job_parser.cc): attempt 0 never comes, and a delay past a day
       // would hold the vertex's slot beyond any timeout. Read wide, so 2^32+1 is not 1.
-      const auto attempts = request.value("attempts", std::vector<int64_t>{next});
+      const auto attempts = request.contains("attempts") ? IntegersAt<int64_t>(request, "attempts") : std::vector<int64_t>{next};
       if (attempts.empty()) return Status::InvalidArgument("no attempt numbers");
       for (int64_t a : attempts) {
         if (a < 1 || a > 1000) return Status::InvalidArgument("attempt numbers run from 1 to 1000, got " + std::to_string(a));
         f.attempts.push_back(static_cast<int>(a));
       }
-      f.ms = request.value("ms", int64_t{1000});
+      f.ms = IntegerOr<int64_t>(request, "ms", 1000);
       if (f.ms < 0 || f.ms > 86'400'000)
         return Status::InvalidArgument("a delay is 0 to 86400000 ms, got " + std::to_string(f.ms));
     } else {
@@ -106,11 +106,11 @@ Result<Json> Scheduler::Chaos(const Json& request) {
   }
   if (action == "random") {
     RandomChaos chaos;
-    chaos.rng.seed(request.value("seed", uint64_t{1}));
-    const int64_t interval_ms = request.value("interval_ms", int64_t{500});
-    const int64_t duration_ms = request.value("duration_ms", int64_t{10000});
+    chaos.rng.seed(IntegerOr<uint64_t>(request, "seed", 1));
+    const int64_t interval_ms = IntegerOr<int64_t>(request, "interval_ms", 500);
+    const int64_t duration_ms = IntegerOr<int64_t>(request, "duration_ms", 10000);
     chaos.kinds = request.value("kinds", std::vector<std::string>{"kill", "fail", "delay", "corrupt", "cut"});
-    chaos.cut_ms = request.value("cut_ms", int64_t{1000});
+    chaos.cut_ms = IntegerOr<int64_t>(request, "cut_ms", 1000);
     if (interval_ms < 1)
       return Status::InvalidArgument("chaos interval must be at least 1 ms, got " + std::to_string(interval_ms));
     if (duration_ms < 0)

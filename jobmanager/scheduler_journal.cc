@@ -99,10 +99,10 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
     try {
       const std::string t = rec.at("t");
       if (t == "restart") {
-        restarts_ = std::max(restarts_, rec.at("n").get<uint32_t>());
+        restarts_ = std::max(restarts_, IntegerAt<uint32_t>(rec, "n"));
         continue;
       }
-      JobId id(rec.at("job").get<uint64_t>());
+      JobId id(IntegerAt<uint64_t>(rec, "job"));
       if (id.value() == 0 || id.value() >= kMaxJobId) {
         skip(fmt::format("job {} is not a job id (they run from 1 to 2^53)", id.value()));
         continue;
@@ -138,11 +138,11 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
         const Json& ver = rec.at("ver");
         if (!ver.is_number_unsigned() || ver.get<uint64_t>() > std::numeric_limits<uint32_t>::max())
           throw std::invalid_argument("\"ver\" is not an attempt version");
-        VertexId v(rec.at("v").get<uint32_t>());
+        VertexId v(IntegerAt<uint32_t>(rec, "v"));
         const uint32_t version = ver.get<uint32_t>();
         const std::string daemon = rec.at("daemon").get<std::string>();
-        auto bytes = rec.at("bytes").get<std::vector<uint64_t>>();
-        auto messages = rec.at("msgs").get<std::vector<uint64_t>>();
+        auto bytes = IntegersAt<uint64_t>(rec, "bytes");
+        auto messages = IntegersAt<uint64_t>(rec, "msgs");
         if (v.value() >= job->runs.size()) {
           skip(fmt::format("job {} has no vertex {}", id.value(), v.value()));
           continue;
@@ -156,7 +156,7 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
         r.output_messages = std::move(messages);
         ++job->completions;
       } else if (t == "regen") {
-        const uint32_t v = rec.at("v").get<uint32_t>();
+        const uint32_t v = IntegerAt<uint32_t>(rec, "v");
         if (v >= job->runs.size()) {
           skip(fmt::format("job {} has no vertex {}", id.value(), v));
           continue;

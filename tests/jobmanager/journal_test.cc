@@ -270,6 +270,30 @@ TEST_CASE("Journal.ADoneRecordDamagedHalfWayLeavesItsVertexToRunAgain") {
   CHECK(restored.Snapshot().size() == 3);
 }
 
+TEST_CASE("Journal.NumbersOutOfTheirRangeSkipTheirRecordNamingTheMember") {
+  // Found by the journal fuzzer: a job id of 1e108 went through get<uint64_t>(), a float to
+  // integer conversion beyond the type's range (undefined behaviour); a negative byte count
+  // wrapped into a huge one. Each is now refused, and the record skipped saying which member.
+  ManualClock clock;
+  struct Case {
+    size_t record;
+    const char* key;
+    Json value;
+  };
+  for (const Case& c : {Case{0, "job", 1e108}, Case{0, "job", -3}, Case{1, "v", 4294967296.0}, Case{1, "v", 1.5},
+                        Case{1, "bytes", Json::array({-1})}, Case{1, "msgs", Json::array({1e300})}}) {
+    CAPTURE(c.key);
+    std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
+    records[c.record][c.key] = c.value;
+    NullSink sink;
+    Scheduler restored(sink, clock);
+    std::vector<std::string> skipped;
+    restored.Restore(records, testing::TestCatalog(), &skipped);
+    REQUIRE(skipped.size() >= 1);
+    CHECK(skipped[0].find(std::string("\"") + c.key + "\"") != std::string::npos);
+  }
+}
+
 /// Reports every task sent so far, and every one sent meanwhile, as succeeded.
 void CompleteRuns(Scheduler& s, NullSink& sink, JobId job) {
   for (size_t seen = 0; seen < sink.runs.size();) {

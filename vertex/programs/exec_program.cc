@@ -145,7 +145,7 @@ class ChildStreams {
         if (n <= 0) break;
         const std::string_view text(buf, static_cast<size_t>(n));
         if (log_) log_->Append(s.name, text);
-        if (s.name == "stderr") {
+        if (std::string_view(s.name) == "stderr") {
           stderr_tail_.append(text);
           if (stderr_tail_.size() > 2 * kStderrTail) stderr_tail_.erase(0, stderr_tail_.size() - kStderrTail);
         }
