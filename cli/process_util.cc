@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -14,16 +15,55 @@
 
 namespace copse::cli {
 
+namespace {
+
+/// Written to (one byte) by the handler of SIGINT and SIGTERM; read by the signal thread.
+int g_stop_pipe[2] = {-1, -1};
+
+extern "C" void OnStopSignal(int) {
+  const int saved = errno;
+  const char byte = 1;
+  [[maybe_unused]] const ssize_t n = ::write(g_stop_pipe[1], &byte, 1);  // async-signal-safe
+  errno = saved;
+}
+
+}  // namespace
+
 void StopOnSignals(std::function<void()> stop) {
+  // A handler, not only sigwait on a blocked set: threads that libraries start before main (the
+  // BLAS pool) have every signal unblocked, and the kernel hands a process-directed SIGTERM to
+  // any thread that does not block it, where its default action ended the process at once: no
+  // orderly stop, and a job manager lost the history of jobs that had just finished. With a
+  // handler installed, whichever thread takes the signal only wakes the signal thread.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  // Still blocked here and in the threads started after this: their system calls are not
+  // interrupted by it.
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  if (g_stop_pipe[0] < 0 && ::pipe2(g_stop_pipe, O_CLOEXEC) != 0) {
+    g_stop_pipe[0] = g_stop_pipe[1] = -1;
+  }
+  if (g_stop_pipe[0] >= 0) {
+    struct sigaction sa {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+  }
   std::thread([set, stop = std::move(stop)] {
     SetThreadName("copse-signals");
-    int sig = 0;
-    sigwait(&set, &sig);
+    if (g_stop_pipe[0] >= 0) {
+      pthread_sigmask(SIG_UNBLOCK, &set, nullptr);  // this thread may take them too
+      char byte;
+      while (::read(g_stop_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+      }
+    } else {  // no pipe: the signals as a blocked set, as well as that can go
+      int sig = 0;
+      sigwait(&set, &sig);
+    }
     stop();
   }).detach();
 }

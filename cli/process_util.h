@@ -11,8 +11,10 @@
 
 namespace copse::cli {
 
-/// Blocks SIGINT and SIGTERM in this thread (and threads it starts later) and calls `stop`
-/// from a dedicated thread when one arrives. Call before starting worker threads.
+/// Calls `stop` from a dedicated thread when SIGINT or SIGTERM arrives, whichever thread the
+/// kernel hands it to (a handler wakes that thread; threads libraries started before main take
+/// the signal too). Blocks both in this thread and the threads it starts later, so that their
+/// system calls are not interrupted: call before starting worker threads.
 void StopOnSignals(std::function<void()> stop);
 
 /// Starts `exe args…` with this process's environment plus `env`, its standard output and

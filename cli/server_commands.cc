@@ -124,9 +124,9 @@ void AddJmCommand(CLI::App& app) {
     o.scheduler.daemon_return_grace = std::chrono::milliseconds(opts->daemon_return_grace_ms);
     SetListenAddress(opts->http, o.http_host, o.http_port);
     const std::string http_host = o.http_host;
-    // Blocked before any thread starts (the HTTP server's workers, the trace streamer): a
-    // SIGTERM delivered to one that had it unblocked would end the process at once, with no
-    // orderly stop; the signal thread (StopOnSignals) takes it instead.
+    // Blocked before any thread starts (the HTTP server's workers, the trace streamer), so
+    // that their system calls are not interrupted; StopOnSignals' handler takes a signal the
+    // kernel hands to a thread that had it unblocked (one a library started before main).
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
