@@ -187,9 +187,20 @@ void Scheduler::RecomputePending(Job& job) {
       if (c.kind == ChannelKind::kOrder || c.kind == ChannelKind::kDurable) continue;
       VertexId p = c.from;
       Run& pr = job.runs[p.value()];
-      if (pr.state == VertexState::kCompleted && OutputReleased(g, p, pr, c.from_port)) {
+      if (pr.state != VertexState::kCompleted) continue;
+      if (OutputReleased(g, p, pr, c.from_port)) {
         pr.released = pr.retained_released = false;
         Regenerate(job, p, "its released output is needed again by " + g.vertex(*it).name);
+      } else if (pr.daemon.valid() && pr.daemon.value() < daemons_.size()) {
+        // On a daemon that is gone (not alive, and not awaited back with its files): when it
+        // was lost nothing needed this output, so it was left; now something does. Found by
+        // the multi-host soak: a restarted job manager sent the consumer an input located at a
+        // daemon that never came back (with no address), and every daemon refused it.
+        const Daemon& d = *daemons_[pr.daemon.value()];
+        if (!d.alive && !(d.awaiting && OutputsInFiles(g, p))) {
+          Regenerate(job, p, "its output was on lost daemon " + d.spec.name + ", and " + g.vertex(*it).name + " needs it again");
+          if (pr.state != VertexState::kCompleted) pr.lost_with_daemon_version = pr.version;
+        }
       }
     }
   }

@@ -294,6 +294,57 @@ TEST_CASE("Journal.NumbersOutOfTheirRangeSkipTheirRecordNamingTheMember") {
   }
 }
 
+TEST_CASE("Journal.AnOutputOnADaemonThatNeverCameBackRunsAgainOnceAConsumerNeedsIt") {
+  // a (memory) -> b (file) -> c, a done on dB, b on dA, c running on dC when the job manager
+  // dies with dA and dB; only dC comes back. b must run again (c needs its file), and so must
+  // a: a restore does not know a's output was released, so it looked held on dB, and b was sent
+  // with its input located at a daemon that never registered with this job manager (no
+  // address): every daemon refused the task and the job failed. Found by the multi-host soak.
+  ManualClock clock;
+  RecordingJournal journal;
+  NullSink sink;
+  DaemonSpec db, da, dc;
+  db.name = "dB", db.cpus = 1, da.name = "dA", da.cpus = 2, dc.name = "dC", dc.cpus = 3;
+  for (DaemonSpec* d : {&db, &da, &dc}) d->data_host = "127.0.0.1", d->data_port = 9000;
+  {
+    Scheduler s(sink, clock);
+    s.set_journal(&journal);
+    REQUIRE(s.AddDaemon(db).ok());
+    const JobId job = s.Submit(testing::MustLoad(R"({"stages": [{"name": "a", "program": "noop"},
+        {"name": "b", "program": "noop", "resources": {"cpus": 2}},
+        {"name": "c", "program": "noop", "resources": {"cpus": 3}}],
+      "edges": [{"from": "a", "to": "b", "channel": "memory"}, {"from": "b", "to": "c", "channel": "file"}]})"),
+                               "/tmp");
+    auto run_next = [&](DaemonSpec* joining, bool finish) {
+      if (joining) REQUIRE(s.AddDaemon(*joining).ok());
+      clock.Advance(std::chrono::seconds(5));  // past any wait for the daemon holding the inputs
+      s.Tick();
+      s.Flush();
+      REQUIRE(!sink.runs.empty());
+      const protocol::Task task = sink.runs.back().tasks(0);
+      if (finish) Succeed(s, job, task);
+    };
+    run_next(nullptr, true);  // a on dB
+    run_next(&da, true);      // b on dA
+    run_next(&dc, false);     // c on dC, running
+  }
+  Scheduler restored(sink, clock);
+  REQUIRE(restored.Restore(journal.records, testing::TestCatalog()) == 1);
+  REQUIRE(restored.AddDaemon(dc).ok());
+  restored.StartRecoveryGrace();
+  clock.Advance(std::chrono::seconds(10));  // dA and dB never come back
+  restored.Tick();
+  restored.Flush();
+  auto state_of = [&](const std::string& stage) {
+    Scheduler::VertexFilter f;
+    f.stage = stage;
+    return restored.VertexPage(JobId(1), f)["vertices"][0]["state"].get<std::string>();
+  };
+  CHECK(state_of("b") != "completed");
+  CHECK(state_of("a") != "completed");
+  CHECK(restored.StateOf(JobId(1)) == JobState::kRunning);
+}
+
 /// Reports every task sent so far, and every one sent meanwhile, as succeeded.
 void CompleteRuns(Scheduler& s, NullSink& sink, JobId job) {
   for (size_t seen = 0; seen < sink.runs.size();) {
