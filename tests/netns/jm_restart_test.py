@@ -9,7 +9,8 @@ state dir. dA and dB never come back, so q's output (needed by r) and then p's (
 new attempt) must be made again on dC. Checks: the job completes within 90 s and its output has
 the fault-free digest. (Found by bench/netns_soak.py: the restarted job manager sent q's new
 attempt with p's output located at dB, whose address it never learned: every daemon refused
-the malformed message, was declared lost, and the job failed at max_daemon_losses.)
+the malformed message, was declared lost, and the job failed at max_daemon_losses; fixed in
+commit d78ec7a.)
 Exits 77 where namespaces cannot be made.
 
 usage: jm_restart_test.py COPSE REPO WORKDIR"""
