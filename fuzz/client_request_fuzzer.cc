@@ -21,6 +21,7 @@
 #include "common/json_util.h"
 #include "common/logging.h"
 #include "fuzz/fuzz_check.h"
+#include "fuzz/succeeded.h"
 #include "jobmanager/client_api.h"
 #include "jobmanager/job_history.h"
 #include "jobmanager/job_loader.h"
@@ -48,14 +49,8 @@ std::unique_ptr<copse::jm::JobHistory> g_history;
 std::shared_ptr<const copse::jm::JobGraph> g_graph;
 
 void Succeed(copse::jm::Scheduler& s, const copse::protocol::Task& task) {
-  copse::jm::AttemptReport r;
-  r.job = copse::JobId(task.job());
-  r.vertex = copse::VertexId(task.vertex());
-  r.version = task.version();
-  r.ok = true;
-  r.output_bytes.assign(task.outputs_size(), 10);
-  r.output_messages.assign(task.outputs_size(), 1);
-  r.progress = {{"step", 1}, {"loss", 0.5}, {"images", 64}};
+  copse::jm::AttemptReport r = copse::fuzz::Succeeded(task);
+  r.progress = {{"step", 1}, {"loss", 0.5}, {"images", 64}};  // for the progress series
   s.OnAttemptFinished(r);
 }
 

@@ -25,6 +25,7 @@
 #include "common/json_util.h"
 #include "common/logging.h"
 #include "common/wire.h"
+#include "fuzz/succeeded.h"
 #include "jobmanager/job_loader.h"
 #include "jobmanager/journal.h"
 #include "jobmanager/scheduler.h"
@@ -84,15 +85,7 @@ std::vector<copse::protocol::JmToDaemon> RunJobs(const std::vector<fs::path>& jo
     for (; next < sink.sent.size(); ++next) {
       if (!sink.sent[next].has_run()) continue;
       for (const auto& task : sink.sent[next].run().tasks()) {
-        copse::jm::AttemptReport r;
-        r.job = copse::JobId(task.job());
-        r.vertex = copse::VertexId(task.vertex());
-        r.version = task.version();
-        r.ok = true;
-        r.output_bytes.assign(task.outputs_size(), 10);
-        r.output_messages.assign(task.outputs_size(), 1);
-        r.duration_ms = 1.5;
-        scheduler.OnAttemptFinished(r);
+        scheduler.OnAttemptFinished(copse::fuzz::Succeeded(task));
         if (reports && reports->size() < 4) {
           copse::protocol::DaemonToJm m;
           auto& a = *m.mutable_report()->add_attempts();
