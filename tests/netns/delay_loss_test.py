@@ -15,7 +15,6 @@ usage: delay_loss_test.py COPSE REPO WORKDIR"""
 
 import os
 import re
-import shutil
 import sys
 import time
 
@@ -37,11 +36,7 @@ def dropped_by_loss(net):
 
 
 def main():
-    copse, repo, work = sys.argv[1:4]
-    nc.preflight()
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    copse = nc.private_copy(copse, os.path.join(work, "bin"))
+    copse, repo, work = nc.start_test(sys.argv)
     t0 = time.monotonic()
     examples = os.path.join(repo, "examples")
     jobs = {

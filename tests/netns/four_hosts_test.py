@@ -18,7 +18,6 @@ completed. Exits 77 where namespaces cannot be made.
 usage: four_hosts_test.py COPSE REPO WORKDIR"""
 
 import os
-import shutil
 import sys
 import time
 
@@ -27,11 +26,7 @@ import netns_cluster as nc  # noqa: E402
 
 
 def main():
-    copse, repo, work = sys.argv[1:4]
-    nc.preflight()
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    copse = nc.private_copy(copse, os.path.join(work, "bin"))
+    copse, repo, work = nc.start_test(sys.argv)
     t0 = time.monotonic()
     examples = os.path.join(repo, "examples")
     jobs = {

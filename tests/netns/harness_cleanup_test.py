@@ -8,7 +8,6 @@ usage: harness_cleanup_test.py COPSE REPO WORKDIR"""
 
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -92,11 +91,7 @@ def run_and_kill(copse, work, sig):
 
 
 def main():
-    copse, _repo, work = sys.argv[1:4]
-    nc.preflight()
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    copse = nc.private_copy(copse, os.path.join(work, "bin"))
+    copse, _repo, work = nc.start_test(sys.argv)
     run_and_kill(copse, os.path.join(work, "term"), signal.SIGTERM)
     run_and_kill(copse, os.path.join(work, "kill"), signal.SIGKILL)
     print("PASS")

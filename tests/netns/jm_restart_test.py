@@ -17,7 +17,6 @@ usage: jm_restart_test.py COPSE REPO WORKDIR"""
 
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -34,11 +33,7 @@ JOB = {"version": 1, "name": "three-daemons",
 
 
 def main():
-    copse, _repo, work = sys.argv[1:4]
-    nc.preflight()
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    copse = nc.private_copy(copse, os.path.join(work, "bin"))
+    copse, _repo, work = nc.start_test(sys.argv)
     t0 = time.monotonic()
     job_file = os.path.join(work, "job.json")
     with open(job_file, "w") as f:

@@ -853,6 +853,17 @@ def private_copy(copse, bindir):
 
 # ---- reference results --------------------------------------------------------------------------
 
+
+def start_test(argv):
+    """What every netns test does first: reads COPSE REPO WORKDIR from argv, skips (exit 77)
+    where namespaces cannot be made (preflight), empties the work dir and runs a private copy
+    of the binaries. Returns (copse, repo, work)."""
+    copse, repo, work = argv[1:4]
+    preflight()
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    return private_copy(copse, os.path.join(work, "bin")), repo, work
+
 def reference_outputs(copse, job_file, outdir, daemons=3, timeout=120, cpus=2):
     """`copse run` of the job on this host (the embedded cluster, no fault): {path: sha256}."""
     shutil.rmtree(outdir, ignore_errors=True)

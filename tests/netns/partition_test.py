@@ -23,7 +23,6 @@ Exits 77 where namespaces cannot be made.
 usage: partition_test.py COPSE REPO WORKDIR"""
 
 import os
-import shutil
 import sys
 import time
 
@@ -35,11 +34,7 @@ OUTPUT_VERTEX = {"wordcount": "merge[0]", "diamond": "sink", "lineage_small": "s
 
 
 def main():
-    copse, repo, work = sys.argv[1:4]
-    nc.preflight()
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    copse = nc.private_copy(copse, os.path.join(work, "bin"))
+    copse, repo, work = nc.start_test(sys.argv)
     t0 = time.monotonic()
     examples = os.path.join(repo, "examples")
     before_jobs = {
