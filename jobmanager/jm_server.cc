@@ -258,8 +258,13 @@ class JmServer::Impl : public DaemonSink {
     if (it == peers_.end()) return;
     if (it->second.daemon.valid()) {
       daemon_conns_.erase(it->second.daemon);
-      scheduler_.DaemonLost(it->second.daemon, "connection closed: " + why.message());
-      RequestFlush();
+      // A job manager that stops closes its daemons' connections itself: they are not lost.
+      // Declaring them so would journal their outputs lost and fail their running attempts,
+      // which the next job manager would then re-run instead of finding them where they are.
+      if (!closing_) {
+        scheduler_.DaemonLost(it->second.daemon, "connection closed: " + why.message());
+        RequestFlush();
+      }
     }
     peers_.erase(it);
   }

@@ -192,12 +192,14 @@ void Scheduler::RecomputePending(Job& job) {
         pr.released = pr.retained_released = false;
         Regenerate(job, p, "its released output is needed again by " + g.vertex(*it).name);
       } else if (pr.daemon.valid() && pr.daemon.value() < daemons_.size()) {
-        // On a daemon that is gone (not alive, and not awaited back with its files): when it
-        // was lost nothing needed this output, so it was left; now something does. Found by
-        // the multi-host soak: a restarted job manager sent the consumer an input located at a
-        // daemon that never came back (with no address), and every daemon refused it.
+        // On a daemon gone for good (neither alive nor awaited back): when it was lost nothing
+        // needed this output, so it was left; now something does. Found by the multi-host
+        // soak: a restarted job manager sent the consumer an input located at a daemon that
+        // never came back (with no address), and every daemon refused it. A daemon still
+        // awaited keeps its outputs for now: after a job manager restart it is most likely
+        // alive, memory outputs and all, and registers again within the recovery grace.
         const Daemon& d = *daemons_[pr.daemon.value()];
-        if (!d.alive && !(d.awaiting && OutputsInFiles(g, p))) {
+        if (!d.alive && !d.awaiting) {
           Regenerate(job, p, "its output was on lost daemon " + d.spec.name + ", and " + g.vertex(*it).name + " needs it again");
           if (pr.state != VertexState::kCompleted) pr.lost_with_daemon_version = pr.version;
         }
