@@ -70,25 +70,11 @@ def main():
             start = time.monotonic()
             ids = {name: c.submit(path) for name, path in jobs.items()}
             for name, job in ids.items():
-                s = c.wait_job(job, timeout=120)
-                if s["state"] != "completed":
-                    raise nc.Failure(f"{name} (job {job}) ended {s['state']}: {s.get('failure')}")
                 out = os.path.join(work, "out-" + name)
-                p = c.fetch_outputs(job, out, timeout=90)
-                if p.returncode != 0:
-                    raise nc.Failure(f"status --output of {name}: {p.stderr.strip()}")
-                got = nc.comparable_digests(out)
-                if got != reference[name]:
-                    raise nc.Failure(f"{name}: outputs differ from copse run's:\n  cluster   {got}\n  reference {reference[name]}")
-                events = c.events(job)
+                s, events = c.expect_outputs(name, job, out, reference[name], fetch_timeout=90, lineage=name == "lineage")
                 reruns = sum(1 for line in events if re.search(r" version \d+ failed", line))
                 print(f"{name} (job {job}): completed after {time.monotonic() - start:.1f} s, same digests, "
                       f"{reruns} failed attempts")
-                if name == "lineage":
-                    with open(os.path.join(out, "lineage.txt")) as f:
-                        problems = nc.check_lineage(f.read(), events, outputs=nc.output_versions(s))
-                    if problems:
-                        raise nc.Failure("lineage:\n  " + "\n  ".join(problems))
             dropped = dropped_by_loss(c.net)
             print(f"packets dropped by the loss rules: {dropped}")
             if dropped == 0:

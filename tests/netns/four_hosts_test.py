@@ -62,17 +62,8 @@ def main():
             print(f"cluster up after {time.monotonic() - t0:.1f} s: jm on {c.jm_host}, daemons on h1-h3")
             ids = {name: c.submit(path) for name, path in jobs.items()}
             for name, job in ids.items():
-                s = c.wait_job(job, timeout=120)
-                if s["state"] != "completed":
-                    raise nc.Failure(f"{name} (job {job}) ended {s['state']}: {s.get('failure')}")
                 out = os.path.join(work, "out-" + name)
-                p = c.fetch_outputs(job, out)
-                if p.returncode != 0:
-                    raise nc.Failure(f"status --output of {name}: {p.stderr.strip()}")
-                got = nc.comparable_digests(out)
-                if got != reference[name]:
-                    raise nc.Failure(f"{name}: outputs differ from copse run's:\n  cluster   {got}\n  reference {reference[name]}")
-                events = c.events(job)
+                s, events = c.expect_outputs(name, job, out, reference[name], lineage=name == "lineage")
                 daemons_used = {line.split(" placed on ")[1].split()[0] for line in events if " placed on " in line}
                 remote = (s.get("input_bytes") or {}).get("remote", 0)
                 print(f"{name} (job {job}): completed, same digests, {remote} bytes read from other daemons, "
@@ -82,11 +73,6 @@ def main():
                         raise nc.Failure(f"{name} ran on one daemon only: nothing crossed the network")
                 elif remote <= 0:
                     raise nc.Failure(f"{name} read nothing from another daemon: nothing crossed the network")
-                if name == "lineage":
-                    with open(os.path.join(out, "lineage.txt")) as f:
-                        problems = nc.check_lineage(f.read(), events, outputs=nc.output_versions(s))
-                    if problems:
-                        raise nc.Failure("lineage:\n  " + "\n  ".join(problems))
         except BaseException:
             c.dump_logs()
             raise

@@ -784,6 +784,30 @@ class Cluster:
             return s if s and s.get("state") in ("completed", "failed", "cancelled") else None
         return wait_until(f"job {job} to end", ended, timeout, 0.25)
 
+    def expect_outputs(self, what, job, outdir, want, timeout=120, fetch_timeout=60, lineage=False):
+        """Waits for `job` to complete, copies its declared outputs to outdir and compares their
+        digests with `want` (copse run's); with `lineage`, also checks its lineage.txt against
+        the event log (check_lineage). Raises Failure naming `what` and what was wrong, the
+        job's event lines included when it did not complete. Returns (status, event lines)."""
+        s = self.wait_job(job, timeout=timeout)
+        events = self.events(job)
+        if s["state"] != "completed":
+            raise Failure(f"{what} (job {job}) ended {s['state']}: {s.get('failure')}; its events:\n  " +
+                          "\n  ".join(events))
+        p = self.fetch_outputs(job, outdir, timeout=fetch_timeout)
+        if p.returncode != 0:
+            raise Failure(f"status --output of {what}: {p.stderr.strip()}")
+        got = comparable_digests(outdir)
+        if got != want:
+            raise Failure(f"{what}: outputs differ from copse run's:\n  cluster   {got}\n  reference {want}")
+        if lineage:
+            with open(os.path.join(outdir, "lineage.txt")) as f:
+                problems = check_lineage(f.read(), events, outputs=output_versions(s))
+            if problems:
+                raise Failure(f"{what}: a superseded attempt's output was read, or an attempt never recorded:\n  " +
+                              "\n  ".join(problems))
+        return s, events
+
     def fetch_outputs(self, job, outdir, host=None, timeout=60):
         """Copies a completed job's declared outputs to outdir (replaced); the client's result."""
         shutil.rmtree(outdir, ignore_errors=True)

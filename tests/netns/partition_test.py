@@ -100,25 +100,9 @@ def main():
             c.wait_daemons([victim], timeout=30)
             print(f"{victim} registered again")
 
-            s = c.wait_job(job, timeout=90)
-            events = c.events(job)
+            s, events = c.expect_outputs("the job run during the partition", job, os.path.join(work, "out-slow"), reference,
+                                         timeout=90, lineage=True)
             print("events of the job run during the partition:\n  " + "\n  ".join(events))
-            if s["state"] != "completed":
-                raise nc.Failure(f"the job run during the partition ended {s['state']}: {s.get('failure')}")
-            out = os.path.join(work, "out-slow")
-            p = c.fetch_outputs(job, out)
-            if p.returncode != 0:
-                raise nc.Failure(f"status --output of the job run during the partition: {p.stderr.strip()}")
-            got = nc.comparable_digests(out)
-            if got != reference:
-                raise nc.Failure(f"the job run during the partition wrote other bytes:\n  got       {got}\n"
-                                 f"  copse run {reference}")
-            with open(os.path.join(out, "lineage.txt")) as f:
-                lineage = f.read()
-            problems = nc.check_lineage(lineage, events, outputs=nc.output_versions(s))
-            if problems:
-                raise nc.Failure("a superseded attempt's output was read, or an attempt never recorded:\n  " +
-                                 "\n  ".join(problems))
             reruns = sorted({line.split()[1] for line in events if nc.EVENT_RE.match(line) and " version 1 " not in line})
             print(f"job {job}: completed with the fault-free digest; lineage consistent with the event log; "
                   f"vertices run again: {reruns}")
