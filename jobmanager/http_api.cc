@@ -103,13 +103,16 @@ class HttpApi::Impl {
 
  private:
   /// `make` run on the loop; 503 when the loop would not take it. A request whose members have
-  /// the wrong types (a chaos body's "ms": "x") is the client's error, anything else the server's.
+  /// the wrong types (a chaos body's "ms": "x") or numbers out of range ("ms": 1e300) is the
+  /// client's error, anything else the server's.
   Response OnLoop(const std::function<Response()>& make) {
     Response out = Response::Error(503, "the job manager is stopping");
     run_([&] {
       try {
         out = make();
       } catch (const Json::exception& e) {
+        out = Response::Error(400, std::string("malformed request: ") + e.what());
+      } catch (const std::invalid_argument& e) {  // a number out of its member's range (IntegerOr)
         out = Response::Error(400, std::string("malformed request: ") + e.what());
       } catch (const std::exception& e) {
         out = Response::Error(500, e.what());

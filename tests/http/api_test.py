@@ -122,6 +122,8 @@ with Cluster(copse, daemons=2, cpus=2) as cluster:
     check(status == 403 and "secret" in body["error"], f"a viewer cancels: {status} {body}")
     status, body = cluster.request("/api/v1/chaos", method="POST", body={"action": "kill", "daemon": "nobody"})
     check(status == 400 and "nobody" in body["error"], f"chaos on no such daemon: {status} {body}")
+    status, body = cluster.request("/api/v1/chaos", method="POST", body={"action": "cut", "daemon": "d0", "ms": 1e300})
+    check(status == 400 and '"ms"' in body["error"], f"a number out of its range: {status} {body}")
     status, body = cluster.request("/api/v1/chaos", method="POST", body=["not", "an", "object"])
     check(status == 400 and "JSON object" in body["error"], f"a chaos body that is no object: {status} {body}")
     status, body = cluster.request(f"/api/v1/jobs/{job}/cancel", method="POST", body={})
