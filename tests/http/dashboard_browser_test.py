@@ -24,6 +24,7 @@ try:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
+    from selenium.common.exceptions import StaleElementReferenceException
 except ImportError:
     skip("python3-selenium is not installed")
 for exe in ("/usr/bin/chromium", "/usr/bin/chromedriver"):
@@ -35,13 +36,26 @@ os.makedirs(out_dir, exist_ok=True)
 
 
 def wait_for(what, check, timeout=60, interval=0.1):
+    """Polls check() until it returns something true. The dashboard re-renders its tables as
+    updates arrive, so an element found a moment ago may be gone: that is a retry, not a failure."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        value = check()
+        try:
+            value = check()
+        except StaleElementReferenceException:
+            value = None
         if value:
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def column_texts(driver, selector, column):
+    """The text of one column in every row that matches selector, read in one script call so a
+    re-render between finding the rows and reading them cannot split the answer."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]))"
+        ".map(r => r.cells[arguments[1]] ? r.cells[arguments[1]].innerText : '')", selector, column)
 
 
 def browser():
@@ -109,14 +123,13 @@ with Cluster(copse, daemons=3, cpus=2) as cluster:
         driver.save_screenshot(os.path.join(out_dir, "dashboard-recovered.png"))
 
         # A vertex's log opens from its row.
-        driver.find_element(By.CSS_SELECTOR, "#vertices tbody tr").click()
+        wait_for("a vertex row to click", lambda: driver.find_element(By.CSS_SELECTOR, "#vertices tbody tr").click() or True)
         wait_for("a vertex log", lambda: driver.find_element(By.ID, "log-panel").is_displayed() and
                  driver.find_element(By.ID, "log").text)
 
         # The daemons: the killed one is lost, the others alive.
         driver.get(f"http://{cluster.http}/#/daemons")
-        rows = wait_for("the daemons table", lambda: driver.find_elements(By.CSS_SELECTOR, "#daemons tbody tr"))
-        states = sorted(r.find_elements(By.TAG_NAME, "td")[1].text for r in rows)
+        states = sorted(wait_for("the daemons table", lambda: column_texts(driver, "#daemons tbody tr", 1)))
         assert states.count("alive") == 2 and states.count("lost") == 1, states
         driver.save_screenshot(os.path.join(out_dir, "dashboard-daemons.png"))
 
