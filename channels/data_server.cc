@@ -321,6 +321,13 @@ void DataServer::Impl::Serve(Socket& sock, std::atomic<int64_t>& handshake_until
   BufferedSocket in(Socket(::dup(sock.fd())), 64 << 10);
   const bool local = sock.local();
   std::string peer = "connection " + std::to_string(accepted.load());
+  if (options.tls && !local) {
+    Status secured = in.socket().StartTls(*options.tls, tls::Session::Role::kServer, peer, options.handshake_timeout_ms);
+    if (!secured.ok()) {
+      if (handshake_until_ms.load() != 0) Logger("chan")->warn("data server: refused {}: {}", peer, secured.message());
+      return;
+    }
+  }
   if (!Handshake(in, peer, handshake_until_ms)) return;
   Socket& out = in.socket();
   while (!stopping) {

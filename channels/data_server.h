@@ -42,6 +42,7 @@
 
 #include "channels/output_store.h"
 #include "common/status.h"
+#include "common/tls.h"
 
 namespace copse::chan {
 
@@ -53,6 +54,9 @@ struct DataServerOptions {
   /// At most this many connections in their handshake (each holds a thread, and a peer need
   /// not know the secret to open them): a new one beyond them closes the oldest.
   int max_handshaking = 64;
+  /// When set, TCP connections run over TLS (common/tls.h: the banner, the handshake, then the
+  /// protocol above); the local socket stays plaintext.
+  std::shared_ptr<const tls::Context> tls;
 };
 
 /// The abstract-namespace name of the local socket of the data server listening on host:port.

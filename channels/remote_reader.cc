@@ -178,9 +178,13 @@ Result<std::unique_ptr<Conn>> Dial(const std::string& host, uint16_t port, const
   std::string peer = PeerName(host, port);
   COPSE_ASSIGN_OR_RETURN(Socket s, Connect(host, port, o));
   const bool local = s.local();
+  if (o.tls && !local) {
+    COPSE_RETURN_NOT_OK(s.StartTls(*o.tls, tls::Session::Role::kClient, peer, o.connect_timeout_ms));
+  }
   auto c = std::make_unique<Conn>(std::move(s), pool_key, peer);
   auto hello = internal::ReadJson(c->in, kMaxEndBytes, o.connect_timeout_ms, o.connect_timeout_ms);
   if (!hello.ok()) return Status::Unavailable("handshake with " + peer + ": " + hello.status().message());
+  if (tls::IsBanner(*hello)) return Status::FailedPrecondition(peer + ": " + StringMember(*hello, "message"));
   auto answer = auth::AnswerHello(*hello, secret, "peer");
   if (!answer.ok()) return Status::Unavailable("handshake with " + peer + ": " + answer.status().message());
   COPSE_RETURN_NOT_OK(internal::WriteJson(c->in.socket(), answer->message).WithContext("handshake with " + peer));
@@ -429,7 +433,8 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
                                                         const std::string& secret, const RemoteReaderOptions& o) {
   const std::string peer = PeerName(host, port);
   // The secret itself is not kept; readers that may not use a local connection never get one.
-  const std::string pool_key = peer + (o.local_socket ? "\nlocal-ok\n" : "\ntcp\n") + PoolSecretTag(secret);
+  const std::string pool_key = peer + (o.local_socket ? "\nlocal-ok\n" : "\ntcp\n") + PoolSecretTag(secret) +
+                               (o.tls ? "\ntls:" + o.tls->dir().string() : "");
   Json fetch = {{"op", "fetch"}, {"key", key.ToJson()}};
   if (o.wait_ms > 0) fetch["wait_ms"] = o.wait_ms;
   const std::string request = DumpJson(fetch);

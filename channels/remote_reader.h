@@ -26,6 +26,7 @@
 
 #include "channels/channel.h"
 #include "channels/output_store.h"
+#include "common/tls.h"
 
 namespace copse::chan {
 
@@ -37,6 +38,8 @@ struct RemoteReaderOptions {
   int wait_ms = 0;
   /// Use the peer's local socket when it is on this host (data_server.h).
   bool local_socket = true;
+  /// TCP connections over TLS with this context (common/tls.h); null: plaintext.
+  std::shared_ptr<const tls::Context> tls;
 };
 
 /// A reader of `key` as stored on the daemon whose DataServer listens on host:port.

@@ -47,6 +47,9 @@ Socket& Socket::operator=(Socket&& o) noexcept {
     fd_ = o.fd_;
     local_ = o.local_;
     received_fds_ = std::move(o.received_fds_);
+    tls_ = std::move(o.tls_);
+    decrypted_ = std::move(o.decrypted_);
+    decrypted_pos_ = o.decrypted_pos_;
     o.fd_ = -1;
     o.received_fds_.clear();
   }
@@ -192,6 +195,63 @@ Result<Socket> Socket::ListenLocal(const std::string& name) {
 }
 
 Result<size_t> Socket::ReadSome(char* p, size_t n, int timeout_ms) {
+  if (!tls_) return ReadSomeRaw(p, n, timeout_ms);
+  if (decrypted_pos_ == decrypted_.size()) {
+    decrypted_.clear();
+    decrypted_pos_ = 0;
+    COPSE_RETURN_NOT_OK(ReceiveTls(timeout_ms, false));
+  }
+  const size_t take = std::min(n, decrypted_.size() - decrypted_pos_);
+  std::memcpy(p, decrypted_.data() + decrypted_pos_, take);
+  decrypted_pos_ += take;
+  return take;
+}
+
+Status Socket::ReceiveTls(int timeout_ms, bool handshake) {
+  char buf[64 << 10];
+  while (handshake ? !tls_->established() : decrypted_.empty()) {
+    COPSE_ASSIGN_OR_RETURN(size_t got, ReadSomeRaw(buf, sizeof buf, timeout_ms));
+    COPSE_ASSIGN_OR_RETURN(std::string reply, tls_->Receive(buf, got, decrypted_));
+    if (!reply.empty()) {
+      iovec iov{reply.data(), reply.size()};
+      COPSE_RETURN_NOT_OK(WriteVRaw(&iov, 1, -1));
+    }
+  }
+  return Status::OK();
+}
+
+Status Socket::ReadExactRaw(char* p, size_t n, int timeout_ms) {
+  for (size_t have = 0; have < n;) {
+    COPSE_ASSIGN_OR_RETURN(size_t got, ReadSomeRaw(p + have, n - have, timeout_ms));
+    have += got;
+  }
+  return Status::OK();
+}
+
+Status Socket::StartTls(const tls::Context& context, tls::Session::Role role, const std::string& peer, int timeout_ms) {
+  auto session = std::make_unique<tls::Session>(context, role, peer);
+  std::string first;
+  if (role == tls::Session::Role::kServer) {
+    first = tls::Banner();
+  } else {
+    // The banner comes before any TLS byte, and nothing follows it until we start: reading
+    // exactly its frame leaves the handshake's bytes unread.
+    char header[wire::kHeaderBytes];
+    COPSE_RETURN_NOT_OK(ReadExactRaw(header, sizeof header, timeout_ms));
+    COPSE_ASSIGN_OR_RETURN(auto h, wire::DecodeHeader(header, 4096));
+    std::string body(h.length, '\0');
+    COPSE_RETURN_NOT_OK(ReadExactRaw(body.data(), body.size(), timeout_ms));
+    Json banner = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+    COPSE_RETURN_NOT_OK(tls::CheckBanner(banner, peer));
+    COPSE_ASSIGN_OR_RETURN(first, session->Start());
+  }
+  iovec iov{first.data(), first.size()};
+  COPSE_RETURN_NOT_OK(WriteVRaw(&iov, 1, -1));
+  tls_ = std::move(session);
+  return ReceiveTls(timeout_ms, true);
+}
+
+Result<size_t> Socket::ReadSomeRaw(char* p, size_t n, int timeout_ms) {
   for (;;) {
     ssize_t r;
     if (local_) {
@@ -234,6 +294,30 @@ Status Socket::WriteAll(const char* p, size_t n) {
 }
 
 Status Socket::WriteV(iovec* iov, size_t count, int pass_fd) {
+  if (!tls_) return WriteVRaw(iov, count, pass_fd);
+  // Records of about a megabyte at a time: a large frame is not copied whole.
+  constexpr size_t kFlushBytes = 1 << 20;
+  std::string plain;
+  auto flush = [&]() -> Status {
+    std::string cipher = tls_->Encrypt(plain);
+    plain.clear();
+    iovec out{cipher.data(), cipher.size()};
+    return WriteVRaw(&out, 1, -1);
+  };
+  for (size_t i = 0; i < count; ++i) {
+    const char* base = static_cast<const char*>(iov[i].iov_base);
+    for (size_t left = iov[i].iov_len; left > 0;) {
+      const size_t take = std::min(left, kFlushBytes - plain.size());
+      plain.append(base, take);
+      base += take;
+      left -= take;
+      if (plain.size() == kFlushBytes) COPSE_RETURN_NOT_OK(flush());
+    }
+  }
+  return plain.empty() ? Status::OK() : flush();
+}
+
+Status Socket::WriteVRaw(iovec* iov, size_t count, int pass_fd) {
   if (pass_fd >= 0 && count == 0) return Status::InvalidArgument("a descriptor needs at least one byte to travel with");
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   while (count > 0) {

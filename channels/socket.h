@@ -10,6 +10,9 @@
 // closed or reset the connection as Unavailable, a silent one as Timeout. Writes never raise
 // SIGPIPE. A Socket is used by one thread at a time, except Shutdown(), which any thread may
 // call to wake a thread blocked on it.
+//
+// TLS (common/tls.h): after StartTls a TCP Socket reads and writes through its session; every
+// other member works as before.
 #include <sys/uio.h>
 
 #include <cstdint>
@@ -19,6 +22,7 @@
 
 #include "common/json_util.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "common/wire.h"
 
 namespace copse::chan::internal {
@@ -28,7 +32,13 @@ class Socket {
   Socket() = default;
   explicit Socket(int fd, bool local = false) : fd_(fd), local_(local) {}
   ~Socket() { Close(); }
-  Socket(Socket&& o) noexcept : fd_(o.fd_), local_(o.local_), received_fds_(std::move(o.received_fds_)) {
+  Socket(Socket&& o) noexcept
+      : fd_(o.fd_),
+        local_(o.local_),
+        received_fds_(std::move(o.received_fds_)),
+        tls_(std::move(o.tls_)),
+        decrypted_(std::move(o.decrypted_)),
+        decrypted_pos_(o.decrypted_pos_) {
     o.fd_ = -1;
     o.received_fds_.clear();
   }
@@ -45,6 +55,12 @@ class Socket {
   static Result<Socket> ConnectLocal(const std::string& name, int timeout_ms);
   /// A listening local socket `name` (abstract namespace); AlreadyExists when taken.
   static Result<Socket> ListenLocal(const std::string& name);
+
+  /// Runs the connection over TLS from now on, within `timeout_ms`: a server sends the banner and
+  /// answers the handshake, a client checks the banner (FailedPrecondition when the peer speaks
+  /// plaintext) and starts it. `peer` names the other side in errors.
+  Status StartTls(const tls::Context& context, tls::Session::Role role, const std::string& peer, int timeout_ms);
+  bool tls() const { return tls_ != nullptr; }
 
   bool valid() const { return fd_ >= 0; }
   int fd() const { return fd_; }
@@ -67,9 +83,19 @@ class Socket {
   bool has_received_fds() const { return !received_fds_.empty(); }
 
  private:
+  Result<size_t> ReadSomeRaw(char* p, size_t n, int timeout_ms);
+  Status ReadExactRaw(char* p, size_t n, int timeout_ms);
+  Status WriteVRaw(iovec* iov, size_t count, int pass_fd);
+  /// Reads ciphertext and feeds it to the session until it yields plaintext (or, while
+  /// `handshake`, until the handshake is over), sending what the session answers.
+  Status ReceiveTls(int timeout_ms, bool handshake);
+
   int fd_ = -1;
   bool local_ = false;
   std::vector<int> received_fds_;
+  std::unique_ptr<tls::Session> tls_;
+  std::string decrypted_;  // plaintext received; from decrypted_pos_ on, not read yet
+  size_t decrypted_pos_ = 0;
 };
 
 /// A socket with a read buffer: small reads (frame and record headers) come from the buffer,

@@ -26,6 +26,21 @@ void AddJmAddressFlags(CLI::App* cmd, JmAddressOptions& opts) {
                   "the job manager's state directory (default: $COPSE_STATE_DIR or ~/.local/state/copse/jm)");
   cmd->add_option("--token-file", opts.secret_file,
                   "the cluster's secret file (default: $COPSE_TOKEN_FILE, else the state directory's secret)");
+  cmd->add_option("--tls-dir", opts.tls_dir,
+                  "the cluster's TLS directory: cluster.crt, cluster.key[, ca.crt] (default: $COPSE_TLS_DIR, else the "
+                  "state directory's tls/ when the job manager runs TLS)");
+}
+
+Result<std::shared_ptr<const tls::Context>> LoadClientTls(const JmAddressOptions& opts) {
+  if (!opts.tls_dir.empty()) return tls::Context::Load(opts.tls_dir);
+  if (const char* env = std::getenv("COPSE_TLS_DIR"); env && *env) {
+    auto loaded = tls::Context::Load(env);
+    if (!loaded.ok()) return loaded.status().WithContext("COPSE_TLS_DIR");
+    return loaded;
+  }
+  const auto dir = (opts.state_dir.empty() ? DefaultStateDir() : std::filesystem::path(opts.state_dir)) / tls::kStateSubdir;
+  if (!tls::HasCertificate(dir)) return std::shared_ptr<const tls::Context>();
+  return tls::Context::Load(dir);
 }
 
 Result<std::string> LoadClientSecret(const JmAddressOptions& opts) {
@@ -60,7 +75,8 @@ Result<std::pair<std::string, uint16_t>> JmEndpoint(const JmAddressOptions& opts
 Result<std::unique_ptr<net::BlockingClient>> ConnectToJm(const JmAddressOptions& opts) {
   COPSE_ASSIGN_OR_RETURN(auto hp, JmEndpoint(opts));
   COPSE_ASSIGN_OR_RETURN(std::string secret, LoadClientSecret(opts));
-  return net::BlockingClient::Connect(hp.first, hp.second, secret, "client");
+  COPSE_ASSIGN_OR_RETURN(auto tls, LoadClientTls(opts));
+  return net::BlockingClient::Connect(hp.first, hp.second, secret, "client", std::chrono::seconds(10), tls.get());
 }
 
 }  // namespace copse::cli

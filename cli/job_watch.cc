@@ -114,8 +114,10 @@ Status CheckWritableDir(const std::filesystem::path& dir, const std::string& fla
   return Status::OK();
 }
 
-Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,
-                          const std::string& secret) {
+Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir, const std::string& secret,
+                          std::shared_ptr<const tls::Context> tls) {
+  chan::RemoteReaderOptions remote;
+  remote.tls = std::move(tls);
   COPSE_ASSIGN_OR_RETURN(Json reply, client.Call({{"op", "outputs"}, {"job", job}}));
   Json written = Json::array();
   for (const auto& o : reply["outputs"]) {
@@ -124,7 +126,7 @@ Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::
     std::error_code ec;
     std::filesystem::create_directories(path.parent_path(), ec);
     COPSE_ASSIGN_OR_RETURN(auto reader,
-                           chan::OpenRemoteReader(o["host"].get<std::string>(), o["port"].get<uint16_t>(), key, secret));
+                           chan::OpenRemoteReader(o["host"].get<std::string>(), o["port"].get<uint16_t>(), key, secret, remote));
     auto tmp = path;
     tmp += ".partial";
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -148,7 +150,8 @@ Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::
 Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,
                           const JmAddressOptions& jm) {
   COPSE_ASSIGN_OR_RETURN(std::string secret, LoadClientSecret(jm));
-  return FetchOutputs(client, job, dir, secret);
+  COPSE_ASSIGN_OR_RETURN(auto tls, LoadClientTls(jm));
+  return FetchOutputs(client, job, dir, secret, std::move(tls));
 }
 
 Result<uint64_t> SubmitJob(net::BlockingClient& client, const jm::JobGraph& graph, const std::string& file) {

@@ -54,7 +54,8 @@ Result<Json> WatchJob(std::unique_ptr<net::BlockingClient>& client, uint64_t job
 Status CheckWritableDir(const std::filesystem::path& dir, const std::string& flag);
 
 /// Copies each declared output of a completed job into `dir`; returns [{path, bytes}].
-Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir, const std::string& secret);
+Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir, const std::string& secret,
+                          std::shared_ptr<const tls::Context> tls = nullptr);
 /// The same, with the secret a client of `jm` presents (LoadClientSecret).
 Result<Json> FetchOutputs(net::BlockingClient& client, uint64_t job, const std::filesystem::path& dir,
                           const JmAddressOptions& jm);

@@ -38,6 +38,16 @@ void SetListenAddress(const std::string& text, std::string& host, std::optional<
   port = parsed->second;
 }
 
+/// The job manager's TLS: --tls-dir's, else STATE_DIR/tls (made with --tls, and used whenever
+/// it is there, so that a restart without the flag does not fall back to plaintext), else none.
+Result<std::shared_ptr<const tls::Context>> JmTls(const std::filesystem::path& state_dir, bool on, const std::string& dir) {
+  if (!dir.empty()) return tls::Context::Load(dir);
+  const auto own = state_dir / tls::kStateSubdir;
+  if (!on && !tls::HasCertificate(own)) return std::shared_ptr<const tls::Context>();
+  COPSE_RETURN_NOT_OK(tls::CreateClusterCertificateIfAbsent(own));
+  return tls::Context::Load(own);
+}
+
 }  // namespace
 
 void AddJmCommand(CLI::App& app) {
@@ -56,6 +66,8 @@ void AddJmCommand(CLI::App& app) {
     int64_t history_retention_s = 7 * 86400;
     int daemon_return_grace_ms = 1000;
     std::string http;
+    bool tls = false;
+    std::string tls_dir;
   };
   auto opts = std::make_shared<Opts>();
   cmd->add_option("--listen", opts->listen, "HOST:PORT to listen on (port 0: any; the address goes to STATE_DIR/jm.addr)");
@@ -100,6 +112,10 @@ void AddJmCommand(CLI::App& app) {
                   "serve the HTTP API, the dashboard and /metrics on HOST:PORT (port 0: any; the address goes to "
                   "STATE_DIR/http.addr); loopback unless you say otherwise")
       ->check(ListenAddress("--http"));
+  cmd->add_flag("--tls", opts->tls,
+                "TLS on every TCP connection, with a cluster certificate made in STATE_DIR/tls at first start (kept on "
+                "once there); give daemons and clients elsewhere a copy of that directory (--tls-dir)");
+  cmd->add_option("--tls-dir", opts->tls_dir, "TLS with the certificate and key in DIR (cluster.crt, cluster.key[, ca.crt])");
   cmd->callback([opts] {
     auto hp = net::ParseHostPort(opts->listen, "--listen");
     if (!hp.ok()) {
@@ -124,6 +140,14 @@ void AddJmCommand(CLI::App& app) {
     o.scheduler.daemon_return_grace = std::chrono::milliseconds(opts->daemon_return_grace_ms);
     SetListenAddress(opts->http, o.http_host, o.http_port);
     const std::string http_host = o.http_host;
+    auto tls = JmTls(o.state_dir, opts->tls, opts->tls_dir);
+    if (!tls.ok()) {
+      std::cerr << "copse jm: " << tls.status().message() << "\n";
+      ExitCode() = 1;
+      return;
+    }
+    o.tls = std::move(*tls);
+    const std::string tls_note = o.tls ? ", TLS with " + o.tls->dir().string() : "";
     // Blocked before any thread starts (the HTTP server's workers, the trace streamer), so
     // that their system calls are not interrupted; StopOnSignals' handler takes a signal the
     // kernel hands to a thread that had it unblocked (one a library started before main).
@@ -141,7 +165,7 @@ void AddJmCommand(CLI::App& app) {
     jm::JmServer* s = server->get();
     // Said once it listens, on stdout, for a person or a service manager's journal.
     std::cout << "copse jm: listening on " << hp->first << ":" << s->port() << ", state in "
-              << (opts->state_dir.empty() ? DefaultStateDir().string() : opts->state_dir) << std::endl;
+              << (opts->state_dir.empty() ? DefaultStateDir().string() : opts->state_dir) << tls_note << std::endl;
     if (s->http_port()) {
       std::cout << "copse jm: dashboard on http://" << http_host << ":" << s->http_port()
                 << "/ (`copse dashboard` prints a link that logs you in)" << std::endl;
@@ -233,6 +257,13 @@ void AddDaemonCommand(CLI::App& app) {
     // Not named on the command line: follow jm.addr to a job manager started again elsewhere.
     if (!found.ok() || found->from_state_dir) o.locate_jm = [jm = opts->jm] { return JmEndpoint(jm); };
     o.secret = *secret;
+    auto tls = LoadClientTls(opts->jm);
+    if (!tls.ok()) {
+      std::cerr << "copse daemon: " << tls.status().message() << "\n";
+      ExitCode() = 1;
+      return;
+    }
+    o.tls = std::move(*tls);
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);

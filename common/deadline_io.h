@@ -57,6 +57,18 @@ std::error_code ReadBefore(asio::io_context& io, Socket& socket, asio::mutable_b
   return internal::RunBefore(io, socket, deadline, [&](auto handler) { asio::async_read(socket, into, handler); });
 }
 
+/// Reads what has arrived (at least one byte) into `into`; `got` is set to the bytes read.
+template <class Socket>
+std::error_code ReadSomeBefore(asio::io_context& io, Socket& socket, asio::mutable_buffer into, Deadline deadline, size_t& got) {
+  got = 0;
+  return internal::RunBefore(io, socket, deadline, [&](auto handler) {
+    socket.async_read_some(into, [&got, handler](std::error_code ec, size_t n) mutable {
+      got = n;
+      handler(ec);
+    });
+  });
+}
+
 /// Writes all of `from`.
 template <class Socket>
 std::error_code WriteBefore(asio::io_context& io, Socket& socket, asio::const_buffer from, Deadline deadline) {

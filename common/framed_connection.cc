@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstring>
 
 #include "common/auth.h"
 #include "common/deadline_io.h"
@@ -61,15 +62,89 @@ FramedConnection::FramedConnection(Socket socket, uint32_t max_frame_bytes, bool
 
 FramedConnection::~FramedConnection() = default;
 
+void FramedConnection::UseTls(std::unique_ptr<tls::Session> session, std::string decrypted) {
+  tls_ = std::move(session);
+  decrypted_ = std::move(decrypted);
+  std::lock_guard<std::mutex> lock(write_mu_);
+  tls_ready_ = tls_->established();
+}
+
 void FramedConnection::Start(MessageHandler on_message, CloseHandler on_close) {
   on_message_ = std::move(on_message);
   on_close_ = std::move(on_close);
+  if (tls_ && !tls_->established()) {
+    // A server's session: the banner a plaintext client reads as its refusal, then the handshake,
+    // which the client begins.
+    auto first = tls_->Start();
+    std::unique_lock<std::mutex> lock(write_mu_);
+    QueueBytes(tls::Banner() + (first.ok() ? *first : std::string()), lock);
+  }
   ReadHeader();
+}
+
+template <class Done>
+void FramedConnection::ReadExactly(char* into, size_t n, Done done) {
+  if (!tls_) {
+    asio::async_read(socket_, asio::buffer(into, n), [done = std::move(done)](std::error_code ec, size_t) mutable { done(ec); });
+    return;
+  }
+  ReadDecrypted(into, n, std::move(done));
+}
+
+void FramedConnection::ReadDecrypted(char* into, size_t n, std::function<void(std::error_code)> done) {
+  const size_t take = std::min(n, decrypted_.size() - decrypted_pos_);
+  std::memcpy(into, decrypted_.data() + decrypted_pos_, take);
+  decrypted_pos_ += take;
+  if (decrypted_pos_ == decrypted_.size()) {
+    decrypted_.clear();
+    decrypted_pos_ = 0;
+  }
+  if (take == n) {
+    // Many small messages decrypted at once complete one another's reads without returning to
+    // the io loop; every so often one goes through it, so the stack stays shallow.
+    if (sync_reads_ < 32) {
+      ++sync_reads_;
+      done({});
+      --sync_reads_;
+    } else {
+      asio::post(socket_.get_executor(), [done = std::move(done)] { done({}); });
+    }
+    return;
+  }
+  if (ciphertext_in_.empty()) ciphertext_in_.resize(kBodyChunkBytes);
+  auto self = shared_from_this();
+  socket_.async_read_some(asio::buffer(ciphertext_in_),
+                          [self, into, n, take, done = std::move(done)](std::error_code ec, size_t got) mutable {
+                            if (ec) return done(ec);
+                            auto reply = self->tls_->Receive(self->ciphertext_in_.data(), got, self->decrypted_);
+                            if (!reply.ok()) {
+                              Logger("net")->warn("disconnecting {}: {}", self->peer_, reply.status().message());
+                              return self->Close(reply.status());
+                            }
+                            {
+                              std::unique_lock<std::mutex> lock(self->write_mu_);
+                              if (!reply->empty()) self->QueueBytes(std::move(*reply), lock);
+                            }
+                            if (self->tls_->established()) self->ReleaseHeldFrames();
+                            self->ReadDecrypted(into + take, n - take, std::move(done));
+                          });
+}
+
+void FramedConnection::ReleaseHeldFrames() {
+  std::unique_lock<std::mutex> lock(write_mu_);
+  if (tls_ready_) return;
+  tls_ready_ = true;
+  auto held = std::move(held_frames_);
+  held_frames_.clear();
+  for (auto& frame : held) {
+    if (!lock.owns_lock()) break;  // QueueBytes gave up on a peer that does not read
+    QueueBytes(tls_->Encrypt(frame), lock);
+  }
 }
 
 void FramedConnection::ReadHeader() {
   auto self = shared_from_this();
-  asio::async_read(socket_, asio::buffer(header_, sizeof(header_)), [self](std::error_code ec, size_t) {
+  ReadExactly(header_, sizeof(header_), [self](std::error_code ec) {
     if (ec) return self->Close(Status::Unavailable(ec == asio::error::eof ? "peer closed the connection" : ec.message()));
     auto h = wire::DecodeHeader(self->header_, self->max_frame_bytes_);
     if (!h.ok()) return self->SendErrorAndClose(h.status().message());
@@ -93,7 +168,7 @@ void FramedConnection::ReadMoreBody(uint32_t length) {
     // frame costs its sender the bytes, not this process the allocation.
     const size_t chunk = std::min<size_t>(length - filled, std::max<size_t>(kBodyChunkBytes, filled));
     body_.resize(filled + chunk);
-    asio::async_read(socket_, asio::buffer(body_.data() + filled, chunk), [self, length](std::error_code ec, size_t) {
+    ReadExactly(body_.data() + filled, chunk, [self, length](std::error_code ec) {
       if (ec) return self->Close(Status::Unavailable(ec.message()));
       self->ReadMoreBody(length);
     });
@@ -127,6 +202,15 @@ size_t FramedConnection::queued_bytes() const {
 
 void FramedConnection::SendRaw(std::string frame) {
   std::unique_lock<std::mutex> lock(write_mu_);
+  if (!open_ || overflowed_) return;
+  if (tls_) {
+    if (!tls_ready_) return held_frames_.push_back(std::move(frame));
+    frame = tls_->Encrypt(frame);
+  }
+  QueueBytes(std::move(frame), lock);
+}
+
+void FramedConnection::QueueBytes(std::string frame, std::unique_lock<std::mutex>& lock) {
   if (!open_ || overflowed_) return;
   if (writing_) {
     if (queued_bytes_ + frame.size() > kMaxQueuedBytes) {
@@ -269,13 +353,15 @@ Result<std::unique_ptr<BlockingClient>> BlockingClient::ConnectLocal(const std::
 }
 
 Result<std::unique_ptr<BlockingClient>> BlockingClient::Connect(const std::string& host, uint16_t port, const std::string& secret,
-                                                                const std::string& role, std::chrono::milliseconds timeout) {
+                                                                const std::string& role, std::chrono::milliseconds timeout,
+                                                                const tls::Context* tls) {
   std::error_code ec;
   auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
   if (ec) return Status::InvalidArgument("\"" + host + "\" is not an IP address");
   const std::string peer = host + ":" + std::to_string(port);
   COPSE_ASSIGN_OR_RETURN(auto c, ConnectTo(asio::ip::tcp::endpoint(address, port), std::chrono::steady_clock::now() + timeout,
                                            Ms(timeout), false, peer));
+  if (tls) COPSE_RETURN_NOT_OK(c->StartTls(*tls, std::chrono::steady_clock::now() + timeout));
   COPSE_RETURN_NOT_OK(c->Authenticate(secret, role, std::chrono::steady_clock::now() + timeout, Ms(timeout))
                           .WithContext("authentication with " + peer));
   return c;
@@ -288,6 +374,7 @@ Status BlockingClient::Authenticate(const std::string& secret, const std::string
 Status BlockingClient::Authenticate(const std::string& secret, const std::string& role, Deadline deadline,
                                     const std::string& budget) {
   COPSE_ASSIGN_OR_RETURN(Json hello, ReceiveBefore(deadline, budget));
+  if (tls::IsBanner(hello)) return Status::FailedPrecondition(StringMember(hello, "message"));
   auto answer = auth::AnswerHello(hello, secret, role);
   if (!answer.ok()) return Status::Unavailable("it did not greet like a copse server: " + answer.status().message());
   COPSE_RETURN_NOT_OK(SendBefore(answer->message, deadline, budget));
@@ -301,17 +388,59 @@ Status BlockingClient::SendBefore(const Json& message, Deadline deadline, const 
     return Status::InvalidArgument("a message of " + std::to_string(body.size() >> 20) + " MiB is more than the " +
                                    std::to_string(wire::kMaxControlBytes >> 20) + " MiB the job manager accepts");
   }
-  std::string frame = wire::EncodeFrame(wire::FrameType::kJson, body);
-  const std::error_code ec = WriteBefore(io_, socket_, asio::buffer(frame), deadline);
+  return WriteStream(wire::EncodeFrame(wire::FrameType::kJson, body), deadline, budget);
+}
+
+Status BlockingClient::WriteRaw(const std::string& bytes, Deadline deadline, const std::string& budget) {
+  const std::error_code ec = WriteBefore(io_, socket_, asio::buffer(bytes), deadline);
   if (ec == asio::error::timed_out) return Status::Timeout("the server did not take a message within " + budget);
   if (ec) return Status::Unavailable("send failed: " + ec.message());
   return Status::OK();
 }
 
-Status BlockingClient::ReadExact(char* data, size_t n, Deadline deadline, const std::string& budget) {
-  const std::error_code result = ReadBefore(io_, socket_, asio::buffer(data, n), deadline);
+Status BlockingClient::WriteStream(const std::string& bytes, Deadline deadline, const std::string& budget) {
+  return WriteRaw(tls_ ? tls_->Encrypt(bytes) : bytes, deadline, budget);
+}
+
+Result<size_t> BlockingClient::ReadRawSome(Deadline deadline, const std::string& budget) {
+  if (ciphertext_in_.empty()) ciphertext_in_.resize(FramedConnection::kBodyChunkBytes);
+  size_t got = 0;
+  const std::error_code result = ReadSomeBefore(io_, socket_, asio::buffer(ciphertext_in_), deadline, got);
   if (result == asio::error::timed_out) return Status::Timeout("no reply within " + budget);
   if (result) return Status::Unavailable(result == asio::error::eof ? "server closed the connection" : result.message());
+  return got;
+}
+
+Status BlockingClient::ReadExact(char* data, size_t n, Deadline deadline, const std::string& budget) {
+  if (!tls_) {
+    const std::error_code result = ReadBefore(io_, socket_, asio::buffer(data, n), deadline);
+    if (result == asio::error::timed_out) return Status::Timeout("no reply within " + budget);
+    if (result) return Status::Unavailable(result == asio::error::eof ? "server closed the connection" : result.message());
+    return Status::OK();
+  }
+  while (decrypted_.size() < n) {
+    COPSE_ASSIGN_OR_RETURN(size_t got, ReadRawSome(deadline, budget));
+    COPSE_ASSIGN_OR_RETURN(std::string reply, tls_->Receive(ciphertext_in_.data(), got, decrypted_));
+    if (!reply.empty()) COPSE_RETURN_NOT_OK(WriteRaw(reply, deadline, budget));
+  }
+  std::memcpy(data, decrypted_.data(), n);
+  decrypted_.erase(0, n);
+  return Status::OK();
+}
+
+Status BlockingClient::StartTls(const tls::Context& context, Deadline deadline) {
+  // The banner is plaintext: read it before the session exists.
+  COPSE_ASSIGN_OR_RETURN(Json banner, ReceiveBefore(deadline, kTimeAllowed));
+  COPSE_RETURN_NOT_OK(tls::CheckBanner(banner, peer_));
+  auto session = std::make_unique<tls::Session>(context, tls::Session::Role::kClient, peer_);
+  COPSE_ASSIGN_OR_RETURN(std::string hello, session->Start());
+  COPSE_RETURN_NOT_OK(WriteRaw(hello, deadline, kTimeAllowed));
+  while (!session->established()) {
+    COPSE_ASSIGN_OR_RETURN(size_t got, ReadRawSome(deadline, kTimeAllowed));
+    COPSE_ASSIGN_OR_RETURN(std::string reply, session->Receive(ciphertext_in_.data(), got, decrypted_));
+    if (!reply.empty()) COPSE_RETURN_NOT_OK(WriteRaw(reply, deadline, kTimeAllowed));
+  }
+  tls_ = std::move(session);
   return Status::OK();
 }
 
@@ -367,10 +496,7 @@ Result<Json> BlockingClient::Call(const Json& request, Deadline deadline) {
 }
 
 Status BlockingClient::SendFrame(const std::string& frame, Deadline deadline) {
-  const std::error_code ec = WriteBefore(io_, socket_, asio::buffer(frame), deadline);
-  if (ec == asio::error::timed_out) return Status::Timeout("the server did not take a message within " + kTimeAllowed);
-  if (ec) return Status::Unavailable("send failed: " + ec.message());
-  return Status::OK();
+  return WriteStream(frame, deadline, kTimeAllowed);
 }
 
 Result<wire::Frame> BlockingClient::ReceiveFrame(Deadline deadline) {
@@ -393,7 +519,9 @@ Result<std::shared_ptr<FramedConnection>> BlockingClient::Detach(asio::io_contex
     ::close(fd);
     return Status::Unavailable(peer_ + ": " + ec.message());
   }
-  return std::make_shared<FramedConnection>(std::move(on_io), max_frame_bytes, local_, peer_);
+  auto conn = std::make_shared<FramedConnection>(std::move(on_io), max_frame_bytes, local_, peer_);
+  if (tls_) conn->UseTls(std::move(tls_), std::move(decrypted_));
+  return conn;
 }
 
 }  // namespace copse::net

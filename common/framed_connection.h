@@ -12,6 +12,12 @@
 // bounded by what the peer does, not what it announces: a body is allocated as its bytes
 // arrive, and a peer that leaves kMaxQueuedBytes of messages unread is disconnected.
 //
+// TLS (common/tls.h): either side may run over a tls::Session. A server's connection starts it
+// (the banner, then the handshake, with messages sent meanwhile held until it is done); a
+// client's arrives established from BlockingClient::Detach. Under TLS every frame is encrypted
+// by the sending thread under the write lock (so records leave in Send() order) and the
+// ciphertext goes out as above; reads decrypt on the io thread.
+//
 // BlockingClient: a synchronous conversation (a CLI's, a test's, a daemon's registration) with
 // every step bounded; it can hand its connection over to a FramedConnection.
 #include <atomic>
@@ -21,12 +27,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <asio.hpp>
 
 #include "common/deadline_io.h"
 #include "common/json_util.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "common/wire.h"
 
 namespace copse::net {
@@ -64,6 +72,12 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   FramedConnection(Socket socket, uint32_t max_frame_bytes, bool local, std::string peer);
   ~FramedConnection();
 
+  /// Runs the connection over `session` (before Start): a server session not established yet
+  /// sends the banner and does the handshake first; `decrypted` is plaintext already received
+  /// (a BlockingClient's, handed over with the session).
+  void UseTls(std::unique_ptr<tls::Session> session, std::string decrypted = {});
+  bool tls() const { return tls_ != nullptr; }
+
   /// Starts reading; `on_message` gets each JSON object, `on_close` once when it ends. Without
   /// a proto handler (set_proto_handler) a kProto frame closes the connection.
   void Start(MessageHandler on_message, CloseHandler on_close);
@@ -95,6 +109,16 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   void ReadBody(uint32_t length);
   /// Reads the rest of a body of `length` bytes into body_, then delivers it.
   void ReadMoreBody(uint32_t length);
+  /// Reads exactly `n` bytes of the byte stream (decrypted under TLS), then calls done(ec).
+  template <class Done>
+  void ReadExactly(char* into, size_t n, Done done);
+  /// ReadExactly's TLS path: from decrypted_, reading and decrypting more as needed.
+  void ReadDecrypted(char* into, size_t n, std::function<void(std::error_code)> done);
+  /// Sends bytes as they are (ciphertext under TLS, or plaintext without): the write path of
+  /// the comment at the top. Requires write_mu_ held by `lock`.
+  void QueueBytes(std::string bytes, std::unique_lock<std::mutex>& lock);
+  /// Once the TLS handshake is over: encrypts and queues what Send() held back meanwhile.
+  void ReleaseHeldFrames();
   /// Writes out_.front() asynchronously. Requires write_mu_; on the io thread.
   void WriteNext();
   /// Writes what the socket takes of `frame` now without blocking; the bytes written.
@@ -116,6 +140,15 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   bool overflowed_ = false;      // out_ outgrew kMaxQueuedBytes: closing, nothing more is sent
   bool writing_ = false;         // an asynchronous write (or one posted) owns out_
   bool close_after_write_ = false;
+  // TLS: the session (null: plaintext); plaintext decrypted and not read yet (io thread);
+  // ciphertext read buffer (io thread); frames sent before the handshake ended (write_mu_).
+  std::unique_ptr<tls::Session> tls_;
+  std::string decrypted_;
+  size_t decrypted_pos_ = 0;
+  std::vector<char> ciphertext_in_;
+  int sync_reads_ = 0;      // completions run without returning to the io loop (bounds recursion)
+  bool tls_ready_ = false;  // under write_mu_: frames are encrypted and sent, not held
+  std::vector<std::string> held_frames_;
   MessageHandler on_message_;
   ProtoHandler on_proto_;
   wire::FrameType body_type_ = wire::FrameType::kJson;  // of the frame being read
@@ -133,14 +166,20 @@ class BlockingClient {
 
   /// Connects over TCP and authenticates with `secret` as `role` ("client", "daemon", …).
   /// Connecting, then the whole handshake, each wait at most `timeout`.
+  /// With `tls`, the connection runs over TLS (common/tls.h) before authenticating.
   static Result<std::unique_ptr<BlockingClient>> Connect(const std::string& host, uint16_t port, const std::string& secret,
                                                          const std::string& role,
-                                                         std::chrono::milliseconds timeout = std::chrono::seconds(10));
+                                                         std::chrono::milliseconds timeout = std::chrono::seconds(10),
+                                                         const tls::Context* tls = nullptr);
   /// Connects, without authenticating, before `deadline`: over TCP, or to the abstract local
   /// socket `name` (NotFound when nothing listens there; Unavailable when its accept queue is
   /// full). Timeout when the deadline passes first.
   static Result<std::unique_ptr<BlockingClient>> ConnectTcp(const asio::ip::tcp::endpoint& to, Deadline deadline);
   static Result<std::unique_ptr<BlockingClient>> ConnectLocal(const std::string& name, Deadline deadline);
+
+  /// Reads a TLS server's banner and does the handshake (common/tls.h); FailedPrecondition when
+  /// the server speaks plaintext, Unavailable when the handshake fails (naming OpenSSL's reason).
+  Status StartTls(const tls::Context& context, Deadline deadline);
 
   /// Answers the server's hello with `secret` as `role` and checks that its welcome proves it
   /// holds the secret too; PermissionDenied when it refuses us or cannot prove it.
@@ -179,12 +218,21 @@ class BlockingClient {
   /// The next message as sent, {"op":"error"} included.
   Result<Json> ReceiveBefore(Deadline deadline, const std::string& budget);
   Result<wire::Frame> ReceiveFrameBefore(Deadline deadline, const std::string& budget);
+  /// Reads exactly n bytes of the byte stream (decrypted under TLS).
   Status ReadExact(char* data, size_t n, Deadline deadline, const std::string& budget);
+  /// Reads what arrives next (ciphertext under TLS) into ciphertext_in_; the bytes read.
+  Result<size_t> ReadRawSome(Deadline deadline, const std::string& budget);
+  /// Writes bytes of the stream (encrypting them under TLS).
+  Status WriteStream(const std::string& bytes, Deadline deadline, const std::string& budget);
+  Status WriteRaw(const std::string& bytes, Deadline deadline, const std::string& budget);
 
   asio::io_context io_;
   Socket socket_;
   bool local_;
   std::string peer_;  // "host:port" or "local socket NAME"
+  std::unique_ptr<tls::Session> tls_;
+  std::string decrypted_;  // under TLS: plaintext received and not read yet
+  std::vector<char> ciphertext_in_;
 };
 
 }  // namespace copse::net

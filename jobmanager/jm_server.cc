@@ -209,7 +209,10 @@ class JmServer::Impl : public DaemonSink {
         });
         return;
       }
-      Greet(std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxHandshakeBytes));
+      auto conn = std::make_shared<net::FramedConnection>(std::move(socket), wire::kMaxHandshakeBytes);
+      if (options_.tls && !conn->local())
+        conn->UseTls(std::make_unique<tls::Session>(*options_.tls, tls::Session::Role::kServer, conn->peer()));
+      Greet(std::move(conn));
       Accept(acceptor);
     });
   }

@@ -12,6 +12,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "jobmanager/job_parser.h"
 #include "jobmanager/scheduler.h"
 
@@ -27,6 +28,9 @@ struct JmServerOptions {
   /// short one (150 ms) does not cut off a client or daemon further away than that.
   std::chrono::milliseconds handshake_timeout{10000};
   std::chrono::milliseconds tick{50};
+  /// When set, TCP connections run over TLS with this context (common/tls.h) and plaintext
+  /// peers are refused; the local socket stays plaintext.
+  std::shared_ptr<const tls::Context> tls;
   SchedulerOptions scheduler;
   bool journal_fsync = false;  // fdatasync the journal at every group commit
   /// Compact the journal once it reaches this size and at least half of it is superseded (0: never).

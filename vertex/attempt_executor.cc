@@ -141,11 +141,13 @@ protocol::AttemptReport AttemptExecutor::Execute(AttemptTask& task) const {
       // store cannot deliver it.
       const std::string& copy = stored.durable();
       const bool copy_only = !copy.empty() && !stored.has_store();
-      auto reader =
-          copy_only ? chan::OutputStore::OpenDurableCopy(copy, key)
-          : stored.store().local()
-              ? env_.store->OpenReader(key)
-              : chan::OpenRemoteReader(stored.store().host(), static_cast<uint16_t>(stored.store().port()), key, env_.secret);
+      chan::RemoteReaderOptions remote;
+      remote.tls = env_.tls;
+      auto reader = copy_only ? chan::OutputStore::OpenDurableCopy(copy, key)
+                    : stored.store().local()
+                        ? env_.store->OpenReader(key)
+                        : chan::OpenRemoteReader(stored.store().host(), static_cast<uint16_t>(stored.store().port()), key,
+                                                 env_.secret, remote);
       if (!copy.empty() && !copy_only) {
         reader = reader.ok() ? chan::OutputStore::WithDurableFallback(std::move(*reader), copy, key)
                              : chan::OutputStore::OpenDurableCopy(copy, key);

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "common/tls.h"
 #include "channels/channel.h"
 #include "channels/output_store.h"
 #include "channels/shm_registry.h"
@@ -53,8 +54,9 @@ struct ExecutorEnv {
   GpuPool* gpus = nullptr;
   std::filesystem::path work_dir;  // scratch directories go under work_dir/scratch
   int cpus = 1;
-  int64_t memory_mb = 1;  // what the daemon offers: vertices without a limit of their own share it by cpus
-  std::string secret;     // for fetches from other daemons
+  int64_t memory_mb = 1;                    // what the daemon offers: vertices without a limit of their own share it by cpus
+  std::string secret;                       // for fetches from other daemons
+  std::shared_ptr<const tls::Context> tls;  // and their TLS, when the cluster runs it
   std::chrono::milliseconds live_peer_timeout{300};
   /// Joins the attempt's gang's NCCL group (`nccl`: the task's member), setting its nccl,
   /// collective and device; the daemon relays the group's id through the job manager.

@@ -121,9 +121,10 @@ class Daemon::Impl {
     COPSE_ASSIGN_OR_RETURN(store_, chan::OutputStore::Make(options_.work_dir / "outputs", options_.memory_budget_bytes));
     chan::DataServerOptions data_options;
     data_options.local_socket = options_.local_socket;
+    data_options.tls = options_.tls;
     COPSE_ASSIGN_OR_RETURN(data_server_, chan::DataServer::Start(*store_, options_.data_host, 0, options_.secret, data_options));
     COPSE_ASSIGN_OR_RETURN(hub_, chan::StreamHub::Start(options_.data_host, 0, options_.work_dir / "ipc", options_.secret));
-    prefetcher_ = std::make_unique<InputPrefetcher>(options_.secret);
+    prefetcher_ = std::make_unique<InputPrefetcher>(options_.secret, options_.tls);
     ExecutorEnv env;
     env.programs = options_.programs;
     env.store = store_.get();
@@ -134,6 +135,7 @@ class Daemon::Impl {
     env.cpus = options_.cpus;
     env.memory_mb = OfferedMemoryMb();
     env.secret = options_.secret;
+    env.tls = options_.tls;
     env.live_peer_timeout = std::max(std::chrono::milliseconds(300), 2 * options_.heartbeat_interval);
     env.join_nccl = [this](const protocol::NcclMember& nccl, int device, AttemptTask& task) {
       return JoinNcclGroup(nccl, device, task);
@@ -213,6 +215,7 @@ class Daemon::Impl {
       // Its message names the address it tried.
       if (!tcp.ok()) return tcp.status().code() == StatusCode::kTimeout ? RegistrationFailure(tcp.status(), jm) : tcp.status();
       client = std::move(*tcp);
+      if (options_.tls) COPSE_RETURN_NOT_OK(RegistrationFailure(client->StartTls(*options_.tls, deadline), jm));
     }
     return RegisterOn(*client, deadline, jm);
   }

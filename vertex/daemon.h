@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/tls.h"
 #include "vertex/program_registry.h"
 
 namespace copse::vertex {
@@ -33,6 +34,9 @@ struct DaemonOptions {
   std::map<std::string, std::string> labels;
   std::filesystem::path work_dir;
   std::string secret;
+  /// TCP connections (to the job manager, the data server's, fetches from other daemons) over
+  /// TLS with this context (common/tls.h); null: plaintext.
+  std::shared_ptr<const tls::Context> tls;
   std::string data_host = "127.0.0.1";  // where other daemons reach this one's outputs
   /// Serve daemons on this host through a local socket too (channels/data_server.h), and reach
   /// a job manager on this host through its local socket (common/framed_connection.h).

@@ -126,6 +126,7 @@ Status InputPrefetcher::FetchOne(const std::string& host, uint16_t port, const c
                                  const std::atomic<bool>& cancel, PrefetchedInputs& into, size_t slot) const {
   using State = PrefetchedInputs::State;
   chan::RemoteReaderOptions options;
+  options.tls = tls_;
   if (from_after) options.wait_ms = kWaitSliceMs;
   while (true) {
     if (cancel.load() || stopping_.load()) {

@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/tls.h"
 #include "channels/channel.h"
 #include "channels/output_store.h"
 #include "common/json_util.h"
@@ -67,7 +68,8 @@ class InputPrefetcher {
   static constexpr uint64_t kMaxPrefetchBytes = 64ull << 20;
   static constexpr int kWaitSliceMs = 250;  // one waiting fetch; asked again while the task waits
 
-  explicit InputPrefetcher(std::string secret) : secret_(std::move(secret)) {}
+  explicit InputPrefetcher(std::string secret, std::shared_ptr<const tls::Context> tls = nullptr)
+      : secret_(std::move(secret)), tls_(std::move(tls)) {}
   ~InputPrefetcher();
   InputPrefetcher(const InputPrefetcher&) = delete;
   InputPrefetcher& operator=(const InputPrefetcher&) = delete;
@@ -94,6 +96,7 @@ class InputPrefetcher {
                   const std::atomic<bool>& cancel, PrefetchedInputs& into, size_t slot) const;
 
   const std::string secret_;
+  const std::shared_ptr<const tls::Context> tls_;
   std::atomic<bool> stopping_{false};
   std::mutex mu_;
   std::condition_variable work_;

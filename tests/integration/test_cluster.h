@@ -20,6 +20,14 @@
 
 namespace copse::testing {
 
+/// COPSE_TEST_TLS=1 (ctest's integration.tls): the job manager runs with --tls, daemons reach it
+/// and one another over TCP only (so that every connection is TLS) with the cluster's TLS
+/// directory, and clients find that directory in the state directory.
+inline bool TlsMode() {
+  const char* v = std::getenv("COPSE_TEST_TLS");
+  return v && std::string(v) == "1";
+}
+
 inline std::string CopseBinary() { return std::string(COPSE_BINARY_DIR) + "/cli/copse"; }
 
 inline pid_t Spawn(std::vector<std::string> args, const std::string& log, const std::string& token_file = "") {
@@ -45,6 +53,7 @@ class TestCluster {
                                      "--heartbeat-timeout-ms",
                                      std::to_string(heartbeat_timeout_ms)};
     args.insert(args.end(), jm_args.begin(), jm_args.end());
+    if (TlsMode()) args.push_back("--tls");
     jm_pid_ = Spawn(args, (dir_ / "jm.log").string());
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (!std::filesystem::exists(state_ / "jm.addr")) {
@@ -93,15 +102,18 @@ class TestCluster {
     std::vector<std::string> args = {
         "daemon", "--jm", address_.jm, "--name", name, "--cpus", std::to_string(cpus), "--work-dir", (dir_ / name).string()};
     args.insert(args.end(), extra.begin(), extra.end());
+    if (TlsMode()) args.insert(args.end(), {"--tls-dir", (state_ / "tls").string(), "--no-local-socket"});
     daemon_pids_.push_back(Spawn(args, (dir_ / (name + ".log")).string(), (state_ / "secret").string()));
   }
 
   /// Starts a daemon told only the job manager's state directory: it finds the address (jm.addr)
   /// and the secret there.
   void AddDaemonFromStateDir(const std::string& name, int cpus) {
-    daemon_pids_.push_back(Spawn({"daemon", "--state-dir", state_.string(), "--name", name, "--cpus", std::to_string(cpus),
-                                  "--work-dir", (dir_ / name).string()},
-                                 (dir_ / (name + ".log")).string()));
+    std::vector<std::string> args = {
+        "daemon",     "--state-dir",         state_.string(), "--name", name, "--cpus", std::to_string(cpus),
+        "--work-dir", (dir_ / name).string()};
+    if (TlsMode()) args.push_back("--no-local-socket");  // the TLS directory it finds in the state dir
+    daemon_pids_.push_back(Spawn(args, (dir_ / (name + ".log")).string()));
   }
 
   void WaitForDaemons(size_t n) {
@@ -124,6 +136,18 @@ class TestCluster {
       client_ = std::move(*c);
     }
     return *client_;
+  }
+
+  /// The TLS context clients of this cluster use (null without TLS).
+  std::shared_ptr<const tls::Context> tls() const {
+    auto loaded = cli::LoadClientTls(address_);
+    REQUIRE_MESSAGE(loaded.ok(), loaded.status().ToString());
+    return *loaded;
+  }
+
+  /// A new connection to the job manager over TCP, authenticated with `secret` as `role`.
+  Result<std::unique_ptr<net::BlockingClient>> Connect(const std::string& secret, const std::string& role) const {
+    return net::BlockingClient::Connect("127.0.0.1", jm_port(), secret, role, std::chrono::seconds(10), tls().get());
   }
 
   /// Writes `job` to a file in `dir` (for relative paths) and submits it; returns the job id.

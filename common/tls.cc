@@ -1,0 +1,253 @@
+#include "common/tls.h"
+
+#include <fcntl.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/rand.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "common/wire.h"
+
+namespace copse::tls {
+
+namespace {
+
+/// OpenSSL's queued errors as one line (and the queue emptied).
+std::string OpenSslErrors() {
+  std::string text;
+  while (unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    const char* reason = ERR_reason_error_string(e);
+    if (!text.empty()) text += "; ";
+    text += reason ? reason : buf;
+  }
+  return text.empty() ? "unknown TLS error" : text;
+}
+
+/// Writes `write(file)` to path with `mode`, through a temporary file renamed into place.
+template <class Write>
+Status WritePem(const std::filesystem::path& path, mode_t mode, Write write) {
+  const std::string tmp = path.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return Status::IOError("cannot create " + tmp + ": " + std::strerror(errno));
+  FILE* file = ::fdopen(fd, "w");
+  if (!file) {
+    ::close(fd);
+    return Status::IOError("cannot write " + tmp);
+  }
+  const bool written = write(file) == 1;
+  const bool closed = std::fclose(file) == 0;
+  if (!written || !closed) return Status::IOError("cannot write " + tmp + ": " + OpenSslErrors());
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return Status::IOError("cannot rename " + tmp + ": " + ec.message());
+  return Status::OK();
+}
+
+}  // namespace
+
+bool HasCertificate(const std::filesystem::path& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(dir / kCertFileName, ec);
+}
+
+Status CreateClusterCertificateIfAbsent(const std::filesystem::path& dir) {
+  if (HasCertificate(dir)) return Status::OK();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IOError("cannot create " + dir.string() + ": " + ec.message());
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(EVP_EC_gen("P-256"), EVP_PKEY_free);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(X509_new(), X509_free);
+  if (!key || !cert) return Status::Internal("cannot make a key: " + OpenSslErrors());
+  unsigned char serial[16];
+  RAND_bytes(serial, sizeof(serial));
+  serial[0] &= 0x7f;  // a positive serial number
+  std::unique_ptr<BIGNUM, decltype(&BN_free)> bn(BN_bin2bn(serial, sizeof(serial), nullptr), BN_free);
+  X509_set_version(cert.get(), 2);
+  BN_to_ASN1_INTEGER(bn.get(), X509_get_serialNumber(cert.get()));
+  X509_gmtime_adj(X509_getm_notBefore(cert.get()), -3600);  // clocks of a cluster differ a little
+  X509_gmtime_adj(X509_getm_notAfter(cert.get()), 10L * 365 * 24 * 3600);
+  X509_set_pubkey(cert.get(), key.get());
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("copse"), -1, -1, 0);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("copse cluster"), -1, -1, 0);
+  X509_set_issuer_name(cert.get(), name);
+  X509V3_CTX v3;
+  X509V3_set_ctx_nodb(&v3);
+  X509V3_set_ctx(&v3, cert.get(), cert.get(), nullptr, nullptr, 0);
+  for (auto [nid, value] :
+       {std::pair{NID_basic_constraints, "critical,CA:TRUE"}, std::pair{NID_key_usage, "critical,digitalSignature,keyCertSign"},
+        std::pair{NID_subject_key_identifier, "hash"}}) {
+    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &v3, nid, value);
+    if (!ext) return Status::Internal("cannot make a certificate extension: " + OpenSslErrors());
+    X509_add_ext(cert.get(), ext, -1);
+    X509_EXTENSION_free(ext);
+  }
+  if (X509_sign(cert.get(), key.get(), EVP_sha256()) == 0) return Status::Internal("cannot sign: " + OpenSslErrors());
+  // The key first: a directory with a certificate is taken as complete.
+  COPSE_RETURN_NOT_OK(WritePem(dir / kKeyFileName, 0600, [&](FILE* f) {
+    return PEM_write_PrivateKey(f, key.get(), nullptr, nullptr, 0, nullptr, nullptr);
+  }));
+  return WritePem(dir / kCertFileName, 0644, [&](FILE* f) { return PEM_write_X509(f, cert.get()); });
+}
+
+Result<std::shared_ptr<const Context>> Context::Load(const std::filesystem::path& dir) {
+  const auto cert = dir / kCertFileName, key = dir / kKeyFileName, ca = dir / kCaFileName;
+  std::error_code ec;
+  for (const auto& file : {cert, key}) {
+    if (!std::filesystem::exists(file, ec))
+      return Status::NotFound("TLS directory " + dir.string() + " has no " + file.filename().string());
+  }
+  struct stat st {};
+  if (::stat(key.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+    return Status::PermissionDenied(key.string() + " is readable by others than its owner (chmod 600 it)");
+  SSL_CTX* ctx = SSL_CTX_new(TLS_method());
+  if (!ctx) return Status::Internal("cannot make a TLS context: " + OpenSslErrors());
+  std::shared_ptr<const Context> made(new Context(ctx, dir));
+  SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+  SSL_CTX_set_num_tickets(ctx, 0);  // no resumption: nothing but the handshake crosses before data
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+  SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+  if (SSL_CTX_use_certificate_chain_file(ctx, cert.c_str()) != 1)
+    return Status::InvalidArgument(cert.string() + ": not a PEM certificate: " + OpenSslErrors());
+  if (SSL_CTX_use_PrivateKey_file(ctx, key.c_str(), SSL_FILETYPE_PEM) != 1)
+    return Status::InvalidArgument(key.string() + ": not a PEM private key: " + OpenSslErrors());
+  if (SSL_CTX_check_private_key(ctx) != 1)
+    return Status::InvalidArgument(key.string() + " is not the key of " + cert.string() + ": " + OpenSslErrors());
+  const auto trusted = std::filesystem::exists(ca, ec) ? ca : cert;
+  if (SSL_CTX_load_verify_locations(ctx, trusted.c_str(), nullptr) != 1)
+    return Status::InvalidArgument(trusted.string() + ": cannot load it as the cluster's CA: " + OpenSslErrors());
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  return made;
+}
+
+Context::~Context() { SSL_CTX_free(ctx_); }
+
+Session::Session(const Context& context, Role role, std::string peer) : ssl_(SSL_new(context.native())), peer_(std::move(peer)) {
+  in_ = BIO_new(BIO_s_mem());
+  out_ = BIO_new(BIO_s_mem());
+  BIO_set_mem_eof_return(in_, -1);  // an empty input is "more to come", not end of stream
+  SSL_set_bio(ssl_, in_, out_);
+  if (role == Role::kClient) {
+    SSL_set_connect_state(ssl_);
+  } else {
+    SSL_set_accept_state(ssl_);
+  }
+}
+
+Session::~Session() { SSL_free(ssl_); }
+
+std::string Session::DrainOutput() {
+  std::string out;
+  const size_t pending = BIO_ctrl_pending(out_);
+  if (pending == 0) return out;
+  out.resize(pending);
+  const int n = BIO_read(out_, out.data(), static_cast<int>(pending));
+  out.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return out;
+}
+
+Status Session::Failure(int ret, const std::string& doing) {
+  const int err = SSL_get_error(ssl_, ret);
+  std::string why = err == SSL_ERROR_SSL || err == SSL_ERROR_SYSCALL ? OpenSslErrors() : "error " + std::to_string(err);
+  const long verify = SSL_get_verify_result(ssl_);
+  if (verify != X509_V_OK) why += " (" + std::string(X509_verify_cert_error_string(verify)) + ")";
+  return Status::Unavailable("TLS " + doing + " with " + peer_ + " failed: " + why);
+}
+
+Result<std::string> Session::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!SSL_is_server(ssl_)) {
+    const int ret = SSL_do_handshake(ssl_);
+    if (ret != 1 && SSL_get_error(ssl_, ret) != SSL_ERROR_WANT_READ) return Failure(ret, "handshake");
+  }
+  return DrainOutput();
+}
+
+Result<std::string> Session::Receive(const char* data, size_t n, std::string& plain) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!any_received_ && n >= 4) {
+    any_received_ = true;
+    uint32_t magic;
+    std::memcpy(&magic, data, 4);
+    if (magic == wire::kMagic)
+      return Status::Unavailable(peer_ + " speaks plaintext copse, not TLS: give it the cluster's TLS directory (--tls-dir)");
+  }
+  if (n > 0 && BIO_write(in_, data, static_cast<int>(n)) != static_cast<int>(n))
+    return Status::Internal("TLS: cannot buffer received bytes");
+  if (!established_) {
+    const int ret = SSL_do_handshake(ssl_);
+    if (ret == 1) {
+      established_ = true;
+    } else if (SSL_get_error(ssl_, ret) != SSL_ERROR_WANT_READ) {
+      return Failure(ret, "handshake");
+    }
+  }
+  if (established_) {
+    char buf[16 << 10];
+    while (true) {
+      const int got = SSL_read(ssl_, buf, sizeof(buf));
+      if (got > 0) {
+        plain.append(buf, static_cast<size_t>(got));
+        continue;
+      }
+      const int err = SSL_get_error(ssl_, got);
+      if (err == SSL_ERROR_WANT_READ) break;
+      if (err == SSL_ERROR_ZERO_RETURN) return Status::Unavailable(peer_ + " closed the TLS session");
+      return Failure(got, "read");
+    }
+  }
+  return DrainOutput();
+}
+
+std::string Session::Encrypt(std::string_view plain) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // With a memory BIO a write takes everything: the records are only buffered.
+  size_t done = 0;
+  while (done < plain.size()) {
+    const int chunk = static_cast<int>(std::min<size_t>(plain.size() - done, 1 << 30));
+    const int n = SSL_write(ssl_, plain.data() + done, chunk);
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return DrainOutput();
+}
+
+bool Session::established() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return established_;
+}
+
+namespace {
+constexpr const char* kBannerMessage =
+    "this copse server requires TLS: give this client the cluster's TLS directory (--tls-dir, COPSE_TLS_DIR, or the job "
+    "manager's state directory with its tls/ folder)";
+}
+
+std::string Banner() {
+  return wire::EncodeFrame(wire::FrameType::kJson, DumpJson(Json{{"op", "error"}, {"tls", 1}, {"message", kBannerMessage}}));
+}
+
+bool IsBanner(const Json& first) { return first.is_object() && StringMember(first, "op") == "error" && first.contains("tls"); }
+
+Status CheckBanner(const Json& first, const std::string& peer) {
+  if (IsBanner(first)) return Status::OK();
+  if (StringMember(first, "op") == "hello")
+    return Status::FailedPrecondition(peer +
+                                      " speaks plaintext: it was started without TLS (drop this client's TLS settings, or "
+                                      "restart it with --tls)");
+  return Status::FailedPrecondition(peer + " did not greet like a TLS copse server");
+}
+
+}  // namespace copse::tls
