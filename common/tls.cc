@@ -121,10 +121,11 @@ Result<std::shared_ptr<const Context>> Context::Load(const std::filesystem::path
   SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
   if (SSL_CTX_use_certificate_chain_file(ctx, cert.c_str()) != 1)
     return Status::InvalidArgument(cert.string() + ": not a PEM certificate: " + OpenSslErrors());
-  if (SSL_CTX_use_PrivateKey_file(ctx, key.c_str(), SSL_FILETYPE_PEM) != 1)
-    return Status::InvalidArgument(key.string() + ": not a PEM private key: " + OpenSslErrors());
-  if (SSL_CTX_check_private_key(ctx) != 1)
-    return Status::InvalidArgument(key.string() + " is not the key of " + cert.string() + ": " + OpenSslErrors());
+  if (SSL_CTX_use_PrivateKey_file(ctx, key.c_str(), SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
+    const bool mismatch = ERR_GET_REASON(ERR_peek_last_error()) == X509_R_KEY_VALUES_MISMATCH;
+    return Status::InvalidArgument(key.string() + (mismatch ? " is not the key of " + cert.string() : ": not a PEM private key") +
+                                   ": " + OpenSslErrors());
+  }
   const auto trusted = std::filesystem::exists(ca, ec) ? ca : cert;
   if (SSL_CTX_load_verify_locations(ctx, trusted.c_str(), nullptr) != 1)
     return Status::InvalidArgument(trusted.string() + ": cannot load it as the cluster's CA: " + OpenSslErrors());

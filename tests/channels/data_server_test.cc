@@ -44,11 +44,11 @@ struct Daemon {
   std::unique_ptr<OutputStore> store;
   std::unique_ptr<DataServer> server;
 
-  explicit Daemon(uint64_t budget = 1ull << 30) {
+  explicit Daemon(uint64_t budget = 1ull << 30, DataServerOptions options = {2000, 2000}) {
     auto s = OutputStore::Make(dir.path() / "outputs", budget);
     REQUIRE(s.ok());
     store = std::move(s).value();
-    auto srv = DataServer::Start(*store, kHost, 0, kSecret, {2000, 2000});
+    auto srv = DataServer::Start(*store, kHost, 0, kSecret, options);
     REQUIRE_MESSAGE(srv.ok(), srv.status().ToString());
     server = std::move(srv).value();
   }
@@ -153,6 +153,43 @@ TEST_CASE("RemoteFetch.RoundTripBothKinds" * doctest::timeout(20)) {
   CHECK(FetchStatus(d.server->port(), {1, 9, 0, 0}).code() == StatusCode::kNotFound);
   CHECK(Fetch(d, {1, 0, 0, 0}) == msgs);             // the connection is still good after a refusal
   CHECK(d.server->handoffs() == (local ? 1u : 0u));  // the file output with messages, when local
+}
+
+TEST_CASE("RemoteFetch.OverTlsOutputsArriveWholeAndPlaintextPeersAreToldWhy" * doctest::timeout(30)) {
+  TempDir tls_dir;
+  REQUIRE(tls::CreateClusterCertificateIfAbsent(tls_dir.path()).ok());
+  auto ctx = tls::Context::Load(tls_dir.path());
+  REQUIRE(ctx.ok());
+  DataServerOptions server_options{2000, 2000};
+  server_options.tls = *ctx;
+  Daemon secured(1ull << 30, server_options);
+  auto msgs = MixedMessages();
+  secured.Put({1, 0, 0, 0}, StorageKind::kMemory, msgs);
+  secured.Put({1, 1, 0, 0}, StorageKind::kFile, msgs);
+  RemoteReaderOptions tls_reader{2000, 2000};
+  tls_reader.tls = *ctx;
+  for (bool local_ok : {false, true}) {
+    // Same host: the local socket stays plaintext (it never leaves the host), TCP is TLS.
+    tls_reader.local_socket = local_ok;
+    for (uint64_t vertex : {0, 1}) {
+      auto r = OpenRemoteReader(kHost, secured.server->port(), {1, vertex, 0, 0}, kSecret, tls_reader);
+      REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+      CHECK(Drain(**r) == msgs);
+    }
+  }
+  CHECK(secured.server->handoffs() == 1u);  // the file output, through the local socket
+  // A plaintext reader over TCP reads the banner's reason.
+  Status plain = FetchStatus(secured.server->port(), {1, 0, 0, 0});
+  CHECK(plain.code() == StatusCode::kFailedPrecondition);
+  CHECK_MESSAGE(plain.message().find("requires TLS") != std::string::npos, plain.ToString());
+  // A TLS reader of a plaintext server is told so.
+  Daemon plaintext;
+  plaintext.Put({1, 0, 0, 0}, StorageKind::kMemory, msgs);
+  tls_reader.local_socket = false;
+  auto r = OpenRemoteReader(kHost, plaintext.server->port(), {1, 0, 0, 0}, kSecret, tls_reader);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_MESSAGE(r.status().message().find("speaks plaintext") != std::string::npos, r.status().ToString());
 }
 
 TEST_CASE("RemoteFetch.PayloadsAreEncodedOnceForRemoteReaders" * doctest::timeout(20)) {
