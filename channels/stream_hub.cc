@@ -145,10 +145,25 @@ struct InChan {
 
 void FreeBuffer(void* /*data*/, void* hint) { delete static_cast<std::shared_ptr<const std::string>*>(hint); }
 
+/// The cluster's CURVE server key pair (Z85 text), derived from its secret: see stream_hub.h.
+Status ClusterCurveKeys(const std::string& secret, std::string& public_key, std::string& secret_key) {
+  const std::string hex = auth::Mac(secret, "copse-stream-curve/1");
+  uint8_t raw[32];
+  for (size_t i = 0; i < sizeof raw; ++i) raw[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  char z85_secret[41], z85_public[41];
+  if (!zmq_z85_encode(z85_secret, raw, sizeof raw) || zmq_curve_public(z85_public, z85_secret) != 0)
+    return Status::Internal("stream hub: cannot make CURVE keys (is ZeroMQ built with CURVE?)");
+  secret_key = z85_secret;
+  public_key = z85_public;
+  return Status::OK();
+}
+
 }  // namespace
 
 struct StreamHub::Impl {
   std::string secret;
+  // CurveZMQ (empty: off): the cluster's server keys, and this hub's own as a client.
+  std::string curve_server_public, curve_server_secret, curve_client_public, curve_client_secret;
   std::string host_label;
   std::string tcp_endpoint, ipc_endpoint;
   std::filesystem::path ipc_path;
@@ -342,6 +357,11 @@ void StreamHub::Impl::Execute(Cmd& c, std::map<std::string, zmq::socket_t>& deal
       rid = p->second->routing_id;
     }
     zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    if (!curve_server_public.empty()) {
+      s.set(zmq::sockopt::curve_serverkey, curve_server_public);
+      s.set(zmq::sockopt::curve_publickey, curve_client_public);
+      s.set(zmq::sockopt::curve_secretkey, curve_client_secret);
+    }
     s.set(zmq::sockopt::routing_id, rid);
     s.set(zmq::sockopt::sndhwm, 0);  // the credit window bounds what is queued
     s.set(zmq::sockopt::rcvhwm, 0);
@@ -705,9 +725,17 @@ StreamHub::StreamHub(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 StreamHub::~StreamHub() { impl_->StopAll(); }
 
 Result<std::unique_ptr<StreamHub>> StreamHub::Start(const std::string& host, uint16_t port, std::filesystem::path ipc_dir,
-                                                    std::string secret) {
+                                                    std::string secret, bool encrypt) {
   auto impl = std::make_shared<Impl>();
   impl->secret = std::move(secret);
+  if (encrypt) {
+    if (!zmq_has("curve")) return Status::FailedPrecondition("stream hub: this ZeroMQ has no CURVE, which encryption needs");
+    COPSE_RETURN_NOT_OK(ClusterCurveKeys(impl->secret, impl->curve_server_public, impl->curve_server_secret));
+    char pub[41], sec[41];
+    if (zmq_curve_keypair(pub, sec) != 0) return Status::Internal("stream hub: cannot make a CURVE key pair");
+    impl->curve_client_public = pub;
+    impl->curve_client_secret = sec;
+  }
   char name[256] = {0};
   if (::gethostname(name, sizeof name - 1) == 0) impl->host_label = name;
   impl->efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -723,6 +751,10 @@ Result<std::unique_ptr<StreamHub>> StreamHub::Start(const std::string& host, uin
     // unauthenticated peer could make ZeroMQ buffer a frame of any size it announces. No
     // message exceeds the largest window a channel may open.
     impl->router.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kMaxWindowBytes + 4096));
+    if (encrypt) {
+      impl->router.set(zmq::sockopt::curve_server, true);
+      impl->router.set(zmq::sockopt::curve_secretkey, impl->curve_server_secret);
+    }
     std::string tcp = "tcp://" + host + ":" + (port == 0 ? std::string("*") : std::to_string(port));
     try {
       impl->router.bind(tcp);
@@ -750,8 +782,8 @@ Result<std::unique_ptr<StreamHub>> StreamHub::Start(const std::string& host, uin
   }
   Impl* raw = impl.get();
   impl->io = std::thread([raw] { raw->Run(); });
-  impl->log->info("stream hub listening on {}{}", impl->tcp_endpoint,
-                  impl->ipc_endpoint.empty() ? "" : " and " + impl->ipc_endpoint);
+  impl->log->info("stream hub listening on {}{}{}", impl->tcp_endpoint,
+                  impl->ipc_endpoint.empty() ? "" : " and " + impl->ipc_endpoint, encrypt ? " (CurveZMQ)" : "");
   return std::unique_ptr<StreamHub>(new StreamHub(std::move(impl)));
 }
 

@@ -24,7 +24,13 @@
 // Authentication: a channel's first frame (open) carries HMAC-SHA256(secret, key, nonce,
 // window); frames for a channel that was not opened by an authenticated open from the same
 // connection, and malformed frames, are dropped and counted (dropped_frames()), never fatal.
-// The data itself is neither encrypted nor MACed (like the data server's). A producer that
+// Without encryption the data itself is neither encrypted nor MACed. With it (Start's
+// `encrypt`, which a daemon sets when its cluster runs TLS), every connection of the hub runs
+// CurveZMQ: each hub's ROUTER is a CURVE server with one key pair derived from the cluster's
+// secret (HMAC-SHA256(secret, "copse-stream-curve/1") as the Curve25519 secret key), so any
+// member of the cluster knows every hub's public key and nobody else does; DEALERs connect with
+// a key pair of their own, made at Start. A peer without the key, or without CURVE, is refused
+// by ZeroMQ's handshake before any frame reaches the hub. A producer that
 // sends beyond the window it opened with fails the channel (DataLoss) and is aborted; one that
 // opens with a window above the caps below (another build's) is aborted with the reason.
 //
@@ -62,9 +68,10 @@ namespace copse::chan {
 class StreamHub {
  public:
   /// Binds tcp://host:port (0 = any free port) and, unless `ipc_dir` is empty, an ipc://
-  /// endpoint (a socket file) under `ipc_dir` (created if absent). `secret` authenticates peers.
+  /// endpoint (a socket file) under `ipc_dir` (created if absent). `secret` authenticates peers;
+  /// with `encrypt`, every connection runs CurveZMQ (above), ipc:// ones included.
   static Result<std::unique_ptr<StreamHub>> Start(const std::string& host, uint16_t port, std::filesystem::path ipc_dir,
-                                                  std::string secret);
+                                                  std::string secret, bool encrypt = false);
   ~StreamHub();
   StreamHub(const StreamHub&) = delete;
   StreamHub& operator=(const StreamHub&) = delete;

@@ -123,7 +123,8 @@ class Daemon::Impl {
     data_options.local_socket = options_.local_socket;
     data_options.tls = options_.tls;
     COPSE_ASSIGN_OR_RETURN(data_server_, chan::DataServer::Start(*store_, options_.data_host, 0, options_.secret, data_options));
-    COPSE_ASSIGN_OR_RETURN(hub_, chan::StreamHub::Start(options_.data_host, 0, options_.work_dir / "ipc", options_.secret));
+    COPSE_ASSIGN_OR_RETURN(hub_, chan::StreamHub::Start(options_.data_host, 0, options_.work_dir / "ipc", options_.secret,
+                                                        /*encrypt=*/options_.tls != nullptr));
     prefetcher_ = std::make_unique<InputPrefetcher>(options_.secret, options_.tls);
     ExecutorEnv env;
     env.programs = options_.programs;
