@@ -605,7 +605,7 @@ class Cluster:
     `Cluster(copse, workdir, hosts=4)` makes the Net too (closed with the cluster)."""
 
     def __init__(self, copse, workdir, hosts=4, heartbeat_timeout_ms=1000, jm_host=0, jm_flags=(), net=None,
-                 log_level=None):
+                 log_level=None, tls=False):
         self.copse = os.path.abspath(copse)
         self.dir = os.path.abspath(workdir)
         os.makedirs(self.dir, exist_ok=True)
@@ -618,13 +618,24 @@ class Cluster:
         self.jm_host = self.net.host(jm_host)
         self.jm_addr = f"{self.jm_host.addr}:{JM_PORT}"
         self.token = os.path.join(self.state, "secret")
-        self.jm_flags = list(jm_flags)
+        self.jm_flags = list(jm_flags) + (["--tls"] if tls else [])
+        # With TLS every process gets the cluster's TLS directory (made by `copse jm --tls`)
+        # through COPSE_TLS_DIR, as a copy of it would reach another machine.
+        self.tls_dir = os.path.join(self.state, "tls") if tls else None
         self.closed = False
 
     # -- processes --
 
     def _env(self):
-        return dict(os.environ, COPSE_DIE_WITH_PARENT="1", COPSE_TOKEN_FILE=self.token)
+        return dict(self.client_env(), COPSE_DIE_WITH_PARENT="1")
+
+    def client_env(self, tls=True):
+        """The environment of a process of this cluster; tls=False leaves the TLS directory out."""
+        env = dict(os.environ, COPSE_TOKEN_FILE=self.token)
+        env.pop("COPSE_TLS_DIR", None)
+        if self.tls_dir and tls:
+            env["COPSE_TLS_DIR"] = self.tls_dir
+        return env
 
     def _spawn(self, p):
         logf = open(p.logpath, "a")
@@ -728,13 +739,14 @@ class Cluster:
 
     # -- clients --
 
-    def client(self, args, host=None, timeout=60, check=False):
-        """Runs `copse ARGS --jm <the job manager>` on a host (the job manager's by default)."""
+    def client(self, args, host=None, timeout=60, check=False, tls=True):
+        """Runs `copse ARGS --jm <the job manager>` on a host (the job manager's by default);
+        tls=False: without the cluster's TLS directory."""
         h = self.net.host(host) if host is not None else self.jm_host
         argv = ["ip", "netns", "exec", h.ns, self.copse, *args, "--jm", self.jm_addr]
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                               env=dict(os.environ, COPSE_TOKEN_FILE=self.token))
+                               env=self.client_env(tls))
         except subprocess.TimeoutExpired as e:
             raise Failure(f"copse {' '.join(args)}: no answer in {timeout} s") from e
         if check and p.returncode != 0:
