@@ -7,6 +7,8 @@
 //   * a `file` output written and read back on the same daemon (page cache, checksums verified),
 //   * a remote fetch: a producer daemon (OutputStore + DataServer) in a forked child process, the
 //     consumer (its own OutputStore + DataServer) in this process, over TCP on 127.0.0.1,
+//   * the same fetch over TLS (a second data server of the producer, with a cluster certificate
+//     made for the run: what a cluster with `copse jm --tls` does between hosts),
 //   * the same fetch through the producer's same-host local socket (data_server.h: a memory
 //     output streamed over a Unix domain socket, a file output handed over as its descriptor),
 //   * raw ZeroMQ PUSH/PULL over TCP on 127.0.0.1 between the same two processes, zero-copy sends,
@@ -105,6 +107,7 @@ uint64_t Drain(ChannelReader& r) {
 
 struct ChildPorts {
   uint16_t data = 0;
+  uint16_t tls_data = 0;
   uint16_t zmq = 0;
 };
 
@@ -116,12 +119,17 @@ struct ChildPorts {
   Write(*store, {1, 0, 0, 0}, StorageKind::kMemory, msgs);
   Write(*store, {1, 1, 0, 0}, StorageKind::kFile, msgs);
   auto server = Check(DataServer::Start(*store, kHost, 0, kSecret), "producer data server");
+  DataServerOptions tls_options;
+  tls_options.local_socket = false;
+  tls_options.tls = Check(copse::tls::Context::Load(c.dir / "tls"), "TLS directory");
+  auto tls_server = Check(DataServer::Start(*store, kHost, 0, kSecret, tls_options), "producer TLS data server");
   zmq::context_t ctx(1);
   zmq::socket_t push(ctx, zmq::socket_type::push);
   push.set(zmq::sockopt::sndhwm, 64);
   push.bind("tcp://127.0.0.1:*");
   std::string endpoint = push.get(zmq::sockopt::last_endpoint);
-  ChildPorts ports{server->port(), static_cast<uint16_t>(std::stoi(endpoint.substr(endpoint.rfind(':') + 1)))};
+  ChildPorts ports{server->port(), tls_server->port(),
+                   static_cast<uint16_t>(std::stoi(endpoint.substr(endpoint.rfind(':') + 1)))};
   (void)!::write(reply, &ports, sizeof ports);
   char op;
   while (::read(cmd, &op, 1) == 1 && op == 'z') {
@@ -131,6 +139,7 @@ struct ChildPorts {
     }
   }
   server->Stop();
+  tls_server->Stop();
   ::_exit(0);
 }
 
@@ -155,6 +164,7 @@ int main(int argc, char** argv) {
     }
   }
   std::filesystem::create_directories(c.dir);
+  Check(copse::tls::CreateClusterCertificateIfAbsent(c.dir / "tls"), "TLS certificate");
 
   // Fork first, while this process has no threads.
   int cmd[2], reply[2];
@@ -214,14 +224,16 @@ int main(int argc, char** argv) {
   pull.set(zmq::sockopt::rcvhwm, 64);
   pull.connect("tcp://127.0.0.1:" + std::to_string(ports.zmq));
 
-  std::vector<double> remote_mem, remote_file, local_mem, local_file, zmq_rate;
-  RemoteReaderOptions tcp, local;
+  std::vector<double> remote_mem, remote_file, local_mem, local_file, zmq_rate, tls_mem, tls_file;
+  RemoteReaderOptions tcp, local, tls;
   tcp.local_socket = false;
   local.local_socket = true;
+  tls.local_socket = false;
+  tls.tls = Check(copse::tls::Context::Load(c.dir / "tls"), "TLS directory");
   // A fetch timed from the request to the last message read (and released).
   auto fetch = [&](const OutputKey& key, const RemoteReaderOptions& o, std::vector<double>& rates, bool timed) {
     auto t0 = Clock::now();
-    auto rd = Check(OpenRemoteReader(kHost, ports.data, key, kSecret, o), "open remote output");
+    auto rd = Check(OpenRemoteReader(kHost, o.tls ? ports.tls_data : ports.data, key, kSecret, o), "open remote output");
     uint64_t bytes = Drain(*rd);
     rd.reset();
     double s = Seconds(t0);
@@ -233,6 +245,8 @@ int main(int argc, char** argv) {
   for (int r = -1; r < c.runs; ++r) {
     fetch({1, 0, 0, 0}, tcp, remote_mem, r >= 0);
     fetch({1, 1, 0, 0}, tcp, remote_file, r >= 0);
+    fetch({1, 0, 0, 0}, tls, tls_mem, r >= 0);
+    fetch({1, 1, 0, 0}, tls, tls_file, r >= 0);
     fetch({1, 0, 0, 0}, local, local_mem, r >= 0);
     fetch({1, 1, 0, 0}, local, local_file, r >= 0);
 
@@ -260,10 +274,14 @@ int main(int argc, char** argv) {
   row("file output: local read, checksums verified", file_read);
   row("remote fetch of a memory output (other process, TCP 127.0.0.1)", remote_mem);
   row("remote fetch of a file output (other process, TCP 127.0.0.1)", remote_file);
+  row("remote fetch of a memory output over TLS (other process, TCP)", tls_mem);
+  row("remote fetch of a file output over TLS (other process, TCP)", tls_file);
   row("same-host fetch of a memory output (other process, local socket)", local_mem);
   row("same-host fetch of a file output (other process, its descriptor)", local_file);
   row("raw ZeroMQ PUSH/PULL (other process, TCP 127.0.0.1, zero-copy send)", zmq_rate);
   std::printf("  remote fetch (memory output) / raw ZeroMQ: %.2f\n", Median(remote_mem) / Median(zmq_rate));
+  std::printf("  TLS / plaintext TCP fetch: memory output %.2f, file output %.2f\n", Median(tls_mem) / Median(remote_mem),
+              Median(tls_file) / Median(remote_file));
   std::printf("  same-host / TCP fetch: memory output %.2f, file output %.2f\n", Median(local_mem) / Median(remote_mem),
               Median(local_file) / Median(remote_file));
   std::filesystem::remove_all(c.dir);

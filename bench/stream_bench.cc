@@ -9,6 +9,8 @@
 //     (8 MiB / 64 messages, or W MiB); the producer sends pre-built Buffers (zero-copy), the consumer's
 //     reader turns each message into a Buffer (one copy) — what a vertex sees;
 //   * stream, ipc: the same over ipc:// (what same-host daemons use);
+//   * stream, tcp, CurveZMQ: the same between encrypting hubs (a cluster with TLS on), and the
+//     latency below over them too;
 //   * raw ZeroMQ PUSH/PULL, 1 MiB messages, zero-copy sends, over tcp:// and ipc://;
 //   * latency: P (default 20000) 64-byte ping-pongs child<->parent over two streams, reported as
 //     half the round trip (p50/p99), over tcp:// and ipc://; and over shm between two threads.
@@ -70,19 +72,21 @@ std::vector<Buffer> Pool(size_t size) {
 // The producer daemon.
 [[noreturn]] void Child(int in, int out, std::filesystem::path dir) {
   auto hub = StreamHub::Start("127.0.0.1", 0, dir / "child-ipc", kSecret);
-  if (!hub.ok()) ::_exit(3);
-  Send(out, (*hub)->endpoints().ToJson());
+  auto curve_hub = StreamHub::Start("127.0.0.1", 0, dir / "child-ipc-curve", kSecret, /*encrypt=*/true);
+  if (!hub.ok() || !curve_hub.ok()) ::_exit(3);
+  Send(out, Json{{"plain", (*hub)->endpoints().ToJson()}, {"curve", (*curve_hub)->endpoints().ToJson()}});
   auto pool = Pool(kMsg);
   zmq::context_t ctx(1);
   for (;;) {
     Json cmd = Recv(in);
     std::string op = cmd["op"];
     if (op == "exit") break;
+    StreamHub& h = cmd.value("curve", false) ? **curve_hub : **hub;
     if (op == "stream") {
       auto key = StreamKey::FromJson(cmd["key"]).value();
       StreamOptions o;
       o.window_bytes = cmd["window"];
-      auto w = (*hub)->OpenWriter(*StreamPeer::FromJson(cmd["peer"]), key, o);
+      auto w = h.OpenWriter(*StreamPeer::FromJson(cmd["peer"]), key, o);
       if (!w.ok()) ::_exit(4);
       uint64_t n = cmd["messages"];
       for (uint64_t i = 0; i < n; ++i)
@@ -101,10 +105,10 @@ std::vector<Buffer> Pool(size_t size) {
       push.set(zmq::sockopt::linger, -1);
     } else if (op == "pong") {
       auto key = StreamKey::FromJson(cmd["key"]).value();
-      auto r = (*hub)->OpenReader(key, {});
+      auto r = h.OpenReader(key, {});
       StreamKey back = key;
       back.channel += 1;
-      auto w = (*hub)->OpenWriter(*StreamPeer::FromJson(cmd["peer"]), back, {});
+      auto w = h.OpenWriter(*StreamPeer::FromJson(cmd["peer"]), back, {});
       if (!r.ok() || !w.ok()) ::_exit(6);
       for (;;) {
         auto m = (*r)->Next();
@@ -117,6 +121,7 @@ std::vector<Buffer> Pool(size_t size) {
     Send(out, Json{{"op", "done"}});
   }
   hub->reset();
+  curve_hub->reset();
   ::_exit(0);
 }
 
@@ -177,14 +182,21 @@ int main(int argc, char** argv) {
   ::close(to_child[0]);
   ::close(from_child[1]);
   int cin = from_child[0], cout = to_child[1];
-  Json child_ep = Recv(cin);
+  Json child_eps = Recv(cin);
+  Json child_ep = child_eps["plain"];
+  Json child_curve_tcp = child_eps["curve"];
+  child_curve_tcp.erase("ipc");
 
   auto hub_r = StreamHub::Start("127.0.0.1", 0, dir / "parent-ipc", kSecret);
-  if (!hub_r.ok()) {
-    std::fprintf(stderr, "%s\n", hub_r.status().ToString().c_str());
+  auto curve_hub_r = StreamHub::Start("127.0.0.1", 0, dir / "parent-ipc-curve", kSecret, /*encrypt=*/true);
+  if (!hub_r.ok() || !curve_hub_r.ok()) {
+    std::fprintf(stderr, "%s\n", (hub_r.ok() ? curve_hub_r.status() : hub_r.status()).ToString().c_str());
     return 1;
   }
   auto& hub = *hub_r;
+  auto& curve_hub = *curve_hub_r;
+  Json curve_tcp_ep = curve_hub->endpoints().ToJson();
+  curve_tcp_ep.erase("ipc");
   Json tcp_ep = hub->endpoints().ToJson();
   tcp_ep.erase("ipc");
   Json ipc_ep = hub->endpoints().ToJson();
@@ -195,11 +207,12 @@ int main(int argc, char** argv) {
   const double gb = n * double(kMsg) / 1e9;
   uint64_t job = 1;
 
-  auto stream_run = [&](const Json& peer) -> double {
+  auto stream_run = [&](const Json& peer, bool curve = false) -> double {
     StreamKey key{job++, 1, 0};
-    auto r = hub->OpenReader(key, {});
+    auto r = (curve ? curve_hub : hub)->OpenReader(key, {});
     auto start = Clock::now();
-    Send(cout, Json{{"op", "stream"}, {"key", key.ToJson()}, {"peer", peer}, {"messages", n}, {"window", window}});
+    Send(cout,
+         Json{{"op", "stream"}, {"key", key.ToJson()}, {"peer", peer}, {"messages", n}, {"window", window}, {"curve", curve}});
     uint64_t got = 0;
     for (;;) {
       auto m = (*r)->Next();
@@ -255,12 +268,13 @@ int main(int argc, char** argv) {
   };
 
   // Half round trips, in microseconds.
-  auto stream_latency = [&](const Json& child_peer, const Json& my_peer) {
+  auto stream_latency = [&](const Json& child_peer, const Json& my_peer, bool curve = false) {
     StreamKey key{job++, 1, 0};
     StreamKey back{key.job, 2, 0};
-    auto r = hub->OpenReader(back, {});
-    auto w = hub->OpenWriter(*StreamPeer::FromJson(child_peer), key, {});
-    Send(cout, Json{{"op", "pong"}, {"key", key.ToJson()}, {"peer", my_peer}});
+    auto& h = curve ? curve_hub : hub;
+    auto r = h->OpenReader(back, {});
+    auto w = h->OpenWriter(*StreamPeer::FromJson(child_peer), key, {});
+    Send(cout, Json{{"op", "pong"}, {"key", key.ToJson()}, {"peer", my_peer}, {"curve", curve}});
     Buffer ping(std::string(kSmall, 'p'));
     std::vector<double> us;
     for (int i = 0; i < pings + 100; ++i) {
@@ -306,41 +320,49 @@ int main(int argc, char** argv) {
 
   Row stcp{"stream, tcp:// (other process, 127.0.0.1)", {}};
   Row sipc{"stream, ipc:// (other process, same host)", {}};
+  Row scurve{"stream, tcp:// CurveZMQ (cluster with TLS on)", {}};
   Row ztcp{"raw ZeroMQ PUSH/PULL, tcp:// (other process, zero-copy send)", {}};
   Row zipc{"raw ZeroMQ PUSH/PULL, ipc:// (other process, zero-copy send)", {}};
   Row shm{"shm (two threads, one process, Buffers passed without copy)", {}};
   for (int i = 0; i < runs; ++i) {
     ztcp.v.push_back(zmq_run("tcp://127.0.0.1:*"));
     stcp.v.push_back(stream_run(tcp_ep));
+    scurve.v.push_back(stream_run(curve_tcp_ep, /*curve=*/true));
     zipc.v.push_back(zmq_run("ipc://" + (dir / ("zmq-" + std::to_string(i) + ".sock")).string()));
     sipc.v.push_back(stream_run(ipc_ep));
     shm.v.push_back(shm_run());
   }
   std::vector<double> lat_tcp = stream_latency(child_tcp, tcp_ep);
+  std::vector<double> lat_curve = stream_latency(child_curve_tcp, curve_tcp_ep, /*curve=*/true);
   std::vector<double> lat_ipc = stream_latency(child_ep, ipc_ep);
   std::vector<double> lat_shm = shm_latency();
 
   std::printf("stream_bench: %llu MiB in 1024 KiB messages, stream window %zu MiB, median of %d runs (GB/s = 1e9 bytes/s)\n",
               static_cast<unsigned long long>(mib), window >> 20, runs);
   Print(stcp, "GB/s");
+  Print(scurve, "GB/s");
   Print(ztcp, "GB/s");
   Print(sipc, "GB/s");
   Print(zipc, "GB/s");
   Print(shm, "GB/s");
   std::printf("  stream tcp / raw ZeroMQ tcp: %.2f   stream ipc / raw ZeroMQ tcp: %.2f   stream ipc / raw ZeroMQ ipc: %.2f\n",
               Median(stcp.v) / Median(ztcp.v), Median(sipc.v) / Median(ztcp.v), Median(sipc.v) / Median(zipc.v));
+  std::printf("  encryption: stream tcp CurveZMQ / plaintext: %.2f (medians of runs interleaved with the plaintext ones)\n",
+              Median(scurve.v) / Median(stcp.v));
   std::printf("64-byte message latency, half a ping-pong round trip, %d pings (microseconds):\n", pings);
   auto lat = [](const char* name, const std::vector<double>& v) {
     if (v.empty()) return std::printf("  %-40s failed\n", name), void();
     std::printf("  %-40s p50 %8.1f   p99 %8.1f\n", name, Percentile(v, 0.5), Percentile(v, 0.99));
   };
   lat("stream, tcp:// (other process)", lat_tcp);
+  lat("stream, tcp:// CurveZMQ (other process)", lat_curve);
   lat("stream, ipc:// (other process)", lat_ipc);
   lat("shm (two threads)", lat_shm);
 
   Send(cout, Json{{"op", "exit"}});
   ::waitpid(pid, nullptr, 0);
   hub.reset();
+  curve_hub.reset();
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return 0;

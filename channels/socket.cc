@@ -48,8 +48,6 @@ Socket& Socket::operator=(Socket&& o) noexcept {
     local_ = o.local_;
     received_fds_ = std::move(o.received_fds_);
     tls_ = std::move(o.tls_);
-    decrypted_ = std::move(o.decrypted_);
-    decrypted_pos_ = o.decrypted_pos_;
     o.fd_ = -1;
     o.received_fds_.clear();
   }
@@ -196,28 +194,7 @@ Result<Socket> Socket::ListenLocal(const std::string& name) {
 
 Result<size_t> Socket::ReadSome(char* p, size_t n, int timeout_ms) {
   if (!tls_) return ReadSomeRaw(p, n, timeout_ms);
-  if (decrypted_pos_ == decrypted_.size()) {
-    decrypted_.clear();
-    decrypted_pos_ = 0;
-    COPSE_RETURN_NOT_OK(ReceiveTls(timeout_ms, false));
-  }
-  const size_t take = std::min(n, decrypted_.size() - decrypted_pos_);
-  std::memcpy(p, decrypted_.data() + decrypted_pos_, take);
-  decrypted_pos_ += take;
-  return take;
-}
-
-Status Socket::ReceiveTls(int timeout_ms, bool handshake) {
-  char buf[64 << 10];
-  while (handshake ? !tls_->established() : decrypted_.empty()) {
-    COPSE_ASSIGN_OR_RETURN(size_t got, ReadSomeRaw(buf, sizeof buf, timeout_ms));
-    COPSE_ASSIGN_OR_RETURN(std::string reply, tls_->Receive(buf, got, decrypted_));
-    if (!reply.empty()) {
-      iovec iov{reply.data(), reply.size()};
-      COPSE_RETURN_NOT_OK(WriteVRaw(&iov, 1, -1));
-    }
-  }
-  return Status::OK();
+  return tls_->Read(p, n, timeout_ms);
 }
 
 Status Socket::ReadExactRaw(char* p, size_t n, int timeout_ms) {
@@ -229,10 +206,10 @@ Status Socket::ReadExactRaw(char* p, size_t n, int timeout_ms) {
 }
 
 Status Socket::StartTls(const tls::Context& context, tls::Session::Role role, const std::string& peer, int timeout_ms) {
-  auto session = std::make_unique<tls::Session>(context, role, peer);
-  std::string first;
   if (role == tls::Session::Role::kServer) {
-    first = tls::Banner();
+    const std::string banner = tls::Banner();
+    iovec iov{const_cast<char*>(banner.data()), banner.size()};
+    COPSE_RETURN_NOT_OK(WriteVRaw(&iov, 1, -1));
   } else {
     // The banner comes before any TLS byte, and nothing follows it until we start: reading
     // exactly its frame leaves the handshake's bytes unread.
@@ -243,12 +220,11 @@ Status Socket::StartTls(const tls::Context& context, tls::Session::Role role, co
     COPSE_RETURN_NOT_OK(ReadExactRaw(body.data(), body.size(), timeout_ms));
     Json banner = Json::parse(body, nullptr, /*allow_exceptions=*/false);
     COPSE_RETURN_NOT_OK(tls::CheckBanner(banner, peer));
-    COPSE_ASSIGN_OR_RETURN(first, session->Start());
   }
-  iovec iov{first.data(), first.size()};
-  COPSE_RETURN_NOT_OK(WriteVRaw(&iov, 1, -1));
+  auto session = std::make_unique<tls::FdSession>(context, role, peer, fd_);
+  COPSE_RETURN_NOT_OK(session->Handshake(timeout_ms));
   tls_ = std::move(session);
-  return ReceiveTls(timeout_ms, true);
+  return Status::OK();
 }
 
 Result<size_t> Socket::ReadSomeRaw(char* p, size_t n, int timeout_ms) {
@@ -294,27 +270,32 @@ Status Socket::WriteAll(const char* p, size_t n) {
 }
 
 Status Socket::WriteV(iovec* iov, size_t count, int pass_fd) {
-  if (!tls_) return WriteVRaw(iov, count, pass_fd);
-  // Records of about a megabyte at a time: a large frame is not copied whole.
-  constexpr size_t kFlushBytes = 1 << 20;
-  std::string plain;
+  return tls_ ? WriteVTls(iov, count) : WriteVRaw(iov, count, pass_fd);
+}
+
+Status Socket::WriteVTls(const iovec* iov, size_t count) {
+  // Large pieces are encrypted straight from the caller's memory; small ones (frame headers,
+  // batches of small messages) are gathered first, so that each does not become a record and
+  // a system call of its own.
+  constexpr size_t kGatherBelow = 16 << 10;
+  std::string gathered;
   auto flush = [&]() -> Status {
-    std::string cipher = tls_->Encrypt(plain);
-    plain.clear();
-    iovec out{cipher.data(), cipher.size()};
-    return WriteVRaw(&out, 1, -1);
+    if (gathered.empty()) return Status::OK();
+    Status st = tls_->Write(gathered.data(), gathered.size(), -1);
+    gathered.clear();
+    return st;
   };
   for (size_t i = 0; i < count; ++i) {
     const char* base = static_cast<const char*>(iov[i].iov_base);
-    for (size_t left = iov[i].iov_len; left > 0;) {
-      const size_t take = std::min(left, kFlushBytes - plain.size());
-      plain.append(base, take);
-      base += take;
-      left -= take;
-      if (plain.size() == kFlushBytes) COPSE_RETURN_NOT_OK(flush());
+    if (iov[i].iov_len < kGatherBelow) {
+      gathered.append(base, iov[i].iov_len);
+      if (gathered.size() >= kGatherBelow) COPSE_RETURN_NOT_OK(flush());
+    } else {
+      COPSE_RETURN_NOT_OK(flush());
+      COPSE_RETURN_NOT_OK(tls_->Write(base, iov[i].iov_len, -1));
     }
   }
-  return plain.empty() ? Status::OK() : flush();
+  return flush();
 }
 
 Status Socket::WriteVRaw(iovec* iov, size_t count, int pass_fd) {

@@ -32,13 +32,7 @@ class Socket {
   Socket() = default;
   explicit Socket(int fd, bool local = false) : fd_(fd), local_(local) {}
   ~Socket() { Close(); }
-  Socket(Socket&& o) noexcept
-      : fd_(o.fd_),
-        local_(o.local_),
-        received_fds_(std::move(o.received_fds_)),
-        tls_(std::move(o.tls_)),
-        decrypted_(std::move(o.decrypted_)),
-        decrypted_pos_(o.decrypted_pos_) {
+  Socket(Socket&& o) noexcept : fd_(o.fd_), local_(o.local_), received_fds_(std::move(o.received_fds_)), tls_(std::move(o.tls_)) {
     o.fd_ = -1;
     o.received_fds_.clear();
   }
@@ -86,16 +80,12 @@ class Socket {
   Result<size_t> ReadSomeRaw(char* p, size_t n, int timeout_ms);
   Status ReadExactRaw(char* p, size_t n, int timeout_ms);
   Status WriteVRaw(iovec* iov, size_t count, int pass_fd);
-  /// Reads ciphertext and feeds it to the session until it yields plaintext (or, while
-  /// `handshake`, until the handshake is over), sending what the session answers.
-  Status ReceiveTls(int timeout_ms, bool handshake);
+  Status WriteVTls(const iovec* iov, size_t count);
 
   int fd_ = -1;
   bool local_ = false;
   std::vector<int> received_fds_;
-  std::unique_ptr<tls::Session> tls_;
-  std::string decrypted_;  // plaintext received; from decrypted_pos_ on, not read yet
-  size_t decrypted_pos_ = 0;
+  std::unique_ptr<tls::FdSession> tls_;
 };
 
 /// A socket with a read buffer: small reads (frame and record headers) come from the buffer,

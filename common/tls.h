@@ -16,10 +16,14 @@
 // requires TLS…"). A TLS client reads that frame (CheckBanner: a plaintext server's hello
 // instead is answered by a clear error) and then starts the handshake.
 //
-// Session is transport-agnostic (memory BIOs): the caller moves ciphertext between it and the
-// socket, so the same session serves asio's asynchronous connections, blocking sockets and a
-// connection handed from one to the other. A Session is thread-safe: a writer thread may
-// encrypt while the io thread decrypts.
+// Two kinds of session:
+//  - Session is transport-agnostic (memory BIOs): the caller moves ciphertext between it and the
+//    socket, so the same session serves asio's asynchronous connections and a connection handed
+//    from a blocking client to them. It is thread-safe: a writer thread may encrypt while the io
+//    thread decrypts. Control messages are small; the extra copies do not matter.
+//  - FdSession reads and writes a non-blocking socket itself: records are decrypted straight
+//    into the caller's memory and encrypted straight from it, for the data plane's bulk
+//    transfers (one thread per connection). One thread at a time.
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -100,6 +104,31 @@ class Session {
   std::string peer_;
   bool established_ = false;
   bool any_received_ = false;
+};
+
+/// One side of one TLS connection over the non-blocking socket `fd` (not owned), after the
+/// banner. Every call waits at most `timeout_ms` for the socket (negative: for ever); Timeout
+/// then, Unavailable when the peer closed, reset or broke the session.
+class FdSession {
+ public:
+  FdSession(const Context& context, Session::Role role, std::string peer, int fd);
+  ~FdSession();
+  FdSession(const FdSession&) = delete;
+  FdSession& operator=(const FdSession&) = delete;
+
+  Status Handshake(int timeout_ms);
+  /// Reads 1..n bytes of plaintext.
+  Result<size_t> Read(char* p, size_t n, int timeout_ms);
+  /// Writes all n bytes (as records of up to 16 KiB).
+  Status Write(const char* p, size_t n, int timeout_ms);
+
+ private:
+  /// Waits for what SSL_get_error says the call returning `ret` needs; the error otherwise.
+  Status WaitFor(int ret, const std::string& doing, int timeout_ms);
+
+  ssl_st* ssl_;
+  std::string peer_;
+  int fd_;
 };
 
 /// The plaintext frame a TLS server sends first (see above).
