@@ -319,10 +319,10 @@ Result<std::string> Session::Start() {
 
 Result<std::string> Session::Receive(const char* data, size_t n, std::string& plain) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!any_received_ && n >= 4) {
+  if (!any_received_) {  // a copse frame where a ClientHello should be: a plaintext peer
     any_received_ = true;
-    uint32_t magic;
-    std::memcpy(&magic, data, 4);
+    uint32_t magic = 0;
+    if (n >= sizeof magic) std::memcpy(&magic, data, sizeof magic);
     if (magic == wire::kMagic)
       return Status::Unavailable(peer_ + " speaks plaintext copse, not TLS: give it the cluster's TLS directory (--tls-dir)");
   }

@@ -105,12 +105,18 @@ class EchoServer {
 
 net::Deadline In(int seconds) { return std::chrono::steady_clock::now() + std::chrono::seconds(seconds); }
 
-std::unique_ptr<net::BlockingClient> ConnectTls(uint16_t port, const Context& ctx) {
+/// A TCP connection to 127.0.0.1:port, nothing spoken yet.
+std::unique_ptr<net::BlockingClient> Dial(uint16_t port) {
   auto c = net::BlockingClient::ConnectTcp({asio::ip::make_address("127.0.0.1"), port}, In(10));
   REQUIRE(c.ok());
-  Status st = (*c)->StartTls(ctx, In(10));
-  REQUIRE_MESSAGE(st.ok(), st.ToString());
   return std::move(*c);
+}
+
+std::unique_ptr<net::BlockingClient> ConnectTls(uint16_t port, const Context& ctx) {
+  auto c = Dial(port);
+  Status st = c->StartTls(ctx, In(10));
+  REQUIRE_MESSAGE(st.ok(), st.ToString());
+  return c;
 }
 
 TEST_CASE("Tls.TheClusterCertificateIsMadeOnceAndItsKeyIsPrivate") {
@@ -198,9 +204,7 @@ TEST_CASE("Tls.APlaintextClientIsToldTheServerRequiresTls") {
   TempDir dir;
   auto ctx = MakeCluster(dir.path);
   EchoServer server(ctx);
-  auto client = net::BlockingClient::ConnectTcp({asio::ip::make_address("127.0.0.1"), server.port()}, In(10));
-  REQUIRE(client.ok());
-  Status st = (*client)->Authenticate("secret", "client", In(10));
+  Status st = Dial(server.port())->Authenticate("secret", "client", In(10));
   REQUIRE_FALSE(st.ok());
   CHECK(st.code() == StatusCode::kFailedPrecondition);
   CHECK_MESSAGE(st.message().find("requires TLS") != std::string::npos, st.ToString());
@@ -210,9 +214,7 @@ TEST_CASE("Tls.ATlsClientIsToldTheServerSpeaksPlaintext") {
   TempDir dir;
   auto ctx = MakeCluster(dir.path);
   EchoServer server(nullptr);
-  auto client = net::BlockingClient::ConnectTcp({asio::ip::make_address("127.0.0.1"), server.port()}, In(10));
-  REQUIRE(client.ok());
-  Status st = (*client)->StartTls(*ctx, In(10));
+  Status st = Dial(server.port())->StartTls(*ctx, In(10));
   REQUIRE_FALSE(st.ok());
   CHECK(st.code() == StatusCode::kFailedPrecondition);
   CHECK_MESSAGE(st.message().find("speaks plaintext") != std::string::npos, st.ToString());
@@ -224,9 +226,7 @@ TEST_CASE("Tls.APeerOfAnotherClusterIsRefused") {
   auto theirs = MakeCluster(dir.path / "theirs");
   EchoServer server(ours);
   {  // The client does not trust the server's certificate.
-    auto client = net::BlockingClient::ConnectTcp({asio::ip::make_address("127.0.0.1"), server.port()}, In(10));
-    REQUIRE(client.ok());
-    Status st = (*client)->StartTls(*theirs, In(10));
+    Status st = Dial(server.port())->StartTls(*theirs, In(10));
     REQUIRE_FALSE(st.ok());
     CHECK(st.code() == StatusCode::kUnavailable);
     CHECK_MESSAGE(st.message().find("certificate") != std::string::npos, st.ToString());
@@ -238,10 +238,9 @@ TEST_CASE("Tls.APeerOfAnotherClusterIsRefused") {
   std::filesystem::copy_file(dir.path / "ours" / kCertFileName, dir.path / "intruder" / kCaFileName);
   auto intruder = Context::Load(dir.path / "intruder");
   REQUIRE(intruder.ok());
-  auto client = net::BlockingClient::ConnectTcp({asio::ip::make_address("127.0.0.1"), server.port()}, In(10));
-  REQUIRE(client.ok());
-  Status st = (*client)->StartTls(**intruder, In(10));
-  if (st.ok()) st = (*client)->Call({{"op", "m"}, {"n", 1}}, In(10)).status();  // TLS 1.3: refused after the client's Finished
+  auto client = Dial(server.port());
+  Status st = client->StartTls(**intruder, In(10));
+  if (st.ok()) st = client->Call({{"op", "m"}, {"n", 1}}, In(10)).status();  // TLS 1.3: refused after the client's Finished
   CHECK_FALSE(st.ok());
   const auto deadline = In(10);
   while (server.last_close().find("certificate") == std::string::npos && std::chrono::steady_clock::now() < deadline)

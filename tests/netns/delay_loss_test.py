@@ -38,16 +38,10 @@ def dropped_by_loss(net):
 def main():
     copse, repo, work = nc.start_test(sys.argv)
     t0 = time.monotonic()
-    examples = os.path.join(repo, "examples")
-    jobs = {
-        "wordcount": os.path.join(examples, "wordcount", "wordcount.json"),
-        "stream_pipeline": os.path.join(examples, "stream_pipeline.json"),
-        "lineage": nc.lineage_job(os.path.join(work, "lineage.json"), pad_bytes=256 << 10),
-    }
+    jobs = nc.standard_jobs(repo, work)
     # (examples/ml/mlp-pipeline2-1f1b-m8, whose 800 micro-batch exchanges each wait a round
     # trip or more here, takes 80 s: too long for this test.)
-    reference = {name: nc.comparable_digests_of_run(copse, path, os.path.join(work, "ref-" + name))
-                 for name, path in jobs.items()}
+    reference = nc.reference_digests(copse, jobs, work)
     print(f"references: {reference} ({time.monotonic() - t0:.1f} s)")
 
     with nc.Cluster(copse, os.path.join(work, "cluster"), hosts=4) as c:

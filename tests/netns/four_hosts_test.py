@@ -29,11 +29,7 @@ def main():
     copse, repo, work = nc.start_test(sys.argv)
     t0 = time.monotonic()
     examples = os.path.join(repo, "examples")
-    jobs = {
-        "wordcount": os.path.join(examples, "wordcount", "wordcount.json"),
-        "stream_pipeline": os.path.join(examples, "stream_pipeline.json"),
-        "lineage": nc.lineage_job(os.path.join(work, "lineage.json"), pad_bytes=256 << 10),
-    }
+    jobs = nc.standard_jobs(repo, work)
     ml = os.path.join(examples, "ml", "mlp-pipeline2-1f1b-m8.json")
     if os.path.isdir("/usr/share/datasets/fashion-mnist"):
         jobs["mlp_pipeline"] = ml

@@ -914,6 +914,23 @@ def reference_outputs(copse, job_file, outdir, daemons=3, timeout=120, cpus=2):
 TIMING_FIELDS = ("images_per_s", "train_seconds", "tokens_per_s", "elapsed_s", "seconds")
 
 
+def standard_jobs(repo, work):
+    """The jobs most multi-host tests run: wordcount (file and memory channels across daemons),
+    the stream pipeline (a gang whose streams cross hosts) and a lineage job (256 KiB per
+    channel), by name."""
+    examples = os.path.join(repo, "examples")
+    return {
+        "wordcount": os.path.join(examples, "wordcount", "wordcount.json"),
+        "stream_pipeline": os.path.join(examples, "stream_pipeline.json"),
+        "lineage": lineage_job(os.path.join(work, "lineage.json"), pad_bytes=256 << 10),
+    }
+
+
+def reference_digests(copse, jobs, work):
+    """Each job's declared outputs' digests under `copse run` on one host, by name."""
+    return {name: comparable_digests_of_run(copse, path, os.path.join(work, "ref-" + name)) for name, path in jobs.items()}
+
+
 def comparable_digests_of_run(copse, job_file, outdir, daemons=3, timeout=120, cpus=2):
     """comparable_digests of a `copse run` of the job on this host."""
     reference_outputs(copse, job_file, outdir, daemons, timeout, cpus)

@@ -24,14 +24,8 @@ import netns_cluster as nc  # noqa: E402
 def main():
     copse, repo, work = nc.start_test(sys.argv)
     t0 = time.monotonic()
-    examples = os.path.join(repo, "examples")
-    jobs = {
-        "wordcount": os.path.join(examples, "wordcount", "wordcount.json"),
-        "stream_pipeline": os.path.join(examples, "stream_pipeline.json"),
-        "lineage": nc.lineage_job(os.path.join(work, "lineage.json"), pad_bytes=256 << 10),
-    }
-    reference = {name: nc.comparable_digests_of_run(copse, path, os.path.join(work, "ref-" + name))
-                 for name, path in jobs.items()}
+    jobs = nc.standard_jobs(repo, work)
+    reference = nc.reference_digests(copse, jobs, work)
 
     with nc.Cluster(copse, os.path.join(work, "cluster"), hosts=4, tls=True) as c:
         try:
