@@ -143,7 +143,6 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   job->gang_version.assign(job->g().gangs().size(), 0);
   job->gang_waits.assign(job->g().gangs().size(), {});
   job->gang_needs.emplace(job->g());
-  job->priority = Priorities(job->g());
   for (const auto& o : job->g().spec().outputs) {
     const uint32_t v = job->g().FindVertex(o.from.ToString()).value();
     if (!job->declared[v]) job->declared_vertices.push_back(v);
@@ -224,6 +223,9 @@ void Scheduler::RecomputePending(Job& job) {
 void Scheduler::MakeReady(Job& job, VertexId v) {
   job.runs[v.value()].state = VertexState::kReady;
   job.runs[v.value()].ready_since = clock_.Now();
+  // Computed when a vertex first becomes ready: a completed job restored after a restart (a
+  // million vertices, perhaps) never needs it.
+  if (job.priority.empty()) job.priority = Priorities(job.g());
   job.ready.emplace(job.priority[v.value()], v.value());
 }
 

@@ -129,7 +129,7 @@ struct Scheduler::Job {
   std::vector<Run> runs;
   /// Ready vertices, smallest priority first (see Priorities).
   std::priority_queue<std::pair<uint32_t, uint32_t>, std::vector<std::pair<uint32_t, uint32_t>>, std::greater<>> ready;
-  std::vector<uint32_t> priority;  // per vertex
+  std::vector<uint32_t> priority;  // per vertex; empty until a vertex first becomes ready (MakeReady)
   std::set<uint32_t> running;
   size_t completed = 0;
   size_t completions = 0;  // every successful attempt, for fault triggers
