@@ -767,15 +767,21 @@ Result<std::unique_ptr<StreamHub>> StreamHub::Start(const std::string& host, uin
       std::error_code ec;
       std::filesystem::create_directories(ipc_dir, ec);
       impl->ipc_path = ipc_dir / ("stream-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + ".sock");
-      if (impl->ipc_path.string().size() > 100)
-        return Status::InvalidArgument("stream hub: ipc path too long for a unix socket: " + impl->ipc_path.string());
-      std::filesystem::remove(impl->ipc_path, ec);
-      try {
-        impl->router.bind("ipc://" + impl->ipc_path.string());
-      } catch (const zmq::error_t& e) {
-        return Status::Unavailable("stream hub: cannot bind ipc://" + impl->ipc_path.string() + ": " + e.what());
+      if (impl->ipc_path.string().size() > 100) {
+        // A socket file's path must fit sockaddr_un (108 bytes): a deep work dir only costs
+        // same-host peers the ipc:// shortcut, not the daemon its start.
+        impl->log->warn("stream hub: {} is too long for a unix socket's path; same-host peers use tcp:// instead",
+                        impl->ipc_path.string());
+        impl->ipc_path.clear();
+      } else {
+        std::filesystem::remove(impl->ipc_path, ec);
+        try {
+          impl->router.bind("ipc://" + impl->ipc_path.string());
+        } catch (const zmq::error_t& e) {
+          return Status::Unavailable("stream hub: cannot bind ipc://" + impl->ipc_path.string() + ": " + e.what());
+        }
+        impl->ipc_endpoint = "ipc://" + impl->ipc_path.string();
       }
-      impl->ipc_endpoint = "ipc://" + impl->ipc_path.string();
     }
   } catch (const zmq::error_t& e) {
     return Status::Internal(std::string("stream hub: ") + e.what());

@@ -181,6 +181,24 @@ TEST_CASE("Stream.EncryptedHubsDeliverInOrderAndRefuseHubsWithoutTheKey" * docte
   CHECK(cons->dropped_frames() == 0);  // refused before any frame reached the hub
 }
 
+TEST_CASE("Stream.AHubWhoseIpcPathIsTooLongServesOverTcp" * doctest::timeout(20)) {
+  // A daemon with a deep work dir exited at start: its socket file's path did not fit a unix
+  // socket's 108 bytes.
+  TempDir dir;
+  auto deep = dir.path() / std::string(60, 'd') / std::string(60, 'e');
+  auto cons = StartHub(deep);
+  CHECK(cons->endpoints().ipc.empty());
+  auto prod = StartHub(dir.path() / "p");
+  StreamKey key{1, 1, 0};
+  auto r = cons->OpenReader(key, Quick());
+  REQUIRE(r.ok());
+  auto w = prod->OpenWriter(cons->endpoints(), key, Quick());  // same host, no ipc: tcp://
+  REQUIRE(w.ok());
+  REQUIRE((*w)->Write(Buffer(std::string("over tcp"))).ok());
+  REQUIRE((*w)->Close().ok());
+  CHECK(Drain(**r) == std::vector<std::string>{"over tcp"});
+}
+
 TEST_CASE("Stream.AMessageLargerThanAnyWindowIsRefusedAtWrite" * doctest::timeout(10)) {
   // The consumer's hub would drop the frame with its connection (its cap on what an
   // unauthenticated peer may make it buffer): the writer says so instead.
