@@ -55,6 +55,7 @@ Socket& Socket::operator=(Socket&& o) noexcept {
 }
 
 void Socket::Close() {
+  tls_.reset();  // it names the descriptor, whose number the next socket may get
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   for (int fd : received_fds_) ::close(fd);

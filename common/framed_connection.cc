@@ -116,18 +116,28 @@ void FramedConnection::ReadDecrypted(char* into, size_t n, std::function<void(st
   socket_.async_read_some(asio::buffer(ciphertext_in_),
                           [self, into, n, take, done = std::move(done)](std::error_code ec, size_t got) mutable {
                             if (ec) return done(ec);
-                            auto reply = self->tls_->Receive(self->ciphertext_in_.data(), got, self->decrypted_);
-                            if (!reply.ok()) {
-                              Logger("net")->warn("disconnecting {}: {}", self->peer_, reply.status().message());
-                              return self->Close(reply.status());
-                            }
-                            {
-                              std::unique_lock<std::mutex> lock(self->write_mu_);
-                              if (!reply->empty()) self->QueueBytes(std::move(*reply), lock);
-                            }
-                            if (self->tls_->established()) self->ReleaseHeldFrames();
+                            if (!self->TakeCiphertext(got)) return;
                             self->ReadDecrypted(into + take, n - take, std::move(done));
                           });
+}
+
+bool FramedConnection::TakeCiphertext(size_t got) {
+  {
+    // Under the write lock: records the session answers with (the handshake's, an alert) leave
+    // before any that a sending thread encrypts after them.
+    std::unique_lock<std::mutex> lock(write_mu_);
+    auto reply = tls_->Receive(ciphertext_in_.data(), got, decrypted_);
+    if (!reply.ok()) {
+      QueueBytes(tls_->TakeUnsent(), lock);  // the alert saying why, which goes out at once
+      if (lock.owns_lock()) lock.unlock();
+      Logger("net")->warn("disconnecting {}: {}", peer_, reply.status().message());
+      Close(reply.status());
+      return false;
+    }
+    if (!reply->empty()) QueueBytes(std::move(*reply), lock);
+  }
+  if (tls_->established()) ReleaseHeldFrames();
+  return true;
 }
 
 void FramedConnection::ReleaseHeldFrames() {
@@ -138,7 +148,9 @@ void FramedConnection::ReleaseHeldFrames() {
   held_frames_.clear();
   for (auto& frame : held) {
     if (!lock.owns_lock()) break;  // QueueBytes gave up on a peer that does not read
-    QueueBytes(tls_->Encrypt(frame), lock);
+    auto cipher = tls_->Encrypt(frame);
+    if (!cipher.ok()) return CloseFromAnyThread(cipher.status());
+    QueueBytes(std::move(*cipher), lock);
   }
 }
 
@@ -205,7 +217,9 @@ void FramedConnection::SendRaw(std::string frame) {
   if (!open_ || overflowed_) return;
   if (tls_) {
     if (!tls_ready_) return held_frames_.push_back(std::move(frame));
-    frame = tls_->Encrypt(frame);
+    auto cipher = tls_->Encrypt(frame);
+    if (!cipher.ok()) return CloseFromAnyThread(cipher.status());
+    frame = std::move(*cipher);
   }
   QueueBytes(std::move(frame), lock);
 }
@@ -361,9 +375,9 @@ Result<std::unique_ptr<BlockingClient>> BlockingClient::Connect(const std::strin
   const std::string peer = host + ":" + std::to_string(port);
   COPSE_ASSIGN_OR_RETURN(auto c, ConnectTo(asio::ip::tcp::endpoint(address, port), std::chrono::steady_clock::now() + timeout,
                                            Ms(timeout), false, peer));
-  if (tls) COPSE_RETURN_NOT_OK(c->StartTls(*tls, std::chrono::steady_clock::now() + timeout));
-  COPSE_RETURN_NOT_OK(c->Authenticate(secret, role, std::chrono::steady_clock::now() + timeout, Ms(timeout))
-                          .WithContext("authentication with " + peer));
+  const Deadline handshake = std::chrono::steady_clock::now() + timeout;  // TLS's and the secret's, together
+  if (tls) COPSE_RETURN_NOT_OK(c->StartTls(*tls, handshake));
+  COPSE_RETURN_NOT_OK(c->Authenticate(secret, role, handshake, Ms(timeout)).WithContext("authentication with " + peer));
   return c;
 }
 
@@ -375,6 +389,7 @@ Status BlockingClient::Authenticate(const std::string& secret, const std::string
                                     const std::string& budget) {
   COPSE_ASSIGN_OR_RETURN(Json hello, ReceiveBefore(deadline, budget));
   if (tls::IsBanner(hello)) return Status::FailedPrecondition(StringMember(hello, "message"));
+  server_runs_tls_ = hello.value("tls", false) == true;
   auto answer = auth::AnswerHello(hello, secret, role);
   if (!answer.ok()) return Status::Unavailable("it did not greet like a copse server: " + answer.status().message());
   COPSE_RETURN_NOT_OK(SendBefore(answer->message, deadline, budget));
@@ -399,7 +414,18 @@ Status BlockingClient::WriteRaw(const std::string& bytes, Deadline deadline, con
 }
 
 Status BlockingClient::WriteStream(const std::string& bytes, Deadline deadline, const std::string& budget) {
-  return WriteRaw(tls_ ? tls_->Encrypt(bytes) : bytes, deadline, budget);
+  if (!tls_) return WriteRaw(bytes, deadline, budget);
+  COPSE_ASSIGN_OR_RETURN(std::string cipher, tls_->Encrypt(bytes));
+  return WriteRaw(cipher, deadline, budget);
+}
+
+Status BlockingClient::ReceiveTls(tls::Session& session, size_t got, Deadline deadline, const std::string& budget) {
+  auto reply = session.Receive(ciphertext_in_.data(), got, decrypted_);
+  if (!reply.ok()) {
+    (void)WriteRaw(session.TakeUnsent(), deadline, budget);  // the alert saying why, best effort
+    return reply.status();
+  }
+  return reply->empty() ? Status::OK() : WriteRaw(*reply, deadline, budget);
 }
 
 Result<size_t> BlockingClient::ReadRawSome(Deadline deadline, const std::string& budget) {
@@ -420,8 +446,7 @@ Status BlockingClient::ReadExact(char* data, size_t n, Deadline deadline, const 
   }
   while (decrypted_.size() < n) {
     COPSE_ASSIGN_OR_RETURN(size_t got, ReadRawSome(deadline, budget));
-    COPSE_ASSIGN_OR_RETURN(std::string reply, tls_->Receive(ciphertext_in_.data(), got, decrypted_));
-    if (!reply.empty()) COPSE_RETURN_NOT_OK(WriteRaw(reply, deadline, budget));
+    COPSE_RETURN_NOT_OK(ReceiveTls(*tls_, got, deadline, budget));
   }
   std::memcpy(data, decrypted_.data(), n);
   decrypted_.erase(0, n);
@@ -437,8 +462,7 @@ Status BlockingClient::StartTls(const tls::Context& context, Deadline deadline) 
   COPSE_RETURN_NOT_OK(WriteRaw(hello, deadline, kTimeAllowed));
   while (!session->established()) {
     COPSE_ASSIGN_OR_RETURN(size_t got, ReadRawSome(deadline, kTimeAllowed));
-    COPSE_ASSIGN_OR_RETURN(std::string reply, session->Receive(ciphertext_in_.data(), got, decrypted_));
-    if (!reply.empty()) COPSE_RETURN_NOT_OK(WriteRaw(reply, deadline, kTimeAllowed));
+    COPSE_RETURN_NOT_OK(ReceiveTls(*session, got, deadline, kTimeAllowed));
   }
   tls_ = std::move(session);
   return Status::OK();

@@ -117,6 +117,9 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   /// Sends bytes as they are (ciphertext under TLS, or plaintext without): the write path of
   /// the comment at the top. Requires write_mu_ held by `lock`.
   void QueueBytes(std::string bytes, std::unique_lock<std::mutex>& lock);
+  /// Feeds `got` bytes of ciphertext_in_ to the session; false when it failed (the connection
+  /// is closed then).
+  bool TakeCiphertext(size_t got);
   /// Once the TLS handshake is over: encrypts and queues what Send() held back meanwhile.
   void ReleaseHeldFrames();
   /// Writes out_.front() asynchronously. Requires write_mu_; on the io thread.
@@ -199,6 +202,10 @@ class BlockingClient {
   Status SendFrame(const std::string& frame, Deadline deadline);
   Result<wire::Frame> ReceiveFrame(Deadline deadline);
 
+  /// Whether the server's hello said it runs TLS (set by Authenticate): a daemon without TLS
+  /// that reached it through its plaintext local socket must not go on (security.md).
+  bool server_runs_tls() const { return server_runs_tls_; }
+
   /// The connected socket's descriptor (to ask the kernel who holds a local socket's other end).
   int native_handle() { return socket_.native_handle(); }
   /// Whether it runs over a local socket.
@@ -225,12 +232,16 @@ class BlockingClient {
   /// Writes bytes of the stream (encrypting them under TLS).
   Status WriteStream(const std::string& bytes, Deadline deadline, const std::string& budget);
   Status WriteRaw(const std::string& bytes, Deadline deadline, const std::string& budget);
+  /// Feeds `got` bytes of ciphertext_in_ to `session`, sending what it answers (its alert too,
+  /// when it fails).
+  Status ReceiveTls(tls::Session& session, size_t got, Deadline deadline, const std::string& budget);
 
   asio::io_context io_;
   Socket socket_;
   bool local_;
   std::string peer_;  // "host:port" or "local socket NAME"
   std::unique_ptr<tls::Session> tls_;
+  bool server_runs_tls_ = false;
   std::string decrypted_;  // under TLS: plaintext received and not read yet
   std::vector<char> ciphertext_in_;
 };

@@ -41,7 +41,8 @@ std::string OpenSslErrors() {
 template <class Write>
 Status WritePem(const std::filesystem::path& path, mode_t mode, Write write) {
   const std::string tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  ::unlink(tmp.c_str());  // a leftover keeps its mode; a planted link must not be followed
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return Status::IOError("cannot create " + tmp + ": " + std::strerror(errno));
   FILE* file = ::fdopen(fd, "w");
   if (!file) {
@@ -73,7 +74,7 @@ Status CreateClusterCertificateIfAbsent(const std::filesystem::path& dir) {
   std::unique_ptr<X509, decltype(&X509_free)> cert(X509_new(), X509_free);
   if (!key || !cert) return Status::Internal("cannot make a key: " + OpenSslErrors());
   unsigned char serial[16];
-  RAND_bytes(serial, sizeof(serial));
+  if (RAND_bytes(serial, sizeof(serial)) != 1) return Status::Internal("no random bytes: " + OpenSslErrors());
   serial[0] &= 0x7f;  // a positive serial number
   std::unique_ptr<BIGNUM, decltype(&BN_free)> bn(BN_bin2bn(serial, sizeof(serial), nullptr), BN_free);
   X509_set_version(cert.get(), 2);
@@ -114,6 +115,10 @@ Result<std::shared_ptr<const Context>> Context::Load(const std::filesystem::path
   struct stat st {};
   if (::stat(key.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
     return Status::PermissionDenied(key.string() + " is readable by others than its owner (chmod 600 it)");
+  for (const auto& file : {cert, key}) {
+    if (::access(file.c_str(), R_OK) != 0)
+      return Status::PermissionDenied("cannot read " + file.string() + ": " + std::strerror(errno));
+  }
   SSL_CTX* ctx = SSL_CTX_new(TLS_method());
   if (!ctx) return Status::Internal("cannot make a TLS context: " + OpenSslErrors());
   std::shared_ptr<const Context> made(new Context(ctx, dir));
@@ -135,6 +140,9 @@ Result<std::shared_ptr<const Context>> Context::Load(const std::filesystem::path
   if (SSL_CTX_load_verify_locations(ctx, trusted.c_str(), nullptr) != 1)
     return Status::InvalidArgument(trusted.string() + ": cannot load it as the cluster's CA: " + OpenSslErrors());
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  // A trusted certificate is an anchor even when it is not self-signed (a cluster.crt issued by
+  // another CA, given without ca.crt: the one certificate trusted).
+  X509_STORE_set_flags(SSL_CTX_get_cert_store(ctx), X509_V_FLAG_PARTIAL_CHAIN);
   return made;
 }
 
@@ -310,6 +318,7 @@ Status FdSession::Write(const char* p, size_t n, int timeout_ms) {
 
 Result<std::string> Session::Start() {
   std::lock_guard<std::mutex> lock(mu_);
+  ERR_clear_error();  // SSL_get_error reads the thread's queue: another session's errors must not count
   if (!SSL_is_server(ssl_)) {
     const int ret = SSL_do_handshake(ssl_);
     if (ret != 1 && SSL_get_error(ssl_, ret) != SSL_ERROR_WANT_READ) return Failure(ret, "handshake");
@@ -319,10 +328,11 @@ Result<std::string> Session::Start() {
 
 Result<std::string> Session::Receive(const char* data, size_t n, std::string& plain) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!any_received_) {  // a copse frame where a ClientHello should be: a plaintext peer
-    any_received_ = true;
-    uint32_t magic = 0;
-    if (n >= sizeof magic) std::memcpy(&magic, data, sizeof magic);
+  ERR_clear_error();
+  uint32_t magic = 0;
+  if (first_bytes_.size() < sizeof magic) {  // a copse frame where a ClientHello should be: a plaintext peer
+    first_bytes_.append(data, std::min(n, sizeof magic - first_bytes_.size()));
+    if (first_bytes_.size() == sizeof magic) std::memcpy(&magic, first_bytes_.data(), sizeof magic);
     if (magic == wire::kMagic)
       return Status::Unavailable(peer_ + " speaks plaintext copse, not TLS: give it the cluster's TLS directory (--tls-dir)");
   }
@@ -333,7 +343,9 @@ Result<std::string> Session::Receive(const char* data, size_t n, std::string& pl
     if (ret == 1) {
       established_ = true;
     } else if (SSL_get_error(ssl_, ret) != SSL_ERROR_WANT_READ) {
-      return Failure(ret, "handshake");
+      Status failed = Failure(ret, "handshake");
+      unsent_ = DrainOutput();
+      return failed;
     }
   }
   if (established_) {
@@ -347,20 +359,28 @@ Result<std::string> Session::Receive(const char* data, size_t n, std::string& pl
       const int err = SSL_get_error(ssl_, got);
       if (err == SSL_ERROR_WANT_READ) break;
       if (err == SSL_ERROR_ZERO_RETURN) return Status::Unavailable(peer_ + " closed the TLS session");
-      return Failure(got, "read");
+      Status failed = Failure(got, "read");
+      unsent_ = DrainOutput();
+      return failed;
     }
   }
   return DrainOutput();
 }
 
-std::string Session::Encrypt(std::string_view plain) {
+std::string Session::TakeUnsent() {
   std::lock_guard<std::mutex> lock(mu_);
+  return std::move(unsent_);
+}
+
+Result<std::string> Session::Encrypt(std::string_view plain) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ERR_clear_error();
   // With a memory BIO a write takes everything: the records are only buffered.
   size_t done = 0;
   while (done < plain.size()) {
     const int chunk = static_cast<int>(std::min<size_t>(plain.size() - done, 1 << 30));
     const int n = SSL_write(ssl_, plain.data() + done, chunk);
-    if (n <= 0) break;
+    if (n <= 0) return Failure(n, "write");
     done += static_cast<size_t>(n);
   }
   return DrainOutput();

@@ -88,8 +88,11 @@ class Session {
   /// OpenSSL's reason, when they are not TLS the session accepts (a bad certificate, garbage, a
   /// plaintext copse frame).
   Result<std::string> Receive(const char* data, size_t n, std::string& plain);
-  /// The records carrying `plain`; only once established().
-  std::string Encrypt(std::string_view plain);
+  /// What the session had to send when Receive failed (the alert telling the peer why): sent
+  /// before closing, so that the peer learns the reason rather than a closed connection.
+  std::string TakeUnsent();
+  /// The records carrying `plain`; only once established(). Unavailable once the session broke.
+  Result<std::string> Encrypt(std::string_view plain);
   /// Whether the handshake is over (application data may flow).
   bool established() const;
 
@@ -103,7 +106,8 @@ class Session {
   bio_st* out_;  // owned by ssl_
   std::string peer_;
   bool established_ = false;
-  bool any_received_ = false;
+  std::string first_bytes_;  // the first 4 bytes received, to tell a plaintext copse peer
+  std::string unsent_;       // see TakeUnsent
 };
 
 /// One side of one TLS connection over the non-blocking socket `fd` (not owned), after the

@@ -253,7 +253,9 @@ class JmServer::Impl : public DaemonSink {
         [this, weak](const Status& why) {
           if (auto c = weak.lock()) OnClose(c, why);
         });
-    conn->Send({{"op", "hello"}, {"nonce", peer.nonce}, {"version", wire::kProtocolVersion}});
+    Json hello = {{"op", "hello"}, {"nonce", peer.nonce}, {"version", wire::kProtocolVersion}};
+    if (options_.tls) hello["tls"] = true;  // on the local socket too: a daemon without TLS stops there
+    conn->Send(hello);
   }
 
   void OnClose(const std::shared_ptr<net::FramedConnection>& conn, const Status& why) {

@@ -247,6 +247,13 @@ class Daemon::Impl {
     // Never take tasks from a server that cannot show it holds the secret.
     Status authenticated = client.Authenticate(options_.secret, "daemon", deadline);
     if (!authenticated.ok()) return RegistrationFailure(authenticated, jm);
+    if (client.server_runs_tls() && !options_.tls) {
+      // Reached through the plaintext local socket: registered, this daemon would serve its
+      // outputs and streams in plaintext to a cluster whose other members speak only TLS.
+      return Status::FailedPrecondition(jm +
+                                        " runs TLS, and this daemon has no TLS directory: give it the cluster's "
+                                        "(--tls-dir or COPSE_TLS_DIR; the job manager's STATE_DIR/tls)");
+    }
     protocol::DaemonToJm hello;
     protocol::Register& reg = *hello.mutable_register_();
     reg.set_name(options_.name);

@@ -242,6 +242,8 @@ TEST_CASE("Tls.APeerOfAnotherClusterIsRefused") {
   Status st = client->StartTls(**intruder, In(10));
   if (st.ok()) st = client->Call({{"op", "m"}, {"n", 1}}, In(10)).status();  // TLS 1.3: refused after the client's Finished
   CHECK_FALSE(st.ok());
+  // The server's alert reaches the client: it says why, not just that the connection closed.
+  CHECK_MESSAGE(st.message().find("alert") != std::string::npos, st.ToString());
   const auto deadline = In(10);
   while (server.last_close().find("certificate") == std::string::npos && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

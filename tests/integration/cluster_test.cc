@@ -486,6 +486,25 @@ TEST_CASE("Cluster.ADaemonGivenOnlyTheStateDirFollowsAJobManagerStartedAgainOnAn
   CHECK(cluster.Wait(id)["state"] == "completed");
 }
 
+TEST_CASE("Cluster.ADaemonWithoutTheTlsDirectoryIsRefusedEvenThroughTheLocalSocket") {
+  // The local socket is plaintext; a daemon that reached a TLS job manager there would have
+  // served its outputs and streams in plaintext to members that speak only TLS.
+  if (TlsMode()) return;  // the TLS run passes --tls already
+  TestCluster cluster(0, 2, 1000, {"--tls"});
+  cluster.AddDaemon("plain", 1);  // no --tls-dir: the job manager's local socket, in plaintext
+  const auto log = cluster.dir() / "plain.log";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::string text;
+  while (text.find("has no TLS directory") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    text = ReadFile(log.string()).ValueOr("");
+  }
+  CHECK_MESSAGE(text.find("runs TLS, and this daemon has no TLS directory") != std::string::npos, text);
+  auto reply = cluster.client().Call({{"op", "daemons"}});  // the client found STATE_DIR/tls
+  REQUIRE_MESSAGE(reply.ok(), reply.status().ToString());
+  CHECK((*reply)["daemons"].empty());
+}
+
 TEST_CASE("Cluster.DaemonsOnTheJobManagersHostConnectThroughItsLocalSocket") {
   if (TlsMode()) return;  // the TLS run keeps every daemon off the local socket
   TestCluster cluster(1);
