@@ -163,13 +163,23 @@ Result<NamedTensors> DeserializeTensors(std::string_view bytes, Device* device) 
     const size_t element = DTypeSize(type);
     if (ndim > kMaxDims) return Loss(where + "too many dimensions (" + std::to_string(ndim) + ")");
     Shape shape(ndim);
-    uint64_t numel = 1;
+    // The product of the non-zero dimensions must not overflow, even in an empty tensor: one
+    // that wrapped round (64 x 5·2^60 is 0 modulo 2^64, behind a zero dimension) passed, and
+    // the tensor's element count then overflowed (found by the tensor fuzzer). Every partial
+    // product NumElements forms is at most this one.
+    int64_t nonzero = 1;
+    bool empty = false;
     for (auto& d : shape) {
       if (!r.Get(&d)) return Loss(where + "truncated shape");
       if (d < 0) return Loss(where + "negative dimension");
-      numel *= static_cast<uint64_t>(d);
-      if (numel > r.remaining() / element) return Loss(where + "shape larger than the data");
+      if (d == 0) {
+        empty = true;
+      } else if (__builtin_mul_overflow(nonzero, d, &nonzero)) {
+        return Loss(where + "shape too large (its element count overflows)");
+      }
     }
+    const uint64_t numel = empty ? 0 : static_cast<uint64_t>(nonzero);
+    if (numel > r.remaining() / element) return Loss(where + "shape larger than the data");
     std::string_view data;
     if (!r.Bytes(numel * element, &data)) return Loss(where + "truncated data");
     Tensor t = Tensor::Empty(shape, device, type);

@@ -1,6 +1,9 @@
 #include <doctest/doctest.h>
 
+#include <xxhash.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include "ml/serialize.h"
 #include "ml/tensor_message.h"
@@ -40,6 +43,17 @@ TEST_CASE("Serialize.CorruptionIsDataLossNeverACrash") {
   }
   CHECK(DeserializeTensors(good + "x").status().code() == copse::StatusCode::kDataLoss);
   CHECK(DeserializeTensors("").status().message().find("truncated") != std::string::npos);
+  // Dimensions whose product wraps round 2^64 (64 x 5·2^60) behind a zero one: refused, not an
+  // empty tensor whose element count overflows (the tensor fuzzer's find).
+  std::string wrapped = SerializeTensors({{"w", Tensor::Zeros({0, 1, 1})}});
+  const size_t dims = wrapped.size() - 8 - 3 * 8;  // before the checksum: three int64 dimensions
+  for (auto [i, d] : {std::pair{0, int64_t{64}}, {1, int64_t{5} << 60}, {2, int64_t{0}}})
+    std::memcpy(wrapped.data() + dims + 8 * i, &d, 8);
+  const uint64_t sum = XXH64(wrapped.data(), wrapped.size() - 8, 0);
+  std::memcpy(wrapped.data() + wrapped.size() - 8, &sum, 8);
+  auto huge = DeserializeTensors(wrapped);
+  CHECK(huge.status().code() == copse::StatusCode::kDataLoss);
+  CHECK_MESSAGE(huge.status().message().find("shape too large") != std::string::npos, huge.status().ToString());
   // Two tensors where one is expected.
   const std::string two = SerializeTensors({{"a", Tensor::Zeros({1})}, {"b", Tensor::Zeros({1})}});
   CHECK(DeserializeTensor(two).status().code() == copse::StatusCode::kDataLoss);
