@@ -26,6 +26,7 @@ using internal::kRecordHeaderBytes;
 namespace {
 
 constexpr size_t kFileBufferBytes = 1 << 20;
+constexpr size_t kMinFileBufferBytes = 4 << 10;
 constexpr size_t kDirectWriteBytes = 256 << 10;  // messages at least this big skip the buffer
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
@@ -360,7 +361,14 @@ Result<std::unique_ptr<FileRecordReader>> FileRecordReader::Open(const fs::path&
 
 Result<std::unique_ptr<FileRecordReader>> FileRecordReader::Open(int fd, std::string what, bool verify) {
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  std::unique_ptr<FileRecordReader> r(new FileRecordReader(fd, std::move(what), verify));
+  // A buffer the file fits in, within [4 KiB, 1 MiB]: a file whose size is not known (or that
+  // grows) only reads in more turns.
+  size_t buffer_bytes = kFileBufferBytes;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    buffer_bytes = std::clamp<size_t>(static_cast<size_t>(st.st_size), kMinFileBufferBytes, kFileBufferBytes);
+  }
+  std::unique_ptr<FileRecordReader> r(new FileRecordReader(fd, std::move(what), verify, buffer_bytes));
   COPSE_RETURN_NOT_OK(r->Fill(sizeof internal::kFileMagic));
   if (r->end_ - r->begin_ < sizeof internal::kFileMagic ||
       std::memcmp(r->buf_.data() + r->begin_, internal::kFileMagic, sizeof internal::kFileMagic) != 0) {
@@ -370,8 +378,8 @@ Result<std::unique_ptr<FileRecordReader>> FileRecordReader::Open(int fd, std::st
   return r;
 }
 
-FileRecordReader::FileRecordReader(int fd, std::string what, bool verify)
-    : fd_(fd), what_(std::move(what)), verify_(verify), buf_(kFileBufferBytes) {}
+FileRecordReader::FileRecordReader(int fd, std::string what, bool verify, size_t buffer_bytes)
+    : fd_(fd), what_(std::move(what)), verify_(verify), buf_(buffer_bytes) {}
 
 FileRecordReader::~FileRecordReader() { ::close(fd_); }
 

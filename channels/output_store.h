@@ -225,8 +225,9 @@ struct Record {
   uint64_t checksum = 0;
 };
 
-/// Reads the records of an output file in order, through a 1 MiB buffer (large messages are
-/// read straight into their own storage). `verify`: check each checksum (DataLoss on mismatch);
+/// Reads the records of an output file in order, through a buffer of the file's size up to 1 MiB
+/// (large messages are read straight into their own storage): a small output costs a small
+/// allocation, not a zeroed megabyte. `verify`: check each checksum (DataLoss on mismatch);
 /// the data server forwards records unverified and the fetching reader verifies them.
 /// `what` names the output in errors. Not thread-safe.
 class FileRecordReader {
@@ -239,7 +240,7 @@ class FileRecordReader {
   Result<std::optional<Record>> Next();
 
  private:
-  FileRecordReader(int fd, std::string what, bool verify);
+  FileRecordReader(int fd, std::string what, bool verify, size_t buffer_bytes);
   Status Fill(size_t need);
   int fd_;
   std::string what_;

@@ -95,6 +95,27 @@ TEST_CASE("OutputStore.RoundTripKeepsMessageBoundaries" * doctest::timeout(20)) 
   }
 }
 
+TEST_CASE("OutputStore.SmallFilesReadWholeThroughABufferOfTheirSize" * doctest::timeout(10)) {
+  // A reader's buffer follows the file's size (4 KiB at least): messages over a quarter of it
+  // take the large-message path even in a file of a few KiB, and files just over the minimum
+  // hold messages that straddle the buffer's end.
+  TempDir dir;
+  auto store = MakeStore(dir);
+  const std::vector<std::vector<std::string>> files = {
+      {"x"},
+      {Pattern(1500, 1, 0)},
+      {Pattern(3000, 2, 0), "y", Pattern(2000, 3, 0)},
+      {Pattern(4090, 4, 0)},
+      {Pattern(900, 5, 0), Pattern(900, 6, 0), Pattern(900, 7, 0), Pattern(900, 8, 0), Pattern(900, 9, 0)},
+      {Pattern(70000, 10, 0), Pattern(10, 11, 0)},
+  };
+  for (uint32_t i = 0; i < files.size(); ++i) {
+    const OutputKey key{1, 7, i, 0};
+    WriteAll(*store, key, StorageKind::kFile, files[i]);
+    CHECK(ReadAll(*store, key) == files[i]);
+  }
+}
+
 TEST_CASE("OutputStore.OutputsAreReadableByTheirOwnerAlone" * doctest::timeout(10)) {
   namespace fs = std::filesystem;
   TempDir dir;
