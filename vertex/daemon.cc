@@ -51,6 +51,7 @@
 #include "vertex/gpu_pool.h"
 #include "vertex/input_prefetcher.h"
 #include "vertex/protocol_types.h"
+#include "vertex/task_queue.h"
 
 namespace copse::vertex {
 namespace {
@@ -95,7 +96,15 @@ class Daemon::Impl {
         heartbeat_(io_),
         log_flush_(io_),
         heartbeat_every_(options_.heartbeat_interval),
-        gpus_(options_.gpus) {}
+        gpus_(options_.gpus),
+        tasks_([this](const Task& t, std::optional<InputPrefetcher::After> remote) {
+          if (!remote) return prefetcher_->Start(t.spec.inputs(), std::nullopt, t.cancel, nullptr);
+          const uint64_t job = t.spec.job();
+          const uint32_t vertex = t.spec.vertex(), version = t.spec.version();
+          return prefetcher_->Start(t.spec.inputs(), remote, t.cancel, [this, job, vertex, version](const Status& st) {
+            OnRemoteAfter({job, vertex, version}, st);
+          });
+        }) {}
 
   ~Impl() {
     if (metrics_http_) metrics_http_->Stop();
@@ -103,7 +112,7 @@ class Daemon::Impl {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
       for (auto& [key, flag] : cancel_flags_) flag->store(true);
-      for (auto& t : held_) t.cancel->store(true);
+      tasks_.Clear();  // stops held tasks' prefetches
     }
     prefetcher_.reset();  // joins the fetch threads; their callbacks take mu_, so not under it
     cv_.notify_all();
@@ -156,7 +165,7 @@ class Daemon::Impl {
       g.slots = options_.cpus;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        g.running = busy_workers_, g.queued = queue_.size(), g.held = held_.size();
+        g.running = busy_workers_, g.queued = tasks_.queued(), g.held = tasks_.held();
       }
       g.store_memory_bytes = store_->memory_bytes(), g.store_budget_bytes = store_->memory_budget_bytes();
       g.outputs = store_->List().size(), g.spills = store_->spills(), g.spilled_bytes = store_->spilled_bytes();
@@ -346,9 +355,7 @@ class Daemon::Impl {
 
   void CancelEverything() {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.clear();
-    for (auto& t : held_) t.cancel->store(true);
-    held_.clear();
+    tasks_.Clear();
     for (auto& [key, flag] : cancel_flags_) flag->store(true);
     reports_.clear();
   }
@@ -363,14 +370,7 @@ class Daemon::Impl {
   }
 
  private:
-  using AttemptKey = std::tuple<uint64_t, uint32_t, uint32_t>;  // job, vertex, version
-
-  struct Task : AttemptTask {
-    // Held (chained): the attempts here it still waits for, and whether it still waits for the
-    // outputs of one on another daemon. Queued when neither is left.
-    std::vector<AttemptKey> waiting_for;
-    bool remote_pending = false;
-  };
+  using Task = TaskQueue::Task;
 
   void Heartbeat() {
     heartbeat_.expires_after(heartbeat_every_);
@@ -453,20 +453,17 @@ class Daemon::Impl {
     switch (msg.body_case()) {
       case M::kRun: {
         std::lock_guard<std::mutex> lock(mu_);
-        const size_t queued_before = queue_.size();
+        const size_t queued_before = tasks_.queued();
         for (protocol::Task& spec : *msg.mutable_run()->mutable_tasks()) {
           Task t;
           t.spec = std::move(spec);
-          if (t.spec.after_size() > 0) {
-            HoldChained(std::move(t));
-          } else {
-            queue_.push_back(std::move(t));
-          }
+          tasks_.Add(std::move(t), reports_);
         }
         // A worker per task queued now; a chained task that is only held wakes nobody (most
         // tasks of a pipeline arrive so).
         AddWorkersForQueue();
-        for (size_t i = queued_before; i < queue_.size(); ++i) cv_.notify_one();
+        for (size_t i = queued_before; i < tasks_.queued(); ++i) cv_.notify_one();
+        if (!reports_.empty()) PostReports();
         return;
       }
       case M::kCancel:
@@ -480,8 +477,7 @@ class Daemon::Impl {
         }
         {
           std::lock_guard<std::mutex> lock(mu_);
-          finished_.erase(finished_.lower_bound({job, 0, 0}),
-                          job == std::numeric_limits<uint64_t>::max() ? finished_.end() : finished_.lower_bound({job + 1, 0, 0}));
+          tasks_.ForgetJob(job);
         }
         hub_->DropJob(job);
         shm_.DropJob(job);
@@ -539,69 +535,13 @@ class Daemon::Impl {
   /// The memory this daemon offers vertices, in MB: what it was told, else the machine's.
   int64_t OfferedMemoryMb() const { return options_.memory_mb > 0 ? options_.memory_mb : MachineMemoryMb(); }
 
-  /// A chained task (its `after`: the attempts it runs after, each on this daemon or — at most
-  /// one, `remote` — elsewhere): queued at once when they have all succeeded here already,
-  /// withdrawn when one failed, else held until they have. Requires mu_.
-  void HoldChained(Task t) {
-    const uint64_t job = t.spec.job();
-    auto withdraw = [&](const std::string& why) {
-      reports_.push_back(Withdrawn(t.spec, why));
-      // Remembered as failed, so that a task chained after this one (sent with it, or later)
-      // is withdrawn too rather than held for ever.
-      WithdrawChainedAfter({KeyOf(t)});
-      PostReports();
-    };
-    std::optional<InputPrefetcher::After> remote;
-    for (const protocol::ChainedAfter& a : t.spec.after()) {
-      const uint32_t vertex = a.vertex(), version = a.version();
-      if (a.remote()) {
-        remote = InputPrefetcher::After{vertex, version};  // at most one (checked)
-        continue;
-      }
-      auto done = finished_.find({job, vertex, version});
-      if (done == finished_.end()) {
-        t.waiting_for.emplace_back(job, vertex, version);
-      } else if (!done->second) {
-        return withdraw("the attempt it was chained after failed");
-      }
-    }
-    if (remote) {
-      // Runs once that attempt's outputs have arrived here (OnRemoteAfter); its other remote
-      // inputs come meanwhile.
-      const uint32_t vertex = t.spec.vertex(), version = t.spec.version();
-      t.remote_pending = true;
-      t.prefetched = prefetcher_->Start(t.spec.inputs(), remote, t.cancel, [this, job, vertex, version](const Status& st) {
-        OnRemoteAfter(job, vertex, version, st);
-      });
-      if (!t.prefetched) return withdraw("none of its inputs is on another daemon");
-    } else if (t.waiting_for.empty()) {
-      queue_.push_back(std::move(t));
-      return;
-    } else {
-      t.prefetched = prefetcher_->Start(t.spec.inputs(), std::nullopt, t.cancel, nullptr);
-    }
-    held_.push_back(std::move(t));
-  }
-
+  /// Cancels the job's (or one vertex's) tasks: those not started yet, and the running ones.
   void CancelMatching(uint64_t job, int64_t vertex) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto match = [&](const Task& t) { return t.spec.job() == job && (vertex < 0 || int64_t{t.spec.vertex()} == vertex); };
-    // Cancelled before they ran: they end here as failed, for what is chained after them.
-    std::vector<AttemptKey> ended;
-    for (auto& t : held_) {
-      if (!match(t)) continue;
-      t.cancel->store(true);  // stops its prefetch
-      ended.push_back(KeyOf(t));
-    }
-    for (const auto& t : queue_) {
-      if (match(t)) ended.push_back(KeyOf(t));
-    }
-    std::erase_if(queue_, match);
-    std::erase_if(held_, match);
+    tasks_.Cancel(job, vertex, reports_);
     for (auto& [key, flag] : cancel_flags_) {
       if (key.first == job && (vertex < 0 || key.second == static_cast<uint32_t>(vertex))) flag->store(true);
     }
-    WithdrawChainedAfter(std::move(ended));
     if (!reports_.empty()) PostReports();
   }
 
@@ -611,7 +551,7 @@ class Daemon::Impl {
   /// started stay, so a steady load starts no threads. Requires mu_.
   void AddWorkersForQueue() {
     static constexpr size_t kMaxWorkers = 1024;  // tasks asking for no cpus beyond this wait their turn
-    while (!stopping_ && workers_.size() - busy_workers_ < queue_.size() && workers_.size() < kMaxWorkers) {
+    while (!stopping_ && workers_.size() - busy_workers_ < tasks_.queued() && workers_.size() < kMaxWorkers) {
       workers_.emplace_back([this] { WorkerLoop(); });
     }
   }
@@ -623,10 +563,9 @@ class Daemon::Impl {
       Task task;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        cv_.wait(lock, [this] { return stopping_ || tasks_.queued() > 0; });
         if (stopping_) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
+        task = *tasks_.Next();
         ++busy_workers_;
         cancel_flags_[{task.spec.job(), task.spec.vertex()}] = task.cancel;
         task.log = std::make_shared<AttemptLog>();
@@ -646,9 +585,11 @@ class Daemon::Impl {
         live_logs_.erase({job, vertex, version});
         const bool ok = report.ok();
         reports_.push_back(std::move(report));  // before any chained successor's report
-        finished_[{job, vertex, version}] = ok;
-        --busy_workers_;  // this worker takes the next queued task itself
-        ReleaseHeld(job, vertex, version, ok);
+        --busy_workers_;                        // this worker takes the next queued task itself
+        // It looks at the queue next and so runs the first task released here itself: only the
+        // others wake a worker.
+        const size_t released = tasks_.Ended({job, vertex, version}, ok, reports_);
+        for (size_t i = 1; i < released; ++i) cv_.notify_one();
         AddWorkersForQueue();
       }
       SendReports();  // from this thread: waking the io thread would cost this worker its core
@@ -656,95 +597,17 @@ class Daemon::Impl {
   }
 
   static AttemptKey KeyOf(const Task& t) { return {t.spec.job(), t.spec.vertex(), t.spec.version()}; }
-  static bool IsChainedAfter(const Task& t, const AttemptKey& attempt) {
-    return std::find(t.waiting_for.begin(), t.waiting_for.end(), attempt) != t.waiting_for.end();
-  }
 
-  /// Tasks chained after attempt (job, vertex, version), which just ended here: queued next when
-  /// it succeeded and they wait for nothing else, else withdrawn. Requires mu_; called by the
-  /// worker that ran the attempt, which looks at the queue next and so runs the first task
-  /// released here itself: only the others wake a worker.
-  void ReleaseHeld(uint64_t job, uint32_t vertex, uint32_t version, bool ok) {
-    const AttemptKey ended{job, vertex, version};
-    if (!ok) {
-      WithdrawChainedAfter({ended});
-      return;
-    }
-    bool caller_runs_next = true;
-    for (auto it = held_.begin(); it != held_.end();) {
-      if (!IsChainedAfter(*it, ended)) {
-        ++it;
-        continue;
-      }
-      std::erase(it->waiting_for, ended);
-      if (!it->waiting_for.empty() || it->remote_pending) {
-        ++it;
-        continue;
-      }
-      queue_.push_front(std::move(*it));  // the job manager chains only what runs next
-      if (!std::exchange(caller_runs_next, false)) cv_.notify_one();
-      it = held_.erase(it);
-    }
-  }
-
-  /// Attempts that ended here without succeeding (failed, cancelled or withdrawn): every held
-  /// task chained after one of them is reported withdrawn and ends likewise, down the chain — a
-  /// task held after a withdrawn one would otherwise wait for ever. Each is remembered as
-  /// failed, for chained tasks that arrive later. Requires mu_.
-  void WithdrawChainedAfter(std::vector<AttemptKey> ended) {
-    while (!ended.empty()) {
-      const AttemptKey key = ended.back();
-      ended.pop_back();
-      finished_.emplace(key, false);  // one that ran keeps the report's verdict
-      for (auto it = held_.begin(); it != held_.end();) {
-        if (!IsChainedAfter(*it, key)) {
-          ++it;
-          continue;
-        }
-        it->cancel->store(true);  // stops its prefetch
-        reports_.push_back(Withdrawn(it->spec, "the attempt it was chained after failed"));
-        ended.push_back(KeyOf(*it));
-        it = held_.erase(it);
-      }
-    }
-  }
-
-  /// A task chained after an attempt on another daemon: that attempt's outputs have arrived
-  /// here (it succeeded), or cannot be had (`st`). Called from a fetch thread.
-  void OnRemoteAfter(uint64_t job, uint32_t vertex, uint32_t version, const Status& st) {
+  /// A held task chained after an attempt on another daemon: that attempt's outputs have
+  /// arrived here (it succeeded), or cannot be had (`st`). Called from a fetch thread.
+  void OnRemoteAfter(const AttemptKey& task, const Status& st) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
-    auto it = std::find_if(held_.begin(), held_.end(), [&](const Task& t) {
-      return t.spec.job() == job && t.spec.vertex() == vertex && t.spec.version() == version;
-    });
-    if (it == held_.end()) return;  // cancelled meanwhile
-    if (st.ok()) {
-      it->remote_pending = false;
-      if (!it->waiting_for.empty()) return;  // still waits for attempts here
-      queue_.push_front(std::move(*it));
+    if (tasks_.RemoteAfterEnded(task, st, reports_)) {
       AddWorkersForQueue();
       cv_.notify_one();
-      held_.erase(it);
-      return;
     }
-    it->cancel->store(true);
-    reports_.push_back(Withdrawn(it->spec, "the outputs of the attempt it was chained after cannot be had: " + st.ToString()));
-    const AttemptKey key = KeyOf(*it);
-    held_.erase(it);
-    WithdrawChainedAfter({key});
-    PostReports();
-  }
-
-  /// The report of a chained task that never ran: the attempt it waited for did not deliver.
-  /// Uncharged (class cancelled); the job manager places it again.
-  static protocol::AttemptReport Withdrawn(const protocol::Task& spec, const std::string& why) {
-    protocol::AttemptReport report;
-    report.set_job(spec.job());
-    report.set_vertex(spec.vertex());
-    report.set_version(spec.version());
-    report.set_failure(protocol::FAILURE_CANCELLED);
-    report.set_error("withdrawn: " + why);
-    return report;
+    if (!reports_.empty()) PostReports();
   }
 
   /// Has the io thread send what reports_ holds (once per batch), for callers holding mu_.
@@ -830,11 +693,7 @@ class Daemon::Impl {
   size_t busy_workers_ = 0;           // running a task; guarded by mu_
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Task> queue_;
-  /// Chained tasks (with "after") waiting for that attempt of this daemon to end.
-  std::vector<Task> held_;  // guarded by mu_
-  /// How each attempt run here ended (true: succeeded), for chained tasks arriving after it.
-  std::map<AttemptKey, bool> finished_;  // guarded by mu_
+  TaskQueue tasks_;  // not started yet: queued, or held after the attempts they are chained after; guarded by mu_
   std::map<std::pair<uint64_t, uint32_t>, std::shared_ptr<std::atomic<bool>>> cancel_flags_;
   std::map<AttemptKey, std::shared_ptr<AttemptLog>> live_logs_;  // of the attempts running; guarded by mu_
   std::vector<protocol::AttemptReport> reports_;
