@@ -1,17 +1,12 @@
 #include "vertex/daemon.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <fstream>
 #include <limits>
@@ -38,11 +33,9 @@
 #include "common/dir_lock.h"
 #include "common/http_server.h"
 #include "common/framed_connection.h"
-#include "common/local_peer.h"
 #include "common/json_util.h"
 #include "common/logging.h"
 #include "common/machine_memory.h"
-#include "common/text_util.h"
 #include "common/thread_name.h"
 #include "protocol/codec.h"
 #include "vertex/attempt_executor.h"
@@ -50,6 +43,7 @@
 #include "vertex/daemon_metrics.h"
 #include "vertex/gpu_pool.h"
 #include "vertex/input_prefetcher.h"
+#include "vertex/jm_registration.h"
 #include "vertex/protocol_types.h"
 #include "vertex/task_queue.h"
 
@@ -189,9 +183,9 @@ class Daemon::Impl {
     return Status::OK();
   }
 
-  /// Connects, authenticates and registers, telling the job manager which outputs this daemon
-  /// holds (after a job manager restart it keeps the ones still there). Through the job
-  /// manager's local socket when it runs on this host (and options_.local_socket), else TCP.
+  /// Connects, authenticates and registers (vertex/jm_registration.h), telling the job manager
+  /// which outputs this daemon holds (after a job manager restart it keeps the ones still
+  /// there); on success the connection moves to io_ as conn_.
   Status Register() {
     if (options_.locate_jm) {
       auto where = options_.locate_jm();
@@ -202,69 +196,7 @@ class Daemon::Impl {
         options_.jm_port = where->second;
       }
     }
-    std::error_code ec;
-    auto address = asio::ip::make_address(options_.jm_host == "localhost" ? "127.0.0.1" : options_.jm_host, ec);
-    if (ec) return Status::InvalidArgument("job manager address \"" + options_.jm_host + "\" is not an IP address");
-    const std::string jm = "the job manager at " + options_.jm_host + ":" + std::to_string(options_.jm_port);
-    const net::Deadline deadline = std::chrono::steady_clock::now() + options_.handshake_timeout;
-    std::unique_ptr<net::BlockingClient> client;
-    if (options_.local_socket) {
-      const std::string name = net::ControlLocalSocketName(address.to_string(), options_.jm_port);
-      auto local = net::BlockingClient::ConnectLocal(name, deadline);
-      // Nothing there (a job manager on another host): TCP, quietly. Taken by someone else, or
-      // too busy to queue us: TCP, saying why.
-      Status peer = local.ok() ? net::CheckLocalPeer((*local)->native_handle(), name) : local.status();
-      if (peer.ok()) {
-        client = std::move(*local);
-      } else if (peer.code() != StatusCode::kNotFound) {
-        DaemonLog()->warn("daemon {}: not using the job manager's local socket: {}; using TCP", options_.name, peer.message());
-      }
-    }
-    if (!client) {
-      auto tcp = net::BlockingClient::ConnectTcp(asio::ip::tcp::endpoint(address, options_.jm_port), deadline);
-      // Its message names the address it tried.
-      if (!tcp.ok()) return tcp.status().code() == StatusCode::kTimeout ? RegistrationFailure(tcp.status(), jm) : tcp.status();
-      client = std::move(*tcp);
-      if (options_.tls) COPSE_RETURN_NOT_OK(RegistrationFailure(client->StartTls(*options_.tls, deadline), jm));
-    }
-    return RegisterOn(*client, deadline, jm);
-  }
-
-  /// Which text of a registration is not UTF-8 (protocol buffers' text fields must be: the job
-  /// manager could not parse it), or "".
-  static std::string NotUtf8(const protocol::Register& reg) {
-    if (!IsValidUtf8(reg.name())) return "its name";
-    if (!IsValidUtf8(reg.data_host())) return "its data host";
-    for (const auto& [key, value] : reg.labels()) {
-      if (!IsValidUtf8(key) || !IsValidUtf8(value)) return "its label \"" + key + "\"";
-    }
-    if (!IsValidUtf8(reg.stream().ipc())) return "its work dir (its live channels' ipc endpoint)";
-    if (!IsValidUtf8(reg.stream().host())) return "its host name";
-    return "";
-  }
-
-  /// Why registering with `jm` failed: a Timeout as a miss of registration's one deadline.
-  Status RegistrationFailure(const Status& st, const std::string& jm) const {
-    if (st.code() != StatusCode::kTimeout) return st.WithContext(jm);
-    return Status::Timeout(jm + " did not finish the handshake within " + std::to_string(options_.handshake_timeout.count()) +
-                           " ms");
-  }
-
-  /// Authenticates and registers on `client`, all before `deadline`; on success the connection
-  /// moves to io_ as conn_.
-  Status RegisterOn(net::BlockingClient& client, net::Deadline deadline, const std::string& jm) {
-    // Never take tasks from a server that cannot show it holds the secret.
-    Status authenticated = client.Authenticate(options_.secret, "daemon", deadline);
-    if (!authenticated.ok()) return RegistrationFailure(authenticated, jm);
-    if (client.server_runs_tls() && !options_.tls) {
-      // Reached through the plaintext local socket: registered, this daemon would serve its
-      // outputs and streams in plaintext to a cluster whose other members speak only TLS.
-      return Status::FailedPrecondition(jm +
-                                        " runs TLS, and this daemon has no TLS directory: give it the cluster's "
-                                        "(--tls-dir or COPSE_TLS_DIR; the job manager's STATE_DIR/tls)");
-    }
-    protocol::DaemonToJm hello;
-    protocol::Register& reg = *hello.mutable_register_();
+    protocol::Register reg;
     reg.set_name(options_.name);
     reg.set_cpus(options_.cpus);
     reg.set_gpus(options_.gpus);
@@ -275,38 +207,12 @@ class Daemon::Impl {
     reg.set_data_port(data_server_->port());
     *reg.mutable_stream() = ToProtocol(hub_->endpoints());
     for (const auto& key : store_->List()) *reg.add_outputs() = ToProtocol(key);
-    if (std::string bad = NotUtf8(reg); !bad.empty()) {
-      return Status::InvalidArgument("daemon " + options_.name + ": " + bad +
-                                     " is not UTF-8 text, which the job manager cannot take");
-    }
-    Status sent = client.SendFrame(protocol::EncodeFrame(hello), deadline);
-    if (!sent.ok()) return RegistrationFailure(sent, jm);
-    auto reply = client.ReceiveFrame(deadline);
-    if (!reply.ok()) return RegistrationFailure(reply.status(), jm);
-    auto registered = reply->type == wire::FrameType::kProto
-                          ? protocol::DecodeJmToDaemon(reply->body)
-                          : Result<protocol::JmToDaemon>(Status::InvalidArgument("a JSON frame"));
-    if (!registered.ok() || !registered->has_registered()) {
-      return Status::Internal("unexpected reply to register: " +
-                              (registered.ok() ? std::string(protocol::BodyName(*registered)) : registered.status().message()));
-    }
-    // The job manager says how often it needs to hear from us (checked: 1 to 60,000 ms).
-    heartbeat_every_ = std::chrono::milliseconds(registered->registered().heartbeat_ms());
-    if (!client.local()) {
-      // Cut off from the job manager (a partition, not its restart or a stall: its kernel still
-      // acknowledges), our heartbeats stay unacknowledged, and the kernel ends the connection
-      // a little after the job manager has declared us lost: this daemon then abandons the
-      // attempts the job manager has re-run elsewhere and reconnects, instead of running them
-      // for as long as the partition lasts.
-      const unsigned user_timeout_ms = static_cast<unsigned>(6 * heartbeat_every_.count());
-      if (::setsockopt(client.native_handle(), IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms) != 0) {
-        DaemonLog()->warn("daemon {}: cannot bound unacknowledged sends to the job manager: {}", options_.name,
-                          std::strerror(errno));
-      }
-    }
+    COPSE_ASSIGN_OR_RETURN(Registration registered, RegisterWithJobManager(options_, reg));
+    heartbeat_every_ = registered.heartbeat_every;
     DaemonLog()->info("daemon {} registered over {}; data server on {}:{}", options_.name,
-                      client.local() ? "the job manager's local socket" : "TCP", options_.data_host, data_server_->port());
-    COPSE_ASSIGN_OR_RETURN(auto conn, client.Detach(io_, wire::kMaxControlBytes));
+                      registered.client->local() ? "the job manager's local socket" : "TCP", options_.data_host,
+                      data_server_->port());
+    COPSE_ASSIGN_OR_RETURN(auto conn, registered.client->Detach(io_, wire::kMaxControlBytes));
     std::lock_guard<std::mutex> lock(mu_);  // workers send their reports on it
     conn_ = std::move(conn);
     return Status::OK();
