@@ -43,7 +43,7 @@
 #include "vertex/daemon_metrics.h"
 #include "vertex/gpu_pool.h"
 #include "vertex/input_prefetcher.h"
-#include "vertex/jm_registration.h"
+#include "vertex/jm_session.h"
 #include "vertex/protocol_types.h"
 #include "vertex/task_queue.h"
 
@@ -87,9 +87,10 @@ class Daemon::Impl {
  public:
   explicit Impl(DaemonOptions options)
       : options_(std::move(options)),
-        heartbeat_(io_),
-        log_flush_(io_),
-        heartbeat_every_(options_.heartbeat_interval),
+        session_(options_,
+                 JmSession::Handlers{[this] { return Registration(); }, [this](std::string body) { OnMessage(std::move(body)); },
+                                     [this](const Status&) { CancelEverything(); }}),
+        log_flush_(session_.io()),
         gpus_(options_.gpus),
         tasks_([this](const Task& t, std::optional<InputPrefetcher::After> remote) {
           if (!remote) return prefetcher_->Start(t.spec.inputs(), std::nullopt, t.cancel, nullptr);
@@ -145,7 +146,7 @@ class Daemon::Impl {
       return JoinNcclGroup(nccl, device, task);
     };
     executor_ = std::make_unique<AttemptExecutor>(std::move(env));
-    COPSE_RETURN_NOT_OK(Register());
+    COPSE_RETURN_NOT_OK(session_.Register());
     for (int i = 0; i < std::max(1, options_.cpus); ++i) workers_.emplace_back([this] { WorkerLoop(); });
     if (options_.metrics_port) COPSE_RETURN_NOT_OK(ServeMetrics());
     return Status::OK();
@@ -183,19 +184,9 @@ class Daemon::Impl {
     return Status::OK();
   }
 
-  /// Connects, authenticates and registers (vertex/jm_registration.h), telling the job manager
-  /// which outputs this daemon holds (after a job manager restart it keeps the ones still
-  /// there); on success the connection moves to io_ as conn_.
-  Status Register() {
-    if (options_.locate_jm) {
-      auto where = options_.locate_jm();
-      if (where.ok() && (where->first != options_.jm_host || where->second != options_.jm_port)) {
-        DaemonLog()->info("daemon {}: the job manager is now at {}:{} (was {}:{})", options_.name, where->first, where->second,
-                          options_.jm_host, options_.jm_port);
-        options_.jm_host = where->first;
-        options_.jm_port = where->second;
-      }
-    }
+  /// What this daemon registers with, asked before every registration: the outputs it holds
+  /// (after a job manager restart it keeps the ones still there), its data server and streams.
+  protocol::Register Registration() const {
     protocol::Register reg;
     reg.set_name(options_.name);
     reg.set_cpus(options_.cpus);
@@ -207,56 +198,14 @@ class Daemon::Impl {
     reg.set_data_port(data_server_->port());
     *reg.mutable_stream() = ToProtocol(hub_->endpoints());
     for (const auto& key : store_->List()) *reg.add_outputs() = ToProtocol(key);
-    COPSE_ASSIGN_OR_RETURN(Registration registered, RegisterWithJobManager(options_, reg));
-    heartbeat_every_ = registered.heartbeat_every;
-    DaemonLog()->info("daemon {} registered over {}; data server on {}:{}", options_.name,
-                      registered.client->local() ? "the job manager's local socket" : "TCP", options_.data_host,
-                      data_server_->port());
-    COPSE_ASSIGN_OR_RETURN(auto conn, registered.client->Detach(io_, wire::kMaxControlBytes));
-    std::lock_guard<std::mutex> lock(mu_);  // workers send their reports on it
-    conn_ = std::move(conn);
-    return Status::OK();
+    return reg;
   }
 
-  /// Serves the job manager; when the connection ends, cancels what was running (the job
-  /// manager re-runs it), keeps every stored output, and reconnects for up to
-  /// reconnect_timeout: a restarted job manager resumes with what this daemon holds.
+  /// Serves the job manager (vertex/jm_session.h); when the connection ends, cancels what was
+  /// running (the job manager re-runs it), keeps every stored output, and reconnects.
   Status Run() {
-    while (true) {
-      conn_->set_proto_handler([this](std::string body) { OnMessage(std::move(body)); });
-      conn_->Start([this](Json msg) { OnJsonMessage(msg); },
-                   [this](const Status& why) {
-                     exit_status_ = why.WithContext("job manager connection ended");
-                     heartbeat_.cancel();
-                     log_flush_.cancel();
-                     io_.stop();
-                   });
-      Heartbeat();
-      FlushLogsEvery();
-      io_.run();
-      if (stopping_requested_) return Status::OK();
-      DaemonLog()->warn("daemon {}: {}; reconnecting", options_.name, exit_status_.message());
-      CancelEverything();
-      io_.restart();
-      while (std::chrono::steady_clock::now() < cut_until_ && !stopping_requested_) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-      const bool forever = options_.reconnect_timeout <= std::chrono::milliseconds::zero();
-      const auto deadline = std::chrono::steady_clock::now() + options_.reconnect_timeout;
-      Status st;
-      auto pause = std::chrono::milliseconds(100);
-      for (int tries = 1; !stopping_requested_; ++tries) {
-        st = Register();
-        if (st.ok() || (!forever && std::chrono::steady_clock::now() > deadline)) break;
-        // Said once in a while, not per try: a long partition or a stopped job manager.
-        if (tries % 50 == 0) DaemonLog()->warn("daemon {}: still reconnecting: {}", options_.name, st.message());
-        // Jittered, so that a restarted job manager's daemons do not all come back at once.
-        std::this_thread::sleep_for(pause * (75 + std::rand() % 50) / 100);
-        pause = std::min(pause * 2, std::chrono::milliseconds(1000));
-      }
-      if (stopping_requested_) return Status::OK();
-      if (!st.ok()) return exit_status_.WithContext("gave up reconnecting (" + st.message() + ")");
-    }
+    FlushLogsEvery();
+    return session_.Run();
   }
 
   void CancelEverything() {
@@ -266,31 +215,10 @@ class Daemon::Impl {
     reports_.clear();
   }
 
-  void Stop() {
-    stopping_requested_ = true;
-    asio::post(io_, [this] {
-      exit_status_ = Status::OK();
-      if (conn_) conn_->Close(Status::Cancelled("stopping"));
-      io_.stop();
-    });
-  }
+  void Stop() { session_.Stop(); }
 
  private:
   using Task = TaskQueue::Task;
-
-  void Heartbeat() {
-    heartbeat_.expires_after(heartbeat_every_);
-    heartbeat_.async_wait([this](std::error_code ec) {
-      if (ec) return;
-      static const std::string kHeartbeat = [] {
-        protocol::DaemonToJm beat;
-        beat.mutable_heartbeat();
-        return protocol::EncodeFrame(beat);
-      }();
-      conn_->SendRaw(kHeartbeat);
-      Heartbeat();
-    });
-  }
 
   /// Sends what the running attempts' logs hold beyond what was sent, every
   /// AttemptLog::kFlushInterval, so `copse logs -f` follows them. Under report_send_mu_: a
@@ -330,19 +258,7 @@ class Daemon::Impl {
       chunk.set_stream(std::move(c.stream));
       chunk.set_text(std::move(c.text));
     }
-    std::shared_ptr<net::FramedConnection> conn;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      conn = conn_;
-    }
-    if (!conn || !conn->open()) return;
-    conn->SendRaw(protocol::EncodeFrame(msg));
-  }
-
-  /// The job manager speaks JSON only to say why it drops us (a refused or malformed message).
-  void OnJsonMessage(const Json& msg) {
-    DaemonLog()->error("daemon {}: the job manager says: {}", options_.name,
-                       StringMember(msg, "op") == "error" ? StringMember(msg, "message") : DumpJson(msg).substr(0, 200));
+    session_.Send(protocol::EncodeFrame(msg));
   }
 
   /// A message from the job manager (protocol/daemon.proto), decoded and checked by the codec:
@@ -352,7 +268,7 @@ class Daemon::Impl {
     auto decoded = protocol::DecodeJmToDaemon(body);
     if (!decoded.ok()) {
       DaemonLog()->error("daemon {}: malformed message from the job manager: {}", options_.name, decoded.status().message());
-      return conn_->SendErrorAndClose("malformed message: " + decoded.status().message());
+      return session_.SendErrorAndClose("malformed message: " + decoded.status().message());
     }
     protocol::JmToDaemon& msg = *decoded;
     using M = protocol::JmToDaemon;
@@ -412,11 +328,7 @@ class Daemon::Impl {
       case M::kCut: {
         // Injected network partition from the job manager: drop the connection and stay away
         // (at most a day, checked).
-        const int64_t ms = msg.cut().ms();
-        cut_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-        DaemonLog()->warn("daemon {}: cut off from the job manager for {} ms by an injected fault", options_.name, ms);
-        conn_->Close(Status::Unavailable("cut off by an injected fault"));
-        return;
+        return session_.CutFor(std::chrono::milliseconds(msg.cut().ms()));
       }
       case M::kKill:
         DaemonLog()->warn("daemon {}: killed by an injected fault", options_.name);
@@ -520,7 +432,7 @@ class Daemon::Impl {
   void PostReports() {
     if (report_posted_) return;
     report_posted_ = true;
-    asio::post(io_, [this] { SendReports(); });
+    asio::post(session_.io(), [this] { SendReports(); });
   }
 
   /// Sends what reports_ holds, from any thread not holding mu_. Batches go out in the order
@@ -529,16 +441,14 @@ class Daemon::Impl {
     std::lock_guard<std::mutex> in_order(report_send_mu_);
     protocol::DaemonToJm msg;
     auto& attempts = *msg.mutable_report()->mutable_attempts();
-    std::shared_ptr<net::FramedConnection> conn;
     {
       std::lock_guard<std::mutex> lock(mu_);
       report_posted_ = false;
       attempts.Reserve(static_cast<int>(reports_.size()));
       for (auto& r : reports_) *attempts.Add() = std::move(r);
       reports_.clear();
-      conn = conn_;
     }
-    if (!attempts.empty() && conn && conn->open()) conn->SendRaw(protocol::EncodeFrame(msg));
+    if (!attempts.empty()) session_.Send(protocol::EncodeFrame(msg));
   }
 
   /// Joins this attempt's NCCL group: rank 0 creates the unique id and hands it to the job
@@ -551,12 +461,10 @@ class Daemon::Impl {
     std::string id;
     if (rank == 0) {
       COPSE_ASSIGN_OR_RETURN(id, chan::nccl::NcclUniqueId());
-      asio::post(io_, [this, group, id] {
-        protocol::DaemonToJm msg;
-        msg.mutable_nccl_id()->set_group(group);
-        msg.mutable_nccl_id()->set_id(id);
-        conn_->SendRaw(protocol::EncodeFrame(msg));
-      });
+      protocol::DaemonToJm msg;
+      msg.mutable_nccl_id()->set_group(group);
+      msg.mutable_nccl_id()->set_id(id);
+      session_.Send(protocol::EncodeFrame(msg));
     } else {
       std::unique_lock<std::mutex> lock(mu_);
       bool got = nccl_cv_.wait_for(lock, std::chrono::seconds(60), [&] { return nccl_ids_.count(group) || task.cancel->load(); });
@@ -577,15 +485,10 @@ class Daemon::Impl {
   }
 
   DaemonOptions options_;
-  asio::io_context io_;
-  asio::steady_timer heartbeat_;
-  asio::steady_timer log_flush_;
-  std::chrono::milliseconds heartbeat_every_;  // what the job manager asked for at registration
-  std::atomic<bool> stopping_requested_{false};
-  std::chrono::steady_clock::time_point cut_until_{};
-  std::shared_ptr<net::FramedConnection> conn_;  // replaced on the io thread under mu_
-  std::mutex report_send_mu_;                    // held from taking reports_ until they are sent
-  std::optional<DirLock> work_dir_lock_;         // held while this daemon runs; released after everything below
+  JmSession session_;                     // registration, heartbeats, reconnects; its io thread is Run()'s
+  asio::steady_timer log_flush_;          // on the session's io loop
+  std::mutex report_send_mu_;             // held from taking reports_ until they are sent
+  std::optional<DirLock> work_dir_lock_;  // held while this daemon runs; released after everything below
   std::unique_ptr<chan::OutputStore> store_;
   std::unique_ptr<chan::DataServer> data_server_;
   std::unique_ptr<chan::StreamHub> hub_;
@@ -605,7 +508,6 @@ class Daemon::Impl {
   std::vector<protocol::AttemptReport> reports_;
   bool report_posted_ = false;
   bool stopping_ = false;
-  Status exit_status_;
   DaemonMetrics metrics_;
   std::unique_ptr<http::HttpServer> metrics_http_;  // last: stopped before what it reads goes
 };

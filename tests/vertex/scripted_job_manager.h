@@ -68,6 +68,8 @@ class ScriptedJobManager {
     pollfd p{listener_.fd(), POLLIN, 0};
     return ::poll(&p, 1, ms) == 1;
   }
+  /// Ends the daemon's connection, still listening for it to come back.
+  void Drop() { conn_.reset(); }
   /// Ends every connection, the ones waiting to be accepted too.
   void Close() {
     conn_.reset();
