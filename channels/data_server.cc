@@ -20,11 +20,13 @@
 #include <thread>
 #include <vector>
 
+#include "channels/protocol_keys.h"
 #include "channels/record_format.h"
 #include "channels/socket.h"
 #include "common/auth.h"
 #include "common/logging.h"
 #include "common/thread_name.h"
+#include "protocol/codec.h"
 
 namespace copse::chan {
 
@@ -38,8 +40,22 @@ constexpr uint32_t kMaxRequestBytes = 64 << 10;
 constexpr uint64_t kMaxFetchWaitMs = 5'000;     // the longest a fetch waits for its output to appear
 constexpr int kLocalSendBufferBytes = 4 << 20;  // local sockets (default ~208 KiB): 4.1 vs 3.5 GB/s at 8 MiB
 
-Json EndBody(const Status& st) {
-  return Json{{"ok", false}, {"code", std::string(StatusCodeName(st.code()))}, {"message", st.message()}};
+/// The kEnd frame's body of a fetch that failed with `st`.
+std::string EndBody(const Status& st) {
+  protocol::FetchEnd end;
+  end.set_code(std::string(StatusCodeName(st.code())));
+  end.set_message(st.message());
+  return end.SerializeAsString();
+}
+
+/// The kEnd frame's body of a fetch that succeeded.
+std::string EndBody(uint64_t messages, uint64_t bytes, bool handoff) {
+  protocol::FetchEnd end;
+  end.set_ok(true);
+  end.set_messages(messages);
+  end.set_bytes(bytes);
+  end.set_handoff(handoff);
+  return end.SerializeAsString();
 }
 
 /// Builds data frames out of records and writes them with one sendmsg each, pointing into the
@@ -330,45 +346,39 @@ void DataServer::Impl::Serve(Socket& sock, std::atomic<int64_t>& handshake_until
   }
   if (!Handshake(in, peer, handshake_until_ms)) return;
   Socket& out = in.socket();
+  // A request that is not one (garbage, JSON, a message that breaks the schema) drops the
+  // peer with an error naming what is wrong.
+  auto refuse = [&](const std::string& why) {
+    Logger("chan")->warn("data server: {}: {}", peer, why);
+    (void)internal::WriteJson(out, Json{{"op", "error"}, {"message", why}});
+  };
   while (!stopping) {
-    auto req = internal::ReadJson(in, kMaxRequestBytes, -1, options.frame_timeout_ms);
-    if (!req.ok()) {
-      if (req.status().code() == StatusCode::kInvalidArgument) {
-        Logger("chan")->warn("data server: {}: {}", peer, req.status().message());
-        (void)internal::WriteJson(out, Json{{"op", "error"}, {"message", req.status().message()}});
-      }
+    auto header = internal::ReadHeader(in, kMaxRequestBytes, -1, options.frame_timeout_ms);
+    auto body = header.ok() ? internal::ReadBody(in, *header, options.frame_timeout_ms) : Result<std::string>(header.status());
+    if (!body.ok()) {
+      if (body.status().code() == StatusCode::kInvalidArgument) refuse(body.status().message());
       return;  // closed, reset or garbage
     }
-    const std::string op = StringMember(*req, "op");
-    if (op == "fetch") {
-      auto key = OutputKey::FromJson(req->value("key", Json()));
-      if (!key.ok()) {
-        (void)internal::WriteJson(out, Json{{"op", "error"}, {"message", key.status().message()}});
-        return;
-      }
-      // "wait_ms": the consumer asks before the producer has finished (chained dispatch); the
-      // answer waits up to that long for the output to appear (capped, and cut short by Stop).
-      uint64_t wait_ms = 0;
-      if (auto wait = req->find("wait_ms"); wait != req->end()) {
-        if (!wait->is_number_unsigned()) {
-          (void)internal::WriteJson(out, Json{{"op", "error"}, {"message", "\"wait_ms\" must be a non-negative integer"}});
-          return;
-        }
-        wait_ms = std::min<uint64_t>(wait->get<uint64_t>(), kMaxFetchWaitMs);
-      }
-      if (wait_ms > 0 && !WaitForOutput(*key, wait_ms)) {
-        // Not produced yet (its producer may still run): the consumer asks again.
-        auto st = Status::Timeout("output " + key->ToString() + " is not produced yet");
-        if (!internal::WriteFrame(out, FrameType::kEnd, DumpJson(EndBody(st))).ok()) return;
-        continue;
-      }
-      if (!Fetch(out, *key, local)) return;
-    } else if (op == "ping") {
-      if (!internal::WriteJson(out, Json{{"op", "pong"}}).ok()) return;
-    } else {
-      (void)internal::WriteJson(out, Json{{"op", "error"}, {"message", "unknown op \"" + op + "\""}});
-      return;
+    if (header->type != FrameType::kProto) return refuse("expected a request (a protocol frame, protocol/data.proto)");
+    auto req = protocol::DecodeDataRequest(*body);
+    if (!req.ok()) return refuse(req.status().message());
+    if (req->has_ping()) {
+      protocol::DataReply pong;
+      pong.mutable_pong();
+      if (!internal::WriteFrame(out, FrameType::kProto, pong.SerializeAsString()).ok()) return;
+      continue;
     }
+    const OutputKey key = FromProtocol(req->fetch().key());
+    // wait_ms: the consumer asks before the producer has finished (chained dispatch); the
+    // answer waits up to that long for the output to appear (capped, and cut short by Stop).
+    const uint64_t wait_ms = std::min<uint64_t>(req->fetch().wait_ms(), kMaxFetchWaitMs);
+    if (wait_ms > 0 && !WaitForOutput(key, wait_ms)) {
+      // Not produced yet (its producer may still run): the consumer asks again.
+      auto st = Status::Timeout("output " + key.ToString() + " is not produced yet");
+      if (!internal::WriteFrame(out, FrameType::kEnd, EndBody(st)).ok()) return;
+      continue;
+    }
+    if (!Fetch(out, key, local)) return;
   }
 }
 
@@ -386,8 +396,8 @@ std::optional<bool> DataServer::Impl::HandOff(Socket& sock, const OutputKey& key
   if (stored.file.empty()) return std::nullopt;  // in memory (streamed) or without messages
   const int fd = ::open(stored.file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return std::nullopt;  // gone: the streamed path reports it
-  const Json body{{"ok", true}, {"messages", stored.info.messages}, {"bytes", stored.info.bytes}, {"handoff", true}};
-  const bool sent = internal::WriteFrame(sock, FrameType::kEnd, DumpJson(body), fd).ok();
+  const bool sent =
+      internal::WriteFrame(sock, FrameType::kEnd, EndBody(stored.info.messages, stored.info.bytes, /*handoff=*/true), fd).ok();
   ::close(fd);  // the reader holds its own duplicate
   if (sent) ++handoffs;
   return sent;
@@ -395,7 +405,7 @@ std::optional<bool> DataServer::Impl::HandOff(Socket& sock, const OutputKey& key
 
 bool DataServer::Impl::Fetch(Socket& sock, const OutputKey& key, bool local) {
   ++fetches;
-  auto end = [&](const Json& body) { return internal::WriteFrame(sock, FrameType::kEnd, DumpJson(body)).ok(); };
+  auto end = [&](const std::string& body) { return internal::WriteFrame(sock, FrameType::kEnd, body).ok(); };
   auto stored = store.Lookup(key);
   if (!stored.ok()) return end(EndBody(stored.status()));
   if (stored->damaged) return end(EndBody(Status::DataLoss("output " + key.ToString() + " is damaged")));
@@ -427,7 +437,7 @@ bool DataServer::Impl::Fetch(Socket& sock, const OutputKey& key, bool local) {
     }
   }
   if (!sender.Flush().ok()) return false;
-  return end(Json{{"ok", true}, {"messages", messages}, {"bytes", bytes}});
+  return end(EndBody(messages, bytes, /*handoff=*/false));
 }
 
 DataServer::DataServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -2,30 +2,31 @@
 // DataServer: serves a daemon's OutputStore to other daemons and to clients over TCP.
 //
 // Protocol (common/wire.h frames, one request at a time per connection, connections reused):
-//   server -> {"op":"hello","nonce":N,"version":1}
+//   server -> {"op":"hello","nonce":N,"version":3}
 //   client -> {"op":"auth","role":"peer"|"client","mac":HMAC(secret,N),"nonce":C}
 //   server -> {"op":"welcome","proof":…} (common/auth.h), or {"op":"error","message":…} and closes
-//   then, repeatedly:
-//   client -> {"op":"fetch","key":{"job":…,"vertex":…,"version":…,"port":…}[,"wait_ms":W]}
-//             (with wait_ms, an output not stored yet is waited for up to W ms, at most 5 s,
-//             before the answer: a consumer chained after a producer still running. One that
-//             has not appeared by then ends {"ok":false,"code":"Timeout"}, and the
-//             consumer asks again; one removed meanwhile (a fault) ends "NotFound".)
+//   then, repeatedly, protocol buffers of protocol/data.proto (its comments are the contract):
+//   client -> DataRequest{fetch{key, wait_ms}}   (kProto; with wait_ms, an output not stored
+//             yet is waited for up to that long, at most 5 s, before the answer: a consumer
+//             chained after a producer still running. One that has not appeared by then ends
+//             with code "Timeout", and the consumer asks again; one removed meanwhile (a
+//             fault) ends "NotFound".)
 //   server -> kData frames (record_format.h: batches of whole messages, or pieces of a large
-//             one; every message carries its xxh3), then one kEnd frame whose body is
-//             {"ok":true,"messages":N,"bytes":B} or {"ok":false,"code":"NotFound","message":…}
-//   client -> {"op":"ping"}  server -> {"op":"pong"}
+//             one; every message carries its xxh3), then one kEnd frame whose body is a
+//             FetchEnd: {ok, messages, bytes} or {code: "NotFound"…, message}
+//   client -> DataRequest{ping}  server -> DataReply{pong}   (kProto)
 //
 // Same host: the server also listens on a local (Unix domain) socket in Linux's abstract
 // namespace, LocalSocketName(host, port), reachable only from this host and network namespace.
 // The protocol there is the same, over a socket that skips the TCP/IP stack, except that a fetch
 // of a file output with messages is answered by one kEnd frame
-// {"ok":true,"messages":N,"bytes":B,"handoff":true} carrying the file's descriptor (SCM_RIGHTS),
+// FetchEnd{ok, messages, bytes, handoff: true} carrying the file's descriptor (SCM_RIGHTS),
 // opened read-only: the reader reads the page cache itself, and no byte crosses the socket. The
 // fast path for daemons on one host (`copse run`; one daemon per GPU).
 //
-// A peer that sends garbage, a wrong version, an oversized frame, an unknown op or a bad MAC
-// gets {"op":"error","message":…} (when the connection still allows it) and is disconnected.
+// A peer that sends garbage, a wrong version, an oversized frame, a request that breaks the
+// schema (the error names the field) or a bad MAC gets {"op":"error","message":…} (when the
+// connection still allows it) and is disconnected.
 //
 // Threads: one acceptor thread and one thread per connection (blocking I/O; a slow or hostile
 // peer only ever blocks its own thread). The whole handshake must finish within

@@ -7,10 +7,12 @@
 #include <vector>
 
 #include "channels/data_server.h"
+#include "channels/protocol_keys.h"
 #include "channels/record_format.h"
 #include "channels/socket.h"
 #include "common/auth.h"
 #include "common/logging.h"
+#include "protocol/codec.h"
 
 namespace copse::chan {
 
@@ -196,27 +198,18 @@ Result<std::unique_ptr<Conn>> Dial(const std::string& host, uint16_t port, const
   return c;
 }
 
-/// Reads the body of a kEnd frame whose header was read: the peer's verdict.
-Result<Json> ReadEndBody(BufferedSocket& in, const wire::FrameHeader& h, int timeout_ms) {
+/// Reads the body of a kEnd frame whose header was read: the peer's verdict (protocol/data.proto),
+/// decoded and checked.
+Result<protocol::FetchEnd> ReadEndBody(BufferedSocket& in, const wire::FrameHeader& h, int timeout_ms) {
   if (h.length > kMaxEndBytes) return Status::InvalidArgument("oversized end frame");
   std::string body(h.length, '\0');
   COPSE_RETURN_NOT_OK(in.ReadFull(body.data(), body.size(), timeout_ms));
-  Json j = Json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument("malformed end frame");
-  // Read below with value(): members of another type would throw on a prefetch thread.
-  for (const char* count : {"messages", "bytes"}) {
-    if (auto it = j.find(count); it != j.end() && !it->is_number_unsigned())
-      return Status::InvalidArgument(std::string("malformed end frame: \"") + count + "\" is not a count");
-  }
-  if (auto it = j.find("handoff"); it != j.end() && !it->is_boolean())
-    return Status::InvalidArgument("malformed end frame: \"handoff\" is not a boolean");
-  return j;
+  return protocol::DecodeFetchEnd(body);
 }
 
-Status PeerVerdict(const Json& end, const std::string& peer) {
-  if (auto ok = end.find("ok"); ok != end.end() && ok->is_boolean() && ok->get<bool>()) return Status::OK();
-  const std::string message = StringMember(end, "message");
-  return Status(CodeFromName(StringMember(end, "code")), peer + ": " + (message.empty() ? "fetch failed" : message));
+Status PeerVerdict(const protocol::FetchEnd& end, const std::string& peer) {
+  if (end.ok()) return Status::OK();
+  return Status(CodeFromName(end.code()), peer + ": " + (end.message().empty() ? "fetch failed" : end.message()));
 }
 
 class EmptyOutputReader final : public ChannelReader {
@@ -278,13 +271,12 @@ class RemoteReader final : public ChannelReader {
   Status ReadEnd(const wire::FrameHeader& h) {
     auto end = ReadEndBody(conn_->in, h, timeout_ms_);
     if (!end.ok()) return Lost(end.status());
-    const Json& j = *end;
     done_ = true;
     Pool::Get().Put(std::move(conn_));  // a complete exchange: the connection is reusable
-    COPSE_RETURN_NOT_OK(PeerVerdict(j, peer_));
-    if (j.value("messages", uint64_t{0}) != messages_ || j.value("bytes", uint64_t{0}) != bytes_) {
+    COPSE_RETURN_NOT_OK(PeerVerdict(*end, peer_));
+    if (end->messages() != messages_ || end->bytes() != bytes_) {
       return Status::DataLoss("fetching " + What() + ": received " + std::to_string(messages_) + " messages, the peer sent " +
-                              j.value("messages", Json()).dump());
+                              std::to_string(end->messages()));
     }
     return Status::OK();
   }
@@ -408,11 +400,11 @@ Result<std::unique_ptr<ChannelReader>> FinishUnstreamed(std::unique_ptr<Conn> co
   const std::string what = "output " + key.ToString() + " from " + peer;
   auto end = ReadEndBody(conn->in, h, o.read_timeout_ms);
   if (!end.ok()) return Status::Unavailable("fetching " + what + ": " + end.status().message());
-  const bool handoff = end->value("handoff", false);
+  const bool handoff = end->handoff();
   const int fd = handoff ? conn->in.socket().TakeReceivedFd() : -1;
   Pool::Get().Put(std::move(conn));  // a complete exchange: the connection is reusable
   COPSE_RETURN_NOT_OK(PeerVerdict(*end, peer));
-  const uint64_t messages = end->value("messages", uint64_t{0});
+  const uint64_t messages = end->messages();
   if (!handoff) {
     if (messages != 0) return Status::DataLoss("fetching " + what + ": the peer announced messages but sent none");
     return std::unique_ptr<ChannelReader>(new EmptyOutputReader());
@@ -435,9 +427,10 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
   // The secret itself is not kept; readers that may not use a local connection never get one.
   const std::string pool_key = peer + (o.local_socket ? "\nlocal-ok\n" : "\ntcp\n") + PoolSecretTag(secret) +
                                (o.tls ? "\ntls:" + o.tls->dir().string() : "");
-  Json fetch = {{"op", "fetch"}, {"key", key.ToJson()}};
-  if (o.wait_ms > 0) fetch["wait_ms"] = o.wait_ms;
-  const std::string request = DumpJson(fetch);
+  protocol::DataRequest fetch;
+  *fetch.mutable_fetch()->mutable_key() = ToProtocol(key);
+  if (o.wait_ms > 0) fetch.mutable_fetch()->set_wait_ms(static_cast<uint32_t>(o.wait_ms));
+  const std::string request = fetch.SerializeAsString();
   for (int attempt = 0;; ++attempt) {
     // A pooled connection may have been closed by the peer while idle: that shows on first use,
     // before any byte of the answer, and is retried once on a fresh connection.
@@ -446,7 +439,7 @@ Result<std::unique_ptr<ChannelReader>> OpenRemoteReader(const std::string& host,
     if (!conn) {
       COPSE_ASSIGN_OR_RETURN(conn, Dial(host, port, secret, pool_key, o));
     }
-    Status st = internal::WriteFrame(conn->in.socket(), FrameType::kJson, request);
+    Status st = internal::WriteFrame(conn->in.socket(), FrameType::kProto, request);
     Result<wire::FrameHeader> first =
         st.ok()
             ? internal::ReadHeader(conn->in, wire::kMaxDataBytes, o.read_timeout_ms + std::max(o.wait_ms, 0), o.read_timeout_ms)

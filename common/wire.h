@@ -20,9 +20,10 @@
 namespace copse::wire {
 
 constexpr uint32_t kMagic = 0x45535043;  // "CPSE" read as little-endian bytes
-// 2: the job manager <-> daemon messages became protocol buffers (kProto). Peers of different
-// versions refuse each other at the first frame (DecodeHeader says which versions met).
-constexpr uint16_t kProtocolVersion = 2;
+// 2: the job manager <-> daemon messages became protocol buffers (kProto); 3: so did the data
+// plane's requests and fetch verdicts (protocol/data.proto). Peers of different versions refuse
+// each other at the first frame (DecodeHeader says which versions met).
+constexpr uint16_t kProtocolVersion = 3;
 constexpr size_t kHeaderBytes = 12;
 constexpr uint32_t kMaxControlBytes = 64u << 20;   // a control message (job files included)
 constexpr uint32_t kMaxHandshakeBytes = 4u << 10;  // what a peer may send before it authenticated

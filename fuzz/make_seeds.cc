@@ -5,7 +5,8 @@
 //   - journal: the journal a scheduler writes while running a few examples to completion on
 //     two daemons, whole and cut mid-job;
 //   - wire: frames of every message that scheduler sent its daemons, of what daemons send (a
-//     registration, heartbeat, report, vertex log) and of the handshake's JSON;
+//     registration, heartbeat, report, vertex log), of the handshake's JSON and of the data
+//     plane (a fetch, a ping, their verdicts);
 //   - tensor: encodings of float32, bfloat16, float16, scalar, empty and multi-tensor sets;
 //   - output_store: output files a real store wrote, in the harness's input layout;
 //   - client_request: a request of every kind a client sends (status, logs, chaos, ...).
@@ -184,7 +185,26 @@ void JournalAndWireSeeds(const fs::path& src, const fs::path& out, const fs::pat
   Write(out / "wire" / "handshake", json_frame(hello) + json_frame(answer->message) + json_frame(welcome));
   Write(out / "wire" / "client-submit",
         json_frame({{"op", "submit"}, {"doc", copse::ParseJson(ReadAll(src / "examples" / "diamond.json"), "diamond").value()}}));
-  Write(out / "wire" / "end-status", copse::wire::EncodeFrame(copse::wire::FrameType::kEnd, R"({"op":"end","ok":true})"));
+  // The data plane (protocol/data.proto): a fetch, a ping and their answers' verdicts.
+  copse::protocol::DataRequest fetch;
+  fetch.mutable_fetch()->mutable_key()->set_job(1);
+  fetch.mutable_fetch()->mutable_key()->set_version(1);
+  fetch.mutable_fetch()->set_wait_ms(100);
+  Write(out / "wire" / "data-fetch", copse::protocol::EncodeFrame(fetch));
+  copse::protocol::DataRequest ping;
+  ping.mutable_ping();
+  copse::protocol::DataReply pong;
+  pong.mutable_pong();
+  Write(out / "wire" / "data-ping-pong", copse::protocol::EncodeFrame(ping) + copse::protocol::EncodeFrame(pong));
+  copse::protocol::FetchEnd end;
+  end.set_ok(true);
+  end.set_messages(2);
+  end.set_bytes(10);
+  Write(out / "wire" / "end-status", copse::wire::EncodeFrame(copse::wire::FrameType::kEnd, end.SerializeAsString()));
+  end.Clear();
+  end.set_code("NotFound");
+  end.set_message("no output job1/v0.v1/p0");
+  Write(out / "wire" / "end-not-found", copse::wire::EncodeFrame(copse::wire::FrameType::kEnd, end.SerializeAsString()));
 }
 
 void TensorSeeds(const fs::path& out) {

@@ -1,7 +1,8 @@
 // Fuzzes what a copse server reads from a peer before trusting it, and what the job manager
 // and a daemon read from each other: a byte stream cut into frames (common/wire.h) and each
 // frame's body decoded the way its receiver decodes it.
-//   - kProto bodies: both directions' decoders with their schema checks (protocol/codec.h).
+//   - kProto bodies: both directions' decoders with their schema checks (protocol/codec.h), and
+//     the data plane's requests and replies; kEnd bodies: a fetch's verdict (FetchEnd).
 //     A message that decodes must encode and decode again to an equal message, and print as
 //     JSON, since logs print what came in.
 //   - kJson bodies: the JSON reader with its depth limit (common/json_util.h), the
@@ -33,7 +34,7 @@ void CheckRoundTrip(const Message& message, copse::Result<Message> (*decode)(std
   // Compared field by field: a map's bytes come in no fixed order.
   COPSE_FUZZ_CHECK(google::protobuf::util::MessageDifferencer::Equals(*again, message));
   (void)copse::protocol::ToJsonText(message);
-  (void)copse::protocol::BodyName(message);
+  if constexpr (requires { copse::protocol::BodyName(message); }) (void)copse::protocol::BodyName(message);
 }
 
 void DecodeJsonBody(std::string_view body) {
@@ -78,10 +79,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (auto m = copse::protocol::DecodeJmToDaemon(body); m.ok()) {
           CheckRoundTrip(*m, copse::protocol::DecodeJmToDaemon);
         }
+        if (auto m = copse::protocol::DecodeDataRequest(body); m.ok()) {
+          CheckRoundTrip(*m, copse::protocol::DecodeDataRequest);
+        }
+        if (auto m = copse::protocol::DecodeDataReply(body); m.ok()) {
+          CheckRoundTrip(*m, copse::protocol::DecodeDataReply);
+        }
         break;
       }
-      case copse::wire::FrameType::kJson:
-      case copse::wire::FrameType::kEnd: DecodeJsonBody(body); break;
+      case copse::wire::FrameType::kEnd:
+        if (auto m = copse::protocol::DecodeFetchEnd(body); m.ok()) CheckRoundTrip(*m, copse::protocol::DecodeFetchEnd);
+        break;
+      case copse::wire::FrameType::kJson: DecodeJsonBody(body); break;
       case copse::wire::FrameType::kData: break;  // channel data: the data server's readers check it (not covered here)
     }
   }

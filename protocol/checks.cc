@@ -215,4 +215,33 @@ Status Check(const JmToDaemon& m) {
   return c.status();
 }
 
+Status Check(const DataRequest& m) {
+  Checker c("DataRequest");
+  switch (m.body_case()) {
+    case DataRequest::kFetch: c.In("fetch", [&] { c.Require(m.fetch().has_key(), "key", "required"); }); break;
+    case DataRequest::kPing: break;
+    default:
+      // A request this build does not know cannot be answered: unlike a notice, it is refused.
+      c.Fail("body", m.GetReflection()->GetUnknownFields(m).empty() ? "empty" : "a request this data server does not know");
+  }
+  return c.status();
+}
+
+Status Check(const DataReply& m) {
+  Checker c("DataReply");
+  if (m.body_case() == DataReply::BODY_NOT_SET) c.Fail("body", "empty");
+  return c.status();
+}
+
+Status Check(const FetchEnd& m) {
+  Checker c("FetchEnd");
+  if (m.ok()) {
+    c.Require(m.code().empty(), "code", "must be empty when ok");
+  } else {
+    c.Require(!m.code().empty(), "code", "required when not ok");
+    c.Require(!m.handoff(), "handoff", "only when ok");
+  }
+  return c.status();
+}
+
 }  // namespace copse::protocol

@@ -40,9 +40,14 @@ std::string EncodeFrame(const google::protobuf::MessageLite& message) {
 
 Result<DaemonToJm> DecodeDaemonToJm(std::string_view body) { return Decode<DaemonToJm>(body, "DaemonToJm"); }
 Result<JmToDaemon> DecodeJmToDaemon(std::string_view body) { return Decode<JmToDaemon>(body, "JmToDaemon"); }
+Result<DataRequest> DecodeDataRequest(std::string_view body) { return Decode<DataRequest>(body, "DataRequest"); }
+Result<DataReply> DecodeDataReply(std::string_view body) { return Decode<DataReply>(body, "DataReply"); }
+Result<FetchEnd> DecodeFetchEnd(std::string_view body) { return Decode<FetchEnd>(body, "FetchEnd"); }
 
 std::string_view BodyName(const DaemonToJm& message) { return NameOf(message); }
 std::string_view BodyName(const JmToDaemon& message) { return NameOf(message); }
+std::string_view BodyName(const DataRequest& message) { return NameOf(message); }
+std::string_view BodyName(const DataReply& message) { return NameOf(message); }
 
 std::string ToJsonText(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;

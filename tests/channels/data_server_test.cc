@@ -22,6 +22,7 @@
 #include "channels/socket.h"
 #include "common/auth.h"
 #include "common/wire.h"
+#include "protocol/codec.h"
 #include "tests/channels/channel_test_util.h"
 #include "tests/child_process.h"
 
@@ -117,6 +118,19 @@ struct Raw {
     Json auth = {{"op", "auth"}, {"role", "peer"}, {"mac", auth::Mac(kSecret, hello["nonce"].get<std::string>())}};
     Send(wire::EncodeFrame(wire::FrameType::kJson, auth.dump()));
     REQUIRE(ReadJson()["op"] == "welcome");
+  }
+  /// Sends a data-plane request (protocol/data.proto).
+  void Send(const protocol::DataRequest& request) { Send(protocol::EncodeFrame(request)); }
+  /// The next frame, a data reply.
+  protocol::DataReply ReadReply() {
+    auto h = internal::ReadHeader(s, 1 << 20, 3000, 3000);
+    REQUIRE_MESSAGE(h.ok(), h.status().ToString());
+    auto body = internal::ReadBody(s, *h, 3000);
+    REQUIRE(body.ok());
+    REQUIRE(h->type == wire::FrameType::kProto);
+    auto reply = protocol::DecodeDataReply(*body);
+    REQUIRE_MESSAGE(reply.ok(), reply.status().ToString());
+    return *reply;
   }
   /// True when the server closed the connection (within 3 s).
   bool Closed() {
@@ -299,16 +313,29 @@ TEST_CASE("RemoteFetch.AWaitingFetchGetsAnOutputWrittenAfterItAsked" * doctest::
   CHECK(removed.status().code() == StatusCode::kNotFound);
 }
 
-TEST_CASE("DataServer.ABadWaitIsRefused" * doctest::timeout(10)) {
+TEST_CASE("DataServer.AMalformedRequestIsRefusedNamingTheField" * doctest::timeout(10)) {
   Daemon d;
-  Raw raw(d.server->port());
-  raw.Authenticate();
-  Json fetch = {{"op", "fetch"}, {"key", OutputKey{1, 0, 0, 0}.ToJson()}, {"wait_ms", -5}};
-  raw.Send(wire::EncodeFrame(wire::FrameType::kJson, fetch.dump()));
-  Json error = raw.ReadJson();
-  CHECK(error["op"] == "error");
-  CHECK(error["message"].get<std::string>().find("wait_ms") != std::string::npos);
-  CHECK(raw.Closed());
+  protocol::DataRequest keyless;
+  keyless.mutable_fetch()->set_wait_ms(5);
+  // A request this build does not know (field 31, varint 1): parsed with its field kept unknown.
+  const std::string unknown("\xf8\x01\x01", 3);
+  const std::pair<std::string, std::string> cases[] = {
+      {protocol::EncodeFrame(keyless), "DataRequest.fetch.key: required"},
+      {protocol::EncodeFrame(protocol::DataRequest()), "DataRequest.body: empty"},
+      {wire::EncodeFrame(wire::FrameType::kProto, unknown), "DataRequest.body: a request this data server does not know"},
+      {wire::EncodeFrame(wire::FrameType::kProto, "\xff\xff"), "DataRequest: the body does not parse"},
+      {wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"fetch"})"), "expected a request (a protocol frame"},
+  };
+  for (const auto& [frame, why] : cases) {
+    CAPTURE(why);
+    Raw raw(d.server->port());
+    raw.Authenticate();
+    raw.Send(frame);
+    Json error = raw.ReadJson();
+    CHECK(error["op"] == "error");
+    CHECK_MESSAGE(StringMember(error, "message").find(why) != std::string::npos, error.dump());
+    CHECK(raw.Closed());
+  }
 }
 
 TEST_CASE("RemoteFetch.PooledConnectionsAreReused" * doctest::timeout(20)) {
@@ -474,8 +501,10 @@ TEST_CASE("DataServer.GarbageIsRefusedAndOthersAreServed" * doctest::timeout(20)
   {  // ping works on an authenticated raw connection
     Raw raw(port);
     raw.Authenticate();
-    raw.Send(wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"ping"})"));
-    CHECK(raw.ReadJson()["op"] == "pong");
+    protocol::DataRequest ping;
+    ping.mutable_ping();
+    raw.Send(ping);
+    CHECK(raw.ReadReply().has_pong());
   }
   {  // A byte every 400 ms keeps each read alive, but not the handshake past its 2 s.
     Raw trickle(port);
@@ -548,8 +577,10 @@ TEST_CASE("DataServer.ConnectionsInTheirHandshakeAreCappedAndTheRestServed" * do
     if (!greeted) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   CHECK(greeted);
-  authenticated.Send(wire::EncodeFrame(wire::FrameType::kJson, R"({"op":"ping"})"));
-  CHECK(authenticated.ReadJson()["op"] == "pong");
+  protocol::DataRequest ping;
+  ping.mutable_ping();
+  authenticated.Send(ping);
+  CHECK(authenticated.ReadReply().has_pong());
 }
 
 TEST_CASE("RemoteFetch.UnreachablePeerIsUnavailable" * doctest::timeout(10)) {
@@ -718,7 +749,10 @@ std::thread FakeLocalPeer(internal::Socket& listener, Frames frames, int fd) {
     auto answer = internal::ReadJson(in, 1 << 16, 3000, 3000);
     REQUIRE(answer.ok());
     REQUIRE(internal::WriteJson(in.socket(), auth::Welcome(*answer, kSecret, nonce)).ok());
-    REQUIRE(internal::ReadJson(in, 1 << 16, 3000, 3000).ok());  // fetch
+    auto fetch = internal::ReadHeader(in, 1 << 16, 3000, 3000);
+    REQUIRE(fetch.ok());
+    REQUIRE(fetch->type == wire::FrameType::kProto);
+    REQUIRE(internal::ReadBody(in, *fetch, 3000).ok());
     for (size_t i = 0; i < frames.size(); ++i) {
       const auto& [type, body] = frames[i];
       REQUIRE(internal::WriteFrame(in.socket(), type, body, i + 1 == frames.size() ? fd : -1).ok());
@@ -728,9 +762,20 @@ std::thread FakeLocalPeer(internal::Socket& listener, Frames frames, int fd) {
   });
 }
 
+/// A fetch's verdict (protocol/data.proto) as its kEnd frame's body.
+std::string End(bool ok, uint64_t messages = 0, uint64_t bytes = 0, bool handoff = false, std::string code = "") {
+  protocol::FetchEnd end;
+  end.set_ok(ok);
+  end.set_messages(messages);
+  end.set_bytes(bytes);
+  end.set_handoff(handoff);
+  end.set_code(std::move(code));
+  return end.SerializeAsString();
+}
+
 /// ... that answers with one kEnd frame.
-std::thread FakeLocalPeer(internal::Socket& listener, Json end, int fd) {
-  return FakeLocalPeer(listener, Frames{{wire::FrameType::kEnd, end.dump()}}, fd);
+std::thread FakeLocalPeer(internal::Socket& listener, std::string end, int fd) {
+  return FakeLocalPeer(listener, Frames{{wire::FrameType::kEnd, std::move(end)}}, fd);
 }
 
 /// The first frame of a large message: its announced total and checksum, then `bytes`.
@@ -761,7 +806,7 @@ TEST_CASE("RemoteFetch.AHandOverThatDoesNotMatchItsAnnouncementIsRefused" * doct
   REQUIRE_MESSAGE(listener.ok(), listener.status().ToString());
   RemoteReaderOptions o = Quick();
   o.local_socket = true;
-  auto fetch = [&](Json end, bool attach, int fd_to_pass = -1) {
+  auto fetch = [&](std::string end, bool attach, int fd_to_pass = -1) {
     const int fd = fd_to_pass >= 0 ? fd_to_pass : attach ? ::open(stored->file.c_str(), O_RDONLY | O_CLOEXEC) : -1;
     std::thread peer = FakeLocalPeer(*listener, std::move(end), fd);
     auto r = OpenRemoteReader(kHost, port, {1, 0, 0, 0}, kSecret, o);
@@ -772,20 +817,16 @@ TEST_CASE("RemoteFetch.AHandOverThatDoesNotMatchItsAnnouncementIsRefused" * doct
     if (fd >= 0) ::close(fd);
     return st;
   };
-  const Json handoff = {{"ok", true}, {"messages", 2}, {"bytes", 6}, {"handoff", true}};
+  const std::string handoff = End(true, 2, 6, /*handoff=*/true);
   CHECK(fetch(handoff, true).ok());
-  Json more = handoff;
-  more["messages"] = 3;
-  Status st = fetch(more, true);
+  Status st = fetch(End(true, 3, 6, true), true);
   CHECK(st.code() == StatusCode::kDataLoss);
   CHECK(st.message().find("not the 3 announced") != std::string::npos);
-  Json fewer = handoff;
-  fewer["messages"] = 1;
-  CHECK(fetch(fewer, true).code() == StatusCode::kDataLoss);
+  CHECK(fetch(End(true, 1, 6, true), true).code() == StatusCode::kDataLoss);
   st = fetch(handoff, false);
   CHECK(st.code() == StatusCode::kUnavailable);
   CHECK(st.message().find("no descriptor") != std::string::npos);
-  st = fetch(Json{{"ok", true}, {"messages", 2}, {"bytes", 6}}, false);  // messages, but no stream
+  st = fetch(End(true, 2, 6), false);  // messages, but no stream
   CHECK(st.code() == StatusCode::kDataLoss);
   // A pipe instead of a file would block the reader: refused at once.
   int pipe_fds[2];
@@ -817,17 +858,23 @@ TEST_CASE("RemoteFetch.APeersMalformedAnswerIsAnErrorNeitherAnExceptionNorItsAll
     peer.join();
     return st;
   };
-  const auto end = [](Json j) { return std::pair{wire::FrameType::kEnd, j.dump()}; };
-  Status st = fetch({end({{"ok", true}, {"messages", "x"}})});
+  const auto end = [](std::string body) { return std::pair{wire::FrameType::kEnd, std::move(body)}; };
+  Status st = fetch({end("\xff\xff")});
   CHECK_FALSE(st.ok());
-  CHECK(st.message().find("\"messages\" is not a count") != std::string::npos);
-  st = fetch({end({{"ok", true}, {"handoff", "yes"}})});
-  CHECK(st.message().find("\"handoff\" is not a boolean") != std::string::npos);
-  st = fetch({{wire::FrameType::kData, FirstPieceFrame(uint64_t{1} << 63, "abc")}, end({{"ok", true}})});
+  CHECK_MESSAGE(st.message().find("FetchEnd: the body does not parse") != std::string::npos, st.ToString());
+  st = fetch({end(End(false))});
+  CHECK_MESSAGE(st.message().find("FetchEnd.code: required when not ok") != std::string::npos, st.ToString());
+  st = fetch({end(End(true, 0, 0, false, "NotFound"))});
+  CHECK_MESSAGE(st.message().find("FetchEnd.code: must be empty when ok") != std::string::npos, st.ToString());
+  st = fetch({end(End(false, 0, 0, /*handoff=*/true, "NotFound"))});
+  CHECK_MESSAGE(st.message().find("FetchEnd.handoff: only when ok") != std::string::npos, st.ToString());
+  st = fetch({end(End(false, 0, 0, false, "DataLoss"))});  // a verdict the reader passes on
+  CHECK(st.code() == StatusCode::kDataLoss);
+  st = fetch({{wire::FrameType::kData, FirstPieceFrame(uint64_t{1} << 63, "abc")}, end(End(true))});
   CHECK(st.message().find("stream ended inside a message") != std::string::npos);
   // A total it never sends costs only what it sends.
   const long before = ResidentBytes();
-  st = fetch({{wire::FrameType::kData, FirstPieceFrame(uint64_t{1} << 30, "abc")}, end({{"ok", true}, {"messages", 1}})});
+  st = fetch({{wire::FrameType::kData, FirstPieceFrame(uint64_t{1} << 30, "abc")}, end(End(true, 1))});
   CHECK(st.message().find("stream ended inside a message") != std::string::npos);
   CHECK(ResidentBytes() - before < (long{256} << 20));
 }

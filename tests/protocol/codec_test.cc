@@ -1,6 +1,6 @@
-// The protocol's codec: every message of the job manager <-> daemon conversation goes through a
-// frame and back unchanged, and every rule the schema states is checked on the way in, the error
-// naming the message and the field.
+// The protocol's codec: every message of the job manager <-> daemon conversation and of the data
+// plane goes through a frame and back unchanged, and every rule the schema states is checked on
+// the way in, the error naming the message and the field.
 #include "protocol/codec.h"
 
 #include <doctest/doctest.h>
@@ -199,6 +199,55 @@ const std::vector<JmCase>& JmCases() {
 TEST_CASE("Codec.EveryDaemonMessageRoundTripsAndItsRulesNameTheField") { CheckEveryKind(DaemonCases()); }
 
 TEST_CASE("Codec.EveryJobManagerMessageRoundTripsAndItsRulesNameTheField") { CheckEveryKind(JmCases()); }
+
+TEST_CASE("Codec.EveryDataPlaneMessageRoundTripsAndItsRulesNameTheField") {
+  // Each data-plane message through a frame and back, then broken: the error names the field.
+  auto decode_frame = [](const google::protobuf::Message& m, auto decode) {
+    const std::string frame = EncodeFrame(m);
+    auto header = wire::DecodeHeader(frame.data(), wire::kMaxControlBytes);
+    REQUIRE(header.ok());
+    CHECK(header->type == wire::FrameType::kProto);
+    return decode(std::string_view(frame.data() + wire::kHeaderBytes, header->length));
+  };
+  DataRequest fetch;
+  *fetch.mutable_fetch()->mutable_key() = MakeOutputKey(3, 7, 2, 1);
+  fetch.mutable_fetch()->set_wait_ms(250);
+  auto fetched = decode_frame(fetch, DecodeDataRequest);
+  REQUIRE_MESSAGE(fetched.ok(), fetched.status().ToString());
+  CHECK(fetched->fetch().key().vertex() == 7);
+  CHECK(fetched->fetch().wait_ms() == 250);
+  CHECK(BodyName(*fetched) == "fetch");
+  fetch.mutable_fetch()->clear_key();
+  CHECK(decode_frame(fetch, DecodeDataRequest).status().message() == "DataRequest.fetch.key: required");
+  DataRequest ping;
+  ping.mutable_ping();
+  CHECK(decode_frame(ping, DecodeDataRequest).ok());
+  CHECK(decode_frame(DataRequest(), DecodeDataRequest).status().message() == "DataRequest.body: empty");
+
+  DataReply pong;
+  pong.mutable_pong();
+  CHECK(decode_frame(pong, DecodeDataReply)->has_pong());
+  CHECK(decode_frame(DataReply(), DecodeDataReply).status().message() == "DataReply.body: empty");
+
+  FetchEnd end;
+  end.set_ok(true);
+  end.set_messages(4);
+  end.set_bytes(100);
+  end.set_handoff(true);
+  auto ended = decode_frame(end, DecodeFetchEnd);
+  REQUIRE(ended.ok());
+  CHECK(ended->messages() == 4);
+  CHECK(ended->handoff());
+  end.set_code("NotFound");
+  CHECK(decode_frame(end, DecodeFetchEnd).status().message() == "FetchEnd.code: must be empty when ok");
+  end.set_ok(false);
+  CHECK(decode_frame(end, DecodeFetchEnd).status().message() == "FetchEnd.handoff: only when ok");
+  end.set_handoff(false);
+  end.set_message("no such output");
+  CHECK(decode_frame(end, DecodeFetchEnd).ok());
+  end.clear_code();
+  CHECK(decode_frame(end, DecodeFetchEnd).status().message() == "FetchEnd.code: required when not ok");
+}
 
 TEST_CASE("Codec.ATasksEveryRuleIsChecked") {
   struct Broken {
