@@ -432,6 +432,8 @@ class Scheduler {
   /// and not counted against the attempts running there.
   void ExpectInjectedLoss(Daemon& d);
   void CheckFaults(Job& job);
+  /// The job file's faults armed for this attempt of v (a failure, a delay), set on its task.
+  void ArmInjectedFaults(Job& job, VertexId v, uint32_t version, protocol::Task& task);
   void RandomChaosStep();
   void Log(Job& job, VertexId v, std::string text);
   double ElapsedMs(const Job& job) const;

@@ -245,4 +245,33 @@ void Scheduler::CheckFaults(Job& job) {
   }
 }
 
+void Scheduler::ArmInjectedFaults(Job& job, VertexId v, uint32_t version, protocol::Task& task) {
+  const JobGraph& g = job.g();
+  const VertexNode& node = g.vertex(v);
+  const auto& faults = job.faults;
+  for (size_t i = 0; i < faults.size(); ++i) {
+    const FaultSpec& f = faults[i];
+    if (!f.vertex || g.FindVertex(f.vertex->ToString()) != v) continue;
+    bool armed = (!f.when.completed || job.completions >= static_cast<size_t>(*f.when.completed)) &&
+                 (!f.when.after_ms || ElapsedMs(job) >= static_cast<double>(*f.when.after_ms));
+    if (!armed) continue;
+    if (f.kind == FaultKind::kFail &&
+        std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
+      task.set_inject_failure("injected fault " + f.pointer + ": attempt " + std::to_string(version) + " fails");
+      job.fault_fired[i] = 1;
+      job.faults_log.push_back(
+          {{"fault", "fail"}, {"vertex", node.name}, {"attempt", version}, {"at_ms", ElapsedMs(job)}, {"source", f.pointer}});
+    }
+    if (f.kind == FaultKind::kDelay &&
+        std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
+      task.set_delay_ms(f.ms);
+      if (!job.fault_fired[i]) {
+        job.fault_fired[i] = 1;
+        job.faults_log.push_back(
+            {{"fault", "delay"}, {"vertex", node.name}, {"ms", f.ms}, {"at_ms", ElapsedMs(job)}, {"source", f.pointer}});
+      }
+    }
+  }
+}
+
 }  // namespace copse::jm

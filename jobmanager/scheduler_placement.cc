@@ -350,31 +350,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
     chained.set_version(p.version);
     chained.set_remote(p.daemon != d.id);
   }
-  // Faults the job file injects into this attempt.
-  const auto& faults = job.faults;
-  for (size_t i = 0; i < faults.size(); ++i) {
-    const FaultSpec& f = faults[i];
-    if (!f.vertex || g.FindVertex(f.vertex->ToString()) != v) continue;
-    bool armed = (!f.when.completed || job.completions >= static_cast<size_t>(*f.when.completed)) &&
-                 (!f.when.after_ms || ElapsedMs(job) >= static_cast<double>(*f.when.after_ms));
-    if (!armed) continue;
-    if (f.kind == FaultKind::kFail &&
-        std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
-      task.set_inject_failure("injected fault " + f.pointer + ": attempt " + std::to_string(version) + " fails");
-      job.fault_fired[i] = 1;
-      job.faults_log.push_back(
-          {{"fault", "fail"}, {"vertex", node.name}, {"attempt", version}, {"at_ms", ElapsedMs(job)}, {"source", f.pointer}});
-    }
-    if (f.kind == FaultKind::kDelay &&
-        std::find(f.attempts.begin(), f.attempts.end(), static_cast<int>(version)) != f.attempts.end()) {
-      task.set_delay_ms(f.ms);
-      if (!job.fault_fired[i]) {
-        job.fault_fired[i] = 1;
-        job.faults_log.push_back(
-            {{"fault", "delay"}, {"vertex", node.name}, {"ms", f.ms}, {"at_ms", ElapsedMs(job)}, {"source", f.pointer}});
-      }
-    }
-  }
+  ArmInjectedFaults(job, v, version, task);
   if (job.spans.size() < kMaxSpans) {
     job.open_spans[{v.value(), version}] = job.spans.size();
     job.spans.push_back({v.value(), version, d.id, ElapsedMs(job), -1, ""});
