@@ -188,7 +188,9 @@ Json ClientApi::VertexLog(const Json& msg) {
 Json ClientApi::WithLogHint(Json status) {
   if (!status.is_object() || !status.contains("failed_attempt") || !status.contains("id")) return status;
   Json& failed = status["failed_attempt"];
-  auto found = scheduler_.Attempt(JobId(status["id"].get<uint64_t>()), failed.value("vertex", ""), failed.value("attempt", 0u));
+  // Attempt 0: the vertex whatever attempts the job manager still knows of it. A job restored
+  // after a restart keeps no spans, and its failed attempt is not one it dispatched.
+  auto found = scheduler_.Attempt(JobId(status["id"].get<uint64_t>()), failed.value("vertex", ""), 0);
   if (!found.ok()) return status;
   const auto versions =
       history_.LoggedVersions(JobId(status["id"].get<uint64_t>()), VertexId((*found)["vertex"].get<uint32_t>()));

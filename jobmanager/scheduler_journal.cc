@@ -200,6 +200,14 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
           return e.value("fault", Json()).is_string() && e.value("at_ms", Json()).is_number() && string_if_present(e, "source") &&
                  string_if_present(e, "vertex") && string_if_present(e, "daemon");
         });
+        // The attempt whose failure failed it (older journals: none).
+        if (const Json& failed = rec.value("failed_attempt", Json()); failed.is_object()) {
+          const Json& vertex = failed.value("vertex", Json());
+          const Json& attempt = failed.value("attempt", Json());
+          if (vertex.is_string() && attempt.is_number_unsigned() && attempt.get<uint64_t>() <= UINT32_MAX) {
+            job->failed_attempt = {vertex.get<std::string>(), static_cast<uint32_t>(attempt.get<uint64_t>())};
+          }
+        }
         // Which of the job file's faults fired: without the list (an older journal) not known.
         const Json& fired = rec.value("faults_fired", Json());
         if (fired.is_array()) {
@@ -288,16 +296,21 @@ Json FirstOf(const Json& events) {
 }  // namespace
 
 Json Scheduler::EndRecord(const Job& job) {
-  return {{"t", "end"},
-          {"job", job.id.value()},
-          {"state", JobStateName(job.state)},
-          {"failure", job.failure},
-          {"elapsed_ms", std::chrono::duration<double, std::milli>(job.finished - job.started).count()},
-          {"faults", FirstOf(job.faults_log)},
-          {"recoveries", FirstOf(job.recoveries)},
-          // Whole, unlike the lists above: what faults_not_fired is computed from.
-          {"faults_fired", job.FiredFaultSources()},
-          {"faults_unknown", job.faults_before_restart_unknown}};
+  Json record = {{"t", "end"},
+                 {"job", job.id.value()},
+                 {"state", JobStateName(job.state)},
+                 {"failure", job.failure},
+                 {"elapsed_ms", std::chrono::duration<double, std::milli>(job.finished - job.started).count()},
+                 {"faults", FirstOf(job.faults_log)},
+                 {"recoveries", FirstOf(job.recoveries)},
+                 // Whole, unlike the lists above: what faults_not_fired is computed from.
+                 {"faults_fired", job.FiredFaultSources()},
+                 {"faults_unknown", job.faults_before_restart_unknown}};
+  // The attempt whose failure failed the job: `copse status` points at what it printed.
+  if (!job.failed_attempt.first.empty()) {
+    record["failed_attempt"] = {{"vertex", job.failed_attempt.first}, {"attempt", job.failed_attempt.second}};
+  }
+  return record;
 }
 
 std::vector<Json> Scheduler::Snapshot() const {

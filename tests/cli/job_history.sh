@@ -1,7 +1,8 @@
 #!/bin/sh
 # Vertex logs and job history, as a user meets them: what an exec vertex prints is shown by
 # `copse logs JOB VERTEX` (followed with -f, as JSON lines with -o json); a deterministic
-# failure is not retried and points at its log; after a job manager restart the finished and
+# failure is not retried and points at its log (only when it printed something, and after
+# a restart too); after a job manager restart the finished and
 # resumed jobs' traces, event logs and vertex logs are all there, and once the job manager has
 # forgotten a job (--finished-job-ttl-s) they are answered from its history, listed by `copse
 # jobs`. `status -w -o json` prints one JSON object per line. Every process started here is
@@ -20,6 +21,10 @@ cat > "$d/fails.json" <<'JOB'
 {"name": "fails", "stages": [{"name": "x", "program": "exec", "max_attempts": 3,
   "params": {"argv": ["sh", "-c", "echo no such input >&2; exit 66"], "no_retry_exit_codes": [66]}}]}
 JOB
+cat > "$d/silent.json" <<'JOB'
+{"name": "silent", "stages": [{"name": "s", "program": "exec", "max_attempts": 3,
+  "params": {"argv": ["sh", "-c", "exit 66"], "no_retry_exit_codes": [66]}}]}
+JOB
 cat > "$d/resumed.json" <<'JOB'
 {"name": "resumed", "stages": [{"name": "a", "program": "exec", "params": {"argv": ["sh", "-c", "echo a-ran >&2"]}},
   {"name": "b", "program": "exec", "params": {"argv": ["sh", "-c", "echo b-started >&2; sleep 2; echo b-ended >&2"]}}],
@@ -36,20 +41,24 @@ c status 2 -w -o json > "$d/watch.jsonl"; echo "fails: status -w exit=$?"
 echo "watch lines: $(wc -l < "$d/watch.jsonl"), last state: $(tail -1 "$d/watch.jsonl" | grep -o '"state":"[a-z]*"')"
 c status 2 | grep -E "not retried|what it printed"
 c logs 2 'x[0]' 2>/dev/null
+c submit --wait "$d/silent.json" > /dev/null 2>&1
+c status 3 | grep -c "what it printed" | sed 's/^/hints for a failure that printed nothing: /'
 
 # A job resumed across a restart: a ran before it, b after.
 c submit "$d/resumed.json" > /dev/null
-i=0; until c logs 3 'b[0]' 2>/dev/null | grep -q b-started || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
-c logs 3 'b[0]' -f > "$d/follow.txt" 2>&1 & follower=$!
+i=0; until c logs 4 'b[0]' 2>/dev/null | grep -q b-started || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
+c logs 4 'b[0]' -f > "$d/follow.txt" 2>&1 & follower=$!
 i=0; until grep -qs b-started "$d/follow.txt" || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
 kill "$jm"; wait "$jm" 2>/dev/null
 start_jm
 wait "$follower"; echo "logs -f across the restart exit=$?"; grep -E "reconnected|b-started|b-ended|attempt 1 ended" "$d/follow.txt"
-c status 3 -w > /dev/null; echo "resumed: status -w exit=$?"
-c trace 3 -f "$d/trace3.json" && grep -o '"name":"a\[0\]"' "$d/trace3.json" | head -1 | sed 's/^/resumed trace has /'
+c status 4 -w > /dev/null; echo "resumed: status -w exit=$?"
+c trace 4 -f "$d/trace3.json" && grep -o '"name":"a\[0\]"' "$d/trace3.json" | head -1 | sed 's/^/resumed trace has /'
 c trace 1 -f "$d/trace1.json" && echo "finished trace spans: $(grep -o '"name":"p\[[01]\]"' "$d/trace1.json" | sort -u | tr '\n' ' ')"
 c logs 1 'p[0]' 2>/dev/null | sed 's/^/after restart: /'
 c logs 1 | grep -c "completed on d0" | sed 's/^/event lines of completions: /'
+# Restored failed jobs point at what their failed attempt printed, and only when it printed.
+echo "hints after restart: $(c status 2 | grep -c "what it printed") and $(c status 3 | grep -c "what it printed")"
 
 # Forgotten by the job manager: answered from the history.
 kill "$jm"; wait "$jm" 2>/dev/null
