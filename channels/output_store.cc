@@ -364,11 +364,14 @@ Result<std::unique_ptr<FileRecordReader>> FileRecordReader::Open(int fd, std::st
   // A buffer the file fits in, within [4 KiB, 1 MiB]: a file whose size is not known (or that
   // grows) only reads in more turns.
   size_t buffer_bytes = kFileBufferBytes;
+  uint64_t file_bytes = 0;
   struct stat st {};
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
     buffer_bytes = std::clamp<size_t>(static_cast<size_t>(st.st_size), kMinFileBufferBytes, kFileBufferBytes);
+    file_bytes = static_cast<uint64_t>(st.st_size);
   }
   std::unique_ptr<FileRecordReader> r(new FileRecordReader(fd, std::move(what), verify, buffer_bytes));
+  r->file_bytes_ = file_bytes;
   COPSE_RETURN_NOT_OK(r->Fill(sizeof internal::kFileMagic));
   if (r->end_ - r->begin_ < sizeof internal::kFileMagic ||
       std::memcmp(r->buf_.data() + r->begin_, internal::kFileMagic, sizeof internal::kFileMagic) != 0) {
@@ -397,6 +400,7 @@ Status FileRecordReader::Fill(size_t need) {
     }
     if (n == 0) eof_ = true;
     end_ += static_cast<size_t>(n);
+    read_bytes_ += static_cast<uint64_t>(n);
   }
   return Status::OK();
 }
@@ -412,6 +416,9 @@ Result<std::optional<Record>> FileRecordReader::Next() {
   Record rec;
   rec.checksum = internal::GetU64(buf_.data() + begin_ + 4);
   begin_ += kRecordHeaderBytes;
+  // A length past the file's end (a damaged file, or one a peer handed over) is refused before
+  // its storage is allocated: up to 4 GiB for a few bytes.
+  if (file_bytes_ > 0 && len > file_bytes_ - (read_bytes_ - (end_ - begin_))) return truncated();
   std::string bytes;
   if (len <= buf_.size() / 4) {
     COPSE_RETURN_NOT_OK(Fill(len));

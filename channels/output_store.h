@@ -247,6 +247,8 @@ class FileRecordReader {
   bool verify_;
   std::vector<char> buf_;
   size_t begin_ = 0, end_ = 0;
+  uint64_t file_bytes_ = 0;  // the file's size when it is a regular file, else 0 (not known)
+  uint64_t read_bytes_ = 0;  // read from fd_ so far
   uint64_t index_ = 0;
   bool eof_ = false;
 };

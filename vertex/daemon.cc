@@ -441,14 +441,18 @@ class Daemon::Impl {
     std::lock_guard<std::mutex> in_order(report_send_mu_);
     protocol::DaemonToJm msg;
     auto& attempts = *msg.mutable_report()->mutable_attempts();
+    std::shared_ptr<net::FramedConnection> conn;
     {
       std::lock_guard<std::mutex> lock(mu_);
       report_posted_ = false;
       attempts.Reserve(static_cast<int>(reports_.size()));
       for (auto& r : reports_) *attempts.Add() = std::move(r);
       reports_.clear();
+      // Taken with the reports: reports of a connection whose work was abandoned (reports_
+      // cleared by CancelEverything, under mu_) never reach the next one.
+      conn = session_.Connection();
     }
-    if (!attempts.empty()) session_.Send(protocol::EncodeFrame(msg));
+    if (!attempts.empty() && conn && conn->open()) conn->SendRaw(protocol::EncodeFrame(msg));
   }
 
   /// Joins this attempt's NCCL group: rank 0 creates the unique id and hands it to the job

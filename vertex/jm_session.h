@@ -51,6 +51,10 @@ class JmSession {
 
   /// Sends a frame when connected; false when not (it is dropped). Any thread.
   bool Send(std::string frame);
+  /// The connection now (replaced at each registration), to send on later: what was taken
+  /// together with it under a lock the daemon also holds when it abandons a connection's work
+  /// (Handlers::on_lost) goes to that connection or nowhere, never to the next one.
+  std::shared_ptr<net::FramedConnection> Connection();
   /// Drops the connection and stays away for `how_long` (an injected partition). Io thread.
   void CutFor(std::chrono::milliseconds how_long);
   /// Drops the connection, telling the job manager why (a malformed message). Io thread.
@@ -65,7 +69,6 @@ class JmSession {
 
  private:
   void Heartbeat();
-  std::shared_ptr<net::FramedConnection> Connection();
 
   DaemonOptions options_;
   Handlers handlers_;

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "channels/record_format.h"
 #include "tests/channels/channel_test_util.h"
 
 namespace copse::chan {
@@ -323,6 +324,25 @@ TEST_CASE("OutputStore.TruncatedFileIsDataLoss" * doctest::timeout(5)) {
   auto r = store->OpenReader(key);
   REQUIRE(r.ok());
   CHECK(DrainStatus(**r).code() == StatusCode::kDataLoss);
+}
+
+TEST_CASE("FileRecordReader.ARecordLongerThanTheRestOfTheFileIsRefusedBeforeItsStorageIsTaken" * doctest::timeout(5)) {
+  // A damaged file, or one a peer handed over, whose record header claims 3 GiB: DataLoss at
+  // once, not a 3 GiB allocation that a few bytes then fail to fill.
+  TempDir dir;
+  const auto file = dir.path() / "claims-3-gib";
+  std::string bytes(internal::kFileMagic, sizeof internal::kFileMagic);
+  char header[internal::kRecordHeaderBytes] = {};
+  internal::PutU32(header, 3u << 30);
+  bytes.append(header, sizeof header);
+  bytes += "abc";
+  std::ofstream(file, std::ios::binary) << bytes;
+  auto reader = FileRecordReader::Open(file, "claims-3-gib", /*verify=*/true);
+  REQUIRE_MESSAGE(reader.ok(), reader.status().ToString());
+  auto next = (*reader)->Next();
+  REQUIRE_FALSE(next.ok());
+  CHECK(next.status().code() == StatusCode::kDataLoss);
+  CHECK(next.status().message().find("truncated") != std::string::npos);
 }
 
 TEST_CASE("OutputStore.SpillOverBudgetReadsBack" * doctest::timeout(10)) {
