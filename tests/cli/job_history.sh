@@ -27,7 +27,7 @@ cat > "$d/silent.json" <<'JOB'
 JOB
 cat > "$d/resumed.json" <<'JOB'
 {"name": "resumed", "stages": [{"name": "a", "program": "exec", "params": {"argv": ["sh", "-c", "echo a-ran >&2"]}},
-  {"name": "b", "program": "exec", "params": {"argv": ["sh", "-c", "echo b-started >&2; sleep 2; echo b-ended >&2"]}}],
+  {"name": "b", "program": "exec", "params": {"argv": ["sh", "-c", "echo b-started >&2; sleep 6; echo b-ended >&2"]}}],
  "edges": [{"from": "a", "to": "b"}]}
 JOB
 
@@ -44,7 +44,8 @@ c logs 2 'x[0]' 2>/dev/null
 c submit --wait "$d/silent.json" > /dev/null 2>&1
 c status 3 | grep -c "what it printed" | sed 's/^/hints for a failure that printed nothing: /'
 
-# A job resumed across a restart: a ran before it, b after.
+# A job resumed across a restart: a ran before it, b after. b runs 6 s, longer than the restart
+# takes on a loaded machine: the job manager must come back while b still runs.
 c submit "$d/resumed.json" > /dev/null
 i=0; until c logs 4 'b[0]' 2>/dev/null | grep -q b-started || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
 c logs 4 'b[0]' -f > "$d/follow.txt" 2>&1 & follower=$!
