@@ -47,7 +47,7 @@ def restart_seconds(cluster):
 
 
 def journal_mb(cluster):
-    return os.path.getsize(os.path.join(cluster.state, "journal.jsonl")) / 1e6
+    return os.path.getsize(os.path.join(cluster.state, "journal.bin")) / 1e6
 
 
 print(f"journal_restart_bench: job manager + 2 daemons x 2 slots on 127.0.0.1")

@@ -88,7 +88,7 @@ void AddJmCommand(CLI::App& app) {
   cmd->add_flag("!--no-chain-dispatch", opts->chain_dispatch,
                 "do not send a vertex ahead to the daemon where its last unfinished predecessor runs");
   cmd->add_option("--journal-compact-size", opts->journal_compact_bytes,
-                  "rewrite STATE_DIR/journal.jsonl as a snapshot once it reaches this size with half of it "
+                  "rewrite STATE_DIR/journal.bin as a snapshot once it reaches this size with half of it "
                   "superseded (0: never), e.g. 64MiB")
       ->check(CLI::Validator([](std::string& v) { return v.find('-') == std::string::npos ? "" : "expected a size, got " + v; },
                              ""))  // the transform would wrap a negative size round

@@ -131,10 +131,12 @@ void JournalAndWireSeeds(const fs::path& src, const fs::path& out, const fs::pat
     for (const auto& name : set) files.push_back(src / "examples" / name);
     auto messages = RunJobs(files, scratch / "journal", &reports);
     if (sent.empty()) sent = messages;
-    const std::string journal = ReadAll(scratch / "journal" / "journal.jsonl");
-    Write(out / "journal" / ("run" + std::to_string(n) + ".jsonl"), journal);
-    // Cut mid-job, mid-line: a job manager killed while writing.
-    Write(out / "journal" / ("run" + std::to_string(n) + "-cut.jsonl"), journal.substr(0, journal.size() * 2 / 3));
+    // The harness's mode byte first (journal_fuzzer.cc): 0 matches checksums, 1 takes the file as it is.
+    const std::string journal = ReadAll(scratch / "journal" / copse::jm::Journal::kFileName);
+    Write(out / "journal" / ("run" + std::to_string(n)), std::string(1, '\0') + journal);
+    // Cut mid-job, mid-record: a job manager killed while writing.
+    Write(out / "journal" / ("run" + std::to_string(n) + "-cut"),
+          std::string(1, '\1') + journal.substr(0, journal.size() * 2 / 3));
     ++n;
   }
   // Frames: each message the scheduler sent, one per seed; and the conversation whole.

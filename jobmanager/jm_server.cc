@@ -582,7 +582,7 @@ class JmServer::Impl : public DaemonSink {
 
   void CompactJournal() {
     const uint64_t before = journal_->bytes();
-    const std::vector<Json> snapshot = scheduler_.Snapshot();
+    const auto snapshot = scheduler_.Snapshot();
     if (Status st = journal_->Rewrite(snapshot); !st.ok()) {
       JmLog()->error("journal compaction: {}", st.message());
       retry_compaction_at_ = 2 * before;  // not on every commit

@@ -1,14 +1,15 @@
 #pragma once
 // Journal: the job manager's write-ahead log, so a job manager killed with SIGKILL and
-// restarted resumes its jobs. Append-only JSON lines in STATE_DIR/journal.jsonl:
+// restarted resumes its jobs. Records (protocol/journal.proto: a job accepted, a vertex done or
+// to regenerate, a job ended, ids handed out, a restart) are appended to
+// STATE_DIR/journal.bin:
 //
-//   {"t":"job","job":N,"doc":{…},"job_dir":"…","source":"…"}   a job accepted
-//   {"t":"done","job":N,"v":V,"ver":K,"daemon":"d0","bytes":[…],"msgs":[…]}   a vertex completed
-//   {"t":"regen","job":N,"v":V}                                  a completed vertex must run again
-//   {"t":"end","job":N,"state":"completed","failure":"…"}       a job finished
-//   {"t":"ids","job":N}                                          job ids up to N were handed out
-//   {"t":"restart","job":0,"n":R}                                the R-th restart resumed the jobs
-//                                                                 (attempt versions from R x 10^6 on)
+//   "copse journal 1\n"                       the format's version, once
+//   marker(4) length(4) xxh3(8) body(length)   per record, little-endian: the body is a
+//                                              serialized JournalRecord, the checksum its XXH3-64
+//
+// The marker lets a replay find the records that follow damage (for the ids they name); the
+// checksum tells a torn or damaged record from a whole one.
 //
 // Compaction: at start, and once the file outgrows a threshold with half of it superseded, the
 // job manager replaces it with a snapshot of what it knows now (Rewrite): the jobs it still
@@ -25,20 +26,16 @@
 #include <string>
 #include <vector>
 
-#include "common/json_util.h"
 #include "common/status.h"
+#include "protocol/journal.pb.h"
 
 namespace copse::jm {
-
-/// Job ids a journal may name: below 2^53, so they stay exact in any JSON reader, far from
-/// the invalid id and from wrapping.
-inline constexpr uint64_t kMaxJournalJobId = uint64_t{1} << 53;
 
 /// Where the scheduler's journal records go (a fake in tests).
 class JournalSink {
  public:
   virtual ~JournalSink() = default;
-  virtual void Record(const Json& record) = 0;
+  virtual void Record(const protocol::JournalRecord& record) = 0;
 };
 
 class Journal final : public JournalSink {
@@ -47,22 +44,29 @@ class Journal final : public JournalSink {
   static Result<std::unique_ptr<Journal>> Open(const std::filesystem::path& dir, bool fsync);
   ~Journal() override;
 
-  /// Every record of an existing journal, in order. A torn last line (a crash mid-write) is
-  /// dropped with a warning; a malformed line elsewhere stops the replay there, named in the
-  /// returned warnings, never crashing the job manager, and sets `*records_lost`: the lines
-  /// after it were not read. Either way the journal must be rewritten before records are
-  /// appended to it, or they would follow the damage and be dropped with it next time. The
-  /// largest job id the unread lines still name (below kMaxJournalJobId) is returned as a last
-  /// `ids` record, so those ids, kept in the damaged copy, are not handed out again.
-  static Result<std::vector<Json>> Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings,
-                                          bool* records_lost = nullptr);
+  /// The journal's file name in the state directory.
+  static constexpr const char* kFileName = "journal.bin";
 
-  /// Copies the journal in `dir` to `journal.jsonl.damaged-<unix time>` beside it, for a person
+  /// Every record of an existing journal, in order, as parsed (Scheduler::Restore checks them).
+  /// A torn last record (a crash mid-write: no whole record follows it) is dropped with a
+  /// warning; a damaged record elsewhere stops the replay there, named in the returned warnings,
+  /// never crashing the job manager, and sets `*records_lost`: the records after it were not
+  /// read. Either way the journal must be rewritten before records are appended to it, or they
+  /// would follow the damage and be dropped with it next time. The largest job id the whole
+  /// records after the damage name is returned as a last `ids` record, so those ids, kept in the
+  /// damaged copy, are not handed out again.
+  ///
+  /// Errors, refusing to start rather than dropping jobs: a journal of another format version,
+  /// and the JSON-lines journal (`journal.jsonl`) of a copse before this format.
+  static Result<std::vector<protocol::JournalRecord>> Replay(const std::filesystem::path& dir, std::vector<std::string>* warnings,
+                                                             bool* records_lost = nullptr);
+
+  /// Copies the journal in `dir` to `journal.bin.damaged-<unix time>` beside it, for a person
   /// to look at, when a replay stopped before its end (`records_lost`): the records after the
   /// damage are not restored, and the rewrite that follows drops them. Returns the copy's path.
   static Result<std::filesystem::path> KeepDamagedCopy(const std::filesystem::path& dir);
 
-  void Record(const Json& record) override;
+  void Record(const protocol::JournalRecord& record) override;
   /// Writes the buffered records.
   Status Flush();
 
@@ -72,8 +76,8 @@ class Journal final : public JournalSink {
   /// old journal or the new one, whole. Later records append to the new file. On an error
   /// before the rename the old journal stays in use, unchanged; when only the directory sync
   /// fails, the new one is in use and the error says so.
-  Status Rewrite(const std::vector<Json>& records);
-  /// Bytes and records (lines) in the journal file, buffered ones not counted.
+  Status Rewrite(const std::vector<protocol::JournalRecord>& records);
+  /// Bytes (the header's included) and records in the journal file, buffered ones not counted.
   uint64_t bytes() const { return bytes_; }
   uint64_t records() const { return records_; }
 

@@ -793,7 +793,7 @@ void Scheduler::ResetGang(Job& job, GangId gang, VertexId cause, const std::stri
       ReleaseSlots(job, m);
     } else if (r.state == VertexState::kCompleted) {
       --job.completed;
-      Journal({{"t", "regen"}, {"job", job.id.value()}, {"v", m.value()}});
+      Journal(RegenRecord(job, m));
     }
     r.state = VertexState::kWaiting;
     job.settled[m.value()] = 0;
@@ -872,7 +872,7 @@ void Scheduler::Regenerate(Job& job, VertexId v, const std::string& why) {
   r.state = VertexState::kWaiting;
   job.settled[v.value()] = 0;
   --job.completed;
-  Journal({{"t", "regen"}, {"job", job.id.value()}, {"v", v.value()}});
+  Journal(RegenRecord(job, v));
   Log(job, v, "output of version " + std::to_string(r.version) + " lost, re-running: " + why);
   RecordRecovery(job, v, r.version, "output_lost", why, false);
 }

@@ -37,7 +37,9 @@
 #include "jobmanager/journal.h"
 #include "jobmanager/placement.h"
 #include "jobmanager/trace_export.h"
+#include "protocol/checks.h"
 #include "protocol/daemon.pb.h"
+#include "protocol/journal.pb.h"
 #include "protocol/keys.h"
 
 namespace copse::jm {
@@ -187,7 +189,8 @@ class Scheduler {
   /// contradict the ones before them (a second record of one job, an end in no known state, a
   /// completion of a vertex the job lacks) are skipped, each with a log line and a line in
   /// `skipped` (when given), so that the job manager keeps the journal as it was for a person.
-  size_t Restore(const std::vector<Json>& records, const ProgramCatalog& catalog, std::vector<std::string>* skipped = nullptr);
+  size_t Restore(const std::vector<protocol::JournalRecord>& records, const ProgramCatalog& catalog,
+                 std::vector<std::string>* skipped = nullptr);
   /// Who removes durable channel copies (null: nobody; they stay on disk).
   void set_storage(StorageSink* storage) { storage_ = storage; }
   /// Where jobs' histories go from now on (null: nowhere).
@@ -205,19 +208,19 @@ class Scheduler {
   /// once it listens, so that a slow start (a long journal's replay and compaction) does not
   /// spend the time the daemons have to reach it.
   void StartRecoveryGrace();
-  /// Job ids a journal may name (journal.h).
-  static constexpr uint64_t kMaxJobId = kMaxJournalJobId;
+  /// Job ids run below this (protocol/checks.h: what a journal may name).
+  static constexpr uint64_t kMaxJobId = protocol::kLargestJobId + 1;
   /// Records from which Restore rebuilds what this scheduler knows now: per remembered job its
   /// submission, its completed vertices and, once finished, its end; then the newest job id
   /// handed out, so a restarted job manager never hands one out twice. What the journal is
   /// compacted to (Journal::Rewrite).
-  std::vector<Json> Snapshot() const;
+  std::vector<protocol::JournalRecord> Snapshot() const;
   /// How many records Snapshot() would return, without building them.
   size_t SnapshotRecords() const;
   /// The journal record saying how many restarts this journal has seen (Restore counts one
   /// more): whoever owns the journal appends it after Restore, before any new attempt's record,
   /// and Snapshot carries it.
-  Json RestartRecord() const;
+  protocol::JournalRecord RestartRecord() const;
 
   // ---- jobs ----------------------------------------------------------------------------------
   /// Accepts a validated graph. `job_dir` is where relative paths in params resolve.
@@ -309,10 +312,11 @@ class Scheduler {
   Job& NewJob(JobId id, std::shared_ptr<const JobGraph> graph, std::string job_dir);
   static std::vector<uint32_t> Priorities(const JobGraph& g);
   DaemonId PlaceholderDaemon(const std::string& name);
-  static Json JobRecord(const Job& job);
-  Json DoneRecord(const Job& job, VertexId v) const;
-  static Json EndRecord(const Job& job);
-  void Journal(const Json& record) {
+  static protocol::JournalRecord JobRecord(const Job& job);
+  protocol::JournalRecord DoneRecord(const Job& job, VertexId v) const;
+  static protocol::JournalRecord RegenRecord(const Job& job, VertexId v);
+  static protocol::JournalRecord EndRecord(const Job& job);
+  void Journal(const protocol::JournalRecord& record) {
     if (journal_) journal_->Record(record);
   }
   /// A finished job's final status, as its history keeps it.

@@ -1,8 +1,6 @@
 #include "jobmanager/scheduler_state.h"
 
 #include <algorithm>
-#include <limits>
-#include <stdexcept>
 
 #include "jobmanager/job_loader.h"
 
@@ -84,7 +82,70 @@ std::vector<uint64_t> Scheduler::JobIds() const {
   return ids;
 }
 
-size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog& catalog, std::vector<std::string>* skipped) {
+namespace {
+
+/// A fault as the job's summary shows it (scheduler_chaos.cc builds these), and back.
+protocol::InjectedFault FaultRecord(const Json& f) {
+  protocol::InjectedFault out;
+  out.set_fault(f.value("fault", std::string()));
+  out.set_at_ms(f.value("at_ms", 0.0));
+  out.set_source(f.value("source", std::string()));
+  out.set_vertex(f.value("vertex", std::string()));
+  out.set_daemon(f.value("daemon", std::string()));
+  if (f.contains("attempt")) out.set_attempt(f["attempt"].get<uint32_t>());
+  if (f.contains("ms")) out.set_ms(f["ms"].get<int64_t>());
+  return out;
+}
+
+Json FaultEntry(const protocol::InjectedFault& f) {
+  Json out = {{"fault", f.fault()}, {"at_ms", f.at_ms()}};
+  if (!f.source().empty()) out["source"] = f.source();
+  if (!f.vertex().empty()) out["vertex"] = f.vertex();
+  if (!f.daemon().empty()) out["daemon"] = f.daemon();
+  if (f.has_attempt()) out["attempt"] = f.attempt();
+  if (f.has_ms()) out["ms"] = f.ms();
+  return out;
+}
+
+/// A recovery as RecordRecovery builds it, and back.
+protocol::Recovery RecoveryRecord(const Json& r) {
+  protocol::Recovery out;
+  out.set_vertex(r.value("vertex", std::string()));
+  out.set_failed_version(r.value("failed_version", 0u));
+  out.set_reason(r.value("reason", std::string()));
+  out.set_detail(r.value("detail", std::string()));
+  out.set_charged(r.value("charged", false));
+  out.set_at_ms(r.value("at_ms", 0.0));
+  return out;
+}
+
+Json RecoveryEntry(const protocol::Recovery& r) {
+  return {{"vertex", r.vertex()},   {"failed_version", r.failed_version()},
+          {"reason", r.reason()},   {"detail", r.detail()},
+          {"charged", r.charged()}, {"at_ms", r.at_ms()}};
+}
+
+JobState EndState(protocol::JobEndState s) {
+  return s == protocol::JOB_COMPLETED ? JobState::kCompleted
+         : s == protocol::JOB_FAILED  ? JobState::kFailed
+                                      : JobState::kCancelled;
+}
+
+/// The job a record names (every kind but restart and ids names one).
+uint64_t JobOf(const protocol::JournalRecord& r) {
+  switch (r.body_case()) {
+    case protocol::JournalRecord::kJob: return r.job().job();
+    case protocol::JournalRecord::kDone: return r.done().job();
+    case protocol::JournalRecord::kRegen: return r.regen().job();
+    case protocol::JournalRecord::kEnd: return r.end().job();
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+size_t Scheduler::Restore(const std::vector<protocol::JournalRecord>& records, const ProgramCatalog& catalog,
+                          std::vector<std::string>* skipped) {
   JournalSink* journal = journal_;
   journal_ = nullptr;  // replaying must not append what it reads
   size_t restored = 0;
@@ -94,138 +155,91 @@ size_t Scheduler::Restore(const std::vector<Json>& records, const ProgramCatalog
     SchedLog()->error("{}", line);
     if (skipped) skipped->push_back(line);
   };
-  for (const auto& rec : records) {
+  for (const protocol::JournalRecord& rec : records) {
     ++index;
-    try {
-      const std::string t = rec.at("t");
-      if (t == "restart") {
-        restarts_ = std::max(restarts_, IntegerAt<uint32_t>(rec, "n"));
+    if (Status checked = protocol::Check(rec); !checked.ok()) {
+      skip(checked.message());
+      continue;
+    }
+    if (rec.has_restart()) {
+      restarts_ = std::max(restarts_, rec.restart().restarts());
+      continue;
+    }
+    if (rec.has_ids()) {
+      next_job_ = std::max(next_job_, rec.ids().up_to() + 1);
+      continue;
+    }
+    const JobId id(JobOf(rec));
+    next_job_ = std::max(next_job_, id.value() + 1);
+    if (rec.has_job()) {
+      if (FindJob(id)) {
+        skip(fmt::format("a second record of job {} (the first is kept)", id.value()));
         continue;
       }
-      JobId id(IntegerAt<uint64_t>(rec, "job"));
-      if (id.value() == 0 || id.value() >= kMaxJobId) {
-        skip(fmt::format("job {} is not a job id (they run from 1 to 2^53)", id.value()));
+      auto doc = ParseJson(rec.job().doc_json(), fmt::format("job {}'s document", id.value()));
+      JobLoad load = doc.ok() ? LoadJobJson(*doc, "journal", catalog) : JobLoad{};
+      if (!doc.ok() || !load.ok()) {
+        skip(fmt::format("job {} no longer loads: {}", id.value(), doc.ok() ? load.status().message() : doc.status().message()));
         continue;
       }
-      next_job_ = std::max(next_job_, id.value() + 1);
-      if (t == "ids") continue;  // next_job_ covers it
-      if (t == "job") {
-        if (FindJob(id)) {
-          skip(fmt::format("a second record of job {} (the first is kept)", id.value()));
-          continue;
-        }
-        JobLoad load = LoadJobJson(rec.at("doc"), "journal", catalog);
-        if (!load.ok()) {
-          skip(fmt::format("job {} no longer loads: {}", id.value(), load.status().message()));
-          continue;
-        }
-        Job& job = NewJob(id, load.graph, rec.value("job_dir", std::string()));
-        job.history_in_memory = false;  // until RestoreHistory
-        // Older journals lack the time: such a job's elapsed time counts from the restart.
-        if (const Json& at = rec.value("submitted_unix_ms", Json()); at.is_number_integer() && at.get<int64_t>() > 0) {
-          job.submitted_unix_ms = at.get<int64_t>();
-          job.started -=
-              std::chrono::milliseconds(std::clamp<int64_t>(clock_.UnixMs() - job.submitted_unix_ms, 0, int64_t{1} << 40));
-        }
-        ++restored;
+      Job& job = NewJob(id, load.graph, rec.job().job_dir());
+      job.history_in_memory = false;  // until RestoreHistory
+      // Unknown (0): such a job's elapsed time counts from the restart.
+      if (const int64_t at = rec.job().submitted_unix_ms(); at > 0) {
+        job.submitted_unix_ms = at;
+        job.started -= std::chrono::milliseconds(std::clamp<int64_t>(clock_.UnixMs() - at, 0, int64_t{1} << 40));
+      }
+      ++restored;
+      continue;
+    }
+    Job* job = FindJob(id);
+    if (!job) continue;  // a job that did not load (said above) or whose record compaction dropped
+    if (rec.has_done()) {
+      const protocol::VertexDone& done = rec.done();
+      if (done.vertex() >= job->runs.size()) {
+        skip(fmt::format("job {} has no vertex {}", id.value(), done.vertex()));
         continue;
       }
-      Job* job = FindJob(id);
-      if (!job) continue;  // a job that did not load (said above) or whose record compaction dropped
-      if (t == "done") {
-        // Every field is read before the run changes: a record damaged half-way must leave no
-        // completed vertex without a daemon behind it.
-        const Json& ver = rec.at("ver");
-        if (!ver.is_number_unsigned() || ver.get<uint64_t>() > std::numeric_limits<uint32_t>::max())
-          throw std::invalid_argument("\"ver\" is not an attempt version");
-        VertexId v(IntegerAt<uint32_t>(rec, "v"));
-        const uint32_t version = ver.get<uint32_t>();
-        const std::string daemon = rec.at("daemon").get<std::string>();
-        auto bytes = IntegersAt<uint64_t>(rec, "bytes");
-        auto messages = IntegersAt<uint64_t>(rec, "msgs");
-        if (v.value() >= job->runs.size()) {
-          skip(fmt::format("job {} has no vertex {}", id.value(), v.value()));
-          continue;
-        }
-        Run& r = job->runs[v.value()];
-        if (r.state != VertexState::kCompleted) ++job->completed;
-        r.state = VertexState::kCompleted;
-        r.version = version;
-        r.daemon = PlaceholderDaemon(daemon);
-        r.output_bytes = std::move(bytes);
-        r.output_messages = std::move(messages);
-        ++job->completions;
-      } else if (t == "regen") {
-        const uint32_t v = IntegerAt<uint32_t>(rec, "v");
-        if (v >= job->runs.size()) {
-          skip(fmt::format("job {} has no vertex {}", id.value(), v));
-          continue;
-        }
-        Run& r = job->runs[v];
-        if (r.state == VertexState::kCompleted) {
-          r.state = VertexState::kWaiting;
-          --job->completed;
-        }
-      } else if (t == "end") {
-        const Json& state = rec.at("state");
-        if (state != "completed" && state != "failed" && state != "cancelled") {
-          skip(fmt::format("job {} ended in {}, which is not a job's end state", id.value(), state.dump()));
-          continue;
-        }
-        job->state = state == "completed" ? JobState::kCompleted : state == "failed" ? JobState::kFailed : JobState::kCancelled;
-        if (job->state == JobState::kCompleted) {
-          // Every vertex completed; a snapshot names only those whose outputs the job declared
-          // (the others' outputs were released when it ended, and they run no more).
-          for (Run& r : job->runs) r.state = VertexState::kCompleted;
-          job->completed = job->runs.size();
-        }
-        job->failure = rec.value("failure", std::string());
-        job->finished = clock_.Now();
-        // At most 2^40 ms (35 years): beyond int64 nanoseconds lies undefined behaviour.
-        if (const Json& ms = rec.value("elapsed_ms", Json());
-            ms.is_number() && ms.get<double>() >= 0 && ms.get<double>() < 1099511627776.0) {
-          job->started =
-              job->finished - std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(ms.get<double>()));
-        }
-        // What the summary shows of the faults it went through (older journals: none), entries
-        // of the shape the status display reads only.
-        auto keep = [](const Json& events, Json& into, auto well_formed) {
-          if (!events.is_array()) return;
-          for (const Json& e : events) {
-            if (e.is_object() && well_formed(e)) into.push_back(e);
-          }
-        };
-        auto string_if_present = [](const Json& e, const char* key) { return !e.contains(key) || e[key].is_string(); };
-        keep(rec.value("faults", Json()), job->faults_log, [&](const Json& e) {
-          return e.value("fault", Json()).is_string() && e.value("at_ms", Json()).is_number() && string_if_present(e, "source") &&
-                 string_if_present(e, "vertex") && string_if_present(e, "daemon");
-        });
-        // The attempt whose failure failed it (older journals: none).
-        if (const Json& failed = rec.value("failed_attempt", Json()); failed.is_object()) {
-          const Json& vertex = failed.value("vertex", Json());
-          const Json& attempt = failed.value("attempt", Json());
-          if (vertex.is_string() && attempt.is_number_unsigned() && attempt.get<uint64_t>() <= UINT32_MAX) {
-            job->failed_attempt = {vertex.get<std::string>(), static_cast<uint32_t>(attempt.get<uint64_t>())};
-          }
-        }
-        // Which of the job file's faults fired: without the list (an older journal) not known.
-        const Json& fired = rec.value("faults_fired", Json());
-        if (fired.is_array()) {
-          for (const Json& source : fired) {
-            if (source.is_string()) job->fired_before_restore.insert(source.get<std::string>());
-          }
-        }
-        if (!fired.is_array() || rec.value("faults_unknown", Json()) == true) job->faults_before_restart_unknown = true;
-        keep(rec.value("recoveries", Json()), job->recoveries, [](const Json& e) {
-          return e.value("vertex", Json()).is_string() && e.value("reason", Json()).is_string() &&
-                 e.value("detail", Json()).is_string() && e.value("failed_version", Json()).is_number_integer() &&
-                 e.value("failed_version", Json()) >= 0;
-        });
-      } else {
-        skip(fmt::format("unknown record type {}", Json(t).dump()));
+      Run& r = job->runs[done.vertex()];
+      if (r.state != VertexState::kCompleted) ++job->completed;
+      r.state = VertexState::kCompleted;
+      r.version = done.version();
+      r.daemon = PlaceholderDaemon(done.daemon());
+      r.output_bytes.assign(done.output_bytes().begin(), done.output_bytes().end());
+      r.output_messages.assign(done.output_messages().begin(), done.output_messages().end());
+      ++job->completions;
+    } else if (rec.has_regen()) {
+      const uint32_t v = rec.regen().vertex();
+      if (v >= job->runs.size()) {
+        skip(fmt::format("job {} has no vertex {}", id.value(), v));
+        continue;
       }
-    } catch (const std::exception& e) {
-      skip(fmt::format("malformed: {}", e.what()));
+      Run& r = job->runs[v];
+      if (r.state == VertexState::kCompleted) {
+        r.state = VertexState::kWaiting;
+        --job->completed;
+      }
+    } else if (rec.has_end()) {
+      const protocol::JobEnded& end = rec.end();
+      job->state = EndState(end.state());
+      if (job->state == JobState::kCompleted) {
+        // Every vertex completed; a snapshot names only those whose outputs the job declared
+        // (the others' outputs were released when it ended, and they run no more).
+        for (Run& r : job->runs) r.state = VertexState::kCompleted;
+        job->completed = job->runs.size();
+      }
+      job->failure = end.failure();
+      job->finished = clock_.Now();
+      job->started =
+          job->finished - std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(end.elapsed_ms()));
+      // What the summary shows of the faults it went through and of its recoveries.
+      for (const auto& f : end.faults()) job->faults_log.push_back(FaultEntry(f));
+      for (const auto& r : end.recoveries()) job->recoveries.push_back(RecoveryEntry(r));
+      if (!end.failed_attempt().vertex().empty())
+        job->failed_attempt = {end.failed_attempt().vertex(), end.failed_attempt().attempt()};
+      // Which of the job file's faults fired (the list above may be cut short).
+      job->fired_before_restore.insert(end.faults_fired().begin(), end.faults_fired().end());
+      if (end.faults_unknown()) job->faults_before_restart_unknown = true;
     }
   }
   StartRecoveryGrace();
@@ -261,25 +275,40 @@ void Scheduler::StartRecoveryGrace() {
   }
 }
 
-Json Scheduler::RestartRecord() const { return {{"t", "restart"}, {"job", 0}, {"n", restarts_}}; }
-
-Json Scheduler::JobRecord(const Job& job) {
-  return {{"t", "job"},
-          {"job", job.id.value()},
-          {"doc", job.g().spec().source},
-          {"job_dir", job.job_dir},
-          {"submitted_unix_ms", job.submitted_unix_ms}};
+protocol::JournalRecord Scheduler::RestartRecord() const {
+  protocol::JournalRecord record;
+  record.mutable_restart()->set_restarts(restarts_);
+  return record;
 }
 
-Json Scheduler::DoneRecord(const Job& job, VertexId v) const {
+protocol::JournalRecord Scheduler::JobRecord(const Job& job) {
+  protocol::JournalRecord record;
+  protocol::JobAccepted& accepted = *record.mutable_job();
+  accepted.set_job(job.id.value());
+  accepted.set_doc_json(DumpJson(job.g().spec().source));
+  accepted.set_job_dir(job.job_dir);
+  accepted.set_submitted_unix_ms(job.submitted_unix_ms);
+  return record;
+}
+
+protocol::JournalRecord Scheduler::DoneRecord(const Job& job, VertexId v) const {
   const Run& r = job.runs[v.value()];
-  return {{"t", "done"},
-          {"job", job.id.value()},
-          {"v", v.value()},
-          {"ver", r.version},
-          {"daemon", daemons_[r.daemon.value()]->spec.name},
-          {"bytes", r.output_bytes},
-          {"msgs", r.output_messages}};
+  protocol::JournalRecord record;
+  protocol::VertexDone& done = *record.mutable_done();
+  done.set_job(job.id.value());
+  done.set_vertex(v.value());
+  done.set_version(r.version);
+  done.set_daemon(daemons_[r.daemon.value()]->spec.name);
+  done.mutable_output_bytes()->Add(r.output_bytes.begin(), r.output_bytes.end());
+  done.mutable_output_messages()->Add(r.output_messages.begin(), r.output_messages.end());
+  return record;
+}
+
+protocol::JournalRecord Scheduler::RegenRecord(const Job& job, VertexId v) {
+  protocol::JournalRecord record;
+  record.mutable_regen()->set_job(job.id.value());
+  record.mutable_regen()->set_vertex(v.value());
+  return record;
 }
 
 namespace {
@@ -288,33 +317,35 @@ namespace {
 /// a restart): a record stays small whatever a long job went through.
 constexpr size_t kMaxJournaledEvents = 1000;
 
-Json FirstOf(const Json& events) {
-  if (events.size() <= kMaxJournaledEvents) return events;
-  return Json(std::vector<Json>(events.begin(), events.begin() + kMaxJournaledEvents));
-}
-
 }  // namespace
 
-Json Scheduler::EndRecord(const Job& job) {
-  Json record = {{"t", "end"},
-                 {"job", job.id.value()},
-                 {"state", JobStateName(job.state)},
-                 {"failure", job.failure},
-                 {"elapsed_ms", std::chrono::duration<double, std::milli>(job.finished - job.started).count()},
-                 {"faults", FirstOf(job.faults_log)},
-                 {"recoveries", FirstOf(job.recoveries)},
-                 // Whole, unlike the lists above: what faults_not_fired is computed from.
-                 {"faults_fired", job.FiredFaultSources()},
-                 {"faults_unknown", job.faults_before_restart_unknown}};
+protocol::JournalRecord Scheduler::EndRecord(const Job& job) {
+  protocol::JournalRecord record;
+  protocol::JobEnded& end = *record.mutable_end();
+  end.set_job(job.id.value());
+  end.set_state(job.state == JobState::kCompleted ? protocol::JOB_COMPLETED
+                : job.state == JobState::kFailed  ? protocol::JOB_FAILED
+                                                  : protocol::JOB_CANCELLED);
+  end.set_failure(job.failure);
+  end.set_elapsed_ms(std::chrono::duration<double, std::milli>(job.finished - job.started).count());
+  for (size_t i = 0; i < job.faults_log.size() && i < kMaxJournaledEvents; ++i)
+    *end.add_faults() = FaultRecord(job.faults_log[i]);
+  for (size_t i = 0; i < job.recoveries.size() && i < kMaxJournaledEvents; ++i) {
+    *end.add_recoveries() = RecoveryRecord(job.recoveries[i]);
+  }
+  // Whole, unlike the lists above: what faults_not_fired is computed from.
+  for (const std::string& source : job.FiredFaultSources()) end.add_faults_fired(source);
+  end.set_faults_unknown(job.faults_before_restart_unknown);
   // The attempt whose failure failed the job: `copse status` points at what it printed.
   if (!job.failed_attempt.first.empty()) {
-    record["failed_attempt"] = {{"vertex", job.failed_attempt.first}, {"attempt", job.failed_attempt.second}};
+    end.mutable_failed_attempt()->set_vertex(job.failed_attempt.first);
+    end.mutable_failed_attempt()->set_attempt(job.failed_attempt.second);
   }
   return record;
 }
 
-std::vector<Json> Scheduler::Snapshot() const {
-  std::vector<Json> records;
+std::vector<protocol::JournalRecord> Scheduler::Snapshot() const {
+  std::vector<protocol::JournalRecord> records;
   for (const auto& [id, job] : jobs_) {
     records.push_back(JobRecord(*job));
     if (job->state == JobState::kCompleted) {
@@ -330,7 +361,9 @@ std::vector<Json> Scheduler::Snapshot() const {
     }
     if (job->state != JobState::kRunning) records.push_back(EndRecord(*job));
   }
-  if (next_job_ > 1) records.push_back({{"t", "ids"}, {"job", next_job_ - 1}});
+  if (next_job_ > 1) {
+    records.emplace_back().mutable_ids()->set_up_to(next_job_ - 1);
+  }
   if (restarts_ > 0) records.push_back(RestartRecord());
   return records;
 }

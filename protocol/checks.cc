@@ -149,7 +149,48 @@ void CheckTask(Checker& c, const Task& t) {
   c.Require(remote <= 1, "after", "at most one attempt on another daemon");
 }
 
+/// A job id a journal may name (protocol/journal.proto).
+void CheckJobId(Checker& c, uint64_t job, const char* field) { c.Range<uint64_t>(job, 1, kLargestJobId, field); }
+
+void CheckJobEnded(Checker& c, const JobEnded& m) {
+  CheckJobId(c, m.job(), "job");
+  c.Require(m.state() == JOB_COMPLETED || m.state() == JOB_FAILED || m.state() == JOB_CANCELLED, "state",
+            "must be COMPLETED, FAILED or CANCELLED, got " + std::to_string(m.state()));
+  c.Require(m.elapsed_ms() >= 0 && m.elapsed_ms() <= 1099511627776.0, "elapsed_ms",
+            "must be 0 to 2^40, got " + std::to_string(m.elapsed_ms()));
+  // Its faults and recoveries are shown as they are: an odd one must not cost the job its end.
+}
+
 }  // namespace
+
+Status Check(const JournalRecord& m) {
+  Checker c("JournalRecord");
+  switch (m.body_case()) {
+    case JournalRecord::kJob:
+      c.In("job", [&] {
+        CheckJobId(c, m.job().job(), "job");
+        c.Require(!m.job().doc_json().empty(), "doc_json", "required");
+        c.Require(m.job().submitted_unix_ms() >= 0, "submitted_unix_ms", "must not be negative");
+      });
+      break;
+    case JournalRecord::kDone:
+      c.In("done", [&] {
+        CheckJobId(c, m.done().job(), "job");
+        c.Require(m.done().version() >= 1, "version", "required (>= 1)");
+        c.Require(!m.done().daemon().empty(), "daemon", "required");
+      });
+      break;
+    case JournalRecord::kRegen: c.In("regen", [&] { CheckJobId(c, m.regen().job(), "job"); }); break;
+    case JournalRecord::kEnd: c.In("end", [&] { CheckJobEnded(c, m.end()); }); break;
+    case JournalRecord::kIds: c.In("ids", [&] { CheckJobId(c, m.ids().up_to(), "up_to"); }); break;
+    case JournalRecord::kRestart: break;
+    default:
+      // Unlike a notice between peers, a record of a kind this build does not know cannot be
+      // ignored: what it said would be lost.
+      c.Fail("body", m.GetReflection()->GetUnknownFields(m).empty() ? "empty" : "a kind of record this copse does not know");
+  }
+  return c.status();
+}
 
 Status Check(const DaemonToJm& m) {
   Checker c("DaemonToJm");

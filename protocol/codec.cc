@@ -48,6 +48,7 @@ std::string_view BodyName(const DaemonToJm& message) { return NameOf(message); }
 std::string_view BodyName(const JmToDaemon& message) { return NameOf(message); }
 std::string_view BodyName(const DataRequest& message) { return NameOf(message); }
 std::string_view BodyName(const DataReply& message) { return NameOf(message); }
+std::string_view BodyName(const JournalRecord& message) { return NameOf(message); }
 
 std::string ToJsonText(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;

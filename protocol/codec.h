@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "protocol/daemon.pb.h"
 #include "protocol/data.pb.h"
+#include "protocol/journal.pb.h"
 
 namespace copse::protocol {
 
@@ -31,6 +32,7 @@ std::string_view BodyName(const DaemonToJm& message);
 std::string_view BodyName(const JmToDaemon& message);
 std::string_view BodyName(const DataRequest& message);
 std::string_view BodyName(const DataReply& message);
+std::string_view BodyName(const JournalRecord& message);
 
 /// The canonical JSON mapping of `message` with the schema's field names: for logs, tests and
 /// what users read.

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "cli/job_watch.h"
+#include "jobmanager/journal.h"
 #include "tests/integration/test_cluster.h"
 
 namespace copse::testing {
@@ -296,13 +297,18 @@ TEST_CASE("Faults.AJobManagerWhoseJournalWasCompactedMidJobResumesFromTheSnapsho
     REQUIRE(std::chrono::steady_clock::now() < deadline);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  const auto journal = cluster.dir() / "jm" / "journal.jsonl";
   // Killed with a compacted journal (plus what was appended since), then again right after
   // the restarted job manager wrote its snapshot of the running job 3.
   CheckAJobManagerKilledMidJobResumesIt(cluster, args, /*kills=*/2, [&] {
-    const std::string text = ReadFile(journal.string()).value();
-    CHECK_MESSAGE(text.find(R"("t":"ids")") != std::string::npos, text);  // only a snapshot writes one
-    CHECK_MESSAGE(text.find(R"("job":1,)") == std::string::npos, text);   // the forgotten job is gone
+    auto records = jm::Journal::Replay(cluster.dir() / "jm", nullptr);
+    REQUIRE(records.ok());
+    bool ids = false;
+    for (const auto& r : *records) {
+      ids |= r.has_ids();                           // only a snapshot writes one
+      CHECK((!r.has_job() || r.job().job() != 1));  // the forgotten job is gone
+      CHECK((!r.has_done() || r.done().job() != 1));
+    }
+    CHECK(ids);
   });
   CHECK(cluster.Submit(ChecksumChain(1)) == 4);  // no job id is handed out twice
 }
@@ -311,7 +317,7 @@ TEST_CASE("Faults.AJobManagerWhoseJournalWasCompactedMidJobResumesFromTheSnapsho
 std::vector<std::string> KeptDamagedJournals(const std::filesystem::path& state) {
   std::vector<std::string> kept;
   for (const auto& entry : std::filesystem::directory_iterator(state)) {
-    if (entry.path().filename().string().rfind("journal.jsonl.damaged-", 0) == 0) {
+    if (entry.path().filename().string().rfind("journal.bin.damaged-", 0) == 0) {
       kept.push_back(ReadFile(entry.path().string()).value());
     }
   }
@@ -323,15 +329,15 @@ std::vector<std::string> KeptDamagedJournals(const std::filesystem::path& state)
 std::string JournalOfAFinishedJobAfterTheJobManagerDied(TestCluster& cluster) {
   REQUIRE(cluster.Wait(cluster.Submit(ChecksumChain(1)))["state"] == "completed");
   cluster.KillJm();
-  return ReadFile((cluster.dir() / "jm" / "journal.jsonl").string()).value();
+  return ReadFile((cluster.dir() / "jm" / jm::Journal::kFileName).string()).value();
 }
 
 TEST_CASE("Faults.JobsSubmittedAfterTheJournalWasDamagedSurviveTheNextRestart") {
   TestCluster cluster(1, 2);
   const std::string before = JournalOfAFinishedJobAfterTheJobManagerDied(cluster);
-  // Its first line damaged: nothing after it can be trusted, so none of it is restored.
+  // Its start damaged: nothing after it can be trusted, so none of it is restored.
   const auto state = cluster.dir() / "jm";
-  std::ofstream(state / "journal.jsonl") << "GARBAGE\n" << before;
+  std::ofstream(state / jm::Journal::kFileName) << "GARBAGE\n" << before;
   cluster.RestartJm();
   const uint64_t after = cluster.Submit(ChecksumChain(1));
   CHECK(after == 2);  // job 1 is named after the damage: its id is not handed out again
@@ -351,8 +357,12 @@ TEST_CASE("Faults.AJournalRecordThatContradictsTheOthersIsSkippedAndTheJournalKe
   TestCluster cluster(1, 2);
   const std::string before = JournalOfAFinishedJobAfterTheJobManagerDied(cluster);
   const auto state = cluster.dir() / "jm";
-  const std::string damaged = before + before.substr(0, before.find('\n') + 1);
-  std::ofstream(state / "journal.jsonl") << damaged;
+  // The header line, then frames of a 16-byte head (its length at bytes 4-7) and a body.
+  const size_t first = before.find('\n') + 1;
+  size_t first_length = 0;
+  for (int i = 3; i >= 0; --i) first_length = first_length << 8 | static_cast<unsigned char>(before[first + 4 + i]);
+  const std::string damaged = before + before.substr(first, 16 + first_length);  // the job's record again
+  std::ofstream(state / jm::Journal::kFileName) << damaged;
   cluster.RestartJm();
   auto status = cluster.client().Call({{"op", "status"}, {"job", 1}});
   REQUIRE(status.ok());

@@ -9,10 +9,15 @@
 
 #include <algorithm>
 
+#include <google/protobuf/util/message_differencer.h>
+
+#include <functional>
+
 #include "jobmanager/client_api.h"
 #include "jobmanager/job_history.h"
 #include "jobmanager/journal.h"
 #include "jobmanager/scheduler.h"
+#include "protocol/codec.h"
 #include "tests/jobmanager/job_test_util.h"
 
 namespace copse::jm {
@@ -25,73 +30,179 @@ std::filesystem::path TempDir(const char* name) {
   return dir;
 }
 
-TEST_CASE("Journal.RoundTripsAndDropsATornTail") {
-  auto dir = TempDir("copse-journal");
+const char* const kOneVertex = R"({"stages": [{"name": "a", "program": "noop"}]})";
+
+protocol::JournalRecord JobRec(uint64_t job, const std::string& doc = kOneVertex) {
+  protocol::JournalRecord r;
+  r.mutable_job()->set_job(job);
+  r.mutable_job()->set_doc_json(doc);
+  return r;
+}
+
+protocol::JournalRecord EndRec(uint64_t job, protocol::JobEndState state = protocol::JOB_COMPLETED) {
+  protocol::JournalRecord r;
+  r.mutable_end()->set_job(job);
+  r.mutable_end()->set_state(state);
+  return r;
+}
+
+protocol::JournalRecord IdsRec(uint64_t up_to) {
+  protocol::JournalRecord r;
+  r.mutable_ids()->set_up_to(up_to);
+  return r;
+}
+
+protocol::JournalRecord DoneRec(uint64_t job, uint32_t vertex) {
+  protocol::JournalRecord r;
+  r.mutable_done()->set_job(job);
+  r.mutable_done()->set_vertex(vertex);
+  r.mutable_done()->set_version(1);
+  r.mutable_done()->set_daemon("d0");
+  return r;
+}
+
+std::string KindOf(const protocol::JournalRecord& r) { return std::string(protocol::BodyName(r)); }
+
+bool Same(const std::vector<protocol::JournalRecord>& a, const std::vector<protocol::JournalRecord>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!google::protobuf::util::MessageDifferencer::Equals(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+/// Writes `records` as a job manager would, and returns the journal file's bytes.
+std::string WriteJournal(const std::filesystem::path& dir, const std::vector<protocol::JournalRecord>& records) {
   {
     auto j = Journal::Open(dir, false);
     REQUIRE(j.ok());
-    (*j)->Record({{"t", "job"}, {"job", 1}});
-    (*j)->Record({{"t", "end"}, {"job", 1}, {"state", "completed"}});
+    for (const auto& r : records) (*j)->Record(r);
     REQUIRE((*j)->Flush().ok());
   }
-  std::ofstream(dir / "journal.jsonl", std::ios::app) << R"({"t":"done","job":1,"v)";  // a crash mid-write
+  return ReadFile((dir / Journal::kFileName).string()).value();
+}
+
+void Overwrite(const std::filesystem::path& dir, const std::string& bytes) {
+  std::ofstream(dir / Journal::kFileName, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+TEST_CASE("Journal.RoundTripsAndDropsATornTail") {
+  auto dir = TempDir("copse-journal");
+  const std::string whole = WriteJournal(dir, {JobRec(1), EndRec(1), DoneRec(1, 0)});
+  CHECK(whole.rfind("copse journal 1\n", 0) == 0);    // a person can tell what the file is
+  Overwrite(dir, whole.substr(0, whole.size() - 3));  // a crash mid-write of the third
   std::vector<std::string> warnings;
   bool records_lost = true;
   auto records = Journal::Replay(dir, &warnings, &records_lost);
   REQUIRE(records.ok());
-  CHECK(records->size() == 2);
+  REQUIRE(records->size() == 2);
+  CHECK((*records)[0].job().doc_json() == kOneVertex);
+  CHECK((*records)[1].end().state() == protocol::JOB_COMPLETED);
   REQUIRE(warnings.size() == 1);
+  CHECK_MESSAGE(warnings[0].find("record 3 (byte") != std::string::npos, warnings[0]);
   CHECK(warnings[0].find("torn last record") != std::string::npos);
   CHECK_FALSE(records_lost);  // only the record being written
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("Journal.CorruptionInTheMiddleStopsTheReplayThereWithAWarning") {
+TEST_CASE("Journal.DamageInTheMiddleStopsTheReplayThereWithAWarning") {
   auto dir = TempDir("copse-journal-bad");
-  std::ofstream(dir / "journal.jsonl") << "{\"t\":\"job\",\"job\":1}\nGARBAGE\n{\"t\":\"job\",\"job\":7}\n"
-                                       // 99 and 98 are in the user's job document, not ids:
-                                       << "{\"doc\":{\"job\":99,\"p\":[{\"job\":98}]},\"job\":5,\"t\":\"job\"}\n"
-                                       << "{\"t\":\"end\",\"job\":3,\"sta\n"
-                                       << "{\"t\":\"ids\",\"job\":9007199254740993}\n";  // past 2^53: not an id
+  const std::string whole = WriteJournal(dir, {JobRec(1), JobRec(2), JobRec(7), JobRec(5), IdsRec(uint64_t{1} << 60)});
+  const std::string first_two = WriteJournal(TempDir("copse-journal-bad-prefix"), {JobRec(1), JobRec(2)});
+  std::string damaged = whole;
+  damaged[first_two.size() - 3] ^= 0x20;  // a bit flipped in job 2's document
+  Overwrite(dir, damaged);
   std::vector<std::string> warnings;
   bool records_lost = false;
   auto records = Journal::Replay(dir, &warnings, &records_lost);
   REQUIRE(records.ok());
   REQUIRE(records->size() == 2);
-  CHECK((*records)[0]["job"] == 1);
-  // Job 7's record was not read, but its id stays handed out: the damaged copy holds it.
-  CHECK((*records)[1] == Json{{"t", "ids"}, {"job", 7}});
+  CHECK((*records)[0].job().job() == 1);
+  // Job 7's record was not read, but its id stays handed out: the damaged copy holds it. (The
+  // ids record past 2^53 names no id.)
+  CHECK((*records)[1].ids().up_to() == 7);
   REQUIRE(warnings.size() == 2);
-  CHECK(warnings[0].find(":2: malformed record") != std::string::npos);
+  CHECK_MESSAGE(warnings[0].find("record 2 (byte") != std::string::npos, warnings[0]);
+  CHECK(warnings[0].find("damaged record; the rest of the journal (3 whole records) is ignored") != std::string::npos);
   CHECK(warnings[1].find("job ids up to 7 appear from there on") != std::string::npos);
   CHECK(records_lost);
+
+  // Garbage where the header was: damage from the first byte.
+  Overwrite(dir, "GARBAGE\n" + whole.substr(std::string("copse journal 1\n").size()));
+  warnings.clear();
+  records = Journal::Replay(dir, &warnings, &records_lost);
+  REQUIRE(records.ok());
+  REQUIRE(records->size() == 1);
+  CHECK((*records)[0].ids().up_to() == 7);
+  CHECK_MESSAGE(warnings[0].find("not a copse journal header") != std::string::npos, warnings[0]);
+  CHECK(records_lost);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(TempDir("copse-journal-bad-prefix"));
+}
+
+TEST_CASE("Journal.AnotherFormatIsRefusedSayingWhatToDo") {
+  auto dir = TempDir("copse-journal-format");
+  Overwrite(dir, "copse journal 2\nwhatever a later copse writes");
+  auto refused = Journal::Replay(dir, nullptr);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_MESSAGE(refused.status().message().find("starts \"copse journal 2\", a format this copse (\"copse journal 1\") does "
+                                                "not read: start the copse that wrote it") != std::string::npos,
+                refused.status().message());
+  // The JSON-lines journal of copse before this format: refused, never silently dropped.
+  std::filesystem::remove(dir / Journal::kFileName);
+  std::ofstream(dir / "journal.jsonl") << R"({"t":"job","job":1,"doc":{}})"
+                                       << "\n";
+  refused = Journal::Replay(dir, nullptr);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_MESSAGE(refused.status().message().find("journal.jsonl is the JSON-lines journal of a copse older than this one") !=
+                    std::string::npos,
+                refused.status().message());
+  CHECK(refused.status().message().find("move the file aside") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Journal.AHeaderTornByACrashIsAnEmptyJournalThatOpenMendsBeforeAppending") {
+  auto dir = TempDir("copse-journal-torn-header");
+  Overwrite(dir, "copse jour");
+  std::vector<std::string> warnings;
+  auto records = Journal::Replay(dir, &warnings);
+  REQUIRE(records.ok());
+  CHECK(records->empty());
+  CHECK(warnings.empty());
+  WriteJournal(dir, {JobRec(3)});
+  records = Journal::Replay(dir, &warnings);
+  REQUIRE(records.ok());
+  REQUIRE(records->size() == 1);
+  CHECK(records->at(0).job().job() == 3);
+  CHECK(warnings.empty());
   std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("Journal.RewriteReplacesTheJournalAndLaterRecordsAppendToTheSnapshot") {
   auto dir = TempDir("copse-journal-rewrite");
+  const auto path = dir / Journal::kFileName;
   auto j = Journal::Open(dir, false);
   REQUIRE(j.ok());
-  for (int v = 0; v < 50; ++v) (*j)->Record({{"t", "done"}, {"job", 1}, {"v", v}});
+  for (uint32_t v = 0; v < 50; ++v) (*j)->Record(DoneRec(1, v));
   REQUIRE((*j)->Flush().ok());
   const uint64_t before = (*j)->bytes();
-  CHECK(before == std::filesystem::file_size(dir / "journal.jsonl"));
+  CHECK(before == std::filesystem::file_size(path));
   CHECK((*j)->records() == 50);
-  (*j)->Record({{"t", "done"}, {"job", 1}, {"v", 99}});  // buffered: the snapshot supersedes it
-  REQUIRE((*j)->Rewrite({{{"t", "job"}, {"job", 1}}, {{"t", "ids"}, {"job", 1}}}).ok());
+  (*j)->Record(DoneRec(1, 99));  // buffered: the snapshot supersedes it
+  REQUIRE((*j)->Rewrite({JobRec(1), IdsRec(1)}).ok());
   CHECK((*j)->bytes() < before);
-  CHECK((*j)->bytes() == std::filesystem::file_size(dir / "journal.jsonl"));
+  CHECK((*j)->bytes() == std::filesystem::file_size(path));
   CHECK((*j)->records() == 2);
-  CHECK_FALSE(std::filesystem::exists(dir / "journal.jsonl.tmp"));
-  (*j)->Record({{"t", "end"}, {"job", 1}, {"state", "completed"}});
+  CHECK_FALSE(std::filesystem::exists(dir / "journal.bin.tmp"));
+  (*j)->Record(EndRec(1));
   REQUIRE((*j)->Flush().ok());
   CHECK(Journal::Open(dir, false).value()->records() == 3);  // counted again on opening
   auto records = Journal::Replay(dir, nullptr);
   REQUIRE(records.ok());
   REQUIRE(records->size() == 3);
-  CHECK((*records)[0]["t"] == "job");
-  CHECK((*records)[1]["t"] == "ids");
-  CHECK((*records)[2]["t"] == "end");
+  CHECK(KindOf((*records)[0]) == "job");
+  CHECK(KindOf((*records)[1]) == "ids");
+  CHECK(KindOf((*records)[2]) == "end");
   std::filesystem::remove_all(dir);
 }
 
@@ -99,24 +210,24 @@ TEST_CASE("Journal.AFailedRewriteKeepsTheOldJournalInUse") {
   auto dir = TempDir("copse-journal-rewrite-fails");
   auto j = Journal::Open(dir, false);
   REQUIRE(j.ok());
-  (*j)->Record({{"t", "job"}, {"job", 1}});
+  (*j)->Record(JobRec(1));
   REQUIRE((*j)->Flush().ok());
-  std::filesystem::create_directory(dir / "journal.jsonl.tmp");  // the temporary file cannot be created
-  CHECK_FALSE((*j)->Rewrite({{{"t", "ids"}, {"job", 1}}}).ok());
-  (*j)->Record({{"t", "end"}, {"job", 1}, {"state", "completed"}});
+  std::filesystem::create_directory(dir / "journal.bin.tmp");  // the temporary file cannot be created
+  CHECK_FALSE((*j)->Rewrite({IdsRec(1)}).ok());
+  (*j)->Record(EndRec(1));
   REQUIRE((*j)->Flush().ok());
   auto records = Journal::Replay(dir, nullptr);
   REQUIRE(records.ok());
   REQUIRE(records->size() == 2);
-  CHECK((*records)[0]["t"] == "job");
-  CHECK((*records)[1]["t"] == "end");
+  CHECK(KindOf((*records)[0]) == "job");
+  CHECK(KindOf((*records)[1]) == "end");
   std::filesystem::remove_all(dir);
 }
 
 class RecordingJournal final : public JournalSink {
  public:
-  void Record(const Json& r) override { records.push_back(r); }
-  std::vector<Json> records;
+  void Record(const protocol::JournalRecord& r) override { records.push_back(r); }
+  std::vector<protocol::JournalRecord> records;
 };
 
 class NullSink final : public DaemonSink {
@@ -151,7 +262,7 @@ void Succeed(Scheduler& s, JobId job, const protocol::Task& task) {
 
 /// The journal of a job manager that ran kChain on d0 until a completed, then "died" as b
 /// started.
-std::vector<Json> JournalOfAChainWhoseFirstVertexIsDone(ManualClock& clock) {
+std::vector<protocol::JournalRecord> JournalOfAChainWhoseFirstVertexIsDone(ManualClock& clock) {
   RecordingJournal journal;
   NullSink sink;
   Scheduler s(sink, clock);
@@ -165,7 +276,7 @@ std::vector<Json> JournalOfAChainWhoseFirstVertexIsDone(ManualClock& clock) {
 
 TEST_CASE("Journal.ARestoredSchedulerRerunsOnlyWhatIsNotDone") {
   ManualClock clock;
-  const std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
+  const std::vector<protocol::JournalRecord> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
   CHECK(records.size() == 2);  // the job, a's completion
   NullSink sink;
   Scheduler restored(sink, clock);
@@ -187,7 +298,7 @@ TEST_CASE("Journal.EachRestartHandsOutVersionsNoEarlierLifeCouldHave") {
   // second must not hand out the versions the first did (a daemon still knows those attempts:
   // their outputs, and their ends, after which it withdraws tasks chained behind a failed one).
   ManualClock clock;
-  std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
+  std::vector<protocol::JournalRecord> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
   std::vector<uint32_t> first_versions;
   for (int life = 0; life < 2; ++life) {
     RecordingJournal journal;
@@ -212,7 +323,7 @@ TEST_CASE("Journal.EachRestartHandsOutVersionsNoEarlierLifeCouldHave") {
     // to a snapshot that keeps it.
     records.insert(records.end(), journal.records.begin(), journal.records.end());
     const auto snapshot = restored.Snapshot();
-    CHECK(std::count_if(snapshot.begin(), snapshot.end(), [](const Json& r) { return r["t"] == "restart"; }) == 1);
+    CHECK(std::count_if(snapshot.begin(), snapshot.end(), [](const protocol::JournalRecord& r) { return r.has_restart(); }) == 1);
     CHECK(restored.SnapshotRecords() == snapshot.size());
   }
 }
@@ -232,8 +343,8 @@ TEST_CASE("Journal.ARestoredJobsElapsedTimeCountsFromItsSubmissionOnTheWallClock
   // The injected clock's wall time, not the host's: a job restored 5 s after its submission
   // shows 5 s elapsed, whatever the monotonic clock of the new job manager reads.
   ManualClock clock;
-  const std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
-  REQUIRE(records[0].value("submitted_unix_ms", int64_t{0}) == clock.UnixMs());
+  const std::vector<protocol::JournalRecord> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
+  REQUIRE(records[0].job().submitted_unix_ms() == clock.UnixMs());
   ManualClock later;
   later.Advance(std::chrono::seconds(5));
   NullSink sink;
@@ -244,53 +355,35 @@ TEST_CASE("Journal.ARestoredJobsElapsedTimeCountsFromItsSubmissionOnTheWallClock
   CHECK(restored.JobsTable()[0]["submitted_unix_ms"] == clock.UnixMs());
 }
 
-TEST_CASE("Journal.ADoneRecordDamagedHalfWayLeavesItsVertexToRunAgain") {
-  // Byte flips that rename one key of a "done" record: the vertex was marked completed before
-  // the missing field threw, with no daemon, and the snapshot at the next start crashed.
+TEST_CASE("Journal.ARecordBreakingTheSchemasRulesIsSkippedNamingTheFieldAndItsVertexRunsAgain") {
+  // A "done" record without its daemon or version: marking the vertex completed with no daemon
+  // behind it crashed the snapshot at the next start.
   ManualClock clock;
-  for (const char* key : {"ver", "daemon", "bytes", "msgs"}) {
-    std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
-    REQUIRE(records[1]["t"] == "done");
-    records[1][std::string(key) + "]"] = records[1][key];
-    records[1].erase(key);
+  struct Case {
+    std::function<void(protocol::JournalRecord&)> damage;
+    const char* named;
+  };
+  for (const Case& c :
+       {Case{[](auto& r) { r.mutable_done()->clear_daemon(); }, "JournalRecord.done.daemon: required"},
+        Case{[](auto& r) { r.mutable_done()->set_version(0); }, "JournalRecord.done.version: required (>= 1)"},
+        Case{[](auto& r) { r.mutable_done()->set_job(0); }, "JournalRecord.done.job: must be 1 to 9007199254740991"},
+        Case{[](auto& r) { r.mutable_done()->set_job(uint64_t{1} << 53); }, "JournalRecord.done.job: must be 1 to"},
+        Case{[](auto& r) { r.Clear(); }, "JournalRecord.body: empty"}}) {
+    CAPTURE(c.named);
+    std::vector<protocol::JournalRecord> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
+    REQUIRE(records[1].has_done());
+    c.damage(records[1]);
     NullSink sink;
     Scheduler restored(sink, clock);
-    CHECK(restored.Restore(records, testing::TestCatalog()) == 1);
+    std::vector<std::string> skipped;
+    CHECK(restored.Restore(records, testing::TestCatalog(), &skipped) == 1);
+    REQUIRE(skipped.size() == 1);
+    CHECK_MESSAGE(skipped[0].find(std::string("journal record 2: ") + c.named) == 0, skipped[0]);
     CHECK(restored.Snapshot().size() == 3);  // the job, the ids and the restart, no completion
     REQUIRE(restored.AddDaemon(D0()).ok());
     restored.Flush();
     REQUIRE(sink.runs.size() == 1);
-    CHECK_MESSAGE(sink.runs[0].tasks(0).name() == "a[0]", key);  // runs again
-  }
-  std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
-  records[1]["ver"] = -1;  // not an attempt version
-  NullSink sink;
-  Scheduler restored(sink, clock);
-  restored.Restore(records, testing::TestCatalog());
-  CHECK(restored.Snapshot().size() == 3);
-}
-
-TEST_CASE("Journal.NumbersOutOfTheirRangeSkipTheirRecordNamingTheMember") {
-  // Found by the journal fuzzer: a job id of 1e108 went through get<uint64_t>(), a float to
-  // integer conversion beyond the type's range (undefined behaviour); a negative byte count
-  // wrapped into a huge one. Each is now refused, and the record skipped saying which member.
-  ManualClock clock;
-  struct Case {
-    size_t record;
-    const char* key;
-    Json value;
-  };
-  for (const Case& c : {Case{0, "job", 1e108}, Case{0, "job", -3}, Case{1, "v", 4294967296.0}, Case{1, "v", 1.5},
-                        Case{1, "bytes", Json::array({-1})}, Case{1, "msgs", Json::array({1e300})}}) {
-    CAPTURE(c.key);
-    std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
-    records[c.record][c.key] = c.value;
-    NullSink sink;
-    Scheduler restored(sink, clock);
-    std::vector<std::string> skipped;
-    restored.Restore(records, testing::TestCatalog(), &skipped);
-    REQUIRE(skipped.size() >= 1);
-    CHECK(skipped[0].find(std::string("\"") + c.key + "\"") != std::string::npos);
+    CHECK(sink.runs[0].tasks(0).name() == "a[0]");  // runs again
   }
 }
 
@@ -430,35 +523,41 @@ TEST_CASE("Journal.AFinishedJobKeepsItsFaultsAndRecoveriesAcrossARestart") {
   CompleteRuns(old.s, old.sink, job);  // the fault was injected into attempt 1's task (the test reports success)
   REQUIRE(old.s.StateOf(job) == JobState::kCompleted);
   ManualClock& clock = old.clock;
-  std::vector<Json> records = old.s.Snapshot();
-  Json& end = records[records.size() - 2];
-  REQUIRE(end["t"] == "end");
-  CHECK(end["faults"].size() == 1);
-  end["recoveries"] = Json::array({{{"vertex", "a[0]"},
-                                    {"failed_version", 1},
-                                    {"reason", "program_error"},
-                                    {"detail", "re-run"},
-                                    {"charged", true},
-                                    {"at_ms", 1.0}},
-                                   {{"vertex", 7}}});  // damaged: not of the shape shown, dropped
+  std::vector<protocol::JournalRecord> records = old.s.Snapshot();
+  protocol::JobEnded& end = *records[records.size() - 2].mutable_end();
+  CHECK(end.faults_size() == 1);
+  protocol::Recovery& recovery = *end.add_recoveries();
+  recovery.set_vertex("a[0]");
+  recovery.set_failed_version(1);
+  recovery.set_reason("program_error");
+  recovery.set_detail("re-run \xff");  // a program's words, not UTF-8
+  recovery.set_charged(true);
+  recovery.set_at_ms(1.0);
   NullSink other;
   Scheduler restored(other, clock);
   REQUIRE(restored.Restore(records, testing::TestCatalog()) == 1);
   const Json status = restored.JobStatus(job);
   REQUIRE(status["faults"].size() == 1);
   CHECK(status["faults"][0]["source"] == "/faults/0");
-  CHECK(status["recoveries"].size() == 1);
+  CHECK(status["faults"][0]["vertex"] == "a[0]");
+  CHECK(status["faults"][0]["attempt"] == 1);
+  REQUIRE(status["recoveries"].size() == 1);
+  CHECK(status["recoveries"][0]["reason"] == "program_error");
+  CHECK(status["recoveries"][0]["charged"] == true);
   CHECK_FALSE(status.contains("faults_not_fired"));
+  // Journaled again as it was read: the next restart sees the same.
+  CHECK(google::protobuf::util::MessageDifferencer::Equals(restored.Snapshot()[records.size() - 2], records[records.size() - 2]));
 
-  // The list of faults cut short (or damaged): which fired comes from faults_fired, whole.
-  end["faults"] = Json::array({{{"fault", "fail"}, {"at_ms", 1.0}, {"source", 5}}});  // damaged: dropped
+  // The list of faults cut short: which fired comes from faults_fired, whole.
+  end.clear_faults();
   Scheduler cut(other, clock);
   REQUIRE(cut.Restore(records, testing::TestCatalog()) == 1);
   CHECK(cut.JobStatus(job)["faults"].empty());
   CHECK_FALSE(cut.JobStatus(job).contains("faults_not_fired"));
 
-  // A journal from before faults_fired: which fired is not known, so none is said not to have.
-  end.erase("faults_fired");
+  // Faults that fired unjournaled (the job ran across a restart): none is said not to have.
+  end.clear_faults_fired();
+  end.set_faults_unknown(true);
   Scheduler older(other, clock);
   REQUIRE(older.Restore(records, testing::TestCatalog()) == 1);
   CHECK_FALSE(older.JobStatus(job).contains("faults_not_fired"));
@@ -493,7 +592,7 @@ TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs"
   ManualClock clock;
   SchedulerOptions options;
   options.finished_job_ttl = std::chrono::minutes(1);
-  std::vector<Json> snapshot;
+  std::vector<protocol::JournalRecord> snapshot;
   JobId running;
   {
     NullSink sink;
@@ -524,8 +623,9 @@ TEST_CASE("Journal.ASnapshotRestoresWhatTheWholeJournalDoesWithoutForgottenJobs"
   // id; none of the forgotten job's 5 records.
   CHECK(journal.records.size() == 5 + 5 + 2);
   REQUIRE(snapshot.size() == 2 + 2 + 1);
-  CHECK(snapshot.back() == Json{{"t", "ids"}, {"job", running.value()}});
-  for (const Json& rec : snapshot) CHECK(rec["job"].get<uint64_t>() != 1);
+  CHECK(snapshot.back().ids().up_to() == running.value());
+  for (const auto& rec : snapshot) CHECK((!rec.has_job() || rec.job().job() != 1));
+  for (const auto& rec : snapshot) CHECK((!rec.has_done() || rec.done().job() != 1));
 
   NullSink sink;
   Scheduler restored(sink, clock, options);
@@ -547,7 +647,7 @@ TEST_CASE("Journal.ACompletedJobSnapshotsOnlyWhereItsDeclaredOutputsAre") {
                         "edges": [{"from": "a", "to": "c", "pattern": "gather"}],
                         "outputs": [{"from": "c", "path": "out"}]})";
   ManualClock clock;
-  std::vector<Json> snapshot;
+  std::vector<protocol::JournalRecord> snapshot;
   {
     NullSink sink;
     Scheduler s(sink, clock);
@@ -560,19 +660,27 @@ TEST_CASE("Journal.ACompletedJobSnapshotsOnlyWhereItsDeclaredOutputsAre") {
     CHECK(s.SnapshotRecords() == snapshot.size());
   }
   REQUIRE(snapshot.size() == 4);  // the job, c's "done", its end, the ids
-  CHECK(snapshot[1]["t"] == "done");
-  CHECK(snapshot[1]["v"] == 50);
+  CHECK(snapshot[1].done().vertex() == 50);
   NullSink sink;
   Scheduler restored(sink, clock);
   REQUIRE(restored.Restore(snapshot, testing::TestCatalog()) == 1);
   CHECK(restored.StateOf(JobId(1)) == JobState::kCompleted);
   CHECK(restored.JobStatus(JobId(1))["vertices"]["completed"] == 51);
-  const uint32_t version = snapshot[1]["ver"].get<uint32_t>();
+  const uint32_t version = snapshot[1].done().version();
   REQUIRE(restored.AddDaemon(D0(), {{1, 50, version, 0}}).ok());
   auto outputs = restored.OutputLocations(JobId(1));
   REQUIRE(outputs.ok());
   CHECK((*outputs)[0]["alive"] == true);
   CHECK(restored.Snapshot().size() == 5);  // the same, and the restart
+
+  // Its declared output's record skipped (found by the journal fuzzer): the completed job's
+  // snapshot then names no place for it, and counting the snapshot must say so too.
+  snapshot[1].mutable_done()->clear_daemon();
+  NullSink other;
+  Scheduler damaged(other, clock);
+  REQUIRE(damaged.Restore(snapshot, testing::TestCatalog()) == 1);
+  CHECK(damaged.Snapshot().size() == 4);  // the job, its end, the ids and the restart
+  CHECK(damaged.SnapshotRecords() == damaged.Snapshot().size());
 }
 
 TEST_CASE("Journal.JobIdsGoOnAfterASnapshotOfAManagerThatForgotEveryJob") {
@@ -580,7 +688,7 @@ TEST_CASE("Journal.JobIdsGoOnAfterASnapshotOfAManagerThatForgotEveryJob") {
   ManualClock clock;
   SchedulerOptions options;
   options.finished_job_ttl = std::chrono::minutes(1);
-  std::vector<Json> snapshot;
+  std::vector<protocol::JournalRecord> snapshot;
   {
     NullSink sink;
     Scheduler s(sink, clock, options);
@@ -595,7 +703,7 @@ TEST_CASE("Journal.JobIdsGoOnAfterASnapshotOfAManagerThatForgotEveryJob") {
     CHECK(s.SnapshotRecords() == snapshot.size());  // counted without building, the same
   }
   REQUIRE(snapshot.size() == 1);
-  CHECK(snapshot[0] == Json{{"t", "ids"}, {"job", 2}});
+  CHECK(snapshot[0].ids().up_to() == 2);
   NullSink sink;
   Scheduler restored(sink, clock, options);
   CHECK(restored.Restore(snapshot, testing::TestCatalog()) == 0);
@@ -607,22 +715,20 @@ TEST_CASE("Journal.AJobIdOutOfRangeIsSkippedAndIdsDoNotWrap") {
   ManualClock clock;
   NullSink sink;
   Scheduler s(sink, clock);
-  const std::vector<Json> records = {{{"t", "ids"}, {"job", std::numeric_limits<uint64_t>::max() - 1}},
-                                     {{"t", "ids"}, {"job", Scheduler::kMaxJobId}},
-                                     {{"t", "job"}, {"job", 0}, {"doc", Json::parse(one)}},
-                                     {{"t", "ids"}, {"job", 4}}};
+  const std::vector<protocol::JournalRecord> records = {IdsRec(std::numeric_limits<uint64_t>::max() - 1),
+                                                        IdsRec(Scheduler::kMaxJobId), JobRec(0, one), IdsRec(4)};
   CHECK(s.Restore(records, testing::TestCatalog()) == 0);
   CHECK(s.Submit(testing::MustLoad(one), "/tmp") == JobId(5));
   CHECK(s.Submit(testing::MustLoad(one), "/tmp") == JobId(6));
   CHECK(s.JobIdsLeft());
   // The last id a journal may name: the next one would be skipped at the following restart.
-  CHECK(s.Restore({{{"t", "ids"}, {"job", Scheduler::kMaxJobId - 1}}}, testing::TestCatalog()) == 0);
+  CHECK(s.Restore({IdsRec(Scheduler::kMaxJobId - 1)}, testing::TestCatalog()) == 0);
   CHECK_FALSE(s.JobIdsLeft());
 }
 
 TEST_CASE("Journal.TheRecoveryGraceStartsAgainWhenTheJobManagerListens") {
   ManualClock clock;
-  const std::vector<Json> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
+  const std::vector<protocol::JournalRecord> records = JournalOfAChainWhoseFirstVertexIsDone(clock);
   NullSink sink;
   SchedulerOptions options;
   Scheduler restored(sink, clock, options);
@@ -645,19 +751,16 @@ TEST_CASE("Journal.RecordsThatContradictTheOthersAreSkippedAndNamed") {
   old.s.Flush();
   CompleteRuns(old.s, old.sink, job);
   REQUIRE(old.s.StateOf(job) == JobState::kCompleted);
-  std::vector<Json> records = old.s.Snapshot();
+  std::vector<protocol::JournalRecord> records = old.s.Snapshot();
   const size_t good = records.size();
-  records.push_back(records[0]);  // a second copy of the job's record
-  records.push_back({{"t", "end"}, {"job", job.value()}, {"state", "complet3d"}});
-  records.push_back({{"t", "done"},
-                     {"job", job.value()},
-                     {"v", 4294967295u},
-                     {"ver", 1u},
-                     {"daemon", "d0"},
-                     {"bytes", Json::array()},
-                     {"msgs", Json::array()}});
-  records.push_back({{"t", "regen"}, {"job", job.value()}, {"v", 99}});
-  records.push_back({{"t", "dome"}, {"job", job.value()}});
+  records.push_back(records[0]);                                                // a second copy of the job's record
+  records.push_back(EndRec(job.value(), protocol::JOB_END_STATE_UNSPECIFIED));  // an end in no state
+  records.push_back(DoneRec(job.value(), 4294967295u));
+  protocol::JournalRecord regen;
+  regen.mutable_regen()->set_job(job.value());
+  regen.mutable_regen()->set_vertex(99);
+  records.push_back(regen);
+  records.emplace_back();  // an empty record
   NullSink sink;
   ManualClock clock;
   Scheduler restored(sink, clock);
@@ -667,14 +770,15 @@ TEST_CASE("Journal.RecordsThatContradictTheOthersAreSkippedAndNamed") {
   CHECK(restored.JobStatus(job)["vertices"]["completed"] == 3);
   REQUIRE(skipped.size() == 5);
   CHECK_MESSAGE(skipped[0].find("journal record " + std::to_string(good + 1) + ": a second record of job 1") == 0, skipped[0]);
-  CHECK_MESSAGE(skipped[1].find("ended in \"complet3d\", which is not a job's end state") != std::string::npos, skipped[1]);
+  CHECK_MESSAGE(skipped[1].find("JournalRecord.end.state: must be COMPLETED, FAILED or CANCELLED, got 0") != std::string::npos,
+                skipped[1]);
   CHECK_MESSAGE(skipped[2].find("job 1 has no vertex 4294967295") != std::string::npos, skipped[2]);
   CHECK_MESSAGE(skipped[3].find("job 1 has no vertex 99") != std::string::npos, skipped[3]);
-  CHECK_MESSAGE(skipped[4].find("unknown record type \"dome\"") != std::string::npos, skipped[4]);
+  CHECK_MESSAGE(skipped[4].find("JournalRecord.body: empty") != std::string::npos, skipped[4]);
   // What the rewrite keeps: as before the damage, and that it was restored once.
-  std::vector<Json> expected = old.s.Snapshot();
-  expected.push_back({{"t", "restart"}, {"job", 0}, {"n", 1}});
-  CHECK(restored.Snapshot() == expected);
+  std::vector<protocol::JournalRecord> expected = old.s.Snapshot();
+  expected.emplace_back().mutable_restart()->set_restarts(1);
+  CHECK(Same(restored.Snapshot(), expected));
 }
 
 }  // namespace
