@@ -388,38 +388,13 @@ class JmServer::Impl : public DaemonSink {
       case M::kNcclId: return scheduler_.RelayNcclId(msg.nccl_id().group(), msg.nccl_id().id(), peer.daemon);
       case M::kVertexLog: return StoreVertexLog(msg.vertex_log());
       case M::kReport:
-        for (const protocol::AttemptReport& a : msg.report().attempts()) scheduler_.OnAttemptFinished(ReportFrom(a));
+        for (const protocol::AttemptReport& a : msg.report().attempts()) scheduler_.OnAttemptFinished(AttemptReport::From(a));
         return;
       case M::BODY_NOT_SET:  // a kind of message a newer daemon has (checked: it has fields we do not know)
         JmLog()->warn("ignoring a message of a kind this job manager does not know from {}", conn->peer());
         return;
       default: conn->SendErrorAndClose("unexpected daemon message \"" + std::string(protocol::BodyName(msg)) + "\"");
     }
-  }
-
-  /// A daemon's report as the scheduler reads it.
-  static AttemptReport ReportFrom(const protocol::AttemptReport& a) {
-    AttemptReport r;
-    r.job = JobId(a.job());
-    r.vertex = VertexId(a.vertex());
-    r.version = a.version();
-    r.ok = a.ok();
-    r.error = a.error();
-    r.failure = a.ok() ? protocol::FAILURE_PROGRAM_ERROR : a.failure();
-    // A port beyond any input stays beyond them (the scheduler says so), never "no port".
-    r.lost_input_port = a.has_lost_input() ? static_cast<int>(std::min<uint32_t>(a.lost_input(), INT32_MAX)) : -1;
-    r.lost_input_unreachable = a.lost_input_unreachable();
-    r.lost_input_version = a.lost_input_version();
-    r.output_bytes.assign(a.output_bytes().begin(), a.output_bytes().end());
-    r.output_messages.assign(a.output_messages().begin(), a.output_messages().end());
-    r.duration_ms = a.duration_ms();
-    r.deterministic = a.deterministic();
-    if (!a.progress_json().empty()) {
-      // The program's figures, shown as they are; not an object: none.
-      if (auto figures = ParseJson(a.progress_json(), "progress"); figures.ok() && figures->is_object())
-        r.progress = std::move(*figures);
-    }
-    return r;
   }
 
   void HandleClient(const std::shared_ptr<net::FramedConnection>& conn, const std::string& op, const Json& msg) {

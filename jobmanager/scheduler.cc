@@ -64,15 +64,42 @@ const Scheduler::Job* Scheduler::FindJob(JobId id) const {
   return it == jobs_.end() ? nullptr : it->second.get();
 }
 
+AttemptReport AttemptReport::From(const protocol::AttemptReport& a) {
+  AttemptReport r;
+  r.job = JobId(a.job());
+  r.vertex = VertexId(a.vertex());
+  r.version = a.version();
+  r.ok = a.ok();
+  r.error = a.error();
+  r.failure = a.ok() ? protocol::FAILURE_PROGRAM_ERROR : a.failure();
+  // A port beyond any input stays beyond them (the scheduler says so), never "no port".
+  r.lost_input_port = a.has_lost_input() ? static_cast<int>(std::min<uint32_t>(a.lost_input(), INT32_MAX)) : -1;
+  r.lost_input_unreachable = a.lost_input_unreachable();
+  r.lost_input_version = a.lost_input_version();
+  r.output_bytes.assign(a.output_bytes().begin(), a.output_bytes().end());
+  r.output_messages.assign(a.output_messages().begin(), a.output_messages().end());
+  r.duration_ms = a.duration_ms();
+  r.deterministic = a.deterministic();
+  if (!a.progress_json().empty()) {
+    // The program's figures, shown as they are; not an object: none.
+    if (auto figures = ParseJson(a.progress_json(), "progress"); figures.ok() && figures->is_object())
+      r.progress = std::move(*figures);
+  }
+  return r;
+}
+
 double Scheduler::ElapsedMs(const Job& job) const {
   TimePoint end = job.state == JobState::kRunning ? clock_.Now() : job.finished;
   return std::chrono::duration<double, std::milli>(end - job.started).count();
 }
 
 void Scheduler::Log(Job& job, VertexId v, std::string text) {
-  char stamp[32];
-  std::snprintf(stamp, sizeof(stamp), "%10.3fs ", ElapsedMs(job) / 1000.0);
-  std::string line = stamp + (v.valid() ? job.g().vertex(v).name + " " : std::string()) + text;
+  // One string, formatted in place: a line per dispatch and per completion.
+  std::string line;
+  line.reserve(16 + (v.valid() ? job.g().vertex(v).name.size() + 1 : 0) + text.size());
+  fmt::format_to(std::back_inserter(line), "{:10.3f}s ", ElapsedMs(job) / 1000.0);
+  if (v.valid()) line.append(job.g().vertex(v).name).push_back(' ');
+  line += text;
   SchedLog()->info("job={} {}", job.id.value(), line);
   if (history_) history_->JobLine(job.id, v, line);
   if (job.log.size() < kMaxLogLines) job.log.push_back({v, std::move(line)});

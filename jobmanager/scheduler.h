@@ -121,6 +121,9 @@ struct AttemptReport {
   /// A program error the program says repeats on every attempt (InvalidArgument, NotFound:
   /// vertex/program.h): the job fails without retrying it.
   bool deterministic = false;
+
+  /// A daemon's report (decoded and checked by the codec) as the scheduler reads it.
+  static AttemptReport From(const protocol::AttemptReport& a);
 };
 
 struct SchedulerOptions {
