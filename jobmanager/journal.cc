@@ -80,23 +80,48 @@ uint64_t JobIdOf(const protocol::JournalRecord& r) {
   }
 }
 
-/// The whole records in `data[from..]`, found by their marker: after damage, the frames that
-/// follow it. Returns how many there are and the largest job id they name (0: none).
-std::pair<size_t, uint64_t> WholeRecordsFrom(std::string_view data, size_t from) {
+/// What the whole records in `data[from..]` hold, found by their markers: after damage, the
+/// frames that follow it.
+struct Following {
+  size_t records = 0;
+  uint64_t largest_job = 0;  // the largest job id they name (0: none)
+  uint32_t restarts = 0;     // the largest restart count they hold
+};
+
+Following WholeRecordsFrom(std::string_view data, size_t from) {
   static constexpr char kMarkerBytes[4] = {static_cast<char>(kMarker & 0xff), static_cast<char>((kMarker >> 8) & 0xff),
                                            static_cast<char>((kMarker >> 16) & 0xff), static_cast<char>(kMarker >> 24)};
-  size_t count = 0;
-  uint64_t largest = 0;
+  Following out;
   for (size_t at = data.find(std::string_view(kMarkerBytes, 4), from); at != std::string_view::npos;
        at = data.find(std::string_view(kMarkerBytes, 4), at + 1)) {
     const auto body = WholeFrameAt(data, at);
     protocol::JournalRecord record;
     if (!body || !record.ParseFromArray(body->data(), static_cast<int>(body->size()))) continue;
-    ++count;
-    if (const uint64_t id = JobIdOf(record); id <= protocol::kLargestJobId) largest = std::max(largest, id);
+    ++out.records;
+    if (const uint64_t id = JobIdOf(record); id <= protocol::kLargestJobId) out.largest_job = std::max(out.largest_job, id);
+    if (record.has_restart()) out.restarts = std::max(out.restarts, record.restart().restarts());
     at += kFrameHeaderBytes + body->size() - 1;
   }
-  return {count, largest};
+  return out;
+}
+
+/// Whether the frame at `data[at..]` runs past the end of the data: what a write cut short by
+/// a crash leaves (a frame whose length fits but whose body is wrong is damage, not a tear).
+bool RunsPastTheEnd(std::string_view data, size_t at) {
+  const size_t left = data.size() - at;
+  for (size_t i = 0; i < 4 && i < left; ++i) {
+    if (static_cast<unsigned char>(data[at + i]) != ((kMarker >> (8 * i)) & 0xff)) return false;
+  }
+  return left < kFrameHeaderBytes || GetLE(data.data() + at + 4, 4) > left - kFrameHeaderBytes;
+}
+
+/// Where the whole frames that follow the header end (the header's end when there are none).
+size_t EndOfWholeFrames(std::string_view data, uint64_t* records) {
+  size_t at = kHeader.size();
+  for (std::optional<std::string_view> body; (body = WholeFrameAt(data, at)); ++*records) {
+    at += kFrameHeaderBytes + body->size();
+  }
+  return at;
 }
 
 /// The journal file's contents (nullopt: there is none).
@@ -137,25 +162,24 @@ Status SyncDirectory(const std::filesystem::path& dir) {
 
 Result<std::unique_ptr<Journal>> Journal::Open(const std::filesystem::path& dir, bool fsync) {
   auto path = dir / kFileName;
+  // Appends follow the last whole frame: a torn or damaged tail (which the replay before this
+  // reported, and kept a copy of) goes, or records appended after it would be dropped with it
+  // at the next start. A file without the header becomes an empty journal.
+  COPSE_ASSIGN_OR_RETURN(const std::optional<std::string> data, ReadJournal(path));
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) return Status::IOError("cannot open journal " + path.string() + ": " + std::strerror(errno));
-  struct stat st {};
-  uint64_t size = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-  if (size < kHeader.size()) {  // new, or its header torn by a crash (Replay read nothing)
-    Status written = ::ftruncate(fd, 0) == 0 ? WriteAll(fd, std::string(kHeader), "journal")
-                                             : Status::IOError("cannot truncate " + path.string() + ": " + std::strerror(errno));
-    if (!written.ok()) {
-      ::close(fd);
-      return written;
-    }
-    size = kHeader.size();
-  }
-  // Records are counted by walking their frames (the replay before this checked them).
   uint64_t records = 0;
-  auto data = ReadJournal(path);
-  if (data.ok() && *data) {
-    for (size_t at = kHeader.size(); at + kFrameHeaderBytes <= (*data)->size(); ++records) {
-      at += kFrameHeaderBytes + GetLE((*data)->data() + at + 4, 4);
+  const bool headed = data && data->compare(0, kHeader.size(), kHeader) == 0;
+  const uint64_t whole = headed ? EndOfWholeFrames(*data, &records) : 0;
+  uint64_t size = whole;
+  if (!headed || whole != data->size()) {
+    Status cut = ::ftruncate(fd, static_cast<off_t>(whole)) == 0
+                     ? Status::OK()
+                     : Status::IOError("cannot truncate " + path.string() + ": " + std::strerror(errno));
+    if (cut.ok() && !headed) cut = WriteAll(fd, std::string(kHeader), "journal"), size = kHeader.size();
+    if (!cut.ok()) {
+      ::close(fd);
+      return cut;
     }
   }
   return std::unique_ptr<Journal>(new Journal(dir, fd, fsync, size, records));
@@ -173,11 +197,18 @@ void Journal::Record(const protocol::JournalRecord& record) {
 
 Status Journal::Flush() {
   if (buffer_.empty()) return Status::OK();
-  Status st = WriteAll(fd_, buffer_, "journal");
-  bytes_ += buffer_.size();  // counted whole even after a failed write: it only paces compaction
+  if (Status st = WriteAll(fd_, buffer_, "journal"); !st.ok()) {
+    // Part of it may be written (a full disk): cut it off, or records appended after the torn
+    // frame would be dropped with it at the next start. The records stay buffered for the
+    // next flush.
+    if (::ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) {
+      return Status::IOError(st.message() + "; and the partial write could not be cut off: " + std::strerror(errno));
+    }
+    return st;
+  }
+  bytes_ += buffer_.size();
   records_ += std::exchange(buffered_, 0);
   buffer_.clear();
-  COPSE_RETURN_NOT_OK(st);
   if (fsync_ && ::fdatasync(fd_) != 0) return Status::IOError("journal fdatasync failed");
   return Status::OK();
 }
@@ -252,8 +283,13 @@ Result<std::vector<protocol::JournalRecord>> Journal::Replay(const std::filesyst
     at = kHeader.size();
   } else if (kHeader.substr(0, data.size()) == data) {
     return records;  // created, and the header torn: nothing was journaled
+  } else if (WholeRecordsFrom(data, 0).records == 0) {
+    // Neither the header nor a record: not a journal at all (a file put in its place).
+    return Status::FailedPrecondition(path.string() + " is not a copse journal (it does not start \"" +
+                                      std::string(kHeader.substr(0, kHeader.size() - 1)) +
+                                      "\" and holds no record): move it aside to start without it");
   }
-  // (No header at all: damage from the first byte, read as a damaged first record below.)
+  // (Records without the header: damage from the first byte, read as a damaged first record.)
   for (size_t number = 1; at < data.size(); ++number) {
     const auto body = at == 0 ? std::nullopt : WholeFrameAt(data, at);
     protocol::JournalRecord record;
@@ -262,23 +298,24 @@ Result<std::vector<protocol::JournalRecord>> Journal::Replay(const std::filesyst
       at += kFrameHeaderBytes + body->size();
       continue;
     }
-    // Torn (a crash mid-write: nothing whole follows, and the client of a torn submission
-    // heard no id) or damaged (whole records follow, which cannot be trusted to apply).
-    const auto [following, named] = WholeRecordsFrom(data, at + 1);
+    // Torn (a write cut short by a crash, nothing whole after it: the client of a torn
+    // submission heard no id) or damaged (a wrong body, or whole records after it, which
+    // cannot be trusted to apply).
+    const Following after = WholeRecordsFrom(data, at + 1);
     const std::string where = "record " + std::to_string(number) + " (byte " + std::to_string(at) + "): ";
-    if (following == 0) {
+    if (at > 0 && after.records == 0 && RunsPastTheEnd(data, at)) {
       warn(where + "torn last record (a crash mid-write) dropped");
       break;
     }
     warn(where + (at == 0 ? "not a copse journal header" : "damaged record") + "; the rest of the journal (" +
-         std::to_string(following) + " whole records) is ignored");
+         std::to_string(after.records) + " whole records) is ignored");
     if (records_lost) *records_lost = true;
-    if (named > 0) {
-      protocol::JournalRecord ids;
-      ids.mutable_ids()->set_up_to(named);
-      records.push_back(std::move(ids));
-      warn("job ids up to " + std::to_string(named) + " appear from there on and will not be handed out again");
+    if (after.largest_job > 0) {
+      records.emplace_back().mutable_ids()->set_up_to(after.largest_job);
+      warn("job ids up to " + std::to_string(after.largest_job) + " appear from there on and will not be handed out again");
     }
+    // Attempt versions the lives after the damage handed out stay taken too.
+    if (after.restarts > 0) records.emplace_back().mutable_restart()->set_restarts(after.restarts);
     break;
   }
   return records;

@@ -162,7 +162,7 @@ size_t Scheduler::Restore(const std::vector<protocol::JournalRecord>& records, c
       continue;
     }
     if (rec.has_restart()) {
-      restarts_ = std::max(restarts_, rec.restart().restarts());
+      restarts_ = std::max(restarts_, std::min(rec.restart().restarts(), kMaxRestarts));
       continue;
     }
     if (rec.has_ids()) {
@@ -230,8 +230,10 @@ size_t Scheduler::Restore(const std::vector<protocol::JournalRecord>& records, c
       }
       job->failure = end.failure();
       job->finished = clock_.Now();
-      job->started =
-          job->finished - std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(end.elapsed_ms()));
+      // At most 2^40 ms (35 years): beyond int64 nanoseconds lies undefined behaviour.
+      if (const double ms = end.elapsed_ms(); ms >= 0 && ms < 1099511627776.0) {
+        job->started = job->finished - std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(ms));
+      }
       // What the summary shows of the faults it went through and of its recoveries.
       for (const auto& f : end.faults()) job->faults_log.push_back(FaultEntry(f));
       for (const auto& r : end.recoveries()) job->recoveries.push_back(RecoveryEntry(r));

@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include <google/protobuf/util/message_differencer.h>
+#include <xxhash.h>
 
 #include <functional>
 
@@ -138,6 +139,106 @@ TEST_CASE("Journal.DamageInTheMiddleStopsTheReplayThereWithAWarning") {
   CHECK(records_lost);
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(TempDir("copse-journal-bad-prefix"));
+}
+
+/// A frame around `body` as the journal writes one (journal.h), its checksum right or not.
+std::string Frame(const std::string& body, uint32_t length, bool right_checksum = true) {
+  std::string frame(16, '\0');
+  const uint32_t marker = 0x1A5E0BC7;
+  const uint64_t sum = XXH3_64bits(body.data(), body.size()) ^ (right_checksum ? 0 : 1);
+  for (int i = 0; i < 4; ++i)
+    frame[i] = static_cast<char>(marker >> (8 * i)), frame[4 + i] = static_cast<char>(length >> (8 * i));
+  for (int i = 0; i < 8; ++i) frame[8 + i] = static_cast<char>(sum >> (8 * i));
+  return frame + body;
+}
+
+TEST_CASE("Journal.ADamagedLastRecordIsDamageNotATear") {
+  // A tear is a frame that runs past the end of the file (a write cut short). A last frame that
+  // is all there but wrong (bit rot, a writer's bug) may be a job whose client heard its id:
+  // the journal is kept for a person, as for damage in the middle.
+  auto dir = TempDir("copse-journal-bad-last");
+  const std::string whole = WriteJournal(dir, {JobRec(1)});
+  const std::string unparseable = "\xff\xff\xff\xff";
+  for (const std::string& last : {Frame(unparseable, 4), Frame(JobRec(2).SerializeAsString(), 0)}) {
+    Overwrite(dir, whole + last);
+    std::vector<std::string> warnings;
+    bool records_lost = false;
+    auto records = Journal::Replay(dir, &warnings, &records_lost);
+    REQUIRE(records.ok());
+    CHECK(records->size() == 1);
+    REQUIRE(!warnings.empty());
+    CHECK_MESSAGE(warnings[0].find("record 2 (byte " + std::to_string(whole.size()) +
+                                   "): damaged record; the rest of the journal (0 whole records)") != std::string::npos,
+                  warnings[0]);
+    CHECK(records_lost);
+  }
+  std::filesystem::remove(dir / Journal::kFileName);
+  std::string flipped = WriteJournal(dir, {JobRec(1), JobRec(2)});
+  flipped.back() ^= 1;  // the last body's checksum no longer matches
+  Overwrite(dir, flipped);
+  bool records_lost = false;
+  auto records = Journal::Replay(dir, nullptr, &records_lost);
+  REQUIRE(records.ok());
+  CHECK(records->size() == 1);
+  CHECK(records_lost);
+
+  // A length beyond the file: torn when last, damage when whole records follow.
+  const std::string huge = Frame("", 0xFFFFFFFFu).substr(0, 16);
+  Overwrite(dir, whole + huge);
+  std::vector<std::string> warnings;
+  records = Journal::Replay(dir, &warnings, &records_lost);
+  REQUIRE(records.ok());
+  CHECK(records->size() == 1);
+  CHECK_MESSAGE(warnings.at(0).find("torn last record") != std::string::npos, warnings[0]);
+  CHECK_FALSE(records_lost);
+  Overwrite(dir, whole + huge + whole.substr(16));
+  records = Journal::Replay(dir, nullptr, &records_lost);
+  REQUIRE(records.ok());
+  CHECK(records->size() == 2);  // job 1, then the ids the following copy of it names
+  CHECK(records->at(1).ids().up_to() == 1);
+  CHECK(records_lost);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Journal.RecordsAppendedAfterATornTailSurviveTheNextReplay") {
+  // Opening cuts the torn frame off: a record appended after it would otherwise be read as
+  // following damage, and dropped with it, if the rewrite at start failed.
+  auto dir = TempDir("copse-journal-append-after-tear");
+  const std::string whole = WriteJournal(dir, {JobRec(1), JobRec(2)});
+  Overwrite(dir, whole.substr(0, whole.size() - 5));
+  WriteJournal(dir, {JobRec(3)});
+  std::vector<std::string> warnings;
+  bool records_lost = true;
+  auto records = Journal::Replay(dir, &warnings, &records_lost);
+  REQUIRE(records.ok());
+  REQUIRE(records->size() == 2);
+  CHECK(records->at(1).job().job() == 3);
+  CHECK(warnings.empty());
+  CHECK_FALSE(records_lost);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Journal.AFileThatIsNoJournalIsRefusedAndTheRestartsAfterDamageStayCounted") {
+  auto dir = TempDir("copse-journal-not-one");
+  Overwrite(dir, R"({"t":"job","job":1,"doc":{}})"
+                 "\n");  // journal.jsonl renamed by hand
+  auto refused = Journal::Replay(dir, nullptr);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_MESSAGE(refused.status().message().find("is not a copse journal (it does not start \"copse journal 1\" and holds no "
+                                                "record): move it aside") != std::string::npos,
+                refused.status().message());
+
+  // Damage, then lives that restarted twice: their attempt versions stay taken.
+  protocol::JournalRecord restart;
+  restart.mutable_restart()->set_restarts(2);
+  std::string damaged = WriteJournal(dir, {JobRec(1), JobRec(2), restart});  // (Open made the file a journal)
+  damaged[damaged.size() - restart.ByteSizeLong() - 20] ^= 1;                // inside job 2's body
+  Overwrite(dir, damaged);
+  auto records = Journal::Replay(dir, nullptr);
+  REQUIRE(records.ok());
+  REQUIRE(records->size() == 2);
+  CHECK(records->at(1).restart().restarts() == 2);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("Journal.AnotherFormatIsRefusedSayingWhatToDo") {
@@ -561,6 +662,29 @@ TEST_CASE("Journal.AFinishedJobKeepsItsFaultsAndRecoveriesAcrossARestart") {
   Scheduler older(other, clock);
   REQUIRE(older.Restore(records, testing::TestCatalog()) == 1);
   CHECK_FALSE(older.JobStatus(job).contains("faults_not_fired"));
+}
+
+TEST_CASE("Journal.AnEndWithAnElapsedTimeItCannotUseStillEndsTheJob") {
+  // A job submitted while the wall clock read 1970 ends with an elapsed time past 2^40 ms: the
+  // end record is kept (the job stays completed), its elapsed time is not used.
+  JournaledScheduler old;
+  JobId job = old.s.Submit(testing::MustLoad(kChain), "/tmp");
+  old.s.Flush();
+  CompleteRuns(old.s, old.sink, job);
+  std::vector<protocol::JournalRecord> records = old.s.Snapshot();
+  protocol::JournalRecord& end = records[records.size() - 2];
+  REQUIRE(end.has_end());
+  end.mutable_end()->set_elapsed_ms(2e12);
+  protocol::JournalRecord restart;
+  restart.mutable_restart()->set_restarts(UINT32_MAX);  // beyond the versions' room: read as the most
+  records.push_back(restart);
+  NullSink other;
+  Scheduler restored(other, old.clock);
+  std::vector<std::string> skipped;
+  REQUIRE(restored.Restore(records, testing::TestCatalog(), &skipped) == 1);
+  CHECK(skipped.empty());
+  CHECK(restored.StateOf(job) == JobState::kCompleted);
+  CHECK(restored.RestartRecord().restart().restarts() == 4000);
 }
 
 TEST_CASE("Journal.AJobRestoredWhileRunningDoesNotClaimItsFaultsNeverFired") {

@@ -244,7 +244,8 @@ const std::vector<MessageCase<JournalRecord>>& JournalCases() {
          e.add_faults_fired("/faults/0");
          e.mutable_failed_attempt()->set_vertex("a[0]");
        },
-       [](J& r) { r.mutable_end()->set_elapsed_ms(-1); }, "JournalRecord.end.elapsed_ms: must be 0 to 2^40"},
+       [](J& r) { r.mutable_end()->set_state(JOB_END_STATE_UNSPECIFIED); },
+       "JournalRecord.end.state: must be COMPLETED, FAILED or CANCELLED, got 0"},
       {"ids", [](J& r) { r.mutable_ids()->set_up_to(9); }, [](J& r) { r.mutable_ids()->set_up_to(uint64_t{1} << 53); },
        "JournalRecord.ids.up_to: must be 1 to 9007199254740991"},
       {"restart", [](J& r) { r.mutable_restart()->set_restarts(2); }, nullptr, nullptr},
