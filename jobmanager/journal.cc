@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "protocol/checks.h"
+#include "protocol/codec.h"
 
 namespace copse::jm {
 namespace {
@@ -68,18 +69,6 @@ std::optional<std::string_view> WholeFrameAt(std::string_view data, size_t at) {
   return body;
 }
 
-/// The job id a record names (0: none).
-uint64_t JobIdOf(const protocol::JournalRecord& r) {
-  switch (r.body_case()) {
-    case protocol::JournalRecord::kJob: return r.job().job();
-    case protocol::JournalRecord::kDone: return r.done().job();
-    case protocol::JournalRecord::kRegen: return r.regen().job();
-    case protocol::JournalRecord::kEnd: return r.end().job();
-    case protocol::JournalRecord::kIds: return r.ids().up_to();
-    default: return 0;
-  }
-}
-
 /// What the whole records in `data[from..]` hold, found by their markers: after damage, the
 /// frames that follow it.
 struct Following {
@@ -98,7 +87,8 @@ Following WholeRecordsFrom(std::string_view data, size_t from) {
     protocol::JournalRecord record;
     if (!body || !record.ParseFromArray(body->data(), static_cast<int>(body->size()))) continue;
     ++out.records;
-    if (const uint64_t id = JobIdOf(record); id <= protocol::kLargestJobId) out.largest_job = std::max(out.largest_job, id);
+    if (const uint64_t id = protocol::JobNamed(record); id <= protocol::kLargestJobId)
+      out.largest_job = std::max(out.largest_job, id);
     if (record.has_restart()) out.restarts = std::max(out.restarts, record.restart().restarts());
     at += kFrameHeaderBytes + body->size() - 1;
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "jobmanager/job_loader.h"
+#include "protocol/codec.h"
 
 namespace copse::jm {
 
@@ -131,17 +132,6 @@ JobState EndState(protocol::JobEndState s) {
                                       : JobState::kCancelled;
 }
 
-/// The job a record names (every kind but restart and ids names one).
-uint64_t JobOf(const protocol::JournalRecord& r) {
-  switch (r.body_case()) {
-    case protocol::JournalRecord::kJob: return r.job().job();
-    case protocol::JournalRecord::kDone: return r.done().job();
-    case protocol::JournalRecord::kRegen: return r.regen().job();
-    case protocol::JournalRecord::kEnd: return r.end().job();
-    default: return 0;
-  }
-}
-
 }  // namespace
 
 size_t Scheduler::Restore(const std::vector<protocol::JournalRecord>& records, const ProgramCatalog& catalog,
@@ -169,7 +159,7 @@ size_t Scheduler::Restore(const std::vector<protocol::JournalRecord>& records, c
       next_job_ = std::max(next_job_, rec.ids().up_to() + 1);
       continue;
     }
-    const JobId id(JobOf(rec));
+    const JobId id(protocol::JobNamed(rec));
     next_job_ = std::max(next_job_, id.value() + 1);
     if (rec.has_job()) {
       if (FindJob(id)) {

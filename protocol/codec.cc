@@ -50,6 +50,17 @@ std::string_view BodyName(const DataRequest& message) { return NameOf(message); 
 std::string_view BodyName(const DataReply& message) { return NameOf(message); }
 std::string_view BodyName(const JournalRecord& message) { return NameOf(message); }
 
+uint64_t JobNamed(const JournalRecord& r) {
+  switch (r.body_case()) {
+    case JournalRecord::kJob: return r.job().job();
+    case JournalRecord::kDone: return r.done().job();
+    case JournalRecord::kRegen: return r.regen().job();
+    case JournalRecord::kEnd: return r.end().job();
+    case JournalRecord::kIds: return r.ids().up_to();
+    default: return 0;
+  }
+}
+
 std::string ToJsonText(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;

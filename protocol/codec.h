@@ -34,6 +34,10 @@ std::string_view BodyName(const DataRequest& message);
 std::string_view BodyName(const DataReply& message);
 std::string_view BodyName(const JournalRecord& message);
 
+/// The job id a journal record names: its job's, or the newest id an ids record says was
+/// handed out; 0 for a restart record.
+uint64_t JobNamed(const JournalRecord& record);
+
 /// The canonical JSON mapping of `message` with the schema's field names: for logs, tests and
 /// what users read.
 std::string ToJsonText(const google::protobuf::Message& message);
