@@ -1,7 +1,6 @@
 #include "jobmanager/journal.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -9,12 +8,11 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
-#include <fstream>
-#include <iterator>
 #include <optional>
 #include <utility>
 #include <vector>
 
+#include "common/json_util.h"
 #include "protocol/checks.h"
 #include "protocol/codec.h"
 
@@ -116,13 +114,8 @@ size_t EndOfWholeFrames(std::string_view data, uint64_t* records) {
 
 /// The journal file's contents (nullopt: there is none).
 Result<std::optional<std::string>> ReadJournal(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (!std::filesystem::exists(path)) return std::optional<std::string>();
-    return Status::IOError("cannot read " + path.string() + ": " + std::strerror(errno));
-  }
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return Status::IOError("cannot read " + path.string() + ": " + std::strerror(errno));
+  if (!std::filesystem::exists(path)) return std::optional<std::string>();
+  COPSE_ASSIGN_OR_RETURN(std::string data, ReadFile(path.string()));
   return std::optional<std::string>(std::move(data));
 }
 
