@@ -24,7 +24,7 @@ struct NodeVerb {
 };
 
 /// The verbs copse-node runs, with the help `copse --help` shows for them.
-constexpr std::array<NodeVerb, 7> kNodeVerbs = {{
+constexpr std::array<NodeVerb, 8> kNodeVerbs = {{
     {"validate", "Check a job file; print its summary or every error"},
     {"programs", "List the vertex programs this copse can run"},
     {"jm", "Run a job manager"},
@@ -32,6 +32,7 @@ constexpr std::array<NodeVerb, 7> kNodeVerbs = {{
     {"run", "Run a job on an embedded local cluster (a job manager and N daemons)"},
     {"train", "Train a model in this process (the single-process reference): images, or gpt on text"},
     {"graph", "Write a training job file (data-parallel, pipeline, hybrid) to stdout"},
+    {"plan", "Profile a model on the daemons and write the fastest data-parallel or pipeline layout as a job file"},
 }};
 
 bool IsNodeVerb(std::string_view verb) {

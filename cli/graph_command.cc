@@ -12,13 +12,37 @@
 #include "ml/graph_gen.h"
 
 namespace copse::cli {
-namespace {
 
-struct GraphFlags {
-  ml::GraphOptions o;
-  std::string split;
-  std::string out;
-};
+int WriteJobFile(const Json& job, const std::string& out, const char* command) {
+  // One line per stage, edge and output: readable, and a fraction of an indented dump.
+  std::string text = "{\n";
+  bool first = true;
+  for (auto it = job.begin(); it != job.end(); ++it) {
+    text += std::string(first ? "" : ",\n") + " " + Json(it.key()).dump() + ": ";
+    first = false;
+    if (it.value().is_array()) {
+      text += "[";
+      for (size_t i = 0; i < it.value().size(); ++i) text += std::string(i ? ",\n  " : "\n  ") + it.value()[i].dump();
+      text += it.value().empty() ? "]" : "\n ]";
+    } else {
+      text += it.value().dump();
+    }
+  }
+  text += "\n}\n";
+  if (out.empty()) {
+    std::cout << text;
+  } else {
+    std::ofstream file(out);
+    file << text;
+    if (!file) {
+      std::fprintf(stderr, "%s: cannot write %s\n", command, out.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+namespace {
 
 int RunGraph(GraphFlags& f, const std::string& kind) {
   f.o.kind = kind;
@@ -46,33 +70,10 @@ int RunGraph(GraphFlags& f, const std::string& kind) {
     // dataset is not.
     return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
-  // One line per stage, edge and output: readable, and a fraction of an indented dump.
-  std::string text = "{\n";
-  bool first = true;
-  for (auto it = job->begin(); it != job->end(); ++it) {
-    text += std::string(first ? "" : ",\n") + " " + Json(it.key()).dump() + ": ";
-    first = false;
-    if (it.value().is_array()) {
-      text += "[";
-      for (size_t i = 0; i < it.value().size(); ++i) text += std::string(i ? ",\n  " : "\n  ") + it.value()[i].dump();
-      text += it.value().empty() ? "]" : "\n ]";
-    } else {
-      text += it.value().dump();
-    }
-  }
-  text += "\n}\n";
-  if (f.out.empty()) {
-    std::cout << text;
-  } else {
-    std::ofstream file(f.out);
-    file << text;
-    if (!file) {
-      std::fprintf(stderr, "copse graph: cannot write %s\n", f.out.c_str());
-      return 1;
-    }
-  }
-  return 0;
+  return WriteJobFile(*job, f.out, "copse graph");
 }
+
+}  // namespace
 
 void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
   ml::GraphOptions& o = f.o;
@@ -120,6 +121,8 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
   cmd->add_option("--name", o.name, "Job name");
   cmd->add_option("-f,--file,--out", f.out, "write the job file here instead of standard output");
 }
+
+namespace {
 
 void AddTensorParallelFlags(CLI::App* cmd, ml::GraphOptions& o, int min) {
   cmd->add_option("--tensor-parallel", o.tensor_parallel,

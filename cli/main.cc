@@ -3,6 +3,7 @@
 #include "cli/app_main.h"
 #include "cli/commands.h"
 #include "cli/graph_command.h"
+#include "cli/plan_command.h"
 #include "cli/train_command.h"
 
 int main(int argc, char** argv) {
@@ -16,5 +17,6 @@ int main(int argc, char** argv) {
   copse::cli::AddRunCommand(app);
   copse::cli::AddTrainCommand(app);
   copse::cli::AddGraphCommand(app);
+  copse::cli::AddPlanCommand(app);
   return copse::cli::RunApp(app, argc, argv);
 }

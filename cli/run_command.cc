@@ -53,16 +53,8 @@ std::string FormatPercent(double share) {
   return text;
 }
 
-/// For a pipeline training job (metrics.json's config), the bubble measured from the job
-/// manager's per-attempt spans (with each stage's idle share, and the bubble replayed without
-/// gaps: what the stages' own imbalance leaves) next to the theory; nullopt for other jobs.
-std::optional<Json> PipelineBubble(net::BlockingClient& client, uint64_t job, const Json& config) {
-  if (config.value("kind", "") != "pipeline") return std::nullopt;
-  // Interleaved: `stages` daemons of `chunks` model chunks each, stage s on daemon s mod stages.
-  const int devices = config.value("stages", 0), microbatches = config.value("microbatches", 0);
-  const int chunks = config.value("schedule", "") == "interleaved" ? config.value("virtual_stages", 1) : 1;
-  if (devices < 1 || microbatches < 1 || chunks < 1) return std::nullopt;
-  const int stages = devices * chunks;
+/// The job's last completed attempt of each vertex, from the job manager's trace (µs).
+std::optional<std::map<std::string, ml::Span>> CompletedSpans(net::BlockingClient& client, uint64_t job) {
   std::map<std::string, ml::Span> spans;
   auto trace = ReceiveTrace(client, job, [&](const Json& e) {
     if (e.value("ph", "") != "X" || !e.contains("args") || e["args"].value("outcome", "") != "completed") return;
@@ -70,6 +62,19 @@ std::optional<Json> PipelineBubble(net::BlockingClient& client, uint64_t job, co
     spans[e.value("name", "")] = {ts, ts + dur};  // the last completed attempt
   });
   if (!trace.ok()) return std::nullopt;
+  return spans;
+}
+
+/// For a pipeline training job (metrics.json's config), the bubble measured from the job
+/// manager's per-attempt spans (with each stage's idle share, and the bubble replayed without
+/// gaps: what the stages' own imbalance leaves) next to the theory; nullopt for other jobs.
+std::optional<Json> PipelineBubble(const std::map<std::string, ml::Span>& spans, const Json& config) {
+  if (config.value("kind", "") != "pipeline") return std::nullopt;
+  // Interleaved: `stages` daemons of `chunks` model chunks each, stage s on daemon s mod stages.
+  const int devices = config.value("stages", 0), microbatches = config.value("microbatches", 0);
+  const int chunks = config.value("schedule", "") == "interleaved" ? config.value("virtual_stages", 1) : 1;
+  if (devices < 1 || microbatches < 1 || chunks < 1) return std::nullopt;
+  const int stages = devices * chunks;
   auto measured = ml::MeasuredBubble(spans, stages, microbatches, devices);
   if (!measured) return std::nullopt;
   Json out = {{"measured", measured->mean},
@@ -81,6 +86,43 @@ std::optional<Json> PipelineBubble(net::BlockingClient& client, uint64_t job, co
   if (auto ideal = ml::MeasuredBubble(ml::WithoutGaps(spans, stages, devices), stages, microbatches, devices)) {
     out["without_gaps"] = ideal->mean;
   }
+  return out;
+}
+
+/// A training job's steady step time in ms: the median interval between the ends of
+/// consecutive steps' updates (`upd0[t]` of a pipeline, `ps[t]` or `update[t]` of data-parallel
+/// training), the first step (warm-up) left out; 0 when the trace has fewer than three.
+double MeasuredStepMs(const std::map<std::string, ml::Span>& spans, const Json& config) {
+  const std::string kind = config.value("kind", "");
+  const std::string update = kind == "pipeline" ? "upd0" : config.value("reducer", "") == "ps" ? "ps" : "update";
+  std::vector<double> ends;
+  for (int64_t t = 0;; ++t) {
+    auto it = spans.find(update + "[" + std::to_string(t) + "]");
+    if (it == spans.end()) break;
+    ends.push_back(it->second.end);
+  }
+  std::vector<double> steps;
+  for (size_t t = 2; t < ends.size(); ++t) steps.push_back((ends[t] - ends[t - 1]) / 1e3);
+  if (steps.empty()) return 0;
+  std::nth_element(steps.begin(), steps.begin() + static_cast<ptrdiff_t>(steps.size() / 2), steps.end());
+  return steps[steps.size() / 2];
+}
+
+/// For a job `copse plan` wrote (metrics.json's config.plan): its predicted step time and
+/// throughput next to what the run measured (and the bubble, for a pipeline); nullopt otherwise.
+std::optional<Json> PlanAgainstRun(const Json& config, const Json& metrics, const Json& summary, double step_ms) {
+  const Json plan = config.value("plan", Json());
+  if (!plan.is_object() || !plan.contains("images_per_s") || !plan["images_per_s"].is_number()) return std::nullopt;
+  Json out = {{"layout", plan.value("layout", "")},
+              {"predicted_images_per_s", plan["images_per_s"]},
+              {"predicted_step_ms", plan.value("step_ms", 0.0)}};
+  // The run's own images/s counts its start (the first step, loading the data); the step
+  // time is the steady one, as the plan predicts it.
+  const double measured = metrics.value("images_per_s", 0.0);
+  if (measured > 0) out["measured_images_per_s"] = measured;
+  if (step_ms > 0) out["measured_step_ms"] = step_ms;
+  if (plan.contains("bubble")) out["predicted_bubble"] = plan["bubble"];
+  if (summary.contains("pipeline_bubble")) out["measured_bubble"] = summary["pipeline_bubble"]["measured"];
   return out;
 }
 
@@ -395,9 +437,13 @@ int RunJob(const RunOpts& o) {
                                 "validation_loss", "perplexity", "tokens_per_s", "train_tokens", "sample"}) {
           if (metrics->contains(key)) summary[key] = (*metrics)[key];
         }
-        if (auto bubble = PipelineBubble(cluster.client(), *job, metrics->value("config", Json::object()))) {
-          summary["pipeline_bubble"] = *bubble;
-        }
+        const Json config = metrics->value("config", Json::object());
+        const bool planned = config.contains("plan");
+        if (config.value("kind", "") != "pipeline" && !planned) continue;
+        const auto spans = CompletedSpans(cluster.client(), *job);
+        if (!spans) continue;
+        if (auto bubble = PipelineBubble(*spans, config)) summary["pipeline_bubble"] = *bubble;
+        if (auto plan = PlanAgainstRun(config, *metrics, summary, MeasuredStepMs(*spans, config))) summary["plan"] = *plan;
       }
     }
   }
@@ -433,6 +479,23 @@ int RunJob(const RunOpts& o) {
               (chunks > 1 ? "(p-1)/(v*m+p-1), v=" + std::to_string(chunks) + ", " : "(p-1)/(m+p-1), ") +
               "p=" + std::to_string(b["stages"].get<int>()) + ", m=" + std::to_string(b["microbatches"].get<int>()) + ")\n";
       std::cout << line;
+    }
+    if (summary.contains("plan")) {
+      const Json& p = summary["plan"];
+      std::string line = "  plan " + p.value("layout", std::string()) + ": predicted " +
+                         std::to_string(static_cast<int64_t>(p["predicted_images_per_s"].get<double>())) + " images/s";
+      char text[160];
+      std::snprintf(text, sizeof text, ", a step %.2f ms", p.value("predicted_step_ms", 0.0));
+      line += text;
+      if (p.contains("predicted_bubble")) line += ", bubble " + FormatPercent(p["predicted_bubble"].get<double>());
+      if (p.contains("measured_step_ms")) {
+        const double measured = p["measured_step_ms"].get<double>();
+        std::snprintf(text, sizeof text, "; measured a step %.2f ms (%.2fx the prediction)", measured,
+                      measured / p.value("predicted_step_ms", 1.0));
+        line += text;
+      }
+      if (p.contains("measured_bubble")) line += ", bubble " + FormatPercent(p["measured_bubble"].get<double>());
+      std::cout << line << "\n";
     }
     if (summary.contains("daemon_restarts")) {
       std::cout << "  daemons restarted " << summary["daemon_restarts"].get<int>() << " times on their work dirs\n";

@@ -290,6 +290,7 @@ Json Config(const GraphOptions& o, int64_t steps) {
   if (o.kind == "data-parallel") c["reducer"] = o.reducer;
   if (o.staleness > 0) c["staleness"] = o.staleness;
   if (o.device != "cpu") c["device"] = o.device;
+  if (!o.plan.is_null()) c["plan"] = o.plan;
   if (o.kind != "data-parallel") {
     c["stages"] = o.stages;
     c["microbatches"] = o.microbatches;

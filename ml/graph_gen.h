@@ -77,6 +77,9 @@ struct GraphOptions {
   int daemon_cpus = 2;       // init vertices take a whole daemon so stages land on distinct daemons
   int checkpoint_every = 0;  // a checkpoint vertex per stage every K steps (0: none)
   std::string checkpoint_dir = "checkpoints";
+  // What `copse plan` predicted for this layout (ml/planner.h): carried into metrics.json's
+  // config, so that the job summary shows it next to what the run measured. Null: no plan.
+  Json plan;
 };
 
 /// The job file. InvalidArgument names the flag that is wrong.

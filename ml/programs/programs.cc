@@ -28,6 +28,7 @@
 #include "ml/philox.h"
 #include "ml/programs/allreduce.h"
 #include "ml/programs/gradient_log.h"
+#include "ml/programs/profile.h"
 #include "ml/programs/register.h"
 #include "ml/programs/tensor_parallel.h"
 #include "ml/programs/support.h"
@@ -1034,6 +1035,7 @@ void RegisterMlPrograms(vertex::ProgramRegistry& registry) {
   add("ml.ps", [] { return std::make_unique<UpdateProgram>(); });
   add("ml.eval", [] { return std::make_unique<EvalProgram>(); });
   add("ml.checkpoint", [] { return std::make_unique<CheckpointProgram>(); });
+  RegisterProfilePrograms(registry);
 }
 
 }  // namespace copse::ml

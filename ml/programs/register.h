@@ -17,6 +17,9 @@
 //   ml.ps          a parameter server: ml.update fed by every worker directly
 //   ml.eval        test accuracy of the assembled model; metrics.json and the parameters
 //   ml.checkpoint  writes a stage's parameters and optimizer state to a file
+//   ml.profile, ml.profile_hop, ml.profile_collect
+//                  `copse plan`'s profiling job (ml/programs/profile.h); these measure time, so
+//                  unlike the others a re-run writes other bytes
 //
 // Every program is deterministic in (params, input bytes): a re-executed vertex writes the
 // same bytes, so a recovered job ends with bit-identical parameters.

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""copse plan's predictions against measurements (issue 41).
+
+Runs `copse plan` (which profiles the model on a local cluster), then runs the chosen layout, the
+next fastest candidates and data-parallel 1 (one worker) with `copse run`, in rounds (the order
+reversed every other round), and prints each layout's predicted step time next to the measured
+steady one (the median interval between consecutive steps' updates in the job manager's trace),
+and the chosen plan against data-parallel 1 measured in the same rounds.
+
+  /usr/bin/python3 bench/plan_bench.py <build>/cli/copse [--model mlp] [--batch 128]
+      [--steps 60] [--rounds 3] [--daemons 2] [--top 4]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def graph_args(c):
+    if c["kind"] == "pipeline":
+        return ["pipeline", "--stages", str(c["degree"]), "--microbatches", str(c["microbatches"]),
+                "--schedule", c["schedule"], "--split", ",".join(str(b) for b in c["split"])]
+    return ["data-parallel", "--workers", str(c["degree"]), "--reducer", "ps"]
+
+
+def step_ms(summary, work, c):
+    """The run's steady step time: the median interval between consecutive updates' ends, from
+    the job manager's trace (as `copse run`'s summary computes it for a planned job)."""
+    trace = json.load(open(os.path.join(work, "trace.json")))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    update = "upd0" if c["kind"] == "pipeline" else "ps"
+    ends = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("args", {}).get("outcome") != "completed":
+            continue
+        name = e["name"]
+        if name.startswith(update + "["):
+            ends[int(name[len(update) + 1:-1])] = e["ts"] + e["dur"]
+    steps = [(ends[t] - ends[t - 1]) / 1e3 for t in sorted(ends) if t >= 2 and t - 1 in ends]
+    return statistics.median(steps)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("copse")
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--daemons", type=int, default=2)
+    ap.add_argument("--top", type=int, default=4, help="candidates run besides the chosen one and data-parallel 1")
+    a = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="plan-bench-")
+    common = ["--model", a.model, "--batch", str(a.batch), "--steps", str(a.steps)]
+    plan = json.loads(run([a.copse, "plan", *common, "--daemons", str(a.daemons), "--out",
+                           os.path.join(work, "planned.json"), "--save-costs", os.path.join(work, "costs.json"),
+                           "-o", "json"]).stdout)
+    link = plan["costs"]["link"]
+    print(f"model {a.model}, batch {a.batch}, {a.daemons} daemons; gap {link['gap']*1e6:.0f} us, "
+          f"hop {link['hop']*1e6:.0f} us, {link['bytes_per_s']/1e6:.0f} MB/s; chosen: {plan['chosen']}")
+    fits = [c for c in plan["candidates"] if c["fits"]]
+    chosen = fits[0]
+    single = next(c for c in fits if c["kind"] == "data-parallel" and c["degree"] == 1)
+    runs = [chosen] + [c for c in fits[1:1 + a.top] if c is not single] + [single]
+    measured = {c["layout"]: [] for c in runs}
+    for r in range(a.rounds):
+        order = runs if r % 2 == 0 else list(reversed(runs))
+        for c in order:
+            job = os.path.join(work, "job.json")
+            run([a.copse, "graph", *graph_args(c), *common, "--out", job])
+            out = run([a.copse, "run", job, "--daemons", str(a.daemons), "-o", "json",
+                       "--output", os.path.join(work, "out"), "--trace", os.path.join(work, "trace.json")])
+            s = json.loads(out.stdout)
+            measured[c["layout"]].append(step_ms(s, work, c))
+    print(f"{'layout':<40} {'predicted step ms':>18} {'measured (median)':>18} {'measured/predicted':>19}"
+          f" {'images/s measured':>18}")
+    for c in runs:
+        m = statistics.median(measured[c["layout"]])
+        print(f"{c['layout']:<40} {c['step_ms']:>18.2f} {m:>18.2f} {m / c['step_ms']:>18.2f}x {a.batch / m * 1e3:>18.0f}"
+              + ("   <- chosen" if c is chosen else ""))
+    ratio = statistics.median(measured[single["layout"]]) / statistics.median(measured[chosen["layout"]])
+    print(f"chosen plan vs data-parallel 1 (one worker, same runs), steady steps: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

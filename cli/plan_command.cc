@@ -1,0 +1,260 @@
+#include "cli/plan_command.h"
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "cli/graph_command.h"
+#include "cli/process_util.h"
+#include "common/machine_memory.h"
+#include "ml/planner.h"
+#include "ml/profile_graph.h"
+
+namespace copse::cli {
+namespace {
+
+struct PlanFlags {
+  GraphFlags graph;
+  int daemons = 2;
+  int64_t memory_mb = 0;
+  std::string costs;        // a cost table measured before, instead of profiling
+  std::string save_costs;   // where to keep the measured table
+  std::string profile_job;  // only write the profiling job here
+  std::string keep_dir;     // the profiling run's files
+  int repeats = 5;
+  std::string format = "text";
+};
+
+/// Micro-batch sizes the layouts of `batch` over `daemons` need: batch / 2^k (micro-batches of
+/// a pipeline, shards of data-parallel workers), while they divide it.
+std::vector<int64_t> SizesFor(int64_t batch, int max_microbatches) {
+  std::set<int64_t> sizes;
+  for (int64_t k = 1; k <= max_microbatches && batch % k == 0; k *= 2) sizes.insert(batch / k);
+  return {sizes.begin(), sizes.end()};
+}
+
+ml::ProfileGraphOptions ProfileOptionsOf(const PlanFlags& f, const ml::PlanRequest& request) {
+  ml::ProfileGraphOptions p;
+  p.model = f.graph.o.model;
+  p.microbatch_sizes = SizesFor(request.batch, request.max_microbatches);
+  p.optimizer = f.graph.o.optimizer;
+  p.daemons = f.daemons;
+  p.daemon_cpus = f.graph.o.daemon_cpus;
+  p.threads = f.graph.o.threads;
+  p.repeats = f.repeats;
+  return p;
+}
+
+/// Runs the profiling job on a local cluster of f.daemons daemons (`copse run`) and returns its
+/// costs.json.
+Result<ml::CostTable> ProfileLocally(const PlanFlags& f, const Json& job) {
+  // A temporary directory unless --keep names one.
+  struct RemoveOnExit {
+    std::filesystem::path dir;
+    ~RemoveOnExit() {
+      std::error_code ignored;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ignored);
+    }
+  } temporary;
+  std::error_code ec;
+  std::filesystem::path dir = f.keep_dir;
+  if (dir.empty()) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "copse-plan-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) return Status::IOError("cannot make a directory for the profiling run under /tmp");
+    dir = temporary.dir = tmpl;
+  } else if (std::filesystem::create_directories(dir, ec); ec) {
+    return Status::IOError("--keep " + dir.string() + ": " + ec.message());
+  }
+  const std::string job_file = (dir / "profile.json").string();
+  if (WriteJobFile(job, job_file, "copse plan") != 0) return Status::IOError("cannot write " + job_file);
+  std::cerr << "copse plan: profiling " << f.graph.o.model << " on " << f.daemons << " local daemon(s)…\n";
+  const std::string log = (dir / "profile.log").string();
+  std::vector<std::string> args = {"run",       job_file,
+                                   "--daemons", std::to_string(f.daemons),
+                                   "--cpus",    std::to_string(f.graph.o.daemon_cpus),
+                                   "--output",  (dir / "out").string(),
+                                   "-o",        "json"};
+  if (!f.keep_dir.empty()) args.insert(args.end(), {"--keep", (dir / "cluster").string()});
+  COPSE_ASSIGN_OR_RETURN(const pid_t pid, SpawnSelf(args, {}, log));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string tail = text.str();
+    if (tail.size() > 4000) tail = tail.substr(tail.size() - 4000);
+    return Status::Internal("the profiling job failed (copse run " + job_file + "):\n" + tail);
+  }
+  COPSE_ASSIGN_OR_RETURN(Json costs, ReadJsonFile((dir / "out" / "costs.json").string()));
+  return ml::CostTableFromJson(costs);
+}
+
+std::string Memory(const std::vector<int64_t>& bytes) {
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); ++i)
+    out += fmt::format("{}{:.1f}", i ? " / " : "", static_cast<double>(bytes[i]) / (1 << 20));
+  return out;
+}
+
+Json PlanJson(const ml::Plan& plan, const ml::PlanRequest& request) {
+  Json candidates = Json::array();
+  for (const auto& c : plan.candidates) {
+    Json j = {{"layout", c.layout.Describe()},
+              {"kind", c.layout.kind},
+              {"degree", c.layout.degree},
+              {"step_ms", c.prediction.step_s * 1e3},
+              {"images_per_s", static_cast<double>(request.batch) / c.prediction.step_s},
+              {"memory_bytes", c.prediction.memory_bytes},
+              {"fits", c.prediction.fits}};
+    if (c.layout.kind == "pipeline") {
+      j["microbatches"] = c.layout.microbatches;
+      j["schedule"] = c.layout.schedule;
+      j["split"] = c.layout.split;
+      j["bubble"] = c.prediction.bubble;
+    }
+    if (!c.prediction.fits) j["why_not"] = c.prediction.why_not;
+    candidates.push_back(std::move(j));
+  }
+  return candidates;
+}
+
+int RunPlan(PlanFlags& f) {
+  const char* me = "copse plan";
+  ml::PlanRequest request;
+  request.batch = f.graph.o.batch;
+  request.daemons = f.daemons;
+  request.slots_per_daemon = std::max(1, f.graph.o.daemon_cpus / f.graph.o.threads);
+  const int64_t memory_mb = f.memory_mb > 0 ? f.memory_mb : MachineMemoryMb() / std::max(1, f.daemons);
+  request.memory_per_daemon = memory_mb > 0 ? memory_mb << 20 : 0;
+  if (f.graph.o.precision != "fp32" || f.graph.o.device != "cpu") {
+    std::fprintf(stderr, "%s: plans fp32 training on CPUs (--precision fp32, --device cpu)\n", me);
+    return 2;
+  }
+  auto profile_job = ml::GenerateProfileGraph(ProfileOptionsOf(f, request));
+  if (!profile_job.ok()) {
+    std::fprintf(stderr, "%s: %s\n", me, profile_job.status().message().c_str());
+    return 2;
+  }
+  if (!f.profile_job.empty()) return WriteJobFile(*profile_job, f.profile_job, me);
+  if (f.graph.out.empty()) {
+    std::fprintf(stderr, "%s: --out FILE: where to write the planned job\n", me);
+    return 2;
+  }
+  Result<ml::CostTable> table = Status::Internal("unset");
+  if (!f.costs.empty()) {
+    auto json = ReadJsonFile(f.costs);
+    table = json.ok() ? ml::CostTableFromJson(*json) : json.status();
+    if (!table.ok()) {
+      std::fprintf(stderr, "%s: --costs %s: %s\n", me, f.costs.c_str(), table.status().message().c_str());
+      return 1;
+    }
+    if (table->model != f.graph.o.model) {
+      std::fprintf(stderr, "%s: --costs %s measured model %s, not --model %s\n", me, f.costs.c_str(), table->model.c_str(),
+                   f.graph.o.model.c_str());
+      return 1;
+    }
+  } else {
+    table = ProfileLocally(f, *profile_job);
+    if (!table.ok()) {
+      std::fprintf(stderr, "%s: %s\n", me, table.status().message().c_str());
+      return 1;
+    }
+    if (!f.save_costs.empty()) {
+      std::ofstream out(f.save_costs);
+      out << ToJson(*table).dump(2) << "\n";
+      if (!out) std::fprintf(stderr, "%s: cannot write %s\n", me, f.save_costs.c_str());
+    }
+  }
+  auto plan = ml::MakePlan(*table, request);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "%s: %s\n", me, plan.status().message().c_str());
+    return 1;
+  }
+  if (f.format == "json") {
+    Json out = {{"candidates", PlanJson(*plan, request)}, {"costs", ToJson(*table)}};
+    if (plan->best >= 0)
+      out["chosen"] = plan->candidates[static_cast<size_t>(plan->best)].layout.Describe(), out["job"] = f.graph.out;
+    std::cout << out.dump(2) << "\n";
+  } else {
+    const ml::LinkCost& l = table->link;
+    std::cout << fmt::format(
+        "{}, batch {}, {} daemon(s) of {} MiB; vertex gap {:.0f} us, hop across daemons {:.0f} us, {:.0f} MB/s{}\n", table->model,
+        request.batch, request.daemons, memory_mb, l.gap * 1e6, l.hop * 1e6, l.bytes_per_s / 1e6,
+        l.measured ? "" : " (not measured: defaults)");
+    std::cout << fmt::format("  {:<40} {:>9} {:>10} {:>7}  {}\n", "layout", "step ms", "images/s", "bubble", "MiB per daemon");
+    for (size_t i = 0; i < plan->candidates.size(); ++i) {
+      const auto& c = plan->candidates[i];
+      const std::string bubble = c.layout.kind == "pipeline" ? fmt::format("{:.1f} %", 100 * c.prediction.bubble) : "";
+      std::cout << fmt::format(
+          "{} {:<40} {:>9.2f} {:>10.0f} {:>7}  {}{}\n", static_cast<int>(i) == plan->best ? "*" : " ", c.layout.Describe(),
+          c.prediction.step_s * 1e3, static_cast<double>(request.batch) / c.prediction.step_s, bubble,
+          Memory(c.prediction.memory_bytes), c.prediction.fits ? "" : "  (does not fit: " + c.prediction.why_not + ")");
+    }
+  }
+  if (plan->best < 0) {
+    std::fprintf(stderr, "%s: no layout fits: %s\n", me, plan->candidates.front().prediction.why_not.c_str());
+    return 1;
+  }
+  const ml::Candidate& best = plan->candidates[static_cast<size_t>(plan->best)];
+  ml::GraphOptions o = f.graph.o;
+  o.kind = best.layout.kind;
+  if (o.kind == "pipeline") {
+    o.stages = best.layout.degree;
+    o.microbatches = best.layout.microbatches;
+    o.schedule = best.layout.schedule;
+    o.split = best.layout.split;
+  } else {
+    o.workers = best.layout.degree;
+    o.reducer = "ps";  // what the planner's data-parallel step assumes
+  }
+  o.plan = {{"layout", best.layout.Describe()},
+            {"step_ms", best.prediction.step_s * 1e3},
+            {"images_per_s", static_cast<double>(request.batch) / best.prediction.step_s}};
+  if (o.kind == "pipeline") o.plan["bubble"] = best.prediction.bubble;
+  auto job = ml::GenerateTrainingGraph(o);
+  if (!job.ok()) {
+    std::fprintf(stderr, "%s: %s: %s\n", me, best.layout.Describe().c_str(), job.status().message().c_str());
+    return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  if (const int rc = WriteJobFile(*job, f.graph.out, me); rc != 0) return rc;
+  if (f.format != "json") std::cout << "wrote " << f.graph.out << ": " << best.layout.Describe() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void AddPlanCommand(CLI::App& app) {
+  auto f = std::make_shared<PlanFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Profile a model on the daemons, weigh data-parallel and pipeline layouts, write the fastest as a job file");
+  AddTrainingFlags(cmd, f->graph);
+  cmd->add_option("--daemons", f->daemons, "Daemons the job will run on (and the local cluster that profiles it)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--memory-mb", f->memory_mb, "Memory one daemon offers (default: this machine's, shared by the daemons)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--costs", f->costs, "Plan from this cost table (a profiling job's costs.json) instead of profiling here");
+  cmd->add_option("--save-costs", f->save_costs, "Keep the measured cost table in this file");
+  cmd->add_option("--profile-job", f->profile_job,
+                  "Only write the profiling job to this file (run it on a cluster, then plan with --costs)");
+  cmd->add_option("--keep", f->keep_dir, "Keep the profiling run's job, log and outputs in this directory");
+  cmd->add_option("--repeats", f->repeats, "Timed runs of each layer pass (their median counts)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("-o,--format", f->format, "text or json (every candidate, the chosen one and the cost table)")
+      ->check(CLI::IsMember({"text", "json"}));
+  cmd->callback([f] { ExitCode() = RunPlan(*f); });
+}
+
+}  // namespace copse::cli

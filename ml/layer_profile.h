@@ -1,0 +1,91 @@
+#pragma once
+// What a model costs where it runs, layer by layer: the measurements `copse plan` chooses a
+// parallel layout from (ml/planner.h). The `ml.profile` vertex program measures a CostTable on
+// the daemon it runs on; `ml.profile_hop` vertices measure what a hand-off between daemons
+// costs (ml/programs/profile.cc). Tables travel as JSON (ToJson / CostTableFromJson) in the
+// profiling job's outputs.
+//
+//   ProfileOptions o;  o.model = "mlp";  o.microbatch_sizes = {16, 32, 64, 128};
+//   Result<CostTable> t = ProfileModel(o);
+//
+// Times are medians of `repeats` runs after one warm-up, in seconds, on the calling thread with
+// the process's CPU thread count (SetCpuThreads). Each layer is timed alone, then the times at
+// each size are scaled so that they add up to the whole model's forward and backward passes
+// timed as a vertex runs them (a layer timed alone finds its weights in the cache; in a real
+// pass the layers before it evicted them). Image models only (a gpt model's layers take
+// token ids and are profiled by no code yet: InvalidArgument says so).
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/json_util.h"
+#include "common/status.h"
+
+namespace copse::ml {
+
+/// One layer's passes on a micro-batch of one size.
+struct LayerTimes {
+  double forward = 0;         // Forward with a stash
+  double backward = 0;        // Backward: dL/dx and the weight gradients (what ml.grad runs)
+  double backward_input = 0;  // BackwardInput: dL/dx only (a pipeline stage's backward vertex)
+  double weight_grad = 0;     // WeightGradients of that micro-batch (0 for layers without parameters)
+  // The same passes without dL/dx: the model's first layer with parameters computes none (nor
+  // do the layers before it run a backward at all), as Sequential's backward skips them.
+  double backward_first = 0, backward_input_first = 0;
+};
+
+struct LayerCost {
+  std::string name;                      // Layer::Describe()
+  int64_t parameters = 0;                // parameter elements (float32)
+  int64_t out_bytes_per_sample = 0;      // its output: what crosses to the next stage after it
+  int64_t stash_bytes_per_sample = 0;    // what its forward keeps for its backward
+  bool defers_weight_gradients = false;  // Layer::DefersWeightGradients
+  std::map<int64_t, LayerTimes> at;      // by micro-batch size
+};
+
+/// Hand-offs between vertices, as the profiling job's hop chain measured them.
+struct LinkCost {
+  double gap = 50e-6;        // one vertex to the next one it enables on the same daemon
+  double hop = 200e-6;       // the same across daemons, for a small message
+  double bytes_per_s = 1e9;  // what a larger message adds per byte across daemons
+  bool measured = false;     // false: the defaults above
+};
+
+struct CostTable {
+  std::string model;
+  int threads = 1;
+  std::vector<LayerCost> layers;
+  // Seconds per parameter element of one optimizer step as ml.update takes it (out of place, one
+  // gradient), and what each further gradient summed into it adds (a parameter server's inputs).
+  double optimizer_per_parameter = 0;
+  double gradient_sum_per_parameter = 0;
+  std::string optimizer = "sgd";
+  LinkCost link;
+  std::string measured_on;  // the daemon, or "" when unknown
+
+  /// Sizes every layer was measured at, ascending.
+  std::vector<int64_t> MicrobatchSizes() const;
+  int64_t Parameters(int begin, int end) const;
+};
+
+struct ProfileOptions {
+  std::string model = "mlp";
+  std::vector<int64_t> microbatch_sizes = {128};
+  std::string optimizer = "sgd";
+  int repeats = 5;
+  uint64_t seed = 1;
+};
+
+/// Measures every layer of `model` at every micro-batch size, and one optimizer step.
+Result<CostTable> ProfileModel(const ProfileOptions& options);
+
+Json ToJson(const CostTable& table);
+/// InvalidArgument naming the field (`layers/2/at/64/forward`) when `json` is not a cost table.
+Result<CostTable> CostTableFromJson(const Json& json);
+
+/// Element-wise medians of tables of the same model measured on several daemons (each layer's
+/// times, the optimizer's), so that one slow daemon does not decide the plan alone.
+Result<CostTable> MedianTable(const std::vector<CostTable>& tables);
+
+}  // namespace copse::ml

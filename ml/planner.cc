@@ -1,0 +1,422 @@
+#include "ml/planner.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "ml/graph_gen.h"
+
+namespace copse::ml {
+namespace {
+
+constexpr double kNever = std::numeric_limits<double>::infinity();
+
+std::string Mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+/// Layers [begin, end) at one micro-batch size.
+struct StageCost {
+  double forward = 0, backward = 0;  // one micro-batch
+  double update = 0;                 // once a step: batched weight gradients and the optimizer
+  double boundary_bytes = 0;         // what crosses to the next stage per micro-batch
+  int64_t parameters = 0;
+  int64_t stash_bytes_per_sample = 0;
+};
+
+class CostModel {
+ public:
+  CostModel(const CostTable& table, const PlanRequest& request) : t_(table), r_(request) {}
+
+  const LayerTimes* At(size_t layer, int64_t size) const {
+    auto it = t_.layers[layer].at.find(size);
+    return it == t_.layers[layer].at.end() ? nullptr : &it->second;
+  }
+  bool Measured(int64_t size) const {
+    for (size_t i = 0; i < t_.layers.size(); ++i) {
+      if (!At(i, size)) return false;
+    }
+    return true;
+  }
+  int StateTensors() const { return t_.optimizer == "adam" || t_.optimizer == "adamw" ? 2 : 1; }
+  double Transfer(double bytes) const { return t_.link.hop + bytes / t_.link.bytes_per_s; }
+  double Gap() const { return t_.link.gap; }
+  // Value, gradient, the update's new copy and the optimizer state, float32 each.
+  int64_t ParameterBytes(int64_t parameters) const { return parameters * 4 * (3 + StateTensors()); }
+
+  /// A pipeline stage of layers [begin, end) at micro-batch size `mb`, `microbatches` a step.
+  /// The model's first layer with parameters (layers.size() when none has any).
+  int FirstTrainable() const {
+    int i = 0;
+    while (i < static_cast<int>(t_.layers.size()) && t_.layers[static_cast<size_t>(i)].parameters == 0) ++i;
+    return i;
+  }
+
+  /// Layer `i`'s backward at `mb`: dL/dx only (`input_only`) or with its weight gradients; none
+  /// of dL/dx for the first trainable layer, nothing at all before it.
+  double Backward(int i, int64_t mb, bool input_only) const {
+    const int first = FirstTrainable();
+    if (i < first) return 0;
+    const LayerTimes& x = *At(static_cast<size_t>(i), mb);
+    if (i == first) return input_only ? x.backward_input_first : x.backward_first;
+    return input_only ? x.backward_input : x.backward;
+  }
+
+  StageCost Stage(int begin, int end, int64_t mb, int microbatches) const {
+    StageCost c;
+    bool defers = true;
+    for (int i = begin; i < end; ++i) defers = defers && t_.layers[static_cast<size_t>(i)].defers_weight_gradients;
+    double weight_grads = 0;
+    for (int i = begin; i < end; ++i) {
+      const size_t l = static_cast<size_t>(i);
+      const LayerTimes& x = *At(l, mb);
+      c.forward += x.forward;
+      c.backward += Backward(i, mb, defers);
+      // The update's one product over every micro-batch's rows: as measured at the whole batch
+      // when it was, else M products of one micro-batch.
+      const LayerTimes* whole = At(l, mb * microbatches);
+      if (defers) weight_grads += whole ? whole->weight_grad : microbatches * x.weight_grad;
+      c.parameters += t_.layers[l].parameters;
+      c.stash_bytes_per_sample += t_.layers[l].stash_bytes_per_sample;
+    }
+    c.update = weight_grads + t_.optimizer_per_parameter * static_cast<double>(c.parameters);
+    c.boundary_bytes = static_cast<double>(t_.layers[static_cast<size_t>(end - 1)].out_bytes_per_sample * mb);
+    return c;
+  }
+
+  /// One stage's forward + backward of a micro-batch, with its boundary's two transfers: the
+  /// quantity Alpa's objective sums and maximizes.
+  double StageTime(int begin, int end, int64_t mb) const {
+    const StageCost c = Stage(begin, end, mb, 1);
+    const bool last = end == static_cast<int>(t_.layers.size());
+    return c.forward + c.backward + (last ? 0.0 : 2 * Transfer(c.boundary_bytes));
+  }
+
+  Result<Prediction> Pipeline(const Layout& l) const;
+  Result<Prediction> DataParallel(const Layout& l) const;
+  void CheckMemory(Prediction& p, const char* what) const;
+
+ private:
+  const CostTable& t_;
+  const PlanRequest& r_;
+};
+
+void CostModel::CheckMemory(Prediction& p, const char* what) const {
+  if (r_.memory_per_daemon <= 0) return;
+  for (size_t s = 0; s < p.memory_bytes.size(); ++s) {
+    const int64_t need = p.memory_bytes[s];
+    if (need <= r_.memory_per_daemon) continue;
+    p.fits = false;
+    p.why_not = fmt::format("{} {} needs {}, {} more than the {} a daemon offers", what, s, Mib(need),
+                            Mib(need - r_.memory_per_daemon), Mib(r_.memory_per_daemon));
+    return;
+  }
+}
+
+Result<Prediction> CostModel::Pipeline(const Layout& l) const {
+  const int P = l.degree, M = l.microbatches;
+  const int64_t mb = r_.batch / M;
+  std::vector<StageCost> stage;
+  for (int s = 0; s < P; ++s) stage.push_back(Stage(l.split[static_cast<size_t>(s)], l.split[static_cast<size_t>(s) + 1], mb, M));
+  // Each daemon's vertices in order over kSteps steps: its schedule's forwards and backwards,
+  // then its update.
+  constexpr int kSteps = 3;
+  struct Op {
+    char kind;  // F, B, U
+    int step, microbatch;
+  };
+  std::vector<std::vector<Op>> order(static_cast<size_t>(P));
+  for (int s = 0; s < P; ++s) {
+    for (int k = 0; k < kSteps; ++k) {
+      for (const auto& [kind, m] : ScheduleOrder(l.schedule, s, P, M)) order[static_cast<size_t>(s)].push_back({kind, k, m});
+      order[static_cast<size_t>(s)].push_back({'U', k, 0});
+    }
+  }
+  auto index = [&](int k, int s, int m) { return (static_cast<size_t>(k) * P + s) * M + m; };
+  std::vector<double> f_start(static_cast<size_t>(kSteps * P * M), -1), f_end(f_start.size(), -1), b_end(f_start.size(), -1);
+  std::vector<double> b_start(f_start.size(), -1), u_end(static_cast<size_t>(kSteps * P), -1);
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
+  std::vector<double> free_at(static_cast<size_t>(P), 0);
+  std::vector<bool> started(static_cast<size_t>(P), false);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < P; ++s) {
+      const size_t d = static_cast<size_t>(s);
+      while (next[d] < order[d].size()) {
+        const Op op = order[d][next[d]];
+        double ready = started[d] ? free_at[d] + Gap() : 0;
+        double duration = 0;
+        if (op.kind == 'F') {
+          if (s > 0) {
+            const double dep = f_end[index(op.step, s - 1, op.microbatch)];
+            if (dep < 0) break;
+            ready = std::max(ready, dep + Transfer(stage[d - 1].boundary_bytes));
+          }
+          duration = stage[d].forward;
+        } else if (op.kind == 'B') {
+          if (s + 1 < P) {
+            const double dep = b_end[index(op.step, s + 1, op.microbatch)];
+            if (dep < 0) break;
+            ready = std::max(ready, dep + Transfer(stage[d].boundary_bytes));
+          } else if (f_end[index(op.step, s, op.microbatch)] < 0) {
+            return Status::Internal("planner: schedule " + l.schedule + " runs a backward before its forward");
+          }
+          duration = stage[d].backward;
+        } else {
+          duration = stage[d].update;
+        }
+        const double end = ready + duration;
+        if (op.kind == 'F') f_start[index(op.step, s, op.microbatch)] = ready, f_end[index(op.step, s, op.microbatch)] = end;
+        if (op.kind == 'B') b_start[index(op.step, s, op.microbatch)] = ready, b_end[index(op.step, s, op.microbatch)] = end;
+        if (op.kind == 'U') u_end[static_cast<size_t>(op.step * P + s)] = end;
+        free_at[d] = end;
+        started[d] = true;
+        ++next[d];
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < P; ++s) {
+    if (next[static_cast<size_t>(s)] != order[static_cast<size_t>(s)].size())
+      return Status::Internal("planner: schedule " + l.schedule + " deadlocks in the replay");
+  }
+  auto step_end = [&](int k) {
+    double e = 0;
+    for (int s = 0; s < P; ++s) e = std::max(e, u_end[static_cast<size_t>(k * P + s)]);
+    return e;
+  };
+  Prediction p;
+  p.step_s = step_end(kSteps - 1) - step_end(kSteps - 2);
+  // The last step's bubble, as MeasuredBubble takes it.
+  const int k = kSteps - 1;
+  double first = kNever, last = 0;
+  std::vector<double> busy(static_cast<size_t>(P), 0);
+  for (int s = 0; s < P; ++s) {
+    for (int m = 0; m < M; ++m) {
+      first = std::min(first, f_start[index(k, s, m)]);
+      last = std::max(last, b_end[index(k, s, m)]);
+      busy[static_cast<size_t>(s)] += stage[static_cast<size_t>(s)].forward + stage[static_cast<size_t>(s)].backward;
+    }
+  }
+  double idle = 0;
+  for (int s = 0; s < P; ++s) {
+    idle += last > first ? 1 - busy[static_cast<size_t>(s)] / (last - first) : 0;
+    p.stage_busy_s.push_back(busy[static_cast<size_t>(s)] + stage[static_cast<size_t>(s)].update);
+    // Every micro-batch's stash waits for the update (batched weight gradients).
+    p.memory_bytes.push_back(ParameterBytes(stage[static_cast<size_t>(s)].parameters) +
+                             stage[static_cast<size_t>(s)].stash_bytes_per_sample * r_.batch);
+  }
+  p.bubble = idle / P;
+  CheckMemory(p, "stage");
+  return p;
+}
+
+Result<Prediction> CostModel::DataParallel(const Layout& l) const {
+  const int D = l.degree;
+  const int64_t mb = r_.batch / D;
+  double compute = 0;
+  int64_t stash = 0;
+  for (size_t i = 0; i < t_.layers.size(); ++i) {
+    compute += At(i, mb)->forward + Backward(static_cast<int>(i), mb, /*input_only=*/false);
+    stash += t_.layers[i].stash_bytes_per_sample;
+  }
+  const int64_t parameters = t_.Parameters(0, static_cast<int>(t_.layers.size()));
+  const double gradient_bytes = 4.0 * static_cast<double>(parameters);
+  const double update = (t_.optimizer_per_parameter + (D - 1) * t_.gradient_sum_per_parameter) * static_cast<double>(parameters);
+  // Workers beside the update hand over in memory; the others' gradients cross to it one after
+  // another, and the new parameters back to them in parallel.
+  const int local = std::min(D, std::max(1, r_.slots_per_daemon));
+  const int remote = D - local;
+  const double gather = remote > 0 ? t_.link.hop + remote * gradient_bytes / t_.link.bytes_per_s : Gap();
+  const double scatter = remote > 0 ? Transfer(gradient_bytes) : Gap();
+  Prediction p;
+  p.step_s = compute + gather + update + scatter;
+  // Per daemon: the update's holds its workers' stashes beside the parameters.
+  for (int d = 0, placed = 0; placed < D; ++d) {
+    const int here = std::min(D - placed, local);
+    placed += here;
+    p.stage_busy_s.push_back(here * compute + (d == 0 ? update : 0));
+    p.memory_bytes.push_back(ParameterBytes(parameters) + here * stash * mb);
+  }
+  CheckMemory(p, "daemon");
+  return p;
+}
+
+/// Every increasing split of `layers` into `stages` non-empty ranges, in lexicographic order.
+template <typename Visit>
+void ForEachSplit(int layers, int stages, Visit&& visit) {
+  std::vector<int> split(static_cast<size_t>(stages) + 1);
+  split.front() = 0;
+  split.back() = layers;
+  for (int s = 1; s < stages; ++s) split[static_cast<size_t>(s)] = s;
+  while (true) {
+    visit(split);
+    int s = stages - 1;
+    while (s >= 1 && split[static_cast<size_t>(s)] == layers - (stages - s)) --s;
+    if (s < 1) return;
+    ++split[static_cast<size_t>(s)];
+    for (int t = s + 1; t < stages; ++t) split[static_cast<size_t>(t)] = split[static_cast<size_t>(t) - 1] + 1;
+  }
+}
+
+int64_t Splits(int layers, int stages) {  // C(layers - 1, stages - 1), saturating
+  int64_t c = 1;
+  for (int i = 1; i < stages; ++i) {
+    c = c * (layers - i) / i;
+    if (c > (int64_t{1} << 40)) return c;
+  }
+  return c;
+}
+
+}  // namespace
+
+std::string Layout::Describe() const {
+  if (kind != "pipeline") return fmt::format("data-parallel {}", degree);
+  return fmt::format("pipeline {} {} M={} split {}", degree, schedule, microbatches, fmt::join(split, ","));
+}
+
+double SplitObjective(const CostTable& table, const std::vector<int>& split, int microbatches, int64_t microbatch_size) {
+  const PlanRequest request;
+  const CostModel model(table, request);
+  double sum = 0, most = 0;
+  for (size_t s = 0; s + 1 < split.size(); ++s) {
+    const double t = model.StageTime(split[s], split[s + 1], microbatch_size);
+    sum += t;
+    most = std::max(most, t);
+  }
+  return sum + (microbatches - 1) * most;
+}
+
+std::vector<int> BestSplit(const CostTable& table, int stages, int microbatches, int64_t microbatch_size) {
+  const PlanRequest request;
+  const CostModel model(table, request);
+  const int n = static_cast<int>(table.layers.size());
+  if (stages < 1 || stages > n) return {};
+  std::vector<std::vector<double>> time(static_cast<size_t>(n) + 1, std::vector<double>(static_cast<size_t>(n) + 1, kNever));
+  std::vector<double> caps;
+  for (int a = 0; a < n; ++a) {
+    for (int b = a + 1; b <= n; ++b) {
+      time[static_cast<size_t>(a)][static_cast<size_t>(b)] = model.StageTime(a, b, microbatch_size);
+      caps.push_back(time[static_cast<size_t>(a)][static_cast<size_t>(b)]);
+    }
+  }
+  std::sort(caps.begin(), caps.end());
+  caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
+  // least[k][i]: the least Σ t_s of layers [i, n) in k stages of at most `cap` each; end[k][i]
+  // the first stage's end that reaches it (the smallest, so equal costs always split alike).
+  using Table = std::vector<std::vector<double>>;
+  auto solve = [&](double cap, Table& least, std::vector<std::vector<int>>& end) {
+    least.assign(static_cast<size_t>(stages) + 1, std::vector<double>(static_cast<size_t>(n) + 1, kNever));
+    end.assign(static_cast<size_t>(stages) + 1, std::vector<int>(static_cast<size_t>(n) + 1, -1));
+    least[0][static_cast<size_t>(n)] = 0;
+    for (int k = 1; k <= stages; ++k) {
+      for (int i = n - k; i >= 0; --i) {
+        for (int e = i + 1; e <= n - (k - 1); ++e) {
+          const double t = time[static_cast<size_t>(i)][static_cast<size_t>(e)];
+          const double rest = least[static_cast<size_t>(k) - 1][static_cast<size_t>(e)];
+          if (t > cap || rest == kNever) continue;
+          if (t + rest < least[static_cast<size_t>(k)][static_cast<size_t>(i)]) {
+            least[static_cast<size_t>(k)][static_cast<size_t>(i)] = t + rest;
+            end[static_cast<size_t>(k)][static_cast<size_t>(i)] = e;
+          }
+        }
+      }
+    }
+  };
+  Table least;
+  std::vector<std::vector<int>> end;
+  solve(kNever, least, end);
+  const double least_sum = least[static_cast<size_t>(stages)][0];
+  double best = kNever, best_cap = kNever;
+  for (const double cap : caps) {
+    // No larger cap can do better: its (M-1) x cap alone, plus the least sum, already loses.
+    if ((microbatches - 1) * cap + least_sum >= best) break;
+    solve(cap, least, end);
+    const double sum = least[static_cast<size_t>(stages)][0];
+    if (sum == kNever) continue;
+    if (sum + (microbatches - 1) * cap < best) best = sum + (microbatches - 1) * cap, best_cap = cap;
+  }
+  solve(best_cap, least, end);
+  std::vector<int> split = {0};
+  for (int k = stages; k >= 1; --k) split.push_back(end[static_cast<size_t>(k)][static_cast<size_t>(split.back())]);
+  return split;
+}
+
+Result<Prediction> Predict(const CostTable& table, const Layout& layout, const PlanRequest& request) {
+  const CostModel model(table, request);
+  if (layout.degree < 1 || layout.microbatches < 1 ||
+      request.batch % (layout.kind == "pipeline" ? layout.microbatches : layout.degree))
+    return Status::InvalidArgument(layout.Describe() + ": the batch of " + std::to_string(request.batch) + " does not divide so");
+  const int64_t size = request.batch / (layout.kind == "pipeline" ? layout.microbatches : layout.degree);
+  if (!model.Measured(size))
+    return Status::InvalidArgument(
+        fmt::format("{}: the cost table has no times at micro-batch size {}", layout.Describe(), size));
+  if (layout.kind == "pipeline") {
+    const int n = static_cast<int>(table.layers.size());
+    if (static_cast<int>(layout.split.size()) != layout.degree + 1 || layout.split.front() != 0 || layout.split.back() != n ||
+        std::adjacent_find(layout.split.begin(), layout.split.end(), std::greater_equal<int>()) != layout.split.end())
+      return Status::InvalidArgument(layout.Describe() + ": not a split of " + std::to_string(n) + " layers");
+    return model.Pipeline(layout);
+  }
+  return model.DataParallel(layout);
+}
+
+Result<Plan> MakePlan(const CostTable& table, const PlanRequest& request) {
+  if (request.batch < 1) return Status::InvalidArgument("batch: expected at least 1");
+  if (request.daemons < 1) return Status::InvalidArgument("daemons: expected at least 1");
+  if (table.layers.empty()) return Status::InvalidArgument("the cost table has no layers");
+  const CostModel model(table, request);
+  const int n = static_cast<int>(table.layers.size());
+  Plan plan;
+  auto add = [&](const Layout& l) -> Status {
+    COPSE_ASSIGN_OR_RETURN(Prediction p, Predict(table, l, request));
+    plan.candidates.push_back({l, std::move(p)});
+    return Status::OK();
+  };
+  const int most_workers = request.daemons * std::max(1, request.slots_per_daemon);
+  for (int d = 1; d <= most_workers; d *= 2) {
+    if (request.batch % d || !model.Measured(request.batch / d)) continue;
+    COPSE_RETURN_NOT_OK(add({"data-parallel", d, 1, "", {}}));
+  }
+  for (int stages = 2; stages <= std::min(request.daemons, n); ++stages) {
+    for (int m = 1; m <= request.max_microbatches; m *= 2) {
+      if (request.batch % m || !model.Measured(request.batch / m)) continue;
+      for (const std::string& schedule : request.schedules) {
+        Layout l{"pipeline", stages, m, schedule, {}};
+        if (Splits(n, stages) <= kExhaustiveSplits) {
+          // Few splits: replay every one and keep the fastest (the first of equals) that fits.
+          std::optional<Candidate> fastest;
+          Status failed;
+          ForEachSplit(n, stages, [&](const std::vector<int>& split) {
+            l.split = split;
+            auto p = Predict(table, l, request);
+            if (!p.ok()) {
+              failed = p.status();
+              return;
+            }
+            // The fastest of those that fit, or of all when none does.
+            const bool better = !fastest || (p->fits && !fastest->prediction.fits) ||
+                                (p->fits == fastest->prediction.fits && p->step_s < fastest->prediction.step_s);
+            if (better) fastest = Candidate{l, std::move(*p)};
+          });
+          COPSE_RETURN_NOT_OK(failed);
+          plan.candidates.push_back(std::move(*fastest));
+        } else {
+          l.split = BestSplit(table, stages, m, request.batch / m);
+          COPSE_RETURN_NOT_OK(add(l));
+        }
+      }
+    }
+  }
+  if (plan.candidates.empty())
+    return Status::InvalidArgument(fmt::format("the cost table has no times at a size a layout of batch {} needs (sizes {})",
+                                               request.batch, fmt::join(table.MicrobatchSizes(), ", ")));
+  std::stable_sort(plan.candidates.begin(), plan.candidates.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.prediction.fits != b.prediction.fits) return a.prediction.fits;
+    return a.prediction.step_s < b.prediction.step_s;
+  });
+  if (plan.candidates.front().prediction.fits) plan.best = 0;
+  return plan;
+}
+
+}  // namespace copse::ml

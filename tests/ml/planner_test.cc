@@ -1,0 +1,260 @@
+// `copse plan`'s planner (ml/planner.h) and cost tables (ml/layer_profile.h): the split its
+// dynamic program finds and the layout it chooses equal brute force on synthetic tables; its
+// replay of a schedule idles as the theory says; memory it cannot fit is named.
+#include "ml/planner.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "ml/layer_profile.h"
+#include "ml/pipeline_bubble.h"
+
+using namespace copse::ml;
+
+namespace {
+
+/// A table of `n` layers with costs from `seed`: times proportional to the micro-batch size
+/// plus a fixed part, so that small micro-batches run less efficiently, as real products do.
+CostTable Synthetic(int n, uint64_t seed, const std::vector<int64_t>& sizes = {1, 2, 4, 8, 16, 32, 64, 128}) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> unit(0.2, 2.0);
+  CostTable t;
+  t.model = "synthetic";
+  t.optimizer_per_parameter = 1e-10;
+  t.gradient_sum_per_parameter = 5e-11;
+  t.link = {20e-6, 100e-6, 2e9, true};
+  for (int i = 0; i < n; ++i) {
+    LayerCost l;
+    l.name = "layer" + std::to_string(i);
+    l.parameters = static_cast<int64_t>(1e5 * unit(rng));
+    l.out_bytes_per_sample = static_cast<int64_t>(4096 * unit(rng));
+    l.stash_bytes_per_sample = l.out_bytes_per_sample;
+    l.defers_weight_gradients = true;
+    const double f = unit(rng) * 1e-5, fixed = unit(rng) * 1e-4;
+    for (const int64_t b : sizes) {
+      LayerTimes x;
+      x.forward = fixed + f * static_cast<double>(b);
+      x.backward_input = 1.1 * x.forward;
+      x.weight_grad = 0.9 * x.forward;
+      x.backward = x.backward_input + x.weight_grad;
+      x.backward_first = x.weight_grad;
+      x.backward_input_first = 0.1 * x.forward;
+      l.at[b] = x;
+    }
+    t.layers.push_back(std::move(l));
+  }
+  return t;
+}
+
+/// Every split of n layers into `stages` non-empty ranges.
+void Splits(int n, int stages, const std::function<void(const std::vector<int>&)>& visit) {
+  std::vector<int> split = {0};
+  std::function<void(int)> rec = [&](int k) {
+    if (k == stages) {
+      split.push_back(n);
+      visit(split);
+      split.pop_back();
+      return;
+    }
+    for (int b = split.back() + 1; b <= n - (stages - k); ++b) {
+      split.push_back(b);
+      rec(k + 1);
+      split.pop_back();
+    }
+  };
+  rec(1);
+}
+
+}  // namespace
+
+TEST_CASE("Planner.BestSplitEqualsBruteForceOnItsObjective") {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    const CostTable t = Synthetic(9, seed);
+    for (int stages : {2, 3, 4}) {
+      for (int m : {1, 4, 8}) {
+        const int64_t mb = 128 / m;
+        double brute = INFINITY;
+        Splits(9, stages, [&](const std::vector<int>& s) { brute = std::min(brute, SplitObjective(t, s, m, mb)); });
+        const std::vector<int> found = BestSplit(t, stages, m, mb);
+        REQUIRE(found.size() == static_cast<size_t>(stages) + 1);
+        CHECK(found.front() == 0);
+        CHECK(found.back() == 9);
+        CHECK(SplitObjective(t, found, m, mb) == doctest::Approx(brute).epsilon(1e-12));
+      }
+    }
+  }
+}
+
+TEST_CASE("Planner.ChoosesTheLayoutBruteForceFindsFastest") {
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const CostTable t = Synthetic(7, seed);
+    PlanRequest r;
+    r.batch = 128;
+    r.daemons = 3;
+    r.slots_per_daemon = 1;
+    auto plan = MakePlan(t, r);
+    REQUIRE(plan.ok());
+    REQUIRE(plan->best == 0);
+    // Every layout and every split, replayed.
+    double brute = INFINITY;
+    std::string brute_layout;
+    auto consider = [&](const Layout& l) {
+      auto p = Predict(t, l, r);
+      REQUIRE(p.ok());
+      if (p->fits && p->step_s < brute) brute = p->step_s, brute_layout = l.Describe();
+    };
+    for (int d : {1, 2}) consider({"data-parallel", d, 1, "", {}});
+    for (int stages : {2, 3}) {
+      for (int m = 1; m <= 32; m *= 2) {
+        for (const char* schedule : {"gpipe", "1f1b"}) {
+          Splits(7, stages, [&](const std::vector<int>& s) { consider({"pipeline", stages, m, schedule, s}); });
+        }
+      }
+    }
+    const Candidate& chosen = plan->candidates.front();
+    CHECK(chosen.prediction.step_s == doctest::Approx(brute).epsilon(1e-12));
+    INFO(chosen.layout.Describe(), " vs ", brute_layout);
+    // Candidates come fastest first.
+    for (size_t i = 1; i < plan->candidates.size(); ++i) {
+      CHECK(plan->candidates[i - 1].prediction.step_s <= plan->candidates[i].prediction.step_s);
+    }
+  }
+}
+
+TEST_CASE("Planner.ReplayOfEqualStagesIdlesAsTheTheorySays") {
+  // Equal stages, free hand-offs and updates: the bubble is (p-1)/(m+p-1) for GPipe and 1F1B.
+  CostTable t = Synthetic(4, 1, {16, 128});
+  for (auto& l : t.layers) {
+    l.parameters = 1;
+    l.out_bytes_per_sample = 0;
+    for (auto& [size, x] : l.at) x = {1e-3, 2e-3, 2e-3, 0, 2e-3, 2e-3};
+  }
+  t.optimizer_per_parameter = 0;
+  t.link = {0, 0, 1e9, true};
+  PlanRequest r;
+  r.batch = 128;
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    for (int stages : {2, 4}) {
+      std::vector<int> split;
+      for (int s = 0; s <= stages; ++s) split.push_back(s * 4 / stages);
+      auto p = Predict(t, {"pipeline", stages, 8, schedule, split}, r);
+      REQUIRE(p.ok());
+      CHECK(p->bubble == doctest::Approx(TheoreticalBubble(stages, 8)));
+      // (m + p - 1) slots of one micro-batch's forward and backward on a stage.
+      const double slot = (4 / stages) * 3e-3;
+      CHECK(p->step_s == doctest::Approx((8 + stages - 1) * slot));
+    }
+  }
+}
+
+TEST_CASE("Planner.NamesTheDaemonThatCannotHoldItsPartAndByHowMuch") {
+  CostTable t = Synthetic(4, 3);
+  t.layers[3].parameters = 50 << 20;  // 50 Mi parameters: 800 MiB with gradients, copy and momentum
+  PlanRequest r;
+  r.batch = 128;
+  r.daemons = 2;
+  r.slots_per_daemon = 1;
+  r.memory_per_daemon = int64_t{600} << 20;
+  auto plan = MakePlan(t, r);
+  REQUIRE(plan.ok());
+  CHECK(plan->best == -1);
+  bool named_stage = false;
+  for (const auto& c : plan->candidates) {
+    CHECK_FALSE(c.prediction.fits);
+    if (c.layout.kind == "pipeline") {
+      CHECK(c.prediction.why_not.find("stage 1 needs ") == 0);
+      CHECK(c.prediction.why_not.find("more than the 600.0 MiB a daemon offers") != std::string::npos);
+      named_stage = true;
+    }
+  }
+  CHECK(named_stage);
+  // With room for it, the same table plans.
+  r.memory_per_daemon = int64_t{4} << 30;
+  auto roomy = MakePlan(t, r);
+  REQUIRE(roomy.ok());
+  CHECK(roomy->best == 0);
+}
+
+TEST_CASE("Planner.PrefersASplitThatFits") {
+  // Layers 0 and 1 hold 40 MiB each (with gradients, copy and momentum): no stage of 60 MiB
+  // holds both, so only the split after layer 0 fits — though layer 0 is nearly free, and the
+  // fastest split would put it with layer 1.
+  CostTable t = Synthetic(4, 7);
+  for (auto& l : t.layers) l.parameters = 1 << 10, l.stash_bytes_per_sample = 0;
+  t.layers[0].parameters = t.layers[1].parameters = 40 << 16;
+  for (auto& [size, x] : t.layers[0].at) x = {1e-6, 1e-6, 1e-6, 1e-6, 1e-6, 1e-6};
+  PlanRequest r;
+  r.batch = 128;
+  r.daemons = 2;
+  r.slots_per_daemon = 1;
+  const std::vector<int> fitting = {0, 1, 4};
+  auto loose = MakePlan(t, r);
+  REQUIRE(loose.ok());
+  for (const auto& c : loose->candidates) {
+    if (c.layout.kind != "pipeline") continue;
+    CHECK(c.layout.split != fitting);  // the fastest pipeline, where memory does not count
+    break;
+  }
+  r.memory_per_daemon = int64_t{60} << 20;
+  auto tight = MakePlan(t, r);
+  REQUIRE(tight.ok());
+  REQUIRE(tight->best == 0);
+  for (const auto& c : tight->candidates) {
+    if (c.layout.kind != "pipeline") continue;
+    CHECK(c.layout.split == fitting);
+    CHECK(c.prediction.fits);
+  }
+}
+
+TEST_CASE("Planner.RefusesWhatItCannotPlan") {
+  const CostTable t = Synthetic(4, 1, {128});
+  PlanRequest r;
+  r.batch = 0;
+  CHECK(!MakePlan(t, r).ok());
+  r.batch = 96;  // no size measured that a layout of 96 needs
+  auto none = MakePlan(t, r);
+  CHECK(!none.ok());
+  CHECK(none.status().message().find("sizes 128") != std::string::npos);
+  r.batch = 128;
+  CHECK(!Predict(t, {"pipeline", 2, 1, "1f1b", {0, 5, 4}}, r).ok());
+}
+
+TEST_CASE("CostTable.RoundTripsAndNamesTheBadField") {
+  const CostTable t = Synthetic(3, 5, {8, 16});
+  auto back = CostTableFromJson(ToJson(t));
+  REQUIRE(back.ok());
+  CHECK(ToJson(*back) == ToJson(t));
+  copse::Json bad = ToJson(t);
+  bad["layers"][1]["at"]["16"]["forward"] = -1;
+  auto e = CostTableFromJson(bad);
+  REQUIRE(!e.ok());
+  CHECK(e.status().message().find("/layers/1/at/16/forward") == 0);
+  bad = ToJson(t);
+  bad["layers"][0]["at"]["x"] = bad["layers"][0]["at"]["8"];
+  CHECK(CostTableFromJson(bad).status().message().find("/layers/0/at/x") == 0);
+  bad = ToJson(t);
+  bad["link"]["bytes_per_s"] = 0;
+  CHECK(CostTableFromJson(bad).status().message().find("/link/bytes_per_s") == 0);
+  CHECK(!CostTableFromJson(copse::Json::array()).ok());
+}
+
+TEST_CASE("CostTable.MeasuredOnARealModel") {
+  ProfileOptions o;
+  o.model = "mlp:784-32-10";
+  o.microbatch_sizes = {4, 16};
+  o.repeats = 2;
+  auto t = ProfileModel(o);
+  REQUIRE(t.ok());
+  REQUIRE(t->layers.size() == 3);  // Flatten, Linear(784, 32)+ReLU, Linear(32, 10)
+  CHECK(t->layers[1].parameters == 784 * 32 + 32);
+  CHECK(t->layers[1].out_bytes_per_sample == 32 * 4);
+  CHECK(t->MicrobatchSizes() == std::vector<int64_t>{4, 16});
+  CHECK(t->layers[1].at[16].forward > 0);
+  CHECK(t->layers[1].at[16].weight_grad > 0);
+  CHECK(t->optimizer_per_parameter > 0);
+  o.model = "gpt:1-16-2-8";
+  CHECK(ProfileModel(o).status().message().find("image models") != std::string::npos);
+}
