@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -31,6 +33,7 @@ struct PlanFlags {
   std::string profile_job;  // only write the profiling job here
   std::string keep_dir;     // the profiling run's files
   int repeats = 5;
+  bool calibrate = true;  // a short real training run measures what a vertex adds
   std::string format = "text";
 };
 
@@ -54,50 +57,144 @@ ml::ProfileGraphOptions ProfileOptionsOf(const PlanFlags& f, const ml::PlanReque
   return p;
 }
 
-/// Runs the profiling job on a local cluster of f.daemons daemons (`copse run`) and returns its
-/// costs.json.
-Result<ml::CostTable> ProfileLocally(const PlanFlags& f, const Json& job) {
-  // A temporary directory unless --keep names one.
-  struct RemoveOnExit {
-    std::filesystem::path dir;
-    ~RemoveOnExit() {
-      std::error_code ignored;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ignored);
+/// A directory for the local runs: --keep's, or a temporary one removed on destruction.
+class WorkDir {
+ public:
+  static Result<std::unique_ptr<WorkDir>> Make(const std::string& keep) {
+    auto w = std::unique_ptr<WorkDir>(new WorkDir);
+    std::error_code ec;
+    if (keep.empty()) {
+      std::string tmpl = (std::filesystem::temp_directory_path() / "copse-plan-XXXXXX").string();
+      if (!::mkdtemp(tmpl.data())) return Status::IOError("cannot make a directory for the profiling run under /tmp");
+      w->path = tmpl;
+      w->temporary = true;
+    } else if (w->path = keep; std::filesystem::create_directories(w->path, ec), ec) {
+      return Status::IOError("--keep " + keep + ": " + ec.message());
     }
-  } temporary;
-  std::error_code ec;
-  std::filesystem::path dir = f.keep_dir;
-  if (dir.empty()) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "copse-plan-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) return Status::IOError("cannot make a directory for the profiling run under /tmp");
-    dir = temporary.dir = tmpl;
-  } else if (std::filesystem::create_directories(dir, ec); ec) {
-    return Status::IOError("--keep " + dir.string() + ": " + ec.message());
+    return w;
   }
-  const std::string job_file = (dir / "profile.json").string();
+  ~WorkDir() {
+    std::error_code ignored;
+    if (temporary) std::filesystem::remove_all(path, ignored);
+  }
+  std::filesystem::path path;
+
+ private:
+  WorkDir() = default;
+  bool temporary = false;
+};
+
+/// Runs `job` (named `name` in `dir`) with `copse run` on a local cluster of f.daemons daemons;
+/// its outputs go to dir/name-out. `env` is added to the cluster's environment.
+Status RunLocally(const PlanFlags& f, const Json& job, const std::filesystem::path& dir, const std::string& name,
+                  const std::map<std::string, std::string>& env) {
+  const std::string job_file = (dir / (name + ".json")).string();
   if (WriteJobFile(job, job_file, "copse plan") != 0) return Status::IOError("cannot write " + job_file);
-  std::cerr << "copse plan: profiling " << f.graph.o.model << " on " << f.daemons << " local daemon(s)…\n";
-  const std::string log = (dir / "profile.log").string();
+  const std::string log = (dir / (name + ".log")).string();
   std::vector<std::string> args = {"run",       job_file,
                                    "--daemons", std::to_string(f.daemons),
                                    "--cpus",    std::to_string(f.graph.o.daemon_cpus),
-                                   "--output",  (dir / "out").string(),
+                                   "--output",  (dir / (name + "-out")).string(),
                                    "-o",        "json"};
-  if (!f.keep_dir.empty()) args.insert(args.end(), {"--keep", (dir / "cluster").string()});
-  COPSE_ASSIGN_OR_RETURN(const pid_t pid, SpawnSelf(args, {}, log));
+  if (!f.keep_dir.empty()) args.insert(args.end(), {"--keep", (dir / (name + "-cluster")).string()});
+  COPSE_ASSIGN_OR_RETURN(const pid_t pid, SpawnSelf(args, env, log));
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::ifstream in(log);
-    std::stringstream text;
-    text << in.rdbuf();
-    std::string tail = text.str();
-    if (tail.size() > 4000) tail = tail.substr(tail.size() - 4000);
-    return Status::Internal("the profiling job failed (copse run " + job_file + "):\n" + tail);
-  }
-  COPSE_ASSIGN_OR_RETURN(Json costs, ReadJsonFile((dir / "out" / "costs.json").string()));
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::OK();
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string tail = text.str();
+  if (tail.size() > 4000) tail = tail.substr(tail.size() - 4000);
+  return Status::Internal("the " + name + " job failed (copse run " + job_file + "):\n" + tail);
+}
+
+/// Runs the profiling job and returns its costs.json.
+Result<ml::CostTable> ProfileLocally(const PlanFlags& f, const Json& job, const std::filesystem::path& dir) {
+  std::cerr << "copse plan: profiling " << f.graph.o.model << " on " << f.daemons << " local daemon(s)…\n";
+  COPSE_RETURN_NOT_OK(RunLocally(f, job, dir, "profile", {}));
+  COPSE_ASSIGN_OR_RETURN(Json costs, ReadJsonFile((dir / "profile-out" / "costs.json").string()));
   return ml::CostTableFromJson(costs);
+}
+
+/// "fwd1[12]" -> ("fwd1", 12); nullopt for another shape.
+std::optional<std::pair<std::string, int64_t>> VertexName(const std::string& name) {
+  const size_t open = name.find('[');
+  if (open == std::string::npos || name.back() != ']') return std::nullopt;
+  try {
+    return std::make_pair(name.substr(0, open), std::stoll(name.substr(open + 1)));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+/// Calibrates `table` (ml::Calibrate) on short real training runs on the local cluster: one
+/// data-parallel worker, and a 2-stage 1F1B pipeline of (up to) 4 micro-batches where there are
+/// 2 daemons and 2 layers; 4 steps each, the first left out; each vertex timed by the programs
+/// themselves (COPSE_ML_TRACE).
+Status CalibrateLocally(const PlanFlags& f, ml::CostTable& table, const std::filesystem::path& dir) {
+  std::cerr << "copse plan: calibrating on short training runs…\n";
+  const int layers = static_cast<int>(table.layers.size());
+  const double optimizer = table.optimizer_per_parameter * static_cast<double>(table.Parameters(0, layers));
+  std::vector<ml::VertexSample> samples;
+  for (const std::string kind : {"data-parallel", "pipeline"}) {
+    ml::GraphOptions o = f.graph.o;
+    o.kind = kind;
+    o.steps = 4;
+    o.limit = o.batch * 4;
+    o.test_limit = 64;
+    o.checkpoint_every = 0;
+    o.name = "calibrate-" + kind;
+    int microbatches = 1;
+    for (int m : {4, 2}) {
+      if (o.batch % m == 0 && table.layers.front().at.count(o.batch / m)) {
+        microbatches = m;
+        break;
+      }
+    }
+    const int64_t mb = o.batch / microbatches;
+    if (kind == "pipeline") {
+      if (f.daemons < 2 || layers < 2) continue;
+      o.stages = 2;
+      o.microbatches = microbatches;
+      o.schedule = "1f1b";
+      o.split = ml::BestSplit(table, 2, microbatches, mb);
+    } else {
+      o.workers = 1;
+      o.reducer = "ps";
+    }
+    COPSE_ASSIGN_OR_RETURN(Json job, ml::GenerateTrainingGraph(o));
+    const std::string trace = (dir / (o.name + "-trace.txt")).string();
+    std::error_code ignored;
+    std::filesystem::remove(trace, ignored);
+    COPSE_RETURN_NOT_OK(RunLocally(f, job, dir, o.name, {{"COPSE_ML_TRACE", trace}}));
+    std::ifstream in(trace);
+    std::string name;
+    int64_t start = 0, end = 0, pid = 0;
+    while (in >> name >> start >> end >> pid) {
+      const auto v = VertexName(name);
+      if (!v) continue;
+      const auto& [stage, index] = *v;
+      const double measured = static_cast<double>(end - start) / 1e6;
+      using K = ml::VertexSample::Kind;
+      if (kind == "pipeline") {
+        const int s = stage.size() == 4 ? stage[3] - '0' : -1;
+        if (s < 0 || s > 1) continue;
+        const auto t =
+            ml::StageVertexTimes(table, o.split[static_cast<size_t>(s)], o.split[static_cast<size_t>(s) + 1], mb, microbatches);
+        const std::string what = stage.substr(0, 3);
+        if (what == "upd" && index >= 1) samples.push_back({K::kStageUpdate, t.update, measured});
+        if (what == "fwd" && index >= microbatches) samples.push_back({K::kStage, t.forward, measured});
+        if (what == "bwd" && index >= microbatches) samples.push_back({K::kStage, t.backward, measured});
+      } else if (index >= 1) {
+        const auto t = ml::StageVertexTimes(table, 0, layers, o.batch, 1);
+        if (stage == "grad0") samples.push_back({K::kGradient, t.gradient, measured});
+        if (stage == "ps") samples.push_back({K::kServerUpdate, optimizer, measured});
+      }
+    }
+  }
+  return ml::Calibrate(table, samples);
 }
 
 std::string Memory(const std::vector<int64_t>& bytes) {
@@ -165,9 +262,15 @@ int RunPlan(PlanFlags& f) {
       return 1;
     }
   } else {
-    table = ProfileLocally(f, *profile_job);
-    if (!table.ok()) {
-      std::fprintf(stderr, "%s: %s\n", me, table.status().message().c_str());
+    auto dir = WorkDir::Make(f.keep_dir);
+    if (!dir.ok()) {
+      std::fprintf(stderr, "%s: %s\n", me, dir.status().message().c_str());
+      return 1;
+    }
+    table = ProfileLocally(f, *profile_job, (*dir)->path);
+    Status calibrated = table.ok() && f.calibrate ? CalibrateLocally(f, *table, (*dir)->path) : Status::OK();
+    if (!table.ok() || !calibrated.ok()) {
+      std::fprintf(stderr, "%s: %s\n", me, (table.ok() ? calibrated : table.status()).message().c_str());
       return 1;
     }
     if (!f.save_costs.empty()) {
@@ -192,6 +295,13 @@ int RunPlan(PlanFlags& f) {
         "{}, batch {}, {} daemon(s) of {} MiB; vertex gap {:.0f} us, hop across daemons {:.0f} us, {:.0f} MB/s{}\n", table->model,
         request.batch, request.daemons, memory_mb, l.gap * 1e6, l.hop * 1e6, l.bytes_per_s / 1e6,
         l.measured ? "" : " (not measured: defaults)");
+    if (table->calibrated) {
+      std::cout << fmt::format(
+          "beyond its layers' passes a vertex adds (calibrated): {:.0f} us a pipeline forward or backward, {:.0f} us its "
+          "update, {:.0f} us a data-parallel gradient, {:.0f} us its parameter server\n",
+          table->vertex_overhead * 1e6, table->update_overhead * 1e6, table->gradient_overhead * 1e6,
+          table->server_overhead * 1e6);
+    }
     std::cout << fmt::format("  {:<40} {:>9} {:>10} {:>7}  {}\n", "layout", "step ms", "images/s", "bubble", "MiB per daemon");
     for (size_t i = 0; i < plan->candidates.size(); ++i) {
       const auto& c = plan->candidates[i];
@@ -252,6 +362,8 @@ void AddPlanCommand(CLI::App& app) {
   cmd->add_option("--repeats", f->repeats, "Timed runs of each layer pass (their median counts)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  cmd->add_flag("!--no-calibrate", f->calibrate,
+                "Skip the short training run that measures what a training vertex costs beyond its layers");
   cmd->add_option("-o,--format", f->format, "text or json (every candidate, the chosen one and the cost table)")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->callback([f] { ExitCode() = RunPlan(*f); });

@@ -217,6 +217,12 @@ Json ToJson(const CostTable& t) {
       {"layers", std::move(layers)},
       {"link", {{"gap", t.link.gap}, {"hop", t.link.hop}, {"bytes_per_s", t.link.bytes_per_s}, {"measured", t.link.measured}}}};
   if (!t.measured_on.empty()) out["measured_on"] = t.measured_on;
+  if (t.calibrated) {
+    out["calibration"] = {{"vertex_overhead", t.vertex_overhead},
+                          {"update_overhead", t.update_overhead},
+                          {"gradient_overhead", t.gradient_overhead},
+                          {"server_overhead", t.server_overhead}};
+  }
   return out;
 }
 
@@ -304,6 +310,15 @@ Result<CostTable> CostTableFromJson(const Json& j) {
       return Status::InvalidArgument("/link/bytes_per_s: expected a number above 0");
     t.link.bytes_per_s = lj["bytes_per_s"].get<double>();
     t.link.measured = lj.value("measured", false);
+  }
+  if (j.contains("calibration")) {
+    const Json& cj = j["calibration"];
+    COPSE_RETURN_NOT_OK(r.Object(cj, "/calibration"));
+    COPSE_ASSIGN_OR_RETURN(t.vertex_overhead, r.Seconds(cj, "vertex_overhead", "/calibration"));
+    COPSE_ASSIGN_OR_RETURN(t.update_overhead, r.Seconds(cj, "update_overhead", "/calibration"));
+    COPSE_ASSIGN_OR_RETURN(t.gradient_overhead, r.Seconds(cj, "gradient_overhead", "/calibration"));
+    COPSE_ASSIGN_OR_RETURN(t.server_overhead, r.Seconds(cj, "server_overhead", "/calibration"));
+    t.calibrated = true;
   }
   if (t.MicrobatchSizes().empty()) return Status::InvalidArgument("/layers: no micro-batch size was measured for every layer");
   return t;

@@ -62,6 +62,12 @@ struct CostTable {
   double gradient_sum_per_parameter = 0;
   std::string optimizer = "sgd";
   LinkCost link;
+  // What a training vertex costs beyond its layers' passes (reading its inputs, leasing its
+  // model, writing its messages, loading a batch), from short calibration runs of real training
+  // vertices (Calibrate, ml/planner.h): per pipeline forward or backward, pipeline update,
+  // data-parallel gradient vertex and parameter-server update. 0 until calibrated.
+  double vertex_overhead = 0, update_overhead = 0, gradient_overhead = 0, server_overhead = 0;
+  bool calibrated = false;
   std::string measured_on;  // the daemon, or "" when unknown
 
   /// Sizes every layer was measured at, ascending.

@@ -79,7 +79,9 @@ class CostModel {
       c.parameters += t_.layers[l].parameters;
       c.stash_bytes_per_sample += t_.layers[l].stash_bytes_per_sample;
     }
-    c.update = weight_grads + t_.optimizer_per_parameter * static_cast<double>(c.parameters);
+    c.update = weight_grads + t_.optimizer_per_parameter * static_cast<double>(c.parameters) + t_.update_overhead;
+    c.forward += t_.vertex_overhead;
+    c.backward += t_.vertex_overhead;
     c.boundary_bytes = static_cast<double>(t_.layers[static_cast<size_t>(end - 1)].out_bytes_per_sample * mb);
     return c;
   }
@@ -222,7 +224,9 @@ Result<Prediction> CostModel::DataParallel(const Layout& l) const {
   }
   const int64_t parameters = t_.Parameters(0, static_cast<int>(t_.layers.size()));
   const double gradient_bytes = 4.0 * static_cast<double>(parameters);
-  const double update = (t_.optimizer_per_parameter + (D - 1) * t_.gradient_sum_per_parameter) * static_cast<double>(parameters);
+  compute += t_.gradient_overhead;
+  const double update = (t_.optimizer_per_parameter + (D - 1) * t_.gradient_sum_per_parameter) * static_cast<double>(parameters) +
+                        t_.server_overhead;
   // Workers beside the update hand over in memory; the others' gradients cross to it one after
   // another, and the new parameters back to them in parallel.
   const int local = std::min(D, std::max(1, r_.slots_per_daemon));
@@ -269,6 +273,39 @@ int64_t Splits(int layers, int stages) {  // C(layers - 1, stages - 1), saturati
 }
 
 }  // namespace
+
+VertexTimes StageVertexTimes(const CostTable& table, int begin, int end, int64_t mb, int microbatches) {
+  CostTable bare = table;  // the layers' passes alone, whatever an earlier calibration added
+  bare.vertex_overhead = bare.update_overhead = bare.gradient_overhead = bare.server_overhead = 0;
+  const PlanRequest request;
+  const CostModel model(bare, request);
+  const StageCost c = model.Stage(begin, end, mb, microbatches);
+  VertexTimes v{c.forward, c.backward, c.update, c.forward};
+  for (int i = begin; i < end; ++i) v.gradient += model.Backward(i, mb, /*input_only=*/false);
+  return v;
+}
+
+Status Calibrate(CostTable& table, const std::vector<VertexSample>& samples) {
+  std::vector<double> excess[4];
+  for (const VertexSample& s : samples) excess[s.kind].push_back(s.measured - s.predicted);
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return std::max(0.0, n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
+  };
+  auto& stage = excess[VertexSample::kStage];
+  auto& stage_update = excess[VertexSample::kStageUpdate];
+  auto& gradient = excess[VertexSample::kGradient];
+  auto& server = excess[VertexSample::kServerUpdate];
+  if ((stage.empty() && gradient.empty()) || (stage_update.empty() && server.empty()))
+    return Status::InvalidArgument("calibration: the run timed no compute vertex or no update");
+  table.vertex_overhead = median(stage.empty() ? gradient : stage);
+  table.update_overhead = median(stage_update.empty() ? server : stage_update);
+  table.gradient_overhead = gradient.empty() ? table.vertex_overhead : median(gradient);
+  table.server_overhead = server.empty() ? table.update_overhead : median(server);
+  table.calibrated = true;
+  return Status::OK();
+}
 
 std::string Layout::Describe() const {
   if (kind != "pipeline") return fmt::format("data-parallel {}", degree);

@@ -29,6 +29,9 @@
 // The first stage's (and a worker's) backward computes no dL/dx for the model's first layer with
 // parameters, and none at all for the layers before it, as Sequential's backward does.
 //
+// Calibration (Calibrate): what a real training vertex takes beyond its layers' passes is added
+// to every vertex (and to every update), measured on a short run of real vertices.
+//
 // Memory per daemon: parameters, their gradients, a new copy written by the update and the
 // optimizer state (1 tensor per parameter for SGD with momentum, 2 for Adam), plus the stashes
 // the step keeps: a pipeline stage keeps all M micro-batches' until its update (batched weight
@@ -92,6 +95,24 @@ Result<Prediction> Predict(const CostTable& table, const Layout& layout, const P
 std::vector<int> BestSplit(const CostTable& table, int stages, int microbatches, int64_t microbatch_size);
 /// That objective for one split (for tests and brute force).
 double SplitObjective(const CostTable& table, const std::vector<int>& split, int microbatches, int64_t microbatch_size);
+
+/// What the planner expects one vertex to take, without calibration: a pipeline stage's forward,
+/// backward and update (layers [begin, end) at micro-batch size `mb`, M a step), and a
+/// data-parallel gradient vertex over those layers (forward and full backward).
+struct VertexTimes {
+  double forward = 0, backward = 0, update = 0, gradient = 0;
+};
+VertexTimes StageVertexTimes(const CostTable& table, int begin, int end, int64_t mb, int microbatches);
+
+/// One vertex of a calibration run: what the cost table predicted for it and how long it ran.
+struct VertexSample {
+  enum Kind { kStage, kStageUpdate, kGradient, kServerUpdate } kind;  // fwd/bwd, upd, grad, ps
+  double predicted = 0, measured = 0;
+};
+/// Sets the table's overheads to the median excess of the measured over the predicted durations
+/// of each kind (never below 0; a kind without samples takes its pipeline counterpart's), and
+/// table.calibrated. InvalidArgument when `samples` has no compute vertex or no update.
+Status Calibrate(CostTable& table, const std::vector<VertexSample>& samples);
 
 /// Above this many splits, a pipeline's split is BestSplit's instead of the best of all replayed.
 inline constexpr int64_t kExhaustiveSplits = 2000;

@@ -241,6 +241,36 @@ TEST_CASE("CostTable.RoundTripsAndNamesTheBadField") {
   CHECK(!CostTableFromJson(copse::Json::array()).ok());
 }
 
+TEST_CASE("Planner.CalibrationAddsWhatRealVerticesTookBeyondTheLayers") {
+  CostTable t = Synthetic(4, 2);
+  PlanRequest r;
+  r.batch = 128;
+  const Layout pipeline{"pipeline", 2, 4, "1f1b", {0, 2, 4}};
+  const auto before = Predict(t, pipeline, r);
+  const VertexTimes v = StageVertexTimes(t, 0, 2, 32, 4);
+  using K = VertexSample::Kind;
+  // Forwards and backwards took 100 us more than their layers (one outlier), updates 1 ms more.
+  std::vector<VertexSample> samples = {{K::kStage, v.forward, v.forward + 1e-4},
+                                       {K::kStage, v.backward, v.backward + 1e-4},
+                                       {K::kStage, v.forward, v.forward + 5e-2},
+                                       {K::kStageUpdate, v.update, v.update + 1e-3}};
+  REQUIRE(Calibrate(t, samples).ok());
+  CHECK(t.calibrated);
+  CHECK(t.vertex_overhead == doctest::Approx(1e-4));
+  CHECK(t.update_overhead == doctest::Approx(1e-3));
+  CHECK(t.gradient_overhead == doctest::Approx(1e-4));  // no data-parallel samples: the pipeline's
+  CHECK(t.server_overhead == doctest::Approx(1e-3));
+  // The prediction grows by them; StageVertexTimes stays the layers' own.
+  const auto after = Predict(t, pipeline, r);
+  CHECK(after->step_s > before->step_s + 8 * 1e-4);
+  CHECK(StageVertexTimes(t, 0, 2, 32, 4).forward == doctest::Approx(v.forward));
+  // Round trip, and a run that timed no update calibrates nothing.
+  CHECK(CostTableFromJson(ToJson(t))->server_overhead == doctest::Approx(1e-3));
+  CostTable fresh = Synthetic(4, 2);
+  CHECK(!Calibrate(fresh, {{K::kStage, 1e-3, 2e-3}}).ok());
+  CHECK_FALSE(fresh.calibrated);
+}
+
 TEST_CASE("CostTable.MeasuredOnARealModel") {
   ProfileOptions o;
   o.model = "mlp:784-32-10";
