@@ -56,6 +56,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--daemons", type=int, default=2)
     ap.add_argument("--top", type=int, default=4, help="candidates run besides the chosen one and data-parallel 1")
+    ap.add_argument("--cpus", type=int, default=2, help="a daemon's slots, and copse train's threads")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="plan-bench-")
     common = ["--model", a.model, "--batch", str(a.batch), "--steps", str(a.steps)]
@@ -70,7 +71,11 @@ def main():
     single = next(c for c in fits if c["kind"] == "data-parallel" and c["degree"] == 1)
     runs = [chosen] + [c for c in fits[1:1 + a.top] if c is not single] + [single]
     measured = {c["layout"]: [] for c in runs}
+    single_process = []  # copse train: one process with every core a daemon has
     for r in range(a.rounds):
+        out = run([a.copse, "train", "--model", a.model, "--batch", str(a.batch), "--steps", str(a.steps),
+                   "--threads", str(a.cpus), "-o", "json"])
+        single_process.append(json.loads(out.stdout)["images_per_s"])
         order = runs if r % 2 == 0 else list(reversed(runs))
         for c in order:
             job = os.path.join(work, "job.json")
@@ -87,6 +92,12 @@ def main():
               + ("   <- chosen" if c is chosen else ""))
     ratio = statistics.median(measured[single["layout"]]) / statistics.median(measured[chosen["layout"]])
     print(f"chosen plan vs data-parallel 1 (one worker, same runs), steady steps: {ratio:.2f}x")
+    train = statistics.median(single_process)
+    print(f"copse train (one process, {a.cpus} threads): {train:.0f} images/s (median of {a.rounds})")
+    for c in runs:
+        images = a.batch / statistics.median(measured[c["layout"]]) * 1e3
+        if c is chosen or (c["kind"] == "pipeline" and c is next(x for x in runs if x["kind"] == "pipeline")):
+            print(f"  {c['layout']}: {images / train:.2f}x copse train")
 
 
 if __name__ == "__main__":
