@@ -217,6 +217,7 @@ Json PlanJson(const ml::Plan& plan, const ml::PlanRequest& request) {
     if (c.layout.kind == "pipeline") {
       j["microbatches"] = c.layout.microbatches;
       j["schedule"] = c.layout.schedule;
+      if (c.layout.schedule == "interleaved") j["virtual_stages"] = c.layout.virtual_stages;
       j["split"] = c.layout.split;
       j["bubble"] = c.prediction.bubble;
     }
@@ -302,12 +303,15 @@ int RunPlan(PlanFlags& f) {
           table->vertex_overhead * 1e6, table->update_overhead * 1e6, table->gradient_overhead * 1e6,
           table->server_overhead * 1e6);
     }
-    std::cout << fmt::format("  {:<40} {:>9} {:>10} {:>7}  {}\n", "layout", "step ms", "images/s", "bubble", "MiB per daemon");
+    size_t width = 6;
+    for (const auto& c : plan->candidates) width = std::max(width, c.layout.Describe().size());
+    std::cout << fmt::format("  {:<{}} {:>9} {:>10} {:>7}  {}\n", "layout", width, "step ms", "images/s", "bubble",
+                             "MiB per daemon");
     for (size_t i = 0; i < plan->candidates.size(); ++i) {
       const auto& c = plan->candidates[i];
       const std::string bubble = c.layout.kind == "pipeline" ? fmt::format("{:.1f} %", 100 * c.prediction.bubble) : "";
       std::cout << fmt::format(
-          "{} {:<40} {:>9.2f} {:>10.0f} {:>7}  {}{}\n", static_cast<int>(i) == plan->best ? "*" : " ", c.layout.Describe(),
+          "{} {:<{}} {:>9.2f} {:>10.0f} {:>7}  {}{}\n", static_cast<int>(i) == plan->best ? "*" : " ", c.layout.Describe(), width,
           c.prediction.step_s * 1e3, static_cast<double>(request.batch) / c.prediction.step_s, bubble,
           Memory(c.prediction.memory_bytes), c.prediction.fits ? "" : "  (does not fit: " + c.prediction.why_not + ")");
     }
@@ -323,6 +327,7 @@ int RunPlan(PlanFlags& f) {
     o.stages = best.layout.degree;
     o.microbatches = best.layout.microbatches;
     o.schedule = best.layout.schedule;
+    o.virtual_stages = best.layout.virtual_stages;
     o.split = best.layout.split;
   } else {
     o.workers = best.layout.degree;

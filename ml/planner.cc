@@ -116,97 +116,112 @@ void CostModel::CheckMemory(Prediction& p, const char* what) const {
 }
 
 Result<Prediction> CostModel::Pipeline(const Layout& l) const {
-  const int P = l.degree, M = l.microbatches;
+  // P daemons of V model chunks each (V > 1: interleaved 1F1B): virtual stage k * P + d is chunk
+  // k of daemon d, as the generator places them.
+  const int P = l.degree, V = l.schedule == "interleaved" ? l.virtual_stages : 1, M = l.microbatches;
+  const int S = P * V;
   const int64_t mb = r_.batch / M;
   std::vector<StageCost> stage;
-  for (int s = 0; s < P; ++s) stage.push_back(Stage(l.split[static_cast<size_t>(s)], l.split[static_cast<size_t>(s) + 1], mb, M));
+  for (int s = 0; s < S; ++s) stage.push_back(Stage(l.split[static_cast<size_t>(s)], l.split[static_cast<size_t>(s) + 1], mb, M));
   // Each daemon's vertices in order over kSteps steps: its schedule's forwards and backwards,
-  // then its update.
+  // then its chunks' updates.
   constexpr int kSteps = 3;
   struct Op {
     char kind;  // F, B, U
-    int step, microbatch;
+    int step, stage, microbatch;
   };
   std::vector<std::vector<Op>> order(static_cast<size_t>(P));
-  for (int s = 0; s < P; ++s) {
+  for (int d = 0; d < P; ++d) {
     for (int k = 0; k < kSteps; ++k) {
-      for (const auto& [kind, m] : ScheduleOrder(l.schedule, s, P, M)) order[static_cast<size_t>(s)].push_back({kind, k, m});
-      order[static_cast<size_t>(s)].push_back({'U', k, 0});
+      if (V > 1) {
+        for (const ChunkOp& op : InterleavedOrder(d, P, V, M))
+          order[static_cast<size_t>(d)].push_back({op.kind, k, op.chunk * P + d, op.microbatch});
+      } else {
+        for (const auto& [kind, m] : ScheduleOrder(l.schedule, d, P, M)) order[static_cast<size_t>(d)].push_back({kind, k, d, m});
+      }
+      for (int c = 0; c < V; ++c) order[static_cast<size_t>(d)].push_back({'U', k, c * P + d, 0});
     }
   }
-  auto index = [&](int k, int s, int m) { return (static_cast<size_t>(k) * P + s) * M + m; };
-  std::vector<double> f_start(static_cast<size_t>(kSteps * P * M), -1), f_end(f_start.size(), -1), b_end(f_start.size(), -1);
-  std::vector<double> b_start(f_start.size(), -1), u_end(static_cast<size_t>(kSteps * P), -1);
+  auto index = [&](int k, int s, int m) { return (static_cast<size_t>(k) * S + s) * M + m; };
+  std::vector<double> f_start(static_cast<size_t>(kSteps * S * M), -1), f_end(f_start.size(), -1), b_end(f_start.size(), -1);
+  std::vector<double> u_end(static_cast<size_t>(kSteps * S), -1);
   std::vector<size_t> next(static_cast<size_t>(P), 0);
   std::vector<double> free_at(static_cast<size_t>(P), 0);
   std::vector<bool> started(static_cast<size_t>(P), false);
   for (bool progress = true; progress;) {
     progress = false;
-    for (int s = 0; s < P; ++s) {
-      const size_t d = static_cast<size_t>(s);
-      while (next[d] < order[d].size()) {
-        const Op op = order[d][next[d]];
-        double ready = started[d] ? free_at[d] + Gap() : 0;
+    for (int d = 0; d < P; ++d) {
+      const size_t dev = static_cast<size_t>(d);
+      while (next[dev] < order[dev].size()) {
+        const Op op = order[dev][next[dev]];
+        const size_t s = static_cast<size_t>(op.stage);
+        double ready = started[dev] ? free_at[dev] + Gap() : 0;
         double duration = 0;
         if (op.kind == 'F') {
-          if (s > 0) {
-            const double dep = f_end[index(op.step, s - 1, op.microbatch)];
+          if (op.stage > 0) {
+            const double dep = f_end[index(op.step, op.stage - 1, op.microbatch)];
             if (dep < 0) break;
-            ready = std::max(ready, dep + Transfer(stage[d - 1].boundary_bytes));
+            ready = std::max(ready, dep + Transfer(stage[s - 1].boundary_bytes));
           }
-          duration = stage[d].forward;
+          duration = stage[s].forward;
         } else if (op.kind == 'B') {
-          if (s + 1 < P) {
-            const double dep = b_end[index(op.step, s + 1, op.microbatch)];
+          if (op.stage + 1 < S) {
+            const double dep = b_end[index(op.step, op.stage + 1, op.microbatch)];
             if (dep < 0) break;
-            ready = std::max(ready, dep + Transfer(stage[d].boundary_bytes));
-          } else if (f_end[index(op.step, s, op.microbatch)] < 0) {
+            ready = std::max(ready, dep + Transfer(stage[s].boundary_bytes));
+          } else if (f_end[index(op.step, op.stage, op.microbatch)] < 0) {
             return Status::Internal("planner: schedule " + l.schedule + " runs a backward before its forward");
           }
-          duration = stage[d].backward;
+          duration = stage[s].backward;
         } else {
-          duration = stage[d].update;
+          duration = stage[s].update;
         }
         const double end = ready + duration;
-        if (op.kind == 'F') f_start[index(op.step, s, op.microbatch)] = ready, f_end[index(op.step, s, op.microbatch)] = end;
-        if (op.kind == 'B') b_start[index(op.step, s, op.microbatch)] = ready, b_end[index(op.step, s, op.microbatch)] = end;
-        if (op.kind == 'U') u_end[static_cast<size_t>(op.step * P + s)] = end;
-        free_at[d] = end;
-        started[d] = true;
-        ++next[d];
+        if (op.kind == 'F')
+          f_start[index(op.step, op.stage, op.microbatch)] = ready, f_end[index(op.step, op.stage, op.microbatch)] = end;
+        if (op.kind == 'B') b_end[index(op.step, op.stage, op.microbatch)] = end;
+        if (op.kind == 'U') u_end[static_cast<size_t>(op.step * S + op.stage)] = end;
+        free_at[dev] = end;
+        started[dev] = true;
+        ++next[dev];
         progress = true;
       }
     }
   }
-  for (int s = 0; s < P; ++s) {
-    if (next[static_cast<size_t>(s)] != order[static_cast<size_t>(s)].size())
+  for (int d = 0; d < P; ++d) {
+    if (next[static_cast<size_t>(d)] != order[static_cast<size_t>(d)].size())
       return Status::Internal("planner: schedule " + l.schedule + " deadlocks in the replay");
   }
   auto step_end = [&](int k) {
     double e = 0;
-    for (int s = 0; s < P; ++s) e = std::max(e, u_end[static_cast<size_t>(k * P + s)]);
+    for (int s = 0; s < S; ++s) e = std::max(e, u_end[static_cast<size_t>(k * S + s)]);
     return e;
   };
   Prediction p;
   p.step_s = step_end(kSteps - 1) - step_end(kSteps - 2);
-  // The last step's bubble, as MeasuredBubble takes it.
+  // The last step's bubble, as MeasuredBubble takes it: per daemon, over its chunks.
   const int k = kSteps - 1;
   double first = kNever, last = 0;
-  std::vector<double> busy(static_cast<size_t>(P), 0);
-  for (int s = 0; s < P; ++s) {
+  std::vector<double> busy(static_cast<size_t>(P), 0), updates(static_cast<size_t>(P), 0);
+  std::vector<int64_t> parameters(static_cast<size_t>(P), 0), stash(static_cast<size_t>(P), 0);
+  for (int s = 0; s < S; ++s) {
+    const size_t d = static_cast<size_t>(s % P);
     for (int m = 0; m < M; ++m) {
       first = std::min(first, f_start[index(k, s, m)]);
       last = std::max(last, b_end[index(k, s, m)]);
-      busy[static_cast<size_t>(s)] += stage[static_cast<size_t>(s)].forward + stage[static_cast<size_t>(s)].backward;
+      busy[d] += stage[static_cast<size_t>(s)].forward + stage[static_cast<size_t>(s)].backward;
     }
+    updates[d] += stage[static_cast<size_t>(s)].update;
+    parameters[d] += stage[static_cast<size_t>(s)].parameters;
+    stash[d] += stage[static_cast<size_t>(s)].stash_bytes_per_sample;
   }
   double idle = 0;
-  for (int s = 0; s < P; ++s) {
-    idle += last > first ? 1 - busy[static_cast<size_t>(s)] / (last - first) : 0;
-    p.stage_busy_s.push_back(busy[static_cast<size_t>(s)] + stage[static_cast<size_t>(s)].update);
+  for (int d = 0; d < P; ++d) {
+    const size_t i = static_cast<size_t>(d);
+    idle += last > first ? 1 - busy[i] / (last - first) : 0;
+    p.stage_busy_s.push_back(busy[i] + updates[i]);
     // Every micro-batch's stash waits for the update (batched weight gradients).
-    p.memory_bytes.push_back(ParameterBytes(stage[static_cast<size_t>(s)].parameters) +
-                             stage[static_cast<size_t>(s)].stash_bytes_per_sample * r_.batch);
+    p.memory_bytes.push_back(ParameterBytes(parameters[i]) + stash[i] * r_.batch);
   }
   p.bubble = idle / P;
   CheckMemory(p, "stage");
@@ -309,7 +324,8 @@ Status Calibrate(CostTable& table, const std::vector<VertexSample>& samples) {
 
 std::string Layout::Describe() const {
   if (kind != "pipeline") return fmt::format("data-parallel {}", degree);
-  return fmt::format("pipeline {} {} M={} split {}", degree, schedule, microbatches, fmt::join(split, ","));
+  const std::string chunks = schedule == "interleaved" ? fmt::format(" V={}", virtual_stages) : "";
+  return fmt::format("pipeline {} {}{} M={} split {}", degree, schedule, chunks, microbatches, fmt::join(split, ","));
 }
 
 double SplitObjective(const CostTable& table, const std::vector<int>& split, int microbatches, int64_t microbatch_size) {
@@ -390,7 +406,11 @@ Result<Prediction> Predict(const CostTable& table, const Layout& layout, const P
         fmt::format("{}: the cost table has no times at micro-batch size {}", layout.Describe(), size));
   if (layout.kind == "pipeline") {
     const int n = static_cast<int>(table.layers.size());
-    if (static_cast<int>(layout.split.size()) != layout.degree + 1 || layout.split.front() != 0 || layout.split.back() != n ||
+    const int chunks = layout.schedule == "interleaved" ? layout.virtual_stages : 1;
+    if (chunks < 1 || (chunks > 1 && layout.microbatches % layout.degree))
+      return Status::InvalidArgument(layout.Describe() + ": interleaved takes micro-batches a multiple of the stages");
+    if (static_cast<int>(layout.split.size()) != layout.degree * chunks + 1 || layout.split.front() != 0 ||
+        layout.split.back() != n ||
         std::adjacent_find(layout.split.begin(), layout.split.end(), std::greater_equal<int>()) != layout.split.end())
       return Status::InvalidArgument(layout.Describe() + ": not a split of " + std::to_string(n) + " layers");
     return model.Pipeline(layout);
@@ -420,11 +440,16 @@ Result<Plan> MakePlan(const CostTable& table, const PlanRequest& request) {
       if (request.batch % m || !model.Measured(request.batch / m)) continue;
       for (const std::string& schedule : request.schedules) {
         Layout l{"pipeline", stages, m, schedule, {}};
-        if (Splits(n, stages) <= kExhaustiveSplits) {
+        if (schedule == "interleaved") {
+          l.virtual_stages = request.virtual_stages;
+          if (m % stages || stages * l.virtual_stages > n) continue;
+        }
+        const int virtual_stages = stages * (schedule == "interleaved" ? l.virtual_stages : 1);
+        if (Splits(n, virtual_stages) <= kExhaustiveSplits) {
           // Few splits: replay every one and keep the fastest (the first of equals) that fits.
           std::optional<Candidate> fastest;
           Status failed;
-          ForEachSplit(n, stages, [&](const std::vector<int>& split) {
+          ForEachSplit(n, virtual_stages, [&](const std::vector<int>& split) {
             l.split = split;
             auto p = Predict(table, l, request);
             if (!p.ok()) {
@@ -439,7 +464,7 @@ Result<Plan> MakePlan(const CostTable& table, const PlanRequest& request) {
           COPSE_RETURN_NOT_OK(failed);
           plan.candidates.push_back(std::move(*fastest));
         } else {
-          l.split = BestSplit(table, stages, m, request.batch / m);
+          l.split = BestSplit(table, virtual_stages, m, request.batch / m);
           COPSE_RETURN_NOT_OK(add(l));
         }
       }

@@ -1,11 +1,12 @@
 #pragma once
 // The parallel-layout planner behind `copse plan`: from a measured CostTable
 // (ml/layer_profile.h), the step time, bubble and memory per daemon of every layout it weighs —
-// data-parallel with 1, 2, 4, ... workers, and pipelines of 2..daemons stages with GPipe or
-// 1F1B schedules over 1, 2, 4, ... micro-batches — and the fastest layout that fits. Pure
+// data-parallel with 1, 2, 4, ... workers, and pipelines of 2..daemons stages with GPipe, 1F1B
+// or interleaved 1F1B (V model chunks a daemon) schedules over 1, 2, 4, ... micro-batches — and
+// the fastest layout that fits. Pure
 // computation: no clock, no I/O; deterministic for a given table.
 //
-// Step time of a pipeline: a replay of its schedule (ScheduleOrder, ml/graph_gen.h) with the
+// Step time of a pipeline: a replay of its schedule (ScheduleOrder, InterleavedOrder) with the
 // measured costs: a stage's forward (every layer's forward at the micro-batch size) and backward
 // (dL/dx only: the weight gradients of every micro-batch are one product in the stage's update,
 // the generator's default) each start once the vertex before it on the daemon ended plus one
@@ -50,7 +51,8 @@ struct PlanRequest {
   int daemons = 2;                // daemons the job may use
   int slots_per_daemon = 2;       // compute vertices a daemon runs at once (its cpus / --threads)
   int64_t memory_per_daemon = 0;  // bytes a daemon offers (0: unbounded)
-  std::vector<std::string> schedules = {"gpipe", "1f1b"};
+  std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved"};
+  int virtual_stages = 2;  // model chunks per daemon of the interleaved candidates
   int max_microbatches = 32;
 };
 
@@ -58,8 +60,9 @@ struct Layout {
   std::string kind;              // data-parallel | pipeline
   int degree = 1;                // workers (data-parallel) or stages (pipeline)
   int microbatches = 1;          // pipeline
-  std::string schedule;          // pipeline: gpipe | 1f1b
-  std::vector<int> split;        // pipeline: stage boundaries [0, b1, ..., layers]
+  std::string schedule;          // pipeline: gpipe | 1f1b | interleaved
+  std::vector<int> split;        // pipeline: stage boundaries [0, b1, ..., layers], degree x V stages
+  int virtual_stages = 1;        // interleaved: model chunks per daemon (V)
   std::string Describe() const;  // "pipeline 2 1f1b M=8 split 0,4,7"
 };
 

@@ -112,6 +112,10 @@ TEST_CASE("Planner.ChoosesTheLayoutBruteForceFindsFastest") {
         for (const char* schedule : {"gpipe", "1f1b"}) {
           Splits(7, stages, [&](const std::vector<int>& s) { consider({"pipeline", stages, m, schedule, s}); });
         }
+        // Interleaved: 2 chunks a daemon, micro-batches a multiple of the daemons.
+        if (m % stages == 0 && 2 * stages <= 7) {
+          Splits(7, 2 * stages, [&](const std::vector<int>& s) { consider({"pipeline", stages, m, "interleaved", s, 2}); });
+        }
       }
     }
     const Candidate& chosen = plan->candidates.front();
@@ -148,6 +152,29 @@ TEST_CASE("Planner.ReplayOfEqualStagesIdlesAsTheTheorySays") {
       CHECK(p->step_s == doctest::Approx((8 + stages - 1) * slot));
     }
   }
+}
+
+TEST_CASE("Planner.InterleavedReplayIdlesAsTheTheorySays") {
+  // V chunks a daemon shrink the bubble to (p-1)/(v*m+p-1) with equal chunks and free hand-offs.
+  CostTable t = Synthetic(8, 1, {16});
+  for (auto& l : t.layers) {
+    l.parameters = 1;
+    l.out_bytes_per_sample = 0;
+    for (auto& [size, x] : l.at) x = {1e-3, 1e-3, 1e-3, 0, 1e-3, 1e-3};
+  }
+  t.optimizer_per_parameter = 0;
+  t.link = {0, 0, 1e9, true};
+  PlanRequest r;
+  r.batch = 128;
+  const Layout l{"pipeline", 2, 8, "interleaved", {0, 2, 4, 6, 8}, 2};
+  CHECK(l.Describe() == "pipeline 2 interleaved V=2 M=8 split 0,2,4,6,8");
+  auto p = Predict(t, l, r);
+  REQUIRE(p.ok());
+  CHECK(p->bubble == doctest::Approx(TheoreticalBubble(2, 8, 2)));
+  CHECK(p->memory_bytes.size() == 2);
+  // Micro-batches must be a multiple of the daemons, and the split have P x V stages.
+  CHECK(!Predict(t, {"pipeline", 2, 1, "interleaved", {0, 2, 4, 6, 8}, 2}, r).ok());
+  CHECK(!Predict(t, {"pipeline", 2, 8, "interleaved", {0, 4, 8}, 2}, r).ok());
 }
 
 TEST_CASE("Planner.NamesTheDaemonThatCannotHoldItsPartAndByHowMuch") {
@@ -204,8 +231,9 @@ TEST_CASE("Planner.PrefersASplitThatFits") {
   REQUIRE(tight->best == 0);
   for (const auto& c : tight->candidates) {
     if (c.layout.kind != "pipeline") continue;
-    CHECK(c.layout.split == fitting);
     CHECK(c.prediction.fits);
+    // Interleaved chunks (one layer each here) put layers 0 and 1 on different daemons anyway.
+    if (c.layout.schedule != "interleaved") CHECK(c.layout.split == fitting);
   }
 }
 
