@@ -13,6 +13,7 @@ and the chosen plan against data-parallel 1 measured in the same rounds.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,8 +26,11 @@ def run(cmd, **kw):
 
 def graph_args(c):
     if c["kind"] == "pipeline":
-        return ["pipeline", "--stages", str(c["degree"]), "--microbatches", str(c["microbatches"]),
+        args = ["pipeline", "--stages", str(c["degree"]), "--microbatches", str(c["microbatches"]),
                 "--schedule", c["schedule"], "--split", ",".join(str(b) for b in c["split"])]
+        if c["schedule"] == "interleaved":
+            args += ["--virtual-stages", str(c["virtual_stages"])]
+        return args
     return ["data-parallel", "--workers", str(c["degree"]), "--reducer", "ps"]
 
 
@@ -59,7 +63,14 @@ def main():
     ap.add_argument("--cpus", type=int, default=2, help="a daemon's slots, and copse train's threads")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="plan-bench-")
-    common = ["--model", a.model, "--batch", str(a.batch), "--steps", str(a.steps)]
+    try:
+        bench(a, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def bench(a, work):
+    common = ["--model", a.model, "--batch", str(a.batch), "--steps", str(a.steps), "--daemon-cpus", str(a.cpus)]
     plan = json.loads(run([a.copse, "plan", *common, "--daemons", str(a.daemons), "--out",
                            os.path.join(work, "planned.json"), "--save-costs", os.path.join(work, "costs.json"),
                            "-o", "json"]).stdout)
@@ -69,7 +80,9 @@ def main():
     fits = [c for c in plan["candidates"] if c["fits"]]
     chosen = fits[0]
     single = next(c for c in fits if c["kind"] == "data-parallel" and c["degree"] == 1)
-    runs = [chosen] + [c for c in fits[1:1 + a.top] if c is not single] + [single]
+    runs = [chosen] + [c for c in fits[1:1 + a.top] if c is not single]
+    if single is not chosen:
+        runs.append(single)
     measured = {c["layout"]: [] for c in runs}
     single_process = []  # copse train: one process with every core a daemon has
     for r in range(a.rounds):
@@ -80,7 +93,7 @@ def main():
         for c in order:
             job = os.path.join(work, "job.json")
             run([a.copse, "graph", *graph_args(c), *common, "--out", job])
-            out = run([a.copse, "run", job, "--daemons", str(a.daemons), "-o", "json",
+            out = run([a.copse, "run", job, "--daemons", str(a.daemons), "--cpus", str(a.cpus), "-o", "json",
                        "--output", os.path.join(work, "out"), "--trace", os.path.join(work, "trace.json")])
             s = json.loads(out.stdout)
             measured[c["layout"]].append(step_ms(s, work, c))

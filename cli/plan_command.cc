@@ -1,6 +1,11 @@
 #include "cli/plan_command.h"
 
+#include <signal.h>
 #include <sys/wait.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +23,7 @@
 #include "cli/graph_command.h"
 #include "cli/process_util.h"
 #include "common/machine_memory.h"
+#include "ml/models.h"
 #include "ml/planner.h"
 #include "ml/profile_graph.h"
 
@@ -55,6 +61,19 @@ ml::ProfileGraphOptions ProfileOptionsOf(const PlanFlags& f, const ml::PlanReque
   p.threads = f.graph.o.threads;
   p.repeats = f.repeats;
   return p;
+}
+
+// The `copse run` child running now (0: none), and whether SIGINT or SIGTERM came: the signal
+// thread (StopOnSignals) stops the child, whose own handler stops its cluster in order, and the
+// command then returns, removing its temporary directory.
+std::atomic<pid_t> g_child{0};
+std::atomic<bool> g_interrupted{false};
+
+void StopTheChildOnSignals() {
+  StopOnSignals([] {
+    g_interrupted = true;
+    if (const pid_t pid = g_child.load(); pid > 0) ::kill(pid, SIGTERM);
+  });
 }
 
 /// A directory for the local runs: --keep's, or a temporary one removed on destruction.
@@ -98,9 +117,14 @@ Status RunLocally(const PlanFlags& f, const Json& job, const std::filesystem::pa
                                    "-o",        "json"};
   if (!f.keep_dir.empty()) args.insert(args.end(), {"--keep", (dir / (name + "-cluster")).string()});
   COPSE_ASSIGN_OR_RETURN(const pid_t pid, SpawnSelf(args, env, log));
+  g_child = pid;
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  pid_t waited = 0;
+  while ((waited = ::waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
   }
+  g_child = 0;
+  if (g_interrupted) return Status::Cancelled("interrupted; the local cluster was stopped");
+  if (waited != pid) return Status::Internal(std::string("cannot wait for copse run: ") + std::strerror(errno));
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::OK();
   std::ifstream in(log);
   std::stringstream text;
@@ -147,8 +171,11 @@ Status CalibrateLocally(const PlanFlags& f, ml::CostTable& table, const std::fil
     o.checkpoint_every = 0;
     o.name = "calibrate-" + kind;
     int microbatches = 1;
+    const std::vector<int64_t> sizes = table.MicrobatchSizes();
+    if (std::find(sizes.begin(), sizes.end(), o.batch) == sizes.end())
+      return Status::InvalidArgument(fmt::format("calibration: the cost table has no times at the batch of {}", o.batch));
     for (int m : {4, 2}) {
-      if (o.batch % m == 0 && table.layers.front().at.count(o.batch / m)) {
+      if (o.batch % m == 0 && std::find(sizes.begin(), sizes.end(), o.batch / m) != sizes.end()) {
         microbatches = m;
         break;
       }
@@ -239,6 +266,13 @@ int RunPlan(PlanFlags& f) {
     std::fprintf(stderr, "%s: plans fp32 training on CPUs (--precision fp32, --device cpu)\n", me);
     return 2;
   }
+  auto layers = ml::BuildModelLayers(f.graph.o.model);
+  if (!layers.ok() || f.graph.o.model.rfind("gpt:", 0) == 0) {
+    std::fprintf(stderr, "%s: --model %s: %s\n", me, f.graph.o.model.c_str(),
+                 layers.ok() ? "plans image models (mlp, cnn, mlp:...); gpt models are not profiled yet"
+                             : layers.status().message().c_str());
+    return 2;
+  }
   auto profile_job = ml::GenerateProfileGraph(ProfileOptionsOf(f, request));
   if (!profile_job.ok()) {
     std::fprintf(stderr, "%s: %s\n", me, profile_job.status().message().c_str());
@@ -257,27 +291,46 @@ int RunPlan(PlanFlags& f) {
       std::fprintf(stderr, "%s: --costs %s: %s\n", me, f.costs.c_str(), table.status().message().c_str());
       return 1;
     }
+    // The table must describe the job the plan writes.
+    std::string mismatch;
     if (table->model != f.graph.o.model) {
-      std::fprintf(stderr, "%s: --costs %s measured model %s, not --model %s\n", me, f.costs.c_str(), table->model.c_str(),
-                   f.graph.o.model.c_str());
+      mismatch = "model " + table->model + ", not --model " + f.graph.o.model;
+    } else if (table->layers.size() != layers->size()) {
+      mismatch = fmt::format("{} layers, where model {} has {}", table->layers.size(), f.graph.o.model, layers->size());
+    } else if (table->optimizer != f.graph.o.optimizer) {
+      mismatch = "optimizer " + table->optimizer + ", not --optimizer " + f.graph.o.optimizer;
+    } else if (table->threads != f.graph.o.threads) {
+      mismatch = fmt::format("with {} thread(s), not --threads {}", table->threads, f.graph.o.threads);
+    }
+    if (!mismatch.empty()) {
+      std::fprintf(stderr, "%s: --costs %s was measured for %s\n", me, f.costs.c_str(), mismatch.c_str());
       return 1;
     }
   } else {
+    StopTheChildOnSignals();
     auto dir = WorkDir::Make(f.keep_dir);
     if (!dir.ok()) {
       std::fprintf(stderr, "%s: %s\n", me, dir.status().message().c_str());
       return 1;
     }
     table = ProfileLocally(f, *profile_job, (*dir)->path);
-    Status calibrated = table.ok() && f.calibrate ? CalibrateLocally(f, *table, (*dir)->path) : Status::OK();
-    if (!table.ok() || !calibrated.ok()) {
-      std::fprintf(stderr, "%s: %s\n", me, (table.ok() ? calibrated : table.status()).message().c_str());
+    if (!table.ok()) {
+      std::fprintf(stderr, "%s: %s\n", me, table.status().message().c_str());
       return 1;
+    }
+    if (f.calibrate) {
+      if (Status st = CalibrateLocally(f, *table, (*dir)->path); !st.ok()) {
+        std::fprintf(stderr, "%s: %s\n(--no-calibrate plans without the calibration runs)\n", me, st.message().c_str());
+        return 1;
+      }
     }
     if (!f.save_costs.empty()) {
       std::ofstream out(f.save_costs);
       out << ToJson(*table).dump(2) << "\n";
-      if (!out) std::fprintf(stderr, "%s: cannot write %s\n", me, f.save_costs.c_str());
+      if (!out) {
+        std::fprintf(stderr, "%s: cannot write %s\n", me, f.save_costs.c_str());
+        return 1;
+      }
     }
   }
   auto plan = ml::MakePlan(*table, request);
@@ -285,10 +338,37 @@ int RunPlan(PlanFlags& f) {
     std::fprintf(stderr, "%s: %s\n", me, plan.status().message().c_str());
     return 1;
   }
+  // The job first (when a layout fits), then what was weighed, which names it.
+  if (plan->best >= 0) {
+    const ml::Candidate& best = plan->candidates[static_cast<size_t>(plan->best)];
+    ml::GraphOptions o = f.graph.o;
+    o.kind = best.layout.kind;
+    if (o.kind == "pipeline") {
+      o.stages = best.layout.degree;
+      o.microbatches = best.layout.microbatches;
+      o.schedule = best.layout.schedule;
+      o.virtual_stages = best.layout.virtual_stages;
+      o.split = best.layout.split;
+    } else {
+      o.workers = best.layout.degree;
+      o.reducer = "ps";  // what the planner's data-parallel step assumes
+    }
+    o.plan = {{"layout", best.layout.Describe()},
+              {"step_ms", best.prediction.step_s * 1e3},
+              {"images_per_s", static_cast<double>(request.batch) / best.prediction.step_s}};
+    if (o.kind == "pipeline") o.plan["bubble"] = best.prediction.bubble;
+    auto job = ml::GenerateTrainingGraph(o);
+    if (!job.ok()) {
+      std::fprintf(stderr, "%s: %s: %s\n", me, best.layout.Describe().c_str(), job.status().message().c_str());
+      return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    if (const int rc = WriteJobFile(*job, f.graph.out, me); rc != 0) return rc;
+  }
   if (f.format == "json") {
     Json out = {{"candidates", PlanJson(*plan, request)}, {"costs", ToJson(*table)}};
     if (plan->best >= 0)
       out["chosen"] = plan->candidates[static_cast<size_t>(plan->best)].layout.Describe(), out["job"] = f.graph.out;
+    if (!table->calibrated) out["calibrated"] = false;
     std::cout << out.dump(2) << "\n";
   } else {
     const ml::LinkCost& l = table->link;
@@ -296,7 +376,9 @@ int RunPlan(PlanFlags& f) {
         "{}, batch {}, {} daemon(s) of {} MiB; vertex gap {:.0f} us, hop across daemons {:.0f} us, {:.0f} MB/s{}\n", table->model,
         request.batch, request.daemons, memory_mb, l.gap * 1e6, l.hop * 1e6, l.bytes_per_s / 1e6,
         l.measured ? "" : " (not measured: defaults)");
-    if (table->calibrated) {
+    if (!table->calibrated) {
+      std::cout << "not calibrated: predictions leave out what a vertex does beside its layers' passes\n";
+    } else {
       std::cout << fmt::format(
           "beyond its layers' passes a vertex adds (calibrated): {:.0f} us a pipeline forward or backward, {:.0f} us its "
           "update, {:.0f} us a data-parallel gradient, {:.0f} us its parameter server\n",
@@ -320,30 +402,9 @@ int RunPlan(PlanFlags& f) {
     std::fprintf(stderr, "%s: no layout fits: %s\n", me, plan->candidates.front().prediction.why_not.c_str());
     return 1;
   }
-  const ml::Candidate& best = plan->candidates[static_cast<size_t>(plan->best)];
-  ml::GraphOptions o = f.graph.o;
-  o.kind = best.layout.kind;
-  if (o.kind == "pipeline") {
-    o.stages = best.layout.degree;
-    o.microbatches = best.layout.microbatches;
-    o.schedule = best.layout.schedule;
-    o.virtual_stages = best.layout.virtual_stages;
-    o.split = best.layout.split;
-  } else {
-    o.workers = best.layout.degree;
-    o.reducer = "ps";  // what the planner's data-parallel step assumes
+  if (f.format != "json") {
+    std::cout << "wrote " << f.graph.out << ": " << plan->candidates[static_cast<size_t>(plan->best)].layout.Describe() << "\n";
   }
-  o.plan = {{"layout", best.layout.Describe()},
-            {"step_ms", best.prediction.step_s * 1e3},
-            {"images_per_s", static_cast<double>(request.batch) / best.prediction.step_s}};
-  if (o.kind == "pipeline") o.plan["bubble"] = best.prediction.bubble;
-  auto job = ml::GenerateTrainingGraph(o);
-  if (!job.ok()) {
-    std::fprintf(stderr, "%s: %s: %s\n", me, best.layout.Describe().c_str(), job.status().message().c_str());
-    return job.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
-  }
-  if (const int rc = WriteJobFile(*job, f.graph.out, me); rc != 0) return rc;
-  if (f.format != "json") std::cout << "wrote " << f.graph.out << ": " << best.layout.Describe() << "\n";
   return 0;
 }
 

@@ -111,17 +111,19 @@ double MeasuredStepMs(const std::map<std::string, ml::Span>& spans, const Json& 
 /// For a job `copse plan` wrote (metrics.json's config.plan): its predicted step time and
 /// throughput next to what the run measured (and the bubble, for a pipeline); nullopt otherwise.
 std::optional<Json> PlanAgainstRun(const Json& config, const Json& metrics, const Json& summary, double step_ms) {
+  // A hand-edited job may carry anything there: only numbers (and a layout string) count.
   const Json plan = config.value("plan", Json());
-  if (!plan.is_object() || !plan.contains("images_per_s") || !plan["images_per_s"].is_number()) return std::nullopt;
-  Json out = {{"layout", plan.value("layout", "")},
+  auto positive = [&](const char* key) { return plan.contains(key) && plan[key].is_number() && plan[key].get<double>() > 0; };
+  if (!plan.is_object() || !positive("images_per_s") || !positive("step_ms")) return std::nullopt;
+  Json out = {{"layout", plan.contains("layout") && plan["layout"].is_string() ? plan["layout"] : Json("")},
               {"predicted_images_per_s", plan["images_per_s"]},
-              {"predicted_step_ms", plan.value("step_ms", 0.0)}};
+              {"predicted_step_ms", plan["step_ms"]}};
   // The run's own images/s counts its start (the first step, loading the data); the step
   // time is the steady one, as the plan predicts it.
   const double measured = metrics.value("images_per_s", 0.0);
   if (measured > 0) out["measured_images_per_s"] = measured;
   if (step_ms > 0) out["measured_step_ms"] = step_ms;
-  if (plan.contains("bubble")) out["predicted_bubble"] = plan["bubble"];
+  if (plan.contains("bubble") && plan["bubble"].is_number()) out["predicted_bubble"] = plan["bubble"];
   if (summary.contains("pipeline_bubble")) out["measured_bubble"] = summary["pipeline_bubble"]["measured"];
   return out;
 }

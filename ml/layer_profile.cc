@@ -234,18 +234,21 @@ class TableReader {
   Status Object(const Json& j, const std::string& path) const {
     return j.is_object() ? Status::OK() : Status::InvalidArgument(path + ": expected an object");
   }
-  Result<double> Seconds(const Json& j, const char* key, const std::string& path) const {
+  // Seconds from 0 to `most` (a pass of an hour is no measurement).
+  Result<double> Seconds(const Json& j, const char* key, const std::string& path, double most = 3600) const {
     const std::string at = path + "/" + key;
     if (!j.contains(key) || !j[key].is_number()) return Status::InvalidArgument(at + ": expected a number");
     const double v = j[key].get<double>();
-    if (!(v >= 0) || v > 1e6) return Status::InvalidArgument(fmt::format("{}: expected 0 to 1e6, got {}", at, v));
+    if (!(v >= 0) || v > most) return Status::InvalidArgument(fmt::format("{}: expected 0 to {} seconds, got {}", at, most, v));
     return v;
   }
+  // Counts up to 2^40 (parameters, bytes per sample): products of them with a batch stay far
+  // inside 64 bits.
   Result<int64_t> Count(const Json& j, const char* key, const std::string& path) const {
     const std::string at = path + "/" + key;
     if (!j.contains(key) || !j[key].is_number_integer()) return Status::InvalidArgument(at + ": expected a whole number");
     const int64_t v = j[key].get<int64_t>();
-    if (v < 0 || v > (int64_t{1} << 50)) return Status::InvalidArgument(fmt::format("{}: expected 0 to 2^50, got {}", at, v));
+    if (v < 0 || v > (int64_t{1} << 40)) return Status::InvalidArgument(fmt::format("{}: expected 0 to 2^40, got {}", at, v));
     return v;
   }
 };
@@ -267,8 +270,8 @@ Result<CostTable> CostTableFromJson(const Json& j) {
   t.threads = static_cast<int>(std::clamp<int64_t>(threads, 1, 1024));
   COPSE_ASSIGN_OR_RETURN(t.optimizer_per_parameter, r.Seconds(j, "optimizer_per_parameter", ""));
   COPSE_ASSIGN_OR_RETURN(t.gradient_sum_per_parameter, r.Seconds(j, "gradient_sum_per_parameter", ""));
-  if (!j.contains("layers") || !j["layers"].is_array() || j["layers"].empty())
-    return Status::InvalidArgument("/layers: expected a non-empty array");
+  if (!j.contains("layers") || !j["layers"].is_array() || j["layers"].empty() || j["layers"].size() > kMaxLayers)
+    return Status::InvalidArgument(fmt::format("/layers: expected an array of 1 to {} layers", kMaxLayers));
   for (size_t i = 0; i < j["layers"].size(); ++i) {
     const Json& lj = j["layers"][i];
     const std::string path = "/layers/" + std::to_string(i);
@@ -304,11 +307,14 @@ Result<CostTable> CostTableFromJson(const Json& j) {
   if (j.contains("link")) {
     const Json& lj = j["link"];
     COPSE_RETURN_NOT_OK(r.Object(lj, "/link"));
-    COPSE_ASSIGN_OR_RETURN(t.link.gap, r.Seconds(lj, "gap", "/link"));
-    COPSE_ASSIGN_OR_RETURN(t.link.hop, r.Seconds(lj, "hop", "/link"));
-    if (!lj.contains("bytes_per_s") || !lj["bytes_per_s"].is_number() || !(lj["bytes_per_s"].get<double>() > 0))
-      return Status::InvalidArgument("/link/bytes_per_s: expected a number above 0");
+    COPSE_ASSIGN_OR_RETURN(t.link.gap, r.Seconds(lj, "gap", "/link", 1));
+    COPSE_ASSIGN_OR_RETURN(t.link.hop, r.Seconds(lj, "hop", "/link", 1));
+    if (!lj.contains("bytes_per_s") || !lj["bytes_per_s"].is_number() || !(lj["bytes_per_s"].get<double>() >= 1e3) ||
+        lj["bytes_per_s"].get<double>() > 1e13)
+      return Status::InvalidArgument("/link/bytes_per_s: expected a number from 1e3 to 1e13");
     t.link.bytes_per_s = lj["bytes_per_s"].get<double>();
+    if (lj.contains("measured") && !lj["measured"].is_boolean())
+      return Status::InvalidArgument("/link/measured: expected true or false");
     t.link.measured = lj.value("measured", false);
   }
   if (j.contains("calibration")) {

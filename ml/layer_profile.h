@@ -49,7 +49,7 @@ struct LinkCost {
   double gap = 50e-6;        // one vertex to the next one it enables on the same daemon
   double hop = 200e-6;       // the same across daemons, for a small message
   double bytes_per_s = 1e9;  // what a larger message adds per byte across daemons
-  bool measured = false;     // false: the defaults above
+  bool measured = false;     // false: the defaults above, or (one daemon) hop and rate never crossed daemons
 };
 
 struct CostTable {
@@ -86,8 +86,13 @@ struct ProfileOptions {
 /// Measures every layer of `model` at every micro-batch size, and one optimizer step.
 Result<CostTable> ProfileModel(const ProfileOptions& options);
 
+/// The most layers a cost table may have (a 1,000-block gpt has about 2,000).
+inline constexpr size_t kMaxLayers = 4096;
+
 Json ToJson(const CostTable& table);
-/// InvalidArgument naming the field (`layers/2/at/64/forward`) when `json` is not a cost table.
+/// InvalidArgument naming the field (`/layers/2/at/64/forward`) when `json` is not a cost table:
+/// times from 0 to an hour (a link's gap and hop to 1 s), counts to 2^40, a link rate from 1e3
+/// to 1e13 bytes/s, at most kMaxLayers layers.
 Result<CostTable> CostTableFromJson(const Json& json);
 
 /// Element-wise medians of tables of the same model measured on several daemons (each layer's

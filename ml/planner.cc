@@ -1,6 +1,7 @@
 #include "ml/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 
@@ -15,15 +16,20 @@ constexpr double kNever = std::numeric_limits<double>::infinity();
 
 std::string Mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
 
+/// Bytes computed in double (tables allow counts to 2^40, batches to 2^20), saturated.
+int64_t Bytes(double bytes) { return bytes >= 9e18 ? int64_t{9'000'000'000'000'000'000} : static_cast<int64_t>(bytes); }
+
 /// Layers [begin, end) at one micro-batch size.
 struct StageCost {
   double forward = 0, backward = 0;  // one micro-batch
   double update = 0;                 // once a step: batched weight gradients and the optimizer
   double boundary_bytes = 0;         // what crosses to the next stage per micro-batch
   int64_t parameters = 0;
-  int64_t stash_bytes_per_sample = 0;
+  double stash_bytes_per_sample = 0;   // what a micro-batch's forward keeps for the update
+  double output_bytes_per_sample = 0;  // the layers' outputs: dL/dy of each, kept beside the stash
 };
 
+/// Costs of layouts on a table. Sizes a layout reads must have been measured (Measured).
 class CostModel {
  public:
   CostModel(const CostTable& table, const PlanRequest& request) : t_(table), r_(request) {}
@@ -42,9 +48,8 @@ class CostModel {
   double Transfer(double bytes) const { return t_.link.hop + bytes / t_.link.bytes_per_s; }
   double Gap() const { return t_.link.gap; }
   // Value, gradient, the update's new copy and the optimizer state, float32 each.
-  int64_t ParameterBytes(int64_t parameters) const { return parameters * 4 * (3 + StateTensors()); }
+  double ParameterBytes(int64_t parameters) const { return 4.0 * static_cast<double>(parameters) * (3 + StateTensors()); }
 
-  /// A pipeline stage of layers [begin, end) at micro-batch size `mb`, `microbatches` a step.
   /// The model's first layer with parameters (layers.size() when none has any).
   int FirstTrainable() const {
     int i = 0;
@@ -52,16 +57,21 @@ class CostModel {
     return i;
   }
 
-  /// Layer `i`'s backward at `mb`: dL/dx only (`input_only`) or with its weight gradients; none
-  /// of dL/dx for the first trainable layer, nothing at all before it.
-  double Backward(int i, int64_t mb, bool input_only) const {
-    const int first = FirstTrainable();
-    if (i < first) return 0;
+  /// Layer `i`'s backward at `mb` in a stage (or worker) whose layers start at `begin`: dL/dx
+  /// only (`input_only`) or with its weight gradients. The first stage computes no dL/dx for
+  /// the model's first layer with parameters and runs no backward before it, as Sequential's
+  /// backward does; later stages compute dL/dx through all their layers, for the stage before.
+  double Backward(int i, int64_t mb, bool input_only, int begin) const {
     const LayerTimes& x = *At(static_cast<size_t>(i), mb);
-    if (i == first) return input_only ? x.backward_input_first : x.backward_first;
+    if (begin == 0) {
+      const int first = FirstTrainable();
+      if (i < first) return 0;
+      if (i == first) return input_only ? x.backward_input_first : x.backward_first;
+    }
     return input_only ? x.backward_input : x.backward;
   }
 
+  /// A pipeline stage of layers [begin, end) at micro-batch size `mb`, `microbatches` a step.
   StageCost Stage(int begin, int end, int64_t mb, int microbatches) const {
     StageCost c;
     bool defers = true;
@@ -71,27 +81,45 @@ class CostModel {
       const size_t l = static_cast<size_t>(i);
       const LayerTimes& x = *At(l, mb);
       c.forward += x.forward;
-      c.backward += Backward(i, mb, defers);
+      c.backward += Backward(i, mb, defers, begin);
       // The update's one product over every micro-batch's rows: as measured at the whole batch
       // when it was, else M products of one micro-batch.
       const LayerTimes* whole = At(l, mb * microbatches);
       if (defers) weight_grads += whole ? whole->weight_grad : microbatches * x.weight_grad;
       c.parameters += t_.layers[l].parameters;
-      c.stash_bytes_per_sample += t_.layers[l].stash_bytes_per_sample;
+      c.stash_bytes_per_sample += static_cast<double>(t_.layers[l].stash_bytes_per_sample);
+      c.output_bytes_per_sample += static_cast<double>(t_.layers[l].out_bytes_per_sample);
     }
     c.update = weight_grads + t_.optimizer_per_parameter * static_cast<double>(c.parameters) + t_.update_overhead;
     c.forward += t_.vertex_overhead;
     c.backward += t_.vertex_overhead;
-    c.boundary_bytes = static_cast<double>(t_.layers[static_cast<size_t>(end - 1)].out_bytes_per_sample * mb);
+    c.boundary_bytes =
+        static_cast<double>(t_.layers[static_cast<size_t>(end - 1)].out_bytes_per_sample) * static_cast<double>(mb);
     return c;
   }
 
-  /// One stage's forward + backward of a micro-batch, with its boundary's two transfers: the
-  /// quantity Alpa's objective sums and maximizes.
-  double StageTime(int begin, int end, int64_t mb) const {
-    const StageCost c = Stage(begin, end, mb, 1);
-    const bool last = end == static_cast<int>(t_.layers.size());
-    return c.forward + c.backward + (last ? 0.0 : 2 * Transfer(c.boundary_bytes));
+  /// Alpa's per-stage quantity for every range [a, b): a micro-batch's forward and backward plus
+  /// the boundary's two transfers (none after the last layer), as Stage(a, b, mb, 1) gives them;
+  /// O(layers²), each range extending the one before.
+  std::vector<std::vector<double>> StageTimes(int64_t mb) const {
+    const int n = static_cast<int>(t_.layers.size());
+    std::vector<std::vector<double>> time(static_cast<size_t>(n) + 1, std::vector<double>(static_cast<size_t>(n) + 1, kNever));
+    for (int a = 0; a < n; ++a) {
+      double forward = 0, input_only = 0, full = 0;
+      bool defers = true;
+      for (int b = a + 1; b <= n; ++b) {
+        const int i = b - 1;
+        forward += At(static_cast<size_t>(i), mb)->forward;
+        input_only += Backward(i, mb, true, a);
+        full += Backward(i, mb, false, a);
+        defers = defers && t_.layers[static_cast<size_t>(i)].defers_weight_gradients;
+        const double boundary =
+            static_cast<double>(t_.layers[static_cast<size_t>(i)].out_bytes_per_sample) * static_cast<double>(mb);
+        time[static_cast<size_t>(a)][static_cast<size_t>(b)] =
+            forward + (defers ? input_only : full) + 2 * t_.vertex_overhead + (b == n ? 0.0 : 2 * Transfer(boundary));
+      }
+    }
+    return time;
   }
 
   Result<Prediction> Pipeline(const Layout& l) const;
@@ -202,8 +230,9 @@ Result<Prediction> CostModel::Pipeline(const Layout& l) const {
   // The last step's bubble, as MeasuredBubble takes it: per daemon, over its chunks.
   const int k = kSteps - 1;
   double first = kNever, last = 0;
-  std::vector<double> busy(static_cast<size_t>(P), 0), updates(static_cast<size_t>(P), 0);
-  std::vector<int64_t> parameters(static_cast<size_t>(P), 0), stash(static_cast<size_t>(P), 0);
+  std::vector<double> busy(static_cast<size_t>(P), 0);
+  std::vector<int64_t> parameters(static_cast<size_t>(P), 0);
+  std::vector<double> kept(static_cast<size_t>(P), 0);  // bytes per sample a step keeps
   for (int s = 0; s < S; ++s) {
     const size_t d = static_cast<size_t>(s % P);
     for (int m = 0; m < M; ++m) {
@@ -211,17 +240,16 @@ Result<Prediction> CostModel::Pipeline(const Layout& l) const {
       last = std::max(last, b_end[index(k, s, m)]);
       busy[d] += stage[static_cast<size_t>(s)].forward + stage[static_cast<size_t>(s)].backward;
     }
-    updates[d] += stage[static_cast<size_t>(s)].update;
     parameters[d] += stage[static_cast<size_t>(s)].parameters;
-    stash[d] += stage[static_cast<size_t>(s)].stash_bytes_per_sample;
+    kept[d] += stage[static_cast<size_t>(s)].stash_bytes_per_sample + stage[static_cast<size_t>(s)].output_bytes_per_sample;
   }
   double idle = 0;
   for (int d = 0; d < P; ++d) {
     const size_t i = static_cast<size_t>(d);
     idle += last > first ? 1 - busy[i] / (last - first) : 0;
-    p.stage_busy_s.push_back(busy[i] + updates[i]);
-    // Every micro-batch's stash waits for the update (batched weight gradients).
-    p.memory_bytes.push_back(ParameterBytes(parameters[i]) + stash[i] * r_.batch);
+    // Every micro-batch's stash, and the dL/dy beside it, waits for the update (batched weight
+    // gradients): the whole batch's.
+    p.memory_bytes.push_back(Bytes(ParameterBytes(parameters[i]) + kept[i] * static_cast<double>(r_.batch)));
   }
   p.bubble = idle / P;
   CheckMemory(p, "stage");
@@ -231,11 +259,10 @@ Result<Prediction> CostModel::Pipeline(const Layout& l) const {
 Result<Prediction> CostModel::DataParallel(const Layout& l) const {
   const int D = l.degree;
   const int64_t mb = r_.batch / D;
-  double compute = 0;
-  int64_t stash = 0;
+  double compute = 0, stash = 0;
   for (size_t i = 0; i < t_.layers.size(); ++i) {
-    compute += At(i, mb)->forward + Backward(static_cast<int>(i), mb, /*input_only=*/false);
-    stash += t_.layers[i].stash_bytes_per_sample;
+    compute += At(i, mb)->forward + Backward(static_cast<int>(i), mb, /*input_only=*/false, /*begin=*/0);
+    stash += static_cast<double>(t_.layers[i].stash_bytes_per_sample);
   }
   const int64_t parameters = t_.Parameters(0, static_cast<int>(t_.layers.size()));
   const double gradient_bytes = 4.0 * static_cast<double>(parameters);
@@ -250,12 +277,14 @@ Result<Prediction> CostModel::DataParallel(const Layout& l) const {
   const double scatter = remote > 0 ? Transfer(gradient_bytes) : Gap();
   Prediction p;
   p.step_s = compute + gather + update + scatter;
-  // Per daemon: the update's holds its workers' stashes beside the parameters.
+  // Per daemon, beside its workers' stashes: the update's holds the parameters, optimizer state
+  // and new copy (ParameterBytes) and the other workers' gradients; another holds a copy of
+  // the parameters and its workers' gradients.
   for (int d = 0, placed = 0; placed < D; ++d) {
     const int here = std::min(D - placed, local);
     placed += here;
-    p.stage_busy_s.push_back(here * compute + (d == 0 ? update : 0));
-    p.memory_bytes.push_back(ParameterBytes(parameters) + here * stash * mb);
+    const double state = d == 0 ? ParameterBytes(parameters) + (D - 1) * gradient_bytes : (1 + here) * gradient_bytes;
+    p.memory_bytes.push_back(Bytes(state + here * stash * static_cast<double>(mb)));
   }
   CheckMemory(p, "daemon");
   return p;
@@ -296,7 +325,7 @@ VertexTimes StageVertexTimes(const CostTable& table, int begin, int end, int64_t
   const CostModel model(bare, request);
   const StageCost c = model.Stage(begin, end, mb, microbatches);
   VertexTimes v{c.forward, c.backward, c.update, c.forward};
-  for (int i = begin; i < end; ++i) v.gradient += model.Backward(i, mb, /*input_only=*/false);
+  for (int i = begin; i < end; ++i) v.gradient += model.Backward(i, mb, /*input_only=*/false, begin);
   return v;
 }
 
@@ -330,10 +359,10 @@ std::string Layout::Describe() const {
 
 double SplitObjective(const CostTable& table, const std::vector<int>& split, int microbatches, int64_t microbatch_size) {
   const PlanRequest request;
-  const CostModel model(table, request);
+  const auto time = CostModel(table, request).StageTimes(microbatch_size);
   double sum = 0, most = 0;
   for (size_t s = 0; s + 1 < split.size(); ++s) {
-    const double t = model.StageTime(split[s], split[s + 1], microbatch_size);
+    const double t = time[static_cast<size_t>(split[s])][static_cast<size_t>(split[s + 1])];
     sum += t;
     most = std::max(most, t);
   }
@@ -344,21 +373,20 @@ std::vector<int> BestSplit(const CostTable& table, int stages, int microbatches,
   const PlanRequest request;
   const CostModel model(table, request);
   const int n = static_cast<int>(table.layers.size());
-  if (stages < 1 || stages > n) return {};
-  std::vector<std::vector<double>> time(static_cast<size_t>(n) + 1, std::vector<double>(static_cast<size_t>(n) + 1, kNever));
+  if (stages < 1 || stages > n || !model.Measured(microbatch_size)) return {};
+  const auto time = model.StageTimes(microbatch_size);
   std::vector<double> caps;
   for (int a = 0; a < n; ++a) {
-    for (int b = a + 1; b <= n; ++b) {
-      time[static_cast<size_t>(a)][static_cast<size_t>(b)] = model.StageTime(a, b, microbatch_size);
-      caps.push_back(time[static_cast<size_t>(a)][static_cast<size_t>(b)]);
-    }
+    for (int b = a + 1; b <= n; ++b) caps.push_back(time[static_cast<size_t>(a)][static_cast<size_t>(b)]);
   }
   std::sort(caps.begin(), caps.end());
   caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
   // least[k][i]: the least Σ t_s of layers [i, n) in k stages of at most `cap` each; end[k][i]
   // the first stage's end that reaches it (the smallest, so equal costs always split alike).
   using Table = std::vector<std::vector<double>>;
-  auto solve = [&](double cap, Table& least, std::vector<std::vector<int>>& end) {
+  Table least;
+  std::vector<std::vector<int>> end;
+  auto solve = [&](double cap) {
     least.assign(static_cast<size_t>(stages) + 1, std::vector<double>(static_cast<size_t>(n) + 1, kNever));
     end.assign(static_cast<size_t>(stages) + 1, std::vector<int>(static_cast<size_t>(n) + 1, -1));
     least[0][static_cast<size_t>(n)] = 0;
@@ -375,21 +403,29 @@ std::vector<int> BestSplit(const CostTable& table, int stages, int microbatches,
         }
       }
     }
+    return least[static_cast<size_t>(stages)][0];
   };
-  Table least;
-  std::vector<std::vector<int>> end;
-  solve(kNever, least, end);
-  const double least_sum = least[static_cast<size_t>(stages)][0];
-  double best = kNever, best_cap = kNever;
-  for (const double cap : caps) {
-    // No larger cap can do better: its (M-1) x cap alone, plus the least sum, already loses.
-    if ((microbatches - 1) * cap + least_sum >= best) break;
-    solve(cap, least, end);
-    const double sum = least[static_cast<size_t>(stages)][0];
-    if (sum == kNever) continue;
-    if (sum + (microbatches - 1) * cap < best) best = sum + (microbatches - 1) * cap, best_cap = cap;
+  const double least_sum = solve(kNever);
+  if (!std::isfinite(least_sum)) return {};  // a stage time that is not finite
+  // The smallest cap that can be met (feasibility only grows with the cap): a binary search,
+  // then caps upward until (M-1) x cap plus the least sum can no longer win.
+  size_t lo = 0, hi = caps.size() - 1;
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (std::isfinite(solve(caps[mid]))) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
   }
-  solve(best_cap, least, end);
+  double best = kNever, best_cap = kNever;
+  for (size_t c = lo; c < caps.size(); ++c) {
+    const double cap = caps[c];
+    if ((microbatches - 1) * cap + least_sum >= best) break;
+    const double sum = solve(cap);
+    if (std::isfinite(sum) && sum + (microbatches - 1) * cap < best) best = sum + (microbatches - 1) * cap, best_cap = cap;
+  }
+  solve(best_cap);
   std::vector<int> split = {0};
   for (int k = stages; k >= 1; --k) split.push_back(end[static_cast<size_t>(k)][static_cast<size_t>(split.back())]);
   return split;
@@ -413,9 +449,11 @@ Result<Prediction> Predict(const CostTable& table, const Layout& layout, const P
         layout.split.back() != n ||
         std::adjacent_find(layout.split.begin(), layout.split.end(), std::greater_equal<int>()) != layout.split.end())
       return Status::InvalidArgument(layout.Describe() + ": not a split of " + std::to_string(n) + " layers");
-    return model.Pipeline(layout);
   }
-  return model.DataParallel(layout);
+  COPSE_ASSIGN_OR_RETURN(Prediction p, layout.kind == "pipeline" ? model.Pipeline(layout) : model.DataParallel(layout));
+  if (!std::isfinite(p.step_s) || p.step_s <= 0)
+    return Status::InvalidArgument(layout.Describe() + ": the cost table predicts no finite, positive step time");
+  return p;
 }
 
 Result<Plan> MakePlan(const CostTable& table, const PlanRequest& request) {
@@ -465,7 +503,7 @@ Result<Plan> MakePlan(const CostTable& table, const PlanRequest& request) {
           plan.candidates.push_back(std::move(*fastest));
         } else {
           l.split = BestSplit(table, virtual_stages, m, request.batch / m);
-          COPSE_RETURN_NOT_OK(add(l));
+          if (!l.split.empty()) COPSE_RETURN_NOT_OK(add(l));
         }
       }
     }

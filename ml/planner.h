@@ -33,10 +33,12 @@
 // Calibration (Calibrate): what a real training vertex takes beyond its layers' passes is added
 // to every vertex (and to every update), measured on a short run of real vertices.
 //
-// Memory per daemon: parameters, their gradients, a new copy written by the update and the
-// optimizer state (1 tensor per parameter for SGD with momentum, 2 for Adam), plus the stashes
-// the step keeps: a pipeline stage keeps all M micro-batches' until its update (batched weight
-// gradients), a data-parallel worker its batch/D's until its backward.
+// Memory per daemon, an estimate: for the parameters it updates, their values, gradients, the
+// update's new copy and the optimizer state (1 tensor per parameter for SGD with momentum, 2 for
+// Adam); plus what a step keeps: a pipeline stage every micro-batch's stash and dL/dy until its
+// update (batched weight gradients), a data-parallel worker its batch/D's stash; the
+// parameter server's daemon also holds the other workers' gradients, another daemon a copy of
+// the parameters and its workers' gradients.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -70,7 +72,6 @@ struct Prediction {
   double step_s = 0;                  // one training step
   double bubble = 0;                  // pipelines: MeasuredBubble of the replayed step
   std::vector<int64_t> memory_bytes;  // per daemon (stage or worker)
-  std::vector<double> stage_busy_s;   // per daemon: its vertices' own time in a step
   bool fits = true;
   std::string why_not;  // when !fits: which daemon (stage) needs how much more than it has
 };
@@ -94,7 +95,10 @@ Result<Prediction> Predict(const CostTable& table, const Layout& layout, const P
 
 /// The split of the table's layers into `stages` minimizing Σ t_s + (microbatches - 1) × max t_s,
 /// t_s a stage's forward + backward of one micro-batch of `microbatch_size` plus its boundary's
-/// transfers; by dynamic programming over layers. Stages hold at least one layer.
+/// transfers; by dynamic programming over layers, O(stages × layers² × log layers) plus one
+/// O(stages × layers²) pass per cap tried above the smallest feasible one. Stages hold at least
+/// one layer. Empty when there is no such split (stages outside [1, layers], a size the table
+/// lacks, a stage time that is not finite).
 std::vector<int> BestSplit(const CostTable& table, int stages, int microbatches, int64_t microbatch_size);
 /// That objective for one split (for tests and brute force).
 double SplitObjective(const CostTable& table, const std::vector<int>& split, int microbatches, int64_t microbatch_size);

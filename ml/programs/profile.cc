@@ -30,6 +30,10 @@ class ProfileProgram final : public VertexProgram {
     o.optimizer = ctx.param<std::string>("optimizer", "sgd");
     o.repeats = ctx.param<int>("repeats", 5);
     o.microbatch_sizes = ctx.param<std::vector<int64_t>>("sizes", {128});
+    if (o.repeats < 1 || o.repeats > 1000) return Status::InvalidArgument(ctx.name + ": param \"repeats\": expected 1..1000");
+    if (o.microbatch_sizes.empty() || o.microbatch_sizes.size() > 32 ||
+        std::any_of(o.microbatch_sizes.begin(), o.microbatch_sizes.end(), [](int64_t b) { return b < 1 || b > (1 << 20); }))
+      return Status::InvalidArgument(ctx.name + ": param \"sizes\": expected 1 to 32 micro-batch sizes of 1..2^20");
     const int threads = std::clamp(ctx.param<int>("threads", 1), 1, 256);
     SetCpuThreads(threads);
     COPSE_ASSIGN_OR_RETURN(CostTable table, ProfileModel(o));
@@ -134,10 +138,16 @@ class CollectProgram final : public VertexProgram {
     const double small = static_cast<double>(ctx.param<int64_t>("small_bytes", 0));
     const double large = static_cast<double>(ctx.param<int64_t>("large_bytes", 0));
     out.link.gap = std::max(0.0, hand_off[0]);
-    out.link.hop = std::max(out.link.gap, hand_off[1]);
-    // What the larger payload added per byte; a noisy chain that saw none keeps the default.
-    if (large > small && hand_off[2] > hand_off[1]) out.link.bytes_per_s = (large - small) / (hand_off[2] - hand_off[1]);
-    out.link.measured = true;
+    // With one daemon the "across" chains stayed on it: the gap is measured, hop and rate keep
+    // their defaults.
+    out.link.measured = profiles > 1;
+    if (out.link.measured) {
+      out.link.hop = std::clamp(hand_off[1], out.link.gap, 1.0);
+      // What the larger payload added per byte; a noisy chain that saw none keeps the default.
+      if (large > small && hand_off[2] > hand_off[1])
+        out.link.bytes_per_s = std::clamp((large - small) / (hand_off[2] - hand_off[1]), 1e3, 1e13);
+    }
+    out.link.gap = std::min(out.link.gap, 1.0);
     ctx.log().info("gap {:.0f} us, hop {:.0f} us, {:.0f} MB/s across daemons", out.link.gap * 1e6, out.link.hop * 1e6,
                    out.link.bytes_per_s / 1e6);
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(chan::Buffer(ToJson(out).dump(2) + "\n")));

@@ -299,6 +299,65 @@ TEST_CASE("Planner.CalibrationAddsWhatRealVerticesTookBeyondTheLayers") {
   CHECK_FALSE(fresh.calibrated);
 }
 
+TEST_CASE("Planner.OnlyTheFirstStageSkipsTheFirstTrainableLayersInputGradient") {
+  // Layer 0 has no parameters (a Flatten): the first stage runs no backward for it and no
+  // dL/dx for layer 1; a stage starting at layer 1 computes dL/dx through every layer.
+  CostTable t = Synthetic(4, 9);
+  t.layers[0].parameters = 0;
+  const int64_t b = 32;
+  auto at = [&](int i) { return t.layers[static_cast<size_t>(i)].at.at(b); };
+  const double first = StageVertexTimes(t, 0, 4, b, 4).backward;
+  CHECK(first == doctest::Approx(at(1).backward_input_first + at(2).backward_input + at(3).backward_input));
+  const double later = StageVertexTimes(t, 1, 4, b, 4).backward;
+  CHECK(later == doctest::Approx(at(1).backward_input + at(2).backward_input + at(3).backward_input));
+  // A worker's gradient vertex over the whole model: full backwards, the first trainable
+  // layer's without dL/dx.
+  CHECK(StageVertexTimes(t, 0, 4, b, 1).gradient ==
+        doctest::Approx(at(0).forward + at(1).forward + at(2).forward + at(3).forward + at(1).backward_first + at(2).backward +
+                        at(3).backward));
+  // BestSplit agrees with brute force on such a table too, and has no split it cannot make.
+  for (int stages : {2, 3}) {
+    double brute = INFINITY;
+    Splits(4, stages, [&](const std::vector<int>& s) { brute = std::min(brute, SplitObjective(t, s, 4, b)); });
+    CHECK(SplitObjective(t, BestSplit(t, stages, 4, b), 4, b) == doctest::Approx(brute));
+  }
+  CHECK(BestSplit(t, 5, 4, b).empty());
+  CHECK(BestSplit(t, 2, 4, 3).empty());  // size 3 was not measured
+}
+
+TEST_CASE("CostTable.RefusesValuesThatWouldBreakThePlanner") {
+  const CostTable t = Synthetic(3, 5, {8, 16});
+  auto refuses = [&](const std::function<void(copse::Json&)>& edit, const std::string& field) {
+    copse::Json j = ToJson(t);
+    edit(j);
+    auto r = CostTableFromJson(j);
+    REQUIRE(!r.ok());
+    CHECK(r.status().message().find(field) == 0);
+  };
+  refuses([](copse::Json& j) { j["link"]["measured"] = "yes"; }, "/link/measured");
+  refuses([](copse::Json& j) { j["link"]["bytes_per_s"] = 1e-320; }, "/link/bytes_per_s");
+  refuses([](copse::Json& j) { j["link"]["hop"] = 5; }, "/link/hop");
+  refuses([](copse::Json& j) { j["layers"][0]["parameters"] = int64_t{1} << 41; }, "/layers/0/parameters");
+  refuses([](copse::Json& j) { j["layers"][2]["at"]["8"]["backward"] = "slow"; }, "/layers/2/at/8/backward");
+  refuses([](copse::Json& j) { j["threads"] = -1; }, "/threads");
+  refuses([](copse::Json& j) { j["calibration"] = {{"vertex_overhead", 1e-4}}; }, "/calibration/update_overhead");
+  refuses(
+      [](copse::Json& j) {
+        for (int i = 0; i < 5000; ++i) j["layers"].push_back(j["layers"][0]);
+      },
+      "/layers");
+  // The planner refuses a table whose times are all zero instead of dividing by them.
+  CostTable zero = Synthetic(3, 5, {128});
+  for (auto& l : zero.layers)
+    for (auto& [size, x] : l.at) x = {};
+  zero.optimizer_per_parameter = 0;
+  zero.link = {0, 0, 1e9, true};
+  PlanRequest r;
+  r.batch = 128;
+  r.daemons = 1;
+  CHECK(!MakePlan(zero, r).ok());
+}
+
 TEST_CASE("CostTable.MeasuredOnARealModel") {
   ProfileOptions o;
   o.model = "mlp:784-32-10";
