@@ -49,6 +49,20 @@ CostTable Synthetic(int n, uint64_t seed, const std::vector<int64_t>& sizes = {1
   return t;
 }
 
+/// `n` equal layers (forward and backward seconds each, no weight-gradient work), with free
+/// hand-offs and updates: where the pipeline theory holds exactly.
+CostTable EqualLayers(int n, const std::vector<int64_t>& sizes, double forward, double backward) {
+  CostTable t = Synthetic(n, 1, sizes);
+  for (auto& l : t.layers) {
+    l.parameters = 1;
+    l.out_bytes_per_sample = 0;
+    for (auto& [size, x] : l.at) x = {forward, backward, backward, 0, backward, backward};
+  }
+  t.optimizer_per_parameter = 0;
+  t.link = {0, 0, 1e9, true};
+  return t;
+}
+
 /// Every split of n layers into `stages` non-empty ranges.
 void Splits(int n, int stages, const std::function<void(const std::vector<int>&)>& visit) {
   std::vector<int> split = {0};
@@ -130,14 +144,7 @@ TEST_CASE("Planner.ChoosesTheLayoutBruteForceFindsFastest") {
 
 TEST_CASE("Planner.ReplayOfEqualStagesIdlesAsTheTheorySays") {
   // Equal stages, free hand-offs and updates: the bubble is (p-1)/(m+p-1) for GPipe and 1F1B.
-  CostTable t = Synthetic(4, 1, {16, 128});
-  for (auto& l : t.layers) {
-    l.parameters = 1;
-    l.out_bytes_per_sample = 0;
-    for (auto& [size, x] : l.at) x = {1e-3, 2e-3, 2e-3, 0, 2e-3, 2e-3};
-  }
-  t.optimizer_per_parameter = 0;
-  t.link = {0, 0, 1e9, true};
+  const CostTable t = EqualLayers(4, {16, 128}, 1e-3, 2e-3);
   PlanRequest r;
   r.batch = 128;
   for (const char* schedule : {"gpipe", "1f1b"}) {
@@ -156,14 +163,7 @@ TEST_CASE("Planner.ReplayOfEqualStagesIdlesAsTheTheorySays") {
 
 TEST_CASE("Planner.InterleavedReplayIdlesAsTheTheorySays") {
   // V chunks a daemon shrink the bubble to (p-1)/(v*m+p-1) with equal chunks and free hand-offs.
-  CostTable t = Synthetic(8, 1, {16});
-  for (auto& l : t.layers) {
-    l.parameters = 1;
-    l.out_bytes_per_sample = 0;
-    for (auto& [size, x] : l.at) x = {1e-3, 1e-3, 1e-3, 0, 1e-3, 1e-3};
-  }
-  t.optimizer_per_parameter = 0;
-  t.link = {0, 0, 1e9, true};
+  const CostTable t = EqualLayers(8, {16}, 1e-3, 1e-3);
   PlanRequest r;
   r.batch = 128;
   const Layout l{"pipeline", 2, 8, "interleaved", {0, 2, 4, 6, 8}, 2};
