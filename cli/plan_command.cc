@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -238,7 +239,7 @@ Json PlanJson(const ml::Plan& plan, const ml::PlanRequest& request) {
               {"kind", c.layout.kind},
               {"degree", c.layout.degree},
               {"step_ms", c.prediction.step_s * 1e3},
-              {"images_per_s", static_cast<double>(request.batch) / c.prediction.step_s},
+              {"samples_per_s", static_cast<double>(request.batch) / c.prediction.step_s},
               {"memory_bytes", c.prediction.memory_bytes},
               {"fits", c.prediction.fits}};
     if (c.layout.kind == "pipeline") {
@@ -260,6 +261,9 @@ int RunPlan(PlanFlags& f) {
   request.batch = f.graph.o.batch;
   request.daemons = f.daemons;
   request.slots_per_daemon = std::max(1, f.graph.o.daemon_cpus / f.graph.o.threads);
+  // Profiled here, the job runs here: its daemons share this machine's cores. A table from
+  // elsewhere (--costs) describes daemons of their own.
+  if (f.costs.empty()) request.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / f.graph.o.threads);
   const int64_t memory_mb = f.memory_mb > 0 ? f.memory_mb : MachineMemoryMb() / std::max(1, f.daemons);
   request.memory_per_daemon = memory_mb > 0 ? memory_mb << 20 : 0;
   if (f.graph.o.precision != "fp32" || f.graph.o.device != "cpu") {
@@ -267,10 +271,8 @@ int RunPlan(PlanFlags& f) {
     return 2;
   }
   auto layers = ml::BuildModelLayers(f.graph.o.model);
-  if (!layers.ok() || f.graph.o.model.rfind("gpt:", 0) == 0) {
-    std::fprintf(stderr, "%s: --model %s: %s\n", me, f.graph.o.model.c_str(),
-                 layers.ok() ? "plans image models (mlp, cnn, mlp:...); gpt models are not profiled yet"
-                             : layers.status().message().c_str());
+  if (!layers.ok()) {
+    std::fprintf(stderr, "%s: --model %s: %s\n", me, f.graph.o.model.c_str(), layers.status().message().c_str());
     return 2;
   }
   auto profile_job = ml::GenerateProfileGraph(ProfileOptionsOf(f, request));
@@ -355,7 +357,7 @@ int RunPlan(PlanFlags& f) {
     }
     o.plan = {{"layout", best.layout.Describe()},
               {"step_ms", best.prediction.step_s * 1e3},
-              {"images_per_s", static_cast<double>(request.batch) / best.prediction.step_s}};
+              {"samples_per_s", static_cast<double>(request.batch) / best.prediction.step_s}};
     if (o.kind == "pipeline") o.plan["bubble"] = best.prediction.bubble;
     auto job = ml::GenerateTrainingGraph(o);
     if (!job.ok()) {
@@ -387,7 +389,7 @@ int RunPlan(PlanFlags& f) {
     }
     size_t width = 6;
     for (const auto& c : plan->candidates) width = std::max(width, c.layout.Describe().size());
-    std::cout << fmt::format("  {:<{}} {:>9} {:>10} {:>7}  {}\n", "layout", width, "step ms", "images/s", "bubble",
+    std::cout << fmt::format("  {:<{}} {:>9} {:>10} {:>7}  {}\n", "layout", width, "step ms", "samples/s", "bubble",
                              "MiB per daemon");
     for (size_t i = 0; i < plan->candidates.size(); ++i) {
       const auto& c = plan->candidates[i];

@@ -114,9 +114,9 @@ std::optional<Json> PlanAgainstRun(const Json& config, const Json& metrics, cons
   // A hand-edited job may carry anything there: only numbers (and a layout string) count.
   const Json plan = config.value("plan", Json());
   auto positive = [&](const char* key) { return plan.contains(key) && plan[key].is_number() && plan[key].get<double>() > 0; };
-  if (!plan.is_object() || !positive("images_per_s") || !positive("step_ms")) return std::nullopt;
+  if (!plan.is_object() || !positive("samples_per_s") || !positive("step_ms")) return std::nullopt;
   Json out = {{"layout", plan.contains("layout") && plan["layout"].is_string() ? plan["layout"] : Json("")},
-              {"predicted_images_per_s", plan["images_per_s"]},
+              {"predicted_samples_per_s", plan["samples_per_s"]},
               {"predicted_step_ms", plan["step_ms"]}};
   // The run's own images/s counts its start (the first step, loading the data); the step
   // time is the steady one, as the plan predicts it.
@@ -485,7 +485,7 @@ int RunJob(const RunOpts& o) {
     if (summary.contains("plan")) {
       const Json& p = summary["plan"];
       std::string line = "  plan " + p.value("layout", std::string()) + ": predicted " +
-                         std::to_string(static_cast<int64_t>(p["predicted_images_per_s"].get<double>())) + " images/s";
+                         std::to_string(static_cast<int64_t>(p["predicted_samples_per_s"].get<double>())) + " samples/s";
       char text[160];
       std::snprintf(text, sizeof text, ", a step %.2f ms", p.value("predicted_step_ms", 0.0));
       line += text;

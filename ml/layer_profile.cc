@@ -8,6 +8,7 @@
 
 #include "ml/models.h"
 #include "ml/optimizer.h"
+#include "ml/transformer.h"
 
 namespace copse::ml {
 namespace {
@@ -37,11 +38,19 @@ int64_t StashBytes(const LayerStash& stash) {
   return bytes;
 }
 
+/// A batch of `b` examples the model takes: images [b, 1, 28, 28], or for a gpt model token ids
+/// [b, context] (a letter, repeated: the passes' cost does not depend on which).
+Result<Tensor> ModelInput(const std::string& model, int64_t b) {
+  if (!IsLanguageModel(model)) return Tensor::Full({b, 1, 28, 28}, 0.5f);
+  COPSE_ASSIGN_OR_RETURN(const GptSpec spec, ParseGptSpec(model));
+  return Tensor::Full({b, spec.context}, 101.0f);
+}
+
 /// Scales the layers' times at micro-batch size `b` so that they add up to the whole model's
 /// forward and backward timed as one vertex runs them, layer after layer: a layer timed alone
 /// finds its weights and input in the cache, which in a real pass the layers before it evicted.
-Status ScaleToWholeModel(const Sequential& model, int64_t b, int repeats, CostTable& table) {
-  const Tensor x = Tensor::Full({b, 1, 28, 28}, 0.5f);
+Status ScaleToWholeModel(const std::string& name, const Sequential& model, int64_t b, int repeats, CostTable& table) {
+  COPSE_ASSIGN_OR_RETURN(const Tensor x, ModelInput(name, b));
   Stash stash;
   Tensor y;
   ForwardContext ctx;
@@ -91,11 +100,6 @@ int64_t CostTable::Parameters(int begin, int end) const {
 }
 
 Result<CostTable> ProfileModel(const ProfileOptions& o) {
-  if (o.model.rfind("gpt:", 0) == 0) {
-    return Status::InvalidArgument("model " + o.model +
-                                   ": profiling covers image models (mlp, cnn, mlp:...); a gpt model's token layers are not "
-                                   "profiled yet");
-  }
   if (o.microbatch_sizes.empty()) return Status::InvalidArgument("microbatch_sizes: expected at least one size");
   if (o.repeats < 1) return Status::InvalidArgument("repeats: expected at least 1");
   COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModel(o.model, o.seed));
@@ -112,7 +116,7 @@ Result<CostTable> ProfileModel(const ProfileOptions& o) {
   ForwardContext ctx;
   for (const int64_t b : o.microbatch_sizes) {
     if (b < 1) return Status::InvalidArgument(fmt::format("microbatch_sizes: {} is not a size", b));
-    Tensor x = Tensor::Full({b, 1, 28, 28}, 0.5f);
+    COPSE_ASSIGN_OR_RETURN(Tensor x, ModelInput(o.model, b));
     for (size_t i = 0; i < model.size(); ++i) {
       Layer& layer = model.layer(i);
       LayerCost& cost = table.layers[i];
@@ -149,7 +153,7 @@ Result<CostTable> ProfileModel(const ProfileOptions& o) {
       }
       x = y;
     }
-    COPSE_RETURN_NOT_OK(ScaleToWholeModel(model, b, o.repeats, table));
+    COPSE_RETURN_NOT_OK(ScaleToWholeModel(o.model, model, b, o.repeats, table));
   }
   // One optimizer step over every parameter, per element, as ml.update takes it: SGD out of
   // place (new tensors for the values and the momentum) from one gradient and from two.

@@ -12,8 +12,7 @@
 // the process's CPU thread count (SetCpuThreads). Each layer is timed alone, then the times at
 // each size are scaled so that they add up to the whole model's forward and backward passes
 // timed as a vertex runs them (a layer timed alone finds its weights in the cache; in a real
-// pass the layers before it evicted them). Image models only (a gpt model's layers take
-// token ids and are profiled by no code yet: InvalidArgument says so).
+// pass the layers before it evicted them). A gpt model's samples are windows of its context.
 #include <cstdint>
 #include <map>
 #include <string>

@@ -275,6 +275,8 @@ Result<Prediction> CostModel::DataParallel(const Layout& l) const {
   const int remote = D - local;
   const double gather = remote > 0 ? t_.link.hop + remote * gradient_bytes / t_.link.bytes_per_s : Gap();
   const double scatter = remote > 0 ? Transfer(gradient_bytes) : Gap();
+  // More workers than cores to run them: they share the cores, each as much slower.
+  if (r_.cores > 0 && D > r_.cores) compute *= static_cast<double>(D) / r_.cores;
   Prediction p;
   p.step_s = compute + gather + update + scatter;
   // Per daemon, beside its workers' stashes: the update's holds the parameters, optimizer state

@@ -49,9 +49,13 @@
 namespace copse::ml {
 
 struct PlanRequest {
-  int64_t batch = 128;            // global batch per step
-  int daemons = 2;                // daemons the job may use
-  int slots_per_daemon = 2;       // compute vertices a daemon runs at once (its cpus / --threads)
+  int64_t batch = 128;       // global batch per step
+  int daemons = 2;           // daemons the job may use
+  int slots_per_daemon = 2;  // compute vertices a daemon runs at once (its cpus / --threads)
+  // Compute vertices that can run at once without sharing a core, over all daemons (0: as many
+  // as they have slots). A local cluster's daemons share this machine's cores: more workers
+  // than that run as much slower.
+  int cores = 0;
   int64_t memory_per_daemon = 0;  // bytes a daemon offers (0: unbounded)
   std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved"};
   int virtual_stages = 2;  // model chunks per daemon of the interleaved candidates

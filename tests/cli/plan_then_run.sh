@@ -4,8 +4,8 @@
 # completes with the prediction beside the measured steady step; it plans again from the saved
 # cost table, refuses a daemon too small naming what is missing (the default mlp's 1.9 M
 # parameters in 1 MiB), writes the profiling job alone for a cluster, names the field of a bad
-# table, refuses a table measured for other flags, plans one daemon without pipelines, and
-# refuses a gpt model up front. Each check prints "ok: …" or "FAILED: …"; the last line counts
+# table, refuses a table measured for other flags, plans one daemon without pipelines, plans a
+# gpt model, and refuses a model that does not exist up front. Each check prints "ok: …" or "FAILED: …"; the last line counts
 # the failures. Needs Debian's Fashion-MNIST to run the planned job (skipped, 77, without).
 # Usage: plan_then_run.sh COPSE_BINARY WORK_DIR
 [ -d /usr/share/datasets/fashion-mnist ] || { echo "no Fashion-MNIST here; skipped"; exit 77; }
@@ -66,7 +66,9 @@ check "one daemon: exit 0" [ $? -eq 0 ]
 check "one daemon: no pipeline weighed" sh -c "! grep -q ' pipeline ' one.out"
 check "one daemon: hop and rate said unmeasured" has '(not measured: defaults)' one.out
 
-"$copse" plan --model gpt:1-16-2-8 --out gpt.json > gpt.out 2>&1
-check "a gpt model: usage error" [ $? -eq 2 ]
-check "a gpt model: said why" has 'gpt models are not profiled yet' gpt.out
+"$copse" plan --model gpt:1-16-2-8 --batch 8 --repeats 1 --no-calibrate --out gpt.json > gpt.out 2>&1
+check "a gpt model plans" [ $? -eq 0 ]
+check "a gpt model: a job written" [ -s gpt.json ]
+"$copse" plan --model mlp:785-10 --out bad-model.json > bad-model.out 2>&1
+check "a model that does not exist: usage error" [ $? -eq 2 ]
 echo "checks failed: $failed"

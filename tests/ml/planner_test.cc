@@ -372,6 +372,12 @@ TEST_CASE("CostTable.MeasuredOnARealModel") {
   CHECK(t->layers[1].at[16].forward > 0);
   CHECK(t->layers[1].at[16].weight_grad > 0);
   CHECK(t->optimizer_per_parameter > 0);
+  // A gpt model: token windows of its context.
   o.model = "gpt:1-16-2-8";
-  CHECK(ProfileModel(o).status().message().find("image models") != std::string::npos);
+  auto gpt = ProfileModel(o);
+  REQUIRE(gpt.ok());
+  CHECK(gpt->layers.size() > 3);
+  CHECK(gpt->layers.back().out_bytes_per_sample == 8 * 256 * 4);  // logits [T, 256] per window
+  o.model = "mlp:785-10";
+  CHECK(!ProfileModel(o).ok());
 }
