@@ -31,6 +31,8 @@ def graph_args(c):
         if c["schedule"] == "interleaved":
             args += ["--virtual-stages", str(c["virtual_stages"])]
         return args
+    if c["kind"] == "tensor-parallel":
+        return ["tensor-parallel", "--tensor-parallel", str(c["degree"]), "--tp-channel", "shm"]
     return ["data-parallel", "--workers", str(c["degree"]), "--reducer", "ps"]
 
 
@@ -39,7 +41,7 @@ def step_ms(summary, work, c):
     the job manager's trace (as `copse run`'s summary computes it for a planned job)."""
     trace = json.load(open(os.path.join(work, "trace.json")))
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    update = "upd0" if c["kind"] == "pipeline" else "ps"
+    update = {"pipeline": "upd0", "tensor-parallel": "tp0"}.get(c["kind"], "ps")
     ends = {}
     for e in events:
         if e.get("ph") != "X" or e.get("args", {}).get("outcome") != "completed":
@@ -55,6 +57,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("copse")
     ap.add_argument("--model", default="mlp")
+    ap.add_argument("--optimizer", default="sgd")
+    ap.add_argument("--lr", default="0.05")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3)
@@ -70,7 +74,8 @@ def main():
 
 
 def bench(a, work):
-    common = ["--model", a.model, "--batch", str(a.batch), "--steps", str(a.steps), "--daemon-cpus", str(a.cpus)]
+    common = ["--model", a.model, "--batch", str(a.batch), "--steps", str(a.steps), "--daemon-cpus", str(a.cpus),
+              "--optimizer", a.optimizer, "--lr", a.lr]
     plan = json.loads(run([a.copse, "plan", *common, "--daemons", str(a.daemons), "--out",
                            os.path.join(work, "planned.json"), "--save-costs", os.path.join(work, "costs.json"),
                            "-o", "json"]).stdout)
@@ -87,8 +92,11 @@ def bench(a, work):
     single_process = []  # copse train: one process with every core a daemon has
     for r in range(a.rounds):
         out = run([a.copse, "train", "--model", a.model, "--batch", str(a.batch), "--steps", str(a.steps),
-                   "--threads", str(a.cpus), "-o", "json"])
-        single_process.append(json.loads(out.stdout)["images_per_s"])
+                   "--threads", str(a.cpus), "--optimizer", a.optimizer, "--lr", a.lr, "-o", "json"])
+        trained = json.loads(out.stdout)
+        # Samples (images, or a gpt's windows) per second.
+        single_process.append(trained["tokens_per_s"] / int(a.model.split("-")[3].split(",")[0])
+                              if a.model.startswith("gpt:") else trained["images_per_s"])
         order = runs if r % 2 == 0 else list(reversed(runs))
         for c in order:
             job = os.path.join(work, "job.json")
@@ -97,16 +105,16 @@ def bench(a, work):
                        "--output", os.path.join(work, "out"), "--trace", os.path.join(work, "trace.json")])
             s = json.loads(out.stdout)
             measured[c["layout"]].append(step_ms(s, work, c))
-    print(f"{'layout':<40} {'predicted step ms':>18} {'measured (median)':>18} {'measured/predicted':>19}"
-          f" {'images/s measured':>18}")
+    print(f"{'layout':<50} {'predicted step ms':>18} {'measured (median)':>18} {'measured/predicted':>19}"
+          f" {'samples/s measured':>18}")
     for c in runs:
         m = statistics.median(measured[c["layout"]])
-        print(f"{c['layout']:<40} {c['step_ms']:>18.2f} {m:>18.2f} {m / c['step_ms']:>18.2f}x {a.batch / m * 1e3:>18.0f}"
+        print(f"{c['layout']:<50} {c['step_ms']:>18.2f} {m:>18.2f} {m / c['step_ms']:>18.2f}x {a.batch / m * 1e3:>18.0f}"
               + ("   <- chosen" if c is chosen else ""))
     ratio = statistics.median(measured[single["layout"]]) / statistics.median(measured[chosen["layout"]])
     print(f"chosen plan vs data-parallel 1 (one worker, same runs), steady steps: {ratio:.2f}x")
     train = statistics.median(single_process)
-    print(f"copse train (one process, {a.cpus} threads): {train:.0f} images/s (median of {a.rounds})")
+    print(f"copse train (one process, {a.cpus} threads): {train:.0f} samples/s (median of {a.rounds})")
     for c in runs:
         images = a.batch / statistics.median(measured[c["layout"]]) * 1e3
         if c is chosen or (c["kind"] == "pipeline" and c is next(x for x in runs if x["kind"] == "pipeline")):

@@ -27,6 +27,7 @@
 #include "ml/models.h"
 #include "ml/planner.h"
 #include "ml/profile_graph.h"
+#include "ml/transformer.h"
 
 namespace copse::cli {
 namespace {
@@ -61,6 +62,12 @@ ml::ProfileGraphOptions ProfileOptionsOf(const PlanFlags& f, const ml::PlanReque
   p.daemon_cpus = f.graph.o.daemon_cpus;
   p.threads = f.graph.o.threads;
   p.repeats = f.repeats;
+  // A gpt model: tensor-parallel groups that fit one daemon's slots and split its heads.
+  if (auto spec = ml::ParseGptSpec(f.graph.o.model); ml::IsLanguageModel(f.graph.o.model) && spec.ok()) {
+    for (int ranks = 2; ranks <= std::min(request.slots_per_daemon, 16); ranks *= 2) {
+      if (spec->heads % ranks == 0 && spec->dim % ranks == 0) p.tensor_parallel.push_back(ranks);
+    }
+  }
   return p;
 }
 
@@ -155,35 +162,42 @@ std::optional<std::pair<std::string, int64_t>> VertexName(const std::string& nam
 }
 
 /// Calibrates `table` (ml::Calibrate) on short real training runs on the local cluster: one
-/// data-parallel worker, and a 2-stage 1F1B pipeline of (up to) 4 micro-batches where there are
-/// 2 daemons and 2 layers; 4 steps each, the first left out; each vertex timed by the programs
-/// themselves (COPSE_ML_TRACE).
+/// data-parallel worker; 2-stage 1F1B pipelines of 2 and of up to 16 micro-batches where there
+/// are 2 daemons and 2 layers; a tensor-parallel group where the table has shards; 4 steps
+/// each, the first left out; each vertex timed by the programs themselves (COPSE_ML_TRACE).
 Status CalibrateLocally(const PlanFlags& f, ml::CostTable& table, const std::filesystem::path& dir) {
   std::cerr << "copse plan: calibrating on short training runs…\n";
   const int layers = static_cast<int>(table.layers.size());
   const double optimizer = table.optimizer_per_parameter * static_cast<double>(table.Parameters(0, layers));
   std::vector<ml::VertexSample> samples;
-  for (const std::string kind : {"data-parallel", "pipeline"}) {
+  const std::vector<int64_t> sizes = table.MicrobatchSizes();
+  auto measured_at = [&](int64_t size) { return std::find(sizes.begin(), sizes.end(), size) != sizes.end(); };
+  const int64_t batch = f.graph.o.batch;
+  if (!measured_at(batch))
+    return Status::InvalidArgument(fmt::format("calibration: the cost table has no times at the batch of {}", batch));
+  // Pipelines at two micro-batch counts (2 and up to 16), so that the fit tells the table's
+  // error per micro-batch of work from what each vertex adds.
+  std::vector<std::pair<std::string, int>> runs = {{"data-parallel", 1}};
+  if (f.daemons >= 2 && layers >= 2) {
+    int most = 1;
+    for (int m = 2; m <= 16 && batch % m == 0 && measured_at(batch / m); m *= 2) most = m;
+    if (most >= 2) runs.push_back({"pipeline", 2});
+    if (most > 2) runs.push_back({"pipeline", most});
+  }
+  if (!table.shards.empty()) runs.push_back({"tensor-parallel", 1});
+  for (const auto& [kind, microbatches] : runs) {
     ml::GraphOptions o = f.graph.o;
     o.kind = kind;
     o.steps = 4;
     o.limit = o.batch * 4;
     o.test_limit = 64;
     o.checkpoint_every = 0;
-    o.name = "calibrate-" + kind;
-    int microbatches = 1;
-    const std::vector<int64_t> sizes = table.MicrobatchSizes();
-    if (std::find(sizes.begin(), sizes.end(), o.batch) == sizes.end())
-      return Status::InvalidArgument(fmt::format("calibration: the cost table has no times at the batch of {}", o.batch));
-    for (int m : {4, 2}) {
-      if (o.batch % m == 0 && std::find(sizes.begin(), sizes.end(), o.batch / m) != sizes.end()) {
-        microbatches = m;
-        break;
-      }
-    }
+    o.name = "calibrate-" + kind + (kind == "pipeline" ? "-m" + std::to_string(microbatches) : "");
     const int64_t mb = o.batch / microbatches;
-    if (kind == "pipeline") {
-      if (f.daemons < 2 || layers < 2) continue;
+    if (kind == "tensor-parallel") {
+      o.tensor_parallel = table.shards.begin()->first;
+      o.tp_channel = "shm";
+    } else if (kind == "pipeline") {
       o.stages = 2;
       o.microbatches = microbatches;
       o.schedule = "1f1b";
@@ -206,7 +220,10 @@ Status CalibrateLocally(const PlanFlags& f, ml::CostTable& table, const std::fil
       const auto& [stage, index] = *v;
       const double measured = static_cast<double>(end - start) / 1e6;
       using K = ml::VertexSample::Kind;
-      if (kind == "pipeline") {
+      if (kind == "tensor-parallel") {
+        if (stage == "tp0" && index >= 1)
+          samples.push_back({K::kTensorParallel, ml::TensorParallelMemberStep(table, o.tensor_parallel, o.batch), measured});
+      } else if (kind == "pipeline") {
         const int s = stage.size() == 4 ? stage[3] - '0' : -1;
         if (s < 0 || s > 1) continue;
         const auto t =
@@ -345,7 +362,10 @@ int RunPlan(PlanFlags& f) {
     const ml::Candidate& best = plan->candidates[static_cast<size_t>(plan->best)];
     ml::GraphOptions o = f.graph.o;
     o.kind = best.layout.kind;
-    if (o.kind == "pipeline") {
+    if (o.kind == "tensor-parallel") {
+      o.tensor_parallel = best.layout.degree;
+      o.tp_channel = "shm";  // one daemon's members, as the planner weighs them
+    } else if (o.kind == "pipeline") {
       o.stages = best.layout.degree;
       o.microbatches = best.layout.microbatches;
       o.schedule = best.layout.schedule;

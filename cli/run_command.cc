@@ -91,10 +91,14 @@ std::optional<Json> PipelineBubble(const std::map<std::string, ml::Span>& spans,
 
 /// A training job's steady step time in ms: the median interval between the ends of
 /// consecutive steps' updates (`upd0[t]` of a pipeline, `ps[t]` or `update[t]` of data-parallel
-/// training), the first step (warm-up) left out; 0 when the trace has fewer than three.
+/// training, member `tp0[t]` of tensor-parallel), the first step (warm-up) left out; 0 when the
+/// trace has fewer than three.
 double MeasuredStepMs(const std::map<std::string, ml::Span>& spans, const Json& config) {
   const std::string kind = config.value("kind", "");
-  const std::string update = kind == "pipeline" ? "upd0" : config.value("reducer", "") == "ps" ? "ps" : "update";
+  const std::string update = kind == "pipeline"                    ? "upd0"
+                             : kind == "tensor-parallel"           ? "tp0"
+                             : config.value("reducer", "") == "ps" ? "ps"
+                                                                   : "update";
   std::vector<double> ends;
   for (int64_t t = 0;; ++t) {
     auto it = spans.find(update + "[" + std::to_string(t) + "]");

@@ -285,12 +285,12 @@ Json Config(const GraphOptions& o, int64_t steps) {
     c["tensor_parallel"] = o.tensor_parallel;
     c["tp_channel"] = o.tp_channel;
   }
+  if (!o.plan.is_null()) c["plan"] = o.plan;
   if (o.kind == "tensor-parallel") return c;
   if (o.kind != "pipeline") c["workers"] = o.workers;
   if (o.kind == "data-parallel") c["reducer"] = o.reducer;
   if (o.staleness > 0) c["staleness"] = o.staleness;
   if (o.device != "cpu") c["device"] = o.device;
-  if (!o.plan.is_null()) c["plan"] = o.plan;
   if (o.kind != "data-parallel") {
     c["stages"] = o.stages;
     c["microbatches"] = o.microbatches;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -91,8 +92,8 @@ class CostModel {
       c.output_bytes_per_sample += static_cast<double>(t_.layers[l].out_bytes_per_sample);
     }
     c.update = weight_grads + t_.optimizer_per_parameter * static_cast<double>(c.parameters) + t_.update_overhead;
-    c.forward += t_.vertex_overhead;
-    c.backward += t_.vertex_overhead;
+    c.forward = t_.vertex_scale * c.forward + t_.vertex_overhead;
+    c.backward = t_.vertex_scale * c.backward + t_.vertex_overhead;
     c.boundary_bytes =
         static_cast<double>(t_.layers[static_cast<size_t>(end - 1)].out_bytes_per_sample) * static_cast<double>(mb);
     return c;
@@ -115,8 +116,8 @@ class CostModel {
         defers = defers && t_.layers[static_cast<size_t>(i)].defers_weight_gradients;
         const double boundary =
             static_cast<double>(t_.layers[static_cast<size_t>(i)].out_bytes_per_sample) * static_cast<double>(mb);
-        time[static_cast<size_t>(a)][static_cast<size_t>(b)] =
-            forward + (defers ? input_only : full) + 2 * t_.vertex_overhead + (b == n ? 0.0 : 2 * Transfer(boundary));
+        time[static_cast<size_t>(a)][static_cast<size_t>(b)] = t_.vertex_scale * (forward + (defers ? input_only : full)) +
+                                                               2 * t_.vertex_overhead + (b == n ? 0.0 : 2 * Transfer(boundary));
       }
     }
     return time;
@@ -124,6 +125,10 @@ class CostModel {
 
   Result<Prediction> Pipeline(const Layout& l) const;
   Result<Prediction> DataParallel(const Layout& l) const;
+  Result<Prediction> TensorParallel(const Layout& l) const;
+  /// One member's step of a tensor-parallel group of `ranks` without calibration: its shard's
+  /// forward and backward over the whole batch, and the optimizer over its shard.
+  double MemberStep(int ranks) const;
   void CheckMemory(Prediction& p, const char* what) const;
 
  private:
@@ -292,6 +297,46 @@ Result<Prediction> CostModel::DataParallel(const Layout& l) const {
   return p;
 }
 
+double CostModel::MemberStep(int ranks) const {
+  CostTable shard = t_;
+  shard.layers = t_.shards.at(ranks);
+  shard.shards.clear();
+  const CostModel m(shard, r_);
+  double step = 0;
+  for (size_t i = 0; i < shard.layers.size(); ++i) {
+    step += m.At(i, r_.batch)->forward + m.Backward(static_cast<int>(i), r_.batch, /*input_only=*/false, /*begin=*/0);
+  }
+  return step + t_.optimizer_per_parameter * static_cast<double>(shard.Parameters(0, static_cast<int>(shard.layers.size())));
+}
+
+Result<Prediction> CostModel::TensorParallel(const Layout& l) const {
+  const int R = l.degree;
+  auto it = t_.shards.find(R);
+  if (it == t_.shards.end())
+    return Status::InvalidArgument(l.Describe() + ": the cost table has no shards of " + std::to_string(R));
+  for (const LayerCost& layer : it->second) {
+    if (!layer.at.count(r_.batch))
+      return Status::InvalidArgument(
+          fmt::format("{}: the cost table has no shard times at the batch of {}", l.Describe(), r_.batch));
+  }
+  // The members share one daemon (their live channels are shm) and the step: each computes its
+  // shard over the whole batch, all-reducing each block's partial sums with the others (what
+  // that costs is in the calibrated overhead).
+  double step = MemberStep(R);
+  if (r_.cores > 0 && R > r_.cores) step *= static_cast<double>(R) / r_.cores;
+  Prediction p;
+  p.step_s = step + t_.tensor_parallel_overhead + Gap();
+  double stash = 0;
+  int64_t parameters = 0;
+  for (const LayerCost& layer : it->second) {
+    stash += static_cast<double>(layer.stash_bytes_per_sample);
+    parameters += layer.parameters;
+  }
+  p.memory_bytes.push_back(Bytes(R * (ParameterBytes(parameters) + stash * static_cast<double>(r_.batch))));
+  CheckMemory(p, "daemon");
+  return p;
+}
+
 /// Every increasing split of `layers` into `stages` non-empty ranges, in lexicographic order.
 template <typename Visit>
 void ForEachSplit(int layers, int stages, Visit&& visit) {
@@ -323,6 +368,7 @@ int64_t Splits(int layers, int stages) {  // C(layers - 1, stages - 1), saturati
 VertexTimes StageVertexTimes(const CostTable& table, int begin, int end, int64_t mb, int microbatches) {
   CostTable bare = table;  // the layers' passes alone, whatever an earlier calibration added
   bare.vertex_overhead = bare.update_overhead = bare.gradient_overhead = bare.server_overhead = 0;
+  bare.vertex_scale = 1;
   const PlanRequest request;
   const CostModel model(bare, request);
   const StageCost c = model.Stage(begin, end, mb, microbatches);
@@ -331,8 +377,35 @@ VertexTimes StageVertexTimes(const CostTable& table, int begin, int end, int64_t
   return v;
 }
 
+double TensorParallelMemberStep(const CostTable& table, int ranks, int64_t batch) {
+  PlanRequest request;
+  request.batch = batch;
+  return CostModel(table, request).MemberStep(ranks);
+}
+
+namespace {
+
+/// measured = a x predicted + b over the samples of `kind` by least squares, when their
+/// predictions span at least 1.5x (else nothing can tell a from b) and a lands in [0.5, 4] and
+/// b >= 0.
+std::optional<std::pair<double, double>> FitLine(const std::vector<VertexSample>& samples, VertexSample::Kind kind) {
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0, lo = kNever, hi = 0;
+  for (const VertexSample& s : samples) {
+    if (s.kind != kind) continue;
+    n += 1, sx += s.predicted, sy += s.measured, sxx += s.predicted * s.predicted, sxy += s.predicted * s.measured;
+    lo = std::min(lo, s.predicted), hi = std::max(hi, s.predicted);
+  }
+  if (n < 4 || !(lo > 0) || hi < 1.5 * lo) return std::nullopt;
+  const double a = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+  const double b = (sy - a * sx) / n;
+  if (!std::isfinite(a) || a < 0.5 || a > 4 || !(b >= 0)) return std::nullopt;
+  return std::make_pair(a, b);
+}
+
+}  // namespace
+
 Status Calibrate(CostTable& table, const std::vector<VertexSample>& samples) {
-  std::vector<double> excess[4];
+  std::vector<double> excess[5];
   for (const VertexSample& s : samples) excess[s.kind].push_back(s.measured - s.predicted);
   auto median = [](std::vector<double>& v) {
     std::sort(v.begin(), v.end());
@@ -345,15 +418,27 @@ Status Calibrate(CostTable& table, const std::vector<VertexSample>& samples) {
   auto& server = excess[VertexSample::kServerUpdate];
   if ((stage.empty() && gradient.empty()) || (stage_update.empty() && server.empty()))
     return Status::InvalidArgument("calibration: the run timed no compute vertex or no update");
+  // Pipeline forwards and backwards, timed at two micro-batch sizes: measured = scale x predicted
+  // + overhead by least squares, so that what the table misses per micro-batch of work and per
+  // vertex are told apart (a vertex of a small micro-batch is mostly its overhead). One size
+  // only (or a fit out of range): scale 1 and the median excess.
+  table.vertex_scale = 1;
   table.vertex_overhead = median(stage.empty() ? gradient : stage);
+  if (const auto fit = FitLine(samples, VertexSample::kStage)) {
+    table.vertex_scale = fit->first;
+    table.vertex_overhead = fit->second;
+  }
   table.update_overhead = median(stage_update.empty() ? server : stage_update);
   table.gradient_overhead = gradient.empty() ? table.vertex_overhead : median(gradient);
   table.server_overhead = server.empty() ? table.update_overhead : median(server);
+  auto& tensor_parallel = excess[VertexSample::kTensorParallel];
+  table.tensor_parallel_overhead = tensor_parallel.empty() ? 0 : median(tensor_parallel);
   table.calibrated = true;
   return Status::OK();
 }
 
 std::string Layout::Describe() const {
+  if (kind == "tensor-parallel") return fmt::format("tensor-parallel {}", degree);
   if (kind != "pipeline") return fmt::format("data-parallel {}", degree);
   const std::string chunks = schedule == "interleaved" ? fmt::format(" V={}", virtual_stages) : "";
   return fmt::format("pipeline {} {}{} M={} split {}", degree, schedule, chunks, microbatches, fmt::join(split, ","));
@@ -436,9 +521,11 @@ std::vector<int> BestSplit(const CostTable& table, int stages, int microbatches,
 Result<Prediction> Predict(const CostTable& table, const Layout& layout, const PlanRequest& request) {
   const CostModel model(table, request);
   if (layout.degree < 1 || layout.microbatches < 1 ||
-      request.batch % (layout.kind == "pipeline" ? layout.microbatches : layout.degree))
+      (layout.kind != "tensor-parallel" && request.batch % (layout.kind == "pipeline" ? layout.microbatches : layout.degree)))
     return Status::InvalidArgument(layout.Describe() + ": the batch of " + std::to_string(request.batch) + " does not divide so");
-  const int64_t size = request.batch / (layout.kind == "pipeline" ? layout.microbatches : layout.degree);
+  const int64_t size = layout.kind == "tensor-parallel"
+                           ? request.batch
+                           : request.batch / (layout.kind == "pipeline" ? layout.microbatches : layout.degree);
   if (!model.Measured(size))
     return Status::InvalidArgument(
         fmt::format("{}: the cost table has no times at micro-batch size {}", layout.Describe(), size));
@@ -452,7 +539,9 @@ Result<Prediction> Predict(const CostTable& table, const Layout& layout, const P
         std::adjacent_find(layout.split.begin(), layout.split.end(), std::greater_equal<int>()) != layout.split.end())
       return Status::InvalidArgument(layout.Describe() + ": not a split of " + std::to_string(n) + " layers");
   }
-  COPSE_ASSIGN_OR_RETURN(Prediction p, layout.kind == "pipeline" ? model.Pipeline(layout) : model.DataParallel(layout));
+  COPSE_ASSIGN_OR_RETURN(Prediction p, layout.kind == "pipeline"          ? model.Pipeline(layout)
+                                       : layout.kind == "tensor-parallel" ? model.TensorParallel(layout)
+                                                                          : model.DataParallel(layout));
   if (!std::isfinite(p.step_s) || p.step_s <= 0)
     return Status::InvalidArgument(layout.Describe() + ": the cost table predicts no finite, positive step time");
   return p;
@@ -474,6 +563,11 @@ Result<Plan> MakePlan(const CostTable& table, const PlanRequest& request) {
   for (int d = 1; d <= most_workers; d *= 2) {
     if (request.batch % d || !model.Measured(request.batch / d)) continue;
     COPSE_RETURN_NOT_OK(add({"data-parallel", d, 1, "", {}}));
+  }
+  // Tensor-parallel groups of the sizes the table has shards of, on one daemon's slots.
+  for (const auto& [ranks, layers] : table.shards) {
+    if (ranks > std::max(1, request.slots_per_daemon) || !model.Measured(request.batch)) continue;
+    COPSE_RETURN_NOT_OK(add({"tensor-parallel", ranks, 1, "", {}}));
   }
   for (int stages = 2; stages <= std::min(request.daemons, n); ++stages) {
     for (int m = 1; m <= request.max_microbatches; m *= 2) {

@@ -21,6 +21,10 @@
 // few (kExhaustiveSplits), so small models get the split the replay itself finds fastest among
 // those that fit in memory (the dynamic program does not weigh memory: its split may not fit).
 //
+// Tensor-parallel with R members (gpt models, the table's shards): one gang on one daemon (shm
+// channels) per step, each member's shard forward and backward over the whole batch plus the
+// optimizer over its shard, and the calibrated rest (its all-reduces).
+//
 // Data-parallel with D workers (the ps reducer): each worker's forward and full backward on
 // batch/D, its gradients to the update, the optimizer step over their sum, the new parameters
 // back to the workers. The job manager places workers where the parameters are while that
@@ -44,7 +48,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "ml/layer_profile.h"
+#include "ml/cost_table.h"
 
 namespace copse::ml {
 
@@ -63,7 +67,7 @@ struct PlanRequest {
 };
 
 struct Layout {
-  std::string kind;              // data-parallel | pipeline
+  std::string kind;              // data-parallel | pipeline | tensor-parallel
   int degree = 1;                // workers (data-parallel) or stages (pipeline)
   int microbatches = 1;          // pipeline
   std::string schedule;          // pipeline: gpipe | 1f1b | interleaved
@@ -115,9 +119,14 @@ struct VertexTimes {
 };
 VertexTimes StageVertexTimes(const CostTable& table, int begin, int end, int64_t mb, int microbatches);
 
+/// One member's step of a tensor-parallel group of `ranks` over `batch`, without calibration: its
+/// shard's forward and backward and the optimizer over its shard. The table must have shards of
+/// `ranks` measured at `batch`.
+double TensorParallelMemberStep(const CostTable& table, int ranks, int64_t batch);
+
 /// One vertex of a calibration run: what the cost table predicted for it and how long it ran.
 struct VertexSample {
-  enum Kind { kStage, kStageUpdate, kGradient, kServerUpdate } kind;  // fwd/bwd, upd, grad, ps
+  enum Kind { kStage, kStageUpdate, kGradient, kServerUpdate, kTensorParallel } kind;  // fwd/bwd, upd, grad, ps, tp
   double predicted = 0, measured = 0;
 };
 /// Sets the table's overheads to the median excess of the measured over the predicted durations

@@ -16,11 +16,8 @@ Result<Json> GenerateProfileGraph(const ProfileGraphOptions& o) {
     return Status::InvalidArgument("hop payloads: expected 0 <= small < large <= 256 MiB");
   Json stages = Json::array(), edges = Json::array();
   auto group = [](int d) { return "plan" + std::to_string(d); };
-  const Json profile_params = {{"model", o.model},
-                               {"sizes", o.microbatch_sizes},
-                               {"optimizer", o.optimizer},
-                               {"repeats", o.repeats},
-                               {"threads", o.threads}};
+  const Json profile_params = {{"model", o.model},     {"sizes", o.microbatch_sizes}, {"optimizer", o.optimizer},
+                               {"repeats", o.repeats}, {"threads", o.threads},        {"tensor_parallel", o.tensor_parallel}};
   for (int d = 0; d < o.daemons; ++d) {
     stages.push_back({{"name", "profile" + std::to_string(d)},
                       {"program", "ml.profile"},

@@ -19,9 +19,10 @@ struct ProfileGraphOptions {
   std::string model = "mlp";
   std::vector<int64_t> microbatch_sizes = {128};
   std::string optimizer = "sgd";
-  int daemons = 2;      // profiled in parallel, one vertex each
-  int daemon_cpus = 2;  // what one daemon offers: each ml.profile vertex takes all of it
-  int threads = 1;      // CPU threads of the training job's compute vertices
+  std::vector<int> tensor_parallel;  // gpt models: tensor-parallel group sizes to measure shards of
+  int daemons = 2;                   // profiled in parallel, one vertex each
+  int daemon_cpus = 2;               // what one daemon offers: each ml.profile vertex takes all of it
+  int threads = 1;                   // CPU threads of the training job's compute vertices
   int repeats = 5;
   int hops = 16;  // hand-offs per chain (even: a clock offset between two daemons cancels)
   // Hop payloads: about a micro-batch's activations, and a larger message for the link's rate.

@@ -19,7 +19,8 @@ using vertex::VertexContext;
 using vertex::VertexProgram;
 
 /// ml.profile: measures the model's layers (ProfileModel) on this daemon. Params: model,
-/// sizes (micro-batch sizes), optimizer, repeats, threads (the CPU threads a training vertex
+/// sizes (micro-batch sizes), tensor_parallel (group sizes to measure shards of), optimizer,
+/// repeats, threads (the CPU threads a training vertex
 /// will have: its resources.cpus, not this vertex's, which takes the whole daemon so that
 /// nothing else runs beside the measurement). Output 0: the cost table as JSON.
 class ProfileProgram final : public VertexProgram {
@@ -30,6 +31,9 @@ class ProfileProgram final : public VertexProgram {
     o.optimizer = ctx.param<std::string>("optimizer", "sgd");
     o.repeats = ctx.param<int>("repeats", 5);
     o.microbatch_sizes = ctx.param<std::vector<int64_t>>("sizes", {128});
+    o.tensor_parallel = ctx.param<std::vector<int>>("tensor_parallel", {});
+    if (std::any_of(o.tensor_parallel.begin(), o.tensor_parallel.end(), [](int r) { return r < 2 || r > 16; }))
+      return Status::InvalidArgument(ctx.name + ": param \"tensor_parallel\": expected group sizes of 2..16");
     if (o.repeats < 1 || o.repeats > 1000) return Status::InvalidArgument(ctx.name + ": param \"repeats\": expected 1..1000");
     if (o.microbatch_sizes.empty() || o.microbatch_sizes.size() > 32 ||
         std::any_of(o.microbatch_sizes.begin(), o.microbatch_sizes.end(), [](int64_t b) { return b < 1 || b > (1 << 20); }))

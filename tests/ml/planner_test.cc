@@ -358,6 +358,71 @@ TEST_CASE("CostTable.RefusesValuesThatWouldBreakThePlanner") {
   CHECK(!MakePlan(zero, r).ok());
 }
 
+TEST_CASE("Planner.WeighsTensorParallelGroupsFromTheirShards") {
+  CostTable t = Synthetic(4, 4);
+  // Member 0 of 2 does half of each layer's work.
+  std::vector<LayerCost> half = t.layers;
+  for (auto& l : half) {
+    l.parameters /= 2;
+    for (auto& [size, x] : l.at) {
+      for (double* v : {&x.forward, &x.backward, &x.backward_input, &x.weight_grad, &x.backward_first, &x.backward_input_first})
+        *v /= 2;
+    }
+  }
+  t.shards[2] = half;
+  PlanRequest r;
+  r.batch = 128;
+  r.daemons = 1;
+  r.slots_per_daemon = 2;
+  auto plan = MakePlan(t, r);
+  REQUIRE(plan.ok());
+  const Candidate* tp = nullptr;
+  for (const auto& c : plan->candidates) {
+    if (c.layout.kind == "tensor-parallel") tp = &c;
+  }
+  REQUIRE(tp != nullptr);
+  CHECK(tp->layout.Describe() == "tensor-parallel 2");
+  // Half the work of one worker's step, plus the calibrated rest and a gap.
+  const double member = TensorParallelMemberStep(t, 2, 128);
+  CHECK(tp->prediction.step_s == doctest::Approx(member + t.link.gap));
+  CHECK(member < StageVertexTimes(t, 0, 4, 128, 1).gradient);
+  // Beyond a daemon's slots, or sharing fewer cores, it is weighed as such.
+  r.slots_per_daemon = 1;
+  const auto narrow = MakePlan(t, r);
+  REQUIRE(narrow.ok());
+  for (const auto& c : narrow->candidates) CHECK(c.layout.kind != "tensor-parallel");
+  r.slots_per_daemon = 2;
+  r.cores = 1;
+  CHECK(Predict(t, {"tensor-parallel", 2, 1, "", {}}, r)->step_s == doctest::Approx(2 * member + t.link.gap));
+  // Shards travel with the table, and must match its layers.
+  auto back = CostTableFromJson(ToJson(t));
+  REQUIRE(back.ok());
+  CHECK(ToJson(*back) == ToJson(t));
+  copse::Json bad = ToJson(t);
+  bad["shards"]["2"].erase(0);
+  CHECK(CostTableFromJson(bad).status().message().find("/shards/2: 3 layers, where the model has 4") == 0);
+  bad = ToJson(t);
+  bad["shards"]["1"] = bad["shards"]["2"];
+  CHECK(CostTableFromJson(bad).status().message().find("/shards/1") == 0);
+}
+
+TEST_CASE("Planner.CalibrationFitsScaleAndOverheadOverTwoMicroBatchSizes") {
+  CostTable t = Synthetic(4, 2);
+  using K = VertexSample::Kind;
+  // Vertices of two sizes took 1.2 x their layers' time + 300 us.
+  std::vector<VertexSample> samples = {{K::kStageUpdate, 1e-3, 2e-3}};
+  for (double predicted : {1e-3, 1e-3, 1e-3, 4e-3, 4e-3, 4e-3}) samples.push_back({K::kStage, predicted, 1.2 * predicted + 3e-4});
+  REQUIRE(Calibrate(t, samples).ok());
+  CHECK(t.vertex_scale == doctest::Approx(1.2));
+  CHECK(t.vertex_overhead == doctest::Approx(3e-4));
+  CHECK(CostTableFromJson(ToJson(t))->vertex_scale == doctest::Approx(1.2));
+  // One size cannot tell the two apart: scale 1 and the median excess.
+  samples.resize(4);
+  REQUIRE(Calibrate(t, samples).ok());
+  CHECK(t.vertex_scale == 1);
+  CHECK(t.vertex_overhead == doctest::Approx(0.2e-3 + 3e-4));
+}
+
 TEST_CASE("CostTable.MeasuredOnARealModel") {
   ProfileOptions o;
   o.model = "mlp:784-32-10";
@@ -378,6 +443,15 @@ TEST_CASE("CostTable.MeasuredOnARealModel") {
   REQUIRE(gpt.ok());
   CHECK(gpt->layers.size() > 3);
   CHECK(gpt->layers.back().out_bytes_per_sample == 8 * 256 * 4);  // logits [T, 256] per window
+  CHECK(gpt->shards.empty());
+  o.tensor_parallel = {2};
+  gpt = ProfileModel(o);
+  REQUIRE(gpt.ok());
+  REQUIRE(gpt->shards.count(2));
+  CHECK(gpt->shards[2].size() == gpt->layers.size());
+  int64_t whole = 0, shard = 0;
+  for (size_t i = 0; i < gpt->layers.size(); ++i) whole += gpt->layers[i].parameters, shard += gpt->shards[2][i].parameters;
+  CHECK(shard < whole);
   o.model = "mlp:785-10";
   CHECK(!ProfileModel(o).ok());
 }
