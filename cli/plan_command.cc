@@ -221,21 +221,22 @@ Status CalibrateLocally(const PlanFlags& f, ml::CostTable& table, const std::fil
       const double measured = static_cast<double>(end - start) / 1e6;
       using K = ml::VertexSample::Kind;
       if (kind == "tensor-parallel") {
-        if (stage == "tp0" && index >= 1)
-          samples.push_back({K::kTensorParallel, ml::TensorParallelMemberStep(table, o.tensor_parallel, o.batch), measured});
+        if (stage != "tp0" || index < 1) continue;
+        COPSE_ASSIGN_OR_RETURN(const double predicted, ml::TensorParallelMemberStep(table, o.tensor_parallel, o.batch));
+        samples.push_back({K::kTensorParallel, predicted, measured, o.batch});
       } else if (kind == "pipeline") {
         const int s = stage.size() == 4 ? stage[3] - '0' : -1;
         if (s < 0 || s > 1) continue;
         const auto t =
             ml::StageVertexTimes(table, o.split[static_cast<size_t>(s)], o.split[static_cast<size_t>(s) + 1], mb, microbatches);
         const std::string what = stage.substr(0, 3);
-        if (what == "upd" && index >= 1) samples.push_back({K::kStageUpdate, t.update, measured});
-        if (what == "fwd" && index >= microbatches) samples.push_back({K::kStage, t.forward, measured});
-        if (what == "bwd" && index >= microbatches) samples.push_back({K::kStage, t.backward, measured});
+        if (what == "upd" && index >= 1) samples.push_back({K::kStageUpdate, t.update, measured, mb});
+        if (what == "fwd" && index >= microbatches) samples.push_back({K::kStage, t.forward, measured, mb});
+        if (what == "bwd" && index >= microbatches) samples.push_back({K::kStage, t.backward, measured, mb});
       } else if (index >= 1) {
         const auto t = ml::StageVertexTimes(table, 0, layers, o.batch, 1);
-        if (stage == "grad0") samples.push_back({K::kGradient, t.gradient, measured});
-        if (stage == "ps") samples.push_back({K::kServerUpdate, optimizer, measured});
+        if (stage == "grad0") samples.push_back({K::kGradient, t.gradient, measured, o.batch});
+        if (stage == "ps") samples.push_back({K::kServerUpdate, optimizer, measured, o.batch});
       }
     }
   }
@@ -278,9 +279,7 @@ int RunPlan(PlanFlags& f) {
   request.batch = f.graph.o.batch;
   request.daemons = f.daemons;
   request.slots_per_daemon = std::max(1, f.graph.o.daemon_cpus / f.graph.o.threads);
-  // Profiled here, the job runs here: its daemons share this machine's cores. A table from
-  // elsewhere (--costs) describes daemons of their own.
-  if (f.costs.empty()) request.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / f.graph.o.threads);
+
   const int64_t memory_mb = f.memory_mb > 0 ? f.memory_mb : MachineMemoryMb() / std::max(1, f.daemons);
   request.memory_per_daemon = memory_mb > 0 ? memory_mb << 20 : 0;
   if (f.graph.o.precision != "fp32" || f.graph.o.device != "cpu") {
@@ -318,6 +317,9 @@ int RunPlan(PlanFlags& f) {
       mismatch = fmt::format("{} layers, where model {} has {}", table->layers.size(), f.graph.o.model, layers->size());
     } else if (table->optimizer != f.graph.o.optimizer) {
       mismatch = "optimizer " + table->optimizer + ", not --optimizer " + f.graph.o.optimizer;
+    } else if (std::any_of(table->shards.begin(), table->shards.end(),
+                           [&](const auto& s) { return !ml::BuildModelShardLayers(f.graph.o.model, 0, s.first).ok(); })) {
+      mismatch = "tensor-parallel shards model " + f.graph.o.model + " cannot be split into";
     } else if (table->threads != f.graph.o.threads) {
       mismatch = fmt::format("with {} thread(s), not --threads {}", table->threads, f.graph.o.threads);
     }
@@ -337,6 +339,7 @@ int RunPlan(PlanFlags& f) {
       std::fprintf(stderr, "%s: %s\n", me, table.status().message().c_str());
       return 1;
     }
+    table->local_cores = static_cast<int>(std::thread::hardware_concurrency());  // 0 when unknown
     if (f.calibrate) {
       if (Status st = CalibrateLocally(f, *table, (*dir)->path); !st.ok()) {
         std::fprintf(stderr, "%s: %s\n(--no-calibrate plans without the calibration runs)\n", me, st.message().c_str());
@@ -352,6 +355,9 @@ int RunPlan(PlanFlags& f) {
       }
     }
   }
+  // Profiled on a local cluster (now, or when the table was saved): its daemons share that
+  // machine's cores. A table from a cluster's daemons has none recorded.
+  if (table->local_cores > 0) request.cores = std::max(1, table->local_cores / f.graph.o.threads);
   auto plan = ml::MakePlan(*table, request);
   if (!plan.ok()) {
     std::fprintf(stderr, "%s: %s\n", me, plan.status().message().c_str());
@@ -402,10 +408,10 @@ int RunPlan(PlanFlags& f) {
       std::cout << "not calibrated: predictions leave out what a vertex does beside its layers' passes\n";
     } else {
       std::cout << fmt::format(
-          "beyond its layers' passes a vertex adds (calibrated): {:.0f} us a pipeline forward or backward, {:.0f} us its "
-          "update, {:.0f} us a data-parallel gradient, {:.0f} us its parameter server\n",
-          table->vertex_overhead * 1e6, table->update_overhead * 1e6, table->gradient_overhead * 1e6,
-          table->server_overhead * 1e6);
+          "calibrated: layer passes x {:.2f}, plus {:.0f} us a pipeline forward or backward, {:.0f} us its update, "
+          "{:.0f} us a data-parallel gradient, {:.0f} us its parameter server, {:.0f} us a tensor-parallel member's step\n",
+          table->vertex_scale, table->vertex_overhead * 1e6, table->update_overhead * 1e6, table->gradient_overhead * 1e6,
+          table->server_overhead * 1e6, table->tensor_parallel_overhead * 1e6);
     }
     size_t width = 6;
     for (const auto& c : plan->candidates) width = std::max(width, c.layout.Describe().size());

@@ -118,9 +118,11 @@ std::optional<Json> PlanAgainstRun(const Json& config, const Json& metrics, cons
   // A hand-edited job may carry anything there: only numbers (and a layout string) count.
   const Json plan = config.value("plan", Json());
   auto positive = [&](const char* key) { return plan.contains(key) && plan[key].is_number() && plan[key].get<double>() > 0; };
-  if (!plan.is_object() || !positive("samples_per_s") || !positive("step_ms")) return std::nullopt;
+  // "images_per_s": what copse plan wrote before it planned gpt models.
+  const char* rate = positive("samples_per_s") ? "samples_per_s" : "images_per_s";
+  if (!plan.is_object() || !positive(rate) || !positive("step_ms")) return std::nullopt;
   Json out = {{"layout", plan.contains("layout") && plan["layout"].is_string() ? plan["layout"] : Json("")},
-              {"predicted_samples_per_s", plan["samples_per_s"]},
+              {"predicted_samples_per_s", plan[rate]},
               {"predicted_step_ms", plan["step_ms"]}};
   // The run's own images/s counts its start (the first step, loading the data); the step
   // time is the steady one, as the plan predicts it.

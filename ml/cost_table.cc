@@ -71,6 +71,7 @@ Json ToJson(const CostTable& t) {
       {"layers", std::move(layers)},
       {"link", {{"gap", t.link.gap}, {"hop", t.link.hop}, {"bytes_per_s", t.link.bytes_per_s}, {"measured", t.link.measured}}}};
   if (!t.measured_on.empty()) out["measured_on"] = t.measured_on;
+  if (t.local_cores > 0) out["local_cores"] = t.local_cores;
   if (!t.shards.empty()) {
     Json shards = Json::object();
     for (const auto& [ranks, layers] : t.shards) shards[std::to_string(ranks)] = LayersToJson(layers);
@@ -168,6 +169,10 @@ Result<CostTable> CostTableFromJson(const Json& j) {
     t.optimizer = j["optimizer"].get<std::string>();
   }
   if (j.contains("measured_on") && j["measured_on"].is_string()) t.measured_on = j["measured_on"].get<std::string>();
+  if (j.contains("local_cores")) {
+    COPSE_ASSIGN_OR_RETURN(const int64_t cores, r.Count(j, "local_cores", ""));
+    t.local_cores = static_cast<int>(std::min<int64_t>(cores, 1 << 20));
+  }
   COPSE_ASSIGN_OR_RETURN(const int64_t threads, r.Count(j, "threads", ""));
   t.threads = static_cast<int>(std::clamp<int64_t>(threads, 1, 1024));
   COPSE_ASSIGN_OR_RETURN(t.optimizer_per_parameter, r.Seconds(j, "optimizer_per_parameter", ""));
@@ -176,13 +181,21 @@ Result<CostTable> CostTableFromJson(const Json& j) {
   if (j.contains("shards")) {
     if (!j["shards"].is_object()) return Status::InvalidArgument("/shards: expected an object of group sizes");
     for (const auto& [key, lj] : j["shards"].items()) {
-      if (key.size() > 2 || key.find_first_not_of("0123456789") != std::string::npos || key.empty() || std::stoi(key) < 2 ||
-          std::stoi(key) > 16)
+      if (key.size() > 2 || key.find_first_not_of("0123456789") != std::string::npos || key.empty() || key[0] == '0' ||
+          std::stoi(key) < 2 || std::stoi(key) > 16)
         return Status::InvalidArgument("/shards/" + key + ": expected a tensor-parallel group size from 2 to 16");
       COPSE_ASSIGN_OR_RETURN(auto layers, LayersFromJson(r, j["shards"], key.c_str(), "/shards"));
       if (layers.size() != t.layers.size())
         return Status::InvalidArgument(
             fmt::format("/shards/{}: {} layers, where the model has {}", key, layers.size(), t.layers.size()));
+      // Shards at every size the layers were measured at: a layout weighs both at one size.
+      for (size_t i = 0; i < layers.size(); ++i) {
+        for (const auto& [size, x] : t.layers[i].at) {
+          if (!layers[i].at.count(size))
+            return Status::InvalidArgument(
+                fmt::format("/shards/{}/{}/at: no times at {}, where layer {} has them", key, i, size, i));
+        }
+      }
       t.shards[std::stoi(key)] = std::move(layers);
     }
   }
@@ -207,8 +220,9 @@ Result<CostTable> CostTableFromJson(const Json& j) {
     COPSE_ASSIGN_OR_RETURN(t.gradient_overhead, r.Seconds(cj, "gradient_overhead", "/calibration"));
     COPSE_ASSIGN_OR_RETURN(t.server_overhead, r.Seconds(cj, "server_overhead", "/calibration"));
     if (cj.contains("vertex_scale")) {
-      COPSE_ASSIGN_OR_RETURN(t.vertex_scale, r.Seconds(cj, "vertex_scale", "/calibration", 4));
-      if (t.vertex_scale < 0.5) return Status::InvalidArgument("/calibration/vertex_scale: expected 0.5 to 4");
+      if (!cj["vertex_scale"].is_number() || !(cj["vertex_scale"].get<double>() >= 0.5) || cj["vertex_scale"].get<double>() > 4)
+        return Status::InvalidArgument("/calibration/vertex_scale: expected a number from 0.5 to 4");
+      t.vertex_scale = cj["vertex_scale"].get<double>();
     }
     if (cj.contains("tensor_parallel_overhead")) {
       COPSE_ASSIGN_OR_RETURN(t.tensor_parallel_overhead, r.Seconds(cj, "tensor_parallel_overhead", "/calibration"));

@@ -61,6 +61,9 @@ struct CostTable {
   double vertex_scale = 1;
   bool calibrated = false;
   std::string measured_on;  // the daemon, or "" when unknown
+  // Profiled on a local cluster (copse plan without --costs): the cores its daemons share, which
+  // a plan from this table for that cluster counts (PlanRequest::cores). 0: daemons of their own.
+  int local_cores = 0;
   // Tensor-parallel shards (gpt models): member 0 of R's layers, by R, measured as `layers` are
   // with the all-reduces left out (what they cost is calibrated, with the rest of a member's
   // step). Same layer count as `layers`.

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -156,6 +157,11 @@ Result<Prediction> CostModel::Pipeline(const Layout& l) const {
   const int64_t mb = r_.batch / M;
   std::vector<StageCost> stage;
   for (int s = 0; s < S; ++s) stage.push_back(Stage(l.split[static_cast<size_t>(s)], l.split[static_cast<size_t>(s) + 1], mb, M));
+  // More daemons than cores to run them: their vertices share the cores, each as much slower.
+  if (r_.cores > 0 && P > r_.cores) {
+    const double share = static_cast<double>(P) / r_.cores;
+    for (StageCost& c : stage) c.forward *= share, c.backward *= share, c.update *= share;
+  }
   // Each daemon's vertices in order over kSteps steps: its schedule's forwards and backwards,
   // then its chunks' updates.
   constexpr int kSteps = 3;
@@ -269,6 +275,9 @@ Result<Prediction> CostModel::DataParallel(const Layout& l) const {
     compute += At(i, mb)->forward + Backward(static_cast<int>(i), mb, /*input_only=*/false, /*begin=*/0);
     stash += static_cast<double>(t_.layers[i].stash_bytes_per_sample);
   }
+  compute *= t_.vertex_scale;
+  // More workers than cores to run them: they share the cores, each as much slower.
+  if (r_.cores > 0 && D > r_.cores) compute *= static_cast<double>(D) / r_.cores;
   const int64_t parameters = t_.Parameters(0, static_cast<int>(t_.layers.size()));
   const double gradient_bytes = 4.0 * static_cast<double>(parameters);
   compute += t_.gradient_overhead;
@@ -280,8 +289,6 @@ Result<Prediction> CostModel::DataParallel(const Layout& l) const {
   const int remote = D - local;
   const double gather = remote > 0 ? t_.link.hop + remote * gradient_bytes / t_.link.bytes_per_s : Gap();
   const double scatter = remote > 0 ? Transfer(gradient_bytes) : Gap();
-  // More workers than cores to run them: they share the cores, each as much slower.
-  if (r_.cores > 0 && D > r_.cores) compute *= static_cast<double>(D) / r_.cores;
   Prediction p;
   p.step_s = compute + gather + update + scatter;
   // Per daemon, beside its workers' stashes: the update's holds the parameters, optimizer state
@@ -322,10 +329,12 @@ Result<Prediction> CostModel::TensorParallel(const Layout& l) const {
   // The members share one daemon (their live channels are shm) and the step: each computes its
   // shard over the whole batch, all-reducing each block's partial sums with the others (what
   // that costs is in the calibrated overhead).
-  double step = MemberStep(R);
+  // The overhead was calibrated on a group of 2, whose members each sum one other's partials:
+  // a group of R sums R - 1.
+  double step = t_.vertex_scale * MemberStep(R);
   if (r_.cores > 0 && R > r_.cores) step *= static_cast<double>(R) / r_.cores;
   Prediction p;
-  p.step_s = step + t_.tensor_parallel_overhead + Gap();
+  p.step_s = step + (R - 1) * t_.tensor_parallel_overhead + Gap();
   double stash = 0;
   int64_t parameters = 0;
   for (const LayerCost& layer : it->second) {
@@ -377,7 +386,12 @@ VertexTimes StageVertexTimes(const CostTable& table, int begin, int end, int64_t
   return v;
 }
 
-double TensorParallelMemberStep(const CostTable& table, int ranks, int64_t batch) {
+Result<double> TensorParallelMemberStep(const CostTable& table, int ranks, int64_t batch) {
+  auto it = table.shards.find(ranks);
+  if (it == table.shards.end()) return Status::InvalidArgument(fmt::format("the cost table has no shards of {}", ranks));
+  for (const LayerCost& layer : it->second) {
+    if (!layer.at.count(batch)) return Status::InvalidArgument(fmt::format("the cost table has no shard times at {}", batch));
+  }
   PlanRequest request;
   request.batch = batch;
   return CostModel(table, request).MemberStep(ranks);
@@ -385,18 +399,20 @@ double TensorParallelMemberStep(const CostTable& table, int ranks, int64_t batch
 
 namespace {
 
-/// measured = a x predicted + b over the samples of `kind` by least squares, when their
-/// predictions span at least 1.5x (else nothing can tell a from b) and a lands in [0.5, 4] and
-/// b >= 0.
+/// measured = a x predicted + b over the samples of `kind` by least squares, when they were
+/// taken at two micro-batch sizes or more (else nothing tells a from b), at least 4 of them,
+/// and a lands in [0.5, 4] and b >= 0.
 std::optional<std::pair<double, double>> FitLine(const std::vector<VertexSample>& samples, VertexSample::Kind kind) {
-  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0, lo = kNever, hi = 0;
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  std::set<int64_t> sizes;
   for (const VertexSample& s : samples) {
     if (s.kind != kind) continue;
     n += 1, sx += s.predicted, sy += s.measured, sxx += s.predicted * s.predicted, sxy += s.predicted * s.measured;
-    lo = std::min(lo, s.predicted), hi = std::max(hi, s.predicted);
+    sizes.insert(s.microbatch);
   }
-  if (n < 4 || !(lo > 0) || hi < 1.5 * lo) return std::nullopt;
-  const double a = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+  const double spread = n * sxx - sx * sx;
+  if (n < 4 || sizes.size() < 2 || !(spread > 0)) return std::nullopt;
+  const double a = (n * sxy - sx * sy) / spread;
   const double b = (sy - a * sx) / n;
   if (!std::isfinite(a) || a < 0.5 || a > 4 || !(b >= 0)) return std::nullopt;
   return std::make_pair(a, b);
@@ -405,8 +421,15 @@ std::optional<std::pair<double, double>> FitLine(const std::vector<VertexSample>
 }  // namespace
 
 Status Calibrate(CostTable& table, const std::vector<VertexSample>& samples) {
+  // Each kind's excess over the prediction, layer passes scaled by the pipeline fit.
+  table.vertex_scale = 1;
+  const auto fit = FitLine(samples, VertexSample::kStage);
+  if (fit) table.vertex_scale = fit->first;
   std::vector<double> excess[5];
-  for (const VertexSample& s : samples) excess[s.kind].push_back(s.measured - s.predicted);
+  for (const VertexSample& s : samples) {
+    const bool passes = s.kind != VertexSample::kStageUpdate && s.kind != VertexSample::kServerUpdate;
+    excess[s.kind].push_back(s.measured - (passes ? table.vertex_scale : 1.0) * s.predicted);
+  }
   auto median = [](std::vector<double>& v) {
     std::sort(v.begin(), v.end());
     const size_t n = v.size();
@@ -416,22 +439,13 @@ Status Calibrate(CostTable& table, const std::vector<VertexSample>& samples) {
   auto& stage_update = excess[VertexSample::kStageUpdate];
   auto& gradient = excess[VertexSample::kGradient];
   auto& server = excess[VertexSample::kServerUpdate];
+  auto& tensor_parallel = excess[VertexSample::kTensorParallel];
   if ((stage.empty() && gradient.empty()) || (stage_update.empty() && server.empty()))
     return Status::InvalidArgument("calibration: the run timed no compute vertex or no update");
-  // Pipeline forwards and backwards, timed at two micro-batch sizes: measured = scale x predicted
-  // + overhead by least squares, so that what the table misses per micro-batch of work and per
-  // vertex are told apart (a vertex of a small micro-batch is mostly its overhead). One size
-  // only (or a fit out of range): scale 1 and the median excess.
-  table.vertex_scale = 1;
-  table.vertex_overhead = median(stage.empty() ? gradient : stage);
-  if (const auto fit = FitLine(samples, VertexSample::kStage)) {
-    table.vertex_scale = fit->first;
-    table.vertex_overhead = fit->second;
-  }
+  table.vertex_overhead = fit ? fit->second : median(stage.empty() ? gradient : stage);
   table.update_overhead = median(stage_update.empty() ? server : stage_update);
   table.gradient_overhead = gradient.empty() ? table.vertex_overhead : median(gradient);
   table.server_overhead = server.empty() ? table.update_overhead : median(server);
-  auto& tensor_parallel = excess[VertexSample::kTensorParallel];
   table.tensor_parallel_overhead = tensor_parallel.empty() ? 0 : median(tensor_parallel);
   table.calibrated = true;
   return Status::OK();
@@ -566,7 +580,7 @@ Result<Plan> MakePlan(const CostTable& table, const PlanRequest& request) {
   }
   // Tensor-parallel groups of the sizes the table has shards of, on one daemon's slots.
   for (const auto& [ranks, layers] : table.shards) {
-    if (ranks > std::max(1, request.slots_per_daemon) || !model.Measured(request.batch)) continue;
+    if (ranks > std::max(1, request.slots_per_daemon) || !TensorParallelMemberStep(table, ranks, request.batch).ok()) continue;
     COPSE_RETURN_NOT_OK(add({"tensor-parallel", ranks, 1, "", {}}));
   }
   for (int stages = 2; stages <= std::min(request.daemons, n); ++stages) {

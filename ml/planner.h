@@ -34,8 +34,8 @@
 // The first stage's (and a worker's) backward computes no dL/dx for the model's first layer with
 // parameters, and none at all for the layers before it, as Sequential's backward does.
 //
-// Calibration (Calibrate): what a real training vertex takes beyond its layers' passes is added
-// to every vertex (and to every update), measured on a short run of real vertices.
+// Calibration (Calibrate): what real training vertices took beyond their layers' passes, from
+// short runs of them: a scale on layer passes and an overhead per vertex (and per update).
 //
 // Memory per daemon, an estimate: for the parameters it updates, their values, gradients, the
 // update's new copy and the optimizer state (1 tensor per parameter for SGD with momentum, 2 for
@@ -120,18 +120,23 @@ struct VertexTimes {
 VertexTimes StageVertexTimes(const CostTable& table, int begin, int end, int64_t mb, int microbatches);
 
 /// One member's step of a tensor-parallel group of `ranks` over `batch`, without calibration: its
-/// shard's forward and backward and the optimizer over its shard. The table must have shards of
-/// `ranks` measured at `batch`.
-double TensorParallelMemberStep(const CostTable& table, int ranks, int64_t batch);
+/// shard's forward and backward and the optimizer over its shard. InvalidArgument when the table
+/// has no shards of `ranks` measured at `batch`.
+Result<double> TensorParallelMemberStep(const CostTable& table, int ranks, int64_t batch);
 
 /// One vertex of a calibration run: what the cost table predicted for it and how long it ran.
 struct VertexSample {
   enum Kind { kStage, kStageUpdate, kGradient, kServerUpdate, kTensorParallel } kind;  // fwd/bwd, upd, grad, ps, tp
   double predicted = 0, measured = 0;
+  int64_t microbatch = 0;  // the micro-batch size it computed on (pipeline vertices)
 };
-/// Sets the table's overheads to the median excess of the measured over the predicted durations
-/// of each kind (never below 0; a kind without samples takes its pipeline counterpart's), and
-/// table.calibrated. InvalidArgument when `samples` has no compute vertex or no update.
+/// Calibrates the table on `samples`: pipeline forwards and backwards timed at two or more
+/// micro-batch sizes are fitted by least squares as vertex_scale × predicted + vertex_overhead
+/// (else scale 1 and their median excess); gradient vertices and tensor-parallel members, layer
+/// passes too, get the median excess over scale × predicted; updates the median excess over
+/// predicted. Never below 0; a data-parallel kind without samples takes its pipeline
+/// counterpart's, tensor-parallel 0. Sets table.calibrated. InvalidArgument when `samples` has no
+/// compute vertex or no update.
 Status Calibrate(CostTable& table, const std::vector<VertexSample>& samples);
 
 /// Above this many splits, a pipeline's split is BestSplit's instead of the best of all replayed.

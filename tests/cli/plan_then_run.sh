@@ -28,7 +28,7 @@ check "plan exits 0" [ $? -eq 0 ]
 check "data-parallel layouts weighed" has '^[ *] data-parallel [0-9]' plan.out
 check "pipeline layouts weighed" has '^[ *] pipeline 2 1f1b M=' plan.out
 check "interleaved layouts weighed" has '^[ *] pipeline 2 interleaved V=2 M=' plan.out
-check "calibrated" has "vertex adds (calibrated)" plan.out
+check "calibrated" has "calibrated: layer passes x" plan.out
 check "the job written" has '^wrote plan.json: ' plan.out
 check "the table saved with its calibration" has '"calibration"' costs.json
 
@@ -66,9 +66,12 @@ check "one daemon: exit 0" [ $? -eq 0 ]
 check "one daemon: no pipeline weighed" sh -c "! grep -q ' pipeline ' one.out"
 check "one daemon: hop and rate said unmeasured" has '(not measured: defaults)' one.out
 
-"$copse" plan --model gpt:1-16-2-8 --batch 8 --repeats 1 --no-calibrate --out gpt.json > gpt.out 2>&1
+"$copse" plan --model gpt:1-16-2-8 --batch 8 --steps 2 --repeats 1 --optimizer adamw --out gpt.json > gpt.out 2>&1
 check "a gpt model plans" [ $? -eq 0 ]
-check "a gpt model: a job written" [ -s gpt.json ]
+check "a gpt model: tensor-parallel weighed" has '^[ *] tensor-parallel 2 ' gpt.out
+check "a gpt model: calibrated" has "calibrated: layer passes x" gpt.out
+"$copse" run gpt.json --daemons 2 --output gpt-out -o json > gpt-run.json 2> gpt-run.err
+check "the planned gpt job runs" [ $? -eq 0 ]
 "$copse" plan --model mlp:785-10 --out bad-model.json > bad-model.out 2>&1
 check "a model that does not exist: usage error" [ $? -eq 2 ]
 echo "checks failed: $failed"

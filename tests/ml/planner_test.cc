@@ -278,10 +278,10 @@ TEST_CASE("Planner.CalibrationAddsWhatRealVerticesTookBeyondTheLayers") {
   const VertexTimes v = StageVertexTimes(t, 0, 2, 32, 4);
   using K = VertexSample::Kind;
   // Forwards and backwards took 100 us more than their layers (one outlier), updates 1 ms more.
-  std::vector<VertexSample> samples = {{K::kStage, v.forward, v.forward + 1e-4},
-                                       {K::kStage, v.backward, v.backward + 1e-4},
-                                       {K::kStage, v.forward, v.forward + 5e-2},
-                                       {K::kStageUpdate, v.update, v.update + 1e-3}};
+  std::vector<VertexSample> samples = {{K::kStage, v.forward, v.forward + 1e-4, 32},
+                                       {K::kStage, v.backward, v.backward + 1e-4, 32},
+                                       {K::kStage, v.forward, v.forward + 5e-2, 32},
+                                       {K::kStageUpdate, v.update, v.update + 1e-3, 32}};
   REQUIRE(Calibrate(t, samples).ok());
   CHECK(t.calibrated);
   CHECK(t.vertex_overhead == doctest::Approx(1e-4));
@@ -295,7 +295,7 @@ TEST_CASE("Planner.CalibrationAddsWhatRealVerticesTookBeyondTheLayers") {
   // Round trip, and a run that timed no update calibrates nothing.
   CHECK(CostTableFromJson(ToJson(t))->server_overhead == doctest::Approx(1e-3));
   CostTable fresh = Synthetic(4, 2);
-  CHECK(!Calibrate(fresh, {{K::kStage, 1e-3, 2e-3}}).ok());
+  CHECK(!Calibrate(fresh, {{K::kStage, 1e-3, 2e-3, 8}}).ok());
   CHECK_FALSE(fresh.calibrated);
 }
 
@@ -383,7 +383,9 @@ TEST_CASE("Planner.WeighsTensorParallelGroupsFromTheirShards") {
   REQUIRE(tp != nullptr);
   CHECK(tp->layout.Describe() == "tensor-parallel 2");
   // Half the work of one worker's step, plus the calibrated rest and a gap.
-  const double member = TensorParallelMemberStep(t, 2, 128);
+  const double member = *TensorParallelMemberStep(t, 2, 128);
+  CHECK(!TensorParallelMemberStep(t, 4, 128).ok());
+  CHECK(!TensorParallelMemberStep(t, 2, 3).ok());
   CHECK(tp->prediction.step_s == doctest::Approx(member + t.link.gap));
   CHECK(member < StageVertexTimes(t, 0, 4, 128, 1).gradient);
   // Beyond a daemon's slots, or sharing fewer cores, it is weighed as such.
@@ -409,18 +411,84 @@ TEST_CASE("Planner.WeighsTensorParallelGroupsFromTheirShards") {
 TEST_CASE("Planner.CalibrationFitsScaleAndOverheadOverTwoMicroBatchSizes") {
   CostTable t = Synthetic(4, 2);
   using K = VertexSample::Kind;
-  // Vertices of two sizes took 1.2 x their layers' time + 300 us.
-  std::vector<VertexSample> samples = {{K::kStageUpdate, 1e-3, 2e-3}};
-  for (double predicted : {1e-3, 1e-3, 1e-3, 4e-3, 4e-3, 4e-3}) samples.push_back({K::kStage, predicted, 1.2 * predicted + 3e-4});
+  // Vertices of micro-batches of 8 and 32 took 1.2 x their layers' time + 300 us; a gradient
+  // vertex 1.2 x + 1 ms; a tensor-parallel member 1.2 x + 2 ms.
+  std::vector<VertexSample> samples = {{K::kStageUpdate, 1e-3, 2e-3, 32},
+                                       {K::kGradient, 1e-2, 1.2e-2 + 1e-3, 128},
+                                       {K::kTensorParallel, 1e-2, 1.2e-2 + 2e-3, 128}};
+  for (int64_t mb : {8, 32}) {
+    for (int i = 0; i < 3; ++i) {
+      const double predicted = (mb == 8 ? 1e-3 : 4e-3) * (1 + 0.1 * i);
+      samples.push_back({K::kStage, predicted, 1.2 * predicted + 3e-4, mb});
+    }
+  }
   REQUIRE(Calibrate(t, samples).ok());
   CHECK(t.vertex_scale == doctest::Approx(1.2));
   CHECK(t.vertex_overhead == doctest::Approx(3e-4));
+  CHECK(t.gradient_overhead == doctest::Approx(1e-3));  // its excess over the scaled prediction
+  CHECK(t.tensor_parallel_overhead == doctest::Approx(2e-3));
+  CHECK(t.update_overhead == doctest::Approx(1e-3));  // updates are not layer passes: not scaled
   CHECK(CostTableFromJson(ToJson(t))->vertex_scale == doctest::Approx(1.2));
-  // One size cannot tell the two apart: scale 1 and the median excess.
-  samples.resize(4);
-  REQUIRE(Calibrate(t, samples).ok());
+  // Samples of one size (however their predictions spread) cannot tell the scale from the
+  // overhead: scale 1 and the median excess.
+  std::vector<VertexSample> one_size = {{K::kStageUpdate, 1e-3, 2e-3, 8}};
+  for (double predicted : {1e-3, 2e-3, 3e-3, 4e-3}) one_size.push_back({K::kStage, predicted, 1.2 * predicted + 3e-4, 8});
+  REQUIRE(Calibrate(t, one_size).ok());
   CHECK(t.vertex_scale == 1);
-  CHECK(t.vertex_overhead == doctest::Approx(0.2e-3 + 3e-4));
+  CHECK(t.vertex_overhead == doctest::Approx(0.2 * 2.5e-3 + 3e-4));
+}
+
+TEST_CASE("Planner.ScaleAndCoresApplyAlikeToEveryKindOfLayout") {
+  CostTable t = Synthetic(4, 6);
+  PlanRequest r;
+  r.batch = 128;
+  r.daemons = 2;
+  r.slots_per_daemon = 2;
+  const Layout dp{"data-parallel", 2, 1, "", {}};
+  const Layout pipeline{"pipeline", 2, 2, "1f1b", {0, 2, 4}};
+  const double dp_before = Predict(t, dp, r)->step_s, pipe_before = Predict(t, pipeline, r)->step_s;
+  const double objective_before = SplitObjective(t, {0, 2, 4}, 2, 64);
+  t.vertex_scale = 2;
+  CHECK(Predict(t, dp, r)->step_s > dp_before);
+  CHECK(Predict(t, pipeline, r)->step_s > pipe_before);
+  CHECK(SplitObjective(t, {0, 2, 4}, 2, 64) > objective_before);
+  // The stage times BestSplit and the replay use agree: the objective of a split is built from
+  // what Stage() gives (forward + backward + two transfers per boundary).
+  const VertexTimes raw = StageVertexTimes(t, 0, 2, 64, 1);  // unscaled, as calibration needs
+  const VertexTimes raw2 = StageVertexTimes(t, 2, 4, 64, 1);
+  const double transfers = 2 * (t.link.hop + static_cast<double>(t.layers[1].out_bytes_per_sample * 64) / t.link.bytes_per_s);
+  const double t0 = 2 * (raw.forward + raw.backward) + transfers, t1 = 2 * (raw2.forward + raw2.backward);
+  CHECK(SplitObjective(t, {0, 2, 4}, 2, 64) == doctest::Approx(t0 + t1 + std::max(t0, t1)));
+  // Two workers on one core share it.
+  t.vertex_scale = 1;
+  r.cores = 1;
+  CHECK(Predict(t, dp, r)->step_s > dp_before);
+  // A median over tables takes each shard's times too.
+  CostTable a = Synthetic(3, 1, {8}), b = a, c = a;
+  a.shards[2] = a.layers, b.shards[2] = b.layers, c.shards[2] = c.layers;
+  a.shards[2][0].at[8].forward = 1, b.shards[2][0].at[8].forward = 2, c.shards[2][0].at[8].forward = 30;
+  CHECK(MedianTable({a, b, c})->shards[2][0].at[8].forward == 2);
+}
+
+TEST_CASE("CostTable.RefusesBadCalibrationsAndShards") {
+  CostTable t = Synthetic(3, 5, {8, 16});
+  t.calibrated = true;
+  t.shards[2] = t.layers;
+  auto refuses = [&](const std::function<void(copse::Json&)>& edit, const std::string& field) {
+    copse::Json j = ToJson(t);
+    edit(j);
+    auto r = CostTableFromJson(j);
+    REQUIRE(!r.ok());
+    CHECK(r.status().message().find(field) == 0);
+  };
+  refuses([](copse::Json& j) { j["calibration"]["vertex_scale"] = 9; },
+          "/calibration/vertex_scale: expected a number from 0.5 to 4");
+  refuses([](copse::Json& j) { j["calibration"]["vertex_scale"] = "big"; }, "/calibration/vertex_scale");
+  refuses([](copse::Json& j) { j["calibration"]["tensor_parallel_overhead"] = -1; }, "/calibration/tensor_parallel_overhead");
+  refuses([](copse::Json& j) { j["shards"]["2"][1]["at"].erase("16"); }, "/shards/2/1/at: no times at 16");
+  refuses([](copse::Json& j) { j["shards"]["02"] = j["shards"]["2"]; }, "/shards/02");
+  refuses([](copse::Json& j) { j["shards"] = 3; }, "/shards");
+  refuses([](copse::Json& j) { j["local_cores"] = -2; }, "/local_cores");
 }
 
 TEST_CASE("CostTable.MeasuredOnARealModel") {
