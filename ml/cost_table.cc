@@ -6,16 +6,12 @@
 #include <fmt/format.h>
 
 namespace copse::ml {
-namespace {
-
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
-
-}  // namespace
 
 std::vector<int64_t> CostTable::MicrobatchSizes() const {
   std::vector<int64_t> sizes;

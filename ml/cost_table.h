@@ -87,4 +87,7 @@ Result<CostTable> CostTableFromJson(const Json& json);
 /// times, the optimizer's), so that one slow daemon does not decide the plan alone.
 Result<CostTable> MedianTable(const std::vector<CostTable>& tables);
 
+/// The median of `values` (the mean of the middle two for an even count); 0 when empty.
+double Median(std::vector<double> values);
+
 }  // namespace copse::ml

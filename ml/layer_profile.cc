@@ -13,13 +13,6 @@
 namespace copse::ml {
 namespace {
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /// The median time of `repeats` calls of `body`, after one warm-up call.
 Result<double> Time(int repeats, const std::function<Status()>& body) {
   COPSE_RETURN_NOT_OK(body());

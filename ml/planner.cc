@@ -430,11 +430,7 @@ Status Calibrate(CostTable& table, const std::vector<VertexSample>& samples) {
     const bool passes = s.kind != VertexSample::kStageUpdate && s.kind != VertexSample::kServerUpdate;
     excess[s.kind].push_back(s.measured - (passes ? table.vertex_scale : 1.0) * s.predicted);
   }
-  auto median = [](std::vector<double>& v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return std::max(0.0, n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
-  };
+  auto median = [](const std::vector<double>& v) { return std::max(0.0, Median(v)); };
   auto& stage = excess[VertexSample::kStage];
   auto& stage_update = excess[VertexSample::kStageUpdate];
   auto& gradient = excess[VertexSample::kGradient];

@@ -49,6 +49,24 @@ CostTable Synthetic(int n, uint64_t seed, const std::vector<int64_t>& sizes = {1
   return t;
 }
 
+/// Checks that `table` edited by `edit` is refused with an error starting with `field`.
+void Refuses(const CostTable& table, const std::function<void(copse::Json&)>& edit, const std::string& field) {
+  copse::Json j = ToJson(table);
+  edit(j);
+  auto r = CostTableFromJson(j);
+  REQUIRE(!r.ok());
+  CHECK(r.status().message().find(field) == 0);
+}
+
+/// A request for a batch of 128 on `daemons` daemons of `slots` slots.
+PlanRequest Request(int daemons, int slots) {
+  PlanRequest r;
+  r.batch = 128;
+  r.daemons = daemons;
+  r.slots_per_daemon = slots;
+  return r;
+}
+
 /// `n` equal layers (forward and backward seconds each, no weight-gradient work), with free
 /// hand-offs and updates: where the pipeline theory holds exactly.
 CostTable EqualLayers(int n, const std::vector<int64_t>& sizes, double forward, double backward) {
@@ -105,10 +123,7 @@ TEST_CASE("Planner.BestSplitEqualsBruteForceOnItsObjective") {
 TEST_CASE("Planner.ChoosesTheLayoutBruteForceFindsFastest") {
   for (uint64_t seed = 1; seed <= 6; ++seed) {
     const CostTable t = Synthetic(7, seed);
-    PlanRequest r;
-    r.batch = 128;
-    r.daemons = 3;
-    r.slots_per_daemon = 1;
+    const PlanRequest r = Request(3, 1);
     auto plan = MakePlan(t, r);
     REQUIRE(plan.ok());
     REQUIRE(plan->best == 0);
@@ -180,10 +195,7 @@ TEST_CASE("Planner.InterleavedReplayIdlesAsTheTheorySays") {
 TEST_CASE("Planner.NamesTheDaemonThatCannotHoldItsPartAndByHowMuch") {
   CostTable t = Synthetic(4, 3);
   t.layers[3].parameters = 50 << 20;  // 50 Mi parameters: 800 MiB with gradients, copy and momentum
-  PlanRequest r;
-  r.batch = 128;
-  r.daemons = 2;
-  r.slots_per_daemon = 1;
+  PlanRequest r = Request(2, 1);
   r.memory_per_daemon = int64_t{600} << 20;
   auto plan = MakePlan(t, r);
   REQUIRE(plan.ok());
@@ -213,10 +225,7 @@ TEST_CASE("Planner.PrefersASplitThatFits") {
   for (auto& l : t.layers) l.parameters = 1 << 10, l.stash_bytes_per_sample = 0;
   t.layers[0].parameters = t.layers[1].parameters = 40 << 16;
   for (auto& [size, x] : t.layers[0].at) x = {1e-6, 1e-6, 1e-6, 1e-6, 1e-6, 1e-6};
-  PlanRequest r;
-  r.batch = 128;
-  r.daemons = 2;
-  r.slots_per_daemon = 1;
+  PlanRequest r = Request(2, 1);
   const std::vector<int> fitting = {0, 1, 4};
   auto loose = MakePlan(t, r);
   REQUIRE(loose.ok());
@@ -327,13 +336,7 @@ TEST_CASE("Planner.OnlyTheFirstStageSkipsTheFirstTrainableLayersInputGradient") 
 
 TEST_CASE("CostTable.RefusesValuesThatWouldBreakThePlanner") {
   const CostTable t = Synthetic(3, 5, {8, 16});
-  auto refuses = [&](const std::function<void(copse::Json&)>& edit, const std::string& field) {
-    copse::Json j = ToJson(t);
-    edit(j);
-    auto r = CostTableFromJson(j);
-    REQUIRE(!r.ok());
-    CHECK(r.status().message().find(field) == 0);
-  };
+  auto refuses = [&](const std::function<void(copse::Json&)>& edit, const std::string& field) { Refuses(t, edit, field); };
   refuses([](copse::Json& j) { j["link"]["measured"] = "yes"; }, "/link/measured");
   refuses([](copse::Json& j) { j["link"]["bytes_per_s"] = 1e-320; }, "/link/bytes_per_s");
   refuses([](copse::Json& j) { j["link"]["hop"] = 5; }, "/link/hop");
@@ -370,10 +373,7 @@ TEST_CASE("Planner.WeighsTensorParallelGroupsFromTheirShards") {
     }
   }
   t.shards[2] = half;
-  PlanRequest r;
-  r.batch = 128;
-  r.daemons = 1;
-  r.slots_per_daemon = 2;
+  PlanRequest r = Request(1, 2);
   auto plan = MakePlan(t, r);
   REQUIRE(plan.ok());
   const Candidate* tp = nullptr;
@@ -474,13 +474,7 @@ TEST_CASE("CostTable.RefusesBadCalibrationsAndShards") {
   CostTable t = Synthetic(3, 5, {8, 16});
   t.calibrated = true;
   t.shards[2] = t.layers;
-  auto refuses = [&](const std::function<void(copse::Json&)>& edit, const std::string& field) {
-    copse::Json j = ToJson(t);
-    edit(j);
-    auto r = CostTableFromJson(j);
-    REQUIRE(!r.ok());
-    CHECK(r.status().message().find(field) == 0);
-  };
+  auto refuses = [&](const std::function<void(copse::Json&)>& edit, const std::string& field) { Refuses(t, edit, field); };
   refuses([](copse::Json& j) { j["calibration"]["vertex_scale"] = 9; },
           "/calibration/vertex_scale: expected a number from 0.5 to 4");
   refuses([](copse::Json& j) { j["calibration"]["vertex_scale"] = "big"; }, "/calibration/vertex_scale");
