@@ -66,12 +66,16 @@ check "one daemon: exit 0" [ $? -eq 0 ]
 check "one daemon: no pipeline weighed" sh -c "! grep -q ' pipeline ' one.out"
 check "one daemon: hop and rate said unmeasured" has '(not measured: defaults)' one.out
 
-"$copse" plan --model gpt:1-16-2-8 --batch 8 --steps 2 --repeats 1 --optimizer adamw --out gpt.json > gpt.out 2>&1
-check "a gpt model plans" [ $? -eq 0 ]
-check "a gpt model: tensor-parallel weighed" has '^[ *] tensor-parallel 2 ' gpt.out
-check "a gpt model: calibrated" has "calibrated: layer passes x" gpt.out
-"$copse" run gpt.json --daemons 2 --output gpt-out -o json > gpt-run.json 2> gpt-run.err
-check "the planned gpt job runs" [ $? -eq 0 ]
+if [ -d /usr/share/games/fortunes ]; then  # the gpt's text (Debian package fortunes)
+  "$copse" plan --model gpt:1-16-2-8 --batch 8 --steps 2 --repeats 1 --optimizer adamw --out gpt.json > gpt.out 2>&1
+  check "a gpt model plans" [ $? -eq 0 ]
+  check "a gpt model: tensor-parallel weighed" has '^[ *] tensor-parallel 2 ' gpt.out
+  check "a gpt model: calibrated" has "calibrated: layer passes x" gpt.out
+  "$copse" run gpt.json --daemons 2 --output gpt-out -o json > gpt-run.json 2> gpt-run.err
+  check "the planned gpt job runs" [ $? -eq 0 ]
+else
+  echo "ok: no /usr/share/games/fortunes here; the gpt checks skipped"
+fi
 "$copse" plan --model mlp:785-10 --out bad-model.json > bad-model.out 2>&1
 check "a model that does not exist: usage error" [ $? -eq 2 ]
 echo "checks failed: $failed"
