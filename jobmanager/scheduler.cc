@@ -273,8 +273,10 @@ void Scheduler::CloseSpan(Job& job, VertexId v, uint32_t version, const std::str
   auto& span = job.spans[it->second];
   span.end_ms = ElapsedMs(job);
   // The daemon measured how long the attempt ran: the span covers that, not the dispatch and
-  // report latencies (or a chained attempt's wait), shifted by one report's latency.
-  if (ran_ms >= 0) span.start_ms = std::max(span.start_ms, span.end_ms - ran_ms);
+  // report latencies (or a chained attempt's wait), shifted by one report's latency. Not the
+  // later of that and the start noted here: a chained attempt starts on its daemon the moment
+  // the attempt before it ends there, before this job manager hears of that end.
+  if (ran_ms >= 0) span.start_ms = std::max(0.0, span.end_ms - ran_ms);
   span.outcome = outcome;
   span.log_lines_before_end = job.log.size();
   job.open_spans.erase(it);

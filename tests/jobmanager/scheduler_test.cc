@@ -115,8 +115,9 @@ struct Harness {
   std::vector<Placed> unclaimed;
   /// Reports a task's attempt as finished and flushes what the scheduler sends in answer.
   void Finish(const Task& task, bool ok, std::vector<uint64_t> bytes = {}, FailureClass cls = protocol::FAILURE_PROGRAM_ERROR,
-              int lost_input = -1, bool unreachable = false) {
+              int lost_input = -1, bool unreachable = false, double ran_ms = 0) {
     AttemptReport r;
+    r.duration_ms = ran_ms;
     r.job = JobId(task.job());
     r.vertex = VertexId(task.vertex());
     r.version = task.version();
@@ -294,6 +295,29 @@ TEST_CASE("Scheduler.TraceHasASpanPerAttemptInLanesPerDaemon") {
   CHECK(spans == 4);
   CHECK(failed == 1);
   CHECK(lanes.size() == 2);  // the two overlapping s attempts sit in two lanes
+}
+
+TEST_CASE("Scheduler.AChainedAttemptsSpanStartsWhenItRanNotWhenTheJobManagerHeardItCould") {
+  // b is chained after a on a's daemon: it starts there the moment a ends, before the job
+  // manager hears of a's end. Its span is its own run time, as its daemon measured it.
+  Harness h;
+  h.AddDaemon("d0", 1);
+  JobId job = h.Submit(R"({"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
+                           "edges": [{"from": "a", "to": "b"}]})");
+  auto a = h.Next("a[0]").second;
+  auto b = h.Next("b[0]").second;  // chained after a
+  h.clock.Advance(std::chrono::milliseconds(10));
+  h.Finish(a, true, {}, protocol::FAILURE_PROGRAM_ERROR, -1, false, 10);  // a ran 10 ms; b started then
+  h.clock.Advance(std::chrono::milliseconds(30));
+  h.Finish(b, true, {}, protocol::FAILURE_PROGRAM_ERROR, -1, false, 35);  // b ran 35 ms, 5 of them before a's report
+  auto snapshot = h.sched.Trace(job);
+  REQUIRE(snapshot.ok());
+  const Json trace = TraceJson(*snapshot);
+  double b_dur = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "X" && e["name"] == "b[0]") b_dur = e["dur"].get<double>();
+  }
+  CHECK(b_dur == doctest::Approx(35'000));  // microseconds
 }
 
 TEST_CASE("Scheduler.TraceNamesAnAttemptLostWithItsDaemonAndTellsRegistrationsApart") {
