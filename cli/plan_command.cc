@@ -23,8 +23,10 @@
 #include "cli/commands.h"
 #include "cli/graph_command.h"
 #include "cli/process_util.h"
+#include "cli/run_directory.h"
 #include "common/machine_memory.h"
 #include "ml/models.h"
+#include "ml/pipeline_bubble.h"
 #include "ml/planner.h"
 #include "ml/profile_graph.h"
 #include "ml/transformer.h"
@@ -84,33 +86,6 @@ void StopTheChildOnSignals() {
   });
 }
 
-/// A directory for the local runs: --keep's, or a temporary one removed on destruction.
-class WorkDir {
- public:
-  static Result<std::unique_ptr<WorkDir>> Make(const std::string& keep) {
-    auto w = std::unique_ptr<WorkDir>(new WorkDir);
-    std::error_code ec;
-    if (keep.empty()) {
-      std::string tmpl = (std::filesystem::temp_directory_path() / "copse-plan-XXXXXX").string();
-      if (!::mkdtemp(tmpl.data())) return Status::IOError("cannot make a directory for the profiling run under /tmp");
-      w->path = tmpl;
-      w->temporary = true;
-    } else if (w->path = keep; std::filesystem::create_directories(w->path, ec), ec) {
-      return Status::IOError("--keep " + keep + ": " + ec.message());
-    }
-    return w;
-  }
-  ~WorkDir() {
-    std::error_code ignored;
-    if (temporary) std::filesystem::remove_all(path, ignored);
-  }
-  std::filesystem::path path;
-
- private:
-  WorkDir() = default;
-  bool temporary = false;
-};
-
 /// Runs `job` (named `name` in `dir`) with `copse run` on a local cluster of f.daemons daemons;
 /// its outputs go to dir/name-out. `env` is added to the cluster's environment.
 Status RunLocally(const PlanFlags& f, const Json& job, const std::filesystem::path& dir, const std::string& name,
@@ -134,10 +109,7 @@ Status RunLocally(const PlanFlags& f, const Json& job, const std::filesystem::pa
   if (g_interrupted) return Status::Cancelled("interrupted; the local cluster was stopped");
   if (waited != pid) return Status::Internal(std::string("cannot wait for copse run: ") + std::strerror(errno));
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::OK();
-  std::ifstream in(log);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string tail = text.str();
+  std::string tail = ReadFile(log).ValueOr("(its log could not be read)");
   if (tail.size() > 4000) tail = tail.substr(tail.size() - 4000);
   return Status::Internal("the " + name + " job failed (copse run " + job_file + "):\n" + tail);
 }
@@ -225,14 +197,13 @@ Status CalibrateLocally(const PlanFlags& f, ml::CostTable& table, const std::fil
         COPSE_ASSIGN_OR_RETURN(const double predicted, ml::TensorParallelMemberStep(table, o.tensor_parallel, o.batch));
         samples.push_back({K::kTensorParallel, predicted, measured, o.batch});
       } else if (kind == "pipeline") {
-        const int s = stage.size() == 4 ? stage[3] - '0' : -1;
-        if (s < 0 || s > 1) continue;
-        const auto t =
-            ml::StageVertexTimes(table, o.split[static_cast<size_t>(s)], o.split[static_cast<size_t>(s) + 1], mb, microbatches);
-        const std::string what = stage.substr(0, 3);
-        if (what == "upd" && index >= 1) samples.push_back({K::kStageUpdate, t.update, measured, mb});
-        if (what == "fwd" && index >= microbatches) samples.push_back({K::kStage, t.forward, measured, mb});
-        if (what == "bwd" && index >= microbatches) samples.push_back({K::kStage, t.backward, measured, mb});
+        const auto p = ml::ParsePipelineVertex(name);
+        if (!p || p->stage < 0 || p->stage >= o.stages) continue;
+        const size_t s = static_cast<size_t>(p->stage);
+        const auto t = ml::StageVertexTimes(table, o.split[s], o.split[s + 1], mb, microbatches);
+        if (p->kind == 'u' && index >= 1) samples.push_back({K::kStageUpdate, t.update, measured, mb});
+        if (p->kind == 'f' && index >= microbatches) samples.push_back({K::kStage, t.forward, measured, mb});
+        if (p->kind == 'b' && index >= microbatches) samples.push_back({K::kStage, t.backward, measured, mb});
       } else if (index >= 1) {
         const auto t = ml::StageVertexTimes(table, 0, layers, o.batch, 1);
         if (stage == "grad0") samples.push_back({K::kGradient, t.gradient, measured, o.batch});
@@ -329,19 +300,19 @@ int RunPlan(PlanFlags& f) {
     }
   } else {
     StopTheChildOnSignals();
-    auto dir = WorkDir::Make(f.keep_dir);
+    auto dir = RunDirectory::Make(f.keep_dir, "copse-plan");
     if (!dir.ok()) {
       std::fprintf(stderr, "%s: %s\n", me, dir.status().message().c_str());
       return 1;
     }
-    table = ProfileLocally(f, *profile_job, (*dir)->path);
+    table = ProfileLocally(f, *profile_job, (*dir)->path());
     if (!table.ok()) {
       std::fprintf(stderr, "%s: %s\n", me, table.status().message().c_str());
       return 1;
     }
     table->local_cores = static_cast<int>(std::thread::hardware_concurrency());  // 0 when unknown
     if (f.calibrate) {
-      if (Status st = CalibrateLocally(f, *table, (*dir)->path); !st.ok()) {
+      if (Status st = CalibrateLocally(f, *table, (*dir)->path()); !st.ok()) {
         std::fprintf(stderr, "%s: %s\n(--no-calibrate plans without the calibration runs)\n", me, st.message().c_str());
         return 1;
       }

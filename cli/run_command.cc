@@ -17,6 +17,7 @@
 #include "cli/jm_client.h"
 #include "cli/job_watch.h"
 #include "cli/process_util.h"
+#include "cli/run_directory.h"
 #include "cli/program_catalog.h"
 #include "cli/status_view.h"
 #include "cli/trace_client.h"
@@ -24,6 +25,7 @@
 #include "common/machine_memory.h"
 #include "jobmanager/gang_needs.h"
 #include "jobmanager/job_loader.h"
+#include "ml/graph_gen.h"
 #include "ml/pipeline_bubble.h"
 
 namespace copse::cli {
@@ -90,15 +92,11 @@ std::optional<Json> PipelineBubble(const std::map<std::string, ml::Span>& spans,
 }
 
 /// A training job's steady step time in ms: the median interval between the ends of
-/// consecutive steps' updates (`upd0[t]` of a pipeline, `ps[t]` or `update[t]` of data-parallel
-/// training, member `tp0[t]` of tensor-parallel), the first step (warm-up) left out; 0 when the
-/// trace has fewer than three.
+/// consecutive steps (ml::StepEndStage's vertices), the first step (warm-up) left out; 0 when
+/// the trace has fewer than three.
 double MeasuredStepMs(const std::map<std::string, ml::Span>& spans, const Json& config) {
-  const std::string kind = config.value("kind", "");
-  const std::string update = kind == "pipeline"                    ? "upd0"
-                             : kind == "tensor-parallel"           ? "tp0"
-                             : config.value("reducer", "") == "ps" ? "ps"
-                                                                   : "update";
+  const std::string update =
+      ml::StepEndStage(config.value("kind", ""), config.value("reducer", ""), config.value("tensor_parallel", 1));
   std::vector<double> ends;
   for (int64_t t = 0;; ++t) {
     auto it = spans.find(update + "[" + std::to_string(t) + "]");
@@ -137,25 +135,13 @@ std::optional<Json> PlanAgainstRun(const Json& config, const Json& metrics, cons
 /// The local cluster's processes and files; torn down on destruction.
 class LocalCluster {
  public:
-  ~LocalCluster() {
-    StopChildren(pids_, 2000);
-    std::error_code ec;
-    if (remove_dir_) std::filesystem::remove_all(dir_, ec);
-  }
+  // The processes stop first; their directory (a member) goes after them.
+  ~LocalCluster() { StopChildren(pids_, 2000); }
 
   Status Start(const RunOpts& o) {
-    if (o.keep_dir.empty()) {
-      char tmpl[] = "/tmp/copse-run-XXXXXX";
-      if (!mkdtemp(tmpl)) return Status::IOError("cannot create a temporary directory");
-      dir_ = tmpl;
-      remove_dir_ = true;
-    } else {
-      std::error_code ec;
-      dir_ = std::filesystem::absolute(o.keep_dir, ec);
-      if (!ec) std::filesystem::create_directories(dir_, ec);
-      if (ec) return Status::InvalidArgument("--keep " + o.keep_dir + ": cannot make it a directory: " + ec.message());
-    }
-    auto state = dir_ / "jm";
+    COPSE_ASSIGN_OR_RETURN(run_dir_, RunDirectory::Make(o.keep_dir, "copse-run"));
+    const std::filesystem::path& dir = run_dir_->path();
+    auto state = dir / "jm";
     std::vector<std::string> jm_args = {"jm",
                                         "--listen",
                                         "127.0.0.1:0",
@@ -169,14 +155,14 @@ class LocalCluster {
     // outputs are not worth waiting for.
     restart_daemons_ = o.restart_daemons;
     if (!restart_daemons_) jm_args.insert(jm_args.end(), {"--daemon-return-grace-ms", "0"});
-    COPSE_ASSIGN_OR_RETURN(pid_t jm, SpawnSelf(jm_args, {}, (dir_ / "jm.log").string()));
+    COPSE_ASSIGN_OR_RETURN(pid_t jm, SpawnSelf(jm_args, {}, (dir / "jm.log").string()));
     pids_.push_back(jm);
     jm_ = jm;
     // Each daemon starts its servers and registers; on a small machine a hundred of them take a while.
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20) + std::chrono::milliseconds(500) * o.daemons;
     while (!std::filesystem::exists(state / "jm.addr")) {
       if (ChildExited(jm) || std::chrono::steady_clock::now() > deadline) {
-        return Status::Unavailable("the job manager did not start; see " + (dir_ / "jm.log").string());
+        return Status::Unavailable("the job manager did not start; see " + (dir / "jm.log").string());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -202,11 +188,11 @@ class LocalCluster {
                                        "--gpus",
                                        std::to_string(o.gpus),
                                        "--work-dir",
-                                       (dir_ / name).string(),
+                                       (dir / name).string(),
                                        "--label",
                                        "host=local"};
       if (!o.local_socket) args.push_back("--no-local-socket");
-      DaemonProcess daemon{name, std::move(args), std::move(env), (dir_ / (name + ".log")).string()};
+      DaemonProcess daemon{name, std::move(args), std::move(env), (dir / (name + ".log")).string()};
       COPSE_ASSIGN_OR_RETURN(pid_t d, SpawnSelf(daemon.args, daemon.env, daemon.log));
       pids_.push_back(d);
       daemons_[d] = std::move(daemon);
@@ -217,7 +203,7 @@ class LocalCluster {
       if (static_cast<int>(reply["daemons"].size()) >= o.daemons) break;
       if (std::chrono::steady_clock::now() > deadline) {
         return Status::Unavailable("only " + std::to_string(reply["daemons"].size()) + " of " + std::to_string(o.daemons) +
-                                   " daemons registered; see the logs in " + dir_.string());
+                                   " daemons registered; see the logs in " + dir.string());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -225,7 +211,9 @@ class LocalCluster {
   }
 
   /// Leaves the cluster's directory (its processes' logs) in place when this cluster is gone.
-  void KeepLogs() { remove_dir_ = false; }
+  void KeepLogs() {
+    if (run_dir_) run_dir_->Keep();
+  }
 
   net::BlockingClient& client() { return *client_; }
   const JmAddressOptions& address() const { return address_; }
@@ -278,7 +266,7 @@ class LocalCluster {
       daemons_[d] = std::move(*it);
       it = restarting_.erase(it);
     }
-    const std::string logs = remove_dir_ ? "" : "; see the logs in " + dir_.string();
+    const std::string logs = run_dir_->temporary() ? "" : "; see the logs in " + run_dir_->path().string();
     if (jm_ > 0 && ChildExited(jm_)) {
       std::erase(pids_, jm_);
       jm_ = 0;
@@ -299,8 +287,7 @@ class LocalCluster {
   int restarts() const { return restarts_; }
 
  private:
-  std::filesystem::path dir_;
-  bool remove_dir_ = false;
+  std::unique_ptr<RunDirectory> run_dir_;
   std::vector<pid_t> pids_;  // every child still to stop
   pid_t jm_ = 0;             // 0 once it has exited
   /// A local daemon: how it is started, again after it exits.

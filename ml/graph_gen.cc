@@ -333,13 +333,20 @@ void AddCheckpoints(JobBuilder& b, const GraphOptions& o, const std::string& upd
 
 // ---- data-parallel ------------------------------------------------------------------------
 
+/// A data-parallel job's update stage (one per worker, numbered, when `replicated`).
+std::string UpdatePrefix(const std::string& reducer) { return reducer == "ps" ? "ps" : "update"; }
+bool Replicated(const std::string& reducer) { return reducer == "ring" || reducer == "nccl"; }
+
+/// Member r's stage of a tensor-parallel job.
+std::string MemberStage(int r) { return "tp" + std::to_string(r); }
+
 Result<Json> DataParallel(const GraphOptions& o, int64_t steps, int64_t train_images) {
   JobBuilder b(o.checkpoint_dir + "/durable");
   const Json common = CommonParams(o);
   const int W = o.workers;
   const bool ring = o.reducer == "ring", nccl = o.reducer == "nccl";
-  const bool replicated = ring || nccl;  // every worker steps its own copy of the parameters
-  const std::string upd_prefix = o.reducer == "ps" ? "ps" : "update";
+  const bool replicated = Replicated(o.reducer);  // every worker steps its own copy of the parameters
+  const std::string upd_prefix = UpdatePrefix(o.reducer);
   COPSE_ASSIGN_OR_RETURN(const GpuMemoryModel gpu, GpuMemoryOf(o));
   // Workers sharing a GPU hold their activations at once: the whole batch's, at most.
   const int64_t gpu_mb = gpu.Mb(0, gpu.layers(), o.batch);
@@ -462,7 +469,7 @@ Result<Json> TensorParallel(const GraphOptions& o, int64_t steps, int64_t train_
   JobBuilder b(o.checkpoint_dir + "/durable");
   const Json common = CommonParams(o);
   const int R = o.tensor_parallel;
-  auto member = [](int r) { return "tp" + std::to_string(r); };
+  auto member = MemberStage;
   auto init = [](int r) { return "init" + std::to_string(r); };
   for (int r = 0; r < R; ++r) {
     const Json tp = {{"tensor_parallel", R}, {"tp_rank", r}};
@@ -680,6 +687,12 @@ std::vector<ChunkOp> InterleavedOrder(int device, int devices, int chunks, int m
   }
   while (b < total) out.push_back(op(b++, 'B'));
   return out;
+}
+
+std::string StepEndStage(const std::string& kind, const std::string& reducer, int tensor_parallel) {
+  if (kind == "tensor-parallel") return MemberStage(0);
+  if (kind == "data-parallel") return UpdatePrefix(reducer) + (Replicated(reducer) ? "0" : "");
+  return std::string("upd0") + (tensor_parallel > 1 ? "t0" : "");
 }
 
 Result<std::vector<int>> BalancedSplit(const std::string& model, int stages) {

@@ -85,6 +85,12 @@ struct GraphOptions {
 /// The job file. InvalidArgument names the flag that is wrong.
 Result<Json> GenerateTrainingGraph(const GraphOptions& options);
 
+/// The stage whose vertex t ends step t of a job generated for `kind` with `reducer` and
+/// `tensor_parallel` members: a pipeline's (or hybrid's) stage-0 update "upd0" ("upd0t0" with
+/// tensor-parallel stages), a data-parallel job's "ps" or "update" ("update0" for ring and nccl,
+/// where each worker steps its own copy), a tensor-parallel job's member "tp0".
+std::string StepEndStage(const std::string& kind, const std::string& reducer, int tensor_parallel = 1);
+
 /// Pipeline stage boundaries [0 = b0 < b1 < ... < bP = layers] minimizing the largest stage's
 /// estimated cost (3 x parameters per layer, 2 x for the first one with parameters).
 Result<std::vector<int>> BalancedSplit(const std::string& model, int stages);

@@ -59,16 +59,7 @@ std::optional<Bubble> MeasuredBubble(const std::map<std::string, Span>& spans, i
   return b;
 }
 
-namespace {
-
-struct PipelineVertex {
-  char kind;  // 'f', 'b' or 'u'
-  int stage;
-  int64_t index;
-};
-
-/// "fwd3[12]" -> {'f', 3, 12}; nullopt for any other name.
-std::optional<PipelineVertex> ParseName(const std::string& name) {
+std::optional<PipelineVertex> ParsePipelineVertex(const std::string& name) {
   if (name.size() < 6 || name.back() != ']') return std::nullopt;
   const std::string kind = name.substr(0, 3);
   if (kind != "fwd" && kind != "bwd" && kind != "upd") return std::nullopt;
@@ -82,8 +73,6 @@ std::optional<PipelineVertex> ParseName(const std::string& name) {
   return v;
 }
 
-}  // namespace
-
 std::map<std::string, Span> WithoutGaps(const std::map<std::string, Span>& spans, int stages, int devices) {
   if (devices <= 0 || devices > stages) devices = stages;
   // Each daemon's vertices in the order it ran them.
@@ -94,7 +83,7 @@ std::map<std::string, Span> WithoutGaps(const std::map<std::string, Span>& spans
   };
   std::vector<std::vector<Ran>> order(static_cast<size_t>(std::max(devices, 0)));
   for (const auto& [name, span] : spans) {
-    auto v = ParseName(name);
+    auto v = ParsePipelineVertex(name);
     if (!v || v->stage < 0 || v->stage >= stages) continue;
     order[static_cast<size_t>(v->stage % devices)].push_back({span.start, *v, &name});
   }

@@ -10,6 +10,7 @@
 // apart what the schedule costs from what unequal stages cost, the same measure is also taken
 // on the run replayed without gaps (WithoutGaps): what remains there is the stages' own
 // imbalance, and the difference to the measured bubble is what dispatch and transfers added.
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -40,6 +41,16 @@ std::optional<Bubble> MeasuredBubble(const std::map<std::string, Span>& spans, i
 /// daemon's first vertex keeps its start. Spans other than fwd/bwd/upd<s>[r] of stages
 /// [0, stages) are left out, and so is any vertex whose predecessors are missing.
 std::map<std::string, Span> WithoutGaps(const std::map<std::string, Span>& spans, int stages, int devices = 0);
+
+/// A pipeline job's vertex by its name: "fwd3[12]" -> {'f', 3, 12} (forward, backward or update
+/// 'u' of stage 3; index 12: step * M + micro-batch, or the step of an update).
+struct PipelineVertex {
+  char kind;  // 'f', 'b' or 'u'
+  int stage;
+  int64_t index;
+};
+/// nullopt for any other name.
+std::optional<PipelineVertex> ParsePipelineVertex(const std::string& name);
 
 /// (p-1)/(m+p-1) for p daemons and m micro-batches; with v model chunks a daemon (interleaved
 /// 1F1B), (p-1)/(v*m+p-1): each warm-up and cool-down slot is a chunk's work, 1/v of a stage's.

@@ -508,6 +508,43 @@ TEST_CASE("MlGraph.ScheduleIsOrderingEdgesBetweenOneStagesVertices") {
   CHECK(order_edges > 0);
 }
 
+TEST_CASE("MlGraph.StepEndStageNamesAStageWithAVertexPerStep") {
+  // What copse run's measured step (a planned job's) reads: the stage StepEndStage names has a
+  // vertex per step, whatever the layout.
+  struct Case {
+    std::string kind, reducer, model;
+    int tensor_parallel;
+  };
+  const std::vector<Case> cases = {
+      {"pipeline", "tree", "mlp:784-64-32-10", 1},      {"hybrid", "tree", "mlp:784-64-32-10", 1},
+      {"data-parallel", "ps", "mlp:784-64-32-10", 1},   {"data-parallel", "tree", "mlp:784-64-32-10", 1},
+      {"data-parallel", "ring", "mlp:784-64-32-10", 1}, {"tensor-parallel", "tree", "gpt:1-16-2-8", 2},
+      {"pipeline", "tree", "gpt:2-16-2-8", 2}};
+  for (const Case& c : cases) {
+    GraphOptions o = SmallPipeline();
+    o.kind = c.kind;
+    o.reducer = c.reducer;
+    o.model = c.model;
+    o.tensor_parallel = c.tensor_parallel;
+    o.workers = 2;
+    o.microbatches = 2;
+    o.steps = 3;
+    if (c.model.rfind("gpt:", 0) == 0) {
+      if (!fs::exists("/usr/share/games/fortunes")) continue;  // the generator reads the text's size
+      o.data_dir = "/usr/share/games/fortunes";
+      o.batch = 8;
+    }
+    auto job = GenerateTrainingGraph(o);
+    REQUIRE_MESSAGE(job.ok(), c.kind, " ", c.reducer, ": ", job.status().message());
+    const std::string stage = StepEndStage(c.kind, c.reducer, c.tensor_parallel);
+    int64_t replicas = 0;
+    for (const auto& st : (*job)["stages"]) {
+      if (st["name"] == stage) replicas = st.value("replicas", int64_t{1});
+    }
+    CHECK_MESSAGE(replicas == 3, c.kind, " ", c.reducer, ": stage ", stage);
+  }
+}
+
 TEST_CASE("MlGraph.InterleavedScheduleRunsEveryChunkOnceWithoutDeadlockAndShrinksTheBubble") {
   // Megatron-LM's interleaved 1F1B for D daemons of v chunks: replayed with every forward and
   // backward of a chunk taking one unit, each daemon running its ops in the schedule's order
