@@ -579,6 +579,7 @@ Result<Plan> MakePlan(const CostTable& table, const PlanRequest& request) {
     if (ranks > std::max(1, request.slots_per_daemon) || !TensorParallelMemberStep(table, ranks, request.batch).ok()) continue;
     COPSE_RETURN_NOT_OK(add({"tensor-parallel", ranks, 1, "", {}}));
   }
+  std::map<std::pair<int, int>, std::vector<int>> best_splits;  // by (stages, micro-batches)
   for (int stages = 2; stages <= std::min(request.daemons, n); ++stages) {
     for (int m = 1; m <= request.max_microbatches; m *= 2) {
       if (request.batch % m || !model.Measured(request.batch / m)) continue;
@@ -608,7 +609,10 @@ Result<Plan> MakePlan(const CostTable& table, const PlanRequest& request) {
           COPSE_RETURN_NOT_OK(failed);
           plan.candidates.push_back(std::move(*fastest));
         } else {
-          l.split = BestSplit(table, virtual_stages, m, request.batch / m);
+          // The same for every schedule of these stages and micro-batches: found once.
+          auto& split = best_splits[{virtual_stages, m}];
+          if (split.empty()) split = BestSplit(table, virtual_stages, m, request.batch / m);
+          l.split = split;
           if (!l.split.empty()) COPSE_RETURN_NOT_OK(add(l));
         }
       }
