@@ -91,9 +91,9 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
       ->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(FiniteFrom(0, true))->capture_default_str();
   AddScheduleFlags(cmd, o.lr_schedule, o.warmup_steps, o.min_lr, o.clip_norm,
-                   "Clip the gradients' global L2 norm to this before each step (0: never; data-parallel and "
-                   "tensor-parallel jobs)");
+                   "Clip the gradients' global L2 norm to this before each step (0: never; not for hybrid jobs)");
   AddPrecisionFlag(cmd, o.precision);
+  AddInitLossScaleFlag(cmd, o.init_loss_scale);
   cmd->add_option("--device", o.device,
                   "cpu, or cuda: every compute vertex takes a GPU (resources.gpus 1; daemons started with --gpus) "
                   "and keeps its model, activations and gradients on it")

@@ -147,6 +147,7 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--seed", o.seed, "Seed of initialization, shuffling and dropout")->check(Unsigned64())->capture_default_str();
   cmd->add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
   AddPrecisionFlag(cmd, o.precision);
+  AddInitLossScaleFlag(cmd, o.init_loss_scale);
   cmd->add_option("--data-dir", o.data_dir, "Directory with the Fashion-MNIST IDX .gz files")->capture_default_str();
   cmd->add_option("--limit", o.limit, "Use only the first N training images (text windows)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));

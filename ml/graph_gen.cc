@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "ml/loss_scaler.h"
 #include "ml/models.h"
 #include "ml/text_corpus.h"
 #include "ml/transformer.h"
@@ -196,8 +197,6 @@ Status Check(const GraphOptions& o) {
   if (o.staleness > 0 && o.precision == "fp16")
     return bad("--staleness", "0 with --precision fp16 (a stale gradient's loss scale is not the update's)");
   if (o.device != "cpu" && o.device != "cuda") return bad("--device", "cpu or cuda");
-  if (o.device == "cuda" && o.tensor_parallel > 1)
-    return bad("--device cuda", "--tensor-parallel 1 (tensor-parallel gangs compute on the CPU for now)");
   if (o.epochs < 1) return bad("--epochs", ">= 1");
   if (o.batch < 1 || o.batch > programs::kMaxBatch) return bad("--batch", "1.." + std::to_string(programs::kMaxBatch));
   if (o.kind != "tensor-parallel") {
@@ -215,16 +214,18 @@ Status Check(const GraphOptions& o) {
   if (o.warmup_steps < 0) return bad("--warmup-steps", ">= 0");
   if (!(o.min_lr >= 0 && o.min_lr <= o.lr)) return bad("--min-lr", "a number in [0, --lr]");
   if (!(o.clip_norm >= 0) || !std::isfinite(o.clip_norm)) return bad("--clip-norm", "a finite number >= 0");
-  if (o.clip_norm > 0 && (o.kind == "pipeline" || o.kind == "hybrid"))
-    return bad("--clip-norm",
-               "0 for pipeline and hybrid jobs (the norm would span their stages; data-parallel and "
-               "tensor-parallel jobs clip)");
+  if (o.clip_norm > 0 && o.kind == "hybrid")
+    return bad("--clip-norm", "0 for hybrid jobs (the norm of several pipelines' summed gradients is not gathered)");
+  if (o.clip_norm > 0 && o.kind == "pipeline" && o.tensor_parallel > 1)
+    return bad("--clip-norm", "0 for a pipeline of tensor-parallel stages (its step check spans one member per stage)");
   if (!(o.momentum >= 0 && o.momentum < 1)) return bad("--momentum", "[0, 1)");
   if (auto p = ParsePrecision(o.precision); !p.ok()) return p.status().WithContext("--precision");
-  if (o.precision == "fp16" && o.kind != "data-parallel")
+  if (o.precision == "fp16" && o.kind != "data-parallel" && o.kind != "tensor-parallel" && o.tensor_parallel > 1)
     return bad("--precision fp16",
-               "a data-parallel job (a pipeline's or tensor-parallel gang's loss scale would have to agree "
-               "across its stages and shards, which is not built yet)");
+               "--tensor-parallel 1 in a pipeline (its stages' step check spans one member per stage, not the shards)");
+  if (!(o.init_loss_scale > 0) || !std::isfinite(o.init_loss_scale)) return bad("--init-loss-scale", "a finite number > 0");
+  if (o.init_loss_scale != LossScale::kInitial && o.precision != "fp16")
+    return bad("--init-loss-scale", "the default with --precision " + o.precision + " (it is fp16's)");
   if (o.limit == 0) return bad("--limit", "> 0 (or absent)");
   if (o.steps == 0) return bad("--steps", "> 0 (or absent)");
   if (o.threads < 1) return bad("--threads", ">= 1");
@@ -239,6 +240,7 @@ Json CommonParams(const GraphOptions& o) {
   if (o.test_limit > 0) p["test_limit"] = o.test_limit;
   if (o.clip_norm > 0) p["clip_norm"] = o.clip_norm;
   if (o.precision != "fp32") p["precision"] = o.precision;
+  if (o.init_loss_scale != LossScale::kInitial) p["loss_scale"] = o.init_loss_scale;
   if (o.lr_schedule != "constant") {
     p["lr_schedule"] = o.lr_schedule;
     p["warmup_steps"] = o.warmup_steps;
@@ -266,6 +268,9 @@ Result<int64_t> TrainSize(const GraphOptions& o) {
   COPSE_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(o.data_dir, Split::kTrain, d));
   return train.size();
 }
+
+/// Whether a pipeline's stages check each step's gradients together (see Pipeline).
+bool StepChecked(const GraphOptions& o) { return o.precision == "fp16" || o.clip_norm > 0; }
 
 /// Whether step t (0-based) is checkpointed: every K-th and the last.
 bool IsCheckpointStep(const GraphOptions& o, int64_t t, int64_t steps) {
@@ -297,7 +302,7 @@ Json Config(const GraphOptions& o, int64_t steps) {
     c["schedule"] = o.schedule;
     if (o.schedule == "interleaved") c["virtual_stages"] = o.virtual_stages;
     c["recompute"] = o.recompute;
-    c["weight_grads"] = o.weight_grads;
+    c["weight_grads"] = StepChecked(o) ? "per-microbatch" : o.weight_grads;
   }
   return c;
 }
@@ -469,12 +474,14 @@ Result<Json> TensorParallel(const GraphOptions& o, int64_t steps, int64_t train_
   JobBuilder b(o.checkpoint_dir + "/durable");
   const Json common = CommonParams(o);
   const int R = o.tensor_parallel;
+  COPSE_ASSIGN_OR_RETURN(const GpuMemoryModel gpu, GpuMemoryOf(o));
   auto member = MemberStage;
   auto init = [](int r) { return "init" + std::to_string(r); };
   for (int r = 0; r < R; ++r) {
     const Json tp = {{"tensor_parallel", R}, {"tp_rank", r}};
     b.Stage(init(r), "ml.init", 1, With(With(common, tp), {{"clock", r == 0}}), 1);
     b.Stage(member(r), "ml.tp_step", steps, With(With(common, tp), {{"steps", steps}}), o.threads);
+    b.ComputeOn(o.device, gpu.Mb(0, gpu.layers(), o.batch));  // a whole model's worth: a shard needs less
   }
   for (int64_t t = 0; t < steps; ++t) {
     for (int r = 0; r < R; ++r) {
@@ -517,6 +524,11 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
   // the last R - 1 inputs and outputs); each member's params, stash, activations and gradients
   // flow only between vertices of its own rank.
   const int R = o.tensor_parallel;
+  // fp16's overflow check and --clip-norm's norm span every stage: each step's last backwards
+  // gather a step check from the last stage down to stage 0, whose backward sends it to every
+  // update (ml.backward's params.step_check). It needs each stage's gradients summed by then,
+  // so weight gradients are computed per micro-batch, not batched into the update.
+  const bool step_check = StepChecked(o);
   std::vector<int> split = o.split;
   if (split.empty()) {
     COPSE_ASSIGN_OR_RETURN(split, BalancedSplit(o.model, P));
@@ -542,8 +554,8 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
     const std::vector<int> crossing = {1};
     // Batched weight gradients need the stashed layer inputs and layers that can defer theirs
     // (a tensor-parallel block cannot).
-    const bool batched =
-        o.weight_grads == "batched" && !o.recompute && R == 1 && full.Slice(split[s], split[s + 1]).DefersWeightGradients();
+    const bool batched = o.weight_grads == "batched" && !o.recompute && R == 1 && !step_check &&
+                         full.Slice(split[s], split[s + 1]).DefersWeightGradients();
     // A pipeline keeps its M micro-batches' stashes until the step's last backward.
     const int64_t gpu_mb = gpu.Mb(split[s], split[s + 1], (o.batch + W - 1) / W);
     for (int r = 0; r < R; ++r) {
@@ -556,18 +568,23 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
       for (int w = 0; w < W; ++w) {
         const Json pos = {{"stage", s},   {"stages", P}, {"microbatches", M},
                           {"workers", W}, {"worker", w}, {"recompute", o.recompute}};
+        // Stage 0's last backward of a step sends the step check to every update (ports 1..P).
+        std::vector<int> bwd_retain = s > 0 ? crossing : std::vector<int>{};
+        if (s == 0 && step_check)
+          for (int k = 1; k <= P; ++k) bwd_retain.push_back(k);
         b.Stage(F(s, w, r), "ml.forward", steps * M, With(With(With(common, layers), tp), pos), o.threads,
                 group + (W > 1 ? "w" + std::to_string(w) : ""), s + 1 < P ? crossing : std::vector<int>{});
         b.ComputeOn(o.device, gpu_mb);
-        b.Stage(B(s, w, r), "ml.backward", steps * M,
-                With(With(With(With(common, layers), tp), pos), {{"weight_grads", batched ? "batched" : "per-microbatch"}}),
-                o.threads, group + (W > 1 ? "w" + std::to_string(w) : ""), s > 0 ? crossing : std::vector<int>{});
+        Json bwd = With(With(With(With(common, layers), tp), pos), {{"weight_grads", batched ? "batched" : "per-microbatch"}});
+        if (step_check) bwd["step_check"] = true;
+        b.Stage(B(s, w, r), "ml.backward", steps * M, std::move(bwd), o.threads, group + (W > 1 ? "w" + std::to_string(w) : ""),
+                bwd_retain);
         b.ComputeOn(o.device, gpu_mb);
       }
-      b.Stage(Uname(s, r), "ml.update", steps,
-              With(With(UpdateParams(common, split[s], split[s + 1], steps), tp),
-                   {{"weight_grads", batched ? "batched" : "per-microbatch"}}),
-              PipelineUpdateCpus(o), group + (W > 1 ? "w0" : ""));
+      Json upd = With(With(UpdateParams(common, split[s], split[s + 1], steps), tp),
+                      {{"weight_grads", batched ? "batched" : "per-microbatch"}});
+      if (step_check) upd["step_checks"] = W;  // its last W inputs, one from each pipeline
+      b.Stage(Uname(s, r), "ml.update", steps, std::move(upd), PipelineUpdateCpus(o), group + (W > 1 ? "w0" : ""));
       b.ComputeOn(o.device, gpu_mb);
     }
   }
@@ -599,6 +616,8 @@ Result<Json> Pipeline(const GraphOptions& o, int64_t steps, int64_t train_images
             }
           }
           b.Edge(V(B(s, w, r), t * M + M - 1), 0, V(Uname(s, r), t), 1 + w);
+          if (step_check && s == 0)  // pipeline w's step check to every stage's update
+            for (int u = 0; u < P; ++u) b.Edge(V(B(0, w, r), t * M + M - 1), 1 + u, V(Uname(u, r), t), 1 + W + w);
           // The schedule: one stage's vertices of this step in a chain of ordering edges
           // (interleaved: one daemon's, over its chunks, below).
           if (interleaved) continue;

@@ -60,12 +60,15 @@ struct GraphOptions {
   std::string lr_schedule = "constant";
   int64_t warmup_steps = 0;
   double min_lr = 0.0;
-  // Clip the gradients' global L2 norm to this before each step (0: never). Data-parallel and
-  // tensor-parallel jobs only: a pipeline's norm would span its stages.
+  // Clip the gradients' global L2 norm to this before each step (0: never). Not for hybrid jobs
+  // (the norm of several pipelines' summed gradients is not gathered) nor a pipeline's
+  // tensor-parallel members; a pipeline's stages gather their norm in a step check.
   double clip_norm = 0.0;
   // fp32, or bf16: mixed precision (ml/dtype.h), and activations and their gradients cross
-  // pipeline stage boundaries in bfloat16.
+  // pipeline stage boundaries in bfloat16; or fp16, with dynamic loss scaling from
+  // init_loss_scale (ml/loss_scaler.h), a pipeline's stages skipping together on a step check.
   std::string precision = "fp32";
+  double init_loss_scale = 65536.0;
   // cpu, or cuda: every compute vertex (gradients, forwards, backwards, reducers, updates)
   // takes a GPU (resources.gpus 1) and keeps its model, activations and gradients on it.
   std::string device = "cpu";

@@ -96,14 +96,22 @@ Status Sgd::ImportState(const NamedTensors& state) {
   return Status::OK();
 }
 
-double ClipGradNorm(const std::vector<Parameter*>& params, double max_norm) {
+double GradSumSquares(const std::vector<Parameter*>& params) {
   double sum = 0.0;
   for (Parameter* p : params) sum += p->grad.device()->SumSquares(p->grad.data(), static_cast<size_t>(p->grad.numel()));
-  const double norm = std::sqrt(sum);
+  return sum;
+}
+
+void ClipGradsToNorm(const std::vector<Parameter*>& params, double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0)
     for (Parameter* p : params)
       p->grad.device()->Scale(p->grad.data(), static_cast<size_t>(p->grad.numel()), static_cast<float>(coef));
+}
+
+double ClipGradNorm(const std::vector<Parameter*>& params, double max_norm) {
+  const double norm = std::sqrt(GradSumSquares(params));
+  ClipGradsToNorm(params, norm, max_norm);
   return norm;
 }
 

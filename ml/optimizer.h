@@ -35,6 +35,14 @@ struct AdamOptions {
 /// summed in double in parameter order, so it is the same on every run.
 double ClipGradNorm(const std::vector<Parameter*>& params, double max_norm);
 
+/// The sum of squares of every gradient, in double, in parameter order.
+double GradSumSquares(const std::vector<Parameter*>& params);
+
+/// The scaling step of ClipGradNorm for a total norm computed elsewhere (summed over the stages
+/// of a pipeline, or the members of a tensor-parallel group): every gradient times
+/// min(1, max_norm / (norm + 1e-6)).
+void ClipGradsToNorm(const std::vector<Parameter*>& params, double norm, double max_norm);
+
 /// Linear warmup from 0 over `warmup` steps, then a cosine decay from `lr` to `min_lr` at step
 /// `total` (nanoGPT's schedule); `step` counts from 0 and stays at min_lr past `total`.
 float WarmupCosineLr(int64_t step, int64_t warmup, int64_t total, float lr, float min_lr);

@@ -39,6 +39,10 @@ Status Validate(const TrainOptions& o) {
   if (auto p = ParsePrecision(o.precision); !p.ok()) return p.status().WithContext("--precision");
   if (o.min_lr < 0 || o.min_lr > o.lr) return Status::InvalidArgument("--min-lr must be in [0, --lr]");
   if (o.clip_norm < 0) return Status::InvalidArgument("--clip-norm must be >= 0");
+  if (!(o.init_loss_scale > 0) || !std::isfinite(o.init_loss_scale))
+    return Status::InvalidArgument("--init-loss-scale must be a finite number > 0");
+  if (o.init_loss_scale != LossScale::kInitial && o.precision != "fp16")
+    return Status::InvalidArgument("--init-loss-scale is for --precision fp16 (its dynamic loss scaling)");
   if (IsLanguageModel(o.model) && o.sample_bytes > 0 && o.sample_prompt.empty())
     return Status::InvalidArgument("--sample-prompt must not be empty");
   return Status::OK();
@@ -120,8 +124,8 @@ Result<TrainReport> Train(const TrainOptions& o, const ProgressCallback& progres
       o.max_steps > 0 ? std::min<int64_t>(o.max_steps, steps_per_epoch * o.epochs) : steps_per_epoch * o.epochs;
   const auto params = model.Parameters();
   const bool fp16 = precision == Precision::kFloat16;
-  LossScale loss_scale;                       // fp16's dynamic loss scaling
-  int64_t global_step = 0, rows_trained = 0;  // rows: images, or tokens
+  LossScale loss_scale{o.init_loss_scale, 0};  // fp16's dynamic loss scaling
+  int64_t global_step = 0, rows_trained = 0;   // rows: images, or tokens
   Stash stash;
   for (int epoch = 1; epoch <= o.epochs && global_step < total_steps; ++epoch) {
     const std::vector<int64_t> order = EpochOrder(train.size(), o.seed, epoch);

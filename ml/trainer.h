@@ -47,6 +47,7 @@ struct TrainOptions {
   int64_t warmup_steps = 0;
   float min_lr = 0.0f;
   float clip_norm = 0.0f;            // clip the gradients' global L2 norm to this (0: never)
+  float init_loss_scale = 65536.0f;  // fp16: the loss scale of the first step (ml/loss_scaler.h)
   int sample_bytes = 200;            // language models: bytes of text generated at the end (0: none)
   std::string sample_prompt = "\n";  // ... continuing this prompt
   float sample_temperature = 0.8f;

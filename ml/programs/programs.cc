@@ -494,10 +494,44 @@ class RingReduceProgram final : public VertexProgram {
   }
 };
 
+/// A pipeline step's check of its gradients (params.step_check, for fp16's overflow check and
+/// --clip-norm's global norm): whether every gradient of the stages it covers is finite, and the
+/// sum of their squares (unscaled). The last micro-batch's backward of stage s adds its stage's
+/// accumulated gradients to what stage s + 1 sent with dL/dx (the stages above s) and passes
+/// the result down with its own dL/dx; stage 0's then covers the whole model and goes to every
+/// stage's update ("__check" [finite, sum of squares]), so all of them make the same decision.
+struct StepCheck {
+  bool finite = true;
+  double sum_squares = 0;
+
+  Tensor AsTensor() const { return Scalars({finite ? 1.0f : 0.0f, static_cast<float>(sum_squares)}); }
+  static Result<StepCheck> From(const NamedTensors& set, const std::string& where) {
+    const Tensor* t = FindTensor(set, "__check");
+    if (!t || t->numel() != 2) return Status::DataLoss(where + " carries no step check (\"__check\" [finite, sum of squares])");
+    const std::vector<float> v = t->ToVector();
+    return StepCheck{v[0] != 0.0f, v[1]};
+  }
+  /// This stage's accumulated gradients, unscaled by fp16's `loss_scale` (1 otherwise).
+  static StepCheck Of(const Sequential& m, float loss_scale, bool need_norm) {
+    std::vector<Device::Span> grads;
+    const auto params = m.Parameters();
+    for (const Parameter* p : params) grads.push_back({p->grad.data(), static_cast<size_t>(p->grad.numel())});
+    StepCheck c;
+    c.finite = params.empty() || params[0]->grad.device()->AllFinite(grads);
+    if (c.finite && need_norm) c.sum_squares = GradSumSquares(params) / (double{loss_scale} * loss_scale);
+    return c;
+  }
+  StepCheck And(const StepCheck& above) const {
+    return finite && above.finite ? StepCheck{true, sum_squares + above.sum_squares} : StepCheck{false, 0};
+  }
+};
+
 /// Optimizer step of one stage at step first_step + replica. Input 0: the chain (params,
 /// state, stats); inputs 1..: gradient sets, summed in port order (a parameter server when they
 /// come straight from the workers), or with params.weight_grads "batched" the gradient logs of a
-/// stage that batches its weight gradients (WeightGradientsFromLogs). Outputs: the chain to output 0 (and to output 1 when a
+/// stage that batches its weight gradients (WeightGradientsFromLogs); with params.step_checks
+/// C, the last C inputs are a pipeline's StepChecks (one from each of its C data-parallel
+/// copies), which decide fp16's skip and give --clip-norm's norm. Outputs: the chain to output 0 (and to output 1 when a
 /// checkpoint is due, see WriteChainAndParams), the new parameters to the others.
 class UpdateProgram final : public VertexProgram {
  public:
@@ -511,6 +545,19 @@ class UpdateProgram final : public VertexProgram {
     COPSE_ASSIGN_OR_RETURN(auto chain, ReadAll(ctx, 0));
     if (chain.size() != 3) return Status::DataLoss(ctx.name + ": the chain input needs params, state, stats");
     COPSE_ASSIGN_OR_RETURN(auto grads, ReadEveryInput(ctx, 1));
+    // The pipeline's verdict on this step's gradients, when its stages check them together.
+    const int checks = ctx.param<int>("step_checks", 0);
+    std::optional<StepCheck> verdict;
+    if (checks < 0 || static_cast<size_t>(checks) >= grads.size())
+      return Status::InvalidArgument(ctx.name + ": params.step_checks " + std::to_string(checks) +
+                                     " leaves no gradient input of " + std::to_string(grads.size()));
+    for (int k = 0; k < checks; ++k) {
+      const std::string where = ctx.name + ": input " + std::to_string(1 + grads.size() - checks + k);
+      COPSE_ASSIGN_OR_RETURN(NamedTensors set, ReadTensorMessage(grads[grads.size() - checks + k]));
+      COPSE_ASSIGN_OR_RETURN(StepCheck c, StepCheck::From(set, where));
+      verdict = verdict ? verdict->And(c) : c;
+    }
+    grads.resize(grads.size() - checks);
     if (grads.empty()) return Status::InvalidArgument(ctx.name + ": no gradient inputs");
     const uint64_t grads_key = grads.size() == 1 ? TensorMessageKey(grads[0]) : 0;
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, chain[0], grads_key));
@@ -539,29 +586,41 @@ class UpdateProgram final : public VertexProgram {
     // fp16 (ml/loss_scaler.h): the workers' gradients are S times too large; divided by S in the
     // model's own tensors (summed there first: message tensors are never written), or, when one
     // overflowed, the step is skipped. The scale's state travels in the chain's stats.
+    // A pipeline's stages skip together: the verdict covers every stage's gradients.
     const bool fp16 = s.precision == Precision::kFloat16;
-    LossScale scale = LossScaleIn(stats_set);
+    LossScale scale = LossScaleIn(stats_set, s.initial_loss_scale);
     bool finite = true;
     if (fp16) {
       if (!own_loss) {
         COPSE_ASSIGN_OR_RETURN(own_loss, SumGradientsInto(m, grads));
       }
       lease->grads_key = 0;
-      finite = UnscaleGradients(m.Parameters(), scale);
+      finite = verdict ? verdict->finite : UnscaleGradients(m.Parameters(), scale);
+      if (verdict && finite && !UnscaleGradients(m.Parameters(), scale))
+        return Status::DataLoss(ctx.name + ": the sum of this stage's finite gradients overflowed float32");
       scale = scale.Next(finite);
     }
     if (s.clip_norm > 0 && finite) {
-      // The global norm needs every gradient of the model: only an update of the whole model
-      // (data-parallel) has them. Its gradients are summed into the model's own tensors first.
+      // The global norm needs every gradient of the model: an update of the whole model
+      // (data-parallel) has them, a pipeline's stages have the verdict's sum of squares (of one
+      // pipeline: the norm of several pipelines' summed gradients is not gathered). Gradients
+      // are summed into the model's own tensors first.
       COPSE_ASSIGN_OR_RETURN(const int layers, LayerCount(s.model));
-      if (range.first != 0 || range.second != layers)
-        return Status::InvalidArgument(ctx.name + ": params.clip_norm needs an update of the whole model, not of layers [" +
-                                       std::to_string(range.first) + ", " + std::to_string(range.second) + ")");
+      if (verdict ? checks != 1 : (range.first != 0 || range.second != layers))
+        return Status::InvalidArgument(ctx.name +
+                                       ": params.clip_norm needs an update of the whole model or one pipeline's "
+                                       "step checks, not layers [" +
+                                       std::to_string(range.first) + ", " + std::to_string(range.second) + ") with " +
+                                       std::to_string(checks) + " check(s)");
       if (!own_loss) {
         COPSE_ASSIGN_OR_RETURN(own_loss, SumGradientsInto(m, grads));
       }
       lease->grads_key = 0;
-      ClipGradNorm(m.Parameters(), s.clip_norm);
+      if (verdict) {
+        ClipGradsToNorm(m.Parameters(), std::sqrt(verdict->sum_squares), s.clip_norm);
+      } else {
+        ClipGradNorm(m.Parameters(), s.clip_norm);
+      }
     }
     std::vector<float> loss;
     if (!finite) {
@@ -682,6 +741,8 @@ class ForwardProgram final : public VertexProgram {
       if (x.dim(0) > 0) {
         COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(y, b.labels, batch_size));
         loss_sum = loss.loss * static_cast<double>(b.size());
+        // fp16: dL/dlogits x S (ml/loss_scaler.h), S as the stage's parameters carry it.
+        if (s.precision == Precision::kFloat16) ScaleLossGradient(loss.grad, LossScale{lease->loss_scale, 0});
         dy = loss.grad;
       } else {
         dy = Tensor::Zeros({0, 10});
@@ -729,6 +790,8 @@ Result<Tensor> MicroBatchBackward(Sequential& m, const NamedTensors& stash_set, 
 /// gradient log of micro-batches 0..m (gradient_log.h) to backward m+1 — or, after the last
 /// micro-batch, the accumulated gradients to the update/reducer (with params.weight_grads
 /// "batched", the log again: see BatchedRun); 1 dL/dx to the previous stage (not on stage 0).
+/// With params.step_check (StepCheck) the last micro-batch's dL/dx comes and goes as {"dx",
+/// "__check"}, and stage 0's last writes the check to each of its outputs 1.. (every update).
 class BackwardProgram final : public VertexProgram {
  public:
   Status Run(VertexContext& ctx) override {
@@ -744,10 +807,23 @@ class BackwardProgram final : public VertexProgram {
     COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadParams(ctx, port++));
     COPSE_ASSIGN_OR_RETURN(chan::Buffer stash_msg, ReadOne(ctx, port++));
     COPSE_ASSIGN_OR_RETURN(NamedTensors stash_set, ReadTensorMessage(stash_msg));
+    const bool step_check = ctx.param<bool>("step_check", false) && pos.m == pos.M - 1;
+    if (step_check && (batched || s.tp_ranks > 1))
+      return Status::InvalidArgument(ctx.name + ": params.step_check needs per-micro-batch weight gradients of one member");
     Tensor dy;
+    StepCheck check;  // of the stages above this one
     if (stage < stages - 1) {
       COPSE_ASSIGN_OR_RETURN(chan::Buffer dy_msg, ReadOne(ctx, port++));
-      COPSE_ASSIGN_OR_RETURN(dy, ReadSingleTensor(dy_msg));
+      if (step_check) {
+        COPSE_ASSIGN_OR_RETURN(NamedTensors set, ReadTensorMessage(dy_msg));
+        const std::string where = ctx.name + ": input " + std::to_string(port - 1);
+        COPSE_ASSIGN_OR_RETURN(check, StepCheck::From(set, where));
+        const Tensor* dx = FindTensor(set, "dx");
+        if (!dx) return Status::DataLoss(where + " carries no \"dx\"");
+        dy = *dx;
+      } else {
+        COPSE_ASSIGN_OR_RETURN(dy, ReadSingleTensor(dy_msg));
+      }
       dy = OnDevice(dy, s.device);
     } else {
       const Tensor* t = FindTensor(stash_set, "dy");
@@ -804,6 +880,8 @@ class BackwardProgram final : public VertexProgram {
                                        /*accumulate=*/acc_msg.has_value());
     if (!backward.ok()) return backward.status().WithContext(ctx.name);
     const Tensor dx = std::move(backward).value();
+    if (step_check)
+      check = StepCheck::Of(m, s.precision == Precision::kFloat16 ? lease->loss_scale : 1.0f, s.clip_norm > 0).And(check);
     NamedTensors out_set;
     if (pos.m == pos.M - 1) {
       out_set = GradientHandles(m);  // no copies: the next step renews them before writing
@@ -815,7 +893,7 @@ class BackwardProgram final : public VertexProgram {
     lease->grads_key = TensorMessageKey(out);
     lease->grads_loss = loss;
     lease.Commit();
-    return WriteOutputs(ctx, s, range.first, stage, out, dx);
+    return WriteOutputs(ctx, s, range.first, stage, out, dx, step_check ? &check : nullptr);
   }
 
  private:
@@ -875,13 +953,20 @@ class BackwardProgram final : public VertexProgram {
     return WriteOutputs(ctx, s, range.first, stage, TensorMessage(std::move(out_set)), dx);
   }
 
-  /// Output 0 the log or gradients, output 1 dL/dx (not on stage 0, whose first layer is `first`).
+  /// Output 0 the log or gradients, output 1 dL/dx (not on stage 0, whose first layer is `first`);
+  /// with a step `check`, dL/dx goes with it, and stage 0 sends it to each of its outputs 1...
   static Status WriteOutputs(VertexContext& ctx, const TrainSettings& s, int first, int stage, const chan::Buffer& out,
-                             const Tensor& dx) {
+                             const Tensor& dx, const StepCheck* check = nullptr) {
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(out));
     if (stage > 0) {
       if (ctx.num_outputs() < 2) return Status::InvalidArgument(ctx.name + ": needs a gradient output");
-      COPSE_RETURN_NOT_OK(ctx.output(1).Write(SingleTensorMessage(BoundaryTensor(s, first, dx))));
+      const Tensor boundary = BoundaryTensor(s, first, dx);
+      COPSE_RETURN_NOT_OK(ctx.output(1).Write(check ? TensorMessage({{"dx", boundary}, {"__check", check->AsTensor()}})
+                                                    : SingleTensorMessage(boundary)));
+    } else if (check) {
+      if (ctx.num_outputs() < 2) return Status::InvalidArgument(ctx.name + ": params.step_check needs an output to each update");
+      const chan::Buffer verdict = TensorMessage({{"__check", check->AsTensor()}});
+      for (size_t k = 1; k < ctx.num_outputs(); ++k) COPSE_RETURN_NOT_OK(ctx.output(k).Write(verdict));
     }
     return ctx.CloseOutputs();
   }

@@ -87,6 +87,7 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
     s.warmup_steps = ctx.param<int64_t>("warmup_steps", s.warmup_steps);
     s.min_lr = ctx.param<float>("min_lr", s.min_lr);
     s.clip_norm = ctx.param<float>("clip_norm", s.clip_norm);
+    s.initial_loss_scale = ctx.param<float>("loss_scale", s.initial_loss_scale);
     auto precision = ParsePrecision(ctx.param<std::string>("precision", "fp32"));
     if (!precision.ok()) return precision.status().WithContext(ctx.name + ": params.precision");
     s.precision = *precision;
@@ -106,14 +107,12 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
   if (s.tp_ranks < 1 || s.tp_ranks > 64 || s.tp_rank < 0 || s.tp_rank >= s.tp_ranks)
     return Status::InvalidArgument(ctx.name + ": params.tp_rank " + std::to_string(s.tp_rank) + " is not one of its " +
                                    std::to_string(s.tp_ranks) + " tensor-parallel ranks (params.tensor_parallel, 1 to 64)");
-  if (s.precision == Precision::kFloat16 && ((ctx.params && ctx.params->contains("stages")) || s.tp_ranks > 1))
+  if (s.precision == Precision::kFloat16 && ctx.params && ctx.params->contains("stages") && s.tp_ranks > 1)
     return Status::InvalidArgument(ctx.name +
-                                   ": params.precision fp16 is for data-parallel jobs (its loss scale would have to "
-                                   "agree across pipeline stages and tensor-parallel shards, which is not built yet)");
-  if (s.tp_ranks > 1 && s.device != CpuDevice())
-    return Status::InvalidArgument(ctx.name +
-                                   ": params.device cuda with tensor parallelism is not supported yet (its gangs "
-                                   "compute on the CPU)");
+                                   ": params.precision fp16 is not for a pipeline's tensor-parallel members (their "
+                                   "overflow check would have to span the shards of every stage, which is not built yet)");
+  if (!(s.initial_loss_scale > 0) || !std::isfinite(s.initial_loss_scale))
+    return Status::InvalidArgument(ctx.name + ": params.loss_scale must be a finite number > 0");
   if (s.lr_schedule != "constant" && s.lr_schedule != "cosine")
     return Status::InvalidArgument(ctx.name + ": params.lr_schedule must be constant or cosine");
   if (s.warmup_steps < 0 || !(s.min_lr >= 0) || !(s.clip_norm >= 0) || !std::isfinite(s.clip_norm))
@@ -290,7 +289,7 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const 
     lease->params_key = 0;
     COPSE_ASSIGN_OR_RETURN(NamedTensors params, ReadTensorMessage(params_msg));
     COPSE_RETURN_NOT_OK(lease->model.ShareParameters(params));
-    lease->loss_scale = LossScaleIn(params).scale;
+    lease->loss_scale = LossScaleIn(params, s.initial_loss_scale).scale;
     lease->params_key = params_key;
   }
   return lease;
@@ -328,8 +327,8 @@ Tensor BoundaryTensor(const TrainSettings& s, int next, const Tensor& t) {
   return s.precision == Precision::kBFloat16 && TakesBFloat16At(s.model, next) ? t.Cast(DType::kBFloat16) : t;
 }
 
-LossScale LossScaleIn(const NamedTensors& set) {
-  LossScale s;
+LossScale LossScaleIn(const NamedTensors& set, float initial) {
+  LossScale s{initial, 0};
   if (const Tensor* t = FindTensor(set, "__loss_scale"); t && t->numel() >= 1) {
     const std::vector<float> v = t->ToVector();
     if (std::isfinite(v[0]) && v[0] > 0) s.scale = v[0];

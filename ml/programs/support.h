@@ -40,8 +40,9 @@ struct TrainSettings {
   std::string lr_schedule = "constant";  // or cosine: StepLr
   int64_t warmup_steps = 0;
   float min_lr = 0.0f;
-  float clip_norm = 0.0f;                     // the gradients' global L2 norm clipped to this before each step (0: never)
-  Precision precision = Precision::kFloat32;  // params.precision: of matrix products and stage boundaries
+  float clip_norm = 0.0f;                          // the gradients' global L2 norm clipped to this before each step (0: never)
+  Precision precision = Precision::kFloat32;       // params.precision: of matrix products and stage boundaries
+  float initial_loss_scale = LossScale::kInitial;  // fp16: params.loss_scale, the scale of the first step
   // params.device: where the vertex computes and keeps its model — the CPU, or ("cuda") the GPU
   // the daemon leased it (resources.gpus). Messages may carry tensors of either device; the
   // programs move what they read onto this one (OnDevice).
@@ -146,9 +147,9 @@ Result<ModelLease> LeaseModel(const TrainSettings& s, int begin, int end, const 
 const Tensor* FindTensor(const NamedTensors& set, std::string_view name);
 
 /// fp16's loss scale in a message's tensors: a params message's "__loss_scale" [S] (what its
-/// gradients are computed at), or a chain's stats message's [S, good steps]; the initial
-/// scale where there is none (init's messages).
-LossScale LossScaleIn(const NamedTensors& set);
+/// gradients are computed at), or a chain's stats message's [S, good steps]; `initial` where
+/// there is none (init's messages).
+LossScale LossScaleIn(const NamedTensors& set, float initial);
 
 /// A 1-D tensor of `v` ("__loss", "__stats"), and the first `n` values of one (zeros where it
 /// is null or shorter).

@@ -35,6 +35,7 @@ Result<Tensor> LiveChannelGroup::AllReduceSum(const Tensor& partial) {
     COPSE_ASSIGN_OR_RETURN(auto msg, ctx_.input(first_input_ + static_cast<size_t>(k)).Next());
     if (!msg) return Status::DataLoss(ctx_.name + ": tensor-parallel member " + std::to_string(peer) + " ended early");
     COPSE_ASSIGN_OR_RETURN(Tensor t, ReadSingleTensor(*msg));
+    t = OnDevice(t, partial.device());  // a GPU member's partial comes through host memory
     if (t.shape() != partial.shape() || t.dtype() != partial.dtype())
       return Status::DataLoss(ctx_.name + ": member " + std::to_string(peer) + " sent a " + DTypeName(t.dtype()) +
                               " partial of shape " + ShapeToString(t.shape()) + ", expected " + DTypeName(partial.dtype()) +
@@ -84,12 +85,18 @@ Status ClipOverMembers(const Sequential& model, TensorParallelGroup& group, doub
   }
   // A float carries the partial sum: every member adds the same floats in rank order.
   COPSE_ASSIGN_OR_RETURN(Tensor total, group.AllReduceSum(Tensor::FromVector({1}, {static_cast<float>(sharded)})));
-  const double norm = std::sqrt(static_cast<double>(total.ToVector()[0]) + replicated);
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0)
-    for (Parameter* p : params)
-      p->grad.device()->Scale(p->grad.data(), static_cast<size_t>(p->grad.numel()), static_cast<float>(coef));
+  ClipGradsToNorm(params, std::sqrt(static_cast<double>(total.ToVector()[0]) + replicated), max_norm);
   return Status::OK();
+}
+
+/// fp16: whether every member's gradients are finite (a count of members with a non-finite one,
+/// all-reduced), so that all of them skip a step together.
+Result<bool> FiniteOverMembers(const Sequential& model, TensorParallelGroup& group) {
+  std::vector<Device::Span> grads;
+  for (const Parameter* p : model.Parameters()) grads.push_back({p->grad.data(), static_cast<size_t>(p->grad.numel())});
+  const bool mine = grads.empty() || model.device()->AllFinite(grads);
+  COPSE_ASSIGN_OR_RETURN(Tensor overflowed, group.AllReduceSum(Tensor::FromVector({1}, {mine ? 0.0f : 1.0f})));
+  return overflowed.ToVector()[0] == 0.0f;
 }
 
 class TensorParallelStepProgram final : public vertex::VertexProgram {
@@ -106,6 +113,7 @@ class TensorParallelStepProgram final : public vertex::VertexProgram {
     COPSE_ASSIGN_OR_RETURN(auto chain, ReadAll(ctx, 0));
     if (chain.size() != 3) return Status::DataLoss(ctx.name + ": input 0 needs a chain (params, state, stats)");
     COPSE_ASSIGN_OR_RETURN(Sequential model, BuildModelShardLayers(s.model, rank, ranks));
+    model.To(s.device);  // params.device: the member's shard, optimizer state and batch live there
     COPSE_ASSIGN_OR_RETURN(NamedTensors params, ReadTensorMessage(chain[0]));
     COPSE_RETURN_NOT_OK(model.ImportParameters(params).WithContext(ctx.name));
     std::unique_ptr<Optimizer> opt = MakeOptimizer(s, model);
@@ -118,7 +126,7 @@ class TensorParallelStepProgram final : public vertex::VertexProgram {
     COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
     int64_t batch_rows = 0;
     COPSE_ASSIGN_OR_RETURN(auto idx, StepIndices(s, step, 0, 1, &batch_rows));
-    const Batch b = train->Gather(idx);
+    const Batch b = train->Gather(idx, s.device);
     LiveChannelGroup group(ctx, rank, ranks, 1, 1);
     model.SetTensorParallelGroup(&group);
     const auto [epoch, k] = EpochAndStep(s, step);
@@ -127,16 +135,32 @@ class TensorParallelStepProgram final : public vertex::VertexProgram {
     Stash stash;
     COPSE_ASSIGN_OR_RETURN(Tensor logits, model.Forward(b.images, fc, &stash));
     COPSE_ASSIGN_OR_RETURN(LossOutput loss, CrossEntropyLoss(logits, b.labels, batch_rows));
+    const bool fp16 = s.precision == Precision::kFloat16;
+    LossScale scale = LossScaleIn(stats_set, s.initial_loss_scale);
+    if (fp16) ScaleLossGradient(loss.grad, scale);
     COPSE_RETURN_NOT_OK(model.Backward(loss.grad, stash, /*need_input_grad=*/false, /*accumulate=*/false).status());
-    if (s.clip_norm > 0) COPSE_RETURN_NOT_OK(ClipOverMembers(model, group, s.clip_norm));
-    opt->set_lr(StepLr(s, step, ctx.param<int64_t>("steps", 0)));
-    opt->Step();
+    bool finite = true;
+    if (fp16) {
+      COPSE_ASSIGN_OR_RETURN(finite, FiniteOverMembers(model, group));
+      if (finite) UnscaleGradients(model.Parameters(), scale);
+      scale = scale.Next(finite);
+    }
+    if (finite) {  // else fp16 overflowed in some member: all of them skip the step
+      if (s.clip_norm > 0) COPSE_RETURN_NOT_OK(ClipOverMembers(model, group, s.clip_norm));
+      opt->set_lr(StepLr(s, step, ctx.param<int64_t>("steps", 0)));
+      opt->Step();
+    }
 
     AddToStats(s, step, {static_cast<float>(loss.loss * static_cast<double>(b.size())), static_cast<float>(b.size())}, stats);
-    if (rank == 0) ctx.progress = StepProgress(s, step, ctx.param<int64_t>("steps", 0), stats);
+    if (rank == 0) {
+      ctx.progress = StepProgress(s, step, ctx.param<int64_t>("steps", 0), stats);
+      if (fp16) ctx.progress["loss_scale"] = scale.scale, ctx.progress["step_skipped"] = !finite;
+    }
+    NamedTensors stats_out = {{"__stats", Scalars(stats)}};
+    if (fp16) stats_out.emplace_back("__loss_scale", Scalars({scale.scale, static_cast<float>(scale.good_steps)}));
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(model.ExportParameters())));
     COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(opt->ExportState())));
-    COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage({{"__stats", Scalars(stats)}})));
+    COPSE_RETURN_NOT_OK(ctx.output(0).Write(TensorMessage(std::move(stats_out))));
     COPSE_RETURN_NOT_OK(ctx.CloseOutputs());
     return group.Finish();
   }

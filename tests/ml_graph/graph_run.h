@@ -133,9 +133,9 @@ inline RunResult RunJob(const Json& job, const fs::path& dir, int daemons, int c
   return r;
 }
 
-/// The parameters `copse train` reaches with g's settings, on `device` (not g.device: the
-/// graphs' reference is the CPU unless a test says otherwise).
-inline NamedTensors SingleProcess(const GraphOptions& g, const std::string& device = "cpu") {
+/// `copse train`'s settings for g's training, on `device` (not g.device: the graphs' reference
+/// is the CPU unless a test says otherwise).
+inline TrainOptions SingleProcessOptions(const GraphOptions& g, const std::string& device = "cpu") {
   TrainOptions o;
   o.model = g.model;
   o.limit = g.limit;
@@ -151,10 +151,16 @@ inline NamedTensors SingleProcess(const GraphOptions& g, const std::string& devi
   o.optimizer = g.optimizer;
   o.weight_decay = static_cast<float>(g.weight_decay);
   o.precision = g.precision;
+  o.init_loss_scale = static_cast<float>(g.init_loss_scale);
   o.threads = 1;
   o.device = device;
   o.evaluate = false;
-  auto r = Train(o);
+  return o;
+}
+
+/// The parameters `copse train` reaches with g's settings (SingleProcessOptions).
+inline NamedTensors SingleProcess(const GraphOptions& g, const std::string& device = "cpu") {
+  auto r = Train(SingleProcessOptions(g, device));
   REQUIRE(r.ok());
   return r->final_parameters;
 }

@@ -190,9 +190,17 @@ TEST_CASE("MlGraph.Fp16DataParallelMatchesSingleProcessFp16" * doctest::timeout(
     CHECK(rel < kTolerance);
     CHECK(r.summary["progress"]["loss_scale"].get<double>() == 65536.0);
   }
-  auto pipeline = GenerateTrainingGraph(PipelineOf(fp16, "pipeline", 2, 4, "1f1b", false, "batched"));
-  REQUIRE_FALSE(pipeline.ok());
-  CHECK(pipeline.status().message().find("--precision fp16: expected a data-parallel job") == 0);
+  // Not in a pipeline of tensor-parallel gangs: its step check spans one member per stage.
+  GraphOptions gangs = PipelineOf(fp16, "pipeline", 2, 4, "1f1b", false, "batched");
+  gangs.model = "gpt:2-32-4-16";
+  gangs.tensor_parallel = 2;
+  auto refused = GenerateTrainingGraph(gangs);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message().find("--precision fp16: expected --tensor-parallel 1 in a pipeline") == 0);
+  GraphOptions scaled = Small();
+  scaled.init_loss_scale = 1024;
+  CHECK(GenerateTrainingGraph(scaled).status().message() ==
+        "--init-loss-scale: expected the default with --precision fp32 (it is fp16's)");
 }
 
 TEST_CASE("MlGraph.Bf16BoundariesAreBFloat16OnlyBeforeALayerThatMultipliesInBf16") {
@@ -223,6 +231,44 @@ GraphOptions SmallGpt() {
   o.warmup_steps = 2;
   o.min_lr = 0.005;
   return o;
+}
+
+// fp16 overflow that only some stages see: with the loss scale starting at 2^24, the final
+// LayerNorm's backward (dividing by the small residual stream's deviation) makes the gradients
+// below it overflow float16 while the head's stay finite. A pipeline split there must still skip
+// those steps in every stage, as the single process does: stage 0's last backward gathers the
+// step check and sends it to both updates. (Were each update to decide from its own gradients,
+// the head would train on through the 3 overflowed steps: measured loss 5.65 against 5.21.) The
+// tensor-parallel members agree the same way, over their gang; a hybrid's updates take the check
+// of each of its pipelines.
+TEST_CASE("MlGraph.Fp16StagesAndMembersSkipOverflowedStepsTogether" * doctest::timeout(300)) {
+  if (!fs::exists("/usr/share/games/fortunes")) {
+    MESSAGE("skipped: no /usr/share/games/fortunes (Debian package fortunes)");
+    return;
+  }
+  GraphOptions base = SmallGpt();
+  base.precision = "fp16";
+  base.init_loss_scale = 16777216;  // 2^24
+  auto single = Train(SingleProcessOptions(base));
+  REQUIRE(single.ok());
+  REQUIRE(single->skipped_steps == 3);
+  const double final_scale = single->loss_scale;  // 2^21 after three halvings
+  for (const std::string kind : {"pipeline", "hybrid", "tensor-parallel"}) {
+    CAPTURE(kind);
+    GraphOptions o = kind == "tensor-parallel" ? base : PipelineOf(base, kind, 2, 4, "1f1b", false, "batched");
+    o.kind = kind;
+    o.workers = 2;
+    if (kind == "tensor-parallel") o.tensor_parallel = 2;
+    if (kind != "tensor-parallel") o.split = {0, 6, 8};  // the head (LayerNorm, Linear) alone in stage 1
+    auto job = GenerateTrainingGraph(o);
+    REQUIRE(job.ok());
+    TempDir dir;
+    const RunResult r = RunJob(*job, dir.path, 2);
+    const double rel = RelativeDifference(r.params, single->final_parameters);
+    MESSAGE("gpt fp16 " << kind << " with overflowed steps: relative difference " << rel);
+    CHECK(rel < kTolerance);
+    CHECK(r.summary["progress"]["loss_scale"].get<double>() == final_scale);
+  }
 }
 
 // The transformer as graphs: its pipeline stages split at block boundaries (the residual stream
@@ -327,8 +373,9 @@ TEST_CASE("MlGraph.GptTensorParallelAnd3DMatchSingleProcessTraining" * doctest::
   CHECK(r3.metrics["config"]["tensor_parallel"] == 2);
 
   // Clipped to a norm below the gradients' (so every step clips): a data-parallel job (its
-  // update holds every gradient) and a tensor-parallel one (the members add their shards'
-  // squares) follow single-process training, and differ from unclipped training.
+  // update holds every gradient), a tensor-parallel one (the members add their shards' squares)
+  // and pipelines (their stages' squares gathered by the step check) follow single-process
+  // training, and differ from unclipped training.
   GraphOptions clipped = base;
   clipped.clip_norm = 0.05;
   clipped.optimizer = "adamw";
@@ -364,8 +411,29 @@ TEST_CASE("MlGraph.GptTensorParallelAnd3DMatchSingleProcessTraining" * doctest::
   // Adam divides out most of a gradient's scale, so clipping moves the parameters little — but
   // 70x the tolerance above (measured 7e-3).
   CHECK(RelativeDifference(unclipped_reference, clipped_reference) > 1e-3);
-  GraphOptions clipped_pipeline = PipelineOf(clipped, "pipeline", 2, 4, "1f1b", false, "batched");
-  CHECK(GenerateTrainingGraph(clipped_pipeline).status().message().find("--clip-norm") == 0);
+  // A pipeline clips too: its stages' squares gathered by the step check (and interleaved, over
+  // four model chunks).
+  for (const std::string schedule : {"1f1b", "interleaved"}) {
+    CAPTURE(schedule);
+    GraphOptions p = PipelineOf(clipped, "pipeline", 2, 4, schedule, false, "batched");
+    p.virtual_stages = 2;
+    auto clipped_job = GenerateTrainingGraph(p);
+    REQUIRE(clipped_job.ok());
+    TempDir clipped_dir;
+    const RunResult rc = RunJob(*clipped_job, clipped_dir.path, 2);
+    NamedTensors ours, theirs;
+    for (size_t i = 0; i < rc.params.size(); ++i) {
+      if (rc.params[i].first.find("qkv.bias") != std::string::npos) continue;
+      ours.push_back(rc.params[i]);
+      theirs.push_back(clipped_reference[i]);
+    }
+    const double rel_p = RelativeDifference(ours, theirs);
+    MESSAGE("gpt pipeline " << schedule << " clipped: relative difference " << rel_p);
+    CHECK(rel_p < 1e-4);
+  }
+  GraphOptions clipped_hybrid = PipelineOf(clipped, "hybrid", 2, 4, "1f1b", false, "batched");
+  clipped_hybrid.workers = 2;
+  CHECK(GenerateTrainingGraph(clipped_hybrid).status().message().find("--clip-norm: expected 0 for hybrid jobs") == 0);
 
   GraphOptions bad = base;
   bad.kind = "tensor-parallel";
@@ -911,8 +979,14 @@ TEST_CASE("MlGraph.DeviceCudaPutsEveryComputeVertexOnAGpu") {
   tp.model = "gpt:1-16-2-8";
   tp.tensor_parallel = 2;
   tp.device = "cuda";
-  CHECK(GenerateTrainingGraph(tp).status().message() ==
-        "--device cuda: expected --tensor-parallel 1 (tensor-parallel gangs compute on the CPU for now)");
+  auto tp_job = GenerateTrainingGraph(tp);
+  REQUIRE(tp_job.ok());
+  for (const Json& st : (*tp_job)["stages"]) {  // the members compute on a GPU each; init and eval on the CPU
+    CAPTURE(st["name"]);
+    const bool member = st["program"] == "ml.tp_step";
+    CHECK(st["resources"].value("gpus", 0) == (member ? 1 : 0));
+    CHECK((st["params"].value("device", "cpu") == "cuda") == member);
+  }
 }
 
 TEST_CASE("MlGraph.AVertexOnCudaWithoutAGpuIsAnErrorNamingIt") {

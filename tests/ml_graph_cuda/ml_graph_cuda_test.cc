@@ -110,6 +110,52 @@ TEST_CASE("MlGraphCuda.Fp16DataParallelOnTheGpuMatchesTheCpuFp16" * doctest::tim
                                                                             << dp_rel);
   CHECK(gpu_process < kGpuTolerance);
   CHECK(dp_rel < kGpuTolerance);
+  // A pipeline's stages on the GPU skip overflowed steps together, as the CPU's single process
+  // does: a loss scale of 1.5 x 2^24 to begin with overflows the first three steps (the largest
+  // scaled dL/dlogits then 1.7x float16's largest; after them 0.7x: no step near the edge).
+  GraphOptions pipe = PipelineOf(fp16, "pipeline", 2, 4, "1f1b", false, "batched");
+  pipe.init_loss_scale = 25165824;
+  auto single = Train(SingleProcessOptions(pipe));
+  REQUIRE(single.ok());
+  const RunResult p = RunOnTheGpu(pipe);
+  const double pipe_rel = RelativeDifference(p.params, single->final_parameters);
+  MESSAGE("fp16 pipeline 2 on the GPU against the CPU's fp16 single process, "
+          << single->skipped_steps << " steps skipped: relative difference " << pipe_rel);
+  CHECK(single->skipped_steps > 0);
+  CHECK(pipe_rel < kGpuTolerance);
+  CHECK(p.summary["progress"]["loss_scale"].get<double>() == single->loss_scale);
+}
+
+TEST_CASE("MlGraphCuda.ATensorParallelMemberOnTheGpuMatchesTheCpu" * doctest::timeout(300)) {
+  // A gang of two members sharing one daemon (shm): member 0 computes on the GPU, member 1 on
+  // the CPU (a lent machine has one GPU, and a daemon leases a GPU to one vertex at a time).
+  // Their all-reduces carry partials across devices through host memory.
+  if (!fs::exists("/usr/share/games/fortunes")) {
+    MESSAGE("skipped: no /usr/share/games/fortunes (Debian package fortunes)");
+    return;
+  }
+  GraphOptions o = Small();
+  o.model = "gpt:2-32-4-16";
+  o.limit = 256;
+  o.test_limit = 64;
+  o.batch = 32;
+  const NamedTensors cpu = SingleProcess(o);
+  o.kind = "tensor-parallel";
+  o.tensor_parallel = 2;
+  o.device = "cuda";
+  auto job = GenerateTrainingGraph(o);
+  REQUIRE(job.ok());
+  for (Json& st : (*job)["stages"]) {
+    if (st["name"] != "tp1") continue;
+    st["resources"].erase("gpus");
+    st["resources"].erase("gpu_memory_mb");
+    st["params"]["device"] = "cpu";
+  }
+  TempDir dir;
+  const RunResult r = RunJob(*job, dir.path, /*daemons=*/1, /*cpus=*/4, "", " --gpus 1");
+  const double rel = RelativeDifference(r.params, cpu);
+  MESSAGE("gpt tensor-parallel 2, member 0 on the GPU, against the CPU single process: relative difference " << rel);
+  CHECK(rel < kGpuTolerance);
 }
 
 }  // namespace
