@@ -7,10 +7,12 @@
 // the same images; test accuracy of each; the measured pipeline bubble vs the theoretical
 // (p-1)/(m+p-1); and the share of wall time the scheduler adds on the critical path. Then
 // recovery: pipeline 2 1F1B M=8 on 3 daemons with stage 1's daemon killed at 3/4 of the run,
-// without checkpoints and with `--checkpoint-every 10` (a durable chain every 10 steps): the
+// without checkpoints, with `--checkpoint-every 10` (a durable chain every 10 steps): the
 // run's images/s, vertices re-run, and whether its parameters equal its fault-free twin's; and
 // the fault-free twin's largest process's peak RSS (a daemon's: the retained cross-stage
-// tensors, which checkpoints let the job manager release, are most of what grows).
+// tensors, which checkpoints let the job manager release, are most of what grows); and with
+// `--mirror` (every step's chain copied into another daemon's memory). `--recovery-only` runs
+// only that part.
 //
 // Every graph runs with `copse run --daemons 2` (real processes on loopback); 1F1B M=8 runs
 // again with per-micro-batch weight gradients (`--weight-grads per-microbatch`, the pipelines
@@ -222,12 +224,47 @@ GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int 
 
 }  // namespace
 
+/// Recovery: pipeline 2 1F1B M=8 on 3 daemons, stage 1's daemon killed once step 3/4 of the
+/// run is placed, without checkpoints, with a durable checkpoint every 10 steps, and with
+/// every step's chain mirrored in another daemon's memory (--mirror).
+void Recovery(const copse::ml::GraphOptions& base, int64_t steps, const fs::path& dir) {
+  const int64_t kill_step = steps * 3 / 4;
+  std::printf("\nrecovery: pipeline 2 1f1b M=8, copse run --daemons 3, stage 1's daemon killed at step %lld of %lld\n",
+              static_cast<long long>(kill_step + 1), static_cast<long long>(steps));
+  std::printf("%-42s %12s %10s %10s %s\n", "configuration", "images/s", "vs clean", "re-run",
+              "parameters (fault-free: largest process's peak RSS)");
+  for (const auto& [every, mirror] : std::vector<std::pair<int, bool>>{{0, false}, {10, false}, {0, true}}) {
+    copse::ml::GraphOptions o = base;
+    o.kind = "pipeline";
+    o.stages = 2;
+    o.microbatches = 8;
+    o.schedule = "1f1b";
+    o.checkpoint_every = every;
+    o.mirror = mirror;
+    const std::string tag = mirror ? "mirror every step" : every ? "checkpoint every " + std::to_string(every) : "no checkpoints";
+    const fs::path d = dir / ("recovery-" + std::to_string(every) + (mirror ? "-mirror" : ""));
+    const GraphResult clean = RunGraph(o, d / "clean", 3, "", Json(), /*measure_rss=*/true);
+    const Json faults = Json::array({{{"kill_daemon_of", "fwd1[" + std::to_string(kill_step * o.microbatches) + "]"}}});
+    const GraphResult hit = RunGraph(o, d / "faulted", 3, "", faults);
+    if (!clean.ok || !hit.ok) {
+      std::printf("%-42s FAILED\n", tag.c_str());
+      continue;
+    }
+    std::printf("%-42s %12.0f %10s %10s peak RSS %.0f MiB\n", (tag + ", fault-free").c_str(), clean.images_per_s, "-", "-",
+                clean.peak_rss_mib);
+    std::printf("%-42s %12.0f %9.2fx %10zu %s\n", (tag + ", daemon killed").c_str(), hit.images_per_s,
+                hit.images_per_s / clean.images_per_s, hit.recoveries, hit.digest == clean.digest ? "bit-identical" : "DIFFER");
+    std::fflush(stdout);
+  }
+}
+
 int main(int argc, char** argv) {
   int64_t steps = 60;
   int daemons = 2;
   std::string model = "mlp";
   bool torch = true;
   int rounds = 5;
+  bool recovery_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc)
@@ -236,10 +273,12 @@ int main(int argc, char** argv) {
       model = argv[++i];
     else if (a == "--no-torch")
       torch = false;
+    else if (a == "--recovery-only")
+      recovery_only = true;
     else if (a == "--rounds" && i + 1 < argc && std::sscanf(argv[i + 1], "%d", &rounds) == 1 && rounds >= 0)
       ++i;
     else {
-      std::fprintf(stderr, "usage: ml_graph_bench [--steps N] [--model mlp|cnn] [--no-torch] [--rounds N]\n");
+      std::fprintf(stderr, "usage: ml_graph_bench [--steps N] [--model mlp|cnn] [--no-torch] [--rounds N] [--recovery-only]\n");
       return 2;
     }
   }
@@ -258,6 +297,19 @@ int main(int argc, char** argv) {
   std::printf("products: %s (the copse processes this bench starts inherit COPSE_ML_GEMM); OpenBLAS kernels: %s\n",
               copse::ml::internal::GemmBackend(),
               coretype ? (std::string(coretype) + " (OPENBLAS_CORETYPE)").c_str() : "chosen by OpenBLAS for this CPU");
+
+  copse::ml::GraphOptions base;
+  base.model = model;
+  base.batch = batch;
+  base.limit = images;
+  base.epochs = 1;
+  base.steps = steps;
+  if (recovery_only) {
+    Recovery(base, steps, dir);
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    return 0;
+  }
 
   // Single process.
   Json single = Json::parse(Run(Copse() + " train --model " + model + " --epochs 1 --batch 128 --threads 2 --limit " +
@@ -299,12 +351,6 @@ int main(int argc, char** argv) {
     row("copse single process (2 threads)", single["images_per_s"].get<double>(), single.value("test_accuracy", 0.0), -1, -1, 0,
         -1);
 
-  copse::ml::GraphOptions base;
-  base.model = model;
-  base.batch = batch;
-  base.limit = images;
-  base.epochs = 1;
-  base.steps = steps;
   for (const char* reducer : {"tree", "ps"}) {
     copse::ml::GraphOptions o = base;
     o.kind = "data-parallel";
@@ -440,34 +486,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Recovery: stage 1's daemon is killed once step 3/4 of the run is placed.
-  const int64_t kill_step = steps * 3 / 4;
-  std::printf("\nrecovery: pipeline 2 1f1b M=8, copse run --daemons 3, stage 1's daemon killed at step %lld of %lld\n",
-              static_cast<long long>(kill_step + 1), static_cast<long long>(steps));
-  std::printf("%-42s %12s %10s %10s %s\n", "configuration", "images/s", "vs clean", "re-run",
-              "parameters (fault-free: largest process's peak RSS)");
-  for (int every : {0, 10}) {
-    copse::ml::GraphOptions o = base;
-    o.kind = "pipeline";
-    o.stages = 2;
-    o.microbatches = 8;
-    o.schedule = "1f1b";
-    o.checkpoint_every = every;
-    const std::string tag = every ? "checkpoint every " + std::to_string(every) : "no checkpoints";
-    const fs::path d = dir / ("recovery-" + std::to_string(every));
-    const GraphResult clean = RunGraph(o, d / "clean", 3, "", Json(), /*measure_rss=*/true);
-    const Json faults = Json::array({{{"kill_daemon_of", "fwd1[" + std::to_string(kill_step * o.microbatches) + "]"}}});
-    const GraphResult hit = RunGraph(o, d / "faulted", 3, "", faults);
-    if (!clean.ok || !hit.ok) {
-      std::printf("%-42s FAILED\n", tag.c_str());
-      continue;
-    }
-    std::printf("%-42s %12.0f %10s %10s peak RSS %.0f MiB\n", (tag + ", fault-free").c_str(), clean.images_per_s, "-", "-",
-                clean.peak_rss_mib);
-    std::printf("%-42s %12.0f %9.2fx %10zu %s\n", (tag + ", daemon killed").c_str(), hit.images_per_s,
-                hit.images_per_s / clean.images_per_s, hit.recoveries, hit.digest == clean.digest ? "bit-identical" : "DIFFER");
-    std::fflush(stdout);
-  }
+  Recovery(base, steps, dir);
   std::error_code ec;
   fs::remove_all(dir, ec);
   return 0;

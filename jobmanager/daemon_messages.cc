@@ -17,6 +17,14 @@ protocol::JmToDaemon Gc(JobId job) {
   return m;
 }
 
+protocol::JmToDaemon Mirror(const protocol::OutputKey& key, const std::string& data_host, uint16_t data_port) {
+  protocol::JmToDaemon m;
+  *m.mutable_mirror()->mutable_key() = key;
+  m.mutable_mirror()->mutable_from()->set_host(data_host);
+  m.mutable_mirror()->mutable_from()->set_port(data_port);
+  return m;
+}
+
 protocol::JmToDaemon PeerLost(const std::string& data_host, uint16_t data_port) {
   protocol::JmToDaemon m;
   m.mutable_peer_lost()->set_host(data_host);
@@ -52,7 +60,8 @@ protocol::JmToDaemon Damage(protocol::DamageOutputs::Damage damage) {
 protocol::ChannelKind ToProtocol(ChannelKind kind) {
   switch (kind) {
     case ChannelKind::kFile: return protocol::CHANNEL_FILE;
-    case ChannelKind::kMemory: return protocol::CHANNEL_MEMORY;
+    case ChannelKind::kMemory:
+    case ChannelKind::kMirrored: return protocol::CHANNEL_MEMORY;  // the copy is made after it completed
     case ChannelKind::kDurable: return protocol::CHANNEL_DURABLE;
     case ChannelKind::kStream: return protocol::CHANNEL_STREAM;
     case ChannelKind::kShm: return protocol::CHANNEL_SHM;

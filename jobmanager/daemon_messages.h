@@ -19,6 +19,8 @@ protocol::JmToDaemon PeerLost(const std::string& data_host, uint16_t data_port);
 protocol::JmToDaemon NcclId(const std::string& group, const std::string& id);
 protocol::JmToDaemon Kill();
 protocol::JmToDaemon Cut(int64_t ms);
+/// Copy output `key` from the data server at host:port into the daemon's memory (a mirror).
+protocol::JmToDaemon Mirror(const protocol::OutputKey& key, const std::string& data_host, uint16_t data_port);
 /// Injected damage to outputs (keys filled by the caller).
 protocol::JmToDaemon Damage(protocol::DamageOutputs::Damage damage);
 

@@ -387,6 +387,7 @@ class JmServer::Impl : public DaemonSink {
     switch (msg.body_case()) {
       case M::kNcclId: return scheduler_.RelayNcclId(msg.nccl_id().group(), msg.nccl_id().id(), peer.daemon);
       case M::kVertexLog: return StoreVertexLog(msg.vertex_log());
+      case M::kMirrored: return scheduler_.OnMirrored(msg.mirrored(), peer.daemon);
       case M::kReport:
         for (const protocol::AttemptReport& a : msg.report().attempts()) scheduler_.OnAttemptFinished(AttemptReport::From(a));
         return;

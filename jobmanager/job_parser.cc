@@ -142,7 +142,7 @@ std::optional<ChannelKind> ReadChannel(ObjectReader& r, Diagnostics& diags) {
   if (!text) return std::nullopt;
   auto kind = ParseChannelKind(*text);
   if (!kind) {
-    std::vector<std::string> names = {"file", "memory", "durable", "stream", "shm", "nccl", "order"};
+    std::vector<std::string> names = {"file", "memory", "durable", "mirrored", "stream", "shm", "nccl", "order"};
     std::string msg = "unknown channel kind \"" + *text + "\"; expected one of: " + Join(names, ", ");
     if (auto g = DidYouMean(*text, names); !g.empty())
       msg = "unknown channel kind \"" + *text + "\"; did you mean \"" + g + "\"?";

@@ -16,13 +16,14 @@ std::string_view ChannelKindName(ChannelKind kind) {
     case ChannelKind::kNccl: return "nccl";
     case ChannelKind::kOrder: return "order";
     case ChannelKind::kDurable: return "durable";
+    case ChannelKind::kMirrored: return "mirrored";
   }
   return "?";
 }
 
 std::optional<ChannelKind> ParseChannelKind(std::string_view name) {
   for (auto k : {ChannelKind::kFile, ChannelKind::kMemory, ChannelKind::kStream, ChannelKind::kShm, ChannelKind::kNccl,
-                 ChannelKind::kOrder, ChannelKind::kDurable}) {
+                 ChannelKind::kOrder, ChannelKind::kDurable, ChannelKind::kMirrored}) {
     if (ChannelKindName(k) == name) return k;
   }
   return std::nullopt;

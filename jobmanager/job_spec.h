@@ -19,8 +19,12 @@ namespace copse::jm {
 /// `kDurable` is a memory channel whose producer also writes a copy under the job's durable
 /// directory (shared storage): the copy outlives the producer's daemon, so recovery reads it
 /// instead of re-running the producer, and lineage stops there (a checkpoint).
-enum class ChannelKind : uint8_t { kFile, kMemory, kStream, kShm, kNccl, kOrder, kDurable };
-inline constexpr size_t kChannelKinds = 7;
+/// `kMirrored` is a memory channel whose output the job manager has copied into another
+/// daemon's memory once it completed (scheduler_mirrors.cc): should the producer's daemon be
+/// lost while that copy lives, the copy serves, and nothing re-runs (an in-memory checkpoint
+/// that survives one daemon).
+enum class ChannelKind : uint8_t { kFile, kMemory, kStream, kShm, kNccl, kOrder, kDurable, kMirrored };
+inline constexpr size_t kChannelKinds = 8;
 /// How the replicas of two stages are joined by an edge.
 enum class EdgePattern : uint8_t { kPointwise, kAllToAll, kBroadcast, kGather };
 

@@ -166,6 +166,7 @@ Scheduler::Job& Scheduler::NewJob(JobId id, std::shared_ptr<const JobGraph> grap
   job->declared.assign(job->runs.size(), 0);
   job->settled.assign(job->runs.size(), 0);
   for (const auto& st : job->g().spec().stages) job->retains = job->retains || st.RetainsAny();
+  job->mirrors = job->g().ChannelCounts()[static_cast<size_t>(ChannelKind::kMirrored)] > 0;
   job->stage_seconds.resize(job->g().spec().stages.size());
   job->gang_version.assign(job->g().gangs().size(), 0);
   job->gang_waits.assign(job->g().gangs().size(), {});
@@ -215,6 +216,7 @@ void Scheduler::RecomputePending(Job& job) {
       Run& pr = job.runs[p.value()];
       if (pr.state != VertexState::kCompleted) continue;
       if (OutputReleased(g, p, pr, c.from_port)) {
+        if (PromoteMirror(job, p, "was released and is needed again by " + g.vertex(*it).name)) continue;
         pr.released = pr.retained_released = false;
         Regenerate(job, p, "its released output is needed again by " + g.vertex(*it).name);
       } else if (pr.daemon.valid() && pr.daemon.value() < daemons_.size()) {
@@ -225,7 +227,7 @@ void Scheduler::RecomputePending(Job& job) {
         // awaited keeps its outputs for now: after a job manager restart it is most likely
         // alive, memory outputs and all, and registers again within the recovery grace.
         const Daemon& d = *daemons_[pr.daemon.value()];
-        if (!d.alive && !d.awaiting) {
+        if (!d.alive && !d.awaiting && !PromoteMirror(job, p, "was on lost daemon " + d.spec.name)) {
           Regenerate(job, p, "its output was on lost daemon " + d.spec.name + ", and " + g.vertex(*it).name + " needs it again");
           if (pr.state != VertexState::kCompleted) pr.lost_with_daemon_version = pr.version;
         }
@@ -525,6 +527,7 @@ void Scheduler::Complete(Job& job, VertexId v, const AttemptReport& rep) {
     FinishJob(job, JobState::kCompleted, "");
     return;
   }
+  if (job.mirrors) StartMirror(job, v);
   CheckFaults(job);
   // v's slot is free: what waits on v, or on what started in its place, may chain now.
   if (job.state == JobState::kRunning) ChainSuccessors(job, v);
@@ -776,8 +779,16 @@ bool Scheduler::OutputReleased(const JobGraph& g, VertexId v, const Run& r, int 
 }
 
 void Scheduler::QueueRelease(Job& job, VertexId v, size_t port) {
+  Run& r = job.runs[v.value()];
+  QueueReleaseOn(r.daemon, job, v, port);
+  // Its copy goes too, unless it still guards a consumer (OnMirrored drops it then); one still
+  // being made is dropped when its Mirrored comes (no longer current then).
+  if (r.mirror.valid() && MirroredPort(job.g(), v) == port && !MirrorGuards(job, v)) DropMirror(job, v);
+}
+
+void Scheduler::QueueReleaseOn(DaemonId d, Job& job, VertexId v, size_t port) {
   const Run& r = job.runs[v.value()];
-  PendingReleases& batch = release_outbox_[r.daemon];
+  PendingReleases& batch = release_outbox_[d];
   *batch.msg.mutable_release()->add_keys() =
       protocol::MakeOutputKey(job.id.value(), v.value(), r.version, static_cast<uint32_t>(port));
   batch.bytes += port < r.output_bytes.size() ? r.output_bytes[port] : 0;
@@ -822,6 +833,7 @@ void Scheduler::ResetGang(Job& job, GangId gang, VertexId cause, const std::stri
       ReleaseSlots(job, m);
     } else if (r.state == VertexState::kCompleted) {
       --job.completed;
+      DropMirror(job, m);  // a copy of the version that will be replaced
       Journal(RegenRecord(job, m));
     }
     r.state = VertexState::kWaiting;
@@ -901,6 +913,7 @@ void Scheduler::Regenerate(Job& job, VertexId v, const std::string& why) {
   r.state = VertexState::kWaiting;
   job.settled[v.value()] = 0;
   --job.completed;
+  DropMirror(job, v);  // a copy of the version that will be replaced
   Journal(RegenRecord(job, v));
   Log(job, v, "output of version " + std::to_string(r.version) + " lost, re-running: " + why);
   RecordRecovery(job, v, r.version, "output_lost", why, false);

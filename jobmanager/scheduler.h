@@ -283,6 +283,8 @@ class Scheduler {
   Json Logs(JobId job, const std::string& vertex) const;
   /// NCCL bootstrap: rank 0's daemon created `id` for `group`; the other members' daemons get it.
   void RelayNcclId(const std::string& group, const std::string& id, DaemonId from);
+  /// Daemon `from` finished the copy a Mirror asked of it (scheduler_mirrors.cc).
+  void OnMirrored(const protocol::Mirrored& done, DaemonId from);
   /// What the job's trace shows (trace_export.h formats it): a copy of its attempts' spans,
   /// taken in tens of milliseconds for a million, so that formatting happens off this thread.
   /// `max_spans`: only the newest that many (the dashboard's timeline of a big job).
@@ -408,8 +410,32 @@ class Scheduler {
   /// Whether output `port` of completed vertex v (run r) was dropped from its daemon: a
   /// retained port once v settled, any other once its consumers completed.
   static bool OutputReleased(const JobGraph& g, VertexId v, const Run& r, int port);
-  /// Adds output `port` of v's current version to its daemon's next "release" message.
+  /// Adds output `port` of v's current version to its daemon's next "release" message (and to
+  /// its mirror's, for a mirrored port).
   void QueueRelease(Job& job, VertexId v, size_t port);
+  /// The same for one daemon: `d`'s copy of that output.
+  void QueueReleaseOn(DaemonId d, Job& job, VertexId v, size_t port);
+
+  // Mirrored channels (job_spec.h kMirrored; scheduler_mirrors.cc). A completed vertex whose
+  // mirrored port holds data is copied into another live daemon's memory (StartMirror); the
+  // copy is whole once that daemon says so (OnMirrored). When the producer's daemon is lost,
+  // a whole copy becomes where the output is (PromoteMirror) instead of the producer re-running.
+  // A copy dies with its daemon, is dropped with the output (QueueRelease, the job's gc), and
+  // when the producer runs again (DropMirror).
+  /// v's mirrored output port, if it has one.
+  static std::optional<size_t> MirroredPort(const JobGraph& g, VertexId v);
+  void StartMirror(Job& job, VertexId v);
+  /// Whether v's outputs now live in its mirror (a whole copy on a live daemon that holds every
+  /// port still read; released ones count as read again), `why` the primary is gone (for the
+  /// job's log).
+  bool PromoteMirror(Job& job, VertexId v, const std::string& why);
+  /// Whether v's copy must outlive v's release: a consumer with a mirrored output of its own
+  /// has not completed with a whole copy yet.
+  bool MirrorGuards(const Job& job, VertexId v) const;
+  /// Forgets v's copy, releasing it where its daemon lives.
+  void DropMirror(Job& job, VertexId v);
+  /// Forgets every copy daemon d held (it was lost).
+  void ForgetMirrorsOn(DaemonId d);
   /// Whether v's outputs are still needed: a consumer has not completed, or a job output reads
   /// it. `count_durable` false: consumers of durable ports do not count (their copies serve).
   bool OutputNeeded(const Job& job, VertexId v, bool count_durable = true) const;

@@ -149,6 +149,7 @@ void Scheduler::ReleaseStale(const Daemon& d, const OutputInventory& inventory) 
           port < r.output_messages.size() && !OutputReleased(job.g(), VertexId(vertex), r, static_cast<int>(port))) {
         continue;  // still what the job manager reads from there
       }
+      if (r.mirror == d.id && r.version == version) continue;  // its mirror (a daemon re-registering while not lost)
     }
     *keys.Add() = protocol::MakeOutputKey(job_id, vertex, version, port);
   }
@@ -183,6 +184,7 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
   outbox_.erase(id);
   stale_outbox_.erase(id);
   release_outbox_.erase(id);
+  ForgetMirrorsOn(id);  // the copies it held for other daemons' outputs
   // Consumers elsewhere fetching from it (a stopped or cut-off daemon accepts and then says
   // nothing) would hold their slots for the data plane's read timeout: their daemons end those
   // fetches now, and the attempts report the input unreachable.
@@ -241,7 +243,8 @@ void Scheduler::DaemonLost(DaemonId id, const std::string& why) {
       VertexId v = *it;
       Run& r = job.runs[v.value()];
       if (r.state != VertexState::kCompleted || r.daemon != id || r.released) continue;
-      if (hold_files && OutputsInFiles(g, v)) continue;  // until it is back, or its grace is over
+      if (PromoteMirror(job, v, "was lost with daemon " + d.spec.name)) continue;  // its copy in another daemon's memory serves
+      if (hold_files && OutputsInFiles(g, v)) continue;                            // until it is back, or its grace is over
       // Durable channels have their copies: lineage stops at them (a checkpoint).
       if (OutputNeeded(job, v, /*count_durable=*/false)) {
         Regenerate(job, v, "its outputs were on lost daemon " + d.spec.name);

@@ -223,6 +223,7 @@ Json Scheduler::JobStatus(JobId id) const {
               {"waiting", waiting},
               {"faults", job.faults_log},
               {"recoveries", job.recoveries}};
+  if (job.mirrors) out["mirrors_used"] = job.mirrors_used;  // lost outputs their copies served
   if (!job.failure.empty()) out["failure"] = job.failure;
   if (job.state == JobState::kFailed && !job.failed_attempt.first.empty()) {
     out["failed_attempt"] = {{"vertex", job.failed_attempt.first}, {"attempt", job.failed_attempt.second}};

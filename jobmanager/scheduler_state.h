@@ -114,6 +114,10 @@ struct Scheduler::Run {
   // (given up): should that daemon come back under its name holding them before the vertex
   // runs again, they are its outputs again (Scheduler::AdoptOutputs).
   uint32_t lost_with_daemon_version = 0;
+  // A mirrored output's copy of this version in another daemon's memory (scheduler_mirrors.cc):
+  // being made there (mirror_ready false), or whole (true). Invalid: no copy.
+  DaemonId mirror;
+  bool mirror_ready = false;
 };
 
 struct Scheduler::Job {
@@ -177,6 +181,8 @@ struct Scheduler::Job {
   std::vector<uint32_t> declared_vertices;                     // those vertices, once each
   std::vector<char> settled;                                   // per vertex: no fault can make it run again (Settle)
   bool retains = false;                                        // a stage retains outputs: only then is settling worth its walk
+  bool mirrors = false;                                        // it has mirrored channels (scheduler_mirrors.cc)
+  size_t mirrors_used = 0;                                     // outputs its mirrors served after their daemon was lost
   uint64_t local_input_bytes = 0, remote_input_bytes = 0;      // what placement achieved
   /// The newest progress figures a program reported (by "step" when they carry one), and when
   /// the first and newest "images" (or "tokens") counts arrived, for a live images/s (tokens/s).

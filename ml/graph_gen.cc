@@ -57,19 +57,23 @@ class JobBuilder {
   /// A data edge from `from` (output `from_port`, or the next free one when < 0) to input
   /// `to_port` of `to`. Output 0 of a Durable vertex is read by all its consumers.
   void Edge(const std::string& from, int from_port, const std::string& to, int to_port) {
-    const bool durable = durable_.count(from) && from_port <= 0;
-    if (durable) from_port = 0;
+    const bool durable = durable_.count(from) && from_port <= 0, mirrored = mirrored_.count(from) && from_port <= 0;
+    if (durable || mirrored) from_port = 0;
     if (from_port < 0) from_port = next_out_[from]++;
     edges_.push_back({{"from", from},
                       {"to", to},
                       {"from_port", from_port},
                       {"to_port", to_port},
-                      {"channel", durable ? "durable" : "memory"}});
+                      {"channel", durable    ? "durable"
+                                  : mirrored ? "mirrored"
+                                             : "memory"}});
     data_pairs_.insert({from, to});
   }
   /// Output 0 of `v` becomes a durable channel (a copy under durable_dir that outlives its
   /// daemon, where recovery stops), and every later edge from `v` without a port reads it.
   void Durable(const std::string& v) { durable_.insert(v); }
+  /// The same with a mirrored channel: the copy lives in another daemon's memory.
+  void Mirrored(const std::string& v) { mirrored_.insert(v); }
   /// Reserves output ports [0, n) of `v` (their edges come later with explicit ports).
   void Reserve(const std::string& v, int n) { next_out_[v] = std::max(next_out_[v], n); }
   int NextPort(const std::string& v) { return next_out_[v]++; }
@@ -92,7 +96,7 @@ class JobBuilder {
 
  private:
   std::string durable_dir_;
-  std::set<std::string> durable_;
+  std::set<std::string> durable_, mirrored_;
   Json stages_ = Json::array(), edges_ = Json::array();
   std::map<std::string, int> next_out_;
   std::set<std::pair<std::string, std::string>> data_pairs_;
@@ -230,6 +234,7 @@ Status Check(const GraphOptions& o) {
   if (o.steps == 0) return bad("--steps", "> 0 (or absent)");
   if (o.threads < 1) return bad("--threads", ">= 1");
   if (o.checkpoint_every < 0) return bad("--checkpoint-every", ">= 0");
+  if (o.mirror && o.kind != "pipeline" && o.kind != "hybrid") return bad("--mirror", "a pipeline or hybrid job");
   return Status::OK();
 }
 
@@ -281,7 +286,11 @@ bool IsCheckpointStep(const GraphOptions& o, int64_t t, int64_t steps) {
 /// next step's vertices, the checkpoint vertex and eval all read: a lost stage resumes from it
 /// instead of re-running its history from init. Called before any edge leaves the update.
 void MarkCheckpoint(JobBuilder& b, const GraphOptions& o, const std::string& update, int64_t t, int64_t steps) {
-  if (IsCheckpointStep(o, t, steps)) b.Durable(update);
+  if (IsCheckpointStep(o, t, steps)) {
+    b.Durable(update);
+  } else if (o.mirror) {  // every other step's chain in a second daemon's memory
+    b.Mirrored(update);
+  }
 }
 
 Json Config(const GraphOptions& o, int64_t steps) {
@@ -295,6 +304,7 @@ Json Config(const GraphOptions& o, int64_t steps) {
   if (o.kind != "pipeline") c["workers"] = o.workers;
   if (o.kind == "data-parallel") c["reducer"] = o.reducer;
   if (o.staleness > 0) c["staleness"] = o.staleness;
+  if (o.mirror) c["mirror"] = true;
   if (o.device != "cpu") c["device"] = o.device;
   if (o.kind != "data-parallel") {
     c["stages"] = o.stages;

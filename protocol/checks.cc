@@ -199,6 +199,12 @@ Status Check(const DaemonToJm& m) {
     case DaemonToJm::kVertexLog:
       c.In("vertex_log", [&] { c.Require(m.vertex_log().version() >= 1, "version", "required (>= 1)"); });
       break;
+    case DaemonToJm::kMirrored:
+      c.In("mirrored", [&] {
+        c.Require(m.mirrored().has_key(), "key", "required");
+        c.Require(m.mirrored().ok() || !m.mirrored().error().empty(), "error", "required when not ok");
+      });
+      break;
     case DaemonToJm::kNcclId:
       c.In("nccl_id", [&] {
         c.Require(!m.nccl_id().group().empty(), "group", "required");
@@ -239,6 +245,13 @@ Status Check(const JmToDaemon& m) {
       c.In("nccl_id", [&] {
         c.Require(!m.nccl_id().group().empty(), "group", "required");
         c.Require(!m.nccl_id().id().empty(), "id", "required");
+      });
+      break;
+    case JmToDaemon::kMirror:
+      c.In("mirror", [&] {
+        c.Require(m.mirror().has_key(), "key", "required");
+        c.Require(m.mirror().has_from() && !m.mirror().from().host().empty(), "from", "required (a data server's host)");
+        if (m.mirror().has_from()) c.In("from", [&] { c.Range<uint32_t>(m.mirror().from().port(), 1, 65535, "port"); });
       });
       break;
     case JmToDaemon::kCut: c.In("cut", [&] { c.Range<int64_t>(m.cut().ms(), 0, 86'400'000, "ms"); }); break;

@@ -43,6 +43,7 @@
 #include "vertex/daemon_metrics.h"
 #include "vertex/gpu_pool.h"
 #include "vertex/input_prefetcher.h"
+#include "vertex/output_mirror.h"
 #include "vertex/jm_session.h"
 #include "vertex/protocol_types.h"
 #include "vertex/task_queue.h"
@@ -110,6 +111,7 @@ class Daemon::Impl {
       tasks_.Clear();  // stops held tasks' prefetches
     }
     prefetcher_.reset();  // joins the fetch threads; their callbacks take mu_, so not under it
+    mirror_.reset();      // joins its thread, before the store it writes to goes
     cv_.notify_all();
     for (auto& t : workers_) t.join();
     if (data_server_) data_server_->Stop();
@@ -130,6 +132,9 @@ class Daemon::Impl {
     COPSE_ASSIGN_OR_RETURN(hub_, chan::StreamHub::Start(options_.data_host, 0, options_.work_dir / "ipc", options_.secret,
                                                         /*encrypt=*/options_.tls != nullptr));
     prefetcher_ = std::make_unique<InputPrefetcher>(options_.secret, options_.tls);
+    mirror_ = std::make_unique<OutputMirror>(*store_, options_.secret, options_.tls, [this](const protocol::DaemonToJm& done) {
+      session_.Send(protocol::EncodeFrame(done));
+    });
     ExecutorEnv env;
     env.programs = options_.programs;
     env.store = store_.get();
@@ -308,6 +313,7 @@ class Daemon::Impl {
       case M::kRelease:
         for (const auto& k : msg.release().keys()) store_->Drop(FromProtocol(k));
         return;
+      case M::kMirror: return mirror_->Add(std::move(*msg.mutable_mirror()));
       case M::kPeerLost: {
         // The job manager declared that daemon lost: fetches from it would wait out their read
         // timeout (a stopped or cut-off daemon accepts and then says nothing). Their consumers
@@ -497,6 +503,7 @@ class Daemon::Impl {
   std::unique_ptr<chan::DataServer> data_server_;
   std::unique_ptr<chan::StreamHub> hub_;
   std::unique_ptr<InputPrefetcher> prefetcher_;  // remote inputs of held (chained) tasks
+  std::unique_ptr<OutputMirror> mirror_;         // copies of other daemons' outputs (mirrored channels)
   GpuPool gpus_;                                 // which GPUs running attempts hold
   std::unique_ptr<AttemptExecutor> executor_;    // made once the stores and channels exist
   std::map<std::string, std::string> nccl_ids_;  // group -> unique id, guarded by mu_

@@ -1149,6 +1149,139 @@ TEST_CASE("Scheduler.AReleasedDurableOutputIsReadFromItsCopyWithoutRerunningItsP
   std::filesystem::remove_all(dir);
 }
 
+// a -> b -> c, each output mirrored, all pinned to one daemon (the affinity group): the copies
+// go to the other daemon.
+const char* kMirroredChain = R"({"stages": [{"name": "a", "program": "noop", "affinity": "g"},
+                                            {"name": "b", "program": "noop", "affinity": "g"},
+                                            {"name": "c", "program": "noop", "affinity": "g"},
+                                            {"name": "d", "program": "noop", "affinity": "g"}],
+                                 "edges": [{"from": "a", "to": "b", "channel": "mirrored"},
+                                           {"from": "b", "to": "c", "channel": "mirrored"},
+                                           {"from": "c", "to": "d"}]})";
+
+/// The Mirror messages sent so far, as (daemon, key as text); forgets them.
+std::vector<std::pair<DaemonId, std::string>> TakeMirrors(FakeSink& sink) {
+  std::vector<std::pair<DaemonId, std::string>> out;
+  for (const auto& [d, m] : sink.With(JmToDaemon::kMirror)) out.emplace_back(d, protocol::ToString(m.mirror().key()));
+  sink.Keep(JmToDaemon::kMirror, false);
+  return out;
+}
+
+/// The keys released on daemon `d` so far.
+std::set<std::string> ReleasedOn(Harness& h, DaemonId d) {
+  std::set<std::string> keys;
+  for (const auto& [to, m] : h.Releases())
+    if (to == d)
+      for (const auto& k : m.release().keys()) keys.insert(protocol::ToString(k));
+  return keys;
+}
+
+TEST_CASE("Scheduler.AMirroredOutputOutlivesItsDaemonInAnotherDaemonsMemory") {
+  Harness h;
+  const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
+  const JobId job = h.Submit(kMirroredChain);
+  auto [home, a] = h.Next("a[0]");
+  const DaemonId other = home == d0 ? d1 : d0;
+  h.Finish(a, true);
+  // Once a completed, the other daemon is asked to copy its output from a's daemon.
+  const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
+  const auto mirrors = TakeMirrors(h.sink);
+  REQUIRE(mirrors.size() == 1);
+  CHECK(mirrors[0].first == other);
+  CHECK(mirrors[0].second == key_a);
+  protocol::Mirrored done;
+  *done.mutable_key() = protocol::MakeOutputKey(job.value(), 0, 1, 0);
+  done.set_ok(true);
+  h.sched.OnMirrored(done, other);
+  // b runs on a's daemon, which is lost: b runs again on the other daemon, reading a's copy
+  // there; a does not run again.
+  h.Next("b[0]");
+  h.LoseForGood(home);
+  h.unclaimed.clear();  // what was sent to the lost daemon (b, and c and d chained after it)
+  auto [where, b2] = h.Next("b[0]");
+  CHECK(where == other);
+  CHECK(ServedFrom(b2, 0, /*local=*/true));
+  CHECK(protocol::ToString(StoredIn(b2, 0).key()) == key_a);
+  h.Finish(b2, true);
+  h.Finish(h.Next("c[0]").second, true);
+  h.Finish(h.Next("d[0]").second, true);
+  CHECK(h.State(job) == "completed");
+  const Json status = h.sched.JobStatus(job);
+  CHECK(status["mirrors_used"] == 1);
+  for (const auto& r : status["recoveries"]) CHECK(r["vertex"] != "a[0]");
+  // A copy that comes too late (its output released by then) is dropped where it was made.
+  protocol::Mirrored late;
+  *late.mutable_key() = protocol::MakeOutputKey(job.value(), 2, 1, 0);
+  late.set_ok(true);
+  h.sched.OnMirrored(late, other);
+  h.sched.Flush();
+  bool dropped = false;
+  for (const auto& [to, m] : h.sink.With(JmToDaemon::kRelease))
+    for (const auto& k : m.release().keys())
+      dropped = dropped || (to == other && protocol::ToString(k) == protocol::ToString(late.key()));
+  CHECK(dropped);
+}
+
+TEST_CASE("Scheduler.AnOutputsCopyGuardsItsConsumerUntilTheConsumersOwnCopyIsWhole") {
+  Harness h;
+  const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
+  const JobId job = h.Submit(kMirroredChain);
+  auto [home, a] = h.Next("a[0]");
+  const DaemonId other = home == d0 ? d1 : d0;
+  auto copied = [&](uint32_t vertex, uint32_t version) {
+    protocol::Mirrored done;
+    *done.mutable_key() = protocol::MakeOutputKey(job.value(), vertex, version, 0);
+    done.set_ok(true);
+    h.sched.OnMirrored(done, other);
+    h.sched.Flush();
+  };
+  const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
+  h.Finish(a, true);
+  copied(0, 1);
+  h.Finish(h.Next("b[0]").second, true);
+  // a's output was consumed: released where it was made, but its copy stays until b's is whole.
+  CHECK(ReleasedOn(h, home).count(key_a) == 1);
+  CHECK(ReleasedOn(h, other).count(key_a) == 0);
+  // a's daemon is lost before b's copy was made: b runs again from a's copy (a does not).
+  h.LoseForGood(home);
+  h.unclaimed.clear();  // what was sent to the lost daemon (c, chained after b)
+  auto [where, b2] = h.Next("b[0]");
+  CHECK(where == other);
+  CHECK(protocol::ToString(StoredIn(b2, 0).key()) == key_a);
+  CHECK(ServedFrom(b2, 0, /*local=*/true));
+  h.Finish(b2, true);
+  for (const auto& r : h.sched.JobStatus(job)["recoveries"]) CHECK(r["vertex"] != "a[0]");
+  // No other live daemon is left to copy b's new output to: the job goes on without.
+  h.Finish(h.Next("c[0]").second, true);
+  h.Finish(h.Next("d[0]").second, true);
+  CHECK(h.State(job) == "completed");
+}
+
+TEST_CASE("Scheduler.AReleasedOutputsCopyIsDroppedOnceItsConsumersCopyIsWhole") {
+  Harness h;
+  const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
+  const JobId job = h.Submit(kMirroredChain);
+  auto [home, a] = h.Next("a[0]");
+  const DaemonId other = home == d0 ? d1 : d0;
+  auto copied = [&](uint32_t vertex) {
+    protocol::Mirrored done;
+    *done.mutable_key() = protocol::MakeOutputKey(job.value(), vertex, 1, 0);
+    done.set_ok(true);
+    h.sched.OnMirrored(done, other);
+    h.sched.Flush();
+  };
+  const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
+  h.Finish(a, true);
+  copied(0);
+  h.Finish(h.Next("b[0]").second, true);
+  CHECK(ReleasedOn(h, other).count(key_a) == 0);
+  copied(1);  // b's copy is whole: a's guards nothing more
+  CHECK(ReleasedOn(h, other).count(key_a) == 1);
+  h.Finish(h.Next("c[0]").second, true);
+  h.Finish(h.Next("d[0]").second, true);
+  CHECK(h.State(job) == "completed");
+}
+
 const char* kPinnedChain = R"({"stages": [{"name": "a", "program": "noop", "affinity": "g"},
                                           {"name": "b", "program": "noop", "affinity": "g"},
                                           {"name": "c", "program": "noop", "affinity": "g"}],

@@ -150,6 +150,13 @@ const std::vector<Case>& DaemonCases() {
          m.mutable_nccl_id()->set_id(std::string(128, '\0'));
        },
        [](DaemonToJm& m) { m.mutable_nccl_id()->clear_group(); }, "DaemonToJm.nccl_id.group: required"},
+      {"mirrored",
+       [](DaemonToJm& m) {
+         *m.mutable_mirrored()->mutable_key() = MakeOutputKey(1, 4, 2, 0);
+         m.mutable_mirrored()->set_ok(true);
+         m.mutable_mirrored()->set_bytes(4096);
+       },
+       [](DaemonToJm& m) { m.mutable_mirrored()->set_ok(false); }, "DaemonToJm.mirrored.error: required when not ok"},
   };
   return cases;
 }
@@ -200,6 +207,14 @@ const std::vector<JmCase>& JmCases() {
        },
        [](JmToDaemon& m) { m.mutable_damage()->set_damage(DamageOutputs::DAMAGE_UNSPECIFIED); },
        "JmToDaemon.damage.damage: must be CORRUPT or DROP"},
+      {"mirror",
+       [](JmToDaemon& m) {
+         *m.mutable_mirror()->mutable_key() = MakeOutputKey(1, 4, 2, 0);
+         m.mutable_mirror()->mutable_from()->set_host("10.0.0.2");
+         m.mutable_mirror()->mutable_from()->set_port(7000);
+       },
+       [](JmToDaemon& m) { m.mutable_mirror()->mutable_from()->set_port(0); },
+       "JmToDaemon.mirror.from.port: must be 1 to 65535, got 0"},
   };
   return cases;
 }
