@@ -11,7 +11,7 @@
 // run's images/s, vertices re-run, and whether its parameters equal its fault-free twin's; and
 // the fault-free twin's largest process's peak RSS (a daemon's: the retained cross-stage
 // tensors, which checkpoints let the job manager release, are most of what grows); and with
-// `--mirror` (every step's chain copied into another daemon's memory). `--recovery-only` runs
+// `--mirror-every 1` and `5` (a step's chain copied into another daemon's memory). `--recovery-only` runs
 // only that part.
 //
 // Every graph runs with `copse run --daemons 2` (real processes on loopback); 1F1B M=8 runs
@@ -225,24 +225,26 @@ GraphResult RunGraph(const copse::ml::GraphOptions& o, const fs::path& dir, int 
 }  // namespace
 
 /// Recovery: pipeline 2 1F1B M=8 on 3 daemons, stage 1's daemon killed once step 3/4 of the
-/// run is placed, without checkpoints, with a durable checkpoint every 10 steps, and with
-/// every step's chain mirrored in another daemon's memory (--mirror).
+/// run is placed, without checkpoints, with a durable checkpoint every 10 steps, and with every
+/// step's (every 5th step's) chain mirrored in another daemon's memory (--mirror-every).
 void Recovery(const copse::ml::GraphOptions& base, int64_t steps, const fs::path& dir) {
   const int64_t kill_step = steps * 3 / 4;
   std::printf("\nrecovery: pipeline 2 1f1b M=8, copse run --daemons 3, stage 1's daemon killed at step %lld of %lld\n",
               static_cast<long long>(kill_step + 1), static_cast<long long>(steps));
   std::printf("%-42s %12s %10s %10s %s\n", "configuration", "images/s", "vs clean", "re-run",
               "parameters (fault-free: largest process's peak RSS)");
-  for (const auto& [every, mirror] : std::vector<std::pair<int, bool>>{{0, false}, {10, false}, {0, true}}) {
+  for (const auto& [every, mirror] : std::vector<std::pair<int, int>>{{0, 0}, {10, 0}, {0, 1}, {0, 5}}) {
     copse::ml::GraphOptions o = base;
     o.kind = "pipeline";
     o.stages = 2;
     o.microbatches = 8;
     o.schedule = "1f1b";
     o.checkpoint_every = every;
-    o.mirror = mirror;
-    const std::string tag = mirror ? "mirror every step" : every ? "checkpoint every " + std::to_string(every) : "no checkpoints";
-    const fs::path d = dir / ("recovery-" + std::to_string(every) + (mirror ? "-mirror" : ""));
+    o.mirror_every = mirror;
+    const std::string tag = mirror  ? "mirror every " + std::to_string(mirror)
+                            : every ? "checkpoint every " + std::to_string(every)
+                                    : "no checkpoints";
+    const fs::path d = dir / ("recovery-" + std::to_string(every) + "-" + std::to_string(mirror));
     const GraphResult clean = RunGraph(o, d / "clean", 3, "", Json(), /*measure_rss=*/true);
     const Json faults = Json::array({{{"kill_daemon_of", "fwd1[" + std::to_string(kill_step * o.microbatches) + "]"}}});
     const GraphResult hit = RunGraph(o, d / "faulted", 3, "", faults);

@@ -118,9 +118,11 @@ void AddTrainingFlags(CLI::App* cmd, GraphFlags& f) {
       ->check(CLI::Range(0, std::numeric_limits<int>::max()))
       ->capture_default_str();
   cmd->add_option("--checkpoint-dir", o.checkpoint_dir, "Checkpoint directory, relative to the job file")->capture_default_str();
-  cmd->add_flag("--mirror", o.mirror,
-                "Pipelines: mirror every step's parameters and optimizer state into a second daemon's memory, so a lost "
-                "stage resumes from its last step");
+  cmd->add_option("--mirror-every", o.mirror_every,
+                  "Pipelines: copy every K-th step's parameters and optimizer state into a second daemon's memory, so a "
+                  "lost stage resumes from its newest copy (0: never)")
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))
+      ->capture_default_str();
   cmd->add_option("--name", o.name, "Job name");
   cmd->add_option("-f,--file,--out", f.out, "write the job file here instead of standard output");
 }

@@ -432,6 +432,18 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     }
     const Daemon* holder = pr.state == VertexState::kCompleted && pr.daemon.valid() ? daemons_[pr.daemon.value()].get() : nullptr;
     bool held = rep.lost_input_unreachable && holder && (holder->awaiting || holder->returned_at > r.started);
+    // The output moved to its mirror after this attempt started (it read the old place), or
+    // moves there now: the consumer runs again, its producer does not.
+    const bool mirrored_port = job->mirrors && MirroredPort(g, producer) == static_cast<size_t>(in.from_port);
+    const bool moved = mirrored_port && !held && pr.state == VertexState::kCompleted &&
+                       (pr.moved_at > r.started ||
+                        PromoteMirror(*job, producer, "could not be read by " + g.vertex(rep.vertex).name + ": " + rep.error));
+    if (moved) {
+      Fail(*job, rep.vertex, protocol::FAILURE_INPUT_LOST, rep.error, /*charge=*/false);
+      RecomputePending(*job);
+      Schedule();
+      return;
+    }
     // Unreachable but still registered: most likely dead with its loss not seen yet. The file
     // output is held for up to the return grace, once; unreachable again after that, it is lost.
     const bool suspect = rep.lost_input_unreachable && holder && holder->alive && !held &&
@@ -779,11 +791,8 @@ bool Scheduler::OutputReleased(const JobGraph& g, VertexId v, const Run& r, int 
 }
 
 void Scheduler::QueueRelease(Job& job, VertexId v, size_t port) {
-  Run& r = job.runs[v.value()];
-  QueueReleaseOn(r.daemon, job, v, port);
-  // Its copy goes too, unless it still guards a consumer (OnMirrored drops it then); one still
-  // being made is dropped when its Mirrored comes (no longer current then).
-  if (r.mirror.valid() && MirroredPort(job.g(), v) == port && !MirrorGuards(job, v)) DropMirror(job, v);
+  if (job.mirrors && MirroredPort(job.g(), v) == port) return ReleaseMirrored(job, v, port);
+  QueueReleaseOn(job.runs[v.value()].daemon, job, v, port);
 }
 
 void Scheduler::QueueReleaseOn(DaemonId d, Job& job, VertexId v, size_t port) {

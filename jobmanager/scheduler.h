@@ -429,9 +429,15 @@ class Scheduler {
   /// port still read; released ones count as read again), `why` the primary is gone (for the
   /// job's log).
   bool PromoteMirror(Job& job, VertexId v, const std::string& why);
-  /// Whether v's copy must outlive v's release: a consumer with a mirrored output of its own
-  /// has not completed with a whole copy yet.
+  /// Whether v's copy must outlive v's release: a vertex downstream of v, up to the nearest
+  /// mirrored ones, has not completed, or one of those mirrored ones has no whole copy yet —
+  /// recovery might then have to run from v's copy.
   bool MirrorGuards(const Job& job, VertexId v) const;
+  /// The release of v's mirrored port: the primary (once its copy is made: a fetch needs it),
+  /// and the copy unless it still guards (then kept in job.guarding).
+  void ReleaseMirrored(Job& job, VertexId v, size_t port);
+  /// Drops the kept copies that guard nothing more (each Tick, and when a copy is whole).
+  void ReviewGuards(Job& job);
   /// Forgets v's copy, releasing it where its daemon lives.
   void DropMirror(Job& job, VertexId v);
   /// Forgets every copy daemon d held (it was lost).

@@ -39,6 +39,7 @@ void Scheduler::Tick() {
       LaunchDuplicates(job);
       CheckFaults(job);
     }
+    if (job.state == JobState::kRunning && !job.guarding.empty()) ReviewGuards(job);
     ++it;
   }
   Schedule();

@@ -6,10 +6,11 @@
 // location stays the producer's; DaemonLost moves it to the copy (PromoteMirror) instead of
 // regenerating the producer.
 //
-// A copy outlives its output's release while it still guards a consumer: until every consumer
-// that has a mirrored output of its own completed with that copy whole. A daemon lost just after
-// a step's update completed, before its copy was made, then costs two steps (that update runs
-// again from the previous one's copy), not the whole lineage.
+// A copy outlives its output's release while it still guards what follows: until each of the
+// nearest mirrored vertices downstream completed with its copy whole. A pipeline stage lost just
+// after its mirrored update completed, before that copy was made, then re-runs from the
+// previous mirrored update's copy (K + 1 steps when every K-th is mirrored), not its whole
+// lineage.
 //
 // Not journaled: after a job manager restart the copies are unknown, and the daemons' lists
 // of outputs name them as stale (ReleaseStale drops them).
@@ -65,49 +66,104 @@ void Scheduler::OnMirrored(const protocol::Mirrored& done, DaemonId from) {
     }
     return;
   }
+  const VertexId v(key.vertex());
   if (!done.ok()) {
-    Log(*job, VertexId(key.vertex()),
-        "no mirror of its output on daemon " + daemons_[from.value()]->spec.name + ": " + done.error());
+    Log(*job, v, "no mirror of its output on daemon " + daemons_[from.value()]->spec.name + ": " + done.error());
     r->mirror = DaemonId::Invalid();
+  } else {
+    r->mirror_ready = true;
+  }
+  // Its primary's release waited for the copy (a fetch from a released output finds nothing).
+  if (r->release_after_mirror) {
+    r->release_after_mirror = false;
+    if (const auto port = MirroredPort(job->g(), v)) {
+      QueueReleaseOn(r->daemon, *job, v, *port);
+      if (r->mirror.valid() && !MirrorGuards(*job, v)) DropMirror(*job, v);
+      if (r->mirror.valid()) job->guarding.insert(v.value());
+    }
+  }
+  if (done.ok()) ReviewGuards(*job);  // the copies this one replaces may guard nothing more
+}
+
+void Scheduler::ReleaseMirrored(Job& job, VertexId v, size_t port) {
+  Run& r = job.runs[v.value()];
+  if (r.mirror.valid() && !r.mirror_ready) {
+    r.release_after_mirror = true;  // OnMirrored releases it
     return;
   }
-  r->mirror_ready = true;
-  // The copies this one replaces guard nothing more.
-  const JobGraph& g = job->g();
-  for (ChannelId ch : g.vertex(VertexId(key.vertex())).inputs) {
-    const ChannelEdge& c = g.channel(ch);
-    Run& p = job->runs[c.from.value()];
-    if (c.kind == ChannelKind::kMirrored && p.released && p.mirror.valid() && !MirrorGuards(*job, c.from)) {
-      DropMirror(*job, c.from);
+  QueueReleaseOn(r.daemon, job, v, port);
+  if (!r.mirror.valid()) return;
+  if (MirrorGuards(job, v)) {
+    job.guarding.insert(v.value());  // dropped by ReviewGuards once it guards nothing
+  } else {
+    DropMirror(job, v);
+  }
+}
+
+void Scheduler::ReviewGuards(Job& job) {
+  for (auto it = job.guarding.begin(); it != job.guarding.end();) {
+    const VertexId v(*it);
+    const Run& r = job.runs[v.value()];
+    if (!r.mirror.valid()) {
+      it = job.guarding.erase(it);
+    } else if (!MirrorGuards(job, v)) {
+      it = job.guarding.erase(it);
+      DropMirror(job, v);
+    } else {
+      ++it;
     }
   }
 }
 
 bool Scheduler::MirrorGuards(const Job& job, VertexId v) const {
+  // What recovery could have to re-run from v's copy: the vertices downstream of v up to the
+  // nearest mirrored ones. While one of those has not completed (a lost output of a completed
+  // one is needed only by one that has not), or a mirrored one has no whole copy, v's copy
+  // may be the newest to resume from.
   const JobGraph& g = job.g();
-  const auto port = MirroredPort(g, v);
-  if (!port) return false;
-  for (ChannelId ch : g.vertex(v).outputs[*port]) {
-    const VertexId u = g.channel(ch).to;
+  std::vector<VertexId> work{v};
+  std::vector<char> seen(job.runs.size(), 0);
+  seen[v.value()] = 1;
+  bool guards = false;
+  auto visit = [&](VertexId u) {
+    if (guards || seen[u.value()]) return;
+    seen[u.value()] = 1;
     const Run& c = job.runs[u.value()];
-    if (MirroredPort(g, u) && !(c.state == VertexState::kCompleted && c.mirror_ready)) return true;
+    if (c.state != VertexState::kCompleted) {
+      guards = true;
+    } else if (MirroredPort(g, u)) {
+      guards = !c.mirror_ready;
+    } else {
+      work.push_back(u);
+    }
+  };
+  while (!work.empty() && !guards) {
+    const VertexId x = work.back();
+    work.pop_back();
+    ForEachSuccessor(g, x, visit);
   }
-  return false;
+  return guards;
 }
 
 bool Scheduler::PromoteMirror(Job& job, VertexId v, const std::string& why) {
   Run& r = job.runs[v.value()];
   if (!r.mirror_ready || !r.mirror.valid() || !daemons_[r.mirror.value()]->alive) return false;
   const auto port = MirroredPort(job.g(), v);
-  // Every port still read must be the mirrored one: the copy holds no other.
+  // The copy holds the mirrored port alone: a vertex with data on another port re-runs.
   for (size_t p = 0; p < r.output_messages.size(); ++p) {
-    if (p != *port && r.output_messages[p] > 0 && !OutputReleased(job.g(), v, r, static_cast<int>(p))) return false;
+    if (p != *port && r.output_messages[p] > 0) return false;
   }
   const Daemon& to = *daemons_[r.mirror.value()];
+  // A primary still held where it was made (a consumer could not read it there) goes.
+  if (r.daemon.valid() && daemons_[r.daemon.value()]->alive && !r.released) QueueReleaseOn(r.daemon, job, v, *port);
   r.daemon = r.mirror;
   r.mirror = DaemonId::Invalid();
   r.mirror_ready = false;
+  r.release_after_mirror = false;
   r.released = r.retained_released = false;  // the copy holds it
+  r.moved_at = clock_.Now();
+  job.guarding.erase(v.value());
+  Journal(DoneRecord(job, v));  // where it is now: a restarted job manager looks for it there
   Log(job, v,
       "output of version " + std::to_string(r.version) + " " + why + "; its mirror on daemon " + to.spec.name + " serves it");
   ++job.mirrors_used;
@@ -120,17 +176,30 @@ void Scheduler::DropMirror(Job& job, VertexId v) {
   if (daemons_[r.mirror.value()]->alive) {
     if (const auto port = MirroredPort(job.g(), v)) QueueReleaseOn(r.mirror, job, v, *port);
   }
+  if (r.release_after_mirror && r.daemon.valid() && daemons_[r.daemon.value()]->alive) {
+    if (const auto port = MirroredPort(job.g(), v)) QueueReleaseOn(r.daemon, job, v, *port);
+  }
+  r.release_after_mirror = false;
   r.mirror = DaemonId::Invalid();
   r.mirror_ready = false;
+  job.guarding.erase(v.value());
 }
 
 void Scheduler::ForgetMirrorsOn(DaemonId d) {
   for (auto& [id, job] : jobs_) {
     if (job->state != JobState::kRunning) continue;
-    for (Run& r : job->runs) {
+    for (size_t v = 0; v < job->runs.size(); ++v) {
+      Run& r = job->runs[v];
       if (r.mirror != d) continue;
+      // A primary whose release waited for this copy goes now.
+      if (r.release_after_mirror && r.daemon.valid() && daemons_[r.daemon.value()]->alive) {
+        if (const auto port = MirroredPort(job->g(), VertexId(static_cast<uint32_t>(v))))
+          QueueReleaseOn(r.daemon, *job, VertexId(static_cast<uint32_t>(v)), *port);
+      }
+      r.release_after_mirror = false;
       r.mirror = DaemonId::Invalid();
       r.mirror_ready = false;
+      job->guarding.erase(static_cast<uint32_t>(v));
     }
   }
 }

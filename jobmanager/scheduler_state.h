@@ -118,6 +118,8 @@ struct Scheduler::Run {
   // being made there (mirror_ready false), or whole (true). Invalid: no copy.
   DaemonId mirror;
   bool mirror_ready = false;
+  bool release_after_mirror = false;  // released while its copy was being made: OnMirrored releases it
+  TimePoint moved_at{};               // when its output last moved to its mirror (PromoteMirror)
 };
 
 struct Scheduler::Job {
@@ -183,6 +185,7 @@ struct Scheduler::Job {
   bool retains = false;                                        // a stage retains outputs: only then is settling worth its walk
   bool mirrors = false;                                        // it has mirrored channels (scheduler_mirrors.cc)
   size_t mirrors_used = 0;                                     // outputs its mirrors served after their daemon was lost
+  std::set<uint32_t> guarding;                                 // released vertices whose copies MirrorGuards keeps
   uint64_t local_input_bytes = 0, remote_input_bytes = 0;      // what placement achieved
   /// The newest progress figures a program reported (by "step" when they carry one), and when
   /// the first and newest "images" (or "tokens") counts arrived, for a live images/s (tokens/s).

@@ -234,7 +234,9 @@ Status Check(const GraphOptions& o) {
   if (o.steps == 0) return bad("--steps", "> 0 (or absent)");
   if (o.threads < 1) return bad("--threads", ">= 1");
   if (o.checkpoint_every < 0) return bad("--checkpoint-every", ">= 0");
-  if (o.mirror && o.kind != "pipeline" && o.kind != "hybrid") return bad("--mirror", "a pipeline or hybrid job");
+  if (o.mirror_every < 0) return bad("--mirror-every", ">= 0");
+  if (o.mirror_every > 0 && o.kind != "pipeline" && o.kind != "hybrid")
+    return bad("--mirror-every", "0 for " + o.kind + " jobs (pipeline and hybrid only)");
   return Status::OK();
 }
 
@@ -288,7 +290,7 @@ bool IsCheckpointStep(const GraphOptions& o, int64_t t, int64_t steps) {
 void MarkCheckpoint(JobBuilder& b, const GraphOptions& o, const std::string& update, int64_t t, int64_t steps) {
   if (IsCheckpointStep(o, t, steps)) {
     b.Durable(update);
-  } else if (o.mirror) {  // every other step's chain in a second daemon's memory
+  } else if (o.mirror_every > 0 && (t + 1) % o.mirror_every == 0) {  // a copy in a second daemon's memory
     b.Mirrored(update);
   }
 }
@@ -304,7 +306,7 @@ Json Config(const GraphOptions& o, int64_t steps) {
   if (o.kind != "pipeline") c["workers"] = o.workers;
   if (o.kind == "data-parallel") c["reducer"] = o.reducer;
   if (o.staleness > 0) c["staleness"] = o.staleness;
-  if (o.mirror) c["mirror"] = true;
+  if (o.mirror_every > 0) c["mirror_every"] = o.mirror_every;
   if (o.device != "cpu") c["device"] = o.device;
   if (o.kind != "data-parallel") {
     c["stages"] = o.stages;

@@ -80,10 +80,11 @@ struct GraphOptions {
   int daemon_cpus = 2;       // init vertices take a whole daemon so stages land on distinct daemons
   int checkpoint_every = 0;  // a checkpoint vertex per stage every K steps (0: none)
   std::string checkpoint_dir = "checkpoints";
-  // Pipelines: every step's update chain (parameters, optimizer state) is a mirrored channel,
-  // copied into a second daemon's memory by the job manager, so that a lost stage resumes from
-  // its last step instead of re-running from init or the last checkpoint.
-  bool mirror = false;
+  // Pipelines: every K-th step's update chain (parameters, optimizer state) is a mirrored
+  // channel, copied into a second daemon's memory by the job manager, so that a lost stage
+  // resumes from its newest copy instead of re-running from init or the last file checkpoint
+  // (0: none).
+  int mirror_every = 0;
   // What `copse plan` predicted for this layout (ml/planner.h): carried into metrics.json's
   // config, so that the job summary shows it next to what the run measured. Null: no plan.
   Json plan;

@@ -10,11 +10,15 @@ OutputMirror::OutputMirror(chan::OutputStore& store, std::string secret, std::sh
     : store_(store), secret_(std::move(secret)), tls_(std::move(tls)), send_(std::move(send)), thread_([this] { Loop(); }) {}
 
 OutputMirror::~OutputMirror() {
+  std::optional<protocol::StoreLocation> fetching;
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
+    fetching = current_;
   }
   work_.notify_all();
+  // A fetch from a peer that stopped answering would hold the join for its read timeout.
+  if (fetching) chan::AbortFetchesFrom(fetching->host(), static_cast<uint16_t>(fetching->port()));
   thread_.join();
 }
 
@@ -35,8 +39,13 @@ void OutputMirror::Loop() {
       if (stopping_) return;
       request = std::move(pending_.front());
       pending_.pop_front();
+      current_ = request.from();
     }
     auto copied = Copy(request);
+    {
+      std::lock_guard lock(mu_);
+      current_.reset();
+    }
     if (stopping_) return;  // the daemon stops: the job manager learns of nothing more from it
     protocol::DaemonToJm msg;
     protocol::Mirrored& done = *msg.mutable_mirrored();

@@ -6,13 +6,15 @@
 // are ordinary outputs from then on: the data server serves them, Release and Gc drop them.
 //
 // One thread does the fetches in the order they were asked (a step's copies are not urgent:
-// they matter only if a daemon is lost later); the destructor stops it, abandoning what is left.
+// they matter only if a daemon is lost later); the destructor stops it, abandoning what is left
+// and ending the fetch under way.
 #include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -46,6 +48,7 @@ class OutputMirror {
   std::mutex mu_;
   std::condition_variable work_;
   std::deque<protocol::Mirror> pending_;
+  std::optional<protocol::StoreLocation> current_;  // the peer of the copy being made
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

@@ -499,17 +499,19 @@ class RingReduceProgram final : public VertexProgram {
 /// sum of their squares (unscaled). The last micro-batch's backward of stage s adds its stage's
 /// accumulated gradients to what stage s + 1 sent with dL/dx (the stages above s) and passes
 /// the result down with its own dL/dx; stage 0's then covers the whole model and goes to every
-/// stage's update ("__check" [finite, sum of squares]), so all of them make the same decision.
+/// stage's update ("__check" [finite, norm]: the L2 norm, not its square, which a float would
+/// overflow first), so all of them make the same decision.
 struct StepCheck {
   bool finite = true;
   double sum_squares = 0;
 
-  Tensor AsTensor() const { return Scalars({finite ? 1.0f : 0.0f, static_cast<float>(sum_squares)}); }
+  Tensor AsTensor() const { return Scalars({finite ? 1.0f : 0.0f, static_cast<float>(std::sqrt(sum_squares))}); }
   static Result<StepCheck> From(const NamedTensors& set, const std::string& where) {
     const Tensor* t = FindTensor(set, "__check");
-    if (!t || t->numel() != 2) return Status::DataLoss(where + " carries no step check (\"__check\" [finite, sum of squares])");
+    if (!t || t->numel() != 2) return Status::DataLoss(where + " carries no step check (\"__check\" [finite, norm])");
     const std::vector<float> v = t->ToVector();
-    return StepCheck{v[0] != 0.0f, v[1]};
+    if (!(v[1] >= 0)) return Status::DataLoss(where + ": the step check's norm is " + std::to_string(v[1]));
+    return StepCheck{v[0] != 0.0f, double{v[1]} * double{v[1]}};
   }
   /// This stage's accumulated gradients, unscaled by fp16's `loss_scale` (1 otherwise).
   static StepCheck Of(const Sequential& m, float loss_scale, bool need_norm) {
@@ -542,6 +544,13 @@ class UpdateProgram final : public VertexProgram {
     COPSE_ASSIGN_OR_RETURN(TrainSettings s, SettingsFromParams(ctx));
     COPSE_ASSIGN_OR_RETURN(auto range, LayerRange(ctx, s));
     const int64_t step = ctx.param<int64_t>("first_step", 0) + ctx.replica;
+    if (s.precision == Precision::kFloat16 && ctx.param<int>("step_checks", 0) == 0) {
+      COPSE_ASSIGN_OR_RETURN(const int layers, LayerCount(s.model));
+      if (range.first != 0 || range.second != layers)
+        return Status::InvalidArgument(ctx.name + ": params.precision fp16 for layers [" + std::to_string(range.first) + ", " +
+                                       std::to_string(range.second) +
+                                       ") needs params.step_checks (a pipeline's stages must skip overflowed steps together)");
+    }
     COPSE_ASSIGN_OR_RETURN(auto chain, ReadAll(ctx, 0));
     if (chain.size() != 3) return Status::DataLoss(ctx.name + ": the chain input needs params, state, stats");
     COPSE_ASSIGN_OR_RETURN(auto grads, ReadEveryInput(ctx, 1));
@@ -803,6 +812,10 @@ class BackwardProgram final : public VertexProgram {
     const int stage = ctx.param<int>("stage", 0), stages = ctx.param<int>("stages", 1);
     const bool recompute = ctx.param<bool>("recompute", false);
     const MicroPos pos = PosOf(ctx);
+    if (s.precision == Precision::kFloat16 && stages > 1 && !ctx.param<bool>("step_check", false))
+      return Status::InvalidArgument(ctx.name +
+                                     ": params.precision fp16 in a pipeline needs params.step_check (its "
+                                     "stages must skip overflowed steps together)");
     size_t port = 0;
     COPSE_ASSIGN_OR_RETURN(chan::Buffer params, ReadParams(ctx, port++));
     COPSE_ASSIGN_OR_RETURN(chan::Buffer stash_msg, ReadOne(ctx, port++));

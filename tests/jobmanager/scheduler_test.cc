@@ -1282,6 +1282,95 @@ TEST_CASE("Scheduler.AReleasedOutputsCopyIsDroppedOnceItsConsumersCopyIsWhole") 
   CHECK(h.State(job) == "completed");
 }
 
+TEST_CASE("Scheduler.AnUnreadableMirroredOutputMovesToItsCopyInsteadOfRunningAgain") {
+  Harness h;
+  const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
+  const JobId job = h.Submit(kMirroredChain);
+  auto [home, a] = h.Next("a[0]");
+  const DaemonId other = home == d0 ? d1 : d0;
+  const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
+  h.Finish(a, true);
+  protocol::Mirrored done;
+  *done.mutable_key() = protocol::MakeOutputKey(job.value(), 0, 1, 0);
+  done.set_ok(true);
+  h.sched.OnMirrored(done, other);
+  // b could not read a's output where it was made (a daemon about to be found lost).
+  Task b = h.Next("b[0]").second;
+  h.Finish(b, false, {}, protocol::FAILURE_INPUT_LOST, 0, /*unreachable=*/true);
+  for (const char* chained : {"c[0]", "d[0]"}) h.Finish(h.Next(chained).second, false);  // never started, as their daemon says
+  Task b2 = h.Next("b[0]").second;
+  CHECK(b2.version() > b.version());
+  CHECK(protocol::ToString(StoredIn(b2, 0).key()) == key_a);
+  CHECK(StoredIn(b2, 0).store().port() == 9000 + (other == d0 ? '0' : '1'));
+  CHECK(ReleasedOn(h, home).count(key_a) == 1);  // the primary, where it could not be read
+  for (const auto& r : h.sched.JobStatus(job)["recoveries"]) CHECK(r["vertex"] != "a[0]");
+  CHECK(h.sched.JobStatus(job)["mirrors_used"] == 1);
+}
+
+// Every other output mirrored (as --mirror-every 2 mirrors every second step's update).
+const char* kSparselyMirroredChain = R"({"stages": [{"name": "a", "program": "noop", "affinity": "g"},
+                                                    {"name": "b", "program": "noop", "affinity": "g"},
+                                                    {"name": "c", "program": "noop", "affinity": "g"},
+                                                    {"name": "d", "program": "noop", "affinity": "g"}],
+                                         "edges": [{"from": "a", "to": "b", "channel": "mirrored"},
+                                                   {"from": "b", "to": "c"},
+                                                   {"from": "c", "to": "d", "channel": "mirrored"}]})";
+
+TEST_CASE("Scheduler.ACopyGuardsUpToTheNextMirroredOutputDownstream") {
+  Harness h;
+  const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
+  const JobId job = h.Submit(kSparselyMirroredChain);
+  auto [home, a] = h.Next("a[0]");
+  const DaemonId other = home == d0 ? d1 : d0;
+  const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
+  h.Finish(a, true);
+  protocol::Mirrored done;
+  *done.mutable_key() = protocol::MakeOutputKey(job.value(), 0, 1, 0);
+  done.set_ok(true);
+  h.sched.OnMirrored(done, other);
+  h.Finish(h.Next("b[0]").second, true);
+  h.Finish(h.Next("c[0]").second, true);
+  // a's output was consumed and released; its copy guards b and c until c's copy is whole.
+  CHECK(ReleasedOn(h, home).count(key_a) == 1);
+  CHECK(ReleasedOn(h, other).count(key_a) == 0);
+  // Lost before c's copy was made: c and b run again, from a's copy; a does not.
+  h.LoseForGood(home);
+  h.unclaimed.clear();
+  auto [where, b2] = h.Next("b[0]");
+  CHECK(where == other);
+  CHECK(protocol::ToString(StoredIn(b2, 0).key()) == key_a);
+  h.Finish(b2, true);
+  h.Finish(h.Next("c[0]").second, true);
+  h.Finish(h.Next("d[0]").second, true);
+  CHECK(h.State(job) == "completed");
+  for (const auto& r : h.sched.JobStatus(job)["recoveries"]) CHECK(r["vertex"] != "a[0]");
+}
+
+TEST_CASE("Scheduler.ACopyIsDroppedOnceTheNextMirroredOutputDownstreamIsCopied") {
+  Harness h;
+  const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
+  const JobId job = h.Submit(kSparselyMirroredChain);
+  auto [home, a] = h.Next("a[0]");
+  const DaemonId other = home == d0 ? d1 : d0;
+  auto copied = [&](uint32_t vertex) {
+    protocol::Mirrored done;
+    *done.mutable_key() = protocol::MakeOutputKey(job.value(), vertex, 1, 0);
+    done.set_ok(true);
+    h.sched.OnMirrored(done, other);
+    h.sched.Flush();
+  };
+  const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
+  h.Finish(a, true);
+  copied(0);
+  h.Finish(h.Next("b[0]").second, true);
+  h.Finish(h.Next("c[0]").second, true);
+  CHECK(ReleasedOn(h, other).count(key_a) == 0);
+  copied(2);  // c's copy is whole: a's guards nothing more
+  CHECK(ReleasedOn(h, other).count(key_a) == 1);
+  h.Finish(h.Next("d[0]").second, true);
+  CHECK(h.State(job) == "completed");
+}
+
 const char* kPinnedChain = R"({"stages": [{"name": "a", "program": "noop", "affinity": "g"},
                                           {"name": "b", "program": "noop", "affinity": "g"},
                                           {"name": "c", "program": "noop", "affinity": "g"}],

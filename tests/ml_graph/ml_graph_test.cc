@@ -783,6 +783,30 @@ TEST_CASE("MlGraph.AnUnknownWeightGradsValueIsAnErrorNamingTheVertex") {
   }
 }
 
+TEST_CASE("MlGraph.Fp16StagesWithoutAStepCheckAreRefused") {
+  // A hand-written pipeline job whose stages would each decide alone to skip an overflowed
+  // step: their loss scales would drift apart and the gradients be off by their ratio.
+  vertex::ProgramRegistry registry;
+  RegisterMlPrograms(registry);
+  const Json common = {
+      {"precision", "fp16"}, {"model", "mlp:784-64-32-10"}, {"limit", 64}, {"batch", 64}, {"begin", 2}, {"end", 4}, {"stages", 2},
+      {"stage", 1}};
+  for (const char* program : {"ml.backward", "ml.update"}) {
+    CAPTURE(program);
+    auto prog = registry.Create(program);
+    REQUIRE(prog.ok());
+    Json params = common;
+    vertex::VertexContext ctx;
+    ctx.name = "v[3]";
+    ctx.params = &params;
+    const Status st = (*prog)->Run(ctx);
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK_MESSAGE(st.message().find(std::string(program) == "ml.backward" ? "needs params.step_check"
+                                                                          : "needs params.step_checks") != std::string::npos,
+                  st.message());
+  }
+}
+
 TEST_CASE("MlGraph.PartitionParamsOutOfRangeAreErrorsNotCrashes") {
   // Divisors and indices the programs use: zero divided the daemon by zero (SIGFPE), an
   // out-of-range worker read past an array, a batch smaller than its micro-batches left one
@@ -879,13 +903,13 @@ TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::t
   CHECK(!std::filesystem::exists(fault_dir.path / "checkpoints" / "durable"));
 }
 
-// --mirror: every step's update chain is copied into a second daemon's memory. Killing stage
+// --mirror-every 1: every step's update chain is copied into a second daemon's memory. Killing stage
 // 1's daemon in step 6 of 8 re-runs at most its last two steps (the copy of step 5's update
 // may not be whole yet when the kill comes right after it; step 4's then serves), never from
 // init, and the result is bit-identical.
 TEST_CASE("MlGraph.APipelineStageKilledResumesFromItsMirrorBitIdentically" * doctest::timeout(240)) {
   GraphOptions o = PipelineOf(SmallDeep(), "pipeline", 2, 4, "1f1b", false, "batched");
-  o.mirror = true;
+  o.mirror_every = 1;
   auto job = GenerateTrainingGraph(o);
   REQUIRE(job.ok());
   size_t mirrored = 0;
@@ -912,8 +936,9 @@ TEST_CASE("MlGraph.APipelineStageKilledResumesFromItsMirrorBitIdentically" * doc
       CHECK_MESSAGE(replica >= 16, "re-ran a micro-batch before step 5: " << rec.dump());
   }
   GraphOptions dp = Small();
-  dp.mirror = true;
-  CHECK(GenerateTrainingGraph(dp).status().message() == "--mirror: expected a pipeline or hybrid job");
+  dp.mirror_every = 1;
+  CHECK(GenerateTrainingGraph(dp).status().message() ==
+        "--mirror-every: expected 0 for data-parallel jobs (pipeline and hybrid only)");
 }
 
 TEST_CASE("MlGraph.StaleDataParallelComputesOnOlderParametersAndRecoversBitIdentically" * doctest::timeout(240)) {
