@@ -1176,6 +1176,15 @@ std::set<std::string> ReleasedOn(Harness& h, DaemonId d) {
   return keys;
 }
 
+/// Daemon `at` reports its copy of output 0 of `vertex` (version 1) whole.
+void ReportCopied(Harness& h, JobId job, uint32_t vertex, DaemonId at) {
+  protocol::Mirrored done;
+  *done.mutable_key() = protocol::MakeOutputKey(job.value(), vertex, 1, 0);
+  done.set_ok(true);
+  h.sched.OnMirrored(done, at);
+  h.sched.Flush();
+}
+
 TEST_CASE("Scheduler.AMirroredOutputOutlivesItsDaemonInAnotherDaemonsMemory") {
   Harness h;
   const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
@@ -1189,10 +1198,7 @@ TEST_CASE("Scheduler.AMirroredOutputOutlivesItsDaemonInAnotherDaemonsMemory") {
   REQUIRE(mirrors.size() == 1);
   CHECK(mirrors[0].first == other);
   CHECK(mirrors[0].second == key_a);
-  protocol::Mirrored done;
-  *done.mutable_key() = protocol::MakeOutputKey(job.value(), 0, 1, 0);
-  done.set_ok(true);
-  h.sched.OnMirrored(done, other);
+  ReportCopied(h, job, 0, other);
   // b runs on a's daemon, which is lost: b runs again on the other daemon, reading a's copy
   // there; a does not run again.
   h.Next("b[0]");
@@ -1228,16 +1234,9 @@ TEST_CASE("Scheduler.AnOutputsCopyGuardsItsConsumerUntilTheConsumersOwnCopyIsWho
   const JobId job = h.Submit(kMirroredChain);
   auto [home, a] = h.Next("a[0]");
   const DaemonId other = home == d0 ? d1 : d0;
-  auto copied = [&](uint32_t vertex, uint32_t version) {
-    protocol::Mirrored done;
-    *done.mutable_key() = protocol::MakeOutputKey(job.value(), vertex, version, 0);
-    done.set_ok(true);
-    h.sched.OnMirrored(done, other);
-    h.sched.Flush();
-  };
   const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
   h.Finish(a, true);
-  copied(0, 1);
+  ReportCopied(h, job, 0, other);
   h.Finish(h.Next("b[0]").second, true);
   // a's output was consumed: released where it was made, but its copy stays until b's is whole.
   CHECK(ReleasedOn(h, home).count(key_a) == 1);
@@ -1263,19 +1262,12 @@ TEST_CASE("Scheduler.AReleasedOutputsCopyIsDroppedOnceItsConsumersCopyIsWhole") 
   const JobId job = h.Submit(kMirroredChain);
   auto [home, a] = h.Next("a[0]");
   const DaemonId other = home == d0 ? d1 : d0;
-  auto copied = [&](uint32_t vertex) {
-    protocol::Mirrored done;
-    *done.mutable_key() = protocol::MakeOutputKey(job.value(), vertex, 1, 0);
-    done.set_ok(true);
-    h.sched.OnMirrored(done, other);
-    h.sched.Flush();
-  };
   const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
   h.Finish(a, true);
-  copied(0);
+  ReportCopied(h, job, 0, other);
   h.Finish(h.Next("b[0]").second, true);
   CHECK(ReleasedOn(h, other).count(key_a) == 0);
-  copied(1);  // b's copy is whole: a's guards nothing more
+  ReportCopied(h, job, 1, other);  // b's copy is whole: a's guards nothing more
   CHECK(ReleasedOn(h, other).count(key_a) == 1);
   h.Finish(h.Next("c[0]").second, true);
   h.Finish(h.Next("d[0]").second, true);
@@ -1290,10 +1282,7 @@ TEST_CASE("Scheduler.AnUnreadableMirroredOutputMovesToItsCopyInsteadOfRunningAga
   const DaemonId other = home == d0 ? d1 : d0;
   const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
   h.Finish(a, true);
-  protocol::Mirrored done;
-  *done.mutable_key() = protocol::MakeOutputKey(job.value(), 0, 1, 0);
-  done.set_ok(true);
-  h.sched.OnMirrored(done, other);
+  ReportCopied(h, job, 0, other);
   // b could not read a's output where it was made (a daemon about to be found lost).
   Task b = h.Next("b[0]").second;
   h.Finish(b, false, {}, protocol::FAILURE_INPUT_LOST, 0, /*unreachable=*/true);
@@ -1324,10 +1313,7 @@ TEST_CASE("Scheduler.ACopyGuardsUpToTheNextMirroredOutputDownstream") {
   const DaemonId other = home == d0 ? d1 : d0;
   const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
   h.Finish(a, true);
-  protocol::Mirrored done;
-  *done.mutable_key() = protocol::MakeOutputKey(job.value(), 0, 1, 0);
-  done.set_ok(true);
-  h.sched.OnMirrored(done, other);
+  ReportCopied(h, job, 0, other);
   h.Finish(h.Next("b[0]").second, true);
   h.Finish(h.Next("c[0]").second, true);
   // a's output was consumed and released; its copy guards b and c until c's copy is whole.
@@ -1352,20 +1338,13 @@ TEST_CASE("Scheduler.ACopyIsDroppedOnceTheNextMirroredOutputDownstreamIsCopied")
   const JobId job = h.Submit(kSparselyMirroredChain);
   auto [home, a] = h.Next("a[0]");
   const DaemonId other = home == d0 ? d1 : d0;
-  auto copied = [&](uint32_t vertex) {
-    protocol::Mirrored done;
-    *done.mutable_key() = protocol::MakeOutputKey(job.value(), vertex, 1, 0);
-    done.set_ok(true);
-    h.sched.OnMirrored(done, other);
-    h.sched.Flush();
-  };
   const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
   h.Finish(a, true);
-  copied(0);
+  ReportCopied(h, job, 0, other);
   h.Finish(h.Next("b[0]").second, true);
   h.Finish(h.Next("c[0]").second, true);
   CHECK(ReleasedOn(h, other).count(key_a) == 0);
-  copied(2);  // c's copy is whole: a's guards nothing more
+  ReportCopied(h, job, 2, other);  // c's copy is whole: a's guards nothing more
   CHECK(ReleasedOn(h, other).count(key_a) == 1);
   h.Finish(h.Next("d[0]").second, true);
   CHECK(h.State(job) == "completed");

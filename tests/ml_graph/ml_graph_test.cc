@@ -857,6 +857,20 @@ TEST_CASE("MlGraph.PartitionParamsOutOfRangeAreErrorsNotCrashes") {
                 huge.status().message());
 }
 
+/// A 2-stage pipeline `job` run clean and with stage 1's daemon killed once step 6 of 8 (whose
+/// micro-batch 0 is fwd1[20] at M = 4) is placed, on 3 daemons; the killed run's result is
+/// checked bit-identical to the clean one's.
+RunResult RunWithStageOneKilled(const Json& job, const fs::path& clean_dir, const fs::path& fault_dir) {
+  const RunResult clean = RunJob(job, clean_dir, 3);
+  Json faulty = job;
+  faulty["faults"] = Json::array({{{"kill_daemon_of", "fwd1[20]"}, {"when", {{"completed", 70}}}}});
+  const RunResult r = RunJob(faulty, fault_dir, 3);
+  REQUIRE(r.summary["faults"].size() == 1);
+  CHECK(r.digest == clean.digest);
+  CHECK(r.metrics["test_accuracy"] == clean.metrics["test_accuracy"]);
+  return r;
+}
+
 TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::timeout(240)) {
   GraphOptions o = SmallDeep();
   o.kind = "pipeline";
@@ -867,15 +881,8 @@ TEST_CASE("MlGraph.PipelineWithADaemonKilledMidEpochIsBitIdentical" * doctest::t
   auto job = GenerateTrainingGraph(o);
   REQUIRE(job.ok());
   TempDir clean_dir, fault_dir;
-  const RunResult clean = RunJob(*job, clean_dir.path, 3);
-  // Kill the daemon of pipeline stage 1 halfway through the epoch, once step 6 of 8 (whose
-  // micro-batch 0 is fwd1[20]) is placed: step 4's update, a checkpoint, has completed by then.
-  Json faulty = *job;
-  faulty["faults"] = Json::array({{{"kill_daemon_of", "fwd1[20]"}, {"when", {{"completed", 70}}}}});
-  const RunResult r = RunJob(faulty, fault_dir.path, 3);
-  REQUIRE(r.summary["faults"].size() == 1);
-  CHECK(r.digest == clean.digest);
-  CHECK(r.metrics["test_accuracy"] == clean.metrics["test_accuracy"]);
+  // Step 4's update, a checkpoint, has completed when stage 1's daemon is killed in step 6.
+  const RunResult r = RunWithStageOneKilled(*job, clean_dir.path, fault_dir.path);
   REQUIRE(r.summary["recoveries"].size() > 0);
   // Only the lost stage's work re-runs: stage 0's retained outputs feed stage 1's recovery. A
   // stage-0 vertex may retry only as a dependent that had not completed — one reading stage 1's
@@ -916,12 +923,7 @@ TEST_CASE("MlGraph.APipelineStageKilledResumesFromItsMirrorBitIdentically" * doc
   for (const Json& e : (*job)["edges"]) mirrored += e["channel"] == "mirrored";
   CHECK(mirrored > 0);
   TempDir clean_dir, fault_dir;
-  const RunResult clean = RunJob(*job, clean_dir.path, 3);
-  Json faulty = *job;
-  faulty["faults"] = Json::array({{{"kill_daemon_of", "fwd1[20]"}, {"when", {{"completed", 70}}}}});
-  const RunResult r = RunJob(faulty, fault_dir.path, 3);
-  REQUIRE(r.summary["faults"].size() == 1);
-  CHECK(r.digest == clean.digest);
+  const RunResult r = RunWithStageOneKilled(*job, clean_dir.path, fault_dir.path);
   CHECK(r.summary["mirrors_used"].get<int>() >= 1);
   INFO("every recovery: " << r.summary["recoveries"].dump());
   for (const auto& rec : r.summary["recoveries"]) {
