@@ -1185,15 +1185,34 @@ void ReportCopied(Harness& h, JobId job, uint32_t vertex, DaemonId at) {
   h.sched.Flush();
 }
 
-TEST_CASE("Scheduler.AMirroredOutputOutlivesItsDaemonInAnotherDaemonsMemory") {
+/// Two daemons and a chain of `text` whose first vertex a ran on `home` and completed; its
+/// output's copy goes to `other` (whole once `copied`).
+struct MirrorRun {
+  explicit MirrorRun(const char* text, bool copied = true) {
+    const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
+    job = h.Submit(text);
+    auto [where, a] = h.Next("a[0]");
+    home = where;
+    other = home == d0 ? d1 : d0;
+    key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
+    h.Finish(a, true);
+    if (copied) ReportCopied(h, job, 0, other);
+  }
+  /// Runs what is left of the chain (b, c, d, each once more) to the end.
+  void FinishRest(const std::vector<std::string>& names) {
+    for (const auto& n : names) h.Finish(h.Next(n).second, true);
+    CHECK(h.State(job) == "completed");
+  }
   Harness h;
-  const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
-  const JobId job = h.Submit(kMirroredChain);
-  auto [home, a] = h.Next("a[0]");
-  const DaemonId other = home == d0 ? d1 : d0;
-  h.Finish(a, true);
+  JobId job;
+  DaemonId home, other;
+  std::string key_a;
+};
+
+TEST_CASE("Scheduler.AMirroredOutputOutlivesItsDaemonInAnotherDaemonsMemory") {
+  MirrorRun m(kMirroredChain, /*copied=*/false);
+  auto& [h, job, home, other, key_a] = m;
   // Once a completed, the other daemon is asked to copy its output from a's daemon.
-  const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
   const auto mirrors = TakeMirrors(h.sink);
   REQUIRE(mirrors.size() == 1);
   CHECK(mirrors[0].first == other);
@@ -1222,21 +1241,15 @@ TEST_CASE("Scheduler.AMirroredOutputOutlivesItsDaemonInAnotherDaemonsMemory") {
   h.sched.OnMirrored(late, other);
   h.sched.Flush();
   bool dropped = false;
-  for (const auto& [to, m] : h.sink.With(JmToDaemon::kRelease))
-    for (const auto& k : m.release().keys())
+  for (const auto& [to, msg] : h.sink.With(JmToDaemon::kRelease))
+    for (const auto& k : msg.release().keys())
       dropped = dropped || (to == other && protocol::ToString(k) == protocol::ToString(late.key()));
   CHECK(dropped);
 }
 
 TEST_CASE("Scheduler.AnOutputsCopyGuardsItsConsumerUntilTheConsumersOwnCopyIsWhole") {
-  Harness h;
-  const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
-  const JobId job = h.Submit(kMirroredChain);
-  auto [home, a] = h.Next("a[0]");
-  const DaemonId other = home == d0 ? d1 : d0;
-  const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
-  h.Finish(a, true);
-  ReportCopied(h, job, 0, other);
+  MirrorRun m(kMirroredChain);
+  auto& [h, job, home, other, key_a] = m;
   h.Finish(h.Next("b[0]").second, true);
   // a's output was consumed: released where it was made, but its copy stays until b's is whole.
   CHECK(ReleasedOn(h, home).count(key_a) == 1);
@@ -1257,14 +1270,8 @@ TEST_CASE("Scheduler.AnOutputsCopyGuardsItsConsumerUntilTheConsumersOwnCopyIsWho
 }
 
 TEST_CASE("Scheduler.AReleasedOutputsCopyIsDroppedOnceItsConsumersCopyIsWhole") {
-  Harness h;
-  const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
-  const JobId job = h.Submit(kMirroredChain);
-  auto [home, a] = h.Next("a[0]");
-  const DaemonId other = home == d0 ? d1 : d0;
-  const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
-  h.Finish(a, true);
-  ReportCopied(h, job, 0, other);
+  MirrorRun m(kMirroredChain);
+  auto& [h, job, home, other, key_a] = m;
   h.Finish(h.Next("b[0]").second, true);
   CHECK(ReleasedOn(h, other).count(key_a) == 0);
   ReportCopied(h, job, 1, other);  // b's copy is whole: a's guards nothing more
@@ -1275,14 +1282,8 @@ TEST_CASE("Scheduler.AReleasedOutputsCopyIsDroppedOnceItsConsumersCopyIsWhole") 
 }
 
 TEST_CASE("Scheduler.AnUnreadableMirroredOutputMovesToItsCopyInsteadOfRunningAgain") {
-  Harness h;
-  const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
-  const JobId job = h.Submit(kMirroredChain);
-  auto [home, a] = h.Next("a[0]");
-  const DaemonId other = home == d0 ? d1 : d0;
-  const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
-  h.Finish(a, true);
-  ReportCopied(h, job, 0, other);
+  MirrorRun m(kMirroredChain);
+  auto& [h, job, home, other, key_a] = m;
   // b could not read a's output where it was made (a daemon about to be found lost).
   Task b = h.Next("b[0]").second;
   h.Finish(b, false, {}, protocol::FAILURE_INPUT_LOST, 0, /*unreachable=*/true);
@@ -1290,7 +1291,7 @@ TEST_CASE("Scheduler.AnUnreadableMirroredOutputMovesToItsCopyInsteadOfRunningAga
   Task b2 = h.Next("b[0]").second;
   CHECK(b2.version() > b.version());
   CHECK(protocol::ToString(StoredIn(b2, 0).key()) == key_a);
-  CHECK(StoredIn(b2, 0).store().port() == 9000 + (other == d0 ? '0' : '1'));
+  CHECK(StoredIn(b2, 0).store().port() == 9000 + (other == DaemonId(0) ? '0' : '1'));
   CHECK(ReleasedOn(h, home).count(key_a) == 1);  // the primary, where it could not be read
   for (const auto& r : h.sched.JobStatus(job)["recoveries"]) CHECK(r["vertex"] != "a[0]");
   CHECK(h.sched.JobStatus(job)["mirrors_used"] == 1);
@@ -1306,14 +1307,8 @@ const char* kSparselyMirroredChain = R"({"stages": [{"name": "a", "program": "no
                                                    {"from": "c", "to": "d", "channel": "mirrored"}]})";
 
 TEST_CASE("Scheduler.ACopyGuardsUpToTheNextMirroredOutputDownstream") {
-  Harness h;
-  const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
-  const JobId job = h.Submit(kSparselyMirroredChain);
-  auto [home, a] = h.Next("a[0]");
-  const DaemonId other = home == d0 ? d1 : d0;
-  const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
-  h.Finish(a, true);
-  ReportCopied(h, job, 0, other);
+  MirrorRun m(kSparselyMirroredChain);
+  auto& [h, job, home, other, key_a] = m;
   h.Finish(h.Next("b[0]").second, true);
   h.Finish(h.Next("c[0]").second, true);
   // a's output was consumed and released; its copy guards b and c until c's copy is whole.
@@ -1333,14 +1328,8 @@ TEST_CASE("Scheduler.ACopyGuardsUpToTheNextMirroredOutputDownstream") {
 }
 
 TEST_CASE("Scheduler.ACopyIsDroppedOnceTheNextMirroredOutputDownstreamIsCopied") {
-  Harness h;
-  const DaemonId d0 = h.AddDaemon("d0", 2), d1 = h.AddDaemon("d1", 2);
-  const JobId job = h.Submit(kSparselyMirroredChain);
-  auto [home, a] = h.Next("a[0]");
-  const DaemonId other = home == d0 ? d1 : d0;
-  const std::string key_a = protocol::ToString(protocol::MakeOutputKey(job.value(), 0, 1, 0));
-  h.Finish(a, true);
-  ReportCopied(h, job, 0, other);
+  MirrorRun m(kSparselyMirroredChain);
+  auto& [h, job, home, other, key_a] = m;
   h.Finish(h.Next("b[0]").second, true);
   h.Finish(h.Next("c[0]").second, true);
   CHECK(ReleasedOn(h, other).count(key_a) == 0);
