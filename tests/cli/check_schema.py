@@ -32,6 +32,14 @@ for doc in bad:
     if validator.is_valid(doc):
         print(f"schema accepted a bad document: {doc}")
         failures += 1
+# Every channel kind the job parser knows (jobmanager/job_spec.cc), on an edge and as a default.
+kinds = ["file", "memory", "durable", "mirrored", "stream", "shm", "nccl", "order"]
+good = [{"stages": [{"name": "a", "program": "noop"}, {"name": "b", "program": "noop"}],
+         "edges": [{"from": "a", "to": "b", "channel": k}], "defaults": {"channel": k}} for k in kinds]
+for doc in good:
+    for err in validator.iter_errors(doc):
+        print(f"schema refused a good document ({doc['edges'][0]['channel']}): {err.message}")
+        failures += 1
 print(f"{len(examples)} examples checked against the schema")
-print(f"{len(examples) + len(bad) - failures} passed, {failures} failed")
+print(f"{len(examples) + len(bad) + len(good) - failures} passed, {failures} failed")
 sys.exit(1 if failures else 0)
