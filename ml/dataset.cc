@@ -53,6 +53,18 @@ Status CheckHeader(const std::string& path, const std::string& b, uint32_t magic
   return Status::OK();
 }
 
+/// The first `keep` labels of an IDX labels file's bytes `lab` (header checked), each in [0, 10).
+Result<std::vector<int32_t>> ParseLabels(const std::string& path, const std::string& lab, int64_t keep) {
+  std::vector<int32_t> labels(static_cast<size_t>(keep));
+  for (int64_t i = 0; i < keep; ++i) {
+    const int v = static_cast<unsigned char>(lab[static_cast<size_t>(8 + i)]);
+    if (v > 9)
+      return Status::DataLoss(path + ": label " + std::to_string(v) + " at index " + std::to_string(i) + " is outside [0, 10)");
+    labels[static_cast<size_t>(i)] = v;
+  }
+  return labels;
+}
+
 }  // namespace
 
 Dataset::Dataset(Tensor images, std::vector<int32_t> labels) : images_(std::move(images)), labels_(std::move(labels)) {
@@ -118,20 +130,24 @@ Result<Dataset> ReadIdx(const std::string& images_path, const std::string& label
                             std::to_string(n_labels) + " labels");
   const int64_t keep = options.limit >= 0 ? std::min(options.limit, n) : n;
   Tensor images = Tensor::Empty({keep, 1, rows, cols}, CpuDevice());
-  std::vector<int32_t> labels(static_cast<size_t>(keep));
   const auto* px = reinterpret_cast<const unsigned char*>(img.data() + 16);
   float* dst = images.data();
   const float scale = options.standardize ? 1.0f / (255.0f * options.std) : 1.0f / 255.0f;
   const float shift = options.standardize ? options.mean / options.std : 0.0f;
   for (int64_t i = 0; i < keep * rows * cols; ++i) dst[i] = px[i] * scale - shift;
-  for (int64_t i = 0; i < keep; ++i) {
-    const int v = static_cast<unsigned char>(lab[static_cast<size_t>(8 + i)]);
-    if (v > 9)
-      return Status::DataLoss(labels_path + ": label " + std::to_string(v) + " at index " + std::to_string(i) +
-                              " is outside [0, 10)");
-    labels[static_cast<size_t>(i)] = v;
-  }
+  COPSE_ASSIGN_OR_RETURN(std::vector<int32_t> labels, ParseLabels(labels_path, lab, keep));
   return Dataset(std::move(images), std::move(labels));
+}
+
+Result<std::vector<int32_t>> LoadFashionMnistLabels(const std::string& dir, Split split, int64_t limit) {
+  const std::string path = dir + (split == Split::kTrain ? "/train" : "/t10k") + "-labels-idx1-ubyte.gz";
+  COPSE_ASSIGN_OR_RETURN(std::string lab, ReadMaybeGzip(path));
+  COPSE_RETURN_NOT_OK(CheckHeader(path, lab, kLabelsMagic, 8, "labels"));
+  const int64_t n = BigEndian32(lab, 4);
+  if (static_cast<int64_t>(lab.size()) != 8 + n)
+    return Status::DataLoss(path + ": header says " + std::to_string(n) + " labels but the file has " +
+                            std::to_string(lab.size() - 8));
+  return ParseLabels(path, lab, limit >= 0 ? std::min(limit, n) : n);
 }
 
 Result<Dataset> LoadFashionMnist(const std::string& dir, Split split, const DatasetOptions& options) {

@@ -70,6 +70,10 @@ class Dataset {
 Result<Dataset> ReadIdx(const std::string& images_path, const std::string& labels_path, const DatasetOptions& options = {});
 /// `dir`/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz.
 Result<Dataset> LoadFashionMnist(const std::string& dir, Split split, const DatasetOptions& options = {});
+/// The labels of a Fashion-MNIST split alone (its first `limit`; all when < 0): what a vertex
+/// that reads no images needs, without decompressing 47 MB of pixels (a fresh daemon's first
+/// vertex of a pipeline's later stage, recovering).
+Result<std::vector<int32_t>> LoadFashionMnistLabels(const std::string& dir, Split split, int64_t limit = -1);
 
 /// A permutation of [0, n) that depends only on (seed, epoch) (Fisher-Yates over Philox).
 std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int64_t epoch);

@@ -725,10 +725,9 @@ class ForwardProgram final : public VertexProgram {
       COPSE_ASSIGN_OR_RETURN(x, ReadSingleTensor(act));
       x = OnDevice(x, s.device);
     }
-    if (stage == stages - 1 && stage != 0) {  // labels of this micro-batch
-      COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
+    if (stage == stages - 1 && stage != 0) {  // labels of this micro-batch (no images)
       COPSE_ASSIGN_OR_RETURN(auto idx, StepIndices(s, pos.step, pos.part(), pos.parts(), &batch_size));
-      b.labels = train->LabelsOf(idx);
+      COPSE_ASSIGN_OR_RETURN(b.labels, TrainLabelsOf(s, idx));
     }
     COPSE_ASSIGN_OR_RETURN(ModelLease lease, LeaseModel(s, range.first, range.second, params));
     COPSE_ASSIGN_OR_RETURN(auto tp, TensorParallelScope::Open(ctx, s.tp_rank, s.tp_ranks, lease->model));

@@ -69,6 +69,10 @@ NamedTensors OnDevice(const NamedTensors& set, Device* device) {
   return out;
 }
 
+namespace {
+Result<std::shared_ptr<const std::vector<int32_t>>> CachedImageLabels(const std::string& dir, int64_t limit);
+}  // namespace
+
 Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
   TrainSettings s;
   COPSE_ASSIGN_OR_RETURN(s.device, ProgramDevice(ctx));
@@ -120,9 +124,16 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx) {
   if (s.optimizer != "sgd" && s.optimizer != "adam" && s.optimizer != "adamw")
     return Status::InvalidArgument(ctx.name + ": params.optimizer must be sgd, adam or adamw");
   if (!s.data_dir.empty() && s.data_dir[0] != '/') s.data_dir = ctx.ResolvePath(s.data_dir).string();
-  COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
-  s.train_size = train->size();
-  s.labels_per_example = train->labels_per_example();
+  // The size alone: a vertex that reads no images (a later stage, an update) need not load them.
+  if (IsLanguageModel(s.model)) {
+    COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
+    s.train_size = train->size();
+    s.labels_per_example = train->labels_per_example();
+  } else {
+    COPSE_ASSIGN_OR_RETURN(auto labels, CachedImageLabels(s.data_dir, s.limit));
+    s.train_size = static_cast<int64_t>(labels->size());
+    s.labels_per_example = 1;
+  }
   if (s.train_size == 0) return Status::InvalidArgument(ctx.name + ": the training set is empty");
   s.steps_per_epoch = (s.train_size + s.batch - 1) / s.batch;
   return s;
@@ -132,6 +143,18 @@ namespace {
 
 std::mutex g_data_mu;
 std::map<std::tuple<std::string, std::string, int, int64_t>, std::shared_ptr<const Dataset>> g_datasets;
+std::map<std::pair<std::string, int64_t>, std::shared_ptr<const std::vector<int32_t>>> g_image_labels;
+
+/// The (limited) Fashion-MNIST training labels of `dir`, loaded once per process.
+Result<std::shared_ptr<const std::vector<int32_t>>> CachedImageLabels(const std::string& dir, int64_t limit) {
+  std::lock_guard<std::mutex> lock(g_data_mu);
+  auto it = g_image_labels.find({dir, limit});
+  if (it != g_image_labels.end()) return it->second;
+  COPSE_ASSIGN_OR_RETURN(std::vector<int32_t> labels, LoadFashionMnistLabels(dir, Split::kTrain, limit));
+  auto ptr = std::make_shared<const std::vector<int32_t>>(std::move(labels));
+  g_image_labels[{dir, limit}] = ptr;
+  return ptr;
+}
 std::map<std::tuple<int64_t, uint64_t, int64_t>, std::shared_ptr<const std::vector<int64_t>>> g_orders;
 
 std::shared_ptr<const std::vector<int64_t>> CachedOrder(int64_t n, uint64_t seed, int64_t epoch) {
@@ -170,6 +193,22 @@ Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& model, c
   auto ptr = std::make_shared<const Dataset>(std::move(d));
   g_datasets[key] = ptr;
   return ptr;
+}
+
+Result<std::vector<int32_t>> TrainLabelsOf(const TrainSettings& s, std::span<const int64_t> idx) {
+  if (IsLanguageModel(s.model)) {
+    COPSE_ASSIGN_OR_RETURN(auto train, CachedDataset(s.model, s.data_dir, Split::kTrain, s.limit));
+    return train->LabelsOf(idx);
+  }
+  COPSE_ASSIGN_OR_RETURN(auto labels, CachedImageLabels(s.data_dir, s.limit));
+  std::vector<int32_t> out;
+  out.reserve(idx.size());
+  for (const int64_t i : idx) {
+    if (i < 0 || i >= static_cast<int64_t>(labels->size()))
+      return Status::InvalidArgument("training example " + std::to_string(i) + " of " + std::to_string(labels->size()));
+    out.push_back((*labels)[static_cast<size_t>(i)]);
+  }
+  return out;
 }
 
 float StepLr(const TrainSettings& s, int64_t step, int64_t total) {

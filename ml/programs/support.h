@@ -83,6 +83,11 @@ Result<TrainSettings> SettingsFromParams(const vertex::VertexContext& ctx);
 Result<std::shared_ptr<const Dataset>> CachedDataset(const std::string& model, const std::string& dir, Split split,
                                                      int64_t limit);
 
+/// The labels of training examples `idx` (labels_per_example each): for an image model from
+/// its labels file alone (CachedDataset's images are decompressed only where they are read),
+/// for a gpt model from its windows.
+Result<std::vector<int32_t>> TrainLabelsOf(const TrainSettings& s, std::span<const int64_t> idx);
+
 /// Dataset indices of global step `step` (0-based over all epochs), part `part` of `parts`
 /// (ShardBatch: contiguous, sizes differing by at most one). `batch_size` gets the rows of the
 /// loss over the whole global batch (its images, or tokens: the loss normalizer).

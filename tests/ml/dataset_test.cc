@@ -48,6 +48,14 @@ TEST_CASE("Dataset.LoadsFashionMnistNormalized") {
   CHECK(test->labels()[0] == 9);  // the first t10k image is an ankle boot
   const Batch b = test->Gather(std::vector<int64_t>{3, 1});
   CHECK(b.labels == std::vector<int32_t>{test->labels()[3], test->labels()[1]});
+  // The labels alone (a vertex that reads no images) are the same, without the pixels.
+  auto labels = LoadFashionMnistLabels(kFashionMnistDir, Split::kTest, 500);
+  REQUIRE(labels.ok());
+  CHECK(*labels == test->labels());
+  auto all = LoadFashionMnistLabels(kFashionMnistDir, Split::kTrain);
+  REQUIRE(all.ok());
+  CHECK(all->size() == 60000);
+  CHECK(LoadFashionMnistLabels("/nonexistent", Split::kTrain).status().code() == copse::StatusCode::kNotFound);
 }
 
 TEST_CASE("Dataset.CorruptedFilesGiveClearErrors") {
