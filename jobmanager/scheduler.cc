@@ -436,7 +436,7 @@ void Scheduler::OnAttemptFinished(const AttemptReport& rep) {
     // moves there now: the consumer runs again, its producer does not.
     const bool mirrored_port = job->mirrors && MirroredPort(g, producer) == static_cast<size_t>(in.from_port);
     const bool moved = mirrored_port && !held && pr.state == VertexState::kCompleted &&
-                       (pr.moved_at > r.started ||
+                       (pr.moved > r.dispatched_after_moves ||
                         PromoteMirror(*job, producer, "could not be read by " + g.vertex(rep.vertex).name + ": " + rep.error));
     if (moved) {
       Fail(*job, rep.vertex, protocol::FAILURE_INPUT_LOST, rep.error, /*charge=*/false);

@@ -522,6 +522,9 @@ class Scheduler {
   /// Per (re-)registered daemon: {"op":"release"} of the outputs it listed that no job needs,
   /// sent before any task (a new attempt could otherwise meet a stale output of its key).
   std::map<DaemonId, protocol::JmToDaemon> stale_outbox_;
+  /// Outputs moved to their mirrors so far (PromoteMirror): an attempt sent before a move read
+  /// the old place.
+  uint64_t mirror_moves_ = 0;
   struct PendingReleases {
     protocol::JmToDaemon msg;  // a Release
     uint64_t bytes = 0;        // what dropping them frees

@@ -15,6 +15,7 @@
 // Not journaled: after a job manager restart the copies are unknown, and the daemons' lists
 // of outputs name them as stale (ReleaseStale drops them).
 #include <algorithm>
+#include <unordered_set>
 
 #include "jobmanager/daemon_messages.h"
 #include "jobmanager/scheduler.h"
@@ -117,27 +118,30 @@ void Scheduler::ReviewGuards(Job& job) {
 
 bool Scheduler::MirrorGuards(const Job& job, VertexId v) const {
   // What recovery could have to re-run from v's copy: the vertices downstream of v up to the
-  // nearest mirrored ones. While one of those has not completed (a lost output of a completed
-  // one is needed only by one that has not), or a mirrored one has no whole copy, v's copy
-  // may be the newest to resume from.
+  // nearest whole copies. While one of those has not completed (a lost output of a completed
+  // one is needed only by one that has not), or a copy there is still being made, v's copy may
+  // be the newest to resume from. A mirrored vertex with no copy (none could be made, it
+  // failed, it was dropped once those after it were whole, its daemon was lost, it moved) is
+  // walked past like any other. A walk longer than kMaxGuardWalk gives the guard up: a copy
+  // held that far back is worth less than the job manager's time each tick.
+  constexpr size_t kMaxGuardWalk = 100'000;
   const JobGraph& g = job.g();
   std::vector<VertexId> work{v};
-  std::vector<char> seen(job.runs.size(), 0);
-  seen[v.value()] = 1;
+  std::unordered_set<uint32_t> seen{v.value()};
   bool guards = false;
   auto visit = [&](VertexId u) {
-    if (guards || seen[u.value()]) return;
-    seen[u.value()] = 1;
+    if (guards || !seen.insert(u.value()).second) return;
     const Run& c = job.runs[u.value()];
     if (c.state != VertexState::kCompleted) {
       guards = true;
-    } else if (MirroredPort(g, u)) {
-      guards = !c.mirror_ready;
+    } else if (c.mirror.valid() && MirroredPort(g, u)) {
+      guards = !c.mirror_ready;  // being made: guards; whole: the walk stops there
     } else {
       work.push_back(u);
     }
   };
   while (!work.empty() && !guards) {
+    if (seen.size() > kMaxGuardWalk) return false;
     const VertexId x = work.back();
     work.pop_back();
     ForEachSuccessor(g, x, visit);
@@ -155,13 +159,14 @@ bool Scheduler::PromoteMirror(Job& job, VertexId v, const std::string& why) {
   }
   const Daemon& to = *daemons_[r.mirror.value()];
   // A primary still held where it was made (a consumer could not read it there) goes.
-  if (r.daemon.valid() && daemons_[r.daemon.value()]->alive && !r.released) QueueReleaseOn(r.daemon, job, v, *port);
+  if (r.daemon.valid() && daemons_[r.daemon.value()]->alive && !OutputReleased(job.g(), v, r, static_cast<int>(*port)))
+    QueueReleaseOn(r.daemon, job, v, *port);
   r.daemon = r.mirror;
   r.mirror = DaemonId::Invalid();
   r.mirror_ready = false;
   r.release_after_mirror = false;
   r.released = r.retained_released = false;  // the copy holds it
-  r.moved_at = clock_.Now();
+  r.moved = ++mirror_moves_;
   job.guarding.erase(v.value());
   Journal(DoneRecord(job, v));  // where it is now: a restarted job manager looks for it there
   Log(job, v,

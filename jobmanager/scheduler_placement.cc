@@ -268,6 +268,7 @@ void Scheduler::Dispatch(Job& job, VertexId v, Daemon& d, bool duplicate, const 
     r.version = version;
     r.daemon = d.id;
     r.started = clock_.Now();
+    r.dispatched_after_moves = mirror_moves_;  // the input locations it was sent (scheduler_mirrors.cc)
     r.chained_after = after;
     job.running.insert(v.value());
   }

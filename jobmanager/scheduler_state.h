@@ -118,8 +118,9 @@ struct Scheduler::Run {
   // being made there (mirror_ready false), or whole (true). Invalid: no copy.
   DaemonId mirror;
   bool mirror_ready = false;
-  bool release_after_mirror = false;  // released while its copy was being made: OnMirrored releases it
-  TimePoint moved_at{};               // when its output last moved to its mirror (PromoteMirror)
+  bool release_after_mirror = false;    // released while its copy was being made: OnMirrored releases it
+  uint64_t moved = 0;                   // Scheduler::mirror_moves_ when its output last moved to its mirror
+  uint64_t dispatched_after_moves = 0;  // mirror_moves_ when its current attempt was sent (with its inputs' places)
 };
 
 struct Scheduler::Job {

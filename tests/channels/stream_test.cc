@@ -561,6 +561,14 @@ int RunProducer(const std::function<bool(StreamHub&, const StreamPeer&)>& body) 
   auto parsed = StreamPeer::FromJson(Json::parse(peer));
   if (!parsed.ok()) return 4;
   bool ok = body(**hub, *parsed);
+  // A process that exits right after Close leaves its last frames only the sockets' linger
+  // (1 s) to go out, which a loaded machine can outlast (the 1 GiB test's last message was
+  // lost so, twice in a year of runs). Wait until the consumer has read everything (credited it
+  // back), as a daemon, which outlives its writers, always does; then the end-of-stream frame
+  // alone is left to the linger.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (ok && (*hub)->in_flight_bytes() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   hub->reset();  // flushes what is queued (linger)
   return ok ? 0 : 1;
 }
