@@ -193,19 +193,10 @@ void Scheduler::DropMirror(Job& job, VertexId v) {
 void Scheduler::ForgetMirrorsOn(DaemonId d) {
   for (auto& [id, job] : jobs_) {
     if (job->state != JobState::kRunning) continue;
-    for (size_t v = 0; v < job->runs.size(); ++v) {
-      Run& r = job->runs[v];
-      if (r.mirror != d) continue;
-      // A primary whose release waited for this copy goes now.
-      if (r.release_after_mirror && r.daemon.valid() && daemons_[r.daemon.value()]->alive) {
-        if (const auto port = MirroredPort(job->g(), VertexId(static_cast<uint32_t>(v))))
-          QueueReleaseOn(r.daemon, *job, VertexId(static_cast<uint32_t>(v)), *port);
-      }
-      r.release_after_mirror = false;
-      r.mirror = DaemonId::Invalid();
-      r.mirror_ready = false;
-      job->guarding.erase(static_cast<uint32_t>(v));
-    }
+    // DropMirror sends nothing to d (no longer alive), and releases a primary that waited for
+    // the copy.
+    for (size_t v = 0; v < job->runs.size(); ++v)
+      if (job->runs[v].mirror == d) DropMirror(*job, VertexId(static_cast<uint32_t>(v)));
   }
 }
 

@@ -20,11 +20,15 @@ void ScaleLossGradient(const Tensor& grad, const LossScale& s) {
   grad.device()->Scale(grad.data(), static_cast<size_t>(grad.numel()), s.scale);
 }
 
-bool UnscaleGradients(const std::vector<Parameter*>& params, const LossScale& s) {
+bool GradientsFinite(const std::vector<Parameter*>& params) {
   if (params.empty()) return true;
   std::vector<Device::Span> grads;
   for (const Parameter* p : params) grads.push_back({p->grad.data(), static_cast<size_t>(p->grad.numel())});
-  if (!params[0]->grad.device()->AllFinite(grads)) return false;  // one device: a model's gradients live together
+  return params[0]->grad.device()->AllFinite(grads);
+}
+
+bool UnscaleGradients(const std::vector<Parameter*>& params, const LossScale& s) {
+  if (!GradientsFinite(params)) return false;
   for (Parameter* p : params) p->grad.device()->Scale(p->grad.data(), static_cast<size_t>(p->grad.numel()), 1.0f / s.scale);
   return true;
 }

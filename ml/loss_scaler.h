@@ -36,6 +36,10 @@ struct LossScale {
 /// dL/dlogits x S, in place.
 void ScaleLossGradient(const Tensor& grad, const LossScale& s);
 
+/// Whether every gradient of `params` is finite (one pass on their device: a model's gradients
+/// live together).
+bool GradientsFinite(const std::vector<Parameter*>& params);
+
 /// Divides every parameter gradient by S in place when all of them are finite, and says whether
 /// they were; when not, leaves them (the step is skipped).
 bool UnscaleGradients(const std::vector<Parameter*>& params, const LossScale& s);

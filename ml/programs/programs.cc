@@ -515,11 +515,9 @@ struct StepCheck {
   }
   /// This stage's accumulated gradients, unscaled by fp16's `loss_scale` (1 otherwise).
   static StepCheck Of(const Sequential& m, float loss_scale, bool need_norm) {
-    std::vector<Device::Span> grads;
     const auto params = m.Parameters();
-    for (const Parameter* p : params) grads.push_back({p->grad.data(), static_cast<size_t>(p->grad.numel())});
     StepCheck c;
-    c.finite = params.empty() || params[0]->grad.device()->AllFinite(grads);
+    c.finite = GradientsFinite(params);
     if (c.finite && need_norm) c.sum_squares = GradSumSquares(params) / (double{loss_scale} * loss_scale);
     return c;
   }

@@ -92,9 +92,7 @@ Status ClipOverMembers(const Sequential& model, TensorParallelGroup& group, doub
 /// fp16: whether every member's gradients are finite (a count of members with a non-finite one,
 /// all-reduced), so that all of them skip a step together.
 Result<bool> FiniteOverMembers(const Sequential& model, TensorParallelGroup& group) {
-  std::vector<Device::Span> grads;
-  for (const Parameter* p : model.Parameters()) grads.push_back({p->grad.data(), static_cast<size_t>(p->grad.numel())});
-  const bool mine = grads.empty() || model.device()->AllFinite(grads);
+  const bool mine = GradientsFinite(model.Parameters());
   COPSE_ASSIGN_OR_RETURN(Tensor overflowed, group.AllReduceSum(Tensor::FromVector({1}, {mine ? 0.0f : 1.0f})));
   return overflowed.ToVector()[0] == 0.0f;
 }
